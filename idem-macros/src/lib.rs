@@ -1,0 +1,1 @@
+//! Procedural macros for idem. Depend on `idem-runtime`, which re-exports them.

@@ -1,0 +1,244 @@
+//! The record of an operation and the store that keeps it.
+
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+
+use crate::key::{IdempotencyKey, Reference};
+
+/// The fencing token of one claim. Every claim draws a fresh random token, so
+/// a worker that lost its claim (its lease ran out, the record was taken over
+/// or purged and claimed again) can never complete, release or mark the new
+/// owner's record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Attempt(pub u64);
+
+impl Attempt {
+    /// A new random token.
+    pub fn random() -> Self {
+        let mut b = [0u8; 8];
+        // getrandom only fails where the OS has no entropy source; a clock-
+        // and address-mixed fallback still differs between claims.
+        if getrandom::fill(&mut b).is_err() {
+            let t = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos() as u64;
+            b = (t ^ (&b as *const _ as u64).rotate_left(32)).to_le_bytes();
+        }
+        // Zero is kept free so that stores may use it as "no attempt".
+        Attempt(u64::from_le_bytes(b).max(1))
+    }
+}
+
+/// What a claim asks the store to create.
+#[derive(Clone, Debug)]
+pub struct ClaimRequest {
+    /// The operation's key and fingerprint.
+    pub key: IdempotencyKey,
+    /// The caller's tenant; lookups by reference are scoped to it.
+    pub tenant: String,
+    /// The tool's name, for status answers.
+    pub tool: String,
+    /// The fencing token this claim will own the record with.
+    pub attempt: Attempt,
+    /// How long the claim holds without a heartbeat.
+    pub lease: Duration,
+    /// How long a COMPLETED record answers repeats, counted from the claim.
+    pub window: Duration,
+    /// How long an IN_PROGRESS or UNKNOWN record is kept, counted from the
+    /// claim (at least `window`): a charge that may have happened is not
+    /// forgotten when the window ends.
+    pub retention: Duration,
+}
+
+/// The state of a record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RecordState {
+    /// Claimed; the handler is running (or died, once the lease ran out).
+    InProgress,
+    /// The handler finished; the response is kept for replays.
+    Completed {
+        /// The response exactly as it was first returned (JSON text).
+        response: String,
+    },
+    /// Nobody knows whether the side effect happened; it must be reconciled.
+    Unknown {
+        /// Why the outcome is unknown.
+        note: String,
+    },
+}
+
+impl RecordState {
+    /// `IN_PROGRESS`, `COMPLETED` or `UNKNOWN`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            RecordState::InProgress => "IN_PROGRESS",
+            RecordState::Completed { .. } => "COMPLETED",
+            RecordState::Unknown { .. } => "UNKNOWN",
+        }
+    }
+}
+
+/// One operation's record, as a store holds it. The raw arguments are never
+/// stored, only their fingerprint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// Key and fingerprint.
+    pub key: IdempotencyKey,
+    /// The caller's tenant.
+    pub tenant: String,
+    /// The tool's name.
+    pub tool: String,
+    /// The current claim's fencing token.
+    pub attempt: Attempt,
+    /// Where the record stands.
+    pub state: RecordState,
+    /// When the current claim was made (store clock).
+    pub claimed_at: SystemTime,
+    /// When the record last changed (store clock).
+    pub updated_at: SystemTime,
+    /// Until when the claim holds without a heartbeat.
+    pub lease_until: SystemTime,
+    /// When a COMPLETED record stops answering repeats.
+    pub expires_at: SystemTime,
+    /// When an IN_PROGRESS or UNKNOWN record may be forgotten.
+    pub retain_until: SystemTime,
+}
+
+impl Record {
+    /// The record's public reference.
+    pub fn reference(&self) -> Reference {
+        self.key.reference()
+    }
+
+    /// Whether a record is past its life at `now` (store clock), so that a new
+    /// claim may take it over and purge may delete it. A COMPLETED record ends
+    /// at `expires_at`; an IN_PROGRESS or UNKNOWN one only at `retain_until`
+    /// and once its lease ran out, because its side effect may have happened.
+    pub fn is_expired(&self, now: SystemTime) -> bool {
+        match self.state {
+            RecordState::Completed { .. } => self.expires_at <= now,
+            _ => self.retain_until <= now && self.lease_until <= now,
+        }
+    }
+
+    /// Whether the claim's lease ran out at `now` (store clock).
+    pub fn lease_expired(&self, now: SystemTime) -> bool {
+        self.lease_until <= now
+    }
+}
+
+/// What a claim found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// The record was created (or an expired one taken over): the caller owns
+    /// it with the request's attempt and must now run the operation.
+    Claimed,
+    /// A live record exists; nothing was changed. `now` is the store's clock at
+    /// the time of the read, to judge the lease against.
+    Existing {
+        /// The record as found.
+        record: Record,
+        /// The store's clock when it was read.
+        now: SystemTime,
+    },
+}
+
+/// The errors of a store. Backends map their own errors into these.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The store could not be reached or did not answer in time. Nothing was
+    /// changed by this call, as far as the caller can tell.
+    #[error("the idempotency store is unavailable: {0}")]
+    Unavailable(String),
+    /// The attempt no longer owns the record (or the record is gone): another
+    /// claim took it over, or it was released, purged or reconciled.
+    #[error("the claim was lost: the record belongs to another attempt or no longer exists")]
+    Fenced,
+    /// The record is in a state that does not allow this transition.
+    #[error("the record is {found}, which does not allow this change")]
+    WrongState {
+        /// The state found.
+        found: &'static str,
+    },
+    /// The store answered, but with something it should not hold.
+    #[error("the idempotency store holds an invalid record: {0}")]
+    Corrupt(String),
+}
+
+/// Where idempotency records live.
+///
+/// Every method is one atomic step against the store; none of them ever runs
+/// the operation or calls back into user code. Times are the store's own clock
+/// (a database's `now()` where there is one), so several processes with skewed
+/// clocks agree on expiry and leases.
+#[async_trait]
+pub trait IdempotencyStore: Send + Sync + std::fmt::Debug {
+    /// Claims the operation: atomically inserts an IN_PROGRESS record owned by
+    /// `req.attempt` if none exists, or takes over a record that
+    /// [`Record::is_expired`] (a new claim replaces it whole). Otherwise
+    /// returns the existing record unchanged.
+    ///
+    /// Never check-then-insert: two concurrent claims of one key yield exactly
+    /// one `Claimed`. Errors: `Unavailable` (nothing claimed).
+    async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError>;
+
+    /// Records the response: IN_PROGRESS or UNKNOWN → COMPLETED, only if
+    /// `attempt` still owns the record. Errors: `Fenced` when it does not (the
+    /// record is left as it is), `WrongState` when it is already COMPLETED,
+    /// `Unavailable`.
+    async fn complete(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+    ) -> Result<(), StoreError>;
+
+    /// Deletes the record (nothing happened, a corrected call may run), only
+    /// if `attempt` still owns it and it is IN_PROGRESS or UNKNOWN. Errors:
+    /// `Fenced`, `WrongState` when COMPLETED, `Unavailable`.
+    async fn release(&self, key: &IdempotencyKey, attempt: Attempt) -> Result<(), StoreError>;
+
+    /// IN_PROGRESS → UNKNOWN with `note`, only if `attempt` still owns the
+    /// record. Errors: `Fenced`, `WrongState` when COMPLETED or already
+    /// UNKNOWN, `Unavailable`.
+    async fn mark_unknown(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        note: &str,
+    ) -> Result<(), StoreError>;
+
+    /// Extends an IN_PROGRESS record's lease to `lease` from now (a heartbeat
+    /// of a live handler), only if `attempt` still owns it. Errors: `Fenced`,
+    /// `WrongState` when it is no longer IN_PROGRESS, `Unavailable`.
+    async fn heartbeat(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        lease: Duration,
+    ) -> Result<(), StoreError>;
+
+    /// The record with this reference in this tenant, if any. A record of
+    /// another tenant is `None`, never returned. Expired records that purge has
+    /// not deleted yet are still returned, as they are.
+    async fn lookup(
+        &self,
+        tenant: &str,
+        reference: &Reference,
+    ) -> Result<Option<Record>, StoreError>;
+
+    /// Deletes at most `batch` records that [`Record::is_expired`]; returns how
+    /// many. Call it in a loop until it returns less than `batch`. Each batch
+    /// is its own short step, so claims are never held up for long.
+    async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError>;
+
+    /// At most `limit` IN_PROGRESS records whose lease ran out: their handler
+    /// may have died mid-call. The sweep marks them UNKNOWN.
+    async fn list_lapsed(&self, limit: usize) -> Result<Vec<Record>, StoreError>;
+
+    /// At most `limit` UNKNOWN records, oldest claim first, for a reconciler.
+    async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError>;
+}

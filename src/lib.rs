@@ -1,0 +1,1 @@
+//! The root package only owns tests, examples and benches.
