@@ -10,6 +10,9 @@ mod canonical;
 mod key;
 mod store;
 
-pub use canonical::{canonical_json, CanonicalError};
+pub use canonical::{
+    canonical_json, canonicalize_str, format_number_es6, CanonicalError,
+    MAX_DEPTH as CANONICAL_MAX_DEPTH,
+};
 pub use key::{Caller, IdempotencyKey, KeyError, Reference, Scope};
 pub use store::{Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordState, StoreError};
