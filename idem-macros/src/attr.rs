@@ -37,7 +37,7 @@ pub(crate) struct Window {
 
 /// `business_key = "order_id"` or `business_key = ["a", "b"]`.
 pub(crate) struct BusinessKey {
-    /// Each field, as written; a field may be a dotted path (`customer.id`).
+    /// Each field, as written: a top-level field of the parameter type.
     pub(crate) fields: Vec<LitStr>,
 }
 
@@ -147,8 +147,8 @@ impl Parse for BusinessKey {
     }
 }
 
-/// A business key field: a Rust field name, or a dotted path into nested
-/// structs (`customer.id`).
+/// A business key field: the Rust name of a top-level field of the
+/// parameter type.
 fn check_field_path(lit: &LitStr) -> syn::Result<()> {
     let value = lit.value();
     if value.trim().is_empty() {
@@ -157,22 +157,26 @@ fn check_field_path(lit: &LitStr) -> syn::Result<()> {
             "the business key field is empty; name a field of the parameter type, e.g. `business_key = \"order_id\"`",
         ));
     }
-    for segment in value.split('.') {
-        let plain = segment.strip_prefix("r#").unwrap_or(segment);
-        let valid = !plain.is_empty()
-            && plain
-                .chars()
-                .next()
-                .is_some_and(|c| c == '_' || c.is_alphabetic())
-            && plain.chars().all(|c| c == '_' || c.is_alphanumeric());
-        if !valid {
-            return Err(syn::Error::new_spanned(
-                lit,
-                format!(
-                    "`{value}` is not a field name; write the Rust name of a field of the parameter type (`order_id`), or a dotted path (`customer.id`)"
-                ),
-            ));
-        }
+    if let Some((outer, _)) = value.split_once('.') {
+        return Err(syn::Error::new_spanned(
+            lit,
+            format!(
+                "`business_key` names top-level fields of the parameter type; `{value}` reaches into one. \
+                 Name the whole field (`\"{outer}\"`), or lift the value into a field of its own"
+            ),
+        ));
+    }
+    let plain = value.strip_prefix("r#").unwrap_or(&value);
+    let valid = plain
+        .chars()
+        .next()
+        .is_some_and(|c| c == '_' || c.is_alphabetic())
+        && plain.chars().all(|c| c == '_' || c.is_alphanumeric());
+    if !valid {
+        return Err(syn::Error::new_spanned(
+            lit,
+            format!("`{value}` is not a field name; write the Rust name of a field of the parameter type, e.g. `\"order_id\"`"),
+        ));
     }
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! Code generation for `#[idempotent]`: the rewritten `#[tool(...)]` and the
 //! body that claims, executes and records through the executor.
 
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::{Group, Span, TokenStream, TokenTree};
 use quote::{quote, quote_spanned, ToTokens};
 use syn::punctuated::Punctuated;
 use syn::spanned::Spanned;
@@ -75,28 +75,26 @@ fn expand(args: &Args, tool: Tool, mut method: ImplItemFn) -> TokenStream {
     );
 
     let ret = &tool.returns.ty;
-    let (entry, returns_check) = if tool.returns.fallible {
-        (
-            quote!(call),
-            quote_spanned!(ret.span()=> let _ = #private::check_outcome::<#ret>;),
-        )
+    // Each bound is checked by a call spanned on the user's type, so a
+    // parameter type that is not `Serialize`, or an error type that is not
+    // `Classify`, is reported once, there.
+    let returned = private_ident("__idem_returned");
+    let finish = if tool.returns.fallible {
+        located_at(quote!(#private::outcome(#returned)), ret.span())
     } else {
-        (
-            quote!(call_infallible),
-            quote_spanned!(ret.span()=> let _ = #private::check_output::<#ret>;),
-        )
+        located_at(quote!(#private::output(#returned)), ret.span())
     };
-    let serialize_check =
-        quote_spanned!(inner_ty.span()=> let _ = #private::check_arguments::<#inner_ty>;);
+    let arguments = located_at(
+        quote!(#private::arguments(&#params_ident)),
+        params_ty.span(),
+    );
     let business_key_check = business_key_check(args, inner_ty);
     let block = &method.block;
     let fake_return = private_ident("__idem_fake_return");
 
     method.block = parse_quote!({
-        #serialize_check
-        #returns_check
         #business_key_check
-        #private::#entry(
+        #private::call(
             self,
             #request_ident,
             #private::ToolSpec {
@@ -104,31 +102,54 @@ fn expand(args: &Args, tool: Tool, mut method: ImplItemFn) -> TokenStream {
                 scope: #scope,
                 status_tool: #status_tool,
             },
+            #arguments,
             #params_ident,
             move |#params_ident: #params_ty| async move {
-                let #params_pat: #params_ty = #params_ident;
-                // The declared return type types the body, so a wrong value
-                // is reported at the user's line (tracing-attributes' trick).
-                #[allow(
-                    unknown_lints,
-                    unreachable_code,
-                    clippy::diverging_sub_expression,
-                    clippy::empty_loop,
-                    clippy::let_unit_value,
-                    clippy::let_with_type_underscore,
-                    clippy::needless_return,
-                    clippy::unreachable
-                )]
-                if false {
-                    let #fake_return: #ret = loop {};
-                    return #fake_return;
+                let #returned = async move {
+                    let #params_pat: #params_ty = #params_ident;
+                    // The declared return type types the body, so a wrong
+                    // value is reported at the user's line (tracing-attributes' trick).
+                    #[allow(
+                        unknown_lints,
+                        unreachable_code,
+                        clippy::diverging_sub_expression,
+                        clippy::empty_loop,
+                        clippy::let_unit_value,
+                        clippy::let_with_type_underscore,
+                        clippy::needless_return,
+                        clippy::unreachable
+                    )]
+                    if false {
+                        let #fake_return: #ret = loop {};
+                        return #fake_return;
+                    }
+                    #block
                 }
-                #block
+                .await;
+                #finish
             },
         )
         .await
     });
     method.into_token_stream()
+}
+
+/// The same tokens, reported at `span` but resolved as before: what a
+/// failed bound inside them says lands on the user's type.
+fn located_at(tokens: TokenStream, span: Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut token| {
+            if let TokenTree::Group(group) = &token {
+                let mut relocated = Group::new(group.delimiter(), located_at(group.stream(), span));
+                relocated.set_span(group.span().located_at(span));
+                token = TokenTree::Group(relocated);
+            } else {
+                token.set_span(token.span().located_at(span));
+            }
+            token
+        })
+        .collect()
 }
 
 /// `ScopeSpec::Window(..)` or `ScopeSpec::BusinessKey { .. }`.
@@ -229,14 +250,15 @@ fn business_key_check(args: &Args, inner_ty: &syn::Type) -> TokenStream {
     };
     let value = private_ident("__idem_business_key");
     let accesses = business_key.fields.iter().map(|lit| {
-        let segments = lit.value();
-        let segments = segments
-            .split('.')
-            .map(|segment| match segment.strip_prefix("r#") {
-                Some(raw) => Ident::new_raw(raw, lit.span()),
-                None => Ident::new(segment, lit.span()),
-            });
-        quote!(let _ = &#value #(.#segments)*;)
+        let name = lit.value();
+        // At the string, but from the macro: rustc reports the missing
+        // field there without offering to rewrite the string into an ident.
+        let span = lit.span().resolved_at(Span::mixed_site());
+        let field = match name.strip_prefix("r#") {
+            Some(raw) => Ident::new_raw(raw, span),
+            None => Ident::new(&name, span),
+        };
+        quote!(let _ = &#value.#field;)
     });
     quote! {
         let _ = |#value: #inner_ty| {

@@ -86,9 +86,11 @@ use proc_macro::TokenStream;
 /// The operation is the business key's value within the caller's tenant,
 /// whoever in the tenant asks and whatever the other arguments are: one
 /// shipment per order. The same key with *other* arguments is a conflict,
-/// answered as such and never executed. Each name is a field of the
-/// parameter type (or a dotted path into nested structs, `"customer.id"`),
-/// checked at compile time: a name the type lacks is an error on the string.
+/// answered as such and never executed. Each name is a top-level field of
+/// the parameter type, checked at compile time: a name the type lacks is an
+/// error on the string. The executor picks the fields out of the serialized
+/// arguments, so a business-key field must not be renamed by serde
+/// (`#[serde(rename)]`, `rename_all`): calls would be refused as missing it.
 /// With a business key, `window` sets how long the record is kept (default
 /// 48 h).
 ///

@@ -278,32 +278,52 @@ fn set_meta(result: &mut CallToolResult, value: Value) {
         .insert(RESULT_META_KEY.to_owned(), value);
 }
 
-/// The handler ran but its output could not become a tool result, or its
-/// own error: either way the record says how it ended.
-enum Failure<E> {
-    Tool(E),
-    Output(String),
+/// How a wrapped handler failed, with its error type erased: how it ended
+/// and what to tell the model.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct Failure {
+    disposition: Disposition,
+    message: String,
 }
 
-impl<E: Classify> Classify for Failure<E> {
-    fn disposition(&self) -> Disposition {
-        match self {
-            Failure::Tool(error) => error.disposition(),
-            // The side effect ran; what it returned is lost.
-            Failure::Output(_) => Disposition::Unknown,
+impl Failure {
+    fn tool<E: Classify + fmt::Display>(error: E) -> Self {
+        Failure {
+            disposition: error.disposition(),
+            message: error.to_string(),
+        }
+    }
+
+    /// The handler ran but its output cannot become a tool result: the side
+    /// effect happened and what it returned is lost, so the outcome is unknown.
+    fn output(message: impl fmt::Display) -> Self {
+        Failure {
+            disposition: Disposition::Unknown,
+            message: format!("The tool ran, but its result could not be returned ({message})."),
         }
     }
 }
 
-impl<E: fmt::Display> fmt::Display for Failure<E> {
+impl Classify for Failure {
+    fn disposition(&self) -> Disposition {
+        self.disposition
+    }
+}
+
+impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Failure::Tool(error) => error.fmt(f),
-            Failure::Output(message) => write!(
-                f,
-                "The tool ran, but its result could not be returned ({message})."
-            ),
-        }
+        f.write_str(&self.message)
+    }
+}
+
+fn completed(value: impl IntoCallToolResult) -> Result<CallToolResult, Failure> {
+    match value.into_call_tool_result() {
+        Ok(CallToolResponse::Complete(result)) => Ok(result),
+        Ok(_) => Err(Failure::output(
+            "an idempotent tool must complete in one call; it asked for input or started a task",
+        )),
+        Err(error) => Err(Failure::output(error)),
     }
 }
 
@@ -399,22 +419,25 @@ pub mod __private {
         }
     }
 
-    /// A plain return type never fails: every outcome is recorded.
-    #[derive(Debug)]
-    pub enum Never {}
+    pub use super::Failure;
 
-    impl Classify for Never {}
-
-    impl fmt::Display for Never {
-        fn fmt(&self, _: &mut fmt::Formatter<'_>) -> fmt::Result {
-            match *self {}
-        }
+    /// The arguments as JSON, taken before the handler consumes them. The
+    /// macro spans this call on the parameter type, so a type that is not
+    /// `Serialize` is reported there.
+    pub fn arguments<P: Serialize>(params: &P) -> Result<Value, serde_json::Error> {
+        serde_json::to_value(params)
     }
 
-    /// Compile-time checks, spanned on the user's types by the macro.
-    pub fn check_outcome<R: Outcome>() {}
-    pub fn check_output<R: IntoCallToolResult>() {}
-    pub fn check_arguments<A: Serialize>() {}
+    /// A `Result<V, E>` body's outcome, spanned on the declared return type.
+    pub fn outcome<R: Outcome>(returned: R) -> Result<CallToolResult, Failure> {
+        completed(returned.into_result().map_err(Failure::tool)?)
+    }
+
+    /// A plain body's output (never a failure of the tool's own), spanned on
+    /// the declared return type.
+    pub fn output<V: IntoCallToolResult>(returned: V) -> Result<CallToolResult, Failure> {
+        completed(returned)
+    }
 
     /// The `_meta` of a wrapped tool's definition: the user's, plus the
     /// marker [`audit_hints`] looks for.
@@ -439,30 +462,29 @@ pub mod __private {
         meta
     }
 
-    /// The body of a wrapped tool whose return type is `Result<V, E>`.
+    /// The body of a wrapped tool: find the caller, run the handler through
+    /// the server's executor, and turn the answer into a tool result.
     pub async fn call<S, P, F, Fut>(
         server: &S,
         request: RequestContext<RoleServer>,
         spec: ToolSpec<'_>,
+        args: Result<Value, serde_json::Error>,
         params: P,
         handler: F,
     ) -> Result<CallToolResult, ErrorData>
     where
         S: IdempotentServer + ?Sized,
-        P: Serialize,
         F: FnOnce(P) -> Fut,
-        Fut: Future,
-        Fut::Output: Outcome,
+        Fut: Future<Output = Result<CallToolResult, Failure>>,
     {
         let Some(caller) = resolve_caller(server, &request) else {
             return Ok(no_caller());
         };
         drop(request);
-        // Serialized before the handler takes the arguments by value.
-        let args = match serde_json::to_value(&params) {
+        let args = match args {
             Ok(args) => args,
             Err(error) => {
-                let answer: Answer<CallToolResult, Never> = Answer::Refused {
+                let answer: Answer<CallToolResult, Failure> = Answer::Refused {
                     reason: format!("the arguments cannot be serialized ({error})"),
                 };
                 return Ok(render(answer));
@@ -478,44 +500,10 @@ pub mod __private {
         let answer = server
             .executor()
             .run(operation, move |context| {
-                CURRENT_REFERENCE.scope(context.reference(), async move {
-                    let value = handler(params)
-                        .await
-                        .into_result()
-                        .map_err(Failure::Tool)?;
-                    match value.into_call_tool_result() {
-                        Ok(CallToolResponse::Complete(result)) => Ok(result),
-                        Ok(_) => Err(Failure::Output(
-                            "an idempotent tool must complete in one call; it asked for input or started a task"
-                                .to_owned(),
-                        )),
-                        Err(error) => Err(Failure::Output(error.to_string())),
-                    }
-                })
+                CURRENT_REFERENCE.scope(context.reference(), handler(params))
             })
             .await;
         Ok(render(answer))
-    }
-
-    /// The body of a wrapped tool with a plain return type.
-    pub async fn call_infallible<S, P, F, Fut>(
-        server: &S,
-        request: RequestContext<RoleServer>,
-        spec: ToolSpec<'_>,
-        params: P,
-        handler: F,
-    ) -> Result<CallToolResult, ErrorData>
-    where
-        S: IdempotentServer + ?Sized,
-        P: Serialize,
-        F: FnOnce(P) -> Fut,
-        Fut: Future,
-        Fut::Output: IntoCallToolResult,
-    {
-        call(server, request, spec, params, move |params| async move {
-            Ok::<_, Never>(handler(params).await)
-        })
-        .await
     }
 }
 
