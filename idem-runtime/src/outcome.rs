@@ -22,7 +22,7 @@ pub enum Disposition {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` does not say whether the side effect happened",
     label = "`{Self}` does not implement `idem_runtime::Classify`",
-    note = "return `idem_runtime::ToolError` (`ToolError::rejected(..)` when nothing happened, `ToolError::unknown(..)` otherwise), or implement `Classify` for your error type (`impl Classify for MyError {}` counts every error as unknown)"
+    note = "return `idem_runtime::ToolError` (`ToolError::rejected(..)` when nothing happened, `ToolError::unknown(..)` otherwise), or implement `Classify` for your error type (`impl Classify for MyError {{}}` counts every error as unknown)"
 )]
 pub trait Classify {
     /// How the handler ended.
