@@ -186,21 +186,30 @@ use proc_macro::TokenStream;
 ///             scope: ScopeSpec::Window(Duration::from_secs(900)),
 ///             status_tool: "get_operation_status",
 ///         },
+///         arguments(&__idem_params), // the arguments as JSON; needs `ChargeArgs: Serialize`
 ///         __idem_params,
 ///         move |__idem_params: Parameters<ChargeArgs>| async move {
-///             let Parameters(args): Parameters<ChargeArgs> = __idem_params;
-///             /* the body as written, typed as Result<Json<Receipt>, ToolError> */
+///             let __idem_returned = async move {
+///                 let Parameters(args): Parameters<ChargeArgs> = __idem_params;
+///                 /* the body as written, typed as Result<Json<Receipt>, ToolError> */
+///             }
+///             .await;
+///             outcome(__idem_returned) // Ok: the tool result to record; Err: rejected or unknown
 ///         },
 ///     )
 ///     .await
 /// }
 /// ```
 ///
-/// `call` finds the caller, writes the arguments as JSON, and hands both to
-/// the server's executor, which claims the operation in the store before the
-/// body runs, runs it at most once, records its result, and answers repeats
-/// from the record. `tool_meta` marks the tool's `_meta` with
-/// `"idem/idempotent"`: the wrapper stands behind this tool's hint.
+/// `call` finds the caller and hands the operation to the server's executor,
+/// which claims it in the store before the body runs, runs the body at most
+/// once (with [`current_reference`](#the-reference) set), records its result,
+/// and answers repeats from the record; the answer becomes the tool result.
+/// `tool_meta` adds `"idem/idempotent"` (the scope and the status tool) to
+/// the tool's `_meta`: the mark of a wrapper that `audit_hints` looks for.
+/// With `business_key`, the expansion also holds
+/// `let _ = |args: ShipmentArgs| { let _ = &args.order_id; };`, the field
+/// spanned on the string, so a field the type lacks is an error there.
 ///
 /// # Why the hint cannot be set by hand
 ///

@@ -5,6 +5,11 @@
 //! a record in an [`IdempotencyStore`] before the side effect, records the
 //! outcome after it, and answers every repeat from the record: in flight,
 //! replayed, unknown or conflict (see [`Answer`]).
+//!
+//! With the `rmcp` feature (on by default), [`macro@idempotent`] wraps an rmcp
+//! tool in the executor and gives it `idempotentHint: true`;
+//! [`macro@tool_router`] on the impl refuses a hint no wrapper backs, and
+//! [`audit_hints`] checks a finished router at start-up.
 #![warn(
     missing_docs,
     missing_debug_implementations,

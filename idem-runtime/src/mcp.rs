@@ -157,9 +157,59 @@ impl std::error::Error for HintProblem {}
 /// will serve (after every `+`, `merge` and `with_route`), and refuse to
 /// start on an error:
 ///
-/// ```ignore
-/// let router = Payments::tool_router() + Payments::admin_router();
-/// idem_runtime::audit_hints(&router).map_err(|problems| /* log and exit */)?;
+/// ```
+/// use std::sync::Arc;
+/// use idem_runtime::{audit_hints, idempotent, Executor, IdempotentServer, MemoryStore, ToolError};
+/// use rmcp::handler::server::wrapper::{Json, Parameters};
+/// use rmcp::tool;
+///
+/// #[derive(serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+/// struct ChargeArgs {
+///     order_id: String,
+///     amount_cents: u64,
+/// }
+///
+/// #[derive(serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+/// struct Receipt {
+///     charge_id: String,
+/// }
+///
+/// struct Payments {
+///     executor: Executor,
+/// }
+///
+/// impl IdempotentServer for Payments {
+///     fn executor(&self) -> &Executor {
+///         &self.executor
+///     }
+/// }
+///
+/// #[idem_runtime::tool_router]
+/// impl Payments {
+///     #[idempotent(window = "15m")]
+///     #[tool(description = "Charge a card")]
+///     async fn charge_card(
+///         &self,
+///         Parameters(args): Parameters<ChargeArgs>,
+///     ) -> Result<Json<Receipt>, ToolError> {
+///         Ok(Json(Receipt { charge_id: format!("ch_{}", args.order_id) }))
+///     }
+/// }
+///
+/// fn main() -> Result<(), Box<dyn std::error::Error>> {
+///     // The router the server will serve, status tool included.
+///     let router = Payments::tool_router()
+///         .with_route(idem_runtime::status_tool::<Payments>("get_operation_status"));
+///     if let Err(problems) = audit_hints(&router) {
+///         for problem in &problems {
+///             eprintln!("{problem}");
+///         }
+///         return Err("refusing to start: a tool's idempotentHint is not backed".into());
+///     }
+///     // ... serve `Payments { executor: Executor::new(Arc::new(MemoryStore::new())) }`
+///     # let _ = Payments { executor: Executor::new(Arc::new(MemoryStore::new())) };
+///     Ok(())
+/// }
 /// ```
 ///
 /// The macros already refuse a hand-written hint on a `#[tool]` they can
