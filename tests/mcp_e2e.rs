@@ -11,9 +11,12 @@ use idem_runtime::{
 };
 use rmcp::handler::server::router::tool::{ToolRoute, ToolRouter};
 use rmcp::handler::server::wrapper::{Json, Parameters};
-use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock, Tool, ToolAnnotations};
-use rmcp::service::RunningService;
-use rmcp::{tool, tool_handler, RoleClient, ServerHandler, ServiceExt};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ListToolsResult,
+    PaginatedRequestParams, ServerConfig, Tool, ToolAnnotations,
+};
+use rmcp::service::{RequestContext, RunningService};
+use rmcp::{tool, tool_handler, ErrorData, RoleClient, RoleServer, ServerHandler, ServiceExt};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -121,7 +124,54 @@ impl Shop {
 #[tool_handler(router = Self::router())]
 impl ServerHandler for Shop {}
 
+/// Stands in for an auth layer in front of the shop: it puts the
+/// authenticated caller into the request's extensions, directly or inside
+/// the HTTP request parts (as rmcp's streamable HTTP service passes them on).
+struct Gateway {
+    shop: Shop,
+    caller: Caller,
+    via_http_parts: bool,
+}
+
+impl ServerHandler for Gateway {
+    fn get_info(&self) -> ServerConfig {
+        self.shop.get_info()
+    }
+
+    async fn list_tools(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        self.shop.list_tools(request, context).await
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        mut context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        if self.via_http_parts {
+            let (mut parts, ()) = http::Request::new(()).into_parts();
+            parts.extensions.insert(self.caller.clone());
+            context.extensions.insert(parts);
+        } else {
+            context.extensions.insert(self.caller.clone());
+        }
+        self.shop.call_tool(request, context).await
+    }
+}
+
 type Client = RunningService<RoleClient, ()>;
+
+async fn connect_gateway(gateway: Gateway) -> Client {
+    let (server_side, client_side) = tokio::io::duplex(64 * 1024);
+    tokio::spawn(async move {
+        let running = gateway.serve(server_side).await.expect("server starts");
+        let _ = running.waiting().await;
+    });
+    ().serve(client_side).await.expect("client connects")
+}
 
 async fn connect(shop: Shop) -> Client {
     let (server_side, client_side) = tokio::io::duplex(64 * 1024);
@@ -296,6 +346,37 @@ async fn two_callers_with_identical_arguments_are_two_operations() {
     assert_eq!(a.is_error, Some(false));
     assert_eq!(b.is_error, Some(false));
     assert_ne!(operation(&a)["reference"], operation(&b)["reference"]);
+}
+
+#[tokio::test]
+async fn the_caller_comes_from_the_request_extensions_or_the_http_parts() {
+    let (executor, processor) = setup();
+    // The shop itself has no default caller: without the gateway, refused.
+    let direct = connect_gateway(Gateway {
+        shop: shop(&executor, None, &processor),
+        caller: Caller::new("acme", "alice"),
+        via_http_parts: false,
+    })
+    .await;
+    let via_http = connect_gateway(Gateway {
+        shop: shop(&executor, None, &processor),
+        caller: Caller::new("acme", "bob"),
+        via_http_parts: true,
+    })
+    .await;
+    let args = json!({ "card": "4242", "amount_cents": 700 });
+    let a = call(&direct, "charge_card", args.clone()).await;
+    let b = call(&via_http, "charge_card", args.clone()).await;
+    assert_eq!(a.is_error, Some(false), "{a:?}");
+    assert_eq!(b.is_error, Some(false), "{b:?}");
+    // Two callers: two operations.
+    assert_eq!(processor.charges.load(Ordering::SeqCst), 2);
+    assert_ne!(operation(&a)["reference"], operation(&b)["reference"]);
+    // The same caller again: replayed.
+    let again = call(&via_http, "charge_card", args).await;
+    assert_eq!(processor.charges.load(Ordering::SeqCst), 2);
+    assert_eq!(operation(&again)["reference"], operation(&b)["reference"]);
+    assert_eq!(operation(&again)["replayed"], json!(true));
 }
 
 #[tokio::test]

@@ -37,6 +37,18 @@ pub(crate) fn check(args: &Args, item: &ImplItemFn) -> syn::Result<Tool> {
 
     let mut errors: Vec<syn::Error> = Vec::new();
 
+    // A second `#[idempotent]` would wrap the wrapper: two claims per call.
+    if let Some(again) = item
+        .attrs
+        .iter()
+        .find(|attr| ast::is_attr(attr, "idempotent"))
+    {
+        errors.push(syn::Error::new_spanned(
+            again,
+            "`#[idempotent]` is given twice on this tool; keep one, with all its options",
+        ));
+    }
+
     if args.window.is_none() && args.business_key.is_none() {
         errors.push(syn::Error::new(
             Span::call_site(),
