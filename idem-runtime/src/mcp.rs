@@ -216,7 +216,9 @@ impl std::error::Error for HintProblem {}
 /// see; this finds the rest, such as a hint set through rmcp's builder API
 /// (`ToolRoute::new`, `.annotation(..)`). A wrapped tool is recognised by
 /// the `_meta` entry its wrapper adds ([`TOOL_META_KEY`]); disabled routes
-/// are checked too, since they may be enabled later.
+/// are checked too, since they may be enabled later. A route built by hand
+/// from a wrapped tool's definition with some other handler carries that
+/// entry and passes: the audit catches slips, not forgery.
 pub fn audit_hints<S>(router: &ToolRouter<S>) -> Result<(), Vec<HintProblem>> {
     let mut routes: Vec<&ToolRoute<S>> = router.map.values().collect();
     routes.sort_by(|a, b| a.attr.name.cmp(&b.attr.name));
