@@ -15,6 +15,24 @@ const UNBACKED_HINT: &str = "`idempotent_hint = true` on a tool that `#[idempote
      Put `#[idempotent(window = \"15m\")]` (or `business_key = \"...\"`) on the line above `#[tool(...)]`, \
      or remove the hint";
 
+/// The name of a router fn as rmcp's `#[tool_router]` writes it (a fully
+/// qualified `ToolRouter::<Self>::new()`), if this item is one.
+fn rmcp_generated_router(item: &ImplItem) -> Option<String> {
+    let ImplItem::Fn(method) = item else {
+        return None;
+    };
+    // Compared without whitespace: how tokens print depends on where they came from.
+    let body: String = method
+        .block
+        .to_token_stream()
+        .to_string()
+        .split_whitespace()
+        .collect();
+    let generated = method.sig.receiver().is_none()
+        && body.contains("rmcp::handler::server::router::tool::ToolRouter::<Self>::new()");
+    generated.then(|| method.sig.ident.to_string())
+}
+
 /// `#[tool_router(args)] impl ... { ... }`.
 pub(crate) fn tool_router(args: TokenStream, item: TokenStream) -> TokenStream {
     let mut item_impl: ItemImpl = match syn::parse2(item.clone()) {
@@ -39,6 +57,21 @@ pub(crate) fn tool_router(args: TokenStream, item: TokenStream) -> TokenStream {
             "rmcp's `#[tool_router]` is on this impl too: give the options to it and write \
              `#[idem_runtime::tool_router]` without any",
         ));
+    }
+
+    // rmcp's `#[tool_router]` above this attribute has already run: its
+    // router fn is here, and adding another would define it twice.
+    if !rmcp_router {
+        if let Some(generated) = item_impl.items.iter().find_map(rmcp_generated_router) {
+            let error = syn::Error::new(
+                Span::call_site(),
+                format!(
+                    "rmcp's `#[tool_router]` above this attribute has already generated `{generated}`: \
+                     put `#[idem_runtime::tool_router]` above rmcp's `#[tool_router]`, or use it instead of it"
+                ),
+            );
+            return with_error(item, error);
+        }
     }
 
     for impl_item in &mut item_impl.items {
@@ -83,4 +116,26 @@ pub(crate) fn tool_router(args: TokenStream, item: TokenStream) -> TokenStream {
         output.extend(error.into_compile_error());
     }
     quote!(#output)
+}
+
+#[cfg(test)]
+mod tests {
+    use quote::quote;
+
+    #[test]
+    fn refuses_to_follow_rmcps_router() {
+        let item = quote! {
+            impl Shop {
+                #[idempotent(window = "15m")]
+                #[tool(description = "Charge a card")]
+                async fn charge_card(&self) {}
+                fn tool_router() -> rmcp::handler::server::router::tool::ToolRouter<Self> {
+                    rmcp::handler::server::router::tool::ToolRouter::<Self>::new()
+                        .with_route((Self::charge_card_tool_attr(), Self::charge_card))
+                }
+            }
+        };
+        let out = super::tool_router(quote!(), item).to_string();
+        assert!(out.contains("has already generated `tool_router`"), "{out}");
+    }
 }
