@@ -317,7 +317,8 @@ where
 fn no_caller() -> CallToolResult {
     let mut result = CallToolResult::error(vec![ContentBlock::text(
         "The call was refused and nothing was executed: the request carries no authenticated \
-         caller, and this server has no default caller.",
+         caller, and this server has no default caller. Connect with credentials (over HTTP, an \
+         Authorization header the server accepts), then call again.",
     )]);
     set_meta(&mut result, json!({ "state": "refused" }));
     result
