@@ -151,7 +151,7 @@ pub fn format_number_es6(f: f64) -> Result<String, CanonicalError> {
 }
 
 /// Where the canonical writer puts its output: a `String`, or a hasher that
-/// consumes the bytes as they come, so no copy of the text is ever built.
+/// consumes the bytes as they come, so the whole text is never held at once.
 pub(crate) trait Sink {
     /// Appends `s`: a number, an escape, or a run of unescaped string bytes.
     fn write_str(&mut self, s: &str);
