@@ -163,3 +163,37 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     }
     s
 }
+
+// TEMPORARY until the canonical branch lands: not canonical, not final.
+impl IdempotencyKey {
+    /// Derives the key (temporary placeholder).
+    pub fn derive(
+        caller: &Caller,
+        tool: &str,
+        args: &serde_json::Value,
+        scope: &Scope,
+    ) -> Result<IdempotencyKey, KeyError> {
+        use sha2::{Digest, Sha256};
+        let a = Sha256::digest(serde_json::to_vec(args).unwrap());
+        let mut h = Sha256::new();
+        h.update(caller.tenant().as_bytes());
+        match scope {
+            Scope::Window(_) => {
+                h.update(caller.subject().as_bytes());
+                h.update(tool.as_bytes());
+                h.update(a);
+            }
+            Scope::BusinessKey(v) => {
+                h.update(tool.as_bytes());
+                h.update(serde_json::to_vec(v).unwrap());
+            }
+        }
+        let mut f = Sha256::new();
+        f.update(tool.as_bytes());
+        f.update(a);
+        Ok(IdempotencyKey {
+            key: h.finalize().into(),
+            fingerprint: f.finalize().into(),
+        })
+    }
+}

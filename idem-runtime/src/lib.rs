@@ -1,4 +1,10 @@
 //! idem makes MCP tool calls safe to repeat.
+//!
+//! An operation is *this caller, this tool, these arguments, within this
+//! scope*. The [`Executor`] derives the operation's [`IdempotencyKey`], claims
+//! a record in an [`IdempotencyStore`] before the side effect, records the
+//! outcome after it, and answers every repeat from the record: in flight,
+//! replayed, unknown or conflict (see [`Answer`]).
 #![warn(
     missing_docs,
     missing_debug_implementations,
@@ -7,7 +13,10 @@
 )]
 
 mod canonical;
+mod executor;
 mod key;
+mod memory;
+mod outcome;
 mod store;
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -18,7 +27,13 @@ mod postgres;
 mod sqlite;
 
 pub use canonical::{canonical_json, CanonicalError};
+pub use executor::{
+    Executor, Operation, OperationContext, ScopeSpec, StatusReport, DEFAULT_LEASE,
+    DEFAULT_RETENTION,
+};
 pub use key::{Caller, IdempotencyKey, KeyError, Reference, Scope};
+pub use memory::MemoryStore;
+pub use outcome::{Answer, Classify, Disposition, ToolError};
 pub use store::{Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordState, StoreError};
 
 #[cfg(feature = "postgres")]

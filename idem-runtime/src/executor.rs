@@ -1,0 +1,508 @@
+//! Claim, execute, record.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::key::{Caller, IdempotencyKey, Reference, Scope};
+use crate::outcome::{Answer, Classify, Disposition};
+use crate::store::{
+    Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordState, StoreError,
+};
+
+/// The default lease: how long a claim holds without a heartbeat.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// The default retention of a business-key record, and of any record whose
+/// outcome is unknown.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(48 * 3600);
+
+/// What makes two calls the same operation, as a tool declares it. The
+/// executor turns it into a [`Scope`] once it has the serialized arguments.
+#[derive(Clone, Copy, Debug)]
+pub enum ScopeSpec<'a> {
+    /// A sliding window over the caller and the canonical arguments.
+    Window(Duration),
+    /// A business key: these argument fields (one field is keyed by its value,
+    /// several by an object of them). `retention` defaults to 48 h.
+    BusinessKey {
+        /// The argument fields that form the business key.
+        fields: &'a [&'a str],
+        /// How long the record is kept.
+        retention: Option<Duration>,
+    },
+}
+
+/// One call to run as an operation.
+#[derive(Debug)]
+pub struct Operation<'a, A: ?Sized> {
+    /// The authenticated caller.
+    pub caller: &'a Caller,
+    /// The tool's name.
+    pub tool: &'a str,
+    /// The typed arguments, after deserialization (defaults filled in,
+    /// unknown fields dropped).
+    pub args: &'a A,
+    /// The scope.
+    pub scope: ScopeSpec<'a>,
+    /// The tool a model calls with a reference to learn an operation's fate.
+    pub status_tool: &'a str,
+}
+
+/// What the handler can see of its operation.
+#[derive(Clone, Debug)]
+pub struct OperationContext {
+    reference: Reference,
+    caller: Caller,
+    tool: String,
+}
+
+impl OperationContext {
+    /// The operation's reference. Pass it to the processor as its own
+    /// idempotency reference, so the guarantee reaches across that boundary.
+    pub fn reference(&self) -> Reference {
+        self.reference
+    }
+
+    /// The caller.
+    pub fn caller(&self) -> &Caller {
+        &self.caller
+    }
+
+    /// The tool.
+    pub fn tool(&self) -> &str {
+        &self.tool
+    }
+}
+
+/// What a status lookup finds.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct StatusReport {
+    /// The reference looked up.
+    pub reference: String,
+    /// The tool the operation belongs to.
+    pub tool: String,
+    /// `IN_PROGRESS`, `COMPLETED` or `UNKNOWN`.
+    pub state: String,
+    /// When the operation was claimed, in milliseconds since the Unix epoch.
+    pub claimed_at_ms: u64,
+    /// When it last changed, in milliseconds since the Unix epoch.
+    pub updated_at_ms: u64,
+    /// The stored response (JSON text), when completed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub response: Option<String>,
+    /// Why the outcome is unknown, when it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// What the reader should do next.
+    pub next_step: String,
+}
+
+impl StatusReport {
+    fn from_record(record: &Record) -> Self {
+        let ms = |t: SystemTime| {
+            t.duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_millis() as u64
+        };
+        let (response, note, next_step) = match &record.state {
+            RecordState::Completed { response } => (
+                Some(response.clone()),
+                None,
+                "The operation completed; its result is in `response`. Do not submit it again."
+                    .to_owned(),
+            ),
+            RecordState::InProgress => (
+                None,
+                None,
+                "The operation is still running. Ask again in a few seconds; do not submit it \
+                 again."
+                    .to_owned(),
+            ),
+            RecordState::Unknown { note } => (
+                None,
+                Some(note.clone()),
+                "The outcome is not known yet and is being reconciled with the processor. Do \
+                 not submit it again; ask again later or tell the user it is under review."
+                    .to_owned(),
+            ),
+        };
+        StatusReport {
+            reference: record.reference().to_string(),
+            tool: record.tool.clone(),
+            state: record.state.name().to_owned(),
+            claimed_at_ms: ms(record.claimed_at),
+            updated_at_ms: ms(record.updated_at),
+            response,
+            note,
+            next_step,
+        }
+    }
+}
+
+/// Runs operations against a store: claim before the side effect, record the
+/// outcome after it, answer repeats from the record.
+#[derive(Clone, Debug)]
+pub struct Executor {
+    store: Arc<dyn IdempotencyStore>,
+    lease: Duration,
+    retention: Duration,
+}
+
+impl Executor {
+    /// An executor over `store`, with a 30 s lease and 48 h retention.
+    pub fn new(store: Arc<dyn IdempotencyStore>) -> Self {
+        Executor {
+            store,
+            lease: DEFAULT_LEASE,
+            retention: DEFAULT_RETENTION,
+        }
+    }
+
+    /// Sets the lease. A running handler renews it every third of the lease,
+    /// so a live call is never taken for dead; a dead process's call is
+    /// reported UNKNOWN once its lease runs out.
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease.max(Duration::from_millis(30));
+        self
+    }
+
+    /// Sets how long UNKNOWN records and business keys are kept (at least the
+    /// window).
+    pub fn with_retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn IdempotencyStore> {
+        &self.store
+    }
+
+    /// Runs `handler` at most once for this operation and answers every
+    /// repeat from the record. See [`Answer`] for what comes back.
+    pub async fn run<A, T, E, F, Fut>(&self, op: Operation<'_, A>, handler: F) -> Answer<T, E>
+    where
+        A: Serialize + ?Sized,
+        T: Serialize + DeserializeOwned,
+        E: Classify + std::fmt::Display,
+        F: FnOnce(OperationContext) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let args = match serde_json::to_value(op.args) {
+            Ok(args) => args,
+            Err(e) => {
+                return Answer::Refused {
+                    reason: format!("the arguments cannot be serialized ({e})"),
+                }
+            }
+        };
+        let (scope, window, retention) = match op.scope {
+            ScopeSpec::Window(window) => (Scope::Window(window), window, self.retention),
+            ScopeSpec::BusinessKey { fields, retention } => {
+                let retention = retention.unwrap_or(self.retention);
+                match business_key(&args, fields) {
+                    Ok(value) => (Scope::BusinessKey(value), retention, retention),
+                    Err(reason) => return Answer::Refused { reason },
+                }
+            }
+        };
+        let key = match IdempotencyKey::derive(op.caller, op.tool, &args, &scope) {
+            Ok(key) => key,
+            Err(e) => {
+                return Answer::Refused {
+                    reason: e.to_string(),
+                }
+            }
+        };
+        let reference = key.reference();
+        let request = ClaimRequest {
+            key,
+            tenant: op.caller.tenant().to_owned(),
+            tool: op.tool.to_owned(),
+            attempt: Attempt::random(),
+            lease: self.lease,
+            window,
+            retention: retention.max(window),
+        };
+        match self.store.claim(&request).await {
+            Err(error) => {
+                tracing::warn!(%reference, tool = op.tool, %error, "claim failed; not running");
+                Answer::StoreUnavailable { error }
+            }
+            Ok(Claim::Existing { record, now }) => existing(record, now, &key, op.status_tool),
+            Ok(Claim::Claimed) => {
+                let context = OperationContext {
+                    reference,
+                    caller: op.caller.clone(),
+                    tool: op.tool.to_owned(),
+                };
+                self.execute(&request, op.status_tool, handler(context))
+                    .await
+            }
+        }
+    }
+
+    async fn execute<T, E, Fut>(
+        &self,
+        claim: &ClaimRequest,
+        status_tool: &str,
+        handler: Fut,
+    ) -> Answer<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: Classify + std::fmt::Display,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let reference = claim.key.reference();
+        let mut guard = UnknownOnDrop {
+            store: Some(self.store.clone()),
+            key: claim.key,
+            attempt: claim.attempt,
+        };
+        let outcome = self
+            .with_heartbeat(claim, CatchUnwind(Box::pin(handler)))
+            .await;
+        let store = guard.disarm();
+        let (key, attempt) = (&claim.key, claim.attempt);
+        match outcome {
+            Ok(Ok(value)) => {
+                let recorded = match serde_json::to_string(&value) {
+                    Ok(text) => match store.complete(key, attempt, &text).await {
+                        Ok(()) => true,
+                        Err(error) => {
+                            // The side effect happened: the caller gets its real
+                            // result; the record stays IN_PROGRESS and the sweep
+                            // resolves it.
+                            tracing::error!(%reference, %error, "completion write failed after the side effect");
+                            false
+                        }
+                    },
+                    Err(error) => {
+                        mark(
+                            &*store,
+                            key,
+                            attempt,
+                            &format!("the response could not be stored: {error}"),
+                        )
+                        .await;
+                        false
+                    }
+                };
+                Answer::Executed {
+                    value,
+                    reference,
+                    recorded,
+                }
+            }
+            Ok(Err(error)) => {
+                let disposition = error.disposition();
+                match disposition {
+                    Disposition::Rejected => {
+                        if let Err(e) = store.release(key, attempt).await {
+                            tracing::error!(%reference, error = %e, "release after a rejected call failed");
+                        }
+                    }
+                    Disposition::Unknown => {
+                        mark(&*store, key, attempt, &error.to_string()).await;
+                    }
+                }
+                Answer::Failed {
+                    error,
+                    reference,
+                    disposition,
+                    status_tool: status_tool.to_owned(),
+                }
+            }
+            Err(panic) => {
+                let note = format!("the handler panicked: {}", panic_message(&panic));
+                tracing::error!(%reference, %note);
+                mark(&*store, key, attempt, &note).await;
+                Answer::Unknown {
+                    reference,
+                    status_tool: status_tool.to_owned(),
+                    note,
+                }
+            }
+        }
+    }
+
+    /// Drives `work` while renewing the claim's lease every third of it.
+    async fn with_heartbeat<O>(&self, claim: &ClaimRequest, work: impl Future<Output = O>) -> O {
+        let mut work = std::pin::pin!(work);
+        let period = self.lease / 3;
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                out = &mut work => return out,
+                _ = ticks.tick() => {
+                    if let Err(error) = self.store.heartbeat(&claim.key, claim.attempt, self.lease).await {
+                        tracing::warn!(reference = %claim.key.reference(), %error, "lease renewal failed");
+                    }
+                }
+            }
+        }
+    }
+
+    /// The status of the operation with this reference, in the caller's
+    /// tenant. `None` when there is none (or it belongs to another tenant, or
+    /// the reference is malformed).
+    pub async fn status(
+        &self,
+        caller: &Caller,
+        reference: &str,
+    ) -> Result<Option<StatusReport>, StoreError> {
+        let Some(reference) = Reference::parse(reference) else {
+            return Ok(None);
+        };
+        Ok(self
+            .store
+            .lookup(caller.tenant(), &reference)
+            .await?
+            .map(|r| StatusReport::from_record(&r)))
+    }
+}
+
+/// The answer to a repeat that found a live record.
+fn existing<T: DeserializeOwned, E>(
+    record: Record,
+    now: SystemTime,
+    key: &IdempotencyKey,
+    status_tool: &str,
+) -> Answer<T, E> {
+    let reference = record.reference();
+    let status_tool = status_tool.to_owned();
+    if record.key.fingerprint() != key.fingerprint() {
+        return Answer::Conflict {
+            reference,
+            status_tool,
+        };
+    }
+    match record.state {
+        RecordState::Completed { response } => match serde_json::from_str(&response) {
+            Ok(value) => Answer::Replayed {
+                value,
+                stored: response,
+                reference,
+            },
+            // It completed, so it must not run again; say so rather than guess.
+            Err(e) => Answer::Unknown {
+                reference,
+                status_tool,
+                note: format!("it completed, but its stored response cannot be read ({e})"),
+            },
+        },
+        RecordState::InProgress if now < record.lease_until => Answer::InFlight {
+            reference,
+            status_tool,
+            retry_after: record.lease_until.duration_since(now).unwrap_or_default(),
+        },
+        RecordState::InProgress => Answer::Unknown {
+            reference,
+            status_tool,
+            note: "the call that claimed it stopped renewing its lease; its process may have \
+                   died mid-call"
+                .to_owned(),
+        },
+        RecordState::Unknown { note } => Answer::Unknown {
+            reference,
+            status_tool,
+            note,
+        },
+    }
+}
+
+/// Picks the business key out of the serialized arguments.
+fn business_key(args: &serde_json::Value, fields: &[&str]) -> Result<serde_json::Value, String> {
+    let pick = |field: &str| match args.get(field) {
+        None | Some(serde_json::Value::Null) => Err(format!(
+            "the business key field `{field}` is missing; give it a value"
+        )),
+        Some(v) => Ok(v.clone()),
+    };
+    match fields {
+        [] => Err("the tool declares an empty business key".to_owned()),
+        [one] => pick(one),
+        many => many
+            .iter()
+            .map(|f| pick(f).map(|v| ((*f).to_owned(), v)))
+            .collect::<Result<serde_json::Map<_, _>, _>>()
+            .map(serde_json::Value::Object),
+    }
+}
+
+async fn mark(store: &dyn IdempotencyStore, key: &IdempotencyKey, attempt: Attempt, note: &str) {
+    if let Err(error) = store.mark_unknown(key, attempt, note).await {
+        // The lease still covers the record: the sweep marks it later.
+        tracing::error!(reference = %key.reference(), %error, "marking the record UNKNOWN failed");
+    }
+}
+
+/// Marks the record UNKNOWN if the call's future is dropped mid-handler (the
+/// client went away, a timeout cancelled it): the side effect may be half done.
+struct UnknownOnDrop {
+    store: Option<Arc<dyn IdempotencyStore>>,
+    key: IdempotencyKey,
+    attempt: Attempt,
+}
+
+impl UnknownOnDrop {
+    fn disarm(&mut self) -> Arc<dyn IdempotencyStore> {
+        self.store.take().expect("disarmed once")
+    }
+}
+
+impl Drop for UnknownOnDrop {
+    fn drop(&mut self) {
+        let Some(store) = self.store.take() else {
+            return;
+        };
+        let (key, attempt) = (self.key, self.attempt);
+        tracing::warn!(reference = %key.reference(), "call cancelled mid-handler; marking UNKNOWN");
+        // Best effort: without a runtime the lease runs out and the sweep
+        // marks the record.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                mark(
+                    &*store,
+                    &key,
+                    attempt,
+                    "the call was cancelled while its handler ran",
+                )
+                .await;
+            });
+        }
+    }
+}
+
+/// Turns a panic inside the handler's future into an `Err`.
+struct CatchUnwind<F>(Pin<Box<F>>);
+
+impl<F: Future> Future for CatchUnwind<F> {
+    type Output = Result<F::Output, Box<dyn std::any::Any + Send>>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let fut = self.0.as_mut();
+        match std::panic::catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(out)) => Poll::Ready(Ok(out)),
+            Err(panic) => Poll::Ready(Err(panic)),
+        }
+    }
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a non-text panic".to_owned()
+    }
+}

@@ -1,0 +1,628 @@
+//! The executor against MemoryStore, with a processor stub that counts its
+//! invocations: every assertion is about how often the side effect ran.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idem_runtime::{
+    Answer, Attempt, Caller, Claim, ClaimRequest, Executor, IdempotencyKey, IdempotencyStore,
+    MemoryStore, Operation, OperationContext, Record, Reference, ScopeSpec, StoreError, ToolError,
+};
+use serde::{Deserialize, Serialize};
+
+const STATUS_TOOL: &str = "get_operation_status";
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+struct Charge {
+    card: String,
+    amount_cents: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+struct Receipt {
+    charge_id: String,
+    amount_cents: u64,
+    processor_reference: String,
+}
+
+/// A payment processor stand-in: counts charges, takes `delay` per charge.
+#[derive(Clone, Default)]
+struct Processor {
+    charges: Arc<AtomicUsize>,
+    delay: Duration,
+}
+
+impl Processor {
+    fn sleeping(delay: Duration) -> Self {
+        Processor {
+            charges: Arc::default(),
+            delay,
+        }
+    }
+
+    fn count(&self) -> usize {
+        self.charges.load(Ordering::SeqCst)
+    }
+
+    async fn charge(&self, ctx: OperationContext, args: Charge) -> Result<Receipt, ToolError> {
+        let n = self.charges.fetch_add(1, Ordering::SeqCst) + 1;
+        tokio::time::sleep(self.delay).await;
+        Ok(Receipt {
+            charge_id: format!("ch_{n}"),
+            amount_cents: args.amount_cents,
+            processor_reference: ctx.reference().to_string(),
+        })
+    }
+}
+
+fn alice() -> Caller {
+    Caller::new("acme", "alice")
+}
+
+fn visa(amount_cents: u64) -> Charge {
+    Charge {
+        card: "4242".into(),
+        amount_cents,
+    }
+}
+
+async fn charge(
+    exec: &Executor,
+    caller: &Caller,
+    args: &Charge,
+    processor: &Processor,
+) -> Answer<Receipt, ToolError> {
+    let op = Operation {
+        caller,
+        tool: "charge_card",
+        args,
+        scope: ScopeSpec::Window(Duration::from_secs(900)),
+        status_tool: STATUS_TOOL,
+    };
+    let p = processor.clone();
+    let a = args.clone();
+    exec.run(op, move |ctx| async move { p.charge(ctx, a).await })
+        .await
+}
+
+fn spawn_charge(
+    exec: &Executor,
+    args: Charge,
+    processor: &Processor,
+) -> tokio::task::JoinHandle<Answer<Receipt, ToolError>> {
+    let (exec, processor) = (exec.clone(), processor.clone());
+    tokio::spawn(async move { charge(&exec, &alice(), &args, &processor).await })
+}
+
+fn memory() -> Executor {
+    Executor::new(Arc::new(MemoryStore::new()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_concurrent_identical_calls_charge_once() {
+    let exec = memory();
+    let processor = Processor::sleeping(Duration::from_secs(2));
+    let first = spawn_charge(&exec, visa(500), &processor);
+    // Let the first claim land, then fire the repeat while it sleeps.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let second = spawn_charge(&exec, visa(500), &processor);
+    let (first, second) = (first.await.unwrap(), second.await.unwrap());
+
+    assert_eq!(processor.count(), 1, "the processor was charged once");
+    let Answer::Executed {
+        value,
+        reference,
+        recorded,
+    } = &first
+    else {
+        panic!("first call should run: {first:?}");
+    };
+    assert!(recorded);
+    assert_eq!(value.processor_reference, reference.to_string());
+    match &second {
+        Answer::InFlight {
+            reference: r,
+            status_tool,
+            retry_after,
+        } => {
+            assert_eq!(r, reference);
+            assert_eq!(status_tool, STATUS_TOOL);
+            assert!(*retry_after > Duration::from_secs(20), "{retry_after:?}");
+        }
+        other => panic!("the repeat should be told it is in flight, got {other:?}"),
+    }
+    let message = second.message().unwrap();
+    assert!(message.contains(&reference.to_string()), "{message}");
+    assert!(
+        message.contains("do not submit it again") || message.contains("Do not submit it again")
+    );
+    assert!(message.contains(STATUS_TOOL), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeat_after_completion_replays_the_stored_response() {
+    let exec = memory();
+    let processor = Processor::sleeping(Duration::from_secs(2));
+    let first = charge(&exec, &alice(), &visa(500), &processor).await;
+    let second = charge(&exec, &alice(), &visa(500), &processor).await;
+    assert_eq!(processor.count(), 1);
+    let Answer::Executed {
+        value: original, ..
+    } = first
+    else {
+        panic!("{first:?}")
+    };
+    let Answer::Replayed { value, stored, .. } = second else {
+        panic!("{second:?}")
+    };
+    assert_eq!(
+        stored,
+        serde_json::to_string(&original).unwrap(),
+        "byte for byte"
+    );
+    assert_eq!(value, original);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_concurrent_identical_calls_charge_once() {
+    let exec = memory();
+    let processor = Processor::sleeping(Duration::from_secs(2));
+    let calls: Vec<_> = (0..100)
+        .map(|_| spawn_charge(&exec, visa(700), &processor))
+        .collect();
+    let mut executed = 0;
+    let mut in_flight = 0;
+    for call in calls {
+        match call.await.unwrap() {
+            Answer::Executed { .. } => executed += 1,
+            Answer::InFlight { .. } => in_flight += 1,
+            other => panic!("unexpected answer {other:?}"),
+        }
+    }
+    assert_eq!(processor.count(), 1);
+    assert_eq!((executed, in_flight), (1, 99));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_arguments_or_other_callers_are_other_operations() {
+    let exec = memory();
+    let processor = Processor::sleeping(Duration::ZERO);
+    charge(&exec, &alice(), &visa(500), &processor).await;
+    charge(&exec, &alice(), &visa(501), &processor).await;
+    charge(&exec, &Caller::new("acme", "bob"), &visa(500), &processor).await;
+    charge(
+        &exec,
+        &Caller::new("globex", "alice"),
+        &visa(500),
+        &processor,
+    )
+    .await;
+    assert_eq!(processor.count(), 4);
+}
+
+/// A store whose every call fails, as when the database is unreachable.
+#[derive(Debug)]
+struct Unreachable;
+
+#[async_trait]
+impl IdempotencyStore for Unreachable {
+    async fn claim(&self, _: &ClaimRequest) -> Result<Claim, StoreError> {
+        Err(StoreError::Unavailable("connection refused".into()))
+    }
+    async fn complete(&self, _: &IdempotencyKey, _: Attempt, _: &str) -> Result<(), StoreError> {
+        Err(StoreError::Unavailable("connection refused".into()))
+    }
+    async fn release(&self, _: &IdempotencyKey, _: Attempt) -> Result<(), StoreError> {
+        Err(StoreError::Unavailable("connection refused".into()))
+    }
+    async fn mark_unknown(
+        &self,
+        _: &IdempotencyKey,
+        _: Attempt,
+        _: &str,
+    ) -> Result<(), StoreError> {
+        Err(StoreError::Unavailable("connection refused".into()))
+    }
+    async fn heartbeat(
+        &self,
+        _: &IdempotencyKey,
+        _: Attempt,
+        _: Duration,
+    ) -> Result<(), StoreError> {
+        Err(StoreError::Unavailable("connection refused".into()))
+    }
+    async fn lookup(&self, _: &str, _: &Reference) -> Result<Option<Record>, StoreError> {
+        Err(StoreError::Unavailable("connection refused".into()))
+    }
+    async fn purge_expired(&self, _: usize) -> Result<usize, StoreError> {
+        Err(StoreError::Unavailable("connection refused".into()))
+    }
+    async fn list_lapsed(&self, _: usize) -> Result<Vec<Record>, StoreError> {
+        Err(StoreError::Unavailable("connection refused".into()))
+    }
+    async fn list_unknown(&self, _: usize) -> Result<Vec<Record>, StoreError> {
+        Err(StoreError::Unavailable("connection refused".into()))
+    }
+}
+
+#[tokio::test]
+async fn an_unreachable_store_fails_closed() {
+    let exec = Executor::new(Arc::new(Unreachable));
+    let processor = Processor::sleeping(Duration::ZERO);
+    let answer = charge(&exec, &alice(), &visa(500), &processor).await;
+    assert_eq!(processor.count(), 0, "the processor was never called");
+    assert!(
+        matches!(answer, Answer::StoreUnavailable { .. }),
+        "{answer:?}"
+    );
+    let message = answer.message().unwrap();
+    assert!(message.starts_with("Nothing was executed"), "{message}");
+}
+
+/// MemoryStore, except that `complete` fails: the database went away after
+/// the side effect.
+#[derive(Debug, Default)]
+struct CompletionFails(MemoryStore);
+
+#[async_trait]
+impl IdempotencyStore for CompletionFails {
+    async fn claim(&self, r: &ClaimRequest) -> Result<Claim, StoreError> {
+        self.0.claim(r).await
+    }
+    async fn complete(&self, _: &IdempotencyKey, _: Attempt, _: &str) -> Result<(), StoreError> {
+        Err(StoreError::Unavailable("connection reset".into()))
+    }
+    async fn release(&self, k: &IdempotencyKey, a: Attempt) -> Result<(), StoreError> {
+        self.0.release(k, a).await
+    }
+    async fn mark_unknown(
+        &self,
+        k: &IdempotencyKey,
+        a: Attempt,
+        n: &str,
+    ) -> Result<(), StoreError> {
+        self.0.mark_unknown(k, a, n).await
+    }
+    async fn heartbeat(
+        &self,
+        k: &IdempotencyKey,
+        a: Attempt,
+        l: Duration,
+    ) -> Result<(), StoreError> {
+        self.0.heartbeat(k, a, l).await
+    }
+    async fn lookup(&self, t: &str, r: &Reference) -> Result<Option<Record>, StoreError> {
+        self.0.lookup(t, r).await
+    }
+    async fn purge_expired(&self, b: usize) -> Result<usize, StoreError> {
+        self.0.purge_expired(b).await
+    }
+    async fn list_lapsed(&self, l: usize) -> Result<Vec<Record>, StoreError> {
+        self.0.list_lapsed(l).await
+    }
+    async fn list_unknown(&self, l: usize) -> Result<Vec<Record>, StoreError> {
+        self.0.list_unknown(l).await
+    }
+}
+
+#[tokio::test]
+async fn a_failed_completion_write_still_returns_the_real_result() {
+    let store = Arc::new(CompletionFails::default());
+    let exec = Executor::new(store.clone());
+    let processor = Processor::sleeping(Duration::ZERO);
+    let first = charge(&exec, &alice(), &visa(500), &processor).await;
+    let Answer::Executed {
+        value,
+        recorded,
+        reference,
+    } = first
+    else {
+        panic!("{first:?}")
+    };
+    assert!(!recorded);
+    assert_eq!(value.amount_cents, 500);
+    // The record stays claimed: a repeat does not charge again.
+    let again = charge(&exec, &alice(), &visa(500), &processor).await;
+    assert!(matches!(again, Answer::InFlight { .. }), "{again:?}");
+    assert_eq!(processor.count(), 1);
+    let status = exec
+        .status(&alice(), &reference.to_string())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.state, "IN_PROGRESS");
+}
+
+async fn run_with(
+    exec: &Executor,
+    processor: &Processor,
+    outcome: Result<(), ToolError>,
+) -> Answer<Receipt, ToolError> {
+    let p = processor.clone();
+    let caller = alice();
+    let op = Operation {
+        caller: &caller,
+        tool: "charge_card",
+        args: &visa(900),
+        scope: ScopeSpec::Window(Duration::from_secs(900)),
+        status_tool: STATUS_TOOL,
+    };
+    exec.run(op, move |ctx| async move {
+        let receipt = p.charge(ctx, visa(900)).await?;
+        outcome.map(|()| receipt)
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_rejected_call_releases_so_a_corrected_call_runs() {
+    let exec = memory();
+    let processor = Processor::sleeping(Duration::ZERO);
+    let first = run_with(
+        &exec,
+        &processor,
+        Err(ToolError::rejected("The card was declined.")),
+    )
+    .await;
+    assert_eq!(first.kind(), "rejected");
+    let message = first.message().unwrap();
+    assert!(message.contains("The card was declined.") && message.contains("Nothing was executed"));
+    let second = run_with(&exec, &processor, Ok(())).await;
+    assert!(matches!(second, Answer::Executed { .. }), "{second:?}");
+    assert_eq!(processor.count(), 2, "the corrected call ran");
+}
+
+#[tokio::test]
+async fn an_unknown_outcome_is_never_run_again() {
+    let exec = memory();
+    let processor = Processor::sleeping(Duration::ZERO);
+    let first = run_with(
+        &exec,
+        &processor,
+        Err(ToolError::unknown("The processor timed out.")),
+    )
+    .await;
+    assert_eq!(first.kind(), "failed_unknown");
+    let reference = first.reference().unwrap();
+    let again = run_with(&exec, &processor, Ok(())).await;
+    match &again {
+        Answer::Unknown {
+            reference: r, note, ..
+        } => {
+            assert_eq!(*r, reference);
+            assert_eq!(note, "The processor timed out.");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(again.message().unwrap().contains(STATUS_TOOL));
+    assert_eq!(processor.count(), 1);
+    let status = exec
+        .status(&alice(), &reference.to_string())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.state, "UNKNOWN");
+}
+
+#[tokio::test]
+async fn an_unclassified_error_counts_as_unknown() {
+    let exec = memory();
+    let calls = Arc::new(AtomicUsize::new(0));
+    for _ in 0..2 {
+        let calls = calls.clone();
+        let op = Operation {
+            caller: &alice(),
+            tool: "send_message",
+            args: &serde_json::json!({"to": "bob", "text": "hi"}),
+            scope: ScopeSpec::Window(Duration::from_secs(60)),
+            status_tool: STATUS_TOOL,
+        };
+        let answer: Answer<String, String> = exec
+            .run(op, move |_| async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                Err::<String, String>("connection reset by peer".into())
+            })
+            .await;
+        assert!(
+            matches!(answer, Answer::Failed { .. } | Answer::Unknown { .. }),
+            "{answer:?}"
+        );
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_leaves_the_record_unknown() {
+    let exec = memory();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        let calls = calls.clone();
+        let op = Operation {
+            caller: &alice(),
+            tool: "ship",
+            args: &serde_json::json!({"parcel": 1}),
+            scope: ScopeSpec::Window(Duration::from_secs(60)),
+            status_tool: STATUS_TOOL,
+        };
+        let answer: Answer<String, ToolError> = exec
+            .run(op, move |_| async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                if calls.load(Ordering::SeqCst) > 0 {
+                    panic!("carrier client bug");
+                }
+                Ok("never".to_owned())
+            })
+            .await;
+        answers.push(answer);
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    match &answers[0] {
+        Answer::Unknown { note, .. } => assert!(note.contains("carrier client bug"), "{note}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(answers[1], Answer::Unknown { .. }));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_call_leaves_the_record_unknown() {
+    let exec = memory();
+    let processor = Processor::sleeping(Duration::from_secs(30));
+    let call = spawn_charge(&exec, visa(100), &processor);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    call.abort();
+    let _ = call.await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let again = charge(
+        &exec,
+        &alice(),
+        &visa(100),
+        &Processor::sleeping(Duration::ZERO),
+    )
+    .await;
+    match &again {
+        Answer::Unknown { note, .. } => assert!(note.contains("cancelled"), "{note}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(processor.count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_handler_renews_its_lease() {
+    let exec = memory().with_lease(Duration::from_millis(300));
+    let processor = Processor::sleeping(Duration::from_millis(1500));
+    let first = spawn_charge(&exec, visa(42), &processor);
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // Well past the first lease: without a heartbeat this would say UNKNOWN.
+    let repeat = charge(&exec, &alice(), &visa(42), &processor).await;
+    assert!(matches!(repeat, Answer::InFlight { .. }), "{repeat:?}");
+    assert!(matches!(
+        first.await.unwrap(),
+        Answer::Executed { recorded: true, .. }
+    ));
+    assert_eq!(processor.count(), 1);
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Shipment {
+    order_id: String,
+    address: String,
+}
+
+async fn ship(
+    exec: &Executor,
+    caller: &Caller,
+    args: &Shipment,
+    carrier: &Arc<AtomicUsize>,
+) -> Answer<String, ToolError> {
+    let carrier = carrier.clone();
+    let op = Operation {
+        caller,
+        tool: "create_shipment",
+        args,
+        scope: ScopeSpec::BusinessKey {
+            fields: &["order_id"],
+            retention: None,
+        },
+        status_tool: STATUS_TOOL,
+    };
+    exec.run(op, move |ctx| async move {
+        carrier.fetch_add(1, Ordering::SeqCst);
+        Ok(format!("TRACK-{}", ctx.reference()))
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_business_key_reused_with_other_arguments_is_a_conflict() {
+    let exec = memory();
+    let carrier = Arc::new(AtomicUsize::new(0));
+    let order = Shipment {
+        order_id: "ord_1".into(),
+        address: "1 Main St".into(),
+    };
+    let first = ship(&exec, &alice(), &order, &carrier).await;
+    // Another user of the same tenant, same order: the same shipment.
+    let same = ship(&exec, &Caller::new("acme", "bob"), &order, &carrier).await;
+    let moved = Shipment {
+        address: "2 Side St".into(),
+        ..order.clone()
+    };
+    let conflict = ship(&exec, &alice(), &moved, &carrier).await;
+    assert_eq!(carrier.load(Ordering::SeqCst), 1);
+    let (Answer::Executed { value: a, .. }, Answer::Replayed { value: b, .. }) = (&first, &same)
+    else {
+        panic!("{first:?} / {same:?}")
+    };
+    assert_eq!(a, b, "the same tracking number");
+    assert_eq!(conflict.kind(), "conflict");
+    assert_eq!(conflict.reference(), first.reference());
+    assert!(conflict.message().unwrap().contains("Nothing was executed"));
+    // Another tenant has its own order namespace.
+    let other = ship(&exec, &Caller::new("globex", "alice"), &order, &carrier).await;
+    assert!(matches!(other, Answer::Executed { .. }));
+    assert_eq!(carrier.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_missing_business_key_is_refused_before_anything_runs() {
+    let exec = memory();
+    let carrier = Arc::new(AtomicUsize::new(0));
+    let c = carrier.clone();
+    let op = Operation {
+        caller: &alice(),
+        tool: "create_shipment",
+        args: &serde_json::json!({"address": "1 Main St"}),
+        scope: ScopeSpec::BusinessKey {
+            fields: &["order_id"],
+            retention: None,
+        },
+        status_tool: STATUS_TOOL,
+    };
+    let answer: Answer<String, ToolError> = exec
+        .run(op, move |_| async move {
+            c.fetch_add(1, Ordering::SeqCst);
+            Ok(String::new())
+        })
+        .await;
+    assert_eq!(answer.kind(), "refused");
+    assert!(answer.message().unwrap().contains("order_id"));
+    assert_eq!(carrier.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn status_answers_from_the_record_within_the_tenant_only() {
+    let exec = memory();
+    let processor = Processor::sleeping(Duration::ZERO);
+    let first = charge(&exec, &alice(), &visa(500), &processor).await;
+    let Answer::Executed {
+        value, reference, ..
+    } = first
+    else {
+        panic!()
+    };
+    let status = exec
+        .status(&alice(), &reference.to_string())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.state, "COMPLETED");
+    assert_eq!(status.tool, "charge_card");
+    assert_eq!(
+        status.response.unwrap(),
+        serde_json::to_string(&value).unwrap()
+    );
+    let stranger = Caller::new("globex", "mallory");
+    assert!(exec
+        .status(&stranger, &reference.to_string())
+        .await
+        .unwrap()
+        .is_none());
+    assert!(exec
+        .status(&alice(), "idem_nonsense")
+        .await
+        .unwrap()
+        .is_none());
+}

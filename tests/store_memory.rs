@@ -1,0 +1,14 @@
+//! The conformance suite against `MemoryStore`.
+
+mod conformance;
+
+use std::sync::Arc;
+
+use idem_runtime::MemoryStore;
+
+conformance_tests!(Some(Arc::new(MemoryStore::new())));
+
+#[tokio::test]
+async fn all_cases_share_one_store() {
+    conformance::run_all(&MemoryStore::new()).await;
+}
