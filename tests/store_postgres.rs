@@ -1,24 +1,20 @@
 //! PostgresStore: the conformance suite, migrations, and what only a shared
 //! server store has. Needs `IDEM_TEST_DATABASE_URL` (see `durable::database_url`).
 
+mod conformance;
 mod durable;
 
 use durable::PgSchema;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_claims_yield_one_winner() {
-    let Some(pg) = PgSchema::new().await else {
-        return;
-    };
-    durable::concurrent_claims_yield_one_winner(&pg.store).await;
-}
+// Each case in a fresh schema of its own, dropped at the end.
+conformance_tests!(PgSchema::new().await);
 
-#[tokio::test]
-async fn lifecycle() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_cases_share_one_store() {
     let Some(pg) = PgSchema::new().await else {
         return;
     };
-    durable::lifecycle(&pg.store).await;
+    conformance::run_all(&pg.store).await;
 }
 
 #[tokio::test]
@@ -52,7 +48,7 @@ async fn migrate_is_idempotent_and_safe_concurrently() {
         r.unwrap();
     }
     pg.store.migrate().await.unwrap();
-    durable::lifecycle(&others[0]).await;
+    conformance::claim_creates_in_progress(&others[0]).await;
 }
 
 async fn tokio_join_all<F>(fs: impl Iterator<Item = F>) -> Vec<F::Output>

@@ -1,5 +1,6 @@
 //! SqliteStore: the conformance suite, and what only a durable file store has.
 
+mod conformance;
 mod durable;
 
 use std::time::Duration;
@@ -13,14 +14,11 @@ async fn store() -> SqliteStore {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_claims_yield_one_winner() {
-    durable::concurrent_claims_yield_one_winner(&store().await).await;
-}
+conformance_tests!(Some(Box::new(store().await)));
 
-#[tokio::test]
-async fn lifecycle() {
-    durable::lifecycle(&store().await).await;
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_cases_share_one_store() {
+    conformance::run_all(&store().await).await;
 }
 
 #[tokio::test]
@@ -28,9 +26,9 @@ async fn expiry_sweep_and_purge() {
     durable::expiry_sweep_and_purge(&store().await).await;
 }
 
-#[tokio::test]
-async fn in_memory_works_too() {
-    durable::lifecycle(&SqliteStore::open_in_memory().await.unwrap()).await;
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_memory_passes_too() {
+    conformance::run_all(&SqliteStore::open_in_memory().await.unwrap()).await;
 }
 
 /// A record outlives the store that wrote it: reopen the file and find it.
@@ -85,5 +83,4 @@ async fn two_stores_on_one_file_yield_one_winner() {
             .count();
         assert_eq!(won, 1);
     }
-    let _ = Duration::ZERO;
 }

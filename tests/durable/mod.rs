@@ -101,6 +101,14 @@ impl PgSchema {
     }
 }
 
+impl std::ops::Deref for PgSchema {
+    type Target = PostgresStore;
+
+    fn deref(&self) -> &PostgresStore {
+        &self.store
+    }
+}
+
 impl Drop for PgSchema {
     fn drop(&mut self) {
         // On a thread of its own: Drop may run inside a runtime, which must
@@ -124,60 +132,6 @@ impl Drop for PgSchema {
         })
         .join();
     }
-}
-
-/// Many concurrent claims of one key: exactly one wins.
-pub async fn concurrent_claims_yield_one_winner(store: &dyn IdempotencyStore) {
-    let key = fresh_key();
-    let claims = (0..32).map(|_| {
-        let req = request(key, Duration::from_secs(30), Duration::from_secs(60));
-        async move { store.claim(&req).await.unwrap() }
-    });
-    let results = futures_join_all(claims).await;
-    let won = results.iter().filter(|c| **c == Claim::Claimed).count();
-    assert_eq!(won, 1, "{results:?}");
-}
-
-/// The main path and the fences, briefly.
-pub async fn lifecycle(store: &dyn IdempotencyStore) {
-    let key = fresh_key();
-    let req = request(key, Duration::from_secs(30), Duration::from_secs(60));
-    assert_eq!(store.claim(&req).await.unwrap(), Claim::Claimed);
-    let other = request(key, Duration::from_secs(30), Duration::from_secs(60));
-    match store.claim(&other).await.unwrap() {
-        Claim::Existing { record, now } => {
-            assert_eq!(record.state, RecordState::InProgress);
-            assert_eq!(record.attempt, req.attempt);
-            assert!(!record.lease_expired(now));
-        }
-        c => panic!("{c:?}"),
-    }
-    assert!(matches!(
-        store.complete(&key, other.attempt, "{}").await,
-        Err(StoreError::Fenced)
-    ));
-    store
-        .heartbeat(&key, req.attempt, Duration::from_secs(60))
-        .await
-        .unwrap();
-    let response = r#"{"b":1,"a":[2, 3]}"#;
-    store.complete(&key, req.attempt, response).await.unwrap();
-    assert!(matches!(
-        store.complete(&key, req.attempt, response).await,
-        Err(StoreError::WrongState { found: "COMPLETED" })
-    ));
-    let found = store
-        .lookup("acme", &key.reference())
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(
-        found.state,
-        RecordState::Completed {
-            response: response.into()
-        }
-    );
-    assert_eq!(store.lookup("other", &key.reference()).await.unwrap(), None);
 }
 
 /// An expired record is taken over; lapsed and unknown records are listed;
@@ -239,32 +193,4 @@ pub async fn expiry_sweep_and_purge(store: &dyn IdempotencyStore) {
         .is_some());
     store.release(&live, v.attempt).await.unwrap();
     assert_eq!(store.lookup("acme", &live.reference()).await.unwrap(), None);
-}
-
-async fn futures_join_all<F: std::future::Future>(fs: impl Iterator<Item = F>) -> Vec<F::Output> {
-    let mut set = Vec::new();
-    for f in fs {
-        set.push(f);
-    }
-    // Poll them all together, without a futures dependency.
-    let mut pinned: Vec<_> = set.into_iter().map(Box::pin).collect();
-    let mut out: Vec<Option<F::Output>> = pinned.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (f, o) in pinned.iter_mut().zip(out.iter_mut()) {
-            if o.is_none() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => *o = Some(v),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    out.into_iter().map(Option::unwrap).collect()
 }
