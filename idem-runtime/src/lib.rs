@@ -14,6 +14,7 @@
 
 mod canonical;
 mod executor;
+mod jobs;
 mod key;
 mod memory;
 mod outcome;
@@ -30,6 +31,10 @@ pub use canonical::{canonical_json, CanonicalError};
 pub use executor::{
     Executor, Operation, OperationContext, ScopeSpec, StatusReport, DEFAULT_LEASE,
     DEFAULT_RETENTION,
+};
+pub use jobs::{
+    purge, reconcile, sweep, Maintenance, MaintenanceConfig, ReconcileReport, Reconciler,
+    Reconciliation,
 };
 pub use key::{Caller, IdempotencyKey, KeyError, Reference, Scope};
 pub use memory::MemoryStore;

@@ -13,6 +13,8 @@ use crate::store::{
 
 const SHARDS: usize = 64;
 
+type Shard = Mutex<BTreeMap<[u8; 32], Record>>;
+
 /// Records in process memory, lost when the process ends.
 ///
 /// The map is split into 64 shards chosen by the key's first byte, each behind
@@ -21,7 +23,7 @@ const SHARDS: usize = 64;
 /// so a reference (the key's first eight bytes) is found by a range query.
 #[derive(Debug)]
 pub struct MemoryStore {
-    shards: Box<[Mutex<BTreeMap<[u8; 32], Record>>]>,
+    shards: Box<[Shard]>,
 }
 
 impl Default for MemoryStore {

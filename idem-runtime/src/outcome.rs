@@ -199,7 +199,7 @@ impl<T, E: fmt::Display> Answer<T, E> {
             } => format!(
                 "Operation {reference} is already in progress; this call did not run it again. \
                  Do not submit it again: call {status_tool} with reference \"{reference}\" \
-                 in about {} s to get its result.",
+                 to get its result; if it is still running, ask again within {} s.",
                 retry_after.as_secs().max(1)
             ),
             Answer::Unknown {
