@@ -130,7 +130,10 @@ where
             handler,
         )
         .await;
-    let reference = answer.reference().map(|r| r.to_string()).unwrap_or_default();
+    let reference = answer
+        .reference()
+        .map(|r| r.to_string())
+        .unwrap_or_default();
     format!("{} {reference}", answer.kind())
 }
 
