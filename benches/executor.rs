@@ -1,0 +1,131 @@
+//! What idem adds to a call: a full call on MemoryStore (key, claim, no-op
+//! handler, complete) beside the bare no-op handler, in the same run; and
+//! throughput with one task against two.
+//!
+//! `cargo bench --bench executor`
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
+use idem_runtime::{Answer, Caller, Executor, MemoryStore, Operation, ScopeSpec, ToolError};
+use serde::Serialize;
+
+#[derive(Serialize)]
+struct ChargeArgs<'a> {
+    card: &'a str,
+    amount_cents: u64,
+    currency: &'a str,
+    note: &'a str,
+}
+
+fn args(n: u64) -> ChargeArgs<'static> {
+    ChargeArgs {
+        card: "4242424242424242",
+        amount_cents: n,
+        currency: "usd",
+        note: "order 1234, two items",
+    }
+}
+
+async fn noop(n: u64) -> Result<u64, ToolError> {
+    Ok(black_box(n))
+}
+
+async fn full_call(exec: &Executor, caller: &Caller, n: u64) -> u64 {
+    let a = args(n);
+    let op = Operation {
+        caller,
+        tool: "charge_card",
+        args: &a,
+        scope: ScopeSpec::Window(Duration::from_secs(900)),
+        status_tool: "get_operation_status",
+    };
+    match exec.run(op, move |_| noop(n)).await {
+        Answer::Executed { value, .. } => value,
+        other => panic!("every call is a new operation: {other:?}"),
+    }
+}
+
+async fn bare_call(n: u64) -> u64 {
+    // The same argument value is built and serialized, as a tool would.
+    let v = serde_json::to_value(args(n)).unwrap();
+    black_box(&v);
+    noop(n).await.unwrap()
+}
+
+/// Runs `iters` calls split over `tasks` tasks on a 2-worker runtime, on a
+/// fresh store, and returns the wall time.
+fn calls_on_tasks(rt: &tokio::runtime::Runtime, tasks: u64, iters: u64) -> Duration {
+    let exec = Executor::new(Arc::new(MemoryStore::new()));
+    let caller = Caller::new("acme", "alice");
+    rt.block_on(async {
+        let start = Instant::now();
+        let handles: Vec<_> = (0..tasks)
+            .map(|t| {
+                let (exec, caller) = (exec.clone(), caller.clone());
+                tokio::spawn(async move {
+                    let mut i = t;
+                    while i < iters {
+                        full_call(&exec, &caller, i).await;
+                        i += tasks;
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.await.unwrap();
+        }
+        start.elapsed()
+    })
+}
+
+fn overhead(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut g = c.benchmark_group("call");
+    g.bench_function("bare_noop_handler", |b| {
+        let mut n = 0u64;
+        b.iter(|| {
+            n += 1;
+            rt.block_on(bare_call(n))
+        })
+    });
+    g.bench_function("idem_memory_store", |b| {
+        // A fresh store per sample keeps the map's size (and so the cost of a
+        // claim) the same from sample to sample; every call is a new key.
+        b.iter_custom(|iters| {
+            let exec = Executor::new(Arc::new(MemoryStore::new()));
+            let caller = Caller::new("acme", "alice");
+            let start = Instant::now();
+            rt.block_on(async {
+                for n in 0..iters {
+                    full_call(&exec, &caller, n).await;
+                }
+            });
+            start.elapsed()
+        })
+    });
+    g.finish();
+}
+
+fn scaling(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut g = c.benchmark_group("throughput");
+    g.throughput(Throughput::Elements(1));
+    for tasks in [1u64, 2] {
+        g.bench_function(format!("{tasks}_task"), |b| {
+            b.iter_custom(|iters| calls_on_tasks(&rt, tasks, iters))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, overhead, scaling);
+criterion_main!(benches);
