@@ -191,6 +191,16 @@ impl PostgresStore {
         &self.pool
     }
 
+    /// The claim and completion statements exactly as the store runs them,
+    /// so a benchmark can run the same SQL raw over the same pool. Parameters:
+    /// claim `($1 key, $2 fingerprint, $3 tenant, $4 tool, $5 attempt,
+    /// $6 lease µs, $7 window µs, $8 retention µs)`; complete `($1 key,
+    /// $2 attempt, $3 response bytes)`.
+    #[doc(hidden)]
+    pub fn claim_and_complete_sql(&self) -> (&str, &str) {
+        (&self.sql.claim, &self.sql.complete)
+    }
+
     /// Creates the schema and applies the shipped migrations not applied yet,
     /// recording each in `idem_migrations`. Idempotent, and safe when several
     /// processes migrate at once: they take turns on an advisory lock, and the
@@ -521,7 +531,6 @@ impl IdempotencyStore for PostgresStore {
         self.with(async |client, sql| {
             let key = &req.key.as_bytes()[..];
             let claim = client.prepare_cached(&sql.claim).await?;
-            let read = client.prepare_cached(&sql.read).await?;
             for _ in 0..CLAIM_ROUNDS {
                 let claimed = client
                     .query_opt(
@@ -541,6 +550,7 @@ impl IdempotencyStore for PostgresStore {
                 if claimed.is_some() {
                     return Ok(Claim::Claimed);
                 }
+                let read = client.prepare_cached(&sql.read).await?;
                 if let Some(row) = client.query_opt(&read, &[&key]).await? {
                     let now: SystemTime = row.try_get(12).map_err(corrupt)?;
                     return Ok(Claim::Existing {
