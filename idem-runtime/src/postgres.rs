@@ -1,15 +1,4 @@
 //! [`PostgresStore`]: records in PostgreSQL, shared by several replicas.
-//!
-//! Every time (claimed, lease, expiry) comes from the server's `now()`, never
-//! from the process clock, so replicas whose clocks disagree still agree on
-//! which lease ran out. Every change is one statement; a claim is one
-//! `INSERT … ON CONFLICT … DO UPDATE … WHERE <expired>`.
-//!
-//! Calls fail fast with [`StoreError::Unavailable`] when the server cannot be
-//! reached: connecting, waiting for a pooled connection and each statement are
-//! bounded by the builder's timeout, and a connection that broke or stopped
-//! answering is dropped from the pool, which opens fresh ones once the server
-//! is back (no restart needed).
 
 use std::fmt;
 use std::sync::Arc;
@@ -48,8 +37,18 @@ fn expired(r: &str) -> String {
     )
 }
 
-/// Records in a PostgreSQL database, for several server replicas. See the
-/// [module docs](self).
+/// Records in a PostgreSQL database, for several server replicas.
+///
+/// Every time (claimed, lease, expiry) comes from the server's `now()`, never
+/// from the process clock, so replicas whose clocks disagree still agree on
+/// which lease ran out. Every change is one statement; a claim is one
+/// `INSERT … ON CONFLICT … DO UPDATE … WHERE <expired>`.
+///
+/// Calls fail fast with [`StoreError::Unavailable`] when the server cannot be
+/// reached: connecting, waiting for a pooled connection and each statement are
+/// bounded by the builder's timeout, and a connection that broke or stopped
+/// answering is dropped from the pool, which opens fresh ones once the server
+/// is back (no restart needed).
 ///
 /// ```no_run
 /// # async fn f() -> Result<(), idem_runtime::StoreError> {

@@ -1,33 +1,4 @@
 //! [`SqliteStore`]: the embedded durable store, on bundled SQLite in WAL mode.
-//!
-//! # One writer thread
-//!
-//! The store owns one connection on one dedicated OS thread, fed by a channel;
-//! async callers send it a job and await a oneshot reply, so no SQLite call
-//! ever runs on (or blocks) a runtime thread. One thread rather than a
-//! `spawn_blocking` pool because SQLite admits one writer per database anyway:
-//! a pool would only queue on SQLite's file lock (and answer `SQLITE_BUSY`)
-//! instead of on a channel. One thread also lets the writer *group-commit*:
-//! it drains every job waiting in the channel, runs them in one
-//! `BEGIN IMMEDIATE` transaction and commits once, so eight concurrent callers
-//! share one fsync. A job's answer is sent only after its commit succeeded; if
-//! the commit fails, every job of the batch is answered `Unavailable` and
-//! nothing of the batch was written.
-//!
-//! # The clock
-//!
-//! SQLite has no server clock of its own. The writer thread reads the process
-//! clock (`SystemTime::now()`) for each job, so claimed, lease and expiry
-//! times come from one place per process. Several processes sharing one
-//! database file each use their own clock: keep their clocks in sync (NTP), or
-//! use [`PostgresStore`](crate::PostgresStore), whose times come from the
-//! database server.
-//!
-//! # Durability
-//!
-//! `synchronous = FULL`: a commit is on disk before a claim is answered, so a
-//! power cut cannot forget a claim whose side effect then ran (which would let
-//! the same charge run twice after a restart).
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -64,8 +35,36 @@ const COLUMNS: &str = "key, fingerprint, tenant, tool, state, attempt, claimed_a
                        updated_at, lease_until, expires_at, retain_until, body";
 
 /// The embedded durable store: one SQLite database file in WAL mode, kept
-/// across process restarts. See the [module docs](self) for its threading,
-/// clock and durability.
+/// across process restarts.
+///
+/// # One writer thread
+///
+/// The store owns one connection on one dedicated OS thread, fed by a channel;
+/// async callers send it a job and await a oneshot reply, so no SQLite call
+/// ever runs on (or blocks) a runtime thread. One thread rather than a
+/// `spawn_blocking` pool because SQLite admits one writer per database anyway:
+/// a pool would only queue on SQLite's file lock (and answer `SQLITE_BUSY`)
+/// instead of on a channel. One thread also lets the writer *group-commit*:
+/// it drains every job waiting in the channel, runs them in one
+/// `BEGIN IMMEDIATE` transaction and commits once, so eight concurrent callers
+/// share one fsync. A job's answer is sent only after its commit succeeded; if
+/// the commit fails, every job of the batch is answered `Unavailable` and
+/// nothing of the batch was written.
+///
+/// # The clock
+///
+/// SQLite has no server clock of its own. The writer thread reads the process
+/// clock (`SystemTime::now()`) for each job, so claimed, lease and expiry
+/// times come from one place per process. Several processes sharing one
+/// database file each use their own clock: keep their clocks in sync (NTP), or
+/// use `PostgresStore`, whose times come from the
+/// database server.
+///
+/// # Durability
+///
+/// `synchronous = FULL`: a commit is on disk before a claim is answered, so a
+/// power cut cannot forget a claim whose side effect then ran (which would let
+/// the same charge run twice after a restart).
 ///
 /// Cloning is cheap; every clone talks to the same writer thread. The thread
 /// and its connection close when the last clone is dropped.
