@@ -3,7 +3,10 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::canonical::CanonicalError;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::canonical::{write_canonical, CanonicalError, Sink};
 
 /// The authenticated principal of a call, taken by the server from the
 /// request, never from the arguments.
@@ -63,12 +66,107 @@ pub enum KeyError {
     /// The arguments (or the business key) cannot be written as canonical JSON.
     #[error("the arguments cannot be canonicalized: {0}")]
     Canonical(#[from] CanonicalError),
-    /// A business key was empty (`null`, `""` or an empty list/object).
-    #[error("the business key is empty; every call needs a value for it")]
+    /// A business key was empty: `null`, `""`, or an array or object holding
+    /// only such values.
+    #[error(
+        "the business key is empty (null, \"\", or only empty values); \
+         every call needs a value for it, so fill in the business-key field(s)"
+    )]
     EmptyBusinessKey,
 }
 
 impl IdempotencyKey {
+    /// Derives the key and fingerprint of one operation: `caller` calling
+    /// `tool` with `args` (the handler's typed parameters turned back into a
+    /// JSON value) within `scope`.
+    ///
+    /// # Encoding
+    ///
+    /// Let `args_digest = SHA-256(canonical_json(args))`, computed by
+    /// streaming the canonical bytes into the hasher (no copy of the text is
+    /// built), and let `field(x)` be the length of `x` as a big-endian `u64`
+    /// followed by the bytes of `x`. Then
+    ///
+    /// ```text
+    /// key         = SHA-256(field("idem/key/v1") field(tenant) field(subject)
+    ///                       field(tool) field(scope tag) field(scope material))
+    /// fingerprint = SHA-256(field("idem/fingerprint/v1") field(tool) field(args_digest))
+    /// ```
+    ///
+    /// | scope | subject | scope tag | scope material |
+    /// | --- | --- | --- | --- |
+    /// | [`Scope::Window`] | the caller's subject | `window` | `args_digest` |
+    /// | [`Scope::BusinessKey`] | empty | `business_key` | `SHA-256(canonical_json(business key))` |
+    ///
+    /// Length prefixes make the encoding unambiguous: with a separator, tenant
+    /// `a|b` and subject `c` would collide with tenant `a` and subject `b|c`.
+    /// The version tag lets a future encoding coexist with stored keys.
+    ///
+    /// A business key ignores the subject and the other arguments: the rule
+    /// "one shipment per order" holds whoever in the tenant asks. The
+    /// fingerprint still covers the tool and every argument, so the same
+    /// business key with other arguments can be told apart (a conflict).
+    ///
+    /// The window's *duration* is deliberately not in the key. If it were,
+    /// changing the configured window (say during a rolling deploy, where old
+    /// and new replicas disagree for a while) would give a repeated call a new
+    /// key, and it would run as a new operation. The duration only decides how
+    /// long the record lives.
+    ///
+    /// # Errors
+    ///
+    /// - [`KeyError::Canonical`] if the arguments or the business key nest
+    ///   deeper than [`CANONICAL_MAX_DEPTH`](crate::CANONICAL_MAX_DEPTH).
+    /// - [`KeyError::EmptyBusinessKey`] if the business key is `null`, `""`,
+    ///   or an array or object holding only such empty values (`[]`, `{}`,
+    ///   `{"order_id": null}`): every call without a value would otherwise be
+    ///   one operation per tenant.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_runtime::{Caller, IdempotencyKey, Scope};
+    ///
+    /// let caller = Caller::new("acme", "alice");
+    /// let scope = Scope::Window(Duration::from_secs(900));
+    /// let a = IdempotencyKey::derive(&caller, "charge", &serde_json::json!({"cents": 500, "to": "bob"}), &scope)?;
+    /// let b = IdempotencyKey::derive(&caller, "charge", &serde_json::json!({"to": "bob", "cents": 500}), &scope)?;
+    /// assert_eq!(a, b);
+    /// # Ok::<(), idem_runtime::KeyError>(())
+    /// ```
+    pub fn derive(
+        caller: &Caller,
+        tool: &str,
+        args: &Value,
+        scope: &Scope,
+    ) -> Result<IdempotencyKey, KeyError> {
+        let (subject, tag, material) = match scope {
+            Scope::Window(_) => (caller.subject(), "window", None),
+            Scope::BusinessKey(business_key) => {
+                if is_empty_business_key(business_key) {
+                    return Err(KeyError::EmptyBusinessKey);
+                }
+                ("", "business_key", Some(canonical_digest(business_key)?))
+            }
+        };
+        let args_digest = canonical_digest(args)?;
+        let material = material.unwrap_or(args_digest);
+
+        let key = Fields::new(KEY_VERSION)
+            .field(caller.tenant().as_bytes())
+            .field(subject.as_bytes())
+            .field(tool.as_bytes())
+            .field(tag.as_bytes())
+            .field(&material)
+            .finish();
+        let fingerprint = Fields::new(FINGERPRINT_VERSION)
+            .field(tool.as_bytes())
+            .field(&args_digest)
+            .finish();
+        Ok(IdempotencyKey { key, fingerprint })
+    }
+
     /// Builds a key from raw parts, as a store reads it back.
     pub fn from_parts(key: [u8; 32], fingerprint: [u8; 32]) -> Self {
         IdempotencyKey { key, fingerprint }
@@ -125,7 +223,9 @@ impl Reference {
     /// Parses `idem_` followed by 16 hex digits; anything else is `None`.
     pub fn parse(text: &str) -> Option<Self> {
         let hexpart = text.trim().strip_prefix(Self::PREFIX)?;
-        if hexpart.len() != 16 {
+        // `from_str_radix` alone would also take a sign ("+f"), so check
+        // the digits first.
+        if hexpart.len() != 16 || !hexpart.bytes().all(|b| b.is_ascii_hexdigit()) {
             return None;
         }
         let mut r = [0u8; 8];
@@ -154,6 +254,96 @@ impl fmt::Debug for Reference {
     }
 }
 
+/// The version tags of the two encodings. A change to either encoding (or to
+/// the canonical form) needs a new tag, so old and new keys never collide.
+const KEY_VERSION: &[u8] = b"idem/key/v1";
+const FINGERPRINT_VERSION: &[u8] = b"idem/fingerprint/v1";
+
+/// A SHA-256 over length-prefixed fields, the encoding of keys and
+/// fingerprints.
+struct Fields(Sha256);
+
+impl Fields {
+    fn new(version: &[u8]) -> Self {
+        Fields(Sha256::new()).field(version)
+    }
+
+    fn field(mut self, bytes: &[u8]) -> Self {
+        self.0.update((bytes.len() as u64).to_be_bytes());
+        self.0.update(bytes);
+        self
+    }
+
+    fn finish(self) -> [u8; 32] {
+        self.0.finalize().into()
+    }
+}
+
+/// SHA-256 of the canonical JSON of `value`, in one pass over the value.
+fn canonical_digest(value: &Value) -> Result<[u8; 32], CanonicalError> {
+    let mut sink = HashSink::new();
+    write_canonical(value, &mut sink, 0)?;
+    Ok(sink.finish())
+}
+
+/// Size of [`HashSink`]'s buffer: big enough that the hasher sees few,
+/// long updates; small enough for the stack.
+const HASH_BUFFER: usize = 4096;
+
+/// A [`Sink`] that hashes what it is given. The canonical writer emits many
+/// pieces of a few bytes (punctuation, numbers, short strings); copying them
+/// into a buffer and hashing it in large updates costs much less than one
+/// hasher update per piece.
+struct HashSink {
+    hasher: Sha256,
+    buf: [u8; HASH_BUFFER],
+    len: usize,
+}
+
+impl HashSink {
+    fn new() -> Self {
+        HashSink {
+            hasher: Sha256::new(),
+            buf: [0; HASH_BUFFER],
+            len: 0,
+        }
+    }
+
+    fn finish(mut self) -> [u8; 32] {
+        self.hasher.update(&self.buf[..self.len]);
+        self.hasher.finalize().into()
+    }
+}
+
+impl Sink for HashSink {
+    fn write_str(&mut self, s: &str) {
+        let bytes = s.as_bytes();
+        if bytes.len() > HASH_BUFFER - self.len {
+            self.hasher.update(&self.buf[..self.len]);
+            self.len = 0;
+            if bytes.len() >= HASH_BUFFER {
+                // A long run goes to the hasher directly, without a copy.
+                self.hasher.update(bytes);
+                return;
+            }
+        }
+        self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
+        self.len += bytes.len();
+    }
+}
+
+/// Whether a business key carries no value: `null`, `""`, or an array or
+/// object with nothing but such values in it.
+fn is_empty_business_key(value: &Value) -> bool {
+    match value {
+        Value::Null => true,
+        Value::String(s) => s.is_empty(),
+        Value::Array(items) => items.iter().all(is_empty_business_key),
+        Value::Object(members) => members.values().all(is_empty_business_key),
+        Value::Bool(_) | Value::Number(_) => false,
+    }
+}
+
 pub(crate) fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(bytes.len() * 2);
@@ -162,38 +352,4 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
         s.push(DIGITS[(b & 0xf) as usize] as char);
     }
     s
-}
-
-// TEMPORARY until the canonical branch lands: not canonical, not final.
-impl IdempotencyKey {
-    /// Derives the key (temporary placeholder).
-    pub fn derive(
-        caller: &Caller,
-        tool: &str,
-        args: &serde_json::Value,
-        scope: &Scope,
-    ) -> Result<IdempotencyKey, KeyError> {
-        use sha2::{Digest, Sha256};
-        let a = Sha256::digest(serde_json::to_vec(args).unwrap());
-        let mut h = Sha256::new();
-        h.update(caller.tenant().as_bytes());
-        match scope {
-            Scope::Window(_) => {
-                h.update(caller.subject().as_bytes());
-                h.update(tool.as_bytes());
-                h.update(a);
-            }
-            Scope::BusinessKey(v) => {
-                h.update(tool.as_bytes());
-                h.update(serde_json::to_vec(v).unwrap());
-            }
-        }
-        let mut f = Sha256::new();
-        f.update(tool.as_bytes());
-        f.update(a);
-        Ok(IdempotencyKey {
-            key: h.finalize().into(),
-            fingerprint: f.finalize().into(),
-        })
-    }
 }

@@ -27,7 +27,10 @@ mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
-pub use canonical::{canonical_json, CanonicalError};
+pub use canonical::{
+    canonical_json, canonicalize_str, format_number_es6, CanonicalError,
+    MAX_DEPTH as CANONICAL_MAX_DEPTH,
+};
 pub use executor::{
     Executor, Operation, OperationContext, ScopeSpec, StatusReport, DEFAULT_LEASE,
     DEFAULT_RETENTION,
