@@ -9,6 +9,7 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -137,6 +138,82 @@ async fn sql(url: &str, text: &str) -> Vec<tokio_postgres::Row> {
     client.query(text, &[]).await.unwrap()
 }
 
+/// How many tasks claim while the purge runs.
+const CLAIMERS: usize = 2;
+
+/// 1,000,000 expired rows (lapsed IN_PROGRESS, retention over; no body),
+/// then VACUUM ANALYZE; returns the insert's duration.
+async fn insert_expired(url: &str, t: &str) -> Duration {
+    let inserted = Instant::now();
+    sql(
+        url,
+        &format!(
+            "INSERT INTO {t} (attempt, claimed_at, updated_at, lease_until, expires_at, \
+               retain_until, state, key, fingerprint, tenant, tool, body) \
+             SELECT i, now() - interval '3 days', now() - interval '3 days', \
+               now() - interval '3 days', now() - interval '2 days', now() - interval '1 hour', \
+               0, sha256(int8send(i)), sha256(int8send(-i)), 'acme', 'charge_card', NULL \
+             FROM generate_series(1, 1000000) AS i"
+        ),
+    )
+    .await;
+    let took = inserted.elapsed();
+    sql(url, &format!("VACUUM ANALYZE {t}")).await;
+    took
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Pace {
+    /// `idem_runtime::purge`: batch after batch.
+    BackToBack,
+    /// A pause as long as each batch took after it (at most half the time
+    /// purging).
+    Paced,
+}
+
+/// Claim latency without, then during, a purge of every expired row.
+async fn purge_under_claims(store: &Arc<PostgresStore>, pace: Pace) {
+    let stop_at = Instant::now() + Duration::from_secs(5);
+    let mut before = claims_while(store, CLAIMERS, move || Instant::now() >= stop_at).await;
+    let done = Arc::new(AtomicBool::new(false));
+    let purging = {
+        let (store, done) = (store.clone(), done.clone());
+        tokio::spawn(async move {
+            let t = Instant::now();
+            let n = match pace {
+                Pace::BackToBack => purge(&*store, 1000).await.unwrap(),
+                Pace::Paced => {
+                    let mut n = 0;
+                    loop {
+                        let b = Instant::now();
+                        let k = store.purge_expired(1000).await.unwrap();
+                        n += k;
+                        if k < 1000 {
+                            break n;
+                        }
+                        tokio::time::sleep(b.elapsed()).await;
+                    }
+                }
+            };
+            done.store(true, Ordering::SeqCst);
+            (n, t.elapsed())
+        })
+    };
+    let d = done.clone();
+    let mut during = claims_while(store, CLAIMERS, move || d.load(Ordering::SeqCst)).await;
+    let (purged, took) = purging.await.unwrap();
+    let (b50, b99) = common::median_p99(&mut before);
+    let (d50, d99) = common::median_p99(&mut during);
+    println!(
+        "| {pace:?}, {purged} rows | {} / {} | {b50:.0} / {d50:.0} | {b99:.0} / {d99:.0} | {:.2}× | {:.1} s ({:.0} rows/s) |",
+        before.len(),
+        during.len(),
+        d99 / b99,
+        took.as_secs_f64(),
+        purged as f64 / took.as_secs_f64()
+    );
+}
+
 #[tokio::main]
 async fn main() {
     let url = std::env::var("IDEM_TEST_DATABASE_URL")
@@ -210,21 +287,7 @@ async fn main() {
     let (with_body, body, rows): (f64, f64, i64) = (row.get(0), row.get(1), row.get(2));
 
     // 1,000,000 expired rows (lapsed IN_PROGRESS, retention over; no body).
-    let inserted = Instant::now();
-    sql(
-        &url,
-        &format!(
-            "INSERT INTO {t} (attempt, claimed_at, updated_at, lease_until, expires_at, \
-               retain_until, state, key, fingerprint, tenant, tool, body) \
-             SELECT i, now() - interval '3 days', now() - interval '3 days', \
-               now() - interval '3 days', now() - interval '2 days', now() - interval '1 hour', \
-               0, sha256(int8send(i)), sha256(int8send(-i)), 'acme', 'charge_card', NULL \
-             FROM generate_series(1, 1000000) AS i"
-        ),
-    )
-    .await;
-    let insert_time = inserted.elapsed();
-    sql(&url, &format!("VACUUM ANALYZE {t}")).await;
+    let insert_time = insert_expired(&url, &t).await;
     let row = &sql(
         &url,
         &format!(
@@ -259,49 +322,17 @@ async fn main() {
         total / all_rows as f64
     );
 
-    // Claim latency without, then during, the purge of those rows.
-    let stop_at = Instant::now() + Duration::from_secs(5);
-    let mut before = claims_while(&store, 4, move || Instant::now() >= stop_at).await;
-    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let purging = {
-        let (store, done) = (store.clone(), done.clone());
-        tokio::spawn(async move {
-            let t = Instant::now();
-            let n = purge(&*store, 1000).await.unwrap();
-            done.store(true, std::sync::atomic::Ordering::SeqCst);
-            (n, t.elapsed())
-        })
-    };
-    let d = done.clone();
-    let mut during = claims_while(&store, 4, move || {
-        d.load(std::sync::atomic::Ordering::SeqCst)
-    })
-    .await;
-    let (purged, purge_time) = purging.await.unwrap();
-    let (b50, b99) = common::median_p99(&mut before);
-    let (d50, d99) = common::median_p99(&mut during);
     println!();
     println!(
-        "Purge of {purged} expired rows in batches of 1000 while 4 tasks claim \
-         (rows inserted with generate_series in {:.1} s)",
+        "Purge of 1,000,000 expired rows (inserted with generate_series in {:.1} s) in \
+         batches of 1000, while {CLAIMERS} tasks claim",
         insert_time.as_secs_f64()
     );
-    println!("| measure | without purge | during purge | ratio |");
-    println!("| --- | ---: | ---: | ---: |");
-    println!("| claims | {} | {} | |", before.len(), during.len());
-    println!(
-        "| claim median (µs) | {b50:.0} | {d50:.0} | {:.2}× |",
-        d50 / b50
-    );
-    println!(
-        "| claim p99 (µs) | {b99:.0} | {d99:.0} | {:.2}× |",
-        d99 / b99
-    );
-    println!(
-        "| purge time | | {:.1} s ({:.0} rows/s) | |",
-        purge_time.as_secs_f64(),
-        purged as f64 / purge_time.as_secs_f64()
-    );
+    println!("| purge | claims without / during | claim median µs without / during | claim p99 µs without / during | p99 ratio | purge time |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+    purge_under_claims(&store, Pace::BackToBack).await;
+    insert_expired(&url, &t).await;
+    purge_under_claims(&store, Pace::Paced).await;
 
     sql(&url, &format!("DROP SCHEMA {} CASCADE", store.schema())).await;
 }
