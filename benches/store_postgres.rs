@@ -216,6 +216,7 @@ async fn purge_under_claims(store: &Arc<PostgresStore>, pace: Pace) {
 
 #[tokio::main]
 async fn main() {
+    println!("load average at start: {}", common::load());
     let url = std::env::var("IDEM_TEST_DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
     let schema = format!("bench_{:016x}", Attempt::random().0);
@@ -335,4 +336,5 @@ async fn main() {
     purge_under_claims(&store, Pace::Paced).await;
 
     sql(&url, &format!("DROP SCHEMA {} CASCADE", store.schema())).await;
+    println!("load average at end: {}", common::load());
 }

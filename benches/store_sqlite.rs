@@ -42,6 +42,7 @@ async fn run(store: Arc<SqliteStore>, concurrency: usize, per_task: usize) -> (f
 
 #[tokio::main]
 async fn main() {
+    println!("load average at start: {}", common::load());
     let dir = std::env::temp_dir().join(format!("idem-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let store = Arc::new(SqliteStore::open(dir.join("bench.sqlite3")).await.unwrap());
@@ -59,4 +60,5 @@ async fn main() {
     }
     drop(store);
     let _ = std::fs::remove_dir_all(&dir);
+    println!("load average at end: {}", common::load());
 }

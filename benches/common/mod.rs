@@ -37,3 +37,11 @@ pub fn median_p99(samples: &mut [Duration]) -> (f64, f64) {
     };
     (at(0.5), at(0.99))
 }
+
+/// The machine's load average, printed beside the figures: this is a shared
+/// 2-core machine, and a busy one shifts every number.
+pub fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}

@@ -419,10 +419,13 @@ impl Statements {
                  ORDER BY key LIMIT 1"
             ),
             // Bounded, and SKIP LOCKED: rows a claim is taking over right now
-            // are left for the next batch instead of being waited on.
+            // are left for the next batch instead of being waited on. The
+            // rows are deleted by ctid (stable: they are locked), a TID scan;
+            // `key IN (…)` let the planner choose a hash join over a sequential
+            // scan of the whole table on mid-sized tables, 5× slower a batch.
             purge: format!(
-                "DELETE FROM {t} WHERE key IN ( \
-                   SELECT key FROM {t} AS r WHERE {} LIMIT $1 FOR UPDATE SKIP LOCKED)",
+                "DELETE FROM {t} WHERE ctid = ANY(ARRAY( \
+                   SELECT ctid FROM {t} AS r WHERE {} LIMIT $1 FOR UPDATE SKIP LOCKED))",
                 expired("r")
             ),
             lapsed: format!(
