@@ -93,9 +93,10 @@ pub struct StatusReport {
     pub claimed_at_ms: u64,
     /// When it last changed, in milliseconds since the Unix epoch.
     pub updated_at_ms: u64,
-    /// The stored response (JSON text), when completed.
+    /// The stored response, when completed: the JSON the first call returned
+    /// (as a string only if what is stored is not JSON).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub response: Option<String>,
+    pub response: Option<serde_json::Value>,
     /// Why the outcome is unknown, when it is.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
@@ -112,7 +113,10 @@ impl StatusReport {
         };
         let (response, note, next_step) = match &record.state {
             RecordState::Completed { response } => (
-                Some(response.clone()),
+                Some(
+                    serde_json::from_str(response)
+                        .unwrap_or_else(|_| serde_json::Value::String(response.clone())),
+                ),
                 None,
                 "The operation completed; its result is in `response`. Do not submit it again."
                     .to_owned(),
