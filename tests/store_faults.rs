@@ -240,7 +240,7 @@ async fn killed_mid_handler(
         processor_reference: reference.clone(),
     };
     assert_eq!(
-        serde_json::from_str::<Receipt>(status.response.as_deref().unwrap()).unwrap(),
+        serde_json::from_value::<Receipt>(status.response.clone().unwrap()).unwrap(),
         expected
     );
     match charge_again(&executor, &runs).await {
