@@ -612,7 +612,7 @@ async fn status_answers_from_the_record_within_the_tenant_only() {
     assert_eq!(status.tool, "charge_card");
     assert_eq!(
         status.response.unwrap(),
-        serde_json::to_string(&value).unwrap()
+        serde_json::to_value(&value).unwrap()
     );
     let stranger = Caller::new("globex", "mallory");
     assert!(exec
