@@ -235,16 +235,13 @@ async fn main() {
     throughput(&store, Side::Store, 16, 100).await;
     throughput(&store, Side::Raw, 16, 100).await;
 
-    // Latency at concurrency 1, store and raw interleaved in blocks so that
-    // drift (autovacuum, checkpoints) hits both alike.
+    // Latency at concurrency 1, store and raw alternating call by call, so
+    // that drift (autovacuum, checkpoints, fsync stalls, the neighbours) hits
+    // both alike.
     let (mut s, mut r) = (Vec::new(), Vec::new());
-    for _ in 0..20 {
-        for _ in 0..300 {
-            s.push(call(&store, Side::Store).await);
-        }
-        for _ in 0..300 {
-            r.push(call(&store, Side::Raw).await);
-        }
+    for _ in 0..10_000 {
+        s.push(call(&store, Side::Store).await);
+        r.push(call(&store, Side::Raw).await);
     }
     let (s50, s99) = common::median_p99(&mut s);
     let (r50, r99) = common::median_p99(&mut r);

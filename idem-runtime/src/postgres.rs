@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{
+    Manager, ManagerConfig, Object, Pool, QueueMode, RecyclingMethod, Runtime,
+};
 use tokio_postgres::{NoTls, Row};
 
 use crate::durable::key_range;
@@ -133,6 +135,11 @@ impl PostgresStoreBuilder {
         );
         let pool = Pool::builder(manager)
             .max_size(self.pool_size)
+            // The most recently used connection first: a call's claim and its
+            // completion land on the same warm server backend, and a quiet
+            // pool keeps few backends busy. (FIFO would rotate every call
+            // through every idle backend.)
+            .queue_mode(QueueMode::Lifo)
             .runtime(Runtime::Tokio1)
             .wait_timeout(Some(self.timeout))
             .create_timeout(Some(self.timeout))
