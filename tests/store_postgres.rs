@@ -1,0 +1,139 @@
+//! PostgresStore: the conformance suite, migrations, and what only a shared
+//! server store has. Needs `IDEM_TEST_DATABASE_URL` (see `durable::database_url`).
+
+mod conformance;
+mod durable;
+
+use durable::PgSchema;
+use idem_runtime::IdempotencyStore;
+
+// Each case in a fresh schema of its own, dropped at the end.
+conformance_tests!(PgSchema::new().await);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_cases_share_one_store() {
+    let Some(pg) = PgSchema::new().await else {
+        return;
+    };
+    conformance::run_all(&pg.store).await;
+}
+
+#[tokio::test]
+async fn expiry_sweep_and_purge() {
+    let Some(pg) = PgSchema::new().await else {
+        return;
+    };
+    durable::expiry_sweep_and_purge(&pg.store).await;
+}
+
+/// Migrating twice, and from several stores at once, is harmless.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn migrate_is_idempotent_and_safe_concurrently() {
+    let Some(pg) = PgSchema::new().await else {
+        return;
+    };
+    let others: Vec<_> = (0..4)
+        .map(|_| {
+            idem_runtime::PostgresStore::builder(&pg.url)
+                .unwrap()
+                .schema(&pg.name)
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let runs = others.iter().map(|s| {
+        let s = s.clone();
+        async move { s.migrate().await }
+    });
+    for r in tokio_join_all(runs).await {
+        r.unwrap();
+    }
+    pg.store.migrate().await.unwrap();
+    let client = pg.store.pool().get().await.unwrap();
+    let versions = client
+        .query(
+            &format!("SELECT version FROM {}.idem_migrations", pg.store.schema()),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(versions.len(), 1, "each migration recorded once");
+    conformance::claim_creates_in_progress(&others[0]).await;
+}
+
+async fn tokio_join_all<F>(fs: impl Iterator<Item = F>) -> Vec<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = fs.map(tokio::spawn).collect();
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.unwrap());
+    }
+    out
+}
+
+/// A server that is not there fails fast and says so, without a database.
+#[tokio::test]
+async fn unreachable_server_fails_fast() {
+    // Port 1 on loopback: nothing listens there.
+    let store = idem_runtime::PostgresStore::builder("postgres://nobody@127.0.0.1:1/none")
+        .unwrap()
+        .timeout(std::time::Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let err = store.migrate().await.unwrap_err();
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    assert!(
+        matches!(err, idem_runtime::StoreError::Unavailable(ref m) if m.contains("PostgreSQL")),
+        "{err}"
+    );
+    let err = idem_runtime::PostgresStore::connect("postgres://nobody@127.0.0.1:1/none")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, idem_runtime::StoreError::Unavailable(_)),
+        "{err}"
+    );
+}
+
+/// Times come from the server's clock: a claim's times fall between two
+/// readings of the server's `now()`.
+#[tokio::test]
+async fn times_come_from_the_server() {
+    let Some(pg) = PgSchema::new().await else {
+        return;
+    };
+    let server_now = async || -> std::time::SystemTime {
+        let client = pg.store.pool().get().await.unwrap();
+        client.query_one("SELECT now()", &[]).await.unwrap().get(0)
+    };
+    let before = server_now().await;
+    let req = durable::request(
+        durable::fresh_key(),
+        std::time::Duration::from_secs(30),
+        std::time::Duration::from_secs(60),
+    );
+    pg.store.claim(&req).await.unwrap();
+    let after = server_now().await;
+    let record = pg
+        .store
+        .lookup("acme", &req.key.reference())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(before <= record.claimed_at && record.claimed_at <= after);
+    assert_eq!(
+        record
+            .lease_until
+            .duration_since(record.claimed_at)
+            .unwrap(),
+        std::time::Duration::from_secs(30)
+    );
+    assert_eq!(
+        record.expires_at.duration_since(record.claimed_at).unwrap(),
+        std::time::Duration::from_secs(60)
+    );
+}
