@@ -16,6 +16,8 @@ mod canonical;
 mod executor;
 mod jobs;
 mod key;
+#[cfg(feature = "rmcp")]
+mod mcp;
 mod memory;
 mod outcome;
 mod store;
@@ -28,11 +30,22 @@ pub use executor::{
     Executor, Operation, OperationContext, ScopeSpec, StatusReport, DEFAULT_LEASE,
     DEFAULT_RETENTION,
 };
+/// The attribute that makes an rmcp tool safe to repeat.
+#[cfg(feature = "rmcp")]
+pub use idem_macros::{idempotent, tool_router};
 pub use jobs::{
     purge, reconcile, sweep, Maintenance, MaintenanceConfig, ReconcileReport, Reconciler,
     Reconciliation,
 };
 pub use key::{Caller, IdempotencyKey, KeyError, Reference, Scope};
+#[cfg(feature = "rmcp")]
+#[doc(hidden)]
+pub use mcp::__private;
+#[cfg(feature = "rmcp")]
+pub use mcp::{
+    audit_hints, current_reference, request_caller, status_tool, HintProblem, IdempotentServer,
+    RESULT_META_KEY, TOOL_META_KEY,
+};
 pub use memory::MemoryStore;
 pub use outcome::{Answer, Classify, Disposition, ToolError};
 pub use store::{Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordState, StoreError};
