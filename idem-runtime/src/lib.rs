@@ -22,6 +22,13 @@ mod memory;
 mod outcome;
 mod store;
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod durable;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
 pub use canonical::{
     canonical_json, canonicalize_str, format_number_es6, CanonicalError,
     MAX_DEPTH as CANONICAL_MAX_DEPTH,
@@ -49,3 +56,8 @@ pub use mcp::{
 pub use memory::MemoryStore;
 pub use outcome::{Answer, Classify, Disposition, ToolError};
 pub use store::{Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordState, StoreError};
+
+#[cfg(feature = "postgres")]
+pub use postgres::{PostgresStore, PostgresStoreBuilder};
+#[cfg(feature = "sqlite")]
+pub use sqlite::SqliteStore;

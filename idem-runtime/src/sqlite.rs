@@ -1,0 +1,562 @@
+//! [`SqliteStore`]: the embedded durable store, on bundled SQLite in WAL mode.
+//!
+//! # One writer thread
+//!
+//! The store owns one connection on one dedicated OS thread, fed by a channel;
+//! async callers send it a job and await a oneshot reply, so no SQLite call
+//! ever runs on (or blocks) a runtime thread. One thread rather than a
+//! `spawn_blocking` pool because SQLite admits one writer per database anyway:
+//! a pool would only queue on SQLite's file lock (and answer `SQLITE_BUSY`)
+//! instead of on a channel. One thread also lets the writer *group-commit*:
+//! it drains every job waiting in the channel, runs them in one
+//! `BEGIN IMMEDIATE` transaction and commits once, so eight concurrent callers
+//! share one fsync. A job's answer is sent only after its commit succeeded; if
+//! the commit fails, every job of the batch is answered `Unavailable` and
+//! nothing of the batch was written.
+//!
+//! # The clock
+//!
+//! SQLite has no server clock of its own. The writer thread reads the process
+//! clock (`SystemTime::now()`) for each job, so claimed, lease and expiry
+//! times come from one place per process. Several processes sharing one
+//! database file each use their own clock: keep their clocks in sync (NTP), or
+//! use [`PostgresStore`](crate::PostgresStore), whose times come from the
+//! database server.
+//!
+//! # Durability
+//!
+//! `synchronous = FULL`: a commit is on disk before a claim is answered, so a
+//! power cut cannot forget a claim whose side effect then ran (which would let
+//! the same charge run twice after a restart).
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use rusqlite::{params, Connection, OptionalExtension};
+use tokio::sync::oneshot;
+
+use crate::durable::key_range;
+use crate::key::{IdempotencyKey, Reference};
+use crate::store::{
+    Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordState, StoreError,
+};
+
+/// State codes in the `state` column.
+const IN_PROGRESS: i64 = 0;
+const COMPLETED: i64 = 1;
+const UNKNOWN: i64 = 2;
+
+/// At most this many jobs share one transaction: bounds how long one batch
+/// holds the file lock against other processes.
+const MAX_BATCH: usize = 256;
+
+/// How long a statement waits for another process's lock before the call
+/// fails as `Unavailable`.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The schema, one entry per version; `PRAGMA user_version` says how many ran.
+const MIGRATIONS: &[&str] = &[include_str!("../migrations/sqlite/0001_records.sql")];
+
+/// Every column of a record, in the order [`row_to_record`] reads them.
+const COLUMNS: &str = "key, fingerprint, tenant, tool, state, attempt, claimed_at, \
+                       updated_at, lease_until, expires_at, retain_until, body";
+
+/// The embedded durable store: one SQLite database file in WAL mode, kept
+/// across process restarts. See the [module docs](self) for its threading,
+/// clock and durability.
+///
+/// Cloning is cheap; every clone talks to the same writer thread. The thread
+/// and its connection close when the last clone is dropped.
+#[derive(Clone, Debug)]
+pub struct SqliteStore {
+    jobs: mpsc::Sender<Job>,
+    path: Option<PathBuf>,
+}
+
+/// One unit of work for the writer: runs its statements inside the batch's
+/// transaction (or learns that the transaction could not begin), and returns
+/// what to do once the batch's commit succeeded or failed.
+type Job = Box<dyn FnOnce(Result<&Connection, &str>) -> Finish + Send>;
+type Finish = Box<dyn FnOnce(Result<(), &str>) + Send>;
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `path`, switches it to WAL
+    /// mode and applies the shipped schema. Errors: `Unavailable` when the file
+    /// cannot be opened or migrated.
+    pub async fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        let p = path.clone();
+        Self::start(move || Connection::open(&p), Some(path)).await
+    }
+
+    /// A private in-memory database, gone when the store is dropped: for tests
+    /// that want SQLite's behaviour without a file.
+    pub async fn open_in_memory() -> Result<Self, StoreError> {
+        Self::start(Connection::open_in_memory, None).await
+    }
+
+    /// The database file, or `None` in memory.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    async fn start(
+        open: impl FnOnce() -> rusqlite::Result<Connection> + Send + 'static,
+        path: Option<PathBuf>,
+    ) -> Result<Self, StoreError> {
+        let (jobs, rx) = mpsc::channel::<Job>();
+        let (ready, ready_rx) = oneshot::channel();
+        std::thread::Builder::new()
+            .name("idem-sqlite".into())
+            .spawn(move || {
+                let conn = match open().and_then(|c| init(&c).map(|()| c)) {
+                    Ok(conn) => {
+                        let _ = ready.send(Ok(()));
+                        conn
+                    }
+                    Err(e) => {
+                        let _ = ready.send(Err(unavailable(&e)));
+                        return;
+                    }
+                };
+                writer(conn, rx);
+            })
+            .map_err(|e| StoreError::Unavailable(format!("cannot start the SQLite thread: {e}")))?;
+        ready_rx.await.map_err(|_| {
+            StoreError::Unavailable("the SQLite thread stopped while opening".into())
+        })??;
+        Ok(SqliteStore { jobs, path })
+    }
+
+    /// Runs `f` on the writer thread inside the current batch's transaction,
+    /// with the process clock read for this job, and answers after the commit.
+    async fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection, i64) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        let job: Job = Box::new(move |conn| {
+            let out = match conn {
+                Ok(conn) => f(conn, to_nanos(SystemTime::now())),
+                Err(e) => Err(StoreError::Unavailable(e.to_owned())),
+            };
+            Box::new(move |commit| {
+                let _ = reply.send(match commit {
+                    Ok(()) => out,
+                    Err(e) => Err(StoreError::Unavailable(e.to_owned())),
+                });
+            })
+        });
+        self.jobs.send(job).map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+}
+
+fn stopped() -> StoreError {
+    StoreError::Unavailable("the SQLite writer thread has stopped".into())
+}
+
+fn unavailable(e: &rusqlite::Error) -> StoreError {
+    StoreError::Unavailable(format!("SQLite: {e}"))
+}
+
+/// Pragmas and migrations, on the writer thread before it serves.
+fn init(conn: &Connection) -> rusqlite::Result<()> {
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    // WAL: readers of other processes never block the writer, and a commit
+    // appends to one file. In-memory databases answer "memory"; that is fine.
+    let _mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    let migrated = (|| {
+        let done: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        for (i, sql) in MIGRATIONS.iter().enumerate().skip(done.max(0) as usize) {
+            conn.execute_batch(sql)?;
+            conn.pragma_update(None, "user_version", (i + 1) as i64)?;
+        }
+        Ok(())
+    })();
+    match migrated {
+        Ok(()) => conn.execute_batch("COMMIT"),
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}
+
+/// The writer loop: one batch of waiting jobs per transaction, answers after
+/// the commit. Ends when every [`SqliteStore`] clone is dropped.
+fn writer(conn: Connection, rx: mpsc::Receiver<Job>) {
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let begun = conn
+            .execute_batch("BEGIN IMMEDIATE")
+            .map_err(|e| format!("SQLite: cannot begin a transaction: {e}"));
+        let finishes: Vec<Finish> = batch
+            .into_iter()
+            .map(|job| {
+                // A panicking job must not take the thread (and the store) down
+                // with it: its caller sees the batch fail instead.
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    job(begun.as_ref().map(|()| &conn).map_err(String::as_str))
+                }))
+                .unwrap_or_else(|_| Box::new(|_| ()))
+            })
+            .collect();
+        let committed = match begun {
+            Err(e) => Err(e),
+            Ok(()) => conn.execute_batch("COMMIT").map_err(|e| {
+                let _ = conn.execute_batch("ROLLBACK");
+                format!("SQLite: the commit failed, nothing was written: {e}")
+            }),
+        };
+        for finish in finishes {
+            finish(committed.as_ref().map(|_| ()).map_err(String::as_str));
+        }
+    }
+}
+
+fn to_nanos(t: SystemTime) -> i64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_nanos()).unwrap_or(i64::MAX),
+        Err(_) => 0,
+    }
+}
+
+fn from_nanos(n: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_nanos(n.max(0) as u64)
+}
+
+fn nanos(d: Duration) -> i64 {
+    i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
+}
+
+fn row_to_record(row: &rusqlite::Row<'_>) -> rusqlite::Result<Result<Record, StoreError>> {
+    let key: Vec<u8> = row.get(0)?;
+    let fingerprint: Vec<u8> = row.get(1)?;
+    let state: i64 = row.get(4)?;
+    let body: Option<String> = row.get(11)?;
+    let (Ok(key), Ok(fingerprint)) = (
+        <[u8; 32]>::try_from(key.as_slice()),
+        <[u8; 32]>::try_from(fingerprint.as_slice()),
+    ) else {
+        return Ok(Err(StoreError::Corrupt(
+            "a key or fingerprint is not 32 bytes".into(),
+        )));
+    };
+    let state = match (state, body) {
+        (IN_PROGRESS, _) => RecordState::InProgress,
+        (COMPLETED, Some(response)) => RecordState::Completed { response },
+        (UNKNOWN, note) => RecordState::Unknown {
+            note: note.unwrap_or_default(),
+        },
+        (s, _) => return Ok(Err(StoreError::Corrupt(format!("state {s}")))),
+    };
+    Ok(Ok(Record {
+        key: IdempotencyKey::from_parts(key, fingerprint),
+        tenant: row.get(2)?,
+        tool: row.get(3)?,
+        attempt: Attempt(row.get::<_, i64>(5)? as u64),
+        state,
+        claimed_at: from_nanos(row.get(6)?),
+        updated_at: from_nanos(row.get(7)?),
+        lease_until: from_nanos(row.get(8)?),
+        expires_at: from_nanos(row.get(9)?),
+        retain_until: from_nanos(row.get(10)?),
+    }))
+}
+
+fn read(conn: &Connection, key: &[u8; 32]) -> Result<Option<Record>, StoreError> {
+    conn.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM idem_records WHERE key = ?1"
+    ))
+    .and_then(|mut s| s.query_row([&key[..]], row_to_record).optional())
+    .map_err(|e| unavailable(&e))?
+    .transpose()
+}
+
+fn read_many(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> Result<Vec<Record>, StoreError> {
+    let mut stmt = conn.prepare_cached(sql).map_err(|e| unavailable(&e))?;
+    let rows = stmt
+        .query_map(params, row_to_record)
+        .map_err(|e| unavailable(&e))?;
+    let mut out = Vec::new();
+    for row in rows {
+        out.push(row.map_err(|e| unavailable(&e))??);
+    }
+    Ok(out)
+}
+
+/// Why a fenced change touched no row: the attempt lost the record (or it is
+/// gone), or the record is in a state that refuses the change.
+fn refusal(conn: &Connection, key: &[u8; 32], attempt: Attempt) -> StoreError {
+    let found: rusqlite::Result<Option<(i64, i64)>> = conn
+        .prepare_cached("SELECT attempt, state FROM idem_records WHERE key = ?1")
+        .and_then(|mut s| {
+            s.query_row([&key[..]], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()
+        });
+    match found {
+        Err(e) => unavailable(&e),
+        Ok(Some((a, state))) if a as u64 == attempt.0 => StoreError::WrongState {
+            found: match state {
+                IN_PROGRESS => "IN_PROGRESS",
+                COMPLETED => "COMPLETED",
+                _ => "UNKNOWN",
+            },
+        },
+        Ok(_) => StoreError::Fenced,
+    }
+}
+
+/// A fenced change: `sql` with `?1` = key and `?2` = attempt, which must match
+/// exactly one row or the change is refused.
+fn fenced(
+    conn: &Connection,
+    key: &[u8; 32],
+    attempt: Attempt,
+    sql: &str,
+    params: &[&dyn rusqlite::ToSql],
+) -> Result<(), StoreError> {
+    let changed = conn
+        .prepare_cached(sql)
+        .and_then(|mut s| s.execute(params))
+        .map_err(|e| unavailable(&e))?;
+    if changed == 1 {
+        Ok(())
+    } else {
+        Err(refusal(conn, key, attempt))
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for SqliteStore {
+    async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        let req = req.clone();
+        self.run(move |conn, now| {
+            let key = req.key.as_bytes();
+            // One statement: insert, or take over a record that
+            // Record::is_expired says is past its life. The writer holds the
+            // database's write lock for the batch, so no other claim (of this
+            // or another process) can slip between this and the read below.
+            let claimed = conn
+                .prepare_cached(
+                    "INSERT INTO idem_records (key, fingerprint, tenant, tool, state, attempt, \
+                       claimed_at, updated_at, lease_until, expires_at, retain_until, body) \
+                     VALUES (?1, ?2, ?3, ?4, 0, ?5, ?6, ?6, ?7, ?8, ?9, NULL) \
+                     ON CONFLICT (key) DO UPDATE SET fingerprint = excluded.fingerprint, \
+                       tenant = excluded.tenant, tool = excluded.tool, state = 0, \
+                       attempt = excluded.attempt, claimed_at = excluded.claimed_at, \
+                       updated_at = excluded.updated_at, lease_until = excluded.lease_until, \
+                       expires_at = excluded.expires_at, retain_until = excluded.retain_until, \
+                       body = NULL \
+                     WHERE (idem_records.state = 1 AND idem_records.expires_at <= ?6) \
+                        OR (idem_records.state <> 1 AND idem_records.retain_until <= ?6 \
+                            AND idem_records.lease_until <= ?6) \
+                     RETURNING 1",
+                )
+                .and_then(|mut s| {
+                    s.query_row(
+                        params![
+                            &key[..],
+                            &req.key.fingerprint()[..],
+                            req.tenant,
+                            req.tool,
+                            req.attempt.0 as i64,
+                            now,
+                            now.saturating_add(nanos(req.lease)),
+                            now.saturating_add(nanos(req.window)),
+                            now.saturating_add(nanos(req.retention.max(req.window))),
+                        ],
+                        |_| Ok(()),
+                    )
+                    .optional()
+                })
+                .map_err(|e| unavailable(&e))?;
+            if claimed.is_some() {
+                return Ok(Claim::Claimed);
+            }
+            match read(conn, key)? {
+                Some(record) => Ok(Claim::Existing {
+                    record,
+                    now: from_nanos(now),
+                }),
+                // The conflict and the read run under one write lock.
+                None => Err(StoreError::Corrupt(
+                    "a conflicting record vanished under the write lock".into(),
+                )),
+            }
+        })
+        .await
+    }
+
+    async fn complete(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+    ) -> Result<(), StoreError> {
+        let (key, response) = (*key.as_bytes(), response.to_owned());
+        self.run(move |conn, now| {
+            // `attempt = ?2`: a worker whose claim was taken over must not
+            // overwrite the new owner's record with its own response.
+            fenced(
+                conn,
+                &key,
+                attempt,
+                "UPDATE idem_records SET state = 1, body = ?3, updated_at = ?4 \
+                 WHERE key = ?1 AND attempt = ?2 AND state <> 1",
+                &[&&key[..], &(attempt.0 as i64), &response, &now],
+            )
+        })
+        .await
+    }
+
+    async fn release(&self, key: &IdempotencyKey, attempt: Attempt) -> Result<(), StoreError> {
+        let key = *key.as_bytes();
+        self.run(move |conn, _| {
+            // `attempt = ?2`: a stale worker must not delete the new owner's claim.
+            fenced(
+                conn,
+                &key,
+                attempt,
+                "DELETE FROM idem_records WHERE key = ?1 AND attempt = ?2 AND state <> 1",
+                &[&&key[..], &(attempt.0 as i64)],
+            )
+        })
+        .await
+    }
+
+    async fn mark_unknown(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        note: &str,
+    ) -> Result<(), StoreError> {
+        let (key, note) = (*key.as_bytes(), note.to_owned());
+        self.run(move |conn, now| {
+            // `attempt = ?2`: only the claim's owner (or the sweep, which read
+            // the attempt) may declare its outcome unknown.
+            fenced(
+                conn,
+                &key,
+                attempt,
+                "UPDATE idem_records SET state = 2, body = ?3, updated_at = ?4 \
+                 WHERE key = ?1 AND attempt = ?2 AND state = 0",
+                &[&&key[..], &(attempt.0 as i64), &note, &now],
+            )
+        })
+        .await
+    }
+
+    async fn heartbeat(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        let key = *key.as_bytes();
+        self.run(move |conn, now| {
+            // `attempt = ?2`: a stale worker must not keep the new owner's
+            // record alive.
+            fenced(
+                conn,
+                &key,
+                attempt,
+                "UPDATE idem_records SET lease_until = ?3, updated_at = ?4 \
+                 WHERE key = ?1 AND attempt = ?2 AND state = 0",
+                &[
+                    &&key[..],
+                    &(attempt.0 as i64),
+                    &now.saturating_add(nanos(lease)),
+                    &now,
+                ],
+            )
+        })
+        .await
+    }
+
+    async fn lookup(
+        &self,
+        tenant: &str,
+        reference: &Reference,
+    ) -> Result<Option<Record>, StoreError> {
+        let (lo, hi) = key_range(reference);
+        let tenant = tenant.to_owned();
+        self.run(move |conn, _| {
+            // The reference is the key's first eight bytes: a range over the
+            // primary key finds it without an index of its own.
+            let mut found = read_many(
+                conn,
+                &format!(
+                    "SELECT {COLUMNS} FROM idem_records \
+                     WHERE key BETWEEN ?1 AND ?2 AND tenant = ?3 ORDER BY key LIMIT 1"
+                ),
+                params![&lo[..], &hi[..], tenant],
+            )?;
+            Ok(found.pop())
+        })
+        .await
+    }
+
+    async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
+        let batch = i64::try_from(batch).unwrap_or(i64::MAX);
+        self.run(move |conn, now| {
+            // `expires_at <= now` comes first so the index on expires_at finds
+            // the candidates (an IN_PROGRESS or UNKNOWN record is kept past its
+            // window, never before it); the rest is Record::is_expired.
+            conn.prepare_cached(
+                "DELETE FROM idem_records WHERE key IN ( \
+                   SELECT key FROM idem_records WHERE expires_at <= ?1 \
+                   AND (state = 1 OR (retain_until <= ?1 AND lease_until <= ?1)) \
+                   LIMIT ?2)",
+            )
+            .and_then(|mut s| s.execute(params![now, batch]))
+            .map_err(|e| unavailable(&e))
+        })
+        .await
+    }
+
+    async fn list_lapsed(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.run(move |conn, now| {
+            read_many(
+                conn,
+                &format!(
+                    "SELECT {COLUMNS} FROM idem_records \
+                     WHERE state = 0 AND lease_until <= ?1 ORDER BY lease_until LIMIT ?2"
+                ),
+                params![now, limit],
+            )
+        })
+        .await
+    }
+
+    async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.run(move |conn, _| {
+            read_many(
+                conn,
+                &format!(
+                    "SELECT {COLUMNS} FROM idem_records \
+                     WHERE state = 2 ORDER BY claimed_at LIMIT ?1"
+                ),
+                params![limit],
+            )
+        })
+        .await
+    }
+}
