@@ -115,6 +115,7 @@ impl Backends {
     }
 
     /// Changes how long the processor takes from the next charge on.
+    #[allow(dead_code)] // the demo's slow-processor scenario; the server binary uses a flag
     pub fn set_processor_delay(&self, delay: Duration) {
         self.processor_delay_ms
             .store(delay.as_millis() as u64, Ordering::SeqCst);
