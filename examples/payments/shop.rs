@@ -93,6 +93,7 @@ pub struct LedgerView {
 struct Books {
     invocations: LedgerView,
     charges: BTreeMap<String, Receipt>,
+    charges_started: u32,
     shipments: u32,
 }
 
@@ -137,8 +138,10 @@ impl Backends {
                 .entry(reference.clone())
                 .or_default() += 1;
             books.invocations.processor_invocations += 1;
+            // Numbered when the charge starts, so overlapping charges get distinct ids.
+            books.charges_started += 1;
             (
-                books.charges.len() + 1,
+                books.charges_started,
                 books.charges.get(&reference).cloned(),
             )
         };

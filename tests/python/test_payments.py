@@ -236,8 +236,10 @@ async def test_http_two_tenants_with_identical_arguments_are_two_charges(http_se
     ref_acme = assert_receipt(from_acme, replayed=False)
     ref_globex = assert_receipt(from_globex, replayed=False)
     assert ref_acme != ref_globex
-    # (Not compared: charge_id. The stub processor numbers a charge when it
-    # starts, so two charges that overlap can both be "ch_0001".)
+    assert (
+        from_acme.structured_content["charge_id"]
+        != from_globex.structured_content["charge_id"]
+    )
 
     assert view["processor"] == {ref_acme: 1, ref_globex: 1}
     assert view["processor_invocations"] == 2
@@ -275,7 +277,8 @@ async def test_http_status_of_another_tenants_reference_is_not_found(http_server
     assert report["reference"] == reference
     assert report["tool"] == "charge_card"
     assert report["state"].lower() == "completed"
-    assert charge_id in report["response"]
+    # The stored response is the tool result the first call returned, as JSON.
+    assert report["response"]["structuredContent"]["charge_id"] == charge_id
 
     # Looking up changed nothing at the processor.
     assert view["processor"] == {reference: 1}
