@@ -339,6 +339,13 @@ impl Executor {
     /// Drives `work` while renewing the claim's lease every third of it.
     async fn with_heartbeat<O>(&self, claim: &ClaimRequest, work: impl Future<Output = O>) -> O {
         let mut work = std::pin::pin!(work);
+        // A handler that finishes on its first poll never needs a heartbeat;
+        // not arming a timer for it keeps the timer wheel off the fast path.
+        if let Poll::Ready(out) =
+            std::future::poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await
+        {
+            return out;
+        }
         let period = self.lease / 3;
         let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
