@@ -137,3 +137,18 @@ async fn times_come_from_the_server() {
         std::time::Duration::from_secs(60)
     );
 }
+
+/// A store whose schema was never migrated says what to do.
+#[tokio::test]
+async fn unmigrated_schema_says_to_migrate() {
+    let Some(url) = durable::database_url() else {
+        return;
+    };
+    let store = idem_runtime::PostgresStore::builder(&url)
+        .unwrap()
+        .schema("t_never_migrated")
+        .build()
+        .unwrap();
+    let err = store.list_unknown(1).await.unwrap_err();
+    assert!(err.to_string().contains("migrate()"), "{err}");
+}
