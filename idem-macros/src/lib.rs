@@ -1,1 +1,261 @@
-//! Procedural macros for idem. Depend on `idem-runtime`, which re-exports them.
+//! Procedural macros for idem: [`macro@idempotent`] on rmcp tools and its
+//! impl-level companion [`macro@tool_router`]. Depend on `idem-runtime`,
+//! which re-exports them; the generated code names runtime items only through
+//! `idem_runtime::__private`.
+#![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
+
+mod ast;
+mod attr;
+mod expand;
+mod router;
+mod valid;
+
+use proc_macro::TokenStream;
+
+/// Makes an rmcp tool safe to repeat: its side effect runs at most once per
+/// operation, and its `tools/list` entry says so with `idempotentHint: true`.
+///
+/// Put it on the line **above** rmcp's `#[tool(...)]`, on an `async fn`
+/// method with a `&self` receiver and a `Parameters<T>` argument, in an impl
+/// block marked [`#[idem_runtime::tool_router]`](macro@tool_router):
+///
+/// ```rust,ignore
+/// use idem_runtime::{idempotent, Executor, IdempotentServer, ToolError};
+/// use rmcp::handler::server::wrapper::{Json, Parameters};
+/// use rmcp::tool;
+///
+/// #[derive(serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+/// struct ChargeArgs { order_id: String, amount_cents: u64 }
+///
+/// #[derive(serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+/// struct Receipt { charge_id: String }
+///
+/// struct Payments { executor: Executor }
+///
+/// impl IdempotentServer for Payments {
+///     fn executor(&self) -> &Executor { &self.executor }
+/// }
+///
+/// #[idem_runtime::tool_router]
+/// impl Payments {
+///     #[idempotent(window = "15m")]
+///     #[tool(description = "Charge a card")]
+///     async fn charge_card(
+///         &self,
+///         Parameters(args): Parameters<ChargeArgs>,
+///     ) -> Result<Json<Receipt>, ToolError> {
+///         // The processor gets the operation's reference as its own
+///         // idempotency key, so the guarantee reaches across the boundary.
+///         let reference = idem_runtime::current_reference().expect("inside #[idempotent]");
+///         let charge_id = charge(&args, &reference.to_string()).await?;
+///         Ok(Json(Receipt { charge_id }))
+///     }
+/// }
+/// ```
+///
+/// The parameter type must implement `Serialize` as well as `Deserialize`:
+/// the operation is keyed on the arguments *after* deserialization, written
+/// back as canonical JSON, so two encodings of one call are one operation.
+/// The server type implements `idem_runtime::IdempotentServer`, which hands
+/// the wrapper its executor (store, lease, retention) and, for a single-user
+/// server, a default caller. Nothing is global.
+///
+/// # Options
+///
+/// Each option is given at most once. A scope (`window` or `business_key`)
+/// is required.
+///
+/// ## `window = "15m"`
+///
+/// The operation is this caller, this tool and these arguments. A repeat
+/// within the window of the first call is the same operation (a sliding
+/// window, not a clock bucket); after it, the same call runs again. A
+/// duration is one or more `<number><unit>` parts, largest unit first, with
+/// units `s`, `m`, `h` and `d`: `"90s"`, `"15m"`, `"48h"`, `"7d"`, `"1h30m"`.
+/// It is parsed at compile time; `"15x"`, `"0m"` and `""` are errors on the
+/// string.
+///
+/// ```rust,ignore
+/// #[idempotent(window = "1h30m")]
+/// #[tool(description = "Send an invoice")]
+/// async fn send_invoice(&self, Parameters(args): Parameters<InvoiceArgs>) -> Result<String, ToolError> { .. }
+/// ```
+///
+/// ## `business_key = "order_id"` or `business_key = ["tenant_ref", "order_id"]`
+///
+/// The operation is the business key's value within the caller's tenant,
+/// whoever in the tenant asks and whatever the other arguments are: one
+/// shipment per order. The same key with *other* arguments is a conflict,
+/// answered as such and never executed. Each name is a top-level field of
+/// the parameter type, checked at compile time: a name the type lacks is an
+/// error on the string. The executor picks the fields out of the serialized
+/// arguments, so a business-key field must not be renamed by serde
+/// (`#[serde(rename)]`, `rename_all`): calls would be refused as missing it.
+/// With a business key, `window` sets how long the record is kept (default
+/// 48 h).
+///
+/// ```rust,ignore
+/// #[idempotent(business_key = "order_id", window = "48h")]
+/// #[tool(description = "Create a shipment")]
+/// async fn create_shipment(&self, Parameters(args): Parameters<ShipmentArgs>) -> Result<Json<Shipment>, ToolError> { .. }
+///
+/// #[idempotent(business_key = ["warehouse", "order_id"])]
+/// #[tool(description = "Reserve stock")]
+/// async fn reserve_stock(&self, Parameters(args): Parameters<ReserveArgs>) -> Result<Json<Reservation>, ToolError> { .. }
+/// ```
+///
+/// ## `status_tool = "get_operation_status"`
+///
+/// The tool that in-flight and outcome-unknown answers tell the model to call
+/// with the reference. Defaults to `get_operation_status`;
+/// `idem_runtime::audit_hints` reports a wrapped tool whose status tool the
+/// router lacks.
+///
+/// ```rust,ignore
+/// #[idempotent(window = "15m", status_tool = "payment_status")]
+/// #[tool(description = "Refund a charge")]
+/// async fn refund(&self, Parameters(args): Parameters<RefundArgs>) -> Result<Json<Refund>, ToolError> { .. }
+/// ```
+///
+/// ## `crate = "path"`
+///
+/// The path idem-runtime is reachable at, when it is renamed or re-exported:
+///
+/// ```rust,ignore
+/// use my_platform::idem as idem;
+///
+/// #[idem::idempotent(window = "15m", crate = "my_platform::idem")]
+/// #[tool(description = "Charge a card")]
+/// async fn charge_card(&self, Parameters(args): Parameters<ChargeArgs>) -> Result<Json<Receipt>, ToolError> { .. }
+/// ```
+///
+/// # Return types
+///
+/// `Result<Json<T>, E>`, `Result<CallToolResult, E>`, `Result<String, E>`,
+/// any other rmcp tool output in `Result<_, E>`, or a plain output such as
+/// `CallToolResult`. The error type implements `idem_runtime::Classify`
+/// (`ToolError` does): a *rejected* error releases the claim so a corrected
+/// call can run; anything else leaves the outcome *unknown*, and repeats are
+/// told to check the status tool instead of running again. A plain return
+/// type is always recorded and replayed.
+///
+/// The output schema of a `Json<T>` tool is kept. A repeat of a completed
+/// operation returns the stored result of the first call, identical, with
+/// `_meta["idem/operation"].replayed = true`. Answers that carry no value
+/// (in progress, outcome unknown, conflict, no caller, store unavailable) are
+/// tool errors (`isError: true`) whose text tells the model what to do and
+/// whose `_meta["idem/operation"]` has the reference, the state, the status
+/// tool and, when in progress, `retryAfterSeconds`.
+///
+/// # The caller
+///
+/// The operation belongs to the caller, taken from the request, never from
+/// the arguments: an `idem_runtime::Caller` in the request context's
+/// extensions, or in the extensions of the `http::request::Parts` that an
+/// auth layer filled in; otherwise `IdempotentServer::default_caller`;
+/// otherwise the call is refused and nothing runs.
+///
+/// # The reference
+///
+/// Inside the body, `idem_runtime::current_reference()` returns the
+/// operation's reference (`idem_` and 16 hex digits). Pass it to the
+/// processor as its idempotency key. It is a task-local: a task the body
+/// spawns does not see it, so read it first and move it in.
+///
+/// # What this expands to
+///
+/// Roughly (paths through `idem_runtime::__private` shortened):
+///
+/// ```rust,ignore
+/// #[tool(
+///     description = "Charge a card",
+///     annotations(idempotent_hint = true),
+///     meta = tool_meta(None, ScopeSpec::Window(Duration::from_secs(900)), "get_operation_status"),
+///     output_schema = schema_for_output::<Receipt>(),
+/// )]
+/// async fn charge_card(
+///     &self,
+///     __idem_params: Parameters<ChargeArgs>,
+///     __idem_request: RequestContext<RoleServer>,
+/// ) -> Result<CallToolResult, ErrorData> {
+///     call(
+///         self,
+///         __idem_request,
+///         ToolSpec {
+///             tool: "charge_card",
+///             scope: ScopeSpec::Window(Duration::from_secs(900)),
+///             status_tool: "get_operation_status",
+///         },
+///         arguments(&__idem_params), // the arguments as JSON; needs `ChargeArgs: Serialize`
+///         __idem_params,
+///         move |__idem_params: Parameters<ChargeArgs>| async move {
+///             let __idem_returned = async move {
+///                 let Parameters(args): Parameters<ChargeArgs> = __idem_params;
+///                 /* the body as written, typed as Result<Json<Receipt>, ToolError> */
+///             }
+///             .await;
+///             outcome(__idem_returned) // Ok: the tool result to record; Err: rejected or unknown
+///         },
+///     )
+///     .await
+/// }
+/// ```
+///
+/// `call` finds the caller and hands the operation to the server's executor,
+/// which claims it in the store before the body runs, runs the body at most
+/// once (with [`current_reference`](#the-reference) set), records its result,
+/// and answers repeats from the record; the answer becomes the tool result.
+/// `tool_meta` adds `"idem/idempotent"` (the scope and the status tool) to
+/// the tool's `_meta`: the mark of a wrapper that `audit_hints` looks for.
+/// With `business_key`, the expansion also holds
+/// `let _ = |args: ShipmentArgs| { let _ = &args.order_id; };`, the field
+/// spanned on the string, so a field the type lacks is an error there.
+///
+/// # Why the hint cannot be set by hand
+///
+/// MCP clients read `idempotentHint: true` as "repeating this call is safe"
+/// and retry on it. Written by hand, the flag is a promise no code keeps: a
+/// retried charge is a second charge. So the hint comes from this wrapper
+/// and from nothing else. With [`macro@tool_router`] on the impl,
+/// `annotations(idempotent_hint = true)` on a tool this attribute does not
+/// wrap is a compile error pointing at the hint, and so is
+/// `idempotent_hint = false` on one it does. Hints set through rmcp's
+/// builder API are out of the macros' sight: `idem_runtime::audit_hints`
+/// checks a finished router at start-up.
+///
+/// # Errors
+///
+/// Every mistake the macro can see is a compile error on the offending token
+/// saying what to write instead, and the method is still emitted as written
+/// so the rest of the crate keeps compiling.
+#[proc_macro_attribute]
+pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
+    expand::idempotent(args.into(), item.into()).into()
+}
+
+/// The impl-level companion of [`macro@idempotent`]: put it on the impl block
+/// of the tools, instead of rmcp's `#[tool_router]` (it adds that, with the
+/// same options: `#[idem_runtime::tool_router(router = my_router)]`) or on
+/// the line above it.
+///
+/// It sees every method before anything expands, so it can refuse:
+///
+/// - `annotations(idempotent_hint = true)` on a `#[tool]` that
+///   `#[idempotent]` does not wrap (error on the hint);
+/// - `#[idempotent]` written below `#[tool]` (error on `#[idempotent]`).
+///
+/// ```rust,ignore
+/// #[idem_runtime::tool_router]
+/// impl Payments {
+///     #[idempotent(window = "15m")]
+///     #[tool(description = "Charge a card")]
+///     async fn charge_card(&self, Parameters(args): Parameters<ChargeArgs>) -> Result<Json<Receipt>, ToolError> { .. }
+///
+///     #[tool(description = "List charges", annotations(read_only_hint = true))]
+///     async fn list_charges(&self) -> Result<Json<Charges>, ToolError> { .. }
+/// }
+/// ```
+#[proc_macro_attribute]
+pub fn tool_router(args: TokenStream, item: TokenStream) -> TokenStream {
+    router::tool_router(args.into(), item.into()).into()
+}

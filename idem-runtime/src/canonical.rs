@@ -151,16 +151,24 @@ pub fn format_number_es6(f: f64) -> Result<String, CanonicalError> {
 }
 
 /// Where the canonical writer puts its output: a `String`, or a hasher that
-/// consumes the bytes as they come, so no copy of the text is ever built.
+/// consumes the bytes as they come, so the whole text is never held at once.
 pub(crate) trait Sink {
-    /// Appends `s`. The writer calls this with many short pieces
-    /// (punctuation, numbers) and with long runs of unescaped string bytes.
+    /// Appends `s`: a number, an escape, or a run of unescaped string bytes.
     fn write_str(&mut self, s: &str);
+
+    /// Appends one ASCII byte (punctuation). Separate from `write_str` because
+    /// it is the most frequent write and needs no length or copy.
+    fn write_ascii(&mut self, byte: u8);
 }
 
 impl Sink for String {
     fn write_str(&mut self, s: &str) {
         self.push_str(s);
+    }
+
+    fn write_ascii(&mut self, byte: u8) {
+        debug_assert!(byte.is_ascii());
+        self.push(char::from(byte));
     }
 }
 
@@ -181,20 +189,20 @@ pub(crate) fn write_canonical<S: Sink>(
         Value::String(s) => write_string(s, out),
         Value::Array(items) => {
             let depth = enter(depth)?;
-            out.write_str("[");
+            out.write_ascii(b'[');
             let mut items = items.iter();
             if let Some(first) = items.next() {
                 write_canonical(first, out, depth)?;
                 for item in items {
-                    out.write_str(",");
+                    out.write_ascii(b',');
                     write_canonical(item, out, depth)?;
                 }
             }
-            out.write_str("]");
+            out.write_ascii(b']');
         }
         Value::Object(map) => {
             let depth = enter(depth)?;
-            out.write_str("{");
+            out.write_ascii(b'{');
             if names_in_utf16_order(map) {
                 // The usual case: serde_json's default map iterates in UTF-8
                 // order, which is UTF-16 order unless a name holds a character
@@ -205,7 +213,7 @@ pub(crate) fn write_canonical<S: Sink>(
                 members.sort_unstable_by(|a, b| cmp_utf16(a.0, b.0));
                 write_members(members.into_iter(), out, depth)?;
             }
-            out.write_str("}");
+            out.write_ascii(b'}');
         }
     }
     Ok(())
@@ -226,10 +234,10 @@ fn write_members<'a, S: Sink>(
 ) -> Result<(), CanonicalError> {
     for (i, (name, value)) in members.enumerate() {
         if i > 0 {
-            out.write_str(",");
+            out.write_ascii(b',');
         }
         write_string(name, out);
-        out.write_str(":");
+        out.write_ascii(b':');
         write_canonical(value, out, depth)?;
     }
     Ok(())
@@ -290,9 +298,11 @@ fn write_f64<S: Sink>(f: f64, out: &mut S) -> Result<(), CanonicalError> {
     if !f.is_finite() {
         return Err(CanonicalError::NonFinite);
     }
-    if f == 0.0 {
-        // Both zeros, so -0 is written "0" as ECMAScript does.
-        out.write_str("0");
+    // Below 2^53 an integral double converts to i64 exactly, and ECMAScript
+    // writes it as that integer ("1000", and "0" for -0); itoa is several
+    // times faster than the shortest-digits search.
+    if f.abs() < 9_007_199_254_740_992.0 && (f as i64) as f64 == f {
+        out.write_str(itoa::Buffer::new().format(f as i64));
     } else {
         out.write_str(ryu_js::Buffer::new().format_finite(f));
     }
@@ -320,23 +330,49 @@ static ESCAPES: [Option<&str>; 256] = {
 };
 
 fn write_string<S: Sink>(s: &str, out: &mut S) {
-    out.write_str("\"");
+    out.write_ascii(b'"');
     // Runs of bytes that need no escape go out in one call. Every escaped
     // byte is ASCII, so the run boundaries are character boundaries.
+    let bytes = s.as_bytes();
     let mut run_start = 0;
-    for (i, &byte) in s.as_bytes().iter().enumerate() {
-        if let Some(escape) = ESCAPES[byte as usize] {
+    let mut i = 0;
+    while i < bytes.len() {
+        // Most text has no escapes: skip it eight bytes at a time.
+        if let Some(word) = bytes[i..].first_chunk::<8>() {
+            if !any_needs_escape(u64::from_le_bytes(*word)) {
+                i += 8;
+                continue;
+            }
+        }
+        if let Some(escape) = ESCAPES[bytes[i] as usize] {
             if run_start < i {
                 out.write_str(&s[run_start..i]);
             }
             out.write_str(escape);
             run_start = i + 1;
         }
+        i += 1;
     }
-    if run_start < s.len() {
+    if run_start < bytes.len() {
         out.write_str(&s[run_start..]);
     }
-    out.write_str("\"");
+    out.write_ascii(b'"');
+}
+
+/// Whether any of the eight bytes in `word` is below 0x20, `"` or `\`.
+#[inline]
+fn any_needs_escape(word: u64) -> bool {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
+    // The classic "has a zero byte" test: a byte's high bit survives
+    // `(x - 1) & !x` only if the byte was zero (with `x - 0x20`: below 0x20).
+    // A borrow between bytes only starts at a real hit, so the answer for the
+    // word as a whole is exact.
+    let has_zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS != 0;
+    let below_space = word.wrapping_sub(ONES * 0x20) & !word & HIGHS != 0;
+    below_space
+        || has_zero(word ^ (ONES * u64::from(b'"')))
+        || has_zero(word ^ (ONES * u64::from(b'\\')))
 }
 
 /// The first `\uXXXX` escape inside a JSON string of `text` that encodes a
@@ -499,6 +535,38 @@ mod tests {
             out,
             "\"\\\"\\\\/\\b\\f\\n\\r\\t\\u0000\\u001f\u{7f}\u{80}</script>€\""
         );
+    }
+
+    #[test]
+    fn the_word_test_finds_every_byte_that_needs_an_escape_at_every_position() {
+        for byte in 0..=255u8 {
+            for position in 0..8 {
+                let mut word = [b'a'; 8];
+                word[position] = byte;
+                assert_eq!(
+                    any_needs_escape(u64::from_le_bytes(word)),
+                    ESCAPES[byte as usize].is_some(),
+                    "byte {byte:#x} at {position}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn escapes_are_found_wherever_they_fall_in_a_string() {
+        // serde_json escapes strings exactly as RFC 8785 does.
+        for escaped in ['"', '\\', '\n', '\u{1}', '\u{1f}'] {
+            for len in 0..20 {
+                for at in 0..=len {
+                    let mut text: String = "aé€".chars().cycle().take(len).collect();
+                    let at = text.char_indices().nth(at).map_or(text.len(), |(i, _)| i);
+                    text.insert(at, escaped);
+                    let mut out = String::new();
+                    write_string(&text, &mut out);
+                    assert_eq!(out, serde_json::to_string(&text).unwrap());
+                }
+            }
+        }
     }
 
     #[test]

@@ -316,6 +316,17 @@ impl HashSink {
 }
 
 impl Sink for HashSink {
+    #[inline]
+    fn write_ascii(&mut self, byte: u8) {
+        if self.len == HASH_BUFFER {
+            self.hasher.update(&self.buf[..]);
+            self.len = 0;
+        }
+        self.buf[self.len] = byte;
+        self.len += 1;
+    }
+
+    #[inline]
     fn write_str(&mut self, s: &str) {
         let bytes = s.as_bytes();
         if bytes.len() > HASH_BUFFER - self.len {

@@ -19,6 +19,11 @@ pub enum Disposition {
 
 /// Classifies a handler's error. An error that is not classified counts as
 /// [`Disposition::Unknown`]: the pessimistic default is "not safe to repeat".
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` does not say whether the side effect happened",
+    label = "`{Self}` does not implement `idem_runtime::Classify`",
+    note = "return `idem_runtime::ToolError` (`ToolError::rejected(..)` when nothing happened, `ToolError::unknown(..)` otherwise), or implement `Classify` for your error type (`impl Classify for MyError {{}}` counts every error as unknown)"
+)]
 pub trait Classify {
     /// How the handler ended.
     fn disposition(&self) -> Disposition {

@@ -1,0 +1,191 @@
+//! The tool method as the macros see it: rmcp's `#[tool(...)]` attribute, its
+//! annotations, the `Parameters<T>` argument and the return type.
+
+use proc_macro2::TokenStream;
+use quote::ToTokens;
+use syn::punctuated::Punctuated;
+use syn::{
+    Attribute, Expr, FnArg, GenericArgument, Lit, LitStr, Meta, PatType, PathArguments, Token, Type,
+};
+
+/// Whether an attribute's path ends in `name` (`tool`, `rmcp::tool`, ...).
+pub(crate) fn is_attr(attr: &Attribute, name: &str) -> bool {
+    attr.path()
+        .segments
+        .last()
+        .is_some_and(|segment| segment.ident == name)
+}
+
+/// The position of rmcp's `#[tool]` among a method's attributes.
+pub(crate) fn tool_attr_index(attrs: &[Attribute]) -> Option<usize> {
+    attrs.iter().position(|attr| is_attr(attr, "tool"))
+}
+
+/// rmcp's `#[tool(...)]`, read as a list of `key = value` / `key(...)` / `key`.
+pub(crate) struct ToolArgs {
+    pub(crate) items: Punctuated<Meta, Token![,]>,
+}
+
+/// `idempotent_hint` as written inside `annotations(...)`.
+pub(crate) struct Hint {
+    /// `Some(b)` for a literal `true`/`false` (or a bare `idempotent_hint`,
+    /// which rmcp reads as `true`); `None` for any other expression.
+    pub(crate) value: Option<bool>,
+    /// The whole `idempotent_hint = ...`, for errors.
+    pub(crate) tokens: TokenStream,
+}
+
+impl ToolArgs {
+    /// Reads the arguments of a `#[tool]` attribute; `#[tool]` alone has none.
+    pub(crate) fn from_attr(attr: &Attribute) -> syn::Result<Self> {
+        let items = match &attr.meta {
+            Meta::Path(_) => Punctuated::new(),
+            Meta::List(list) => list.parse_args_with(Punctuated::parse_terminated)?,
+            Meta::NameValue(nv) => {
+                return Err(syn::Error::new_spanned(
+                    nv,
+                    "write rmcp's attribute as `#[tool(...)]`",
+                ))
+            }
+        };
+        Ok(ToolArgs { items })
+    }
+
+    /// The value of `key = value`, if written.
+    pub(crate) fn value(&self, key: &str) -> Option<&Expr> {
+        self.items.iter().find_map(|meta| match meta {
+            Meta::NameValue(nv) if nv.path.is_ident(key) => Some(&nv.value),
+            _ => None,
+        })
+    }
+
+    /// `name = "..."`: the tool's name when it is not the method's.
+    pub(crate) fn name(&self) -> Option<LitStr> {
+        match self.value("name")? {
+            Expr::Lit(lit) => match &lit.lit {
+                Lit::Str(s) => Some(s.clone()),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// The items of `annotations(...)`, if written.
+    pub(crate) fn annotations(&self) -> syn::Result<Option<Punctuated<Meta, Token![,]>>> {
+        for meta in &self.items {
+            if let Meta::List(list) = meta {
+                if list.path.is_ident("annotations") {
+                    return list.parse_args_with(Punctuated::parse_terminated).map(Some);
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// `idempotent_hint` inside `annotations(...)`, if written.
+    pub(crate) fn hint(&self) -> syn::Result<Option<Hint>> {
+        let Some(annotations) = self.annotations()? else {
+            return Ok(None);
+        };
+        Ok(annotations.iter().find_map(hint_of))
+    }
+}
+
+fn hint_of(meta: &Meta) -> Option<Hint> {
+    if !meta.path().is_ident("idempotent_hint") {
+        return None;
+    }
+    let value = match meta {
+        Meta::Path(_) => Some(true),
+        Meta::NameValue(nv) => match &nv.value {
+            Expr::Lit(lit) => match &lit.lit {
+                Lit::Bool(b) => Some(b.value),
+                _ => None,
+            },
+            _ => None,
+        },
+        Meta::List(_) => None,
+    };
+    Some(Hint {
+        value,
+        tokens: meta.to_token_stream(),
+    })
+}
+
+/// The method's `Parameters<T>` argument.
+pub(crate) struct ParamsArg {
+    /// Where it stands among the inputs.
+    pub(crate) index: usize,
+    /// The argument as written: its pattern and its `Parameters<T>` type.
+    pub(crate) arg: PatType,
+    /// `T`.
+    pub(crate) inner: Type,
+}
+
+/// Finds the argument typed `Parameters<T>`, the way rmcp's `#[tool]` does
+/// (by the last segment of the type's path).
+pub(crate) fn params_arg(inputs: &Punctuated<FnArg, Token![,]>) -> Option<ParamsArg> {
+    inputs.iter().enumerate().find_map(|(index, input)| {
+        let FnArg::Typed(arg) = input else {
+            return None;
+        };
+        let inner = single_type_arg(&arg.ty, "Parameters")?;
+        Some(ParamsArg {
+            index,
+            arg: arg.clone(),
+            inner: inner.clone(),
+        })
+    })
+}
+
+/// `T` in `Name<T>` (by the path's last segment).
+fn single_type_arg<'a>(ty: &'a Type, name: &str) -> Option<&'a Type> {
+    let Type::Path(path) = ty else {
+        return None;
+    };
+    let last = path.path.segments.last()?;
+    if last.ident != name {
+        return None;
+    }
+    let PathArguments::AngleBracketed(args) = &last.arguments else {
+        return None;
+    };
+    match args.args.first()? {
+        GenericArgument::Type(inner) => Some(inner),
+        _ => None,
+    }
+}
+
+/// How the method returns, which decides how its outcome is classified and
+/// what schema its output has.
+pub(crate) struct Returns {
+    /// The declared type; `()` when none is written.
+    pub(crate) ty: Type,
+    /// `Result<..>`: the error decides between released and unknown.
+    pub(crate) fallible: bool,
+    /// `T` of a `Json<T>` success value: the tool's output schema.
+    pub(crate) json: Option<Type>,
+}
+
+pub(crate) fn returns(output: &syn::ReturnType) -> Returns {
+    let ty: Type = match output {
+        syn::ReturnType::Default => syn::parse_quote!(()),
+        syn::ReturnType::Type(_, ty) => (**ty).clone(),
+    };
+    let ok = single_type_arg(&ty, "Result");
+    let json = single_type_arg(ok.unwrap_or(&ty), "Json").cloned();
+    Returns {
+        fallible: ok.is_some(),
+        json,
+        ty,
+    }
+}
+
+/// Whether a return type is `Pin<Box<...>>`: what rmcp's `#[tool]` leaves
+/// behind after rewriting an `async fn`.
+pub(crate) fn is_pinned_box(output: &syn::ReturnType) -> bool {
+    match output {
+        syn::ReturnType::Type(_, ty) => single_type_arg(ty, "Pin").is_some(),
+        syn::ReturnType::Default => false,
+    }
+}

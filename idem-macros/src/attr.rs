@@ -1,0 +1,308 @@
+//! The arguments of `#[idempotent(...)]`, parsed and checked on their own.
+
+use syn::parse::{Parse, ParseStream};
+use syn::spanned::Spanned;
+use syn::{bracketed, Ident, LitStr, Path, Token};
+
+/// Every option, declared once. `crate` is a Rust keyword and parsed as
+/// `Token![crate]`.
+mod kw {
+    syn::custom_keyword!(window);
+    syn::custom_keyword!(business_key);
+    syn::custom_keyword!(status_tool);
+}
+
+/// The list shown when an option is unknown.
+const ACCEPTED: &str = "`window = \"15m\"`, `business_key = \"order_id\"` (or `[\"a\", \"b\"]`), \
+                        `status_tool = \"get_operation_status\"`, `crate = \"path\"`";
+
+/// The status tool named in in-flight and unknown answers when the attribute
+/// names none.
+pub(crate) const DEFAULT_STATUS_TOOL: &str = "get_operation_status";
+
+/// `#[idempotent(...)]` after parsing: every value checked, every span kept.
+#[derive(Default)]
+pub(crate) struct Args {
+    pub(crate) window: Option<Window>,
+    pub(crate) business_key: Option<BusinessKey>,
+    pub(crate) status_tool: Option<LitStr>,
+    pub(crate) krate: Option<Path>,
+}
+
+/// `window = "1h30m"`: the duration in seconds and the literal it came from.
+pub(crate) struct Window {
+    pub(crate) seconds: u64,
+    pub(crate) lit: LitStr,
+}
+
+/// `business_key = "order_id"` or `business_key = ["a", "b"]`.
+pub(crate) struct BusinessKey {
+    /// Each field, as written: a top-level field of the parameter type.
+    pub(crate) fields: Vec<LitStr>,
+}
+
+impl Args {
+    /// The status tool's name: as written, or [`DEFAULT_STATUS_TOOL`].
+    pub(crate) fn status_tool(&self) -> String {
+        self.status_tool
+            .as_ref()
+            .map_or_else(|| DEFAULT_STATUS_TOOL.to_owned(), LitStr::value)
+    }
+
+    fn set<T>(slot: &mut Option<T>, value: T, key: &impl Spanned, name: &str) -> syn::Result<()> {
+        if slot.is_some() {
+            return Err(syn::Error::new(
+                key.span(),
+                format!("`{name}` is given twice; keep one `{name} = ...`"),
+            ));
+        }
+        *slot = Some(value);
+        Ok(())
+    }
+}
+
+impl Parse for Args {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        let mut args = Args::default();
+        while !input.is_empty() {
+            let lookahead = input.lookahead1();
+            if lookahead.peek(kw::window) {
+                let key: kw::window = input.parse()?;
+                input.parse::<Token![=]>()?;
+                let window = parse_window(&input.parse()?)?;
+                Args::set(&mut args.window, window, &key, "window")?;
+            } else if lookahead.peek(kw::business_key) {
+                let key: kw::business_key = input.parse()?;
+                input.parse::<Token![=]>()?;
+                let business_key = input.parse()?;
+                Args::set(&mut args.business_key, business_key, &key, "business_key")?;
+            } else if lookahead.peek(kw::status_tool) {
+                let key: kw::status_tool = input.parse()?;
+                input.parse::<Token![=]>()?;
+                let name: LitStr = input.parse()?;
+                check_tool_name(&name)?;
+                Args::set(&mut args.status_tool, name, &key, "status_tool")?;
+            } else if lookahead.peek(Token![crate]) {
+                let key: Token![crate] = input.parse()?;
+                input.parse::<Token![=]>()?;
+                let lit: LitStr = input.parse()?;
+                let path = lit.parse::<Path>().map_err(|_| {
+                    syn::Error::new_spanned(
+                        &lit,
+                        "`crate` takes the path idem-runtime is imported as, e.g. `crate = \"::idem_runtime\"`",
+                    )
+                })?;
+                Args::set(&mut args.krate, path, &key, "crate")?;
+            } else if input.peek(Ident) {
+                let unknown: Ident = input.parse()?;
+                return Err(syn::Error::new_spanned(
+                    &unknown,
+                    format!("unknown option `{unknown}`; `#[idempotent]` accepts {ACCEPTED}"),
+                ));
+            } else {
+                return Err(lookahead.error());
+            }
+            if input.is_empty() {
+                break;
+            }
+            input.parse::<Token![,]>()?;
+        }
+        Ok(args)
+    }
+}
+
+impl Parse for BusinessKey {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        let fields: Vec<LitStr> = if input.peek(syn::token::Bracket) {
+            let content;
+            let brackets = bracketed!(content in input);
+            let list = content.parse_terminated(<LitStr as Parse>::parse, Token![,])?;
+            if list.is_empty() {
+                return Err(syn::Error::new(
+                    brackets.span.join(),
+                    "`business_key = []` names no field; name at least one, e.g. `business_key = \"order_id\"`",
+                ));
+            }
+            list.into_iter().collect()
+        } else if input.peek(LitStr) {
+            vec![input.parse()?]
+        } else {
+            return Err(input.error(
+                "`business_key` takes a field name or a list of them: `business_key = \"order_id\"` or `business_key = [\"tenant_ref\", \"order_id\"]`",
+            ));
+        };
+        let mut seen: Vec<String> = Vec::new();
+        for field in &fields {
+            check_field_path(field)?;
+            let name = field.value();
+            if seen.contains(&name) {
+                return Err(syn::Error::new_spanned(
+                    field,
+                    format!("`{name}` is named twice in `business_key`; name each field once"),
+                ));
+            }
+            seen.push(name);
+        }
+        Ok(BusinessKey { fields })
+    }
+}
+
+/// A business key field: the Rust name of a top-level field of the
+/// parameter type.
+fn check_field_path(lit: &LitStr) -> syn::Result<()> {
+    let value = lit.value();
+    if value.trim().is_empty() {
+        return Err(syn::Error::new_spanned(
+            lit,
+            "the business key field is empty; name a field of the parameter type, e.g. `business_key = \"order_id\"`",
+        ));
+    }
+    if let Some((outer, _)) = value.split_once('.') {
+        return Err(syn::Error::new_spanned(
+            lit,
+            format!(
+                "`business_key` names top-level fields of the parameter type; `{value}` reaches into one. \
+                 Name the whole field (`\"{outer}\"`), or lift the value into a field of its own"
+            ),
+        ));
+    }
+    let plain = value.strip_prefix("r#").unwrap_or(&value);
+    let valid = plain
+        .chars()
+        .next()
+        .is_some_and(|c| c == '_' || c.is_alphabetic())
+        && plain.chars().all(|c| c == '_' || c.is_alphanumeric());
+    if !valid {
+        return Err(syn::Error::new_spanned(
+            lit,
+            format!("`{value}` is not a field name; write the Rust name of a field of the parameter type, e.g. `\"order_id\"`"),
+        ));
+    }
+    Ok(())
+}
+
+/// A tool name as MCP allows it: 1 to 128 of `A-Z a-z 0-9 _ - .`.
+fn check_tool_name(lit: &LitStr) -> syn::Result<()> {
+    let name = lit.value();
+    let valid = !name.is_empty()
+        && name.len() <= 128
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    if valid {
+        Ok(())
+    } else {
+        Err(syn::Error::new_spanned(
+            lit,
+            "`status_tool` names the tool that reports an operation's state; write a tool name such as `status_tool = \"get_operation_status\"`",
+        ))
+    }
+}
+
+/// Parses `window = "..."`: one or more `<number><unit>` parts, units `d`,
+/// `h`, `m`, `s`, largest first, each at most once, total above zero.
+pub(crate) fn parse_window(lit: &LitStr) -> syn::Result<Window> {
+    let seconds = parse_duration(&lit.value()).map_err(|message| {
+        syn::Error::new_spanned(
+            lit,
+            format!("{message}; write e.g. `window = \"15m\"`, `\"48h\"` or `\"1h30m\"`"),
+        )
+    })?;
+    Ok(Window {
+        seconds,
+        lit: lit.clone(),
+    })
+}
+
+/// The duration text to seconds, or a message saying what is wrong with it.
+pub(crate) fn parse_duration(text: &str) -> Result<u64, String> {
+    const UNITS: [(char, u64); 4] = [('d', 86_400), ('h', 3_600), ('m', 60), ('s', 1)];
+    if text.trim().is_empty() {
+        return Err("the window is empty".to_owned());
+    }
+    let mut total: u64 = 0;
+    let mut smallest_so_far = usize::MAX; // index into UNITS of the last unit seen
+    let mut rest = text;
+    while !rest.is_empty() {
+        let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        if digits == 0 {
+            return Err(format!(
+                "`{text}` is not a duration: each part is a number and a unit"
+            ));
+        }
+        let (number, after) = rest.split_at(digits);
+        let unit_len = after.len()
+            - after
+                .trim_start_matches(|c: char| !c.is_ascii_digit())
+                .len();
+        let (unit, after) = after.split_at(unit_len);
+        if unit.is_empty() {
+            return Err(format!("`{text}` has no unit: add `s`, `m`, `h` or `d`"));
+        }
+        let Some(index) = UNITS
+            .iter()
+            .position(|&(u, _)| unit.len() == 1 && unit.starts_with(u))
+        else {
+            return Err(format!(
+                "`{unit}` in `{text}` is not a unit: use `s`, `m`, `h` or `d`"
+            ));
+        };
+        if smallest_so_far != usize::MAX && index <= smallest_so_far {
+            return Err(format!(
+                "`{text}` repeats a unit or puts a smaller one first: write the largest unit first, each once"
+            ));
+        }
+        smallest_so_far = index;
+        let value: u64 = number
+            .parse()
+            .map_err(|_| format!("`{text}` is too long a window"))?;
+        total = value
+            .checked_mul(UNITS[index].1)
+            .and_then(|part| total.checked_add(part))
+            .ok_or_else(|| format!("`{text}` is too long a window"))?;
+        rest = after;
+    }
+    if total == 0 {
+        return Err(format!(
+            "a window of `{text}` is zero: every call would be a new operation"
+        ));
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("90s"), Ok(90));
+        assert_eq!(parse_duration("15m"), Ok(900));
+        assert_eq!(parse_duration("48h"), Ok(172_800));
+        assert_eq!(parse_duration("7d"), Ok(604_800));
+        assert_eq!(parse_duration("1h30m"), Ok(5_400));
+        assert_eq!(parse_duration("1d2h3m4s"), Ok(93_784));
+    }
+
+    #[test]
+    fn bad_durations() {
+        for bad in [
+            "",
+            " ",
+            "15",
+            "15x",
+            "15 m",
+            "m",
+            "0s",
+            "0h0m",
+            "30m1h",
+            "1h1h",
+            "15ms",
+            "-5m",
+            "99999999999999999999d",
+            "1.5h",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} was accepted");
+        }
+    }
+}

@@ -1,0 +1,268 @@
+//! Code generation for `#[idempotent]`: the rewritten `#[tool(...)]` and the
+//! body that claims, executes and records through the executor.
+
+use proc_macro2::{Group, Span, TokenStream, TokenTree};
+use quote::{quote, quote_spanned, ToTokens};
+use syn::punctuated::Punctuated;
+use syn::spanned::Spanned;
+use syn::{parse_quote, Ident, ImplItemFn, LitStr, Meta, Token};
+
+use crate::attr::Args;
+use crate::valid::{self, Tool};
+
+/// The item as written plus the error: the rest of the crate keeps compiling.
+pub(crate) fn with_error(mut item: TokenStream, error: syn::Error) -> TokenStream {
+    item.extend(error.into_compile_error());
+    item
+}
+
+/// `#[idempotent(args)] item`.
+pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
+    let args: Args = match syn::parse2(args) {
+        Ok(args) => args,
+        Err(error) => return with_error(item, error),
+    };
+    let method: ImplItemFn = match syn::parse2(item.clone()) {
+        Ok(method) => method,
+        Err(_) => {
+            let error = syn::Error::new(
+                Span::call_site(),
+                "`#[idempotent]` goes on an `async fn` tool method, above its `#[tool(...)]`",
+            );
+            return with_error(item, error);
+        }
+    };
+    match valid::check(&args, &method) {
+        Ok(tool) => expand(&args, tool, method),
+        Err(error) => with_error(item, error),
+    }
+}
+
+/// A name for generated code that user code cannot see or shadow.
+fn private_ident(name: &str) -> Ident {
+    Ident::new(name, Span::mixed_site())
+}
+
+fn expand(args: &Args, tool: Tool, mut method: ImplItemFn) -> TokenStream {
+    let krate = args
+        .krate
+        .clone()
+        .unwrap_or_else(|| parse_quote!(::idem_runtime));
+    let private = quote!(#krate::__private);
+    let tool_name = tool
+        .tool_args
+        .name()
+        .map_or_else(|| method.sig.ident.to_string(), |name| name.value());
+    let status_tool = args.status_tool();
+    let scope = scope(args, &private);
+
+    method.attrs[tool.tool_index] = tool_attribute(&method, &tool, &private, &scope, &status_tool);
+
+    // The signature: `Parameters(args): Parameters<T>` becomes a plain binding
+    // (destructured again inside the handler), the request context is added
+    // for the caller, and the result is always a `CallToolResult`.
+    let params_ident = private_ident("__idem_params");
+    let request_ident = private_ident("__idem_request");
+    let params_ty = &tool.params.arg.ty;
+    let params_pat = &tool.params.arg.pat;
+    let inner_ty = &tool.params.inner;
+    method.sig.inputs[tool.params.index] = parse_quote!(#params_ident: #params_ty);
+    method.sig.inputs.push(parse_quote!(
+        #request_ident: #private::RequestContext<#private::RoleServer>
+    ));
+    method.sig.output = parse_quote!(
+        -> ::core::result::Result<#private::CallToolResult, #private::ErrorData>
+    );
+
+    let ret = &tool.returns.ty;
+    // Each bound is checked by a call spanned on the user's type, so a
+    // parameter type that is not `Serialize`, or an error type that is not
+    // `Classify`, is reported once, there.
+    let returned = private_ident("__idem_returned");
+    let finish = if tool.returns.fallible {
+        located_at(quote!(#private::outcome(#returned)), ret.span())
+    } else {
+        located_at(quote!(#private::output(#returned)), ret.span())
+    };
+    let arguments = located_at(
+        quote!(#private::arguments(&#params_ident)),
+        params_ty.span(),
+    );
+    let business_key_check = business_key_check(args, inner_ty);
+    let block = &method.block;
+    let fake_return = private_ident("__idem_fake_return");
+
+    method.block = parse_quote!({
+        #business_key_check
+        #private::call(
+            self,
+            #request_ident,
+            #private::ToolSpec {
+                tool: #tool_name,
+                scope: #scope,
+                status_tool: #status_tool,
+            },
+            #arguments,
+            #params_ident,
+            move |#params_ident: #params_ty| async move {
+                let #returned = async move {
+                    let #params_pat: #params_ty = #params_ident;
+                    // The declared return type types the body, so a wrong
+                    // value is reported at the user's line (tracing-attributes' trick).
+                    #[allow(
+                        unknown_lints,
+                        unreachable_code,
+                        clippy::diverging_sub_expression,
+                        clippy::empty_loop,
+                        clippy::let_unit_value,
+                        clippy::let_with_type_underscore,
+                        clippy::needless_return,
+                        clippy::unreachable
+                    )]
+                    if false {
+                        let #fake_return: #ret = loop {};
+                        return #fake_return;
+                    }
+                    #block
+                }
+                .await;
+                #finish
+            },
+        )
+        .await
+    });
+    method.into_token_stream()
+}
+
+/// The same tokens, reported at `span` but resolved as before: what a
+/// failed bound inside them says lands on the user's type.
+fn located_at(tokens: TokenStream, span: Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut token| {
+            if let TokenTree::Group(group) = &token {
+                let mut relocated = Group::new(group.delimiter(), located_at(group.stream(), span));
+                relocated.set_span(group.span().located_at(span));
+                token = TokenTree::Group(relocated);
+            } else {
+                token.set_span(token.span().located_at(span));
+            }
+            token
+        })
+        .collect()
+}
+
+/// `ScopeSpec::Window(..)` or `ScopeSpec::BusinessKey { .. }`.
+fn scope(args: &Args, private: &TokenStream) -> TokenStream {
+    let seconds = |window: &crate::attr::Window| {
+        let seconds = window.seconds;
+        quote_spanned!(window.lit.span()=> #private::Duration::from_secs(#seconds))
+    };
+    match (&args.business_key, &args.window) {
+        (Some(business_key), window) => {
+            let fields = business_key.fields.iter().map(LitStr::value);
+            let retention = match window {
+                Some(window) => {
+                    let duration = seconds(window);
+                    quote!(::core::option::Option::Some(#duration))
+                }
+                None => quote!(::core::option::Option::None),
+            };
+            quote! {
+                #private::ScopeSpec::BusinessKey {
+                    fields: &[#(#fields),*],
+                    retention: #retention,
+                }
+            }
+        }
+        (None, Some(window)) => {
+            let duration = seconds(window);
+            quote!(#private::ScopeSpec::Window(#duration))
+        }
+        // `valid::check` refuses an attribute without a scope.
+        (None, None) => quote!(::core::unreachable!()),
+    }
+}
+
+/// rmcp's `#[tool(...)]` with `idempotent_hint = true` merged into its
+/// annotations, the output schema of a `Json<T>` result kept, and the wrapper
+/// marker that `audit_hints` looks for added to its `_meta`.
+fn tool_attribute(
+    method: &ImplItemFn,
+    tool: &Tool,
+    private: &TokenStream,
+    scope: &TokenStream,
+    status_tool: &str,
+) -> syn::Attribute {
+    let mut items: Vec<TokenStream> = Vec::new();
+    let mut has_annotations = false;
+    let mut has_meta = false;
+    for meta in &tool.tool_args.items {
+        match meta {
+            Meta::List(list) if list.path.is_ident("annotations") => {
+                has_annotations = true;
+                let mut annotations: Punctuated<Meta, Token![,]> = list
+                    .parse_args_with(Punctuated::parse_terminated)
+                    .unwrap_or_default();
+                if !annotations
+                    .iter()
+                    .any(|m| m.path().is_ident("idempotent_hint"))
+                {
+                    annotations.push(parse_quote!(idempotent_hint = true));
+                }
+                let path = &list.path;
+                items.push(quote!(#path(#annotations)));
+            }
+            Meta::NameValue(nv) if nv.path.is_ident("meta") => {
+                has_meta = true;
+                let user = &nv.value;
+                items.push(quote! {
+                    meta = #private::tool_meta(::core::option::Option::Some(#user), #scope, #status_tool)
+                });
+            }
+            other => items.push(other.to_token_stream()),
+        }
+    }
+    if !has_annotations {
+        items.push(quote!(annotations(idempotent_hint = true)));
+    }
+    if !has_meta {
+        items.push(quote! {
+            meta = #private::tool_meta(::core::option::Option::None, #scope, #status_tool)
+        });
+    }
+    // rmcp derives the output schema from a `Json<T>` return type; the
+    // rewritten method returns `CallToolResult`, so the schema is named here.
+    if let Some(json) = &tool.returns.json {
+        if tool.tool_args.value("output_schema").is_none() {
+            items.push(quote!(output_schema = #private::schema_for_output::<#json>()));
+        }
+    }
+    let path = method.attrs[tool.tool_index].path();
+    parse_quote!(#[#path(#(#items),*)])
+}
+
+/// `let _ = |args: T| { let _ = &args.order_id; };` with each field name
+/// spanned on its string, so a field `T` lacks is reported there.
+fn business_key_check(args: &Args, inner_ty: &syn::Type) -> TokenStream {
+    let Some(business_key) = &args.business_key else {
+        return TokenStream::new();
+    };
+    let value = private_ident("__idem_business_key");
+    let accesses = business_key.fields.iter().map(|lit| {
+        let name = lit.value();
+        // At the string, but from the macro: rustc reports the missing
+        // field there without offering to rewrite the string into an ident.
+        let span = lit.span().resolved_at(Span::mixed_site());
+        let field = match name.strip_prefix("r#") {
+            Some(raw) => Ident::new_raw(raw, span),
+            None => Ident::new(&name, span),
+        };
+        quote!(let _ = &#value.#field;)
+    });
+    quote! {
+        let _ = |#value: #inner_ty| {
+            #(#accesses)*
+        };
+    }
+}

@@ -1,0 +1,12 @@
+mod common;
+use common::*;
+
+#[idem_runtime::tool_router]
+impl Shop {
+    #[tool(description = "Charge a card", annotations(title = "Charge", idempotent_hint = true))]
+    async fn charge_card(&self, Parameters(args): Parameters<ChargeArgs>) -> Result<Json<Receipt>, ToolError> {
+        Ok(Json(Receipt { charge_id: args.card }))
+    }
+}
+
+fn main() {}
