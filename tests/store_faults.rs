@@ -176,7 +176,8 @@ async fn processes_racing_on_postgres_charge_once() {
     let Some(pg) = PgSchema::new().await else {
         return;
     };
-    processes_racing(&pg_spec(&pg), &temp_dir("race").join("invocations")).await;
+    let dir = temp_dir("race");
+    processes_racing(&pg_spec(&pg), &dir.join("invocations")).await;
 }
 
 /// The same on one SQLite file: six processes, six writer threads, one lock.
@@ -287,7 +288,8 @@ async fn postgres_killed_mid_handler_is_not_run_again() {
     let Some(pg) = PgSchema::new().await else {
         return;
     };
-    let log = temp_dir("kill-pg").join("invocations");
+    let dir = temp_dir("kill-pg");
+    let log = dir.join("invocations");
     let reopen = async || -> Arc<dyn IdempotencyStore> {
         let store = PostgresStore::builder(&pg.url)
             .unwrap()
