@@ -1,0 +1,223 @@
+//! The demo: the payments MCP server and an rmcp client in one process, with
+//! an embedded SQLite store in a temporary file. Nothing to set up.
+//!
+//! `cargo run --example demo`
+//!
+//! It walks through what a host, a transport or a model may do to a tool
+//! call, and prints each answer as the model sees it.
+
+#[path = "../payments/shop.rs"]
+mod shop;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_runtime::{
+    Caller, Executor, IdempotencyStore, Maintenance, MaintenanceConfig, SqliteStore,
+};
+use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::service::RunningService;
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::{json, Value};
+use shop::{Backends, Payments, ProcessorReconciler};
+
+type Client = RunningService<RoleClient, ()>;
+
+/// How many tools/call requests the demo sent, by tool.
+static CALLS: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+
+async fn call(client: &Client, tool: &'static str, args: Value) -> CallToolResult {
+    CALLS.lock().unwrap().push(tool);
+    let Value::Object(args) = args else {
+        unreachable!("arguments are objects")
+    };
+    client
+        .call_tool(CallToolRequestParams::new(tool).with_arguments(args))
+        .await
+        .expect("the server answers")
+}
+
+/// Prints a result the way a model receives it: the error flag, the text,
+/// and idem's `_meta`.
+fn show(label: &str, result: &CallToolResult) {
+    println!("  {label}:");
+    println!("    isError: {}", result.is_error.unwrap_or(false));
+    for block in &result.content {
+        if let Some(text) = block.as_text() {
+            println!("    text:    {}", text.text);
+        }
+    }
+    if let Some(op) = result
+        .meta
+        .as_ref()
+        .and_then(|m| m.get(idem_runtime::RESULT_META_KEY))
+    {
+        println!("    _meta:   {op}");
+    }
+}
+
+fn reference(result: &CallToolResult) -> String {
+    result.meta.as_ref().unwrap()[idem_runtime::RESULT_META_KEY]["reference"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+fn step(n: u32, title: &str) {
+    println!("\n{n}. {title}");
+}
+
+#[tokio::main]
+async fn main() {
+    let dir = std::env::temp_dir().join(format!("idem-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    let store: Arc<dyn IdempotencyStore> = Arc::new(
+        SqliteStore::open(dir.join("demo.sqlite3"))
+            .await
+            .expect("the embedded store opens"),
+    );
+    let backends = Backends::new(Duration::from_millis(300));
+    let server = Payments::new(
+        Executor::new(store.clone()),
+        Some(Caller::new("demo", "you")),
+        backends.clone(),
+        Duration::from_millis(1000),
+    );
+    let (server_io, client_io) = tokio::io::duplex(64 * 1024);
+    tokio::spawn(async move {
+        let running = server.serve(server_io).await.expect("the server starts");
+        let _ = running.waiting().await;
+    });
+    let client: Client = ().serve(client_io).await.expect("the client connects");
+    println!(
+        "idem demo: the payments server and a client in one process (store: SQLite in {})",
+        dir.display()
+    );
+
+    let charge = json!({ "card": "4242", "amount_cents": 1999, "currency": "usd" });
+    step(1, "A charge.");
+    show(
+        "charge_card",
+        &call(&client, "charge_card", charge.clone()).await,
+    );
+
+    step(
+        2,
+        "The host times out and sends the same charge again while the first still runs.",
+    );
+    let order = json!({ "card": "4242", "amount_cents": 2500 });
+    let (first, repeat) = tokio::join!(call(&client, "charge_card", order.clone()), async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        call(&client, "charge_card", order.clone()).await
+    });
+    show("the repeat, while the first is in flight", &repeat);
+    show("the first call", &first);
+
+    step(
+        3,
+        "The same charge once more, after it finished: a replay, not a charge.",
+    );
+    show(
+        "charge_card",
+        &call(&client, "charge_card", order.clone()).await,
+    );
+
+    step(
+        4,
+        "The processor is slow (2 s) and the tool stops waiting after 1 s.",
+    );
+    backends.set_processor_delay(Duration::from_millis(2000));
+    let slow = call(
+        &client,
+        "charge_card",
+        json!({ "card": "5555", "amount_cents": 7000 }),
+    )
+    .await;
+    show("charge_card", &slow);
+    let slow_ref = reference(&slow);
+    show(
+        "get_operation_status",
+        &call(
+            &client,
+            "get_operation_status",
+            json!({ "reference": slow_ref }),
+        )
+        .await,
+    );
+    show(
+        "the model calls charge_card again anyway",
+        &call(
+            &client,
+            "charge_card",
+            json!({ "card": "5555", "amount_cents": 7000 }),
+        )
+        .await,
+    );
+    println!("  ... the processor finishes; the background reconciler asks it about {slow_ref}.");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    backends.set_processor_delay(Duration::from_millis(300));
+    Maintenance::round(
+        &*store,
+        &MaintenanceConfig {
+            reconciler: Some(Arc::new(ProcessorReconciler(backends.clone()))),
+            ..MaintenanceConfig::default()
+        },
+    )
+    .await;
+    show(
+        "get_operation_status",
+        &call(
+            &client,
+            "get_operation_status",
+            json!({ "reference": slow_ref }),
+        )
+        .await,
+    );
+
+    step(5, "A shipment, retried with the same order id.");
+    let shipment = json!({ "order_id": "ord_1001", "address": "1 Main St, Springfield", "service_level": "standard" });
+    show(
+        "create_shipment",
+        &call(&client, "create_shipment", shipment.clone()).await,
+    );
+    show(
+        "create_shipment again",
+        &call(&client, "create_shipment", shipment).await,
+    );
+
+    step(6, "The same order id with another address.");
+    show(
+        "create_shipment",
+        &call(
+            &client,
+            "create_shipment",
+            json!({ "order_id": "ord_1001", "address": "9 Elm St, Shelbyville", "service_level": "standard" }),
+        )
+        .await,
+    );
+
+    step(
+        7,
+        "The ledger: what the processor and the carrier were really asked to do.",
+    );
+    let ledger = call(&client, "processor_ledger", json!({})).await;
+    let view = ledger.structured_content.clone().unwrap_or_default();
+    for (who, field) in [("processor", "processor"), ("carrier", "carrier")] {
+        if let Some(map) = view[field].as_object() {
+            for (reference, count) in map {
+                println!("  {who:9} {reference}: {count} invocation(s)");
+            }
+        }
+    }
+    let sent = |tool: &str| CALLS.lock().unwrap().iter().filter(|t| **t == tool).count();
+    println!(
+        "\n{} charge_card calls and {} create_shipment calls reached the server; the processor was invoked {} time(s) and the carrier {} time(s): once per operation.",
+        sent("charge_card"),
+        sent("create_shipment"),
+        view["processor_invocations"],
+        view["carrier_invocations"]
+    );
+
+    let _ = client.cancel().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,289 @@
+//! An MCP server whose `charge_card` and `create_shipment` tools are safe to
+//! repeat, on a simulated processor and carrier.
+//!
+//! ```text
+//! cargo run --example payments -- [FLAGS]
+//!
+//!   --transport stdio|http        stdio (default) or streamable HTTP
+//!   --listen 127.0.0.1:PORT       HTTP address (default 127.0.0.1:8080); serves /mcp
+//!   --token TOKEN=tenant/subject  HTTP: a bearer token and the caller it stands for (repeatable)
+//!   --tenant T --subject S        stdio: the local caller (default local/me)
+//!   --store memory|sqlite:PATH|postgres://...
+//!                                 default: sqlite:$IDEM_HOME/payments.sqlite3, where IDEM_HOME
+//!                                 defaults to ./.idem
+//!   --processor-delay-ms N        how long the stub processor takes (default 300)
+//!   --processor-timeout-ms N      how long the tool waits for it (default 5000)
+//! ```
+
+mod shop;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_runtime::{
+    audit_hints, Caller, Executor, IdempotencyStore, Maintenance, MaintenanceConfig, MemoryStore,
+    PostgresStore, SqliteStore,
+};
+use rmcp::ServiceExt;
+use shop::{Backends, Payments, ProcessorReconciler};
+
+const USAGE: &str = "\
+usage: payments [FLAGS]
+  --transport stdio|http        stdio (default) or streamable HTTP
+  --listen 127.0.0.1:PORT       HTTP address (default 127.0.0.1:8080); serves /mcp
+  --token TOKEN=tenant/subject  HTTP: a bearer token and the caller it stands for (repeatable)
+  --tenant T --subject S        stdio: the local caller (default local/me)
+  --store memory|sqlite:PATH|postgres://...
+                                default: sqlite:$IDEM_HOME/payments.sqlite3 (IDEM_HOME defaults to .idem)
+  --processor-delay-ms N        how long the stub processor takes (default 300)
+  --processor-timeout-ms N      how long the tool waits for it (default 5000)";
+
+#[derive(Debug)]
+struct Flags {
+    transport: String,
+    listen: SocketAddr,
+    tokens: Vec<(String, Caller)>,
+    tenant: String,
+    subject: String,
+    store: String,
+    processor_delay: Duration,
+    processor_timeout: Duration,
+}
+
+fn usage(problem: &str) -> ! {
+    eprintln!("payments: {problem}");
+    eprintln!("run `cargo run --example payments -- --help` for the flags");
+    std::process::exit(2)
+}
+
+fn default_store() -> String {
+    let home = std::env::var_os("IDEM_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(".idem"));
+    format!("sqlite:{}", home.join("payments.sqlite3").display())
+}
+
+fn parse_flags() -> Flags {
+    let mut flags = Flags {
+        transport: "stdio".into(),
+        listen: "127.0.0.1:8080".parse().unwrap(),
+        tokens: Vec::new(),
+        tenant: "local".into(),
+        subject: "me".into(),
+        store: default_store(),
+        processor_delay: Duration::from_millis(300),
+        processor_timeout: Duration::from_millis(5000),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        if flag == "--help" || flag == "-h" {
+            println!("{USAGE}");
+            std::process::exit(0);
+        }
+        let mut value = || {
+            args.next()
+                .unwrap_or_else(|| usage(&format!("{flag} needs a value")))
+        };
+        let millis = |v: String| {
+            v.parse::<u64>()
+                .map(Duration::from_millis)
+                .unwrap_or_else(|_| usage(&format!("{flag} takes milliseconds, not {v:?}")))
+        };
+        match flag.as_str() {
+            "--transport" => flags.transport = value(),
+            "--listen" => {
+                let v = value();
+                flags.listen = v
+                    .parse()
+                    .unwrap_or_else(|_| usage(&format!("--listen takes HOST:PORT, not {v:?}")));
+            }
+            "--token" => {
+                let v = value();
+                let parsed = v.split_once('=').and_then(|(token, who)| {
+                    let (tenant, subject) = who.split_once('/')?;
+                    (!token.is_empty() && !tenant.is_empty() && !subject.is_empty())
+                        .then(|| (token.to_owned(), Caller::new(tenant, subject)))
+                });
+                flags.tokens.push(parsed.unwrap_or_else(|| {
+                    usage(&format!("--token takes TOKEN=tenant/subject, not {v:?}"))
+                }));
+            }
+            "--tenant" => flags.tenant = value(),
+            "--subject" => flags.subject = value(),
+            "--store" => flags.store = value(),
+            "--processor-delay-ms" => flags.processor_delay = millis(value()),
+            "--processor-timeout-ms" => flags.processor_timeout = millis(value()),
+            other => usage(&format!("unknown flag {other:?}")),
+        }
+    }
+    if !matches!(flags.transport.as_str(), "stdio" | "http") {
+        usage(&format!(
+            "--transport is stdio or http, not {:?}",
+            flags.transport
+        ));
+    }
+    flags
+}
+
+async fn open_store(spec: &str) -> Arc<dyn IdempotencyStore> {
+    let opened: Result<Arc<dyn IdempotencyStore>, String> = if spec == "memory" {
+        Ok(Arc::new(MemoryStore::new()))
+    } else if let Some(path) = spec.strip_prefix("sqlite:") {
+        let path = PathBuf::from(path);
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if let Err(e) = std::fs::create_dir_all(dir) {
+                usage(&format!("cannot create {}: {e}", dir.display()));
+            }
+        }
+        SqliteStore::open(&path)
+            .await
+            .map(|s| Arc::new(s) as Arc<dyn IdempotencyStore>)
+            .map_err(|e| e.to_string())
+    } else if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
+        match PostgresStore::connect(spec).await {
+            Ok(store) => store
+                .migrate()
+                .await
+                .map(|()| Arc::new(store) as Arc<dyn IdempotencyStore>)
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        }
+    } else {
+        usage(&format!(
+            "--store is memory, sqlite:PATH or postgres://..., not {spec:?}"
+        ))
+    };
+    opened.unwrap_or_else(|e| {
+        eprintln!("payments: cannot open the store {spec:?}: {e}");
+        std::process::exit(1)
+    })
+}
+
+#[tokio::main]
+async fn main() {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .init();
+    let flags = parse_flags();
+
+    // Refuse to start if any tool claims a hint no wrapper backs.
+    if let Err(problems) = audit_hints(&Payments::router()) {
+        for p in problems {
+            eprintln!("payments: {p}");
+        }
+        std::process::exit(1);
+    }
+
+    let store = open_store(&flags.store).await;
+    let backends = Backends::new(flags.processor_delay);
+    let maintenance = Maintenance::spawn(
+        store.clone(),
+        MaintenanceConfig {
+            interval: Duration::from_secs(10),
+            batch: 1000,
+            reconciler: Some(Arc::new(ProcessorReconciler(backends.clone()))),
+        },
+    );
+    let executor = Executor::new(store);
+
+    match flags.transport.as_str() {
+        "stdio" => {
+            let caller = Caller::new(flags.tenant.clone(), flags.subject.clone());
+            let server = Payments::new(executor, Some(caller), backends, flags.processor_timeout);
+            let running = server
+                .serve(rmcp::transport::stdio())
+                .await
+                .unwrap_or_else(|e| {
+                    eprintln!("payments: cannot start on stdio: {e}");
+                    std::process::exit(1)
+                });
+            let _ = running.waiting().await;
+        }
+        _ => {
+            if flags.tokens.is_empty() {
+                eprintln!("payments: warning: no --token given; every HTTP request will get 401");
+            }
+            let server = Payments::new(executor, None, backends, flags.processor_timeout);
+            if let Err(e) = http::serve(flags.listen, flags.tokens, server).await {
+                eprintln!("payments: HTTP server on {} failed: {e}", flags.listen);
+                std::process::exit(1);
+            }
+        }
+    }
+    maintenance.stop().await;
+}
+
+mod http {
+    //! Streamable HTTP at `/mcp`, behind a bearer-token layer that turns the
+    //! token into the request's `Caller`.
+
+    use std::collections::HashMap;
+    use std::net::SocketAddr;
+    use std::sync::Arc;
+
+    use axum::extract::{Request, State};
+    use axum::http::{header, StatusCode};
+    use axum::middleware::{self, Next};
+    use axum::response::{IntoResponse, Response};
+    use idem_runtime::Caller;
+    use rmcp::transport::streamable_http_server::{
+        session::local::LocalSessionManager, StreamableHttpServerConfig, StreamableHttpService,
+    };
+
+    use crate::shop::Payments;
+
+    type Tokens = Arc<HashMap<String, Caller>>;
+
+    /// A missing or unknown token is answered 401 here, before rmcp sees the
+    /// request: nothing runs.
+    async fn authenticate(State(tokens): State<Tokens>, mut req: Request, next: Next) -> Response {
+        let caller = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .and_then(|token| tokens.get(token.trim()))
+            .cloned();
+        match caller {
+            Some(caller) => {
+                // rmcp hands the request's parts, extensions included, to the
+                // tool: that is where #[idempotent] finds the caller.
+                req.extensions_mut().insert(caller);
+                next.run(req).await
+            }
+            None => (
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Bearer")],
+                "missing or unknown bearer token; send Authorization: Bearer <token>\n",
+            )
+                .into_response(),
+        }
+    }
+
+    pub(crate) async fn serve(
+        listen: SocketAddr,
+        tokens: Vec<(String, Caller)>,
+        server: Payments,
+    ) -> std::io::Result<()> {
+        let tokens: Tokens = Arc::new(tokens.into_iter().collect());
+        let service = StreamableHttpService::new(
+            move || Ok(server.clone()),
+            Arc::new(LocalSessionManager::default()),
+            StreamableHttpServerConfig::default(),
+        );
+        let app = axum::Router::new()
+            .nest_service("/mcp", service)
+            .layer(middleware::from_fn_with_state(tokens, authenticate));
+        let listener = tokio::net::TcpListener::bind(listen).await?;
+        eprintln!(
+            "payments: serving MCP on http://{}/mcp",
+            listener.local_addr()?
+        );
+        axum::serve(listener, app).await
+    }
+}
