@@ -137,3 +137,73 @@ async fn times_come_from_the_server() {
         std::time::Duration::from_secs(60)
     );
 }
+
+/// A store whose schema was never migrated says what to do.
+#[tokio::test]
+async fn unmigrated_schema_says_to_migrate() {
+    let Some(url) = durable::database_url() else {
+        return;
+    };
+    let store = idem_runtime::PostgresStore::builder(&url)
+        .unwrap()
+        .schema("t_never_migrated")
+        .build()
+        .unwrap();
+    let err = store.list_unknown(1).await.unwrap_err();
+    assert!(err.to_string().contains("migrate()"), "{err}");
+}
+
+/// Purge skips a row that someone holds locked (a claim taking it over right
+/// now) instead of waiting for it, and deletes the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_skips_locked_rows() {
+    let Some(pg) = PgSchema::new().await else {
+        return;
+    };
+    let short = std::time::Duration::from_millis(50);
+    let (held, free) = (durable::fresh_key(), durable::fresh_key());
+    for key in [held, free] {
+        let req = durable::request(key, short, short);
+        pg.store.claim(&req).await.unwrap();
+        pg.store.complete(&key, req.attempt, "1").await.unwrap();
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+
+    let (mut locker, conn) = tokio_postgres::connect(&pg.url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let tx = locker.transaction().await.unwrap();
+    tx.execute(
+        &format!(
+            "SELECT 1 FROM {}.idem_records WHERE key = $1 FOR UPDATE",
+            pg.store.schema()
+        ),
+        &[&&held.as_bytes()[..]],
+    )
+    .await
+    .unwrap();
+
+    let purged = tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        pg.store.purge_expired(100),
+    )
+    .await
+    .expect("purge does not wait for a locked row")
+    .unwrap();
+    assert_eq!(purged, 1);
+    assert!(pg
+        .store
+        .lookup("acme", &free.reference())
+        .await
+        .unwrap()
+        .is_none());
+    assert!(pg
+        .store
+        .lookup("acme", &held.reference())
+        .await
+        .unwrap()
+        .is_some());
+    tx.rollback().await.unwrap();
+    assert_eq!(pg.store.purge_expired(100).await.unwrap(), 1);
+}

@@ -8,22 +8,36 @@ use std::time::Duration;
 use durable::{fresh_key, request, temp_dir};
 use idem_runtime::{Claim, IdempotencyStore, RecordState, SqliteStore};
 
-async fn store() -> SqliteStore {
-    SqliteStore::open(temp_dir("sqlite").join("idem.sqlite3"))
-        .await
-        .unwrap()
+/// A store on a file in a directory of its own, removed after the test.
+struct TempSqlite {
+    store: SqliteStore,
+    _dir: durable::TempDir,
 }
 
-conformance_tests!(Some(Box::new(store().await)));
+impl std::ops::Deref for TempSqlite {
+    type Target = SqliteStore;
+
+    fn deref(&self) -> &SqliteStore {
+        &self.store
+    }
+}
+
+async fn store() -> TempSqlite {
+    let dir = temp_dir("sqlite");
+    let store = SqliteStore::open(dir.join("idem.sqlite3")).await.unwrap();
+    TempSqlite { store, _dir: dir }
+}
+
+conformance_tests!(Some(store().await));
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_cases_share_one_store() {
-    conformance::run_all(&store().await).await;
+    conformance::run_all(&*store().await).await;
 }
 
 #[tokio::test]
 async fn expiry_sweep_and_purge() {
-    durable::expiry_sweep_and_purge(&store().await).await;
+    durable::expiry_sweep_and_purge(&*store().await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -34,7 +48,8 @@ async fn in_memory_passes_too() {
 /// A record outlives the store that wrote it: reopen the file and find it.
 #[tokio::test]
 async fn records_survive_reopening() {
-    let path = temp_dir("reopen").join("idem.sqlite3");
+    let dir = temp_dir("reopen");
+    let path = dir.join("idem.sqlite3");
     let key = fresh_key();
     let req = request(key, Duration::from_secs(30), Duration::from_secs(60));
     {
@@ -65,7 +80,8 @@ async fn records_survive_reopening() {
 /// still let exactly one claim win.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_stores_on_one_file_yield_one_winner() {
-    let path = temp_dir("two").join("idem.sqlite3");
+    let dir = temp_dir("two");
+    let path = dir.join("idem.sqlite3");
     let (a, b) = (
         SqliteStore::open(&path).await.unwrap(),
         SqliteStore::open(&path).await.unwrap(),

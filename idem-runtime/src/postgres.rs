@@ -8,7 +8,8 @@ use async_trait::async_trait;
 use deadpool_postgres::{
     Manager, ManagerConfig, Object, Pool, QueueMode, RecyclingMethod, Runtime,
 };
-use tokio_postgres::{NoTls, Row};
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+use tokio_postgres::{NoTls, Row, Socket};
 
 use crate::durable::key_range;
 use crate::key::{IdempotencyKey, Reference};
@@ -108,9 +109,21 @@ impl PostgresStoreBuilder {
         self
     }
 
-    /// The store. Connects lazily: nothing is sent to the server until the
-    /// first call. Errors: `Unavailable` for an invalid schema name.
+    /// The store, without TLS. Connects lazily: nothing is sent to the server
+    /// until the first call. Errors: `Unavailable` for an invalid schema name.
     pub fn build(self) -> Result<PostgresStore, StoreError> {
+        self.build_with_tls(NoTls)
+    }
+
+    /// The store, connecting through `tls` (e.g. `postgres-native-tls` or
+    /// `tokio-postgres-rustls`), for servers that require TLS.
+    pub fn build_with_tls<T>(self, tls: T) -> Result<PostgresStore, StoreError>
+    where
+        T: MakeTlsConnect<Socket> + Clone + Sync + Send + 'static,
+        T::Stream: Sync + Send,
+        T::TlsConnect: Sync + Send,
+        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+    {
         let schema = quote_schema(&self.schema)?;
         let mut config = self.config;
         // Fail fast instead of hanging on an unreachable server; keepalives
@@ -126,7 +139,7 @@ impl PostgresStoreBuilder {
         config.options(&options);
         let manager = Manager::from_config(
             config,
-            NoTls,
+            tls,
             ManagerConfig {
                 // A connection that died is noticed (closed) when it is
                 // recycled; one that stopped answering is dropped by `settle`.
@@ -307,6 +320,11 @@ impl PostgresStore {
 /// the source, not in `Display`).
 fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
+        Some(db) if ["42P01", "3F000"].contains(&db.code().code()) => format!(
+            "{} ({}); has PostgresStore::migrate() run for this schema?",
+            db.message(),
+            db.code().code()
+        ),
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
         None => match std::error::Error::source(e) {
             Some(cause) => format!("{e}: {cause}"),

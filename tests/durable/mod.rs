@@ -31,11 +31,29 @@ pub fn request(key: IdempotencyKey, lease: Duration, window: Duration) -> ClaimR
     }
 }
 
-/// A fresh SQLite file in a fresh temporary directory.
-pub fn temp_dir(name: &str) -> std::path::PathBuf {
+/// A fresh temporary directory, removed (with its files) when dropped.
+#[derive(Debug)]
+pub struct TempDir(std::path::PathBuf);
+
+/// A fresh temporary directory for one test.
+pub fn temp_dir(name: &str) -> TempDir {
     let dir = std::env::temp_dir().join(format!("idem-{name}-{:016x}", Attempt::random().0));
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    TempDir(dir)
+}
+
+impl std::ops::Deref for TempDir {
+    type Target = std::path::Path;
+
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// The Postgres server the tests use, from `IDEM_TEST_DATABASE_URL`. `None`
