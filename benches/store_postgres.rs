@@ -135,10 +135,10 @@ async fn insert_expired(url: &str, t: &str) -> Duration {
 
 #[derive(Clone, Copy, Debug)]
 enum Pace {
-    /// Batch after batch, as `idem_runtime::purge` runs them.
+    /// Batch after batch, with no pause (what `idem_runtime::purge` did first).
     BackToBack,
     /// After each batch, a pause as long as the batch took (at most half the
-    /// time purging).
+    /// time purging), as `idem_runtime::purge` runs them.
     Paced,
 }
 

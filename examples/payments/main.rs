@@ -185,7 +185,7 @@ async fn main() {
         store.clone(),
         MaintenanceConfig {
             interval: Duration::from_secs(10),
-            batch: 1000,
+            batch: 250,
             reconciler: Some(Arc::new(ProcessorReconciler(backends.clone()))),
         },
     );

@@ -34,18 +34,23 @@ pub trait Reconciler: Send + Sync + std::fmt::Debug {
 }
 
 /// Deletes every expired record, `batch` at a time; returns how many.
-/// Each batch is its own short statement, and the task yields between
-/// batches, so claims are never stalled behind a long delete.
+///
+/// Each batch is its own short statement, and after each one the task rests
+/// as long as the batch took, so the purge never holds more than half of the
+/// store's attention: claims running meanwhile keep their latency (on
+/// PostgreSQL, a million expired rows purged in batches of 250 moved the
+/// claims' p99 by about 1.25×; back to back, by 2–4×; see BENCHMARKS.md).
 pub async fn purge(store: &dyn IdempotencyStore, batch: usize) -> Result<usize, StoreError> {
     let batch = batch.max(1);
     let mut total = 0;
     loop {
+        let started = std::time::Instant::now();
         let n = store.purge_expired(batch).await?;
         total += n;
         if n < batch {
             return Ok(total);
         }
-        tokio::task::yield_now().await;
+        tokio::time::sleep(started.elapsed()).await;
     }
 }
 
@@ -119,7 +124,8 @@ pub async fn reconcile(
 pub struct MaintenanceConfig {
     /// Time between rounds.
     pub interval: Duration,
-    /// Purge batch size, and the most records swept or reconciled per round.
+    /// Purge batch size, and the most records swept or reconciled per round
+    /// (default 250: small batches keep claims fast while a purge runs).
     pub batch: usize,
     /// Resolves UNKNOWN records, if given.
     pub reconciler: Option<Arc<dyn Reconciler>>,
@@ -129,7 +135,7 @@ impl Default for MaintenanceConfig {
     fn default() -> Self {
         MaintenanceConfig {
             interval: Duration::from_secs(30),
-            batch: 1000,
+            batch: 250,
             reconciler: None,
         }
     }
