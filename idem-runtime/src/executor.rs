@@ -265,14 +265,14 @@ impl Executor {
     {
         let reference = claim.key.reference();
         let mut guard = UnknownOnDrop {
-            store: Some(self.store.clone()),
+            store: Some(&self.store),
             key: claim.key,
             attempt: claim.attempt,
         };
         let outcome = self
             .with_heartbeat(claim, CatchUnwind(Box::pin(handler)))
             .await;
-        let store = guard.disarm();
+        let store: &dyn IdempotencyStore = &**guard.disarm();
         let (key, attempt) = (&claim.key, claim.attempt);
         match outcome {
             Ok(Ok(value)) => {
@@ -289,7 +289,7 @@ impl Executor {
                     },
                     Err(error) => {
                         mark(
-                            &*store,
+                            store,
                             key,
                             attempt,
                             &format!("the response could not be stored: {error}"),
@@ -313,7 +313,7 @@ impl Executor {
                         }
                     }
                     Disposition::Unknown => {
-                        mark(&*store, key, attempt, &error.to_string()).await;
+                        mark(store, key, attempt, &error.to_string()).await;
                     }
                 }
                 Answer::Failed {
@@ -326,7 +326,7 @@ impl Executor {
             Err(panic) => {
                 let note = format!("the handler panicked: {}", panic_message(&panic));
                 tracing::error!(%reference, %note);
-                mark(&*store, key, attempt, &note).await;
+                mark(store, key, attempt, &note).await;
                 Answer::Unknown {
                     reference,
                     status_tool: status_tool.to_owned(),
@@ -457,21 +457,23 @@ async fn mark(store: &dyn IdempotencyStore, key: &IdempotencyKey, attempt: Attem
 
 /// Marks the record UNKNOWN if the call's future is dropped mid-handler (the
 /// client went away, a timeout cancelled it): the side effect may be half done.
-struct UnknownOnDrop {
-    store: Option<Arc<dyn IdempotencyStore>>,
+/// It borrows the store and clones the `Arc` only when it fires: a clone per
+/// call would bounce the reference count between cores on the hot path.
+struct UnknownOnDrop<'a> {
+    store: Option<&'a Arc<dyn IdempotencyStore>>,
     key: IdempotencyKey,
     attempt: Attempt,
 }
 
-impl UnknownOnDrop {
-    fn disarm(&mut self) -> Arc<dyn IdempotencyStore> {
+impl<'a> UnknownOnDrop<'a> {
+    fn disarm(&mut self) -> &'a Arc<dyn IdempotencyStore> {
         self.store.take().expect("disarmed once")
     }
 }
 
-impl Drop for UnknownOnDrop {
+impl Drop for UnknownOnDrop<'_> {
     fn drop(&mut self) {
-        let Some(store) = self.store.take() else {
+        let Some(store) = self.store.take().cloned() else {
             return;
         };
         let (key, attempt) = (self.key, self.attempt);

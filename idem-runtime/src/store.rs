@@ -14,21 +14,42 @@ use crate::key::{IdempotencyKey, Reference};
 pub struct Attempt(pub u64);
 
 impl Attempt {
-    /// A new random token.
+    /// A new random token: a per-thread SplitMix64 sequence seeded from the
+    /// OS once, so drawing one costs no system call. Within a thread the
+    /// sequence never repeats a value (SplitMix64 is a bijection of its
+    /// counter); across threads the seeds are independent random 64-bit
+    /// values.
     pub fn random() -> Self {
-        let mut b = [0u8; 8];
-        // getrandom only fails where the OS has no entropy source; a clock-
-        // and address-mixed fallback still differs between claims.
-        if getrandom::fill(&mut b).is_err() {
-            let t = SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_nanos() as u64;
-            b = (t ^ (&b as *const _ as u64).rotate_left(32)).to_le_bytes();
+        thread_local! {
+            static STATE: std::cell::Cell<u64> = std::cell::Cell::new(seed());
         }
+        let x = STATE.with(|s| {
+            let next = s.get().wrapping_add(0x9E37_79B9_7F4A_7C15);
+            s.set(next);
+            next
+        });
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
         // Zero is kept free so that stores may use it as "no attempt".
-        Attempt(u64::from_le_bytes(b).max(1))
+        Attempt(z.max(1))
     }
+}
+
+fn seed() -> u64 {
+    let mut b = [0u8; 8];
+    // getrandom only fails where the OS has no entropy source; a clock-,
+    // thread- and address-mixed fallback still differs between threads.
+    if getrandom::fill(&mut b).is_err() {
+        let t = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos() as u64;
+        let here = &b as *const _ as u64;
+        b = (t ^ here.rotate_left(32)).to_le_bytes();
+    }
+    u64::from_le_bytes(b)
 }
 
 /// What a claim asks the store to create.
