@@ -626,3 +626,72 @@ async fn status_answers_from_the_record_within_the_tenant_only() {
         .unwrap()
         .is_none());
 }
+
+/// MemoryStore whose first claim lands but answers with an error, as when the
+/// connection drops after the commit.
+#[derive(Debug, Default)]
+struct ClaimAnswerLost {
+    inner: MemoryStore,
+    lost: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait]
+impl IdempotencyStore for ClaimAnswerLost {
+    async fn claim(&self, r: &ClaimRequest) -> Result<Claim, StoreError> {
+        let claimed = self.inner.claim(r).await?;
+        if !self.lost.swap(true, Ordering::SeqCst) {
+            return Err(StoreError::Unavailable(
+                "connection reset after commit".into(),
+            ));
+        }
+        Ok(claimed)
+    }
+    async fn complete(&self, k: &IdempotencyKey, a: Attempt, r: &str) -> Result<(), StoreError> {
+        self.inner.complete(k, a, r).await
+    }
+    async fn release(&self, k: &IdempotencyKey, a: Attempt) -> Result<(), StoreError> {
+        self.inner.release(k, a).await
+    }
+    async fn mark_unknown(
+        &self,
+        k: &IdempotencyKey,
+        a: Attempt,
+        n: &str,
+    ) -> Result<(), StoreError> {
+        self.inner.mark_unknown(k, a, n).await
+    }
+    async fn heartbeat(
+        &self,
+        k: &IdempotencyKey,
+        a: Attempt,
+        l: Duration,
+    ) -> Result<(), StoreError> {
+        self.inner.heartbeat(k, a, l).await
+    }
+    async fn lookup(&self, t: &str, r: &Reference) -> Result<Option<Record>, StoreError> {
+        self.inner.lookup(t, r).await
+    }
+    async fn purge_expired(&self, b: usize) -> Result<usize, StoreError> {
+        self.inner.purge_expired(b).await
+    }
+    async fn list_lapsed(&self, l: usize) -> Result<Vec<Record>, StoreError> {
+        self.inner.list_lapsed(l).await
+    }
+    async fn list_unknown(&self, l: usize) -> Result<Vec<Record>, StoreError> {
+        self.inner.list_unknown(l).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_answer_was_lost_does_not_block_the_retry() {
+    let exec = Executor::new(Arc::new(ClaimAnswerLost::default()));
+    let processor = Processor::sleeping(Duration::ZERO);
+    let first = charge(&exec, &alice(), &visa(500), &processor).await;
+    assert_eq!(first.kind(), "store_unavailable");
+    assert_eq!(processor.count(), 0);
+    // The background release of the orphaned claim.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let retry = charge(&exec, &alice(), &visa(500), &processor).await;
+    assert!(matches!(retry, Answer::Executed { .. }), "{retry:?}");
+    assert_eq!(processor.count(), 1);
+}

@@ -237,6 +237,16 @@ impl Executor {
         match self.store.claim(&request).await {
             Err(error) => {
                 tracing::warn!(%reference, tool = op.tool, %error, "claim failed; not running");
+                // The claim may have landed even though its answer was lost (a
+                // timeout after the commit). Undo it if so, best effort and
+                // fenced by this attempt, so the retry the answer invites is
+                // not met by our own orphaned claim.
+                let (store, key, attempt) = (self.store.clone(), request.key, request.attempt);
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    rt.spawn(async move {
+                        let _ = store.release(&key, attempt).await;
+                    });
+                }
                 Answer::StoreUnavailable { error }
             }
             Ok(Claim::Existing { record, now }) => existing(record, now, &key, op.status_tool),
