@@ -202,54 +202,111 @@ async fn other_arguments_or_other_callers_are_other_operations() {
     assert_eq!(processor.count(), 4);
 }
 
-/// A store whose every call fails, as when the database is unreachable.
-#[derive(Debug)]
-struct Unreachable;
+/// MemoryStore with one fault switched on: every call failing (the database
+/// is unreachable), the completion write failing (it went away after the side
+/// effect), or the first claim landing but answering with an error (the
+/// connection dropped after the commit).
+#[derive(Debug, Default)]
+struct Faulty {
+    inner: MemoryStore,
+    unreachable: bool,
+    completion_fails: bool,
+    claim_answer_lost: bool,
+    claims: AtomicUsize,
+}
+
+impl Faulty {
+    fn unreachable() -> Self {
+        Faulty {
+            unreachable: true,
+            ..Faulty::default()
+        }
+    }
+
+    fn completion_fails() -> Self {
+        Faulty {
+            completion_fails: true,
+            ..Faulty::default()
+        }
+    }
+
+    fn claim_answer_lost() -> Self {
+        Faulty {
+            claim_answer_lost: true,
+            ..Faulty::default()
+        }
+    }
+
+    fn reach(&self) -> Result<(), StoreError> {
+        if self.unreachable {
+            return Err(StoreError::Unavailable("connection refused".into()));
+        }
+        Ok(())
+    }
+}
 
 #[async_trait]
-impl IdempotencyStore for Unreachable {
-    async fn claim(&self, _: &ClaimRequest) -> Result<Claim, StoreError> {
-        Err(StoreError::Unavailable("connection refused".into()))
+impl IdempotencyStore for Faulty {
+    async fn claim(&self, r: &ClaimRequest) -> Result<Claim, StoreError> {
+        self.reach()?;
+        let claimed = self.inner.claim(r).await?;
+        if self.claim_answer_lost && self.claims.fetch_add(1, Ordering::SeqCst) == 0 {
+            return Err(StoreError::Unavailable(
+                "connection reset after commit".into(),
+            ));
+        }
+        Ok(claimed)
     }
-    async fn complete(&self, _: &IdempotencyKey, _: Attempt, _: &str) -> Result<(), StoreError> {
-        Err(StoreError::Unavailable("connection refused".into()))
+    async fn complete(&self, k: &IdempotencyKey, a: Attempt, r: &str) -> Result<(), StoreError> {
+        self.reach()?;
+        if self.completion_fails {
+            return Err(StoreError::Unavailable("connection reset".into()));
+        }
+        self.inner.complete(k, a, r).await
     }
-    async fn release(&self, _: &IdempotencyKey, _: Attempt) -> Result<(), StoreError> {
-        Err(StoreError::Unavailable("connection refused".into()))
+    async fn release(&self, k: &IdempotencyKey, a: Attempt) -> Result<(), StoreError> {
+        self.reach()?;
+        self.inner.release(k, a).await
     }
     async fn mark_unknown(
         &self,
-        _: &IdempotencyKey,
-        _: Attempt,
-        _: &str,
+        k: &IdempotencyKey,
+        a: Attempt,
+        n: &str,
     ) -> Result<(), StoreError> {
-        Err(StoreError::Unavailable("connection refused".into()))
+        self.reach()?;
+        self.inner.mark_unknown(k, a, n).await
     }
     async fn heartbeat(
         &self,
-        _: &IdempotencyKey,
-        _: Attempt,
-        _: Duration,
+        k: &IdempotencyKey,
+        a: Attempt,
+        l: Duration,
     ) -> Result<(), StoreError> {
-        Err(StoreError::Unavailable("connection refused".into()))
+        self.reach()?;
+        self.inner.heartbeat(k, a, l).await
     }
-    async fn lookup(&self, _: &str, _: &Reference) -> Result<Option<Record>, StoreError> {
-        Err(StoreError::Unavailable("connection refused".into()))
+    async fn lookup(&self, t: &str, r: &Reference) -> Result<Option<Record>, StoreError> {
+        self.reach()?;
+        self.inner.lookup(t, r).await
     }
-    async fn purge_expired(&self, _: usize) -> Result<usize, StoreError> {
-        Err(StoreError::Unavailable("connection refused".into()))
+    async fn purge_expired(&self, b: usize) -> Result<usize, StoreError> {
+        self.reach()?;
+        self.inner.purge_expired(b).await
     }
-    async fn list_lapsed(&self, _: usize) -> Result<Vec<Record>, StoreError> {
-        Err(StoreError::Unavailable("connection refused".into()))
+    async fn list_lapsed(&self, l: usize) -> Result<Vec<Record>, StoreError> {
+        self.reach()?;
+        self.inner.list_lapsed(l).await
     }
-    async fn list_unknown(&self, _: usize) -> Result<Vec<Record>, StoreError> {
-        Err(StoreError::Unavailable("connection refused".into()))
+    async fn list_unknown(&self, l: usize) -> Result<Vec<Record>, StoreError> {
+        self.reach()?;
+        self.inner.list_unknown(l).await
     }
 }
 
 #[tokio::test]
 async fn an_unreachable_store_fails_closed() {
-    let exec = Executor::new(Arc::new(Unreachable));
+    let exec = Executor::new(Arc::new(Faulty::unreachable()));
     let processor = Processor::sleeping(Duration::ZERO);
     let answer = charge(&exec, &alice(), &visa(500), &processor).await;
     assert_eq!(processor.count(), 0, "the processor was never called");
@@ -261,55 +318,9 @@ async fn an_unreachable_store_fails_closed() {
     assert!(message.starts_with("Nothing was executed"), "{message}");
 }
 
-/// MemoryStore, except that `complete` fails: the database went away after
-/// the side effect.
-#[derive(Debug, Default)]
-struct CompletionFails(MemoryStore);
-
-#[async_trait]
-impl IdempotencyStore for CompletionFails {
-    async fn claim(&self, r: &ClaimRequest) -> Result<Claim, StoreError> {
-        self.0.claim(r).await
-    }
-    async fn complete(&self, _: &IdempotencyKey, _: Attempt, _: &str) -> Result<(), StoreError> {
-        Err(StoreError::Unavailable("connection reset".into()))
-    }
-    async fn release(&self, k: &IdempotencyKey, a: Attempt) -> Result<(), StoreError> {
-        self.0.release(k, a).await
-    }
-    async fn mark_unknown(
-        &self,
-        k: &IdempotencyKey,
-        a: Attempt,
-        n: &str,
-    ) -> Result<(), StoreError> {
-        self.0.mark_unknown(k, a, n).await
-    }
-    async fn heartbeat(
-        &self,
-        k: &IdempotencyKey,
-        a: Attempt,
-        l: Duration,
-    ) -> Result<(), StoreError> {
-        self.0.heartbeat(k, a, l).await
-    }
-    async fn lookup(&self, t: &str, r: &Reference) -> Result<Option<Record>, StoreError> {
-        self.0.lookup(t, r).await
-    }
-    async fn purge_expired(&self, b: usize) -> Result<usize, StoreError> {
-        self.0.purge_expired(b).await
-    }
-    async fn list_lapsed(&self, l: usize) -> Result<Vec<Record>, StoreError> {
-        self.0.list_lapsed(l).await
-    }
-    async fn list_unknown(&self, l: usize) -> Result<Vec<Record>, StoreError> {
-        self.0.list_unknown(l).await
-    }
-}
-
 #[tokio::test]
 async fn a_failed_completion_write_still_returns_the_real_result() {
-    let store = Arc::new(CompletionFails::default());
+    let store = Arc::new(Faulty::completion_fails());
     let exec = Executor::new(store.clone());
     let processor = Processor::sleeping(Duration::ZERO);
     let first = charge(&exec, &alice(), &visa(500), &processor).await;
@@ -627,64 +638,9 @@ async fn status_answers_from_the_record_within_the_tenant_only() {
         .is_none());
 }
 
-/// MemoryStore whose first claim lands but answers with an error, as when the
-/// connection drops after the commit.
-#[derive(Debug, Default)]
-struct ClaimAnswerLost {
-    inner: MemoryStore,
-    lost: std::sync::atomic::AtomicBool,
-}
-
-#[async_trait]
-impl IdempotencyStore for ClaimAnswerLost {
-    async fn claim(&self, r: &ClaimRequest) -> Result<Claim, StoreError> {
-        let claimed = self.inner.claim(r).await?;
-        if !self.lost.swap(true, Ordering::SeqCst) {
-            return Err(StoreError::Unavailable(
-                "connection reset after commit".into(),
-            ));
-        }
-        Ok(claimed)
-    }
-    async fn complete(&self, k: &IdempotencyKey, a: Attempt, r: &str) -> Result<(), StoreError> {
-        self.inner.complete(k, a, r).await
-    }
-    async fn release(&self, k: &IdempotencyKey, a: Attempt) -> Result<(), StoreError> {
-        self.inner.release(k, a).await
-    }
-    async fn mark_unknown(
-        &self,
-        k: &IdempotencyKey,
-        a: Attempt,
-        n: &str,
-    ) -> Result<(), StoreError> {
-        self.inner.mark_unknown(k, a, n).await
-    }
-    async fn heartbeat(
-        &self,
-        k: &IdempotencyKey,
-        a: Attempt,
-        l: Duration,
-    ) -> Result<(), StoreError> {
-        self.inner.heartbeat(k, a, l).await
-    }
-    async fn lookup(&self, t: &str, r: &Reference) -> Result<Option<Record>, StoreError> {
-        self.inner.lookup(t, r).await
-    }
-    async fn purge_expired(&self, b: usize) -> Result<usize, StoreError> {
-        self.inner.purge_expired(b).await
-    }
-    async fn list_lapsed(&self, l: usize) -> Result<Vec<Record>, StoreError> {
-        self.inner.list_lapsed(l).await
-    }
-    async fn list_unknown(&self, l: usize) -> Result<Vec<Record>, StoreError> {
-        self.inner.list_unknown(l).await
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_whose_answer_was_lost_does_not_block_the_retry() {
-    let exec = Executor::new(Arc::new(ClaimAnswerLost::default()));
+    let exec = Executor::new(Arc::new(Faulty::claim_answer_lost()));
     let processor = Processor::sleeping(Duration::ZERO);
     let first = charge(&exec, &alice(), &visa(500), &processor).await;
     assert_eq!(first.kind(), "store_unavailable");
