@@ -206,17 +206,41 @@ impl Executor {
                 }
             }
         };
+        let op = Operation {
+            caller: op.caller,
+            tool: op.tool,
+            args: &args,
+            scope: op.scope,
+            status_tool: op.status_tool,
+        };
+        self.run_json(op, handler).await
+    }
+
+    /// [`Executor::run`] for arguments already written as JSON (the rmcp
+    /// glue has them so), without serializing them a second time.
+    pub(crate) async fn run_json<T, E, F, Fut>(
+        &self,
+        op: Operation<'_, serde_json::Value>,
+        handler: F,
+    ) -> Answer<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: Classify + std::fmt::Display,
+        F: FnOnce(OperationContext) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let args = op.args;
         let (scope, window, retention) = match op.scope {
             ScopeSpec::Window(window) => (Scope::Window(window), window, self.retention),
             ScopeSpec::BusinessKey { fields, retention } => {
                 let retention = retention.unwrap_or(self.retention);
-                match business_key(&args, fields) {
+                match business_key(args, fields) {
                     Ok(value) => (Scope::BusinessKey(value), retention, retention),
                     Err(reason) => return Answer::Refused { reason },
                 }
             }
         };
-        let key = match IdempotencyKey::derive(op.caller, op.tool, &args, &scope) {
+        let key = match IdempotencyKey::derive(op.caller, op.tool, args, &scope) {
             Ok(key) => key,
             Err(e) => {
                 return Answer::Refused {

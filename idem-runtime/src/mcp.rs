@@ -552,7 +552,7 @@ pub mod __private {
         };
         let answer = server
             .executor()
-            .run(operation, move |context| {
+            .run_json(operation, move |context| {
                 CURRENT_REFERENCE.scope(context.reference(), handler(params))
             })
             .await;
