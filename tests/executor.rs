@@ -5,10 +5,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
+use idem_runtime::conformance::{Call, Fault, FaultyStore};
 use idem_runtime::{
-    Answer, Attempt, Caller, Claim, ClaimRequest, Executor, IdempotencyKey, IdempotencyStore,
-    MemoryStore, Operation, OperationContext, Record, Reference, ScopeSpec, StoreError, ToolError,
+    Answer, Caller, Executor, MemoryStore, Operation, OperationContext, ScopeSpec, ToolError,
 };
 use serde::{Deserialize, Serialize};
 
@@ -202,111 +201,29 @@ async fn other_arguments_or_other_callers_are_other_operations() {
     assert_eq!(processor.count(), 4);
 }
 
-/// MemoryStore with one fault switched on: every call failing (the database
-/// is unreachable), the completion write failing (it went away after the side
+/// MemoryStore with one fault on the calls of one kind (or on the first
+/// only): the completion write failing (the store went away after the side
 /// effect), or the first claim landing but answering with an error (the
 /// connection dropped after the commit).
-#[derive(Debug, Default)]
-struct Faulty {
-    inner: MemoryStore,
-    unreachable: bool,
-    completion_fails: bool,
-    claim_answer_lost: bool,
-    claims: AtomicUsize,
+fn faulty(fault: Call, how: Fault, first_only: bool) -> FaultyStore<MemoryStore> {
+    let seen = AtomicUsize::new(0);
+    FaultyStore::new(MemoryStore::new(), move |call| {
+        if call == fault && (!first_only || seen.fetch_add(1, Ordering::SeqCst) == 0) {
+            how
+        } else {
+            Fault::None
+        }
+    })
 }
 
-impl Faulty {
-    fn unreachable() -> Self {
-        Faulty {
-            unreachable: true,
-            ..Faulty::default()
-        }
-    }
-
-    fn completion_fails() -> Self {
-        Faulty {
-            completion_fails: true,
-            ..Faulty::default()
-        }
-    }
-
-    fn claim_answer_lost() -> Self {
-        Faulty {
-            claim_answer_lost: true,
-            ..Faulty::default()
-        }
-    }
-
-    fn reach(&self) -> Result<(), StoreError> {
-        if self.unreachable {
-            return Err(StoreError::Unavailable("connection refused".into()));
-        }
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl IdempotencyStore for Faulty {
-    async fn claim(&self, r: &ClaimRequest) -> Result<Claim, StoreError> {
-        self.reach()?;
-        let claimed = self.inner.claim(r).await?;
-        if self.claim_answer_lost && self.claims.fetch_add(1, Ordering::SeqCst) == 0 {
-            return Err(StoreError::Unavailable(
-                "connection reset after commit".into(),
-            ));
-        }
-        Ok(claimed)
-    }
-    async fn complete(&self, k: &IdempotencyKey, a: Attempt, r: &str) -> Result<(), StoreError> {
-        self.reach()?;
-        if self.completion_fails {
-            return Err(StoreError::Unavailable("connection reset".into()));
-        }
-        self.inner.complete(k, a, r).await
-    }
-    async fn release(&self, k: &IdempotencyKey, a: Attempt) -> Result<(), StoreError> {
-        self.reach()?;
-        self.inner.release(k, a).await
-    }
-    async fn mark_unknown(
-        &self,
-        k: &IdempotencyKey,
-        a: Attempt,
-        n: &str,
-    ) -> Result<(), StoreError> {
-        self.reach()?;
-        self.inner.mark_unknown(k, a, n).await
-    }
-    async fn heartbeat(
-        &self,
-        k: &IdempotencyKey,
-        a: Attempt,
-        l: Duration,
-    ) -> Result<(), StoreError> {
-        self.reach()?;
-        self.inner.heartbeat(k, a, l).await
-    }
-    async fn lookup(&self, t: &str, r: &Reference) -> Result<Option<Record>, StoreError> {
-        self.reach()?;
-        self.inner.lookup(t, r).await
-    }
-    async fn purge_expired(&self, b: usize) -> Result<usize, StoreError> {
-        self.reach()?;
-        self.inner.purge_expired(b).await
-    }
-    async fn list_lapsed(&self, l: usize) -> Result<Vec<Record>, StoreError> {
-        self.reach()?;
-        self.inner.list_lapsed(l).await
-    }
-    async fn list_unknown(&self, l: usize) -> Result<Vec<Record>, StoreError> {
-        self.reach()?;
-        self.inner.list_unknown(l).await
-    }
+/// Every call fails: the database is unreachable.
+fn unreachable() -> FaultyStore<MemoryStore> {
+    FaultyStore::new(MemoryStore::new(), |_| Fault::Unreachable)
 }
 
 #[tokio::test]
 async fn an_unreachable_store_fails_closed() {
-    let exec = Executor::new(Arc::new(Faulty::unreachable()));
+    let exec = Executor::new(Arc::new(unreachable()));
     let processor = Processor::sleeping(Duration::ZERO);
     let answer = charge(&exec, &alice(), &visa(500), &processor).await;
     assert_eq!(processor.count(), 0, "the processor was never called");
@@ -320,7 +237,7 @@ async fn an_unreachable_store_fails_closed() {
 
 #[tokio::test]
 async fn a_failed_completion_write_still_returns_the_real_result() {
-    let store = Arc::new(Faulty::completion_fails());
+    let store = Arc::new(faulty(Call::Complete, Fault::Unreachable, false));
     let exec = Executor::new(store.clone());
     let processor = Processor::sleeping(Duration::ZERO);
     let first = charge(&exec, &alice(), &visa(500), &processor).await;
@@ -640,7 +557,7 @@ async fn status_answers_from_the_record_within_the_tenant_only() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_whose_answer_was_lost_does_not_block_the_retry() {
-    let exec = Executor::new(Arc::new(Faulty::claim_answer_lost()));
+    let exec = Executor::new(Arc::new(faulty(Call::Claim, Fault::AnswerLost, true)));
     let processor = Processor::sleeping(Duration::ZERO);
     let first = charge(&exec, &alice(), &visa(500), &processor).await;
     assert_eq!(first.kind(), "store_unavailable");

@@ -1,7 +1,5 @@
 //! Sweep, reconcile, purge and the maintenance task, against MemoryStore.
 
-mod conformance;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,7 +31,7 @@ impl Reconciler for Ledger {
 
 /// Claims like a process that then dies: no heartbeat, short lease.
 async fn abandoned_claim(store: &dyn IdempotencyStore) -> ClaimRequest {
-    let mut req = conformance::fresh(Duration::from_secs(900));
+    let mut req = idem_runtime::conformance::claim_request(Duration::from_secs(900));
     req.lease = Duration::from_millis(100);
     assert_eq!(store.claim(&req).await.unwrap(), Claim::Claimed);
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -125,7 +123,7 @@ async fn reconcile_releases_what_never_happened_so_it_can_run() {
 #[tokio::test]
 async fn sweep_leaves_live_and_finished_records_alone() {
     let store = MemoryStore::new();
-    let live = conformance::fresh(Duration::from_secs(900));
+    let live = idem_runtime::conformance::claim_request(Duration::from_secs(900));
     store.claim(&live).await.unwrap();
     let done = abandoned_claim(&store).await;
     store.complete(&done.key, done.attempt, "1").await.unwrap();
@@ -137,11 +135,11 @@ async fn sweep_leaves_live_and_finished_records_alone() {
 async fn purge_removes_every_expired_record() {
     let store = MemoryStore::new();
     for _ in 0..25 {
-        let req = conformance::fresh(Duration::from_millis(50));
+        let req = idem_runtime::conformance::claim_request(Duration::from_millis(50));
         store.claim(&req).await.unwrap();
         store.complete(&req.key, req.attempt, "1").await.unwrap();
     }
-    let keep = conformance::fresh(Duration::from_secs(900));
+    let keep = idem_runtime::conformance::claim_request(Duration::from_secs(900));
     store.claim(&keep).await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(purge(&store, 4).await.unwrap(), 25);

@@ -448,7 +448,7 @@ async fn a_call_without_a_caller_is_refused_and_nothing_runs() {
     )
     .await;
     assert_eq!(result.is_error, Some(true));
-    assert_eq!(operation(&result)["state"], json!("refused"));
+    assert_eq!(operation(&result)["state"], json!("no_caller"));
     assert!(text(&result).contains("no authenticated caller"));
     assert_eq!(processor.shipments.load(Ordering::SeqCst), 0);
 }

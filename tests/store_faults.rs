@@ -17,10 +17,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use durable::{temp_dir, PgSchema};
+use idem_runtime::conformance::{Call, Fault, FaultyStore};
 use idem_runtime::{
-    reconcile, sweep, Answer, Attempt, Caller, Claim, ClaimRequest, Executor, IdempotencyKey,
-    IdempotencyStore, Operation, OperationContext, PostgresStore, Reconciler, Reconciliation,
-    Record, Reference, ScopeSpec, SqliteStore, StoreError, ToolError,
+    reconcile, sweep, Answer, Caller, Executor, IdempotencyStore, Operation, OperationContext,
+    PostgresStore, Reconciler, Reconciliation, Record, ScopeSpec, SqliteStore, ToolError,
 };
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -465,65 +465,19 @@ async fn postgres_cut_off_fails_closed_and_recovers() {
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
-/// A store whose completion writes fail, as if the server went away right
-/// after the side effect.
-#[derive(Debug)]
-struct CompletionFails(Arc<dyn IdempotencyStore>);
-
-#[async_trait]
-impl IdempotencyStore for CompletionFails {
-    async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
-        self.0.claim(req).await
-    }
-    async fn complete(&self, _: &IdempotencyKey, _: Attempt, _: &str) -> Result<(), StoreError> {
-        Err(StoreError::Unavailable(
-            "injected: the completion write failed".into(),
-        ))
-    }
-    async fn release(&self, key: &IdempotencyKey, attempt: Attempt) -> Result<(), StoreError> {
-        self.0.release(key, attempt).await
-    }
-    async fn mark_unknown(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        note: &str,
-    ) -> Result<(), StoreError> {
-        self.0.mark_unknown(key, attempt, note).await
-    }
-    async fn heartbeat(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        lease: Duration,
-    ) -> Result<(), StoreError> {
-        self.0.heartbeat(key, attempt, lease).await
-    }
-    async fn lookup(
-        &self,
-        tenant: &str,
-        reference: &Reference,
-    ) -> Result<Option<Record>, StoreError> {
-        self.0.lookup(tenant, reference).await
-    }
-    async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
-        self.0.purge_expired(batch).await
-    }
-    async fn list_lapsed(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
-        self.0.list_lapsed(limit).await
-    }
-    async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
-        self.0.list_unknown(limit).await
-    }
-}
-
 /// The completion write fails after the side effect: the caller still gets
 /// the real receipt; the record stays IN_PROGRESS until the lease runs out,
 /// then sweep and the reconciler resolve it, and repeats replay the receipt.
 async fn completion_write_fails(store: Arc<dyn IdempotencyStore>, dir: &Path) {
     let log = dir.join("invocations");
     let lease = Duration::from_millis(400);
-    let failing = Executor::new(Arc::new(CompletionFails(store.clone()))).with_lease(lease);
+    // Completion writes fail, as if the server went away right after the
+    // side effect.
+    let completion_fails = FaultyStore::new(store.clone(), |call| match call {
+        Call::Complete => Fault::Unreachable,
+        _ => Fault::None,
+    });
+    let failing = Executor::new(Arc::new(completion_fails)).with_lease(lease);
     let processor_log = log.clone();
     let caller = Caller::new("acme", "alice");
     let args = Charge {

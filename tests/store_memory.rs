@@ -1,12 +1,10 @@
 //! The conformance suite against `MemoryStore`.
 
-mod conformance;
-
 use std::sync::Arc;
 
-use idem_runtime::MemoryStore;
+use idem_runtime::{conformance, MemoryStore};
 
-conformance_tests!(Some(Arc::new(MemoryStore::new())));
+idem_runtime::conformance_tests!(Some(Arc::new(MemoryStore::new())));
 
 #[tokio::test]
 async fn all_cases_share_one_store() {

@@ -1,14 +1,13 @@
 //! PostgresStore: the conformance suite, migrations, and what only a shared
 //! server store has. Needs `IDEM_TEST_DATABASE_URL` (see `durable::database_url`).
 
-mod conformance;
 mod durable;
 
 use durable::PgSchema;
-use idem_runtime::IdempotencyStore;
+use idem_runtime::{conformance, IdempotencyStore};
 
 // Each case in a fresh schema of its own, dropped at the end.
-conformance_tests!(PgSchema::new().await);
+idem_runtime::conformance_tests!(PgSchema::new().await);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_cases_share_one_store() {
@@ -16,14 +15,6 @@ async fn all_cases_share_one_store() {
         return;
     };
     conformance::run_all(&pg.store).await;
-}
-
-#[tokio::test]
-async fn expiry_sweep_and_purge() {
-    let Some(pg) = PgSchema::new().await else {
-        return;
-    };
-    durable::expiry_sweep_and_purge(&pg.store).await;
 }
 
 /// Migrating twice, and from several stores at once, is harmless.
@@ -49,7 +40,7 @@ async fn migrate_is_idempotent_and_safe_concurrently() {
         r.unwrap();
     }
     pg.store.migrate().await.unwrap();
-    let client = pg.store.pool().get().await.unwrap();
+    let client = durable::connect(&pg.url).await;
     let versions = client
         .query(
             &format!("SELECT version FROM {}.idem_migrations", pg.store.schema()),
@@ -106,13 +97,12 @@ async fn times_come_from_the_server() {
     let Some(pg) = PgSchema::new().await else {
         return;
     };
+    let client = durable::connect(&pg.url).await;
     let server_now = async || -> std::time::SystemTime {
-        let client = pg.store.pool().get().await.unwrap();
         client.query_one("SELECT now()", &[]).await.unwrap().get(0)
     };
     let before = server_now().await;
     let req = durable::request(
-        durable::fresh_key(),
         std::time::Duration::from_secs(30),
         std::time::Duration::from_secs(60),
     );
@@ -120,7 +110,7 @@ async fn times_come_from_the_server() {
     let after = server_now().await;
     let record = pg
         .store
-        .lookup("acme", &req.key.reference())
+        .lookup(&req.tenant, &req.key.reference())
         .await
         .unwrap()
         .unwrap();
@@ -161,11 +151,11 @@ async fn purge_skips_locked_rows() {
         return;
     };
     let short = std::time::Duration::from_millis(50);
-    let (held, free) = (durable::fresh_key(), durable::fresh_key());
-    for key in [held, free] {
-        let req = durable::request(key, short, short);
-        pg.store.claim(&req).await.unwrap();
-        pg.store.complete(&key, req.attempt, "1").await.unwrap();
+    let held = durable::request(short, short);
+    let free = durable::request(short, short);
+    for req in [&held, &free] {
+        pg.store.claim(req).await.unwrap();
+        pg.store.complete(&req.key, req.attempt, "1").await.unwrap();
     }
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
 
@@ -179,7 +169,7 @@ async fn purge_skips_locked_rows() {
             "SELECT 1 FROM {}.idem_records WHERE key = $1 FOR UPDATE",
             pg.store.schema()
         ),
-        &[&&held.as_bytes()[..]],
+        &[&&held.key.as_bytes()[..]],
     )
     .await
     .unwrap();
@@ -194,13 +184,13 @@ async fn purge_skips_locked_rows() {
     assert_eq!(purged, 1);
     assert!(pg
         .store
-        .lookup("acme", &free.reference())
+        .lookup(&free.tenant, &free.key.reference())
         .await
         .unwrap()
         .is_none());
     assert!(pg
         .store
-        .lookup("acme", &held.reference())
+        .lookup(&held.tenant, &held.key.reference())
         .await
         .unwrap()
         .is_some());

@@ -1,11 +1,11 @@
 //! SqliteStore: the conformance suite, and what only a durable file store has.
 
-mod conformance;
 mod durable;
 
 use std::time::Duration;
 
-use durable::{fresh_key, request, temp_dir};
+use durable::{request, temp_dir};
+use idem_runtime::conformance::{self, again};
 use idem_runtime::{Claim, IdempotencyStore, RecordState, SqliteStore};
 
 /// A store on a file in a directory of its own, removed after the test.
@@ -28,16 +28,11 @@ async fn store() -> TempSqlite {
     TempSqlite { store, _dir: dir }
 }
 
-conformance_tests!(Some(store().await));
+idem_runtime::conformance_tests!(Some(store().await));
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_cases_share_one_store() {
     conformance::run_all(&*store().await).await;
-}
-
-#[tokio::test]
-async fn expiry_sweep_and_purge() {
-    durable::expiry_sweep_and_purge(&*store().await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -50,22 +45,15 @@ async fn in_memory_passes_too() {
 async fn records_survive_reopening() {
     let dir = temp_dir("reopen");
     let path = dir.join("idem.sqlite3");
-    let key = fresh_key();
-    let req = request(key, Duration::from_secs(30), Duration::from_secs(60));
+    let req = request(Duration::from_secs(30), Duration::from_secs(60));
+    let key = req.key;
     {
         let store = SqliteStore::open(&path).await.unwrap();
         assert_eq!(store.claim(&req).await.unwrap(), Claim::Claimed);
         store.complete(&key, req.attempt, "\"paid\"").await.unwrap();
     }
     let store = SqliteStore::open(&path).await.unwrap();
-    match store
-        .claim(&request(
-            key,
-            Duration::from_secs(30),
-            Duration::from_secs(60),
-        ))
-        .await
-    {
+    match store.claim(&again(&req)).await {
         Ok(Claim::Existing { record, .. }) => assert_eq!(
             record.state,
             RecordState::Completed {
@@ -87,11 +75,8 @@ async fn two_stores_on_one_file_yield_one_winner() {
         SqliteStore::open(&path).await.unwrap(),
     );
     for _ in 0..20 {
-        let key = fresh_key();
-        let (ra, rb) = (
-            request(key, Duration::from_secs(30), Duration::from_secs(60)),
-            request(key, Duration::from_secs(30), Duration::from_secs(60)),
-        );
+        let ra = request(Duration::from_secs(30), Duration::from_secs(60));
+        let rb = again(&ra);
         let (x, y) = tokio::join!(a.claim(&ra), b.claim(&rb));
         let won = [x.unwrap(), y.unwrap()]
             .iter()

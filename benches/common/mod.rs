@@ -3,24 +3,13 @@
 
 use std::time::Duration;
 
-use idem_runtime::{Attempt, ClaimRequest, IdempotencyKey};
+use idem_runtime::ClaimRequest;
 
 /// A claim of a fresh random key, as the executor would make it.
 pub fn request() -> ClaimRequest {
-    let mut key = [0u8; 32];
-    for chunk in key.chunks_mut(8) {
-        chunk.copy_from_slice(&Attempt::random().0.to_le_bytes());
-    }
-    let mut fingerprint = key;
-    fingerprint.reverse();
     ClaimRequest {
-        key: IdempotencyKey::from_parts(key, fingerprint),
-        tenant: "acme".into(),
-        tool: "charge_card".into(),
-        attempt: Attempt::random(),
-        lease: Duration::from_secs(30),
-        window: Duration::from_secs(900),
         retention: Duration::from_secs(48 * 3600),
+        ..idem_runtime::conformance::claim_request(Duration::from_secs(900))
     }
 }
 

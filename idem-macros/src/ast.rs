@@ -1,12 +1,92 @@
-//! The tool method as the macros see it: rmcp's `#[tool(...)]` attribute, its
-//! annotations, the `Parameters<T>` argument and the return type.
+//! The model of a wrapped tool: the method under `#[idempotent]`, read into
+//! rmcp's `#[tool(...)]` attribute and its annotations, the `Parameters<T>`
+//! argument and the return type. Built here, checked in `valid.rs`, expanded
+//! in `expand.rs`; the router reads tools with the same pieces.
 
-use proc_macro2::TokenStream;
+use proc_macro2::{Span, TokenStream};
 use quote::ToTokens;
 use syn::punctuated::Punctuated;
 use syn::{
-    Attribute, Expr, FnArg, GenericArgument, Lit, LitStr, Meta, PatType, PathArguments, Token, Type,
+    parse_quote, Attribute, Expr, FnArg, GenericArgument, ImplItemFn, Lit, LitStr, Meta, PatType,
+    Path, PathArguments, Token, Type,
 };
+
+use crate::attr::{Args, Scope};
+
+/// Why `#[idempotent]` below `#[tool]` cannot work, said once for both macros.
+pub(crate) const BELOW_TOOL: &str =
+    "`#[idempotent]` must sit above `#[tool(...)]`: attributes expand from the top, \
+     so below `#[tool]` it runs after rmcp has already built the tool's metadata without the hint. \
+     Move `#[idempotent(...)]` to the line above `#[tool(...)]`";
+
+/// A tool method under `#[idempotent(...)]`: what the expansion needs from
+/// it, every part found.
+pub(crate) struct Tool {
+    /// What makes two calls one operation.
+    pub(crate) scope: Scope,
+    /// The tool named in in-flight and outcome-unknown answers.
+    pub(crate) status_tool: String,
+    /// The path idem-runtime is reachable at.
+    pub(crate) krate: Path,
+    /// The method as written.
+    pub(crate) method: ImplItemFn,
+    /// The position of `#[tool(...)]` among the method's attributes.
+    pub(crate) tool_index: usize,
+    pub(crate) tool_args: ToolArgs,
+    pub(crate) params: ParamsArg,
+    pub(crate) returns: Returns,
+}
+
+impl Tool {
+    /// Reads the method `#[idempotent(args)]` is on. Fails when a part the
+    /// expansion needs is missing: `#[tool(...)]` (reported alone), or the
+    /// `Parameters<T>` argument and a readable `#[tool(...)]` (reported
+    /// together).
+    pub(crate) fn from_syn(args: Args, method: ImplItemFn) -> syn::Result<Self> {
+        let sig = &method.sig;
+        let Some(tool_index) = tool_attr_index(&method.attrs) else {
+            // rmcp's `#[tool]` turns an `async fn` into a `fn` returning a
+            // pinned box: that is `#[idempotent]` written below it.
+            let message = if sig.asyncness.is_none() && is_pinned_box(&sig.output) {
+                BELOW_TOOL
+            } else {
+                "`#[idempotent]` wraps an rmcp tool: put `#[tool(...)]` on the line below it"
+            };
+            return Err(syn::Error::new(Span::call_site(), message));
+        };
+
+        let params = ParamsArg::find(&sig.inputs).ok_or_else(|| {
+            syn::Error::new(
+                sig.paren_token.span.join(),
+                "`#[idempotent]` keys each operation on the tool's typed arguments: add an argument \
+                 `Parameters(args): Parameters<Args>` whose type derives `Serialize`, `Deserialize` and `JsonSchema`",
+            )
+        });
+        let tool_args = ToolArgs::from_attr(&method.attrs[tool_index]);
+        let (params, tool_args) = match (params, tool_args) {
+            (Ok(params), Ok(tool_args)) => (params, tool_args),
+            (Err(mut error), Err(next)) => {
+                error.combine(next);
+                return Err(error);
+            }
+            (Err(error), Ok(_)) | (Ok(_), Err(error)) => return Err(error),
+        };
+
+        let status_tool = args.status_tool();
+        let krate = args.krate.unwrap_or_else(|| parse_quote!(::idem_runtime));
+        let returns = Returns::from_syn(&sig.output);
+        Ok(Tool {
+            scope: args.scope,
+            status_tool,
+            krate,
+            method,
+            tool_index,
+            tool_args,
+            params,
+            returns,
+        })
+    }
+}
 
 /// Whether an attribute's path ends in `name` (`tool`, `rmcp::tool`, ...).
 pub(crate) fn is_attr(attr: &Attribute, name: &str) -> bool {
@@ -122,20 +202,22 @@ pub(crate) struct ParamsArg {
     pub(crate) inner: Type,
 }
 
-/// Finds the argument typed `Parameters<T>`, the way rmcp's `#[tool]` does
-/// (by the last segment of the type's path).
-pub(crate) fn params_arg(inputs: &Punctuated<FnArg, Token![,]>) -> Option<ParamsArg> {
-    inputs.iter().enumerate().find_map(|(index, input)| {
-        let FnArg::Typed(arg) = input else {
-            return None;
-        };
-        let inner = single_type_arg(&arg.ty, "Parameters")?;
-        Some(ParamsArg {
-            index,
-            arg: arg.clone(),
-            inner: inner.clone(),
+impl ParamsArg {
+    /// Finds the argument typed `Parameters<T>`, the way rmcp's `#[tool]`
+    /// does (by the last segment of the type's path).
+    fn find(inputs: &Punctuated<FnArg, Token![,]>) -> Option<Self> {
+        inputs.iter().enumerate().find_map(|(index, input)| {
+            let FnArg::Typed(arg) = input else {
+                return None;
+            };
+            let inner = single_type_arg(&arg.ty, "Parameters")?;
+            Some(ParamsArg {
+                index,
+                arg: arg.clone(),
+                inner: inner.clone(),
+            })
         })
-    })
+    }
 }
 
 /// `T` in `Name<T>` (by the path's last segment).
@@ -167,23 +249,25 @@ pub(crate) struct Returns {
     pub(crate) json: Option<Type>,
 }
 
-pub(crate) fn returns(output: &syn::ReturnType) -> Returns {
-    let ty: Type = match output {
-        syn::ReturnType::Default => syn::parse_quote!(()),
-        syn::ReturnType::Type(_, ty) => (**ty).clone(),
-    };
-    let ok = single_type_arg(&ty, "Result");
-    let json = single_type_arg(ok.unwrap_or(&ty), "Json").cloned();
-    Returns {
-        fallible: ok.is_some(),
-        json,
-        ty,
+impl Returns {
+    fn from_syn(output: &syn::ReturnType) -> Self {
+        let ty: Type = match output {
+            syn::ReturnType::Default => parse_quote!(()),
+            syn::ReturnType::Type(_, ty) => (**ty).clone(),
+        };
+        let ok = single_type_arg(&ty, "Result");
+        let json = single_type_arg(ok.unwrap_or(&ty), "Json").cloned();
+        Returns {
+            fallible: ok.is_some(),
+            json,
+            ty,
+        }
     }
 }
 
 /// Whether a return type is `Pin<Box<...>>`: what rmcp's `#[tool]` leaves
 /// behind after rewriting an `async fn`.
-pub(crate) fn is_pinned_box(output: &syn::ReturnType) -> bool {
+fn is_pinned_box(output: &syn::ReturnType) -> bool {
     match output {
         syn::ReturnType::Type(_, ty) => single_type_arg(ty, "Pin").is_some(),
         syn::ReturnType::Default => false,

@@ -1,5 +1,7 @@
-//! The arguments of `#[idempotent(...)]`, parsed and checked on their own.
+//! The arguments of `#[idempotent(...)]`, parsed and checked on their own:
+//! each value, each option at most once, and a scope.
 
+use proc_macro2::Span;
 use syn::parse::{Parse, ParseStream};
 use syn::spanned::Spanned;
 use syn::{bracketed, Ident, LitStr, Path, Token};
@@ -21,24 +23,31 @@ const ACCEPTED: &str = "`window = \"15m\"`, `business_key = \"order_id\"` (or `[
 pub(crate) const DEFAULT_STATUS_TOOL: &str = "get_operation_status";
 
 /// `#[idempotent(...)]` after parsing: every value checked, every span kept.
-#[derive(Default)]
 pub(crate) struct Args {
-    pub(crate) window: Option<Window>,
-    pub(crate) business_key: Option<BusinessKey>,
+    pub(crate) scope: Scope,
     pub(crate) status_tool: Option<LitStr>,
     pub(crate) krate: Option<Path>,
+}
+
+/// What makes two calls one operation. An attribute without one does not
+/// parse, so there is no third case.
+pub(crate) enum Scope {
+    /// `window = "15m"` alone: this caller, this tool, these arguments,
+    /// within the window.
+    Window(Window),
+    /// `business_key = ...`: the key's value within the caller's tenant,
+    /// kept for `retention` (`window`, if given; the runtime's default if not).
+    BusinessKey {
+        /// Each field, as written: a top-level field of the parameter type.
+        fields: Vec<LitStr>,
+        retention: Option<Window>,
+    },
 }
 
 /// `window = "1h30m"`: the duration in seconds and the literal it came from.
 pub(crate) struct Window {
     pub(crate) seconds: u64,
     pub(crate) lit: LitStr,
-}
-
-/// `business_key = "order_id"` or `business_key = ["a", "b"]`.
-pub(crate) struct BusinessKey {
-    /// Each field, as written: a top-level field of the parameter type.
-    pub(crate) fields: Vec<LitStr>,
 }
 
 impl Args {
@@ -63,25 +72,28 @@ impl Args {
 
 impl Parse for Args {
     fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
-        let mut args = Args::default();
+        let mut window: Option<Window> = None;
+        let mut business_key: Option<Vec<LitStr>> = None;
+        let mut status_tool: Option<LitStr> = None;
+        let mut krate: Option<Path> = None;
         while !input.is_empty() {
             let lookahead = input.lookahead1();
             if lookahead.peek(kw::window) {
                 let key: kw::window = input.parse()?;
                 input.parse::<Token![=]>()?;
-                let window = parse_window(&input.parse()?)?;
-                Args::set(&mut args.window, window, &key, "window")?;
+                let value = parse_window(&input.parse()?)?;
+                Args::set(&mut window, value, &key, "window")?;
             } else if lookahead.peek(kw::business_key) {
                 let key: kw::business_key = input.parse()?;
                 input.parse::<Token![=]>()?;
-                let business_key = input.parse()?;
-                Args::set(&mut args.business_key, business_key, &key, "business_key")?;
+                let fields = parse_business_key(input)?;
+                Args::set(&mut business_key, fields, &key, "business_key")?;
             } else if lookahead.peek(kw::status_tool) {
                 let key: kw::status_tool = input.parse()?;
                 input.parse::<Token![=]>()?;
                 let name: LitStr = input.parse()?;
                 check_tool_name(&name)?;
-                Args::set(&mut args.status_tool, name, &key, "status_tool")?;
+                Args::set(&mut status_tool, name, &key, "status_tool")?;
             } else if lookahead.peek(Token![crate]) {
                 let key: Token![crate] = input.parse()?;
                 input.parse::<Token![=]>()?;
@@ -92,7 +104,7 @@ impl Parse for Args {
                         "`crate` takes the path idem-runtime is imported as, e.g. `crate = \"::idem_runtime\"`",
                     )
                 })?;
-                Args::set(&mut args.krate, path, &key, "crate")?;
+                Args::set(&mut krate, path, &key, "crate")?;
             } else if input.peek(Ident) {
                 let unknown: Ident = input.parse()?;
                 return Err(syn::Error::new_spanned(
@@ -107,44 +119,60 @@ impl Parse for Args {
             }
             input.parse::<Token![,]>()?;
         }
-        Ok(args)
+        // With a business key, `window` is how long the record is kept.
+        let scope = match (business_key, window) {
+            (Some(fields), retention) => Scope::BusinessKey { fields, retention },
+            (None, Some(window)) => Scope::Window(window),
+            (None, None) => {
+                return Err(syn::Error::new(
+                    Span::call_site(),
+                    "`#[idempotent]` needs a scope: write `#[idempotent(window = \"15m\")]` (repeats of the same call within 15 minutes are one operation) \
+                     or `#[idempotent(business_key = \"order_id\")]` (one operation per order id)",
+                ))
+            }
+        };
+        Ok(Args {
+            scope,
+            status_tool,
+            krate,
+        })
     }
 }
 
-impl Parse for BusinessKey {
-    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
-        let fields: Vec<LitStr> = if input.peek(syn::token::Bracket) {
-            let content;
-            let brackets = bracketed!(content in input);
-            let list = content.parse_terminated(<LitStr as Parse>::parse, Token![,])?;
-            if list.is_empty() {
-                return Err(syn::Error::new(
-                    brackets.span.join(),
-                    "`business_key = []` names no field; name at least one, e.g. `business_key = \"order_id\"`",
-                ));
-            }
-            list.into_iter().collect()
-        } else if input.peek(LitStr) {
-            vec![input.parse()?]
-        } else {
-            return Err(input.error(
-                "`business_key` takes a field name or a list of them: `business_key = \"order_id\"` or `business_key = [\"tenant_ref\", \"order_id\"]`",
+/// `business_key = "order_id"` or `business_key = ["a", "b"]`: the fields,
+/// each named once.
+fn parse_business_key(input: ParseStream<'_>) -> syn::Result<Vec<LitStr>> {
+    let fields: Vec<LitStr> = if input.peek(syn::token::Bracket) {
+        let content;
+        let brackets = bracketed!(content in input);
+        let list = content.parse_terminated(<LitStr as Parse>::parse, Token![,])?;
+        if list.is_empty() {
+            return Err(syn::Error::new(
+                brackets.span.join(),
+                "`business_key = []` names no field; name at least one, e.g. `business_key = \"order_id\"`",
             ));
-        };
-        let mut seen: Vec<String> = Vec::new();
-        for field in &fields {
-            check_field_path(field)?;
-            let name = field.value();
-            if seen.contains(&name) {
-                return Err(syn::Error::new_spanned(
-                    field,
-                    format!("`{name}` is named twice in `business_key`; name each field once"),
-                ));
-            }
-            seen.push(name);
         }
-        Ok(BusinessKey { fields })
+        list.into_iter().collect()
+    } else if input.peek(LitStr) {
+        vec![input.parse()?]
+    } else {
+        return Err(input.error(
+            "`business_key` takes a field name or a list of them: `business_key = \"order_id\"` or `business_key = [\"tenant_ref\", \"order_id\"]`",
+        ));
+    };
+    let mut seen: Vec<String> = Vec::new();
+    for field in &fields {
+        check_field_path(field)?;
+        let name = field.value();
+        if seen.contains(&name) {
+            return Err(syn::Error::new_spanned(
+                field,
+                format!("`{name}` is named twice in `business_key`; name each field once"),
+            ));
+        }
+        seen.push(name);
     }
+    Ok(fields)
 }
 
 /// A business key field: the Rust name of a top-level field of the

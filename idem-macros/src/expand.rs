@@ -7,8 +7,9 @@ use syn::punctuated::Punctuated;
 use syn::spanned::Spanned;
 use syn::{parse_quote, Ident, ImplItemFn, LitStr, Meta, Token};
 
-use crate::attr::Args;
-use crate::valid::{self, Tool};
+use crate::ast::Tool;
+use crate::attr::{Args, Scope, Window};
+use crate::valid;
 
 /// The item as written plus the error: the rest of the crate keeps compiling.
 pub(crate) fn with_error(mut item: TokenStream, error: syn::Error) -> TokenStream {
@@ -32,8 +33,12 @@ pub(crate) fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
             return with_error(item, error);
         }
     };
-    match valid::check(&args, &method) {
-        Ok(tool) => expand(&args, tool, method),
+    let tool = match Tool::from_syn(args, method) {
+        Ok(tool) => tool,
+        Err(error) => return with_error(item, error),
+    };
+    match valid::check(&tool) {
+        Ok(()) => expand(tool),
         Err(error) => with_error(item, error),
     }
 }
@@ -43,20 +48,19 @@ fn private_ident(name: &str) -> Ident {
     Ident::new(name, Span::mixed_site())
 }
 
-fn expand(args: &Args, tool: Tool, mut method: ImplItemFn) -> TokenStream {
-    let krate = args
-        .krate
-        .clone()
-        .unwrap_or_else(|| parse_quote!(::idem_runtime));
+fn expand(tool: Tool) -> TokenStream {
+    let krate = &tool.krate;
     let private = quote!(#krate::__private);
     let tool_name = tool
         .tool_args
         .name()
-        .map_or_else(|| method.sig.ident.to_string(), |name| name.value());
-    let status_tool = args.status_tool();
-    let scope = scope(args, &private);
+        .map_or_else(|| tool.method.sig.ident.to_string(), |name| name.value());
+    let status_tool = &tool.status_tool;
+    let scope = scope(&tool.scope, &private);
 
-    method.attrs[tool.tool_index] = tool_attribute(&method, &tool, &private, &scope, &status_tool);
+    let tool_attr = tool_attribute(&tool, &private, &scope);
+    let mut method = tool.method;
+    method.attrs[tool.tool_index] = tool_attr;
 
     // The signature: `Parameters(args): Parameters<T>` becomes a plain binding
     // (destructured again inside the handler), the request context is added
@@ -88,7 +92,7 @@ fn expand(args: &Args, tool: Tool, mut method: ImplItemFn) -> TokenStream {
         quote!(#private::arguments(&#params_ident)),
         params_ty.span(),
     );
-    let business_key_check = business_key_check(args, inner_ty);
+    let business_key_check = business_key_check(&tool.scope, inner_ty);
     let block = &method.block;
     let fake_return = private_ident("__idem_fake_return");
 
@@ -153,15 +157,15 @@ fn located_at(tokens: TokenStream, span: Span) -> TokenStream {
 }
 
 /// `ScopeSpec::Window(..)` or `ScopeSpec::BusinessKey { .. }`.
-fn scope(args: &Args, private: &TokenStream) -> TokenStream {
-    let seconds = |window: &crate::attr::Window| {
+fn scope(scope: &Scope, private: &TokenStream) -> TokenStream {
+    let seconds = |window: &Window| {
         let seconds = window.seconds;
         quote_spanned!(window.lit.span()=> #private::Duration::from_secs(#seconds))
     };
-    match (&args.business_key, &args.window) {
-        (Some(business_key), window) => {
-            let fields = business_key.fields.iter().map(LitStr::value);
-            let retention = match window {
+    match scope {
+        Scope::BusinessKey { fields, retention } => {
+            let fields = fields.iter().map(LitStr::value);
+            let retention = match retention {
                 Some(window) => {
                     let duration = seconds(window);
                     quote!(::core::option::Option::Some(#duration))
@@ -175,25 +179,18 @@ fn scope(args: &Args, private: &TokenStream) -> TokenStream {
                 }
             }
         }
-        (None, Some(window)) => {
+        Scope::Window(window) => {
             let duration = seconds(window);
             quote!(#private::ScopeSpec::Window(#duration))
         }
-        // `valid::check` refuses an attribute without a scope.
-        (None, None) => quote!(::core::unreachable!()),
     }
 }
 
 /// rmcp's `#[tool(...)]` with `idempotent_hint = true` merged into its
 /// annotations, the output schema of a `Json<T>` result kept, and the wrapper
 /// marker that `audit_hints` looks for added to its `_meta`.
-fn tool_attribute(
-    method: &ImplItemFn,
-    tool: &Tool,
-    private: &TokenStream,
-    scope: &TokenStream,
-    status_tool: &str,
-) -> syn::Attribute {
+fn tool_attribute(tool: &Tool, private: &TokenStream, scope: &TokenStream) -> syn::Attribute {
+    let status_tool = &tool.status_tool;
     let mut items: Vec<TokenStream> = Vec::new();
     let mut has_annotations = false;
     let mut has_meta = false;
@@ -238,18 +235,18 @@ fn tool_attribute(
             items.push(quote!(output_schema = #private::schema_for_output::<#json>()));
         }
     }
-    let path = method.attrs[tool.tool_index].path();
+    let path = tool.method.attrs[tool.tool_index].path();
     parse_quote!(#[#path(#(#items),*)])
 }
 
 /// `let _ = |args: T| { let _ = &args.order_id; };` with each field name
 /// spanned on its string, so a field `T` lacks is reported there.
-fn business_key_check(args: &Args, inner_ty: &syn::Type) -> TokenStream {
-    let Some(business_key) = &args.business_key else {
+fn business_key_check(scope: &Scope, inner_ty: &syn::Type) -> TokenStream {
+    let Scope::BusinessKey { fields, .. } = scope else {
         return TokenStream::new();
     };
     let value = private_ident("__idem_business_key");
-    let accesses = business_key.fields.iter().map(|lit| {
+    let accesses = fields.iter().map(|lit| {
         let name = lit.value();
         // At the string, but from the macro: rustc reports the missing
         // field there without offering to rewrite the string into an ident.

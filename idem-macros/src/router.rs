@@ -6,9 +6,8 @@ use proc_macro2::{Span, TokenStream};
 use quote::{quote, ToTokens};
 use syn::{ImplItem, ItemImpl};
 
-use crate::ast::{self, ToolArgs};
+use crate::ast::{self, ToolArgs, BELOW_TOOL};
 use crate::expand::with_error;
-use crate::valid::BELOW_TOOL;
 
 const UNBACKED_HINT: &str = "`idempotent_hint = true` on a tool that `#[idempotent]` does not wrap: \
      clients would repeat this call believing it safe, and nothing makes it so. \

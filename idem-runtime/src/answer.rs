@@ -1,10 +1,14 @@
-//! How a handler says it ended, and what a call receives.
+//! How a handler says it ended, what a call receives, and every word a
+//! model reads about it: the answers' states and texts, and the status
+//! report.
 
 use std::fmt;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
 
 use crate::key::Reference;
-use crate::store::StoreError;
+use crate::store::{Record, RecordState, StoreError};
 
 /// How a failed handler ended, as far as the side effect goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -170,23 +174,101 @@ impl<T, E> Answer<T, E> {
         }
     }
 
-    /// A short machine name: `executed`, `replayed`, `in_progress`, `unknown`,
-    /// `conflict`, `rejected`, `failed_unknown`, `refused`, `store_unavailable`.
-    pub fn kind(&self) -> &'static str {
+    /// Which answer this is.
+    pub fn state(&self) -> AnswerState {
         match self {
-            Answer::Executed { .. } => "executed",
-            Answer::Replayed { .. } => "replayed",
-            Answer::InFlight { .. } => "in_progress",
-            Answer::Unknown { .. } => "unknown",
-            Answer::Conflict { .. } => "conflict",
+            Answer::Executed { .. } => AnswerState::Executed,
+            Answer::Replayed { .. } => AnswerState::Replayed,
+            Answer::InFlight { .. } => AnswerState::InProgress,
+            Answer::Unknown { .. } => AnswerState::Unknown,
+            Answer::Conflict { .. } => AnswerState::Conflict,
             Answer::Failed {
                 disposition: Disposition::Rejected,
                 ..
-            } => "rejected",
-            Answer::Failed { .. } => "failed_unknown",
-            Answer::Refused { .. } => "refused",
-            Answer::StoreUnavailable { .. } => "store_unavailable",
+            } => AnswerState::Rejected,
+            Answer::Failed { .. } => AnswerState::FailedUnknown,
+            Answer::Refused { .. } => AnswerState::Refused,
+            Answer::StoreUnavailable { .. } => AnswerState::StoreUnavailable,
         }
+    }
+
+    /// The answer's wire name, [`AnswerState::as_str`].
+    pub fn kind(&self) -> &'static str {
+        self.state().as_str()
+    }
+}
+
+/// Which answer a call got: the `state` of `_meta["idem/operation"]` on a
+/// tool result, and what metrics and logs count. [`AnswerState::as_str`] is
+/// the one place the wire names are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AnswerState {
+    /// The handler ran, once, for this call.
+    Executed,
+    /// The operation had completed before; its stored response was returned.
+    Replayed,
+    /// The same operation is running now; nothing ran.
+    InProgress,
+    /// Nobody knows whether the operation took effect; nothing ran.
+    Unknown,
+    /// The business key belongs to an operation with other arguments.
+    Conflict,
+    /// The handler ran and said nothing happened; the claim was released.
+    Rejected,
+    /// The handler ran and failed in a way that may have taken effect.
+    FailedUnknown,
+    /// The call could not be made an operation (bad arguments); nothing ran.
+    Refused,
+    /// The request carried no caller and the server has no default; nothing
+    /// ran.
+    NoCaller,
+    /// The store could not be reached to claim the operation; nothing ran.
+    StoreUnavailable,
+}
+
+impl AnswerState {
+    /// Every state, in the order the README's table lists them.
+    pub const ALL: [AnswerState; 10] = [
+        AnswerState::Executed,
+        AnswerState::Replayed,
+        AnswerState::InProgress,
+        AnswerState::Unknown,
+        AnswerState::Conflict,
+        AnswerState::Rejected,
+        AnswerState::FailedUnknown,
+        AnswerState::Refused,
+        AnswerState::NoCaller,
+        AnswerState::StoreUnavailable,
+    ];
+
+    /// The wire name: `executed`, `replayed`, `in_progress`, `unknown`,
+    /// `conflict`, `rejected`, `failed_unknown`, `refused`, `no_caller`,
+    /// `store_unavailable`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            AnswerState::Executed => "executed",
+            AnswerState::Replayed => "replayed",
+            AnswerState::InProgress => "in_progress",
+            AnswerState::Unknown => "unknown",
+            AnswerState::Conflict => "conflict",
+            AnswerState::Rejected => "rejected",
+            AnswerState::FailedUnknown => "failed_unknown",
+            AnswerState::Refused => "refused",
+            AnswerState::NoCaller => "no_caller",
+            AnswerState::StoreUnavailable => "store_unavailable",
+        }
+    }
+
+    /// Whether the result carries the operation's value (`isError: false`).
+    pub const fn has_value(self) -> bool {
+        matches!(self, AnswerState::Executed | AnswerState::Replayed)
+    }
+}
+
+impl fmt::Display for AnswerState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -254,4 +336,128 @@ impl<T, E: fmt::Display> Answer<T, E> {
             ),
         })
     }
+}
+
+/// What a status lookup finds.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct StatusReport {
+    /// The reference looked up.
+    pub reference: String,
+    /// The tool the operation belongs to.
+    pub tool: String,
+    /// `IN_PROGRESS`, `COMPLETED` or `UNKNOWN`.
+    pub state: String,
+    /// When the operation was claimed, in milliseconds since the Unix epoch.
+    pub claimed_at_ms: u64,
+    /// When it last changed, in milliseconds since the Unix epoch.
+    pub updated_at_ms: u64,
+    /// The stored response, when completed: the JSON the first call returned
+    /// (as a string only if what is stored is not JSON).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub response: Option<serde_json::Value>,
+    /// Why the outcome is unknown, when it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// What the reader should do next.
+    pub next_step: String,
+}
+
+impl StatusReport {
+    pub(crate) fn from_record(record: &Record) -> Self {
+        let ms = |t: SystemTime| {
+            t.duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_millis() as u64
+        };
+        let (response, note, next_step) = match &record.state {
+            RecordState::Completed { response } => (
+                Some(
+                    serde_json::from_str(response)
+                        .unwrap_or_else(|_| serde_json::Value::String(response.clone())),
+                ),
+                None,
+                "The operation completed; its result is in `response`. Do not submit it again."
+                    .to_owned(),
+            ),
+            RecordState::InProgress => (
+                None,
+                None,
+                "The operation is still running. Ask again in a few seconds; do not submit it \
+                 again."
+                    .to_owned(),
+            ),
+            RecordState::Unknown { note } => (
+                None,
+                Some(note.clone()),
+                "The outcome is not known yet and is being reconciled with the processor. Do \
+                 not submit it again; ask again later or tell the user it is under review."
+                    .to_owned(),
+            ),
+        };
+        StatusReport {
+            reference: record.reference().to_string(),
+            tool: record.tool.clone(),
+            state: record.state.name().to_owned(),
+            claimed_at_ms: ms(record.claimed_at),
+            updated_at_ms: ms(record.updated_at),
+            response,
+            note,
+            next_step,
+        }
+    }
+}
+
+/// The notes kept on an UNKNOWN record and read by models: why the outcome
+/// is unknown.
+pub(crate) mod note {
+    /// A lapsed IN_PROGRESS record, as a repeat or the status tool finds it.
+    pub(crate) const LEASE_LAPSED: &str = "the call that claimed it stopped renewing its lease; \
+                                           its process may have died mid-call";
+    /// What the sweep writes on a lapsed record.
+    pub(crate) const SWEPT: &str =
+        "its lease ran out before it finished; the process may have died mid-call";
+    /// A call future dropped while its handler ran.
+    pub(crate) const CANCELLED: &str = "the call was cancelled while its handler ran";
+
+    /// A handler that panicked.
+    pub(crate) fn panicked(message: &str) -> String {
+        format!("the handler panicked: {message}")
+    }
+
+    /// A response that ran but cannot be stored.
+    pub(crate) fn unstorable(error: impl std::fmt::Display) -> String {
+        format!("the response could not be stored: {error}")
+    }
+
+    /// A completed record whose stored response no longer decodes.
+    pub(crate) fn unreadable(error: impl std::fmt::Display) -> String {
+        format!("it completed, but its stored response cannot be read ({error})")
+    }
+}
+
+/// Texts of answers the rmcp glue gives outside [`Answer`].
+pub(crate) mod text {
+    /// A call with no caller.
+    pub(crate) const NO_CALLER: &str = "The call was refused and nothing was executed: the \
+        request carries no authenticated caller, and this server has no default caller. Connect \
+        with credentials (over HTTP, an Authorization header the server accepts), then call again.";
+
+    /// The status tool found nothing for the caller.
+    pub(crate) fn not_found(reference: &str) -> String {
+        format!("No operation with reference \"{reference}\" was found for this caller.")
+    }
+
+    /// The status tool could not reach the store.
+    pub(crate) fn store_unreachable(error: impl std::fmt::Display) -> String {
+        format!("The operation store cannot be reached ({error}); ask again shortly.")
+    }
+
+    /// The handler ran but what it returned cannot become a tool result.
+    pub(crate) fn output_lost(detail: impl std::fmt::Display) -> String {
+        format!("The tool ran, but its result could not be returned ({detail}).")
+    }
+
+    /// Why a wrapped tool's output is refused when it is not one result.
+    pub(crate) const NOT_ONE_RESULT: &str =
+        "an idempotent tool must complete in one call; it asked for input or started a task";
 }

@@ -17,52 +17,47 @@
     rust_2018_idioms
 )]
 
-mod canonical;
+mod answer;
 mod executor;
-mod jobs;
 mod key;
+mod maintenance;
 #[cfg(feature = "rmcp")]
 mod mcp;
-mod memory;
-mod outcome;
 mod store;
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-mod durable;
-#[cfg(feature = "postgres")]
-mod postgres;
-#[cfg(feature = "sqlite")]
-mod sqlite;
-
-pub use canonical::{
-    canonical_json, canonicalize_str, format_number_es6, CanonicalError,
-    MAX_DEPTH as CANONICAL_MAX_DEPTH,
-};
+pub use answer::{Answer, AnswerState, Classify, Disposition, StatusReport, ToolError};
 pub use executor::{
-    Executor, Operation, OperationContext, ScopeSpec, StatusReport, DEFAULT_LEASE,
-    DEFAULT_RETENTION,
+    Executor, Operation, OperationContext, ScopeSpec, DEFAULT_LEASE, DEFAULT_RETENTION,
 };
 /// The attribute that makes an rmcp tool safe to repeat.
 #[cfg(feature = "rmcp")]
 pub use idem_macros::{idempotent, tool_router};
-pub use jobs::{
+pub use key::canonical::{
+    canonical_json, canonicalize_str, format_number_es6, CanonicalError,
+    MAX_DEPTH as CANONICAL_MAX_DEPTH,
+};
+pub use key::{Caller, IdempotencyKey, KeyError, Reference, Scope};
+pub use maintenance::{
     purge, reconcile, sweep, Maintenance, MaintenanceConfig, ReconcileReport, Reconciler,
     Reconciliation,
 };
-pub use key::{Caller, IdempotencyKey, KeyError, Reference, Scope};
 #[cfg(feature = "rmcp")]
 #[doc(hidden)]
-pub use mcp::__private;
+pub use mcp::private as __private;
 #[cfg(feature = "rmcp")]
 pub use mcp::{
     audit_hints, current_reference, request_caller, status_tool, HintProblem, IdempotentServer,
     RESULT_META_KEY, TOOL_META_KEY,
 };
-pub use memory::MemoryStore;
-pub use outcome::{Answer, Classify, Disposition, ToolError};
-pub use store::{Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordState, StoreError};
-
-#[cfg(feature = "postgres")]
-pub use postgres::{PostgresStore, PostgresStoreBuilder};
+/// The store conformance suite, for a store of your own: see
+/// [`conformance_tests!`].
+#[cfg(feature = "conformance")]
+pub use store::conformance;
 #[cfg(feature = "sqlite")]
-pub use sqlite::SqliteStore;
+pub use store::SqliteStore;
+pub use store::{
+    Attempt, Claim, ClaimRequest, IdempotencyStore, MemoryStore, Record, RecordState,
+    RecordStateKind, StoreError,
+};
+#[cfg(feature = "postgres")]
+pub use store::{PostgresStore, PostgresStoreBuilder};

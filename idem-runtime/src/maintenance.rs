@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::answer::note;
 use crate::store::{IdempotencyStore, Record, StoreError};
 
 /// What a processor says about an operation whose outcome was unknown.
@@ -61,8 +62,10 @@ pub async fn purge(store: &dyn IdempotencyStore, batch: usize) -> Result<usize, 
 pub async fn sweep(store: &dyn IdempotencyStore, limit: usize) -> Result<usize, StoreError> {
     let mut marked = 0;
     for record in store.list_lapsed(limit).await? {
-        let note = "its lease ran out before it finished; the process may have died mid-call";
-        match store.mark_unknown(&record.key, record.attempt, note).await {
+        match store
+            .mark_unknown(&record.key, record.attempt, note::SWEPT)
+            .await
+        {
             Ok(()) => {
                 tracing::warn!(reference = %record.reference(), tool = %record.tool, "swept: outcome unknown");
                 marked += 1;

@@ -4,31 +4,27 @@
 
 use std::time::Duration;
 
-use idem_runtime::{
-    Attempt, Claim, ClaimRequest, IdempotencyKey, IdempotencyStore, PostgresStore, RecordState,
-    StoreError,
-};
-use sha2::{Digest, Sha256};
+use idem_runtime::conformance::claim_request;
+use idem_runtime::{Attempt, ClaimRequest, PostgresStore};
 
-/// A key nobody else uses.
-pub fn fresh_key() -> IdempotencyKey {
-    let seed = Attempt::random().0.to_le_bytes();
-    let key: [u8; 32] = Sha256::digest(seed).into();
-    let fp: [u8; 32] = Sha256::digest(key).into();
-    IdempotencyKey::from_parts(key, fp)
-}
-
-/// A claim of `key` with the given lease and window (retention = window).
-pub fn request(key: IdempotencyKey, lease: Duration, window: Duration) -> ClaimRequest {
+/// A claim of a fresh key in a fresh tenant with this lease and window
+/// (retention = window).
+pub fn request(lease: Duration, window: Duration) -> ClaimRequest {
     ClaimRequest {
-        key,
-        tenant: "acme".into(),
-        tool: "charge".into(),
-        attempt: Attempt::random(),
         lease,
         window,
         retention: window,
+        ..claim_request(window)
     }
+}
+
+/// A PostgreSQL connection of the test's own, beside the store's pool.
+pub async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"));
+    tokio::spawn(conn);
+    client
 }
 
 /// A fresh temporary directory, removed (with its files) when dropped.
@@ -37,7 +33,7 @@ pub struct TempDir(std::path::PathBuf);
 
 /// A fresh temporary directory for one test.
 pub fn temp_dir(name: &str) -> TempDir {
-    let dir = std::env::temp_dir().join(format!("idem-{name}-{:016x}", Attempt::random().0));
+    let dir = std::env::temp_dir().join(format!("idem-{name}-{:016x}", Attempt::random().get()));
     std::fs::create_dir_all(&dir).unwrap();
     TempDir(dir)
 }
@@ -97,7 +93,7 @@ impl PgSchema {
     /// `None` when the tests are skipped (see [`database_url`]).
     pub async fn new() -> Option<PgSchema> {
         let url = database_url()?;
-        let name = format!("t_{:016x}", Attempt::random().0);
+        let name = format!("t_{:016x}", Attempt::random().get());
         Some(Self::open(&url, &name).await)
     }
 
@@ -150,65 +146,4 @@ impl Drop for PgSchema {
         })
         .join();
     }
-}
-
-/// An expired record is taken over; lapsed and unknown records are listed;
-/// purge deletes what is expired and nothing else.
-pub async fn expiry_sweep_and_purge(store: &dyn IdempotencyStore) {
-    let short = Duration::from_millis(200);
-    let (done, lapsed, live) = (fresh_key(), fresh_key(), fresh_key());
-    let d = request(done, short, short);
-    store.claim(&d).await.unwrap();
-    store.complete(&done, d.attempt, "1").await.unwrap();
-    let l = request(lapsed, short, Duration::from_secs(60));
-    store.claim(&l).await.unwrap();
-    let v = request(live, Duration::from_secs(60), Duration::from_secs(60));
-    store.claim(&v).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-
-    let listed = store.list_lapsed(1000).await.unwrap();
-    assert!(listed.iter().any(|r| r.key == lapsed));
-    assert!(!listed.iter().any(|r| r.key == live || r.key == done));
-    store
-        .mark_unknown(&lapsed, l.attempt, "lease ran out")
-        .await
-        .unwrap();
-    let unknown = store.list_unknown(1000).await.unwrap();
-    assert!(unknown.iter().any(|r| r.key == lapsed
-        && r.state
-            == RecordState::Unknown {
-                note: "lease ran out".into()
-            }));
-
-    // The completed record's window ended: a new claim takes it over.
-    let again = request(done, short, short);
-    assert_eq!(store.claim(&again).await.unwrap(), Claim::Claimed);
-    assert!(matches!(
-        store.complete(&done, d.attempt, "stale").await,
-        Err(StoreError::Fenced)
-    ));
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    // Lease and window of the new claim ran out: IN_PROGRESS, expired.
-    let mut purged = 0;
-    loop {
-        let n = store.purge_expired(1).await.unwrap();
-        purged += n;
-        if n < 1 {
-            break;
-        }
-    }
-    assert!(purged >= 1);
-    assert_eq!(store.lookup("acme", &done.reference()).await.unwrap(), None);
-    assert!(store
-        .lookup("acme", &lapsed.reference())
-        .await
-        .unwrap()
-        .is_some());
-    assert!(store
-        .lookup("acme", &live.reference())
-        .await
-        .unwrap()
-        .is_some());
-    store.release(&live, v.attempt).await.unwrap();
-    assert_eq!(store.lookup("acme", &live.reference()).await.unwrap(), None);
 }

@@ -58,7 +58,7 @@ def assert_receipt(result: CallToolResult, *, replayed: bool) -> str:
     """A charge that completed: returns its reference."""
     assert not result.is_error, text(result)
     meta = op(result)
-    assert meta["state"] == "completed"
+    assert meta["state"] == ("replayed" if replayed else "executed")
     assert meta["replayed"] is replayed
     receipt = result.structured_content
     assert receipt is not None
@@ -176,7 +176,7 @@ async def test_stdio_shipment_replays_and_conflicts_on_its_business_key(stdio_se
     assert shipped.structured_content["reference"] == reference
 
     assert not again.is_error, text(again)
-    assert op(again) == {"reference": reference, "state": "completed", "replayed": True}
+    assert op(again) == {"reference": reference, "state": "replayed", "replayed": True}
     assert again.structured_content == shipped.structured_content
 
     # Same order id, other details: refused as a conflict, nothing shipped.

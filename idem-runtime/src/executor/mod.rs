@@ -1,20 +1,22 @@
 //! Claim, execute, record.
 
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::Poll;
 use std::time::{Duration, SystemTime};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::answer::{note, Answer, Classify, Disposition, StatusReport};
 use crate::key::{Caller, IdempotencyKey, Reference, Scope};
-use crate::outcome::{Answer, Classify, Disposition};
 use crate::store::{
     Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordState, StoreError,
 };
+
+mod guard;
+
+use guard::{mark, panic_message, CatchUnwind, UnknownOnDrop};
 
 /// The default lease: how long a claim holds without a heartbeat.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -77,75 +79,6 @@ impl OperationContext {
     /// The tool.
     pub fn tool(&self) -> &str {
         &self.tool
-    }
-}
-
-/// What a status lookup finds.
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
-pub struct StatusReport {
-    /// The reference looked up.
-    pub reference: String,
-    /// The tool the operation belongs to.
-    pub tool: String,
-    /// `IN_PROGRESS`, `COMPLETED` or `UNKNOWN`.
-    pub state: String,
-    /// When the operation was claimed, in milliseconds since the Unix epoch.
-    pub claimed_at_ms: u64,
-    /// When it last changed, in milliseconds since the Unix epoch.
-    pub updated_at_ms: u64,
-    /// The stored response, when completed: the JSON the first call returned
-    /// (as a string only if what is stored is not JSON).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub response: Option<serde_json::Value>,
-    /// Why the outcome is unknown, when it is.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub note: Option<String>,
-    /// What the reader should do next.
-    pub next_step: String,
-}
-
-impl StatusReport {
-    fn from_record(record: &Record) -> Self {
-        let ms = |t: SystemTime| {
-            t.duration_since(SystemTime::UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_millis() as u64
-        };
-        let (response, note, next_step) = match &record.state {
-            RecordState::Completed { response } => (
-                Some(
-                    serde_json::from_str(response)
-                        .unwrap_or_else(|_| serde_json::Value::String(response.clone())),
-                ),
-                None,
-                "The operation completed; its result is in `response`. Do not submit it again."
-                    .to_owned(),
-            ),
-            RecordState::InProgress => (
-                None,
-                None,
-                "The operation is still running. Ask again in a few seconds; do not submit it \
-                 again."
-                    .to_owned(),
-            ),
-            RecordState::Unknown { note } => (
-                None,
-                Some(note.clone()),
-                "The outcome is not known yet and is being reconciled with the processor. Do \
-                 not submit it again; ask again later or tell the user it is under review."
-                    .to_owned(),
-            ),
-        };
-        StatusReport {
-            reference: record.reference().to_string(),
-            tool: record.tool.clone(),
-            state: record.state.name().to_owned(),
-            claimed_at_ms: ms(record.claimed_at),
-            updated_at_ms: ms(record.updated_at),
-            response,
-            note,
-            next_step,
-        }
     }
 }
 
@@ -322,13 +255,7 @@ impl Executor {
                         }
                     },
                     Err(error) => {
-                        mark(
-                            store,
-                            key,
-                            attempt,
-                            &format!("the response could not be stored: {error}"),
-                        )
-                        .await;
+                        mark(store, key, attempt, &note::unstorable(error)).await;
                         false
                     }
                 };
@@ -358,7 +285,7 @@ impl Executor {
                 }
             }
             Err(panic) => {
-                let note = format!("the handler panicked: {}", panic_message(&panic));
+                let note = note::panicked(&panic_message(&panic));
                 tracing::error!(%reference, %note);
                 mark(store, key, attempt, &note).await;
                 Answer::Unknown {
@@ -440,7 +367,7 @@ fn existing<T: DeserializeOwned, E>(
             Err(e) => Answer::Unknown {
                 reference,
                 status_tool,
-                note: format!("it completed, but its stored response cannot be read ({e})"),
+                note: note::unreadable(e),
             },
         },
         RecordState::InProgress if now < record.lease_until => Answer::InFlight {
@@ -451,9 +378,7 @@ fn existing<T: DeserializeOwned, E>(
         RecordState::InProgress => Answer::Unknown {
             reference,
             status_tool,
-            note: "the call that claimed it stopped renewing its lease; its process may have \
-                   died mid-call"
-                .to_owned(),
+            note: note::LEASE_LAPSED.to_owned(),
         },
         RecordState::Unknown { note } => Answer::Unknown {
             reference,
@@ -479,77 +404,5 @@ fn business_key(args: &serde_json::Value, fields: &[&str]) -> Result<serde_json:
             .map(|f| pick(f).map(|v| ((*f).to_owned(), v)))
             .collect::<Result<serde_json::Map<_, _>, _>>()
             .map(serde_json::Value::Object),
-    }
-}
-
-async fn mark(store: &dyn IdempotencyStore, key: &IdempotencyKey, attempt: Attempt, note: &str) {
-    if let Err(error) = store.mark_unknown(key, attempt, note).await {
-        // The lease still covers the record: the sweep marks it later.
-        tracing::error!(reference = %key.reference(), %error, "marking the record UNKNOWN failed");
-    }
-}
-
-/// Marks the record UNKNOWN if the call's future is dropped mid-handler (the
-/// client went away, a timeout cancelled it): the side effect may be half done.
-/// It borrows the store and clones the `Arc` only when it fires: a clone per
-/// call would bounce the reference count between cores on the hot path.
-struct UnknownOnDrop<'a> {
-    store: Option<&'a Arc<dyn IdempotencyStore>>,
-    key: IdempotencyKey,
-    attempt: Attempt,
-}
-
-impl<'a> UnknownOnDrop<'a> {
-    fn disarm(&mut self) -> &'a Arc<dyn IdempotencyStore> {
-        self.store.take().expect("disarmed once")
-    }
-}
-
-impl Drop for UnknownOnDrop<'_> {
-    fn drop(&mut self) {
-        let Some(store) = self.store.take().cloned() else {
-            return;
-        };
-        let (key, attempt) = (self.key, self.attempt);
-        tracing::warn!(reference = %key.reference(), "call cancelled mid-handler; marking UNKNOWN");
-        // Best effort: without a runtime the lease runs out and the sweep
-        // marks the record.
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                mark(
-                    &*store,
-                    &key,
-                    attempt,
-                    "the call was cancelled while its handler ran",
-                )
-                .await;
-            });
-        }
-    }
-}
-
-/// Turns a panic inside the handler's future into an `Err`.
-struct CatchUnwind<F>(Pin<Box<F>>);
-
-impl<F: Future> Future for CatchUnwind<F> {
-    type Output = Result<F::Output, Box<dyn std::any::Any + Send>>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let fut = self.0.as_mut();
-        match std::panic::catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
-            Ok(Poll::Pending) => Poll::Pending,
-            Ok(Poll::Ready(out)) => Poll::Ready(Ok(out)),
-            Err(panic) => Poll::Ready(Err(panic)),
-        }
-    }
-}
-
-fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
-    if let Some(s) = panic.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = panic.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a non-text panic".to_owned()
     }
 }

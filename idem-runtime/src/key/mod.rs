@@ -6,7 +6,9 @@ use std::time::Duration;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::canonical::{write_canonical, CanonicalError, Sink};
+pub(crate) mod canonical;
+
+use canonical::{write_canonical, CanonicalError, Sink};
 
 /// The authenticated principal of a call, taken by the server from the
 /// request, never from the arguments.

@@ -1,43 +1,98 @@
-//! The store conformance suite: every `IdempotencyStore` must pass every case.
+//! The store conformance suite: every [`IdempotencyStore`] must pass every
+//! case, and a store of your own can run the same cases.
 //!
 //! Each case is a plain async function over `&dyn IdempotencyStore` that uses
 //! fresh random keys and tenants, so cases can share one store and run in
-//! parallel. A backend's test file calls [`run_all`] or the cases one by one.
-#![allow(dead_code)]
+//! parallel. Run them all with [`run_all`], or one test per case with
+//! [`conformance_tests!`](crate::conformance_tests):
+//!
+//! ```ignore
+//! // tests/my_store.rs, with idem-runtime's `conformance` feature on
+//! idem_runtime::conformance_tests!(Some(my_store().await));
+//! ```
+//!
+//! The expression is evaluated inside each test (it may `.await`) and gives
+//! `Option<S>` where `S` derefs to a store (`Arc<MyStore>`, a guard that drops
+//! a schema, ...); `None` skips the case, for a backend that is not
+//! available here: say why on stderr, and fail instead under `CI=true`.
+//!
+//! Beside the cases: [`claim_request`] and [`again`] build requests, and
+//! [`FaultyStore`] wraps a store to inject faults.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
-use futures::future::join_all;
-use idem_runtime::{
-    Attempt, Claim, ClaimRequest, IdempotencyKey, IdempotencyStore, Record, RecordState, StoreError,
+use async_trait::async_trait;
+
+use super::{
+    Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordState, RecordStateKind,
+    StoreError,
 };
+use crate::key::{IdempotencyKey, Reference};
 
 fn random32() -> [u8; 32] {
     let mut b = [0u8; 32];
     for chunk in b.chunks_mut(8) {
-        chunk.copy_from_slice(&Attempt::random().0.to_le_bytes());
+        chunk.copy_from_slice(&Attempt::random().get().to_le_bytes());
     }
     b
 }
 
-/// A claim request for a fresh key in a fresh tenant.
-pub fn fresh(window: Duration) -> ClaimRequest {
+/// A claim request for a fresh random key in a fresh tenant, as the executor
+/// makes one: a 30 s lease, `window`, and a retention of at least an hour.
+pub fn claim_request(window: Duration) -> ClaimRequest {
     ClaimRequest {
         key: IdempotencyKey::from_parts(random32(), random32()),
-        tenant: format!("tenant-{}", Attempt::random().0),
+        tenant: format!("tenant-{}", Attempt::random().get()),
         tool: "charge_card".to_owned(),
         attempt: Attempt::random(),
         lease: Duration::from_secs(30),
         window,
-        retention: Duration::from_secs(3600),
+        retention: window.max(Duration::from_secs(3600)),
     }
 }
 
-fn again(req: &ClaimRequest) -> ClaimRequest {
+/// The same operation claimed again, with a new attempt.
+pub fn again(req: &ClaimRequest) -> ClaimRequest {
     ClaimRequest {
         attempt: Attempt::random(),
         ..req.clone()
     }
+}
+
+fn fresh(window: Duration) -> ClaimRequest {
+    claim_request(window)
+}
+
+/// Polls every future to completion on the current task, as
+/// `futures::future::join_all` does (the cases borrow the store, so they
+/// cannot be spawned).
+async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    let mut pending: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut done: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut all = true;
+        for (fut, out) in pending.iter_mut().zip(done.iter_mut()) {
+            if out.is_none() {
+                match fut.as_mut().poll(cx) {
+                    Poll::Ready(v) => *out = Some(v),
+                    Poll::Pending => all = false,
+                }
+            }
+        }
+        if all {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+    done.into_iter()
+        .map(|o| o.expect("polled to completion"))
+        .collect()
 }
 
 async fn record(store: &dyn IdempotencyStore, req: &ClaimRequest) -> Option<Record> {
@@ -61,6 +116,7 @@ async fn claimed(store: &dyn IdempotencyStore, req: &ClaimRequest) {
     }
 }
 
+/// The window of most cases.
 const W: Duration = Duration::from_secs(900);
 
 /// A claim on an absent key creates an IN_PROGRESS record owned by its attempt.
@@ -218,15 +274,21 @@ pub async fn completed_record_is_final(store: &dyn IdempotencyStore) {
     store.complete(&req.key, req.attempt, "1").await.unwrap();
     assert!(matches!(
         store.complete(&req.key, req.attempt, "2").await,
-        Err(StoreError::WrongState { .. })
+        Err(StoreError::WrongState {
+            found: RecordStateKind::Completed
+        })
     ));
     assert!(matches!(
         store.release(&req.key, req.attempt).await,
-        Err(StoreError::WrongState { .. })
+        Err(StoreError::WrongState {
+            found: RecordStateKind::Completed
+        })
     ));
     assert!(matches!(
         store.mark_unknown(&req.key, req.attempt, "x").await,
-        Err(StoreError::WrongState { .. })
+        Err(StoreError::WrongState {
+            found: RecordStateKind::Completed
+        })
     ));
     let r = record(store, &req).await.unwrap();
     assert_eq!(
@@ -373,34 +435,91 @@ pub async fn purge_deletes_expired_in_batches(store: &dyn IdempotencyStore) {
     assert!(record(store, &live).await.is_some(), "live record kept");
 }
 
-/// Runs every case, one after the other.
-pub async fn run_all(store: &dyn IdempotencyStore) {
-    claim_creates_in_progress(store).await;
-    claim_of_live_record_returns_it(store).await;
-    concurrent_claims_have_one_winner(store).await;
-    complete_then_claim_returns_response(store).await;
-    release_lets_next_claim_run(store).await;
-    mark_unknown_keeps_record(store).await;
-    stale_attempt_is_fenced(store).await;
-    complete_accepted_from_unknown(store).await;
-    completed_record_is_final(store).await;
-    expired_completed_record_is_taken_over(store).await;
-    unknown_record_outlives_window(store).await;
-    lapsed_lease_is_listed_not_taken_over(store).await;
-    heartbeat_extends_lease(store).await;
-    lookup_is_scoped_to_tenant(store).await;
-    existing_record_keeps_its_fingerprint(store).await;
-    purge_deletes_expired_in_batches(store).await;
+/// An expired record is taken over; lapsed and unknown records are listed;
+/// purge deletes what is expired and nothing else.
+pub async fn expiry_sweep_and_purge(store: &dyn IdempotencyStore) {
+    let short = Duration::from_millis(200);
+    let request = |lease: Duration, window: Duration| ClaimRequest {
+        lease,
+        window,
+        retention: window,
+        ..fresh(window)
+    };
+    let d = request(short, short);
+    let l = ClaimRequest {
+        tenant: d.tenant.clone(),
+        ..request(short, Duration::from_secs(60))
+    };
+    let v = ClaimRequest {
+        tenant: d.tenant.clone(),
+        ..request(Duration::from_secs(60), Duration::from_secs(60))
+    };
+    let (done, lapsed, live) = (d.key, l.key, v.key);
+    store.claim(&d).await.unwrap();
+    store.complete(&done, d.attempt, "1").await.unwrap();
+    store.claim(&l).await.unwrap();
+    store.claim(&v).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let listed = store.list_lapsed(100_000).await.unwrap();
+    assert!(listed.iter().any(|r| r.key == lapsed));
+    assert!(!listed.iter().any(|r| r.key == live || r.key == done));
+    store
+        .mark_unknown(&lapsed, l.attempt, "lease ran out")
+        .await
+        .unwrap();
+    let unknown = store.list_unknown(100_000).await.unwrap();
+    assert!(unknown.iter().any(|r| r.key == lapsed
+        && r.state
+            == RecordState::Unknown {
+                note: "lease ran out".into()
+            }));
+
+    // The completed record's window ended: a new claim takes it over.
+    let again = again(&d);
+    assert_eq!(store.claim(&again).await.unwrap(), Claim::Claimed);
+    assert!(matches!(
+        store.complete(&done, d.attempt, "stale").await,
+        Err(StoreError::Fenced)
+    ));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Lease and window of the new claim ran out: IN_PROGRESS, expired.
+    let mut purged = 0;
+    loop {
+        let n = store.purge_expired(1).await.unwrap();
+        purged += n;
+        if n < 1 {
+            break;
+        }
+    }
+    assert!(purged >= 1);
+    let tenant = &d.tenant;
+    assert_eq!(store.lookup(tenant, &done.reference()).await.unwrap(), None);
+    assert!(store
+        .lookup(tenant, &lapsed.reference())
+        .await
+        .unwrap()
+        .is_some());
+    assert!(store
+        .lookup(tenant, &live.reference())
+        .await
+        .unwrap()
+        .is_some());
+    store.release(&live, v.attempt).await.unwrap();
+    assert_eq!(store.lookup(tenant, &live.reference()).await.unwrap(), None);
 }
 
-/// Declares one `#[tokio::test]` per case. `$make` is an expression, evaluated
-/// inside the async test (it may `.await`), giving `Option<impl Deref<Target =
-/// impl IdempotencyStore>>`: `None` when the backend is not available here and
-/// the backend's test file has already said why.
+/// One conformance case: a function over a borrowed store.
+pub type Case =
+    for<'a> fn(&'a dyn IdempotencyStore) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+
+/// The list of cases, written once; `$callback` is a `#[macro_export]`ed
+/// macro of this crate, called with its arguments followed by the names.
+#[doc(hidden)]
 #[macro_export]
-macro_rules! conformance_tests {
-    ($make:expr) => {
-        $crate::conformance_tests!(@cases $make;
+macro_rules! __idem_conformance_cases {
+    ($callback:ident!($($args:tt)*)) => {
+        $crate::$callback!($($args)*
             claim_creates_in_progress,
             claim_of_live_record_returns_it,
             concurrent_claims_have_one_winner,
@@ -417,15 +536,224 @@ macro_rules! conformance_tests {
             lookup_is_scoped_to_tenant,
             existing_record_keeps_its_fingerprint,
             purge_deletes_expired_in_batches,
+            expiry_sweep_and_purge,
         );
     };
-    (@cases $make:expr; $($case:ident),* $(,)?) => {
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __idem_conformance_array {
+    ($($case:ident),* $(,)?) => {
+        /// Every case, by name, in the order [`run_all`] runs them.
+        pub const CASES: &[(&str, Case)] = &[
+            $((stringify!($case), |store| Box::pin($case(store))),)*
+        ];
+    };
+}
+
+__idem_conformance_cases!(__idem_conformance_array!());
+
+/// Runs every case, one after the other, on one store.
+pub async fn run_all(store: &dyn IdempotencyStore) {
+    for (_, case) in CASES {
+        case(store).await;
+    }
+}
+
+/// Declares one `#[test]` per conformance case, each on a two-worker tokio
+/// runtime. `$make` is an expression, evaluated inside the test (it may
+/// `.await`), giving `Option<S>` where `S: Deref<Target = impl
+/// IdempotencyStore>`: `None` when the backend is not available here and the
+/// caller has already said why.
+///
+/// ```ignore
+/// idem_runtime::conformance_tests!(Some(std::sync::Arc::new(idem_runtime::MemoryStore::new())));
+/// ```
+#[macro_export]
+macro_rules! conformance_tests {
+    ($make:expr) => {
+        $crate::__idem_conformance_cases!(__idem_conformance_test_fns!($make;));
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __idem_conformance_test_fns {
+    ($make:expr; $($case:ident),* $(,)?) => {
         $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $case() {
-                let Some(store) = $make else { return };
-                conformance::$case(&*store).await;
+            #[test]
+            fn $case() {
+                $crate::conformance::block_on(async {
+                    let Some(store) = $make else { return };
+                    $crate::conformance::$case(&*store).await;
+                });
             }
         )*
     };
+}
+
+/// Runs `work` on a fresh two-worker tokio runtime (what each generated test
+/// does).
+pub fn block_on<F: Future>(work: F) -> F::Output {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+        .block_on(work)
+}
+
+/// A store call, as [`FaultyStore`]'s plan sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Call {
+    /// [`IdempotencyStore::claim`].
+    Claim,
+    /// [`IdempotencyStore::complete`].
+    Complete,
+    /// [`IdempotencyStore::release`].
+    Release,
+    /// [`IdempotencyStore::mark_unknown`].
+    MarkUnknown,
+    /// [`IdempotencyStore::heartbeat`].
+    Heartbeat,
+    /// [`IdempotencyStore::lookup`].
+    Lookup,
+    /// [`IdempotencyStore::purge_expired`].
+    Purge,
+    /// [`IdempotencyStore::list_lapsed`].
+    ListLapsed,
+    /// [`IdempotencyStore::list_unknown`].
+    ListUnknown,
+}
+
+/// What [`FaultyStore`] does to one call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fault {
+    /// Pass it through.
+    None,
+    /// Fail with `Unavailable` before reaching the store: nothing changed.
+    Unreachable,
+    /// Run it, then fail with `Unavailable` anyway: the change took effect
+    /// but its answer was lost (a timeout after the commit).
+    AnswerLost,
+    /// Wait this long, then pass it through.
+    Delay(Duration),
+}
+
+/// Decides the fault of each call.
+pub type FaultPlan = Arc<dyn Fn(Call) -> Fault + Send + Sync>;
+
+/// A store that forwards to `inner`, with faults injected by a plan: the one
+/// fault-injecting wrapper of the tests, the benches and the simulation.
+#[derive(Clone)]
+pub struct FaultyStore<S> {
+    inner: S,
+    plan: FaultPlan,
+}
+
+impl<S> std::fmt::Debug for FaultyStore<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FaultyStore").finish_non_exhaustive()
+    }
+}
+
+impl<S: IdempotencyStore> FaultyStore<S> {
+    /// `inner` with the faults `plan` picks for each call.
+    pub fn new(inner: S, plan: impl Fn(Call) -> Fault + Send + Sync + 'static) -> Self {
+        FaultyStore {
+            inner,
+            plan: Arc::new(plan),
+        }
+    }
+
+    /// The wrapped store.
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    async fn run<T>(
+        &self,
+        call: Call,
+        work: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match (self.plan)(call) {
+            Fault::None => work.await,
+            Fault::Unreachable => Err(StoreError::Unavailable(format!(
+                "injected: {call:?} did not reach the store"
+            ))),
+            Fault::AnswerLost => {
+                let _ = work.await;
+                Err(StoreError::Unavailable(format!(
+                    "injected: the answer to {call:?} was lost after it took effect"
+                )))
+            }
+            Fault::Delay(d) => {
+                tokio::time::sleep(d).await;
+                work.await
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl<S: IdempotencyStore> IdempotencyStore for FaultyStore<S> {
+    async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        self.run(Call::Claim, self.inner.claim(req)).await
+    }
+    async fn complete(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+    ) -> Result<(), StoreError> {
+        self.run(Call::Complete, self.inner.complete(key, attempt, response))
+            .await
+    }
+    async fn release(&self, key: &IdempotencyKey, attempt: Attempt) -> Result<(), StoreError> {
+        self.run(Call::Release, self.inner.release(key, attempt))
+            .await
+    }
+    async fn mark_unknown(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        note: &str,
+    ) -> Result<(), StoreError> {
+        self.run(
+            Call::MarkUnknown,
+            self.inner.mark_unknown(key, attempt, note),
+        )
+        .await
+    }
+    async fn heartbeat(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        self.run(Call::Heartbeat, self.inner.heartbeat(key, attempt, lease))
+            .await
+    }
+    async fn lookup(
+        &self,
+        tenant: &str,
+        reference: &Reference,
+    ) -> Result<Option<Record>, StoreError> {
+        self.run(Call::Lookup, self.inner.lookup(tenant, reference))
+            .await
+    }
+    async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
+        self.run(Call::Purge, self.inner.purge_expired(batch)).await
+    }
+    async fn list_lapsed(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
+        self.run(Call::ListLapsed, self.inner.list_lapsed(limit))
+            .await
+    }
+    async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
+        self.run(Call::ListUnknown, self.inner.list_unknown(limit))
+            .await
+    }
 }

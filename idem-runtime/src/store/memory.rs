@@ -6,10 +6,11 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 
-use crate::key::{IdempotencyKey, Reference};
-use crate::store::{
-    Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordState, StoreError,
+use super::{
+    Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordState, RecordStateKind,
+    StoreError,
 };
+use crate::key::{IdempotencyKey, Reference};
 
 const SHARDS: usize = 64;
 
@@ -116,7 +117,9 @@ impl IdempotencyStore for MemoryStore {
         self.fenced(key, attempt, |shard, now| {
             let record = shard.get_mut(&key.key).expect("checked by fenced");
             if let RecordState::Completed { .. } = record.state {
-                return Err(StoreError::WrongState { found: "COMPLETED" });
+                return Err(StoreError::WrongState {
+                    found: RecordStateKind::Completed,
+                });
             }
             record.state = RecordState::Completed {
                 response: response.to_owned(),
@@ -133,7 +136,9 @@ impl IdempotencyStore for MemoryStore {
                 ..
             }) = shard.get(&key.key)
             {
-                return Err(StoreError::WrongState { found: "COMPLETED" });
+                return Err(StoreError::WrongState {
+                    found: RecordStateKind::Completed,
+                });
             }
             shard.remove(&key.key);
             Ok(())
@@ -150,7 +155,7 @@ impl IdempotencyStore for MemoryStore {
             let record = shard.get_mut(&key.key).expect("checked by fenced");
             if record.state != RecordState::InProgress {
                 return Err(StoreError::WrongState {
-                    found: record.state.name(),
+                    found: record.state.kind(),
                 });
             }
             record.state = RecordState::Unknown {
@@ -171,7 +176,7 @@ impl IdempotencyStore for MemoryStore {
             let record = shard.get_mut(&key.key).expect("checked by fenced");
             if record.state != RecordState::InProgress {
                 return Err(StoreError::WrongState {
-                    found: record.state.name(),
+                    found: record.state.kind(),
                 });
             }
             record.lease_until = now + lease;

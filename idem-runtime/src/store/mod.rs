@@ -1,56 +1,31 @@
-//! The record of an operation and the store that keeps it.
+//! The record of an operation and the store that keeps it: the
+//! [`IdempotencyStore`] contract, and its backends one module each.
 
+use std::fmt;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 
 use crate::key::{IdempotencyKey, Reference};
 
-/// The fencing token of one claim. Every claim draws a fresh random token, so
-/// a worker that lost its claim (its lease ran out, the record was taken over
-/// or purged and claimed again) can never complete, release or mark the new
-/// owner's record.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Attempt(pub u64);
+mod attempt;
+mod memory;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod sql;
 
-impl Attempt {
-    /// A new random token: a per-thread SplitMix64 sequence seeded from the
-    /// OS once, so drawing one costs no system call. Within a thread the
-    /// sequence never repeats a value (SplitMix64 is a bijection of its
-    /// counter); across threads the seeds are independent random 64-bit
-    /// values.
-    pub fn random() -> Self {
-        thread_local! {
-            static STATE: std::cell::Cell<u64> = std::cell::Cell::new(seed());
-        }
-        let x = STATE.with(|s| {
-            let next = s.get().wrapping_add(0x9E37_79B9_7F4A_7C15);
-            s.set(next);
-            next
-        });
-        let mut z = x;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        // Zero is kept free so that stores may use it as "no attempt".
-        Attempt(z.max(1))
-    }
-}
+#[cfg(feature = "conformance")]
+pub mod conformance;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
 
-fn seed() -> u64 {
-    let mut b = [0u8; 8];
-    // getrandom only fails where the OS has no entropy source; a clock-,
-    // thread- and address-mixed fallback still differs between threads.
-    if getrandom::fill(&mut b).is_err() {
-        let t = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos() as u64;
-        let here = &b as *const _ as u64;
-        b = (t ^ here.rotate_left(32)).to_le_bytes();
-    }
-    u64::from_le_bytes(b)
-}
+pub use attempt::Attempt;
+pub use memory::MemoryStore;
+#[cfg(feature = "postgres")]
+pub use postgres::{PostgresStore, PostgresStoreBuilder};
+#[cfg(feature = "sqlite")]
+pub use sqlite::SqliteStore;
 
 /// What a claim asks the store to create.
 #[derive(Clone, Debug)]
@@ -91,13 +66,70 @@ pub enum RecordState {
 }
 
 impl RecordState {
+    /// Which of the three states this is, without its payload.
+    pub fn kind(&self) -> RecordStateKind {
+        match self {
+            RecordState::InProgress => RecordStateKind::InProgress,
+            RecordState::Completed { .. } => RecordStateKind::Completed,
+            RecordState::Unknown { .. } => RecordStateKind::Unknown,
+        }
+    }
+
     /// `IN_PROGRESS`, `COMPLETED` or `UNKNOWN`.
     pub fn name(&self) -> &'static str {
+        self.kind().as_str()
+    }
+}
+
+/// The state of a record without its payload: the one place the states'
+/// names and their codes in the SQL stores' `state` column are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RecordStateKind {
+    /// Claimed; the handler is running (or died, once the lease ran out).
+    InProgress,
+    /// The handler finished; the response is kept for replays.
+    Completed,
+    /// Nobody knows whether the side effect happened.
+    Unknown,
+}
+
+impl RecordStateKind {
+    /// Every kind, in code order.
+    pub const ALL: [RecordStateKind; 3] = [
+        RecordStateKind::InProgress,
+        RecordStateKind::Completed,
+        RecordStateKind::Unknown,
+    ];
+
+    /// The name the status tool and the docs use: `IN_PROGRESS`,
+    /// `COMPLETED` or `UNKNOWN`.
+    pub const fn as_str(self) -> &'static str {
         match self {
-            RecordState::InProgress => "IN_PROGRESS",
-            RecordState::Completed { .. } => "COMPLETED",
-            RecordState::Unknown { .. } => "UNKNOWN",
+            RecordStateKind::InProgress => "IN_PROGRESS",
+            RecordStateKind::Completed => "COMPLETED",
+            RecordStateKind::Unknown => "UNKNOWN",
         }
+    }
+
+    /// The code a SQL store keeps in its `state` column (0, 1, 2). Stored
+    /// data depends on these: they never change.
+    pub const fn code(self) -> i16 {
+        match self {
+            RecordStateKind::InProgress => 0,
+            RecordStateKind::Completed => 1,
+            RecordStateKind::Unknown => 2,
+        }
+    }
+
+    /// The kind with this code, if any.
+    pub fn from_code(code: i64) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| i64::from(k.code()) == code)
+    }
+}
+
+impl fmt::Display for RecordStateKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -185,8 +217,13 @@ pub enum StoreError {
     #[error("the record is {found}, which does not allow this change")]
     WrongState {
         /// The state found.
-        found: &'static str,
+        found: RecordStateKind,
     },
+    /// The store was configured wrongly (an invalid connection string or
+    /// schema name): nothing was tried. Fix the configuration; retrying
+    /// will not help.
+    #[error("the idempotency store is misconfigured: {0}")]
+    Config(String),
     /// The store answered, but with something it should not hold.
     #[error("the idempotency store holds an invalid record: {0}")]
     Corrupt(String),
@@ -265,4 +302,55 @@ pub trait IdempotencyStore: Send + Sync + std::fmt::Debug {
 
     /// At most `limit` UNKNOWN records, oldest claim first, for a reconciler.
     async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError>;
+}
+
+/// A shared store is a store: `Arc<MemoryStore>`, `Arc<dyn IdempotencyStore>`.
+#[async_trait]
+impl<S: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<S> {
+    async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        (**self).claim(req).await
+    }
+    async fn complete(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+    ) -> Result<(), StoreError> {
+        (**self).complete(key, attempt, response).await
+    }
+    async fn release(&self, key: &IdempotencyKey, attempt: Attempt) -> Result<(), StoreError> {
+        (**self).release(key, attempt).await
+    }
+    async fn mark_unknown(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        note: &str,
+    ) -> Result<(), StoreError> {
+        (**self).mark_unknown(key, attempt, note).await
+    }
+    async fn heartbeat(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        (**self).heartbeat(key, attempt, lease).await
+    }
+    async fn lookup(
+        &self,
+        tenant: &str,
+        reference: &Reference,
+    ) -> Result<Option<Record>, StoreError> {
+        (**self).lookup(tenant, reference).await
+    }
+    async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
+        (**self).purge_expired(batch).await
+    }
+    async fn list_lapsed(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
+        (**self).list_lapsed(limit).await
+    }
+    async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
+        (**self).list_unknown(limit).await
+    }
 }

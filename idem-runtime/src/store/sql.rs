@@ -1,6 +1,28 @@
-//! What the SQL stores share.
+//! What the SQL stores share: the state codes, the expiry predicate, and how
+//! a reference is found by a range over the primary key.
 
+use super::RecordStateKind;
 use crate::key::Reference;
+
+/// The `state` column's codes, from the one table in [`RecordStateKind`].
+pub(crate) const IN_PROGRESS: i16 = RecordStateKind::InProgress.code();
+pub(crate) const COMPLETED: i16 = RecordStateKind::Completed.code();
+pub(crate) const UNKNOWN: i16 = RecordStateKind::Unknown.code();
+
+/// Every column of a record, in the order the stores' row readers take them.
+pub(crate) const COLUMNS: &str = "key, fingerprint, tenant, tool, state, attempt, claimed_at, \
+                                  updated_at, lease_until, expires_at, retain_until, body";
+
+/// `Record::is_expired` in SQL, for the row named `r` at the time `now` (a
+/// parameter or `now()`). `expires_at <= now` comes first so the index on
+/// `expires_at` finds the candidates: an IN_PROGRESS or UNKNOWN record is
+/// kept past its window, never before it.
+pub(crate) fn expired(r: &str, now: &str) -> String {
+    format!(
+        "{r}expires_at <= {now} AND ({r}state = {COMPLETED} \
+         OR ({r}retain_until <= {now} AND {r}lease_until <= {now}))"
+    )
+}
 
 /// The smallest and largest 32-byte keys that start with `reference`: the
 /// reference is the key's first eight bytes, so a range over the primary key

@@ -8,16 +8,12 @@ use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::oneshot;
 
-use crate::durable::key_range;
-use crate::key::{IdempotencyKey, Reference};
-use crate::store::{
-    Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordState, StoreError,
+use super::sql::{expired, key_range, COLUMNS, COMPLETED, IN_PROGRESS, UNKNOWN};
+use super::{
+    Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordState, RecordStateKind,
+    StoreError,
 };
-
-/// State codes in the `state` column.
-const IN_PROGRESS: i64 = 0;
-const COMPLETED: i64 = 1;
-const UNKNOWN: i64 = 2;
+use crate::key::{IdempotencyKey, Reference};
 
 /// At most this many jobs share one transaction: bounds how long one batch
 /// holds the file lock against other processes.
@@ -28,11 +24,80 @@ const MAX_BATCH: usize = 256;
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The schema, one entry per version; `PRAGMA user_version` says how many ran.
-const MIGRATIONS: &[&str] = &[include_str!("../migrations/sqlite/0001_records.sql")];
+const MIGRATIONS: &[&str] = &[include_str!("../../migrations/sqlite/0001_records.sql")];
 
-/// Every column of a record, in the order [`row_to_record`] reads them.
-const COLUMNS: &str = "key, fingerprint, tenant, tool, state, attempt, claimed_at, \
-                       updated_at, lease_until, expires_at, retain_until, body";
+/// The store's SQL, written once from the state codes of
+/// [`RecordStateKind`].
+struct Statements {
+    claim: String,
+    read: String,
+    refusal: String,
+    complete: String,
+    release: String,
+    mark_unknown: String,
+    heartbeat: String,
+    lookup: String,
+    purge: String,
+    lapsed: String,
+    unknown: String,
+}
+
+static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::new(|| Statements {
+    // One statement: insert, or take over a record that Record::is_expired
+    // says is past its life.
+    claim: format!(
+        "INSERT INTO idem_records (key, fingerprint, tenant, tool, state, attempt, \
+           claimed_at, updated_at, lease_until, expires_at, retain_until, body) \
+         VALUES (?1, ?2, ?3, ?4, {IN_PROGRESS}, ?5, ?6, ?6, ?7, ?8, ?9, NULL) \
+         ON CONFLICT (key) DO UPDATE SET fingerprint = excluded.fingerprint, \
+           tenant = excluded.tenant, tool = excluded.tool, state = {IN_PROGRESS}, \
+           attempt = excluded.attempt, claimed_at = excluded.claimed_at, \
+           updated_at = excluded.updated_at, lease_until = excluded.lease_until, \
+           expires_at = excluded.expires_at, retain_until = excluded.retain_until, \
+           body = NULL \
+         WHERE {} \
+         RETURNING 1",
+        expired("idem_records.", "?6")
+    ),
+    read: format!("SELECT {COLUMNS} FROM idem_records WHERE key = ?1"),
+    refusal: "SELECT attempt, state FROM idem_records WHERE key = ?1".to_owned(),
+    // Every fenced change carries `attempt = ?2`: a worker whose claim was
+    // taken over must not overwrite, delete or extend the new owner's record.
+    complete: format!(
+        "UPDATE idem_records SET state = {COMPLETED}, body = ?3, updated_at = ?4 \
+         WHERE key = ?1 AND attempt = ?2 AND state <> {COMPLETED}"
+    ),
+    release: format!(
+        "DELETE FROM idem_records WHERE key = ?1 AND attempt = ?2 AND state <> {COMPLETED}"
+    ),
+    mark_unknown: format!(
+        "UPDATE idem_records SET state = {UNKNOWN}, body = ?3, updated_at = ?4 \
+         WHERE key = ?1 AND attempt = ?2 AND state = {IN_PROGRESS}"
+    ),
+    heartbeat: format!(
+        "UPDATE idem_records SET lease_until = ?3, updated_at = ?4 \
+         WHERE key = ?1 AND attempt = ?2 AND state = {IN_PROGRESS}"
+    ),
+    // The reference is the key's first eight bytes: a range over the primary
+    // key finds it without an index of its own.
+    lookup: format!(
+        "SELECT {COLUMNS} FROM idem_records \
+         WHERE key BETWEEN ?1 AND ?2 AND tenant = ?3 ORDER BY key LIMIT 1"
+    ),
+    purge: format!(
+        "DELETE FROM idem_records WHERE key IN ( \
+           SELECT key FROM idem_records WHERE {} LIMIT ?2)",
+        expired("", "?1")
+    ),
+    lapsed: format!(
+        "SELECT {COLUMNS} FROM idem_records \
+         WHERE state = {IN_PROGRESS} AND lease_until <= ?1 ORDER BY lease_until LIMIT ?2"
+    ),
+    unknown: format!(
+        "SELECT {COLUMNS} FROM idem_records \
+         WHERE state = {UNKNOWN} ORDER BY claimed_at LIMIT ?1"
+    ),
+});
 
 /// The embedded durable store: one SQLite database file in WAL mode, kept
 /// across process restarts.
@@ -242,7 +307,7 @@ fn nanos(d: Duration) -> i64 {
 fn row_to_record(row: &rusqlite::Row<'_>) -> rusqlite::Result<Result<Record, StoreError>> {
     let key: Vec<u8> = row.get(0)?;
     let fingerprint: Vec<u8> = row.get(1)?;
-    let state: i64 = row.get(4)?;
+    let state: i16 = row.get(4)?;
     let body: Option<String> = row.get(11)?;
     let (Ok(key), Ok(fingerprint)) = (
         <[u8; 32]>::try_from(key.as_slice()),
@@ -264,7 +329,7 @@ fn row_to_record(row: &rusqlite::Row<'_>) -> rusqlite::Result<Result<Record, Sto
         key: IdempotencyKey::from_parts(key, fingerprint),
         tenant: row.get(2)?,
         tool: row.get(3)?,
-        attempt: Attempt(row.get::<_, i64>(5)? as u64),
+        attempt: Attempt::from_stored(row.get::<_, i64>(5)? as u64),
         state,
         claimed_at: from_nanos(row.get(6)?),
         updated_at: from_nanos(row.get(7)?),
@@ -275,12 +340,10 @@ fn row_to_record(row: &rusqlite::Row<'_>) -> rusqlite::Result<Result<Record, Sto
 }
 
 fn read(conn: &Connection, key: &[u8; 32]) -> Result<Option<Record>, StoreError> {
-    conn.prepare_cached(&format!(
-        "SELECT {COLUMNS} FROM idem_records WHERE key = ?1"
-    ))
-    .and_then(|mut s| s.query_row([&key[..]], row_to_record).optional())
-    .map_err(|e| unavailable(&e))?
-    .transpose()
+    conn.prepare_cached(&SQL.read)
+        .and_then(|mut s| s.query_row([&key[..]], row_to_record).optional())
+        .map_err(|e| unavailable(&e))?
+        .transpose()
 }
 
 fn read_many(
@@ -302,21 +365,19 @@ fn read_many(
 /// Why a fenced change touched no row: the attempt lost the record (or it is
 /// gone), or the record is in a state that refuses the change.
 fn refusal(conn: &Connection, key: &[u8; 32], attempt: Attempt) -> StoreError {
-    let found: rusqlite::Result<Option<(i64, i64)>> = conn
-        .prepare_cached("SELECT attempt, state FROM idem_records WHERE key = ?1")
-        .and_then(|mut s| {
+    let found: rusqlite::Result<Option<(i64, i64)>> =
+        conn.prepare_cached(&SQL.refusal).and_then(|mut s| {
             s.query_row([&key[..]], |r| Ok((r.get(0)?, r.get(1)?)))
                 .optional()
         });
     match found {
         Err(e) => unavailable(&e),
-        Ok(Some((a, state))) if a as u64 == attempt.0 => StoreError::WrongState {
-            found: match state {
-                IN_PROGRESS => "IN_PROGRESS",
-                COMPLETED => "COMPLETED",
-                _ => "UNKNOWN",
-            },
-        },
+        Ok(Some((a, state))) if a as u64 == attempt.get() => {
+            match RecordStateKind::from_code(state) {
+                Some(found) => StoreError::WrongState { found },
+                None => StoreError::Corrupt(format!("state {state}")),
+            }
+        }
         Ok(_) => StoreError::Fenced,
     }
 }
@@ -347,26 +408,11 @@ impl IdempotencyStore for SqliteStore {
         let req = req.clone();
         self.run(move |conn, now| {
             let key = req.key.as_bytes();
-            // One statement: insert, or take over a record that
-            // Record::is_expired says is past its life. The writer holds the
-            // database's write lock for the batch, so no other claim (of this
-            // or another process) can slip between this and the read below.
+            // The writer holds the database's write lock for the batch, so no
+            // other claim (of this or another process) can slip between the
+            // claim and the read below.
             let claimed = conn
-                .prepare_cached(
-                    "INSERT INTO idem_records (key, fingerprint, tenant, tool, state, attempt, \
-                       claimed_at, updated_at, lease_until, expires_at, retain_until, body) \
-                     VALUES (?1, ?2, ?3, ?4, 0, ?5, ?6, ?6, ?7, ?8, ?9, NULL) \
-                     ON CONFLICT (key) DO UPDATE SET fingerprint = excluded.fingerprint, \
-                       tenant = excluded.tenant, tool = excluded.tool, state = 0, \
-                       attempt = excluded.attempt, claimed_at = excluded.claimed_at, \
-                       updated_at = excluded.updated_at, lease_until = excluded.lease_until, \
-                       expires_at = excluded.expires_at, retain_until = excluded.retain_until, \
-                       body = NULL \
-                     WHERE (idem_records.state = 1 AND idem_records.expires_at <= ?6) \
-                        OR (idem_records.state <> 1 AND idem_records.retain_until <= ?6 \
-                            AND idem_records.lease_until <= ?6) \
-                     RETURNING 1",
-                )
+                .prepare_cached(&SQL.claim)
                 .and_then(|mut s| {
                     s.query_row(
                         params![
@@ -374,7 +420,7 @@ impl IdempotencyStore for SqliteStore {
                             &req.key.fingerprint()[..],
                             req.tenant,
                             req.tool,
-                            req.attempt.0 as i64,
+                            req.attempt.get() as i64,
                             now,
                             now.saturating_add(nanos(req.lease)),
                             now.saturating_add(nanos(req.window)),
@@ -416,9 +462,8 @@ impl IdempotencyStore for SqliteStore {
                 conn,
                 &key,
                 attempt,
-                "UPDATE idem_records SET state = 1, body = ?3, updated_at = ?4 \
-                 WHERE key = ?1 AND attempt = ?2 AND state <> 1",
-                &[&&key[..], &(attempt.0 as i64), &response, &now],
+                &SQL.complete,
+                &[&&key[..], &(attempt.get() as i64), &response, &now],
             )
         })
         .await
@@ -432,8 +477,8 @@ impl IdempotencyStore for SqliteStore {
                 conn,
                 &key,
                 attempt,
-                "DELETE FROM idem_records WHERE key = ?1 AND attempt = ?2 AND state <> 1",
-                &[&&key[..], &(attempt.0 as i64)],
+                &SQL.release,
+                &[&&key[..], &(attempt.get() as i64)],
             )
         })
         .await
@@ -453,9 +498,8 @@ impl IdempotencyStore for SqliteStore {
                 conn,
                 &key,
                 attempt,
-                "UPDATE idem_records SET state = 2, body = ?3, updated_at = ?4 \
-                 WHERE key = ?1 AND attempt = ?2 AND state = 0",
-                &[&&key[..], &(attempt.0 as i64), &note, &now],
+                &SQL.mark_unknown,
+                &[&&key[..], &(attempt.get() as i64), &note, &now],
             )
         })
         .await
@@ -475,11 +519,10 @@ impl IdempotencyStore for SqliteStore {
                 conn,
                 &key,
                 attempt,
-                "UPDATE idem_records SET lease_until = ?3, updated_at = ?4 \
-                 WHERE key = ?1 AND attempt = ?2 AND state = 0",
+                &SQL.heartbeat,
                 &[
                     &&key[..],
-                    &(attempt.0 as i64),
+                    &(attempt.get() as i64),
                     &now.saturating_add(nanos(lease)),
                     &now,
                 ],
@@ -498,14 +541,7 @@ impl IdempotencyStore for SqliteStore {
         self.run(move |conn, _| {
             // The reference is the key's first eight bytes: a range over the
             // primary key finds it without an index of its own.
-            let mut found = read_many(
-                conn,
-                &format!(
-                    "SELECT {COLUMNS} FROM idem_records \
-                     WHERE key BETWEEN ?1 AND ?2 AND tenant = ?3 ORDER BY key LIMIT 1"
-                ),
-                params![&lo[..], &hi[..], tenant],
-            )?;
+            let mut found = read_many(conn, &SQL.lookup, params![&lo[..], &hi[..], tenant])?;
             Ok(found.pop())
         })
         .await
@@ -517,45 +553,22 @@ impl IdempotencyStore for SqliteStore {
             // `expires_at <= now` comes first so the index on expires_at finds
             // the candidates (an IN_PROGRESS or UNKNOWN record is kept past its
             // window, never before it); the rest is Record::is_expired.
-            conn.prepare_cached(
-                "DELETE FROM idem_records WHERE key IN ( \
-                   SELECT key FROM idem_records WHERE expires_at <= ?1 \
-                   AND (state = 1 OR (retain_until <= ?1 AND lease_until <= ?1)) \
-                   LIMIT ?2)",
-            )
-            .and_then(|mut s| s.execute(params![now, batch]))
-            .map_err(|e| unavailable(&e))
+            conn.prepare_cached(&SQL.purge)
+                .and_then(|mut s| s.execute(params![now, batch]))
+                .map_err(|e| unavailable(&e))
         })
         .await
     }
 
     async fn list_lapsed(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        self.run(move |conn, now| {
-            read_many(
-                conn,
-                &format!(
-                    "SELECT {COLUMNS} FROM idem_records \
-                     WHERE state = 0 AND lease_until <= ?1 ORDER BY lease_until LIMIT ?2"
-                ),
-                params![now, limit],
-            )
-        })
-        .await
+        self.run(move |conn, now| read_many(conn, &SQL.lapsed, params![now, limit]))
+            .await
     }
 
     async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        self.run(move |conn, _| {
-            read_many(
-                conn,
-                &format!(
-                    "SELECT {COLUMNS} FROM idem_records \
-                     WHERE state = 2 ORDER BY claimed_at LIMIT ?1"
-                ),
-                params![limit],
-            )
-        })
-        .await
+        self.run(move |conn, _| read_many(conn, &SQL.unknown, params![limit]))
+            .await
     }
 }

@@ -1,0 +1,85 @@
+//! What guards a running handler: a panic caught, a dropped call marked
+//! UNKNOWN.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use crate::answer::note;
+use crate::key::IdempotencyKey;
+use crate::store::{Attempt, IdempotencyStore};
+
+/// Marks the record UNKNOWN, best effort: a failure is logged and the lease
+/// still covers the record, so the sweep marks it later.
+pub(super) async fn mark(
+    store: &dyn IdempotencyStore,
+    key: &IdempotencyKey,
+    attempt: Attempt,
+    note: &str,
+) {
+    if let Err(error) = store.mark_unknown(key, attempt, note).await {
+        // The lease still covers the record: the sweep marks it later.
+        tracing::error!(reference = %key.reference(), %error, "marking the record UNKNOWN failed");
+    }
+}
+
+/// Marks the record UNKNOWN if the call's future is dropped mid-handler (the
+/// client went away, a timeout cancelled it): the side effect may be half done.
+/// It borrows the store and clones the `Arc` only when it fires: a clone per
+/// call would bounce the reference count between cores on the hot path.
+pub(super) struct UnknownOnDrop<'a> {
+    pub(super) store: Option<&'a Arc<dyn IdempotencyStore>>,
+    pub(super) key: IdempotencyKey,
+    pub(super) attempt: Attempt,
+}
+
+impl<'a> UnknownOnDrop<'a> {
+    pub(super) fn disarm(&mut self) -> &'a Arc<dyn IdempotencyStore> {
+        self.store.take().expect("disarmed once")
+    }
+}
+
+impl Drop for UnknownOnDrop<'_> {
+    fn drop(&mut self) {
+        let Some(store) = self.store.take().cloned() else {
+            return;
+        };
+        let (key, attempt) = (self.key, self.attempt);
+        tracing::warn!(reference = %key.reference(), "call cancelled mid-handler; marking UNKNOWN");
+        // Best effort: without a runtime the lease runs out and the sweep
+        // marks the record.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                mark(&*store, &key, attempt, note::CANCELLED).await;
+            });
+        }
+    }
+}
+
+/// Turns a panic inside the handler's future into an `Err`.
+pub(super) struct CatchUnwind<F>(pub(super) Pin<Box<F>>);
+
+impl<F: Future> Future for CatchUnwind<F> {
+    type Output = Result<F::Output, Box<dyn std::any::Any + Send>>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let fut = self.0.as_mut();
+        match std::panic::catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(out)) => Poll::Ready(Ok(out)),
+            Err(panic) => Poll::Ready(Err(panic)),
+        }
+    }
+}
+
+pub(super) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a non-text panic".to_owned()
+    }
+}

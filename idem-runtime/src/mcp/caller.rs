@@ -1,0 +1,109 @@
+//! Who calls: the server's executor and default caller, the caller of a
+//! request, and the reference inside a running handler.
+
+use rmcp::model::Extensions;
+use rmcp::service::RequestContext;
+use rmcp::RoleServer;
+
+use crate::executor::Executor;
+use crate::key::{Caller, Reference};
+
+/// A server whose tools `#[idempotent]` wraps: it hands the wrapper its
+/// executor (and so its store, lease and retention) and, optionally, the
+/// caller to use when a request carries none.
+///
+/// ```
+/// use std::sync::Arc;
+/// use idem_runtime::{Caller, Executor, IdempotentServer, MemoryStore};
+///
+/// struct Payments {
+///     executor: Executor,
+///     local_user: Caller,
+/// }
+///
+/// impl IdempotentServer for Payments {
+///     fn executor(&self) -> &Executor {
+///         &self.executor
+///     }
+///     // A stdio server serves one local user.
+///     fn default_caller(&self) -> Option<&Caller> {
+///         Some(&self.local_user)
+///     }
+/// }
+///
+/// let server = Payments {
+///     executor: Executor::new(Arc::new(MemoryStore::new())),
+///     local_user: Caller::new("local", "me"),
+/// };
+/// # let _ = server;
+/// ```
+pub trait IdempotentServer {
+    /// The executor every wrapped tool of this server runs through.
+    fn executor(&self) -> &Executor;
+
+    /// The caller of a request that carries none. `None` (the default)
+    /// refuses such calls before anything runs.
+    fn default_caller(&self) -> Option<&Caller> {
+        None
+    }
+}
+
+tokio::task_local! {
+    pub(super) static CURRENT_REFERENCE: Reference;
+}
+
+/// The reference of the operation whose handler is running, inside the body
+/// of an `#[idempotent]` tool; `None` anywhere else. Pass it to the processor
+/// as its own idempotency key.
+///
+/// It is a task-local: a task spawned by the handler does not see it, so
+/// read it first and move the value in.
+pub fn current_reference() -> Option<Reference> {
+    CURRENT_REFERENCE.try_with(|reference| *reference).ok()
+}
+
+/// The caller of a request: a [`Caller`] in the request context's
+/// extensions, or in the extensions of the HTTP request parts (what an auth
+/// layer in front of rmcp's streamable HTTP service fills in). `None` when
+/// neither has one.
+pub fn request_caller(extensions: &Extensions) -> Option<Caller> {
+    if let Some(caller) = extensions.get::<Caller>() {
+        return Some(caller.clone());
+    }
+    extensions
+        .get::<http::request::Parts>()
+        .and_then(|parts| parts.extensions.get::<Caller>())
+        .cloned()
+}
+
+pub(super) fn resolve_caller<S: IdempotentServer + ?Sized>(
+    server: &S,
+    request: &RequestContext<RoleServer>,
+) -> Option<Caller> {
+    request_caller(&request.extensions).or_else(|| server.default_caller().cloned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn caller_from_extensions_then_http_parts() {
+        let mut extensions = Extensions::new();
+        assert_eq!(request_caller(&extensions), None);
+
+        let (mut parts, ()) = http::Request::new(()).into_parts();
+        parts.extensions.insert(Caller::new("acme", "via-http"));
+        extensions.insert(parts);
+        assert_eq!(
+            request_caller(&extensions),
+            Some(Caller::new("acme", "via-http"))
+        );
+
+        extensions.insert(Caller::new("acme", "direct"));
+        assert_eq!(
+            request_caller(&extensions),
+            Some(Caller::new("acme", "direct"))
+        );
+    }
+}

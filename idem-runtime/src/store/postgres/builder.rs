@@ -1,0 +1,128 @@
+//! [`PostgresStoreBuilder`]: the connection, the pool and its timeouts.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, QueueMode, RecyclingMethod, Runtime};
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+use tokio_postgres::{NoTls, Socket};
+
+use super::statements::Statements;
+use super::PostgresStore;
+use crate::store::StoreError;
+
+/// Configures a [`PostgresStore`]: schema, pool size and timeout.
+#[derive(Debug, Clone)]
+pub struct PostgresStoreBuilder {
+    config: tokio_postgres::Config,
+    schema: String,
+    pool_size: usize,
+    timeout: Duration,
+}
+
+impl PostgresStoreBuilder {
+    pub(super) fn new(config: tokio_postgres::Config) -> Self {
+        PostgresStoreBuilder {
+            config,
+            schema: "public".into(),
+            pool_size: 16,
+            timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// The schema that holds the store's tables (default `public`). Tests use
+    /// a fresh one each to run in parallel. Letters, digits and `_` only.
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self
+    }
+
+    /// The most connections the pool opens (default 16).
+    pub fn pool_size(mut self, size: usize) -> Self {
+        self.pool_size = size.max(1);
+        self
+    }
+
+    /// How long connecting, waiting for a pooled connection, and each
+    /// statement may take before the call fails as `Unavailable` (default
+    /// 5 s). It is also the server's `statement_timeout`.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The store, without TLS. Connects lazily: nothing is sent to the server
+    /// until the first call. Errors: `Config` for an invalid schema name.
+    pub fn build(self) -> Result<PostgresStore, StoreError> {
+        self.build_with_tls(NoTls)
+    }
+
+    /// The store, connecting through `tls` (e.g. `postgres-native-tls` or
+    /// `tokio-postgres-rustls`), for servers that require TLS.
+    pub fn build_with_tls<T>(self, tls: T) -> Result<PostgresStore, StoreError>
+    where
+        T: MakeTlsConnect<Socket> + Clone + Sync + Send + 'static,
+        T::Stream: Sync + Send,
+        T::TlsConnect: Sync + Send,
+        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+    {
+        let schema = quote_schema(&self.schema)?;
+        let mut config = self.config;
+        // Fail fast instead of hanging on an unreachable server; keepalives
+        // find a silently dead peer on idle connections.
+        config.connect_timeout(self.timeout);
+        config.keepalives(true);
+        config.keepalives_idle(Duration::from_secs(30));
+        let statement_timeout = format!("-c statement_timeout={}", self.timeout.as_millis());
+        let options = match config.get_options() {
+            Some(o) if !o.is_empty() => format!("{o} {statement_timeout}"),
+            _ => statement_timeout,
+        };
+        config.options(&options);
+        let manager = Manager::from_config(
+            config,
+            tls,
+            ManagerConfig {
+                // A connection that died is noticed (closed) when it is
+                // recycled; one that stopped answering is dropped by `settle`.
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(self.pool_size)
+            // The most recently used connection first: a call's claim and its
+            // completion land on the same warm server backend, and a quiet
+            // pool keeps few backends busy. (FIFO would rotate every call
+            // through every idle backend.)
+            .queue_mode(QueueMode::Lifo)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(self.timeout))
+            .create_timeout(Some(self.timeout))
+            .recycle_timeout(Some(self.timeout))
+            .build()
+            .map_err(|e| StoreError::Config(format!("cannot build the pool: {e}")))?;
+        Ok(PostgresStore {
+            pool,
+            sql: Arc::new(Statements::new(schema)),
+            // A little over the server's statement_timeout, so that the server
+            // usually reports the timeout itself.
+            timeout: self.timeout + Duration::from_millis(500),
+        })
+    }
+}
+
+fn quote_schema(schema: &str) -> Result<String, StoreError> {
+    let valid = !schema.is_empty()
+        && schema.len() <= 63
+        && !schema.starts_with(|c: char| c.is_ascii_digit())
+        && schema
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if valid {
+        Ok(format!("\"{schema}\""))
+    } else {
+        Err(StoreError::Config(format!(
+            "invalid schema name {schema:?}: use letters, digits and _ (at most 63)"
+        )))
+    }
+}

@@ -1,0 +1,67 @@
+//! The shipped schema migrations and how they are applied.
+
+use super::PostgresStore;
+use crate::store::StoreError;
+
+/// The shipped migrations, in order; `{schema}` is replaced by the quoted
+/// schema name. A version, once shipped, is never edited: add a new one.
+const MIGRATIONS: &[(i32, &str)] = &[(
+    1,
+    include_str!("../../../migrations/postgres/0001_records.sql"),
+)];
+
+impl PostgresStore {
+    /// Creates the schema and applies the shipped migrations not applied yet,
+    /// recording each in `idem_migrations`. Idempotent, and safe when several
+    /// processes migrate at once: they take turns on an advisory lock, and the
+    /// later ones find nothing left to do. Errors: `Unavailable`.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let mut client = self.client().await?;
+        let schema = self.sql.schema.clone();
+        let out = tokio::time::timeout(self.timeout * 4, async {
+            let tx = client.transaction().await?;
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&lock_id(&schema)])
+                .await?;
+            tx.batch_execute(&format!(
+                "CREATE SCHEMA IF NOT EXISTS {schema}; \
+                 CREATE TABLE IF NOT EXISTS {schema}.idem_migrations ( \
+                   version integer PRIMARY KEY, \
+                   applied_at timestamptz NOT NULL DEFAULT now())"
+            ))
+            .await?;
+            let applied: Vec<i32> = tx
+                .query(
+                    &format!("SELECT version FROM {schema}.idem_migrations"),
+                    &[],
+                )
+                .await?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            for (version, sql) in MIGRATIONS {
+                if applied.contains(version) {
+                    continue;
+                }
+                tx.batch_execute(&sql.replace("{schema}", &schema)).await?;
+                tx.execute(
+                    &format!("INSERT INTO {schema}.idem_migrations (version) VALUES ($1)"),
+                    &[version],
+                )
+                .await?;
+            }
+            tx.commit().await
+        })
+        .await;
+        self.settle(client, out)
+    }
+}
+
+/// The advisory lock migrations of one schema take turns on.
+fn lock_id(schema: &str) -> i64 {
+    // FNV-1a: stable across builds and processes, unlike std's hasher.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in "idem-migrate:".bytes().chain(schema.bytes()) {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    h as i64
+}
