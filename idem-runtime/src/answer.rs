@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 
 use crate::key::Reference;
-use crate::store::{Record, RecordState, StoreError};
+use crate::store::{Record, RecordState, RecordStateKind, StoreError};
 
 /// How a failed handler ended, as far as the side effect goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -345,7 +345,8 @@ pub struct StatusReport {
     pub reference: String,
     /// The tool the operation belongs to.
     pub tool: String,
-    /// `IN_PROGRESS`, `COMPLETED` or `UNKNOWN`.
+    /// `IN_PROGRESS`, `COMPLETED`, `UNKNOWN` (also for a claim whose lease
+    /// ran out) or `NOT_PERFORMED`.
     pub state: String,
     /// When the operation was claimed, in milliseconds since the Unix epoch.
     pub claimed_at_ms: u64,
@@ -355,9 +356,12 @@ pub struct StatusReport {
     /// (as a string only if what is stored is not JSON).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub response: Option<serde_json::Value>,
-    /// Why the outcome is unknown, when it is.
+    /// Why the outcome is unknown, or how it was found not performed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// Who resolved the operation by hand, and why, when a person did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resolution: Option<String>,
     /// What the reader should do next.
     pub next_step: String,
 }
@@ -369,6 +373,10 @@ impl StatusReport {
                 .unwrap_or_default()
                 .as_millis() as u64
         };
+        const UNDER_REVIEW: &str = "The outcome is not known yet and is being reconciled with \
+            the processor. Do not submit it again; ask again later or tell the user it is under \
+            review.";
+        let mut state = record.state.kind();
         let (response, note, next_step) = match &record.state {
             RecordState::Completed { response } => (
                 Some(
@@ -379,6 +387,13 @@ impl StatusReport {
                 "The operation completed; its result is in `response`. Do not submit it again."
                     .to_owned(),
             ),
+            // A claim whose lease ran out reads as outcome unknown, as a
+            // repeat call does: its process may have died mid-call, and
+            // "still running" would be said forever.
+            RecordState::InProgress if record.is_lapsed() => {
+                state = RecordStateKind::Unknown;
+                (None, Some(note::LEASE_LAPSED.to_owned()), UNDER_REVIEW.to_owned())
+            }
             RecordState::InProgress => (
                 None,
                 None,
@@ -386,22 +401,22 @@ impl StatusReport {
                  again."
                     .to_owned(),
             ),
-            RecordState::Unknown { note } => (
+            RecordState::Unknown { note } => (None, Some(note.clone()), UNDER_REVIEW.to_owned()),
+            RecordState::NotPerformed { note } => (
                 None,
                 Some(note.clone()),
-                "The outcome is not known yet and is being reconciled with the processor. Do \
-                 not submit it again; ask again later or tell the user it is under review."
-                    .to_owned(),
+                "The operation did not take effect. It is safe to submit it again.".to_owned(),
             ),
         };
         StatusReport {
             reference: record.reference().to_string(),
             tool: record.tool.clone(),
-            state: record.state.name().to_owned(),
+            state: state.as_str().to_owned(),
             claimed_at_ms: ms(record.claimed_at),
             updated_at_ms: ms(record.updated_at),
             response,
             note,
+            resolution: record.resolution.clone(),
             next_step,
         }
     }
@@ -418,6 +433,12 @@ pub(crate) mod note {
         "its lease ran out before it finished; the process may have died mid-call";
     /// A call future dropped while its handler ran.
     pub(crate) const CANCELLED: &str = "the call was cancelled while its handler ran";
+    /// A reconciler found it not performed at the processor.
+    pub(crate) const RECONCILED_NOT_PERFORMED: &str =
+        "the processor has no record of it: it did not take effect";
+    /// An operator resolved it as not performed.
+    pub(crate) const RESOLVED_BY_HAND_NOT_PERFORMED: &str =
+        "resolved by hand as not performed: it did not take effect";
 
     /// A handler that panicked.
     pub(crate) fn panicked(message: &str) -> String {

@@ -38,8 +38,8 @@ pub use key::canonical::{
 };
 pub use key::{Caller, IdempotencyKey, KeyError, Reference, Scope};
 pub use maintenance::{
-    purge, reconcile, sweep, Maintenance, MaintenanceConfig, ReconcileReport, Reconciler,
-    Reconciliation,
+    purge, reconcile, resolve_by_hand, sweep, Maintenance, MaintenanceConfig, ManualOutcome,
+    ReconcileConfig, ReconcileReport, Reconciler, Reconciliation, ResolveError,
 };
 #[cfg(feature = "rmcp")]
 #[doc(hidden)]
@@ -57,7 +57,7 @@ pub use store::conformance;
 pub use store::SqliteStore;
 pub use store::{
     Attempt, Claim, ClaimRequest, IdempotencyStore, MemoryStore, Record, RecordState,
-    RecordStateKind, StoreError,
+    RecordStateKind, Resolution, StoreError,
 };
 #[cfg(feature = "postgres")]
 pub use store::{PostgresStore, PostgresStoreBuilder};

@@ -6,7 +6,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::answer::note;
-use crate::store::{IdempotencyStore, Record, StoreError};
+use crate::key::Reference;
+use crate::store::{IdempotencyStore, Record, RecordState, RecordStateKind, Resolution, StoreError};
 
 /// What a processor says about an operation whose outcome was unknown.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -17,10 +18,18 @@ pub enum Reconciliation {
         /// The response to store.
         response: String,
     },
-    /// It did not happen: release the record so the call can run again.
+    /// It did not happen: the record becomes NOT_PERFORMED, so the call can
+    /// run again. Trusted only once the record has been unchanged for the
+    /// settle period ([`ReconcileConfig::settle`]); until then the record is
+    /// asked about again.
     NotPerformed,
-    /// The processor does not know yet; ask again on the next round.
+    /// The processor does not know yet (or the request is still in flight
+    /// there); ask again after a backoff.
     StillUnknown,
+    /// This reconciler does not handle the record's tool; another may. The
+    /// record is put off for the longest backoff, so it never holds up the
+    /// records this reconciler can resolve.
+    NotMine,
 }
 
 /// Looks an operation up at the processor by its reference (the one the
@@ -57,24 +66,67 @@ pub async fn purge(store: &dyn IdempotencyStore, batch: usize) -> Result<usize, 
 
 /// Marks UNKNOWN every IN_PROGRESS record whose lease ran out (at most
 /// `limit`); returns how many it marked. A record that completed or changed
-/// owner in the meantime is left alone: the mark is fenced by the attempt
-/// that was listed.
+/// owner in the meantime is left alone (the mark is fenced by the attempt
+/// that was listed), and so is one whose handler renewed its lease after the
+/// listing: the mark re-checks the lease in the same atomic step.
 pub async fn sweep(store: &dyn IdempotencyStore, limit: usize) -> Result<usize, StoreError> {
     let mut marked = 0;
     for record in store.list_lapsed(limit).await? {
         match store
-            .mark_unknown(&record.key, record.attempt, note::SWEPT)
+            .mark_lapsed(&record.key, record.attempt, note::SWEPT)
             .await
         {
-            Ok(()) => {
+            Ok(true) => {
                 tracing::warn!(reference = %record.reference(), tool = %record.tool, "swept: outcome unknown");
                 marked += 1;
             }
-            Err(StoreError::Fenced | StoreError::WrongState { .. }) => {}
+            Ok(false) | Err(StoreError::Fenced | StoreError::WrongState { .. }) => {}
             Err(e) => return Err(e),
         }
     }
     Ok(marked)
+}
+
+/// How reconciliation trusts answers and paces its questions.
+#[derive(Clone, Debug)]
+pub struct ReconcileConfig {
+    /// "Not performed" is trusted only for a record unchanged this long: a
+    /// processor may not show a request still in flight (replication lag,
+    /// an eventually consistent lookup, a slow request that lands late).
+    /// Default 5 minutes; set it to at least your longest handler timeout.
+    pub settle: Duration,
+    /// The pause after the first answer that resolves nothing; it doubles
+    /// with each further one (default 30 s).
+    pub first_backoff: Duration,
+    /// The longest pause between two checks of one record, and the pause
+    /// after a "not mine" (default 1 hour).
+    pub max_backoff: Duration,
+    /// The most records looked at per round (default 250).
+    pub batch: usize,
+}
+
+impl Default for ReconcileConfig {
+    fn default() -> Self {
+        ReconcileConfig {
+            settle: Duration::from_secs(300),
+            first_backoff: Duration::from_secs(30),
+            max_backoff: Duration::from_secs(3600),
+            batch: 250,
+        }
+    }
+}
+
+impl ReconcileConfig {
+    /// The pause before the next check of a record already checked `checks`
+    /// times without a resolution: `first_backoff × 2^checks`, at most
+    /// `max_backoff`.
+    pub fn backoff(&self, checks: u32) -> Duration {
+        let factor = 1u32.checked_shl(checks.min(31)).unwrap_or(u32::MAX);
+        self.first_backoff
+            .checked_mul(factor)
+            .unwrap_or(self.max_backoff)
+            .min(self.max_backoff)
+    }
 }
 
 /// How a reconcile round went.
@@ -82,39 +134,79 @@ pub async fn sweep(store: &dyn IdempotencyStore, limit: usize) -> Result<usize, 
 pub struct ReconcileReport {
     /// Records resolved to COMPLETED.
     pub completed: usize,
-    /// Records released (the operation had not happened).
-    pub released: usize,
-    /// Records still UNKNOWN (the processor did not know, or failed).
+    /// Records resolved to NOT_PERFORMED (the operation had not happened).
+    pub not_performed: usize,
+    /// Records still UNKNOWN (the processor did not know, failed, or said
+    /// "not performed" before the settle period), asked again later.
     pub still_unknown: usize,
+    /// Records whose tool this reconciler does not handle.
+    pub not_mine: usize,
 }
 
-/// Asks `reconciler` about at most `limit` UNKNOWN records and resolves them.
+/// Asks `reconciler` about the UNKNOWN records whose check is due (at most
+/// `config.batch`) and resolves them; the others are put off with a backoff,
+/// so records nobody can resolve never starve the rest.
 pub async fn reconcile(
     store: &dyn IdempotencyStore,
     reconciler: &dyn Reconciler,
-    limit: usize,
+    config: &ReconcileConfig,
 ) -> Result<ReconcileReport, StoreError> {
     let mut report = ReconcileReport::default();
-    for record in store.list_unknown(limit).await? {
+    for record in store.list_unknown(config.batch).await? {
         let reference = record.reference();
-        let resolved = match reconciler.reconcile(&record).await {
-            Ok(Reconciliation::Completed { response }) => store
-                .complete(&record.key, record.attempt, &response)
+        let (key, attempt) = (&record.key, record.attempt);
+        let backoff = config.backoff(record.checks);
+        let outcome = match reconciler.reconcile(&record).await {
+            Ok(Reconciliation::Completed { response }) => {
+                let completed = Resolution::Completed {
+                    response: &response,
+                };
+                store
+                    .resolve(key, attempt, completed, None)
+                    .await
+                    .map(|()| &mut report.completed)
+            }
+            Ok(Reconciliation::NotPerformed) => {
+                let not_performed = Resolution::NotPerformed {
+                    note: note::RECONCILED_NOT_PERFORMED,
+                    settle: config.settle,
+                };
+                match store.resolve(key, attempt, not_performed, None).await {
+                    Ok(()) => Ok(&mut report.not_performed),
+                    // Too soon to trust: ask again once it has settled.
+                    Err(StoreError::NotSettled { until }) => {
+                        let wait = until
+                            .duration_since(record.observed_at)
+                            .unwrap_or_default()
+                            .max(config.first_backoff.min(config.settle));
+                        store
+                            .defer_check(key, attempt, wait)
+                            .await
+                            .map(|()| &mut report.still_unknown)
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            Ok(Reconciliation::StillUnknown) => store
+                .defer_check(key, attempt, backoff)
                 .await
-                .map(|()| &mut report.completed),
-            Ok(Reconciliation::NotPerformed) => store
-                .release(&record.key, record.attempt)
+                .map(|()| &mut report.still_unknown),
+            Ok(Reconciliation::NotMine) => store
+                .defer_check(key, attempt, config.max_backoff)
                 .await
-                .map(|()| &mut report.released),
-            Ok(Reconciliation::StillUnknown) => Ok(&mut report.still_unknown),
+                .map(|()| &mut report.not_mine),
             Err(error) => {
                 tracing::warn!(%reference, %error, "reconciler failed; the record stays UNKNOWN");
-                Ok(&mut report.still_unknown)
+                store
+                    .defer_check(key, attempt, backoff)
+                    .await
+                    .map(|()| &mut report.still_unknown)
             }
         };
-        match resolved {
+        match outcome {
             Ok(counter) => *counter += 1,
-            // Resolved by someone else meanwhile (a late completion, another replica).
+            // Resolved by someone else meanwhile (a late completion, another
+            // replica, an operator).
             Err(StoreError::Fenced | StoreError::WrongState { .. }) => {}
             Err(e) => return Err(e),
         }
@@ -122,16 +214,146 @@ pub async fn reconcile(
     Ok(report)
 }
 
+/// What an operator found out about an operation whose outcome was unknown.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ManualOutcome {
+    /// It happened: repeats replay `response` (JSON text, exactly what the
+    /// tool would have returned).
+    Completed {
+        /// The response to store.
+        response: String,
+    },
+    /// It did not happen: the next identical call runs.
+    NotPerformed,
+}
+
+/// Why a resolution by hand was refused. Nothing was changed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ResolveError {
+    /// No record has this reference in this tenant.
+    #[error("no operation with reference {reference} in tenant {tenant:?}; check both")]
+    NotFound {
+        /// The tenant asked.
+        tenant: String,
+        /// The reference asked.
+        reference: Reference,
+    },
+    /// The record's outcome is known already (or it is still running), so
+    /// there is nothing to resolve; it was left as it was.
+    #[error(
+        "operation {reference} is {state}, not UNKNOWN: only an operation whose outcome is \
+         unknown can be resolved by hand; it was left as it was"
+    )]
+    NotUnknown {
+        /// The reference.
+        reference: Reference,
+        /// The state found.
+        state: RecordStateKind,
+    },
+    /// The note is empty.
+    #[error("the note is empty: say who resolves the operation and why")]
+    EmptyNote,
+    /// The completed response is not JSON.
+    #[error("the response is not JSON ({0}): give the tool's result as JSON text")]
+    InvalidResponse(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Resolves an UNKNOWN operation by hand: completed with `response`, or not
+/// performed, with `note` (who and why) kept on the record, where the status
+/// tool shows it. An IN_PROGRESS record whose lease ran out counts as
+/// UNKNOWN (its process is presumed dead, as the sweep would conclude).
+///
+/// Fenced by the record's attempt, so it cannot overwrite a resolution or a
+/// late completion that lands at the same moment; and idempotent: resolving
+/// again the same way with the same note answers the resolved record. Any
+/// other record is refused with [`ResolveError::NotUnknown`] and left as it
+/// was. Returns the record as resolved.
+pub async fn resolve_by_hand(
+    store: &dyn IdempotencyStore,
+    tenant: &str,
+    reference: &Reference,
+    outcome: &ManualOutcome,
+    note: &str,
+) -> Result<Record, ResolveError> {
+    let note = note.trim();
+    if note.is_empty() {
+        return Err(ResolveError::EmptyNote);
+    }
+    if let ManualOutcome::Completed { response } = outcome {
+        serde_json::from_str::<serde_json::Value>(response)
+            .map_err(|e| ResolveError::InvalidResponse(e.to_string()))?;
+    }
+    let not_found = || ResolveError::NotFound {
+        tenant: tenant.to_owned(),
+        reference: *reference,
+    };
+    let record = store.lookup(tenant, reference).await?.ok_or_else(not_found)?;
+    if record.is_lapsed() {
+        // The sweep's own step, fenced and re-checked; a heartbeat that
+        // lands first keeps the record running (and refused below).
+        match store
+            .mark_lapsed(&record.key, record.attempt, note::SWEPT)
+            .await
+        {
+            Ok(_) | Err(StoreError::Fenced | StoreError::WrongState { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let record = store.lookup(tenant, reference).await?.ok_or_else(not_found)?;
+    let resolution = match outcome {
+        ManualOutcome::Completed { response } => Resolution::Completed { response },
+        ManualOutcome::NotPerformed => Resolution::NotPerformed {
+            note: note::RESOLVED_BY_HAND_NOT_PERFORMED,
+            settle: Duration::ZERO,
+        },
+    };
+    if matches!(record.state, RecordState::Unknown { .. }) {
+        match store
+            .resolve(&record.key, record.attempt, resolution, Some(note))
+            .await
+        {
+            Ok(()) => {
+                tracing::info!(%reference, tool = %record.tool, "resolved by hand");
+            }
+            Err(StoreError::Fenced | StoreError::WrongState { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let resolved = store.lookup(tenant, reference).await?.ok_or_else(not_found)?;
+    let same = resolved.resolution.as_deref() == Some(note)
+        && match (&resolved.state, outcome) {
+            (RecordState::Completed { response }, ManualOutcome::Completed { response: r }) => {
+                response == r
+            }
+            (RecordState::NotPerformed { .. }, ManualOutcome::NotPerformed) => true,
+            _ => false,
+        };
+    if same {
+        Ok(resolved)
+    } else {
+        Err(ResolveError::NotUnknown {
+            reference: *reference,
+            state: resolved.state.kind(),
+        })
+    }
+}
+
 /// Settings of the background [`Maintenance`] task.
 #[derive(Clone, Debug)]
 pub struct MaintenanceConfig {
     /// Time between rounds.
     pub interval: Duration,
-    /// Purge batch size, and the most records swept or reconciled per round
-    /// (default 250: small batches keep claims fast while a purge runs).
+    /// Purge batch size, and the most records swept per round (default 250:
+    /// small batches keep claims fast while a purge runs).
     pub batch: usize,
     /// Resolves UNKNOWN records, if given.
     pub reconciler: Option<Arc<dyn Reconciler>>,
+    /// How the reconciler's answers are trusted and paced.
+    pub reconcile: ReconcileConfig,
 }
 
 impl Default for MaintenanceConfig {
@@ -140,6 +362,7 @@ impl Default for MaintenanceConfig {
             interval: Duration::from_secs(30),
             batch: 250,
             reconciler: None,
+            reconcile: ReconcileConfig::default(),
         }
     }
 }
@@ -174,7 +397,7 @@ impl Maintenance {
             tracing::warn!(%error, "sweep failed");
         }
         if let Some(reconciler) = &config.reconciler {
-            if let Err(error) = reconcile(store, &**reconciler, config.batch).await {
+            if let Err(error) = reconcile(store, &**reconciler, &config.reconcile).await {
                 tracing::warn!(%error, "reconcile failed");
             }
         }

@@ -6,10 +6,11 @@ use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use crate::answer::note;
 use crate::key::IdempotencyKey;
-use crate::store::{Attempt, IdempotencyStore};
+use crate::store::{Attempt, IdempotencyStore, StoreError};
 
 /// Marks the record UNKNOWN, best effort: a failure is logged and the lease
 /// still covers the record, so the sweep marks it later.
@@ -55,6 +56,73 @@ impl Drop for UnknownOnDrop<'_> {
                 mark(&*store, &key, attempt, note::CANCELLED).await;
             });
         }
+    }
+}
+
+/// Releases a claim whose answer never came (lost after the commit, or the
+/// call dropped while it was in flight), unless disarmed: nothing ran under
+/// it, so the retry the answer invites must find no orphan. The release is
+/// fenced by the attempt (a claim that never landed answers `Fenced`, and
+/// that is the end of it) and retried in the background, with backoff, until
+/// the store answers; after [`GIVE_UP_AFTER`] the lease has long run out and
+/// the sweep and reconciler own the record.
+pub(super) struct ReleaseOnDrop<'a> {
+    store: Option<&'a Arc<dyn IdempotencyStore>>,
+    key: IdempotencyKey,
+    attempt: Attempt,
+}
+
+/// How long the background release of an unconfirmed claim keeps trying.
+const GIVE_UP_AFTER: Duration = Duration::from_secs(600);
+
+impl<'a> ReleaseOnDrop<'a> {
+    pub(super) fn new(
+        store: &'a Arc<dyn IdempotencyStore>,
+        key: IdempotencyKey,
+        attempt: Attempt,
+    ) -> Self {
+        ReleaseOnDrop {
+            store: Some(store),
+            key,
+            attempt,
+        }
+    }
+
+    pub(super) fn disarm(&mut self) {
+        self.store = None;
+    }
+}
+
+impl Drop for ReleaseOnDrop<'_> {
+    fn drop(&mut self) {
+        let Some(store) = self.store.take().cloned() else {
+            return;
+        };
+        let (key, attempt) = (self.key, self.attempt);
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        rt.spawn(async move {
+            let started = tokio::time::Instant::now();
+            let mut pause = Duration::from_millis(50);
+            loop {
+                match store.release(&key, attempt).await {
+                    // Released, or it never landed, or it is not ours to undo.
+                    Ok(()) | Err(StoreError::Fenced) | Err(StoreError::WrongState { .. }) => {
+                        return
+                    }
+                    Err(error) if started.elapsed() >= GIVE_UP_AFTER => {
+                        tracing::error!(reference = %key.reference(), %error,
+                            "an unconfirmed claim could not be released; the sweep and the reconciler will resolve it");
+                        return;
+                    }
+                    Err(_) => {
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_secs(5));
+                    }
+                }
+            }
+        });
     }
 }
 

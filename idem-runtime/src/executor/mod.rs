@@ -3,20 +3,20 @@
 use std::future::Future;
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::answer::{note, Answer, Classify, Disposition, StatusReport};
-use crate::key::{Caller, IdempotencyKey, Reference, Scope};
+use crate::key::{is_empty_business_key, Caller, IdempotencyKey, Reference, Scope};
 use crate::store::{
     Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordState, StoreError,
 };
 
 mod guard;
 
-use guard::{mark, panic_message, CatchUnwind, UnknownOnDrop};
+use guard::{mark, panic_message, CatchUnwind, ReleaseOnDrop, UnknownOnDrop};
 
 /// The default lease: how long a claim holds without a heartbeat.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -163,15 +163,19 @@ impl Executor {
         Fut: Future<Output = Result<T, E>>,
     {
         let args = op.args;
-        let (scope, window, retention) = match op.scope {
-            ScopeSpec::Window(window) => (Scope::Window(window), window, self.retention),
-            ScopeSpec::BusinessKey { fields, retention } => {
-                let retention = retention.unwrap_or(self.retention);
-                match business_key(args, fields) {
-                    Ok(value) => (Scope::BusinessKey(value), retention, retention),
-                    Err(reason) => return Answer::Refused { reason },
-                }
-            }
+        // `window` ends a COMPLETED record; an IN_PROGRESS or UNKNOWN one is
+        // kept for the executor's retention whatever the scope, because its
+        // side effect may have happened (a business key's `window` shortens
+        // how long its result answers, never how long a doubt is kept).
+        let (scope, window) = match op.scope {
+            ScopeSpec::Window(window) => (Scope::Window(window), window),
+            ScopeSpec::BusinessKey { fields, retention } => match business_key(args, fields) {
+                Ok(value) => (
+                    Scope::BusinessKey(value),
+                    retention.unwrap_or(self.retention),
+                ),
+                Err(reason) => return Answer::Refused { reason },
+            },
         };
         let key = match IdempotencyKey::derive(op.caller, op.tool, args, &scope) {
             Ok(key) => key,
@@ -189,24 +193,25 @@ impl Executor {
             attempt: Attempt::random(),
             lease: self.lease,
             window,
-            retention: retention.max(window),
+            retention: self.retention.max(window),
         };
-        match self.store.claim(&request).await {
+        // Armed while the claim is in flight: if its answer is lost (a
+        // timeout after the commit) or the call is dropped before it comes,
+        // the claim may have landed, and nothing will ever run under it.
+        let mut unconfirmed = ReleaseOnDrop::new(&self.store, key, request.attempt);
+        let claimed = self.store.claim(&request).await;
+        if claimed.is_ok() {
+            unconfirmed.disarm();
+        }
+        match claimed {
             Err(error) => {
                 tracing::warn!(%reference, tool = op.tool, %error, "claim failed; not running");
-                // The claim may have landed even though its answer was lost (a
-                // timeout after the commit). Undo it if so, best effort and
-                // fenced by this attempt, so the retry the answer invites is
-                // not met by our own orphaned claim.
-                let (store, key, attempt) = (self.store.clone(), request.key, request.attempt);
-                if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                    rt.spawn(async move {
-                        let _ = store.release(&key, attempt).await;
-                    });
-                }
+                // Dropping the guard releases the claim, fenced by this
+                // attempt, retrying in the background until the store answers.
+                drop(unconfirmed);
                 Answer::StoreUnavailable { error }
             }
-            Ok(Claim::Existing { record, now }) => existing(record, now, &key, op.status_tool),
+            Ok(Claim::Existing { record }) => existing(record, &key, op.status_tool),
             Ok(Claim::Claimed) => {
                 let context = OperationContext {
                     reference,
@@ -298,6 +303,10 @@ impl Executor {
     }
 
     /// Drives `work` while renewing the claim's lease every third of it.
+    ///
+    /// The heartbeat runs beside the handler, not inside its turn: both are
+    /// polled whenever the task wakes, so a store that is slow to answer a
+    /// renewal never pauses the side effect.
     async fn with_heartbeat<O>(&self, claim: &ClaimRequest, work: impl Future<Output = O>) -> O {
         let mut work = std::pin::pin!(work);
         // A handler that finishes on its first poll never needs a heartbeat;
@@ -308,18 +317,30 @@ impl Executor {
             return out;
         }
         let period = self.lease / 3;
-        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                out = &mut work => return out,
-                _ = ticks.tick() => {
-                    if let Err(error) = self.store.heartbeat(&claim.key, claim.attempt, self.lease).await {
-                        tracing::warn!(reference = %claim.key.reference(), %error, "lease renewal failed");
-                    }
+        let beat = async {
+            let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                if let Err(error) = self
+                    .store
+                    .heartbeat(&claim.key, claim.attempt, self.lease)
+                    .await
+                {
+                    tracing::warn!(reference = %claim.key.reference(), %error, "lease renewal failed");
                 }
             }
-        }
+        };
+        let mut beat = std::pin::pin!(beat);
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(out) = work.as_mut().poll(cx) {
+                return Poll::Ready(out);
+            }
+            // Never ready: it loops until the handler is done and it is dropped.
+            let _ = beat.as_mut().poll(cx);
+            Poll::Pending
+        })
+        .await
     }
 
     /// The status of the operation with this reference, in the caller's
@@ -344,10 +365,10 @@ impl Executor {
 /// The answer to a repeat that found a live record.
 fn existing<T: DeserializeOwned, E>(
     record: Record,
-    now: SystemTime,
     key: &IdempotencyKey,
     status_tool: &str,
 ) -> Answer<T, E> {
+    let now = record.observed_at;
     let reference = record.reference();
     let status_tool = status_tool.to_owned();
     if record.key.fingerprint() != key.fingerprint() {
@@ -385,14 +406,26 @@ fn existing<T: DeserializeOwned, E>(
             status_tool,
             note,
         },
+        // The store takes a NOT_PERFORMED record over in the claim itself; a
+        // store that hands one back answers honestly rather than guessing.
+        RecordState::NotPerformed { note } => Answer::Unknown {
+            reference,
+            status_tool,
+            note: format!("it was resolved as not performed ({note}), but could not be claimed again"),
+        },
     }
 }
 
-/// Picks the business key out of the serialized arguments.
+/// Picks the business key out of the serialized arguments. Every field must
+/// be present, non-null and non-empty: with one field empty, different
+/// orders (`{"warehouse": "w1", "order_id": ""}`) would collide as one.
 fn business_key(args: &serde_json::Value, fields: &[&str]) -> Result<serde_json::Value, String> {
     let pick = |field: &str| match args.get(field) {
         None | Some(serde_json::Value::Null) => Err(format!(
             "the business key field `{field}` is missing; give it a value"
+        )),
+        Some(v) if is_empty_business_key(v) => Err(format!(
+            "the business key field `{field}` is empty; give it a value"
         )),
         Some(v) => Ok(v.clone()),
     };

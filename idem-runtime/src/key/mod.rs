@@ -347,7 +347,7 @@ impl Sink for HashSink {
 
 /// Whether a business key carries no value: `null`, `""`, or an array or
 /// object with nothing but such values in it.
-fn is_empty_business_key(value: &Value) -> bool {
+pub(crate) fn is_empty_business_key(value: &Value) -> bool {
     match value {
         Value::Null => true,
         Value::String(s) => s.is_empty(),

@@ -29,7 +29,7 @@ use async_trait::async_trait;
 
 use super::{
     Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordState, RecordStateKind,
-    StoreError,
+    Resolution, StoreError,
 };
 use crate::key::{IdempotencyKey, Reference};
 
@@ -435,6 +435,225 @@ pub async fn purge_deletes_expired_in_batches(store: &dyn IdempotencyStore) {
     assert!(record(store, &live).await.is_some(), "live record kept");
 }
 
+/// The sweep's mark re-checks the lease in the same step: a heartbeat that
+/// lands between the listing and the mark keeps the record IN_PROGRESS.
+pub async fn sweep_mark_rechecks_the_lease(store: &dyn IdempotencyStore) {
+    let mut req = fresh(W);
+    req.lease = Duration::from_millis(150);
+    claimed(store, &req).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let lapsed = store.list_lapsed(100_000).await.unwrap();
+    assert!(lapsed.iter().any(|l| l.key == req.key), "listed as lapsed");
+    // The live handler's heartbeat lands after the listing.
+    store
+        .heartbeat(&req.key, req.attempt, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let marked = store
+        .mark_lapsed(&req.key, req.attempt, "lease ran out")
+        .await
+        .unwrap();
+    assert!(!marked, "a renewed lease is not marked");
+    let r = record(store, &req).await.unwrap();
+    assert_eq!(r.state, RecordState::InProgress);
+    assert!(!r.is_lapsed());
+    // Once the lease really ran out, the mark takes.
+    store
+        .heartbeat(&req.key, req.attempt, Duration::from_millis(100))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let r = record(store, &req).await.unwrap();
+    assert!(r.is_lapsed(), "judged by the store's clock: {r:?}");
+    assert!(store
+        .mark_lapsed(&req.key, req.attempt, "lease ran out")
+        .await
+        .unwrap());
+    let r = record(store, &req).await.unwrap();
+    assert_eq!(
+        r.state,
+        RecordState::Unknown {
+            note: "lease ran out".into()
+        }
+    );
+}
+
+/// An UNKNOWN record is listed when its check is due, and a deferred one
+/// only once its delay is over, so records nobody can resolve do not hide
+/// the rest.
+pub async fn unknown_records_are_listed_when_due(store: &dyn IdempotencyStore) {
+    let (far, soon) = (fresh(W), fresh(W));
+    for req in [&far, &soon] {
+        claimed(store, req).await;
+        store
+            .mark_unknown(&req.key, req.attempt, "timeout")
+            .await
+            .unwrap();
+    }
+    let listed = store.list_unknown(100_000).await.unwrap();
+    for req in [&far, &soon] {
+        let r = listed.iter().find(|l| l.key == req.key).expect("due at once");
+        assert_eq!(r.checks, 0);
+    }
+    store
+        .defer_check(&far.key, far.attempt, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    store
+        .defer_check(&soon.key, soon.attempt, Duration::from_millis(150))
+        .await
+        .unwrap();
+    let listed = store.list_unknown(100_000).await.unwrap();
+    assert!(!listed.iter().any(|l| l.key == far.key || l.key == soon.key));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let listed = store.list_unknown(100_000).await.unwrap();
+    assert!(!listed.iter().any(|l| l.key == far.key), "still deferred");
+    let r = listed
+        .iter()
+        .find(|l| l.key == soon.key)
+        .expect("due again");
+    assert_eq!(r.checks, 1);
+    // Only UNKNOWN records are deferred.
+    let live = fresh(W);
+    claimed(store, &live).await;
+    assert!(matches!(
+        store.defer_check(&live.key, live.attempt, W).await,
+        Err(StoreError::WrongState {
+            found: RecordStateKind::InProgress
+        })
+    ));
+    assert!(matches!(
+        store.defer_check(&far.key, Attempt::random(), W).await,
+        Err(StoreError::Fenced)
+    ));
+}
+
+/// resolve turns an UNKNOWN record (and only one) COMPLETED, keeping the
+/// note of who resolved it; repeats then replay the response.
+pub async fn resolve_completed_from_unknown_only(store: &dyn IdempotencyStore) {
+    let req = fresh(W);
+    claimed(store, &req).await;
+    let completed = Resolution::Completed {
+        response: "\"found at the processor\"",
+    };
+    assert!(matches!(
+        store.resolve(&req.key, req.attempt, completed, None).await,
+        Err(StoreError::WrongState {
+            found: RecordStateKind::InProgress
+        })
+    ));
+    store
+        .mark_unknown(&req.key, req.attempt, "timeout")
+        .await
+        .unwrap();
+    assert!(matches!(
+        store
+            .resolve(&req.key, Attempt::random(), completed, None)
+            .await,
+        Err(StoreError::Fenced)
+    ));
+    store
+        .resolve(&req.key, req.attempt, completed, Some("ops/ana: checked the dashboard"))
+        .await
+        .unwrap();
+    let r = existing(store, &again(&req)).await;
+    assert_eq!(
+        r.state,
+        RecordState::Completed {
+            response: "\"found at the processor\"".into()
+        }
+    );
+    assert_eq!(
+        r.resolution.as_deref(),
+        Some("ops/ana: checked the dashboard")
+    );
+    assert!(matches!(
+        store.resolve(&req.key, req.attempt, completed, None).await,
+        Err(StoreError::WrongState {
+            found: RecordStateKind::Completed
+        })
+    ));
+}
+
+/// "Not performed" is accepted only for a record unchanged for the settle
+/// period; then the next claim takes the record over and runs.
+pub async fn not_performed_waits_for_settle(store: &dyn IdempotencyStore) {
+    let req = fresh(W);
+    claimed(store, &req).await;
+    store
+        .mark_unknown(&req.key, req.attempt, "timeout")
+        .await
+        .unwrap();
+    let early = Resolution::NotPerformed {
+        note: "the processor has no such charge",
+        settle: Duration::from_secs(3600),
+    };
+    match store.resolve(&req.key, req.attempt, early, None).await {
+        Err(StoreError::NotSettled { until }) => {
+            let r = record(store, &req).await.unwrap();
+            assert!(until >= r.updated_at + Duration::from_secs(3599), "{until:?}");
+            assert!(matches!(r.state, RecordState::Unknown { .. }), "unchanged");
+        }
+        other => panic!("expected NotSettled, got {other:?}"),
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let settled = Resolution::NotPerformed {
+        note: "the processor has no such charge",
+        settle: Duration::from_millis(100),
+    };
+    store
+        .resolve(&req.key, req.attempt, settled, None)
+        .await
+        .unwrap();
+    let r = record(store, &req).await.unwrap();
+    assert_eq!(
+        r.state,
+        RecordState::NotPerformed {
+            note: "the processor has no such charge".into()
+        }
+    );
+    assert!(!store
+        .list_unknown(100_000)
+        .await
+        .unwrap()
+        .iter()
+        .any(|l| l.key == req.key));
+    // The next claim runs, and the old attempt is fenced out.
+    let next = again(&req);
+    claimed(store, &next).await;
+    assert!(matches!(
+        store.complete(&req.key, req.attempt, "1").await,
+        Err(StoreError::Fenced)
+    ));
+}
+
+/// A late completion by the attempt that owns a NOT_PERFORMED record still
+/// wins: the handler's truth is better than the reconciler's guess.
+pub async fn late_completion_wins_over_not_performed(store: &dyn IdempotencyStore) {
+    let req = fresh(W);
+    claimed(store, &req).await;
+    store
+        .mark_unknown(&req.key, req.attempt, "timeout")
+        .await
+        .unwrap();
+    let settled = Resolution::NotPerformed {
+        note: "not found",
+        settle: Duration::ZERO,
+    };
+    store
+        .resolve(&req.key, req.attempt, settled, None)
+        .await
+        .unwrap();
+    store.complete(&req.key, req.attempt, "2").await.unwrap();
+    let r = existing(store, &again(&req)).await;
+    assert_eq!(
+        r.state,
+        RecordState::Completed {
+            response: "2".into()
+        }
+    );
+}
+
 /// An expired record is taken over; lapsed and unknown records are listed;
 /// purge deletes what is expired and nothing else.
 pub async fn expiry_sweep_and_purge(store: &dyn IdempotencyStore) {
@@ -537,6 +756,11 @@ macro_rules! __idem_conformance_cases {
             existing_record_keeps_its_fingerprint,
             purge_deletes_expired_in_batches,
             expiry_sweep_and_purge,
+            sweep_mark_rechecks_the_lease,
+            unknown_records_are_listed_when_due,
+            resolve_completed_from_unknown_only,
+            not_performed_waits_for_settle,
+            late_completion_wins_over_not_performed,
         );
     };
 }
@@ -616,6 +840,12 @@ pub enum Call {
     Release,
     /// [`IdempotencyStore::mark_unknown`].
     MarkUnknown,
+    /// [`IdempotencyStore::mark_lapsed`].
+    MarkLapsed,
+    /// [`IdempotencyStore::resolve`].
+    Resolve,
+    /// [`IdempotencyStore::defer_check`].
+    DeferCheck,
     /// [`IdempotencyStore::heartbeat`].
     Heartbeat,
     /// [`IdempotencyStore::lookup`].
@@ -727,6 +957,37 @@ impl<S: IdempotencyStore> IdempotencyStore for FaultyStore<S> {
             self.inner.mark_unknown(key, attempt, note),
         )
         .await
+    }
+    async fn mark_lapsed(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        note: &str,
+    ) -> Result<bool, StoreError> {
+        self.run(Call::MarkLapsed, self.inner.mark_lapsed(key, attempt, note))
+            .await
+    }
+    async fn resolve(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        resolution: Resolution<'_>,
+        note: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.run(
+            Call::Resolve,
+            self.inner.resolve(key, attempt, resolution, note),
+        )
+        .await
+    }
+    async fn defer_check(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        delay: Duration,
+    ) -> Result<(), StoreError> {
+        self.run(Call::DeferCheck, self.inner.defer_check(key, attempt, delay))
+            .await
     }
     async fn heartbeat(
         &self,

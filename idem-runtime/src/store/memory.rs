@@ -1,14 +1,14 @@
 //! An in-process store for tests and single-process servers.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 
 use super::{
     Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordState, RecordStateKind,
-    StoreError,
+    Resolution, StoreError,
 };
 use crate::key::{IdempotencyKey, Reference};
 
@@ -16,15 +16,26 @@ const SHARDS: usize = 64;
 
 type Shard = Mutex<BTreeMap<[u8; 32], Record>>;
 
+/// Where a [`MemoryStore`] reads the time.
+type Clock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
+
 /// Records in process memory, lost when the process ends.
 ///
 /// The map is split into 64 shards chosen by the key's first byte, each behind
 /// its own mutex, so concurrent calls on different keys do not wait for each
 /// other and no lock is ever held across an `.await`. A shard is a `BTreeMap`
 /// so a reference (the key's first eight bytes) is found by a range query.
-#[derive(Debug)]
 pub struct MemoryStore {
     shards: Box<[Shard]>,
+    clock: Option<Clock>,
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("records", &self.len())
+            .finish()
+    }
 }
 
 impl Default for MemoryStore {
@@ -34,10 +45,20 @@ impl Default for MemoryStore {
 }
 
 impl MemoryStore {
-    /// An empty store.
+    /// An empty store on the process clock.
     pub fn new() -> Self {
         MemoryStore {
             shards: (0..SHARDS).map(|_| Mutex::new(BTreeMap::new())).collect(),
+            clock: None,
+        }
+    }
+
+    /// An empty store that reads the time from `clock`: a simulation runs
+    /// leases, windows and settle periods on its own time.
+    pub fn with_clock(clock: impl Fn() -> SystemTime + Send + Sync + 'static) -> Self {
+        MemoryStore {
+            clock: Some(Arc::new(clock)),
+            ..Self::new()
         }
     }
 
@@ -51,6 +72,13 @@ impl MemoryStore {
         self.len() == 0
     }
 
+    fn now(&self) -> SystemTime {
+        match &self.clock {
+            Some(clock) => clock(),
+            None => SystemTime::now(),
+        }
+    }
+
     fn shard(&self, first_byte: u8) -> std::sync::MutexGuard<'_, BTreeMap<[u8; 32], Record>> {
         lock(&self.shards[first_byte as usize % SHARDS])
     }
@@ -62,11 +90,52 @@ impl MemoryStore {
         attempt: Attempt,
         change: impl FnOnce(&mut BTreeMap<[u8; 32], Record>, SystemTime) -> Result<R, StoreError>,
     ) -> Result<R, StoreError> {
+        let now = self.now();
         let mut shard = self.shard(key.key[0]);
         match shard.get(&key.key) {
-            Some(record) if record.attempt == attempt => change(&mut shard, SystemTime::now()),
+            Some(record) if record.attempt == attempt => change(&mut shard, now),
             _ => Err(StoreError::Fenced),
         }
+    }
+
+    /// Applies `change` to the record if `attempt` owns it and it is in
+    /// state `kind`; otherwise `Fenced` or `WrongState`.
+    fn fenced_in<R>(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        kind: RecordStateKind,
+        change: impl FnOnce(&mut Record, SystemTime) -> Result<R, StoreError>,
+    ) -> Result<R, StoreError> {
+        self.fenced(key, attempt, |shard, now| {
+            let record = shard.get_mut(&key.key).expect("checked by fenced");
+            if record.state.kind() != kind {
+                return Err(StoreError::WrongState {
+                    found: record.state.kind(),
+                });
+            }
+            change(record, now)
+        })
+    }
+
+    /// Up to `limit` records matching `pick`, ordered by `order`.
+    fn collect<K: Ord>(
+        &self,
+        limit: usize,
+        pick: impl Fn(&Record) -> bool,
+        order: impl Fn(&Record) -> K,
+    ) -> Vec<Record> {
+        let now = self.now();
+        let mut found: Vec<Record> = Vec::new();
+        for shard in self.shards.iter() {
+            found.extend(lock(shard).values().filter(|r| pick(r)).cloned());
+        }
+        found.sort_by_key(order);
+        found.truncate(limit);
+        for r in &mut found {
+            r.observed_at = now;
+        }
+        found
     }
 }
 
@@ -77,17 +146,25 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+fn unknown(record: &mut Record, note: &str, now: SystemTime) {
+    record.state = RecordState::Unknown {
+        note: note.to_owned(),
+    };
+    record.updated_at = now;
+    record.next_check_at = now;
+    record.checks = 0;
+}
+
 #[async_trait]
 impl IdempotencyStore for MemoryStore {
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
-        let now = SystemTime::now();
+        let now = self.now();
         let mut shard = self.shard(req.key.key[0]);
         if let Some(existing) = shard.get(&req.key.key) {
-            if !existing.is_expired(now) {
-                return Ok(Claim::Existing {
-                    record: existing.clone(),
-                    now,
-                });
+            if !existing.is_claimable(now) {
+                let mut record = existing.clone();
+                record.observed_at = now;
+                return Ok(Claim::Existing { record });
             }
         }
         shard.insert(
@@ -103,6 +180,10 @@ impl IdempotencyStore for MemoryStore {
                 lease_until: now + req.lease,
                 expires_at: now + req.window,
                 retain_until: now + req.retention.max(req.window),
+                next_check_at: now,
+                checks: 0,
+                resolution: None,
+                observed_at: now,
             },
         );
         Ok(Claim::Claimed)
@@ -131,14 +212,11 @@ impl IdempotencyStore for MemoryStore {
 
     async fn release(&self, key: &IdempotencyKey, attempt: Attempt) -> Result<(), StoreError> {
         self.fenced(key, attempt, |shard, _| {
-            if let Some(Record {
-                state: RecordState::Completed { .. },
-                ..
-            }) = shard.get(&key.key)
+            let found = shard.get(&key.key).map(|r| r.state.kind());
+            if let Some(found @ (RecordStateKind::Completed | RecordStateKind::NotPerformed)) =
+                found
             {
-                return Err(StoreError::WrongState {
-                    found: RecordStateKind::Completed,
-                });
+                return Err(StoreError::WrongState { found });
             }
             shard.remove(&key.key);
             Ok(())
@@ -151,17 +229,66 @@ impl IdempotencyStore for MemoryStore {
         attempt: Attempt,
         note: &str,
     ) -> Result<(), StoreError> {
-        self.fenced(key, attempt, |shard, now| {
-            let record = shard.get_mut(&key.key).expect("checked by fenced");
-            if record.state != RecordState::InProgress {
-                return Err(StoreError::WrongState {
-                    found: record.state.kind(),
-                });
+        self.fenced_in(key, attempt, RecordStateKind::InProgress, |record, now| {
+            unknown(record, note, now);
+            Ok(())
+        })
+    }
+
+    async fn mark_lapsed(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        note: &str,
+    ) -> Result<bool, StoreError> {
+        self.fenced_in(key, attempt, RecordStateKind::InProgress, |record, now| {
+            // Re-checked under the shard's lock: a heartbeat that landed after
+            // the sweep listed the record keeps it alive.
+            if !record.lease_expired(now) {
+                return Ok(false);
             }
-            record.state = RecordState::Unknown {
-                note: note.to_owned(),
+            unknown(record, note, now);
+            Ok(true)
+        })
+    }
+
+    async fn resolve(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        resolution: Resolution<'_>,
+        note: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.fenced_in(key, attempt, RecordStateKind::Unknown, |record, now| {
+            record.state = match resolution {
+                Resolution::Completed { response } => RecordState::Completed {
+                    response: response.to_owned(),
+                },
+                Resolution::NotPerformed { note, settle } => {
+                    let until = record.updated_at + settle;
+                    if now < until {
+                        return Err(StoreError::NotSettled { until });
+                    }
+                    RecordState::NotPerformed {
+                        note: note.to_owned(),
+                    }
+                }
             };
+            record.resolution = note.map(str::to_owned);
             record.updated_at = now;
+            Ok(())
+        })
+    }
+
+    async fn defer_check(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        delay: Duration,
+    ) -> Result<(), StoreError> {
+        self.fenced_in(key, attempt, RecordStateKind::Unknown, |record, now| {
+            record.next_check_at = now + delay;
+            record.checks = record.checks.saturating_add(1);
             Ok(())
         })
     }
@@ -172,14 +299,9 @@ impl IdempotencyStore for MemoryStore {
         attempt: Attempt,
         lease: Duration,
     ) -> Result<(), StoreError> {
-        self.fenced(key, attempt, |shard, now| {
-            let record = shard.get_mut(&key.key).expect("checked by fenced");
-            if record.state != RecordState::InProgress {
-                return Err(StoreError::WrongState {
-                    found: record.state.kind(),
-                });
-            }
+        self.fenced_in(key, attempt, RecordStateKind::InProgress, |record, now| {
             record.lease_until = now + lease;
+            record.updated_at = now;
             Ok(())
         })
     }
@@ -189,6 +311,7 @@ impl IdempotencyStore for MemoryStore {
         tenant: &str,
         reference: &Reference,
     ) -> Result<Option<Record>, StoreError> {
+        let now = self.now();
         let mut lo = [0u8; 32];
         let mut hi = [0xffu8; 32];
         lo[..8].copy_from_slice(reference.as_bytes());
@@ -198,11 +321,14 @@ impl IdempotencyStore for MemoryStore {
             .range(lo..=hi)
             .map(|(_, r)| r)
             .find(|r| r.tenant == tenant)
-            .cloned())
+            .map(|r| Record {
+                observed_at: now,
+                ..r.clone()
+            }))
     }
 
     async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
-        let now = SystemTime::now();
+        let now = self.now();
         let mut purged = 0;
         // One shard at a time: a batch never holds more than one shard's lock.
         for shard in self.shards.iter() {
@@ -225,26 +351,20 @@ impl IdempotencyStore for MemoryStore {
     }
 
     async fn list_lapsed(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
-        let now = SystemTime::now();
-        Ok(self.collect(limit, |r| {
-            r.state == RecordState::InProgress && r.lease_expired(now)
-        }))
+        let now = self.now();
+        Ok(self.collect(
+            limit,
+            |r| r.state == RecordState::InProgress && r.lease_expired(now),
+            |r| r.lease_until,
+        ))
     }
 
     async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
-        Ok(self.collect(limit, |r| matches!(r.state, RecordState::Unknown { .. })))
-    }
-}
-
-impl MemoryStore {
-    /// Up to `limit` records matching `pick`, oldest claim first.
-    fn collect(&self, limit: usize, pick: impl Fn(&Record) -> bool) -> Vec<Record> {
-        let mut found: Vec<Record> = Vec::new();
-        for shard in self.shards.iter() {
-            found.extend(lock(shard).values().filter(|r| pick(r)).cloned());
-        }
-        found.sort_by_key(|r| r.claimed_at);
-        found.truncate(limit);
-        found
+        let now = self.now();
+        Ok(self.collect(
+            limit,
+            |r| matches!(r.state, RecordState::Unknown { .. }) && r.next_check_at <= now,
+            |r| r.next_check_at,
+        ))
     }
 }

@@ -63,6 +63,13 @@ pub enum RecordState {
         /// Why the outcome is unknown.
         note: String,
     },
+    /// Resolved as never having taken effect (by a reconciler or by hand):
+    /// the next claim of the operation takes the record over and runs. Kept
+    /// until its retention ends, so the status tool can say so.
+    NotPerformed {
+        /// How it was found not performed.
+        note: String,
+    },
 }
 
 impl RecordState {
@@ -72,6 +79,7 @@ impl RecordState {
             RecordState::InProgress => RecordStateKind::InProgress,
             RecordState::Completed { .. } => RecordStateKind::Completed,
             RecordState::Unknown { .. } => RecordStateKind::Unknown,
+            RecordState::NotPerformed { .. } => RecordStateKind::NotPerformed,
         }
     }
 
@@ -91,33 +99,38 @@ pub enum RecordStateKind {
     Completed,
     /// Nobody knows whether the side effect happened.
     Unknown,
+    /// Resolved as never having taken effect; the next claim runs.
+    NotPerformed,
 }
 
 impl RecordStateKind {
     /// Every kind, in code order.
-    pub const ALL: [RecordStateKind; 3] = [
+    pub const ALL: [RecordStateKind; 4] = [
         RecordStateKind::InProgress,
         RecordStateKind::Completed,
         RecordStateKind::Unknown,
+        RecordStateKind::NotPerformed,
     ];
 
     /// The name the status tool and the docs use: `IN_PROGRESS`,
-    /// `COMPLETED` or `UNKNOWN`.
+    /// `COMPLETED`, `UNKNOWN` or `NOT_PERFORMED`.
     pub const fn as_str(self) -> &'static str {
         match self {
             RecordStateKind::InProgress => "IN_PROGRESS",
             RecordStateKind::Completed => "COMPLETED",
             RecordStateKind::Unknown => "UNKNOWN",
+            RecordStateKind::NotPerformed => "NOT_PERFORMED",
         }
     }
 
-    /// The code a SQL store keeps in its `state` column (0, 1, 2). Stored
+    /// The code a SQL store keeps in its `state` column (0, 1, 2, 3). Stored
     /// data depends on these: they never change.
     pub const fn code(self) -> i16 {
         match self {
             RecordStateKind::InProgress => 0,
             RecordStateKind::Completed => 1,
             RecordStateKind::Unknown => 2,
+            RecordStateKind::NotPerformed => 3,
         }
     }
 
@@ -155,8 +168,18 @@ pub struct Record {
     pub lease_until: SystemTime,
     /// When a COMPLETED record stops answering repeats.
     pub expires_at: SystemTime,
-    /// When an IN_PROGRESS or UNKNOWN record may be forgotten.
+    /// When an IN_PROGRESS, UNKNOWN or NOT_PERFORMED record may be
+    /// forgotten.
     pub retain_until: SystemTime,
+    /// When a reconciler looks at an UNKNOWN record next (set when it
+    /// becomes UNKNOWN, pushed back by [`IdempotencyStore::defer_check`]).
+    pub next_check_at: SystemTime,
+    /// How many times a reconciler looked at it without resolving it.
+    pub checks: u32,
+    /// Who resolved it by hand and why, when a person did.
+    pub resolution: Option<String>,
+    /// The store's clock when this copy was read: judge the lease against it.
+    pub observed_at: SystemTime,
 }
 
 impl Record {
@@ -165,10 +188,11 @@ impl Record {
         self.key.reference()
     }
 
-    /// Whether a record is past its life at `now` (store clock), so that a new
-    /// claim may take it over and purge may delete it. A COMPLETED record ends
-    /// at `expires_at`; an IN_PROGRESS or UNKNOWN one only at `retain_until`
-    /// and once its lease ran out, because its side effect may have happened.
+    /// Whether a record is past its life at `now` (store clock), so that
+    /// purge may delete it (and a new claim take it over). A COMPLETED record
+    /// ends at `expires_at`; any other only at `retain_until` and once its
+    /// lease ran out, because its side effect may have happened (or, for
+    /// NOT_PERFORMED, so the status tool can still say it did not).
     pub fn is_expired(&self, now: SystemTime) -> bool {
         match self.state {
             RecordState::Completed { .. } => self.expires_at <= now,
@@ -176,9 +200,21 @@ impl Record {
         }
     }
 
+    /// Whether a new claim may take the record over at `now`: it expired,
+    /// or it was resolved as not performed.
+    pub fn is_claimable(&self, now: SystemTime) -> bool {
+        matches!(self.state, RecordState::NotPerformed { .. }) || self.is_expired(now)
+    }
+
     /// Whether the claim's lease ran out at `now` (store clock).
     pub fn lease_expired(&self, now: SystemTime) -> bool {
         self.lease_until <= now
+    }
+
+    /// Whether the record, as read, is an IN_PROGRESS claim whose lease ran
+    /// out: its process may have died mid-call, so it reads as UNKNOWN.
+    pub fn is_lapsed(&self) -> bool {
+        self.state == RecordState::InProgress && self.lease_expired(self.observed_at)
     }
 }
 
@@ -191,13 +227,31 @@ pub enum Claim {
     /// The record was created (or an expired one taken over): the caller owns
     /// it with the request's attempt and must now run the operation.
     Claimed,
-    /// A live record exists; nothing was changed. `now` is the store's clock at
-    /// the time of the read, to judge the lease against.
+    /// A live record exists; nothing was changed. Its `observed_at` is the
+    /// store's clock at the time of the read, to judge the lease against.
     Existing {
         /// The record as found.
         record: Record,
-        /// The store's clock when it was read.
-        now: SystemTime,
+    },
+}
+
+/// How an UNKNOWN record is resolved ([`IdempotencyStore::resolve`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resolution<'a> {
+    /// It happened: COMPLETED, and repeats replay `response` (JSON text,
+    /// exactly what the tool would have returned).
+    Completed {
+        /// The response to store.
+        response: &'a str,
+    },
+    /// It did not happen: NOT_PERFORMED with `note`, and the next claim of
+    /// the operation runs. Accepted only once the record has been unchanged
+    /// for `settle`.
+    NotPerformed {
+        /// How it was found not performed.
+        note: &'a str,
+        /// How long the record must have been unchanged.
+        settle: Duration,
     },
 }
 
@@ -227,6 +281,15 @@ pub enum StoreError {
     /// The store answered, but with something it should not hold.
     #[error("the idempotency store holds an invalid record: {0}")]
     Corrupt(String),
+    /// A not-performed resolution came too soon: the record changed less
+    /// than the settle period ago, and a request still in flight may yet
+    /// land at the processor. Nothing was changed; ask again after `until`.
+    #[error("the record changed too recently to trust \"not performed\"; ask again later")]
+    NotSettled {
+        /// When the record will have been unchanged for the settle period
+        /// (store clock).
+        until: SystemTime,
+    },
 }
 
 /// Where idempotency records live.
@@ -239,17 +302,18 @@ pub enum StoreError {
 pub trait IdempotencyStore: Send + Sync + std::fmt::Debug {
     /// Claims the operation: atomically inserts an IN_PROGRESS record owned by
     /// `req.attempt` if none exists, or takes over a record that
-    /// [`Record::is_expired`] (a new claim replaces it whole). Otherwise
-    /// returns the existing record unchanged.
+    /// [`Record::is_claimable`] (expired, or NOT_PERFORMED; a new claim
+    /// replaces it whole). Otherwise returns the existing record unchanged.
     ///
     /// Never check-then-insert: two concurrent claims of one key yield exactly
     /// one `Claimed`. Errors: `Unavailable` (nothing claimed).
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError>;
 
-    /// Records the response: IN_PROGRESS or UNKNOWN → COMPLETED, only if
-    /// `attempt` still owns the record. Errors: `Fenced` when it does not (the
-    /// record is left as it is), `WrongState` when it is already COMPLETED,
-    /// `Unavailable`.
+    /// Records the response: IN_PROGRESS, UNKNOWN or NOT_PERFORMED →
+    /// COMPLETED, only if `attempt` still owns the record (a slow handler's
+    /// truth wins over what the sweep or a reconciler concluded). Errors:
+    /// `Fenced` when it does not (the record is left as it is), `WrongState`
+    /// when it is already COMPLETED, `Unavailable`.
     async fn complete(
         &self,
         key: &IdempotencyKey,
@@ -263,13 +327,56 @@ pub trait IdempotencyStore: Send + Sync + std::fmt::Debug {
     async fn release(&self, key: &IdempotencyKey, attempt: Attempt) -> Result<(), StoreError>;
 
     /// IN_PROGRESS → UNKNOWN with `note`, only if `attempt` still owns the
-    /// record. Errors: `Fenced`, `WrongState` when COMPLETED or already
-    /// UNKNOWN, `Unavailable`.
+    /// record; its first check by a reconciler is due at once (`checks` 0).
+    /// Errors: `Fenced`, `WrongState` when not IN_PROGRESS, `Unavailable`.
     async fn mark_unknown(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
         note: &str,
+    ) -> Result<(), StoreError>;
+
+    /// The sweep's mark: IN_PROGRESS → UNKNOWN as [`mark_unknown`] does, but
+    /// only if the lease has run out *at the time of the change* (store
+    /// clock), checked in the same atomic step. A heartbeat that landed after
+    /// the sweep listed the record wins: `Ok(false)`, nothing changed.
+    /// Errors: `Fenced`, `WrongState` when not IN_PROGRESS, `Unavailable`.
+    ///
+    /// [`mark_unknown`]: IdempotencyStore::mark_unknown
+    async fn mark_lapsed(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        note: &str,
+    ) -> Result<bool, StoreError>;
+
+    /// Resolves an UNKNOWN record, only if `attempt` still owns it:
+    /// to COMPLETED with a response, or to NOT_PERFORMED (which the next
+    /// claim takes over). `note` (who resolved it and why, for a resolution
+    /// by hand) is kept on the record.
+    ///
+    /// A not-performed resolution is accepted only for a record unchanged
+    /// (`updated_at`) for at least its `settle` period, judged by the store's
+    /// clock in the same atomic step: a request still in flight may not show
+    /// at the processor yet. Errors: `NotSettled` (nothing changed),
+    /// `Fenced`, `WrongState` when the record is not UNKNOWN, `Unavailable`.
+    async fn resolve(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        resolution: Resolution<'_>,
+        note: Option<&str>,
+    ) -> Result<(), StoreError>;
+
+    /// Puts off the next reconciler check of an UNKNOWN record: its
+    /// `next_check_at` becomes now + `delay` (store clock) and `checks` grows
+    /// by one. Errors: `Fenced`, `WrongState` when not UNKNOWN,
+    /// `Unavailable`.
+    async fn defer_check(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        delay: Duration,
     ) -> Result<(), StoreError>;
 
     /// Extends an IN_PROGRESS record's lease to `lease` from now (a heartbeat
@@ -300,7 +407,10 @@ pub trait IdempotencyStore: Send + Sync + std::fmt::Debug {
     /// may have died mid-call. The sweep marks them UNKNOWN.
     async fn list_lapsed(&self, limit: usize) -> Result<Vec<Record>, StoreError>;
 
-    /// At most `limit` UNKNOWN records, oldest claim first, for a reconciler.
+    /// At most `limit` UNKNOWN records whose next check is due
+    /// (`next_check_at <= now`), the longest due first, for a reconciler.
+    /// Records a reconciler cannot resolve are deferred with a backoff, so
+    /// they never hide the others.
     async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError>;
 }
 
@@ -328,6 +438,31 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<S> {
         note: &str,
     ) -> Result<(), StoreError> {
         (**self).mark_unknown(key, attempt, note).await
+    }
+    async fn mark_lapsed(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        note: &str,
+    ) -> Result<bool, StoreError> {
+        (**self).mark_lapsed(key, attempt, note).await
+    }
+    async fn resolve(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        resolution: Resolution<'_>,
+        note: Option<&str>,
+    ) -> Result<(), StoreError> {
+        (**self).resolve(key, attempt, resolution, note).await
+    }
+    async fn defer_check(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        delay: Duration,
+    ) -> Result<(), StoreError> {
+        (**self).defer_check(key, attempt, delay).await
     }
     async fn heartbeat(
         &self,
