@@ -7,8 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_runtime::{
     purge, reconcile, sweep, Answer, Caller, Claim, ClaimRequest, Executor, IdempotencyStore,
-    Maintenance, MaintenanceConfig, MemoryStore, Operation, Reconciler, Reconciliation, Record,
-    RecordState, ScopeSpec, ToolError,
+    Maintenance, MaintenanceConfig, MemoryStore, Operation, ReconcileConfig, Reconciler,
+    Reconciliation, Record, RecordState, ScopeSpec, ToolError,
 };
 
 /// A processor's view: which references it has charged.
@@ -38,6 +38,15 @@ async fn abandoned_claim(store: &dyn IdempotencyStore) -> ClaimRequest {
     req
 }
 
+/// Reconciliation that trusts "not performed" at once: these tests are about
+/// the jobs, not the settle period (see `not_performed_waits_for_the_settle_period`).
+fn trusting() -> ReconcileConfig {
+    ReconcileConfig {
+        settle: Duration::ZERO,
+        ..ReconcileConfig::default()
+    }
+}
+
 async fn state(store: &dyn IdempotencyStore, req: &ClaimRequest) -> Option<RecordState> {
     store
         .lookup(&req.tenant, &req.key.reference())
@@ -61,7 +70,7 @@ async fn sweep_then_reconcile_completes_a_dead_call() {
         },
         asked: AtomicUsize::new(0),
     };
-    let report = reconcile(&store, &ledger, 100).await.unwrap();
+    let report = reconcile(&store, &ledger, &trusting()).await.unwrap();
     assert_eq!(report.completed, 1);
     assert_eq!(
         state(&store, &req).await,
@@ -114,7 +123,13 @@ async fn reconcile_releases_what_never_happened_so_it_can_run() {
         answer: Reconciliation::NotPerformed,
         asked: AtomicUsize::new(0),
     };
-    assert_eq!(reconcile(&*store, &ledger, 100).await.unwrap().released, 1);
+    assert_eq!(
+        reconcile(&*store, &ledger, &trusting())
+            .await
+            .unwrap()
+            .not_performed,
+        1
+    );
     let after = run(calls.clone(), false).await;
     assert_eq!(after.kind(), "executed", "{after:?}");
     assert_eq!(calls.load(Ordering::SeqCst), 2);
@@ -162,6 +177,7 @@ async fn maintenance_runs_in_the_background_and_stops() {
             interval: Duration::from_millis(50),
             batch: 10,
             reconciler: Some(ledger.clone()),
+            reconcile: trusting(),
         },
     );
     tokio::time::sleep(Duration::from_millis(300)).await;

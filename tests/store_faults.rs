@@ -245,7 +245,7 @@ async fn killed_mid_handler(
     let caller = Caller::new("acme", "alice");
     let status = executor.status(&caller, &reference).await.unwrap().unwrap();
     assert_eq!(status.state, "UNKNOWN");
-    let report = reconcile(&*store, &LogReconciler(log.to_owned()), 100)
+    let report = reconcile(&*store, &LogReconciler(log.to_owned()), &Default::default())
         .await
         .unwrap();
     assert_eq!(report.completed, 1, "{report:?}");
@@ -530,7 +530,7 @@ async fn completion_write_fails(store: Arc<dyn IdempotencyStore>, dir: &Path) {
 
     tokio::time::sleep(lease + Duration::from_millis(100)).await;
     assert_eq!(sweep(&*store, 100).await.unwrap(), 1);
-    let report = reconcile(&*store, &LogReconciler(log.clone()), 100)
+    let report = reconcile(&*store, &LogReconciler(log.clone()), &Default::default())
         .await
         .unwrap();
     assert_eq!(report.completed, 1);

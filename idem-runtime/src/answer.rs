@@ -392,7 +392,11 @@ impl StatusReport {
             // "still running" would be said forever.
             RecordState::InProgress if record.is_lapsed() => {
                 state = RecordStateKind::Unknown;
-                (None, Some(note::LEASE_LAPSED.to_owned()), UNDER_REVIEW.to_owned())
+                (
+                    None,
+                    Some(note::LEASE_LAPSED.to_owned()),
+                    UNDER_REVIEW.to_owned(),
+                )
             }
             RecordState::InProgress => (
                 None,

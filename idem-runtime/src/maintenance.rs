@@ -7,7 +7,9 @@ use async_trait::async_trait;
 
 use crate::answer::note;
 use crate::key::Reference;
-use crate::store::{IdempotencyStore, Record, RecordState, RecordStateKind, Resolution, StoreError};
+use crate::store::{
+    IdempotencyStore, Record, RecordState, RecordStateKind, Resolution, StoreError,
+};
 
 /// What a processor says about an operation whose outcome was unknown.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -291,7 +293,10 @@ pub async fn resolve_by_hand(
         tenant: tenant.to_owned(),
         reference: *reference,
     };
-    let record = store.lookup(tenant, reference).await?.ok_or_else(not_found)?;
+    let record = store
+        .lookup(tenant, reference)
+        .await?
+        .ok_or_else(not_found)?;
     if record.is_lapsed() {
         // The sweep's own step, fenced and re-checked; a heartbeat that
         // lands first keeps the record running (and refused below).
@@ -303,7 +308,10 @@ pub async fn resolve_by_hand(
             Err(e) => return Err(e.into()),
         }
     }
-    let record = store.lookup(tenant, reference).await?.ok_or_else(not_found)?;
+    let record = store
+        .lookup(tenant, reference)
+        .await?
+        .ok_or_else(not_found)?;
     let resolution = match outcome {
         ManualOutcome::Completed { response } => Resolution::Completed { response },
         ManualOutcome::NotPerformed => Resolution::NotPerformed {
@@ -323,7 +331,10 @@ pub async fn resolve_by_hand(
             Err(e) => return Err(e.into()),
         }
     }
-    let resolved = store.lookup(tenant, reference).await?.ok_or_else(not_found)?;
+    let resolved = store
+        .lookup(tenant, reference)
+        .await?
+        .ok_or_else(not_found)?;
     let same = resolved.resolution.as_deref() == Some(note)
         && match (&resolved.state, outcome) {
             (RecordState::Completed { response }, ManualOutcome::Completed { response: r }) => {

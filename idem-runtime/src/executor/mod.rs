@@ -411,7 +411,9 @@ fn existing<T: DeserializeOwned, E>(
         RecordState::NotPerformed { note } => Answer::Unknown {
             reference,
             status_tool,
-            note: format!("it was resolved as not performed ({note}), but could not be claimed again"),
+            note: format!(
+                "it was resolved as not performed ({note}), but could not be claimed again"
+            ),
         },
     }
 }

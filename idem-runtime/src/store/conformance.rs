@@ -492,7 +492,10 @@ pub async fn unknown_records_are_listed_when_due(store: &dyn IdempotencyStore) {
     }
     let listed = store.list_unknown(100_000).await.unwrap();
     for req in [&far, &soon] {
-        let r = listed.iter().find(|l| l.key == req.key).expect("due at once");
+        let r = listed
+            .iter()
+            .find(|l| l.key == req.key)
+            .expect("due at once");
         assert_eq!(r.checks, 0);
     }
     store
@@ -553,7 +556,12 @@ pub async fn resolve_completed_from_unknown_only(store: &dyn IdempotencyStore) {
         Err(StoreError::Fenced)
     ));
     store
-        .resolve(&req.key, req.attempt, completed, Some("ops/ana: checked the dashboard"))
+        .resolve(
+            &req.key,
+            req.attempt,
+            completed,
+            Some("ops/ana: checked the dashboard"),
+        )
         .await
         .unwrap();
     let r = existing(store, &again(&req)).await;
@@ -591,7 +599,10 @@ pub async fn not_performed_waits_for_settle(store: &dyn IdempotencyStore) {
     match store.resolve(&req.key, req.attempt, early, None).await {
         Err(StoreError::NotSettled { until }) => {
             let r = record(store, &req).await.unwrap();
-            assert!(until >= r.updated_at + Duration::from_secs(3599), "{until:?}");
+            assert!(
+                until >= r.updated_at + Duration::from_secs(3599),
+                "{until:?}"
+            );
             assert!(matches!(r.state, RecordState::Unknown { .. }), "unchanged");
         }
         other => panic!("expected NotSettled, got {other:?}"),
@@ -986,8 +997,11 @@ impl<S: IdempotencyStore> IdempotencyStore for FaultyStore<S> {
         attempt: Attempt,
         delay: Duration,
     ) -> Result<(), StoreError> {
-        self.run(Call::DeferCheck, self.inner.defer_check(key, attempt, delay))
-            .await
+        self.run(
+            Call::DeferCheck,
+            self.inner.defer_check(key, attempt, delay),
+        )
+        .await
     }
     async fn heartbeat(
         &self,

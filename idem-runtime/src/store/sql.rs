@@ -1,17 +1,34 @@
 //! What the SQL stores share: the state codes, the expiry predicate, and how
 //! a reference is found by a range over the primary key.
 
-use super::RecordStateKind;
+use super::{RecordState, RecordStateKind, StoreError};
 use crate::key::Reference;
 
 /// The `state` column's codes, from the one table in [`RecordStateKind`].
 pub(crate) const IN_PROGRESS: i16 = RecordStateKind::InProgress.code();
 pub(crate) const COMPLETED: i16 = RecordStateKind::Completed.code();
 pub(crate) const UNKNOWN: i16 = RecordStateKind::Unknown.code();
+pub(crate) const NOT_PERFORMED: i16 = RecordStateKind::NotPerformed.code();
 
 /// Every column of a record, in the order the stores' row readers take them.
 pub(crate) const COLUMNS: &str = "key, fingerprint, tenant, tool, state, attempt, claimed_at, \
-                                  updated_at, lease_until, expires_at, retain_until, body";
+                                  updated_at, lease_until, expires_at, retain_until, body, \
+                                  next_check_at, checks, resolution";
+
+/// The record state a row's `state` code and `body` stand for.
+pub(crate) fn state_from(code: i16, body: Option<String>) -> Result<RecordState, StoreError> {
+    Ok(match (RecordStateKind::from_code(code.into()), body) {
+        (Some(RecordStateKind::InProgress), _) => RecordState::InProgress,
+        (Some(RecordStateKind::Completed), Some(response)) => RecordState::Completed { response },
+        (Some(RecordStateKind::Unknown), note) => RecordState::Unknown {
+            note: note.unwrap_or_default(),
+        },
+        (Some(RecordStateKind::NotPerformed), note) => RecordState::NotPerformed {
+            note: note.unwrap_or_default(),
+        },
+        (_, _) => return Err(StoreError::Corrupt(format!("state {code}"))),
+    })
+}
 
 /// `Record::is_expired` in SQL, for the row named `r` at the time `now` (a
 /// parameter or `now()`). `expires_at <= now` comes first so the index on

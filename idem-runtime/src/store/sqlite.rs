@@ -8,10 +8,11 @@ use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::oneshot;
 
-use super::sql::{expired, key_range, COLUMNS, COMPLETED, IN_PROGRESS, UNKNOWN};
+use super::sql::{
+    expired, key_range, state_from, COLUMNS, COMPLETED, IN_PROGRESS, NOT_PERFORMED, UNKNOWN,
+};
 use super::{
-    Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordState, RecordStateKind,
-    StoreError,
+    Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordStateKind, Resolution, StoreError,
 };
 use crate::key::{IdempotencyKey, Reference};
 
@@ -24,7 +25,10 @@ const MAX_BATCH: usize = 256;
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The schema, one entry per version; `PRAGMA user_version` says how many ran.
-const MIGRATIONS: &[&str] = &[include_str!("../../migrations/sqlite/0001_records.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("../../migrations/sqlite/0001_records.sql"),
+    include_str!("../../migrations/sqlite/0002_lifecycle.sql"),
+];
 
 /// The store's SQL, written once from the state codes of
 /// [`RecordStateKind`].
@@ -35,6 +39,10 @@ struct Statements {
     complete: String,
     release: String,
     mark_unknown: String,
+    mark_lapsed: String,
+    resolve_completed: String,
+    resolve_not_performed: String,
+    defer_check: String,
     heartbeat: String,
     lookup: String,
     purge: String,
@@ -43,24 +51,26 @@ struct Statements {
 }
 
 static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::new(|| Statements {
-    // One statement: insert, or take over a record that Record::is_expired
-    // says is past its life.
+    // One statement: insert, or take over a record that Record::is_claimable
+    // says is past its life or resolved as not performed.
     claim: format!(
         "INSERT INTO idem_records (key, fingerprint, tenant, tool, state, attempt, \
-           claimed_at, updated_at, lease_until, expires_at, retain_until, body) \
-         VALUES (?1, ?2, ?3, ?4, {IN_PROGRESS}, ?5, ?6, ?6, ?7, ?8, ?9, NULL) \
+           claimed_at, updated_at, lease_until, expires_at, retain_until, body, \
+           next_check_at, checks, resolution) \
+         VALUES (?1, ?2, ?3, ?4, {IN_PROGRESS}, ?5, ?6, ?6, ?7, ?8, ?9, NULL, ?6, 0, NULL) \
          ON CONFLICT (key) DO UPDATE SET fingerprint = excluded.fingerprint, \
            tenant = excluded.tenant, tool = excluded.tool, state = {IN_PROGRESS}, \
            attempt = excluded.attempt, claimed_at = excluded.claimed_at, \
            updated_at = excluded.updated_at, lease_until = excluded.lease_until, \
            expires_at = excluded.expires_at, retain_until = excluded.retain_until, \
-           body = NULL \
-         WHERE {} \
+           body = NULL, next_check_at = excluded.next_check_at, checks = 0, \
+           resolution = NULL \
+         WHERE ({}) OR idem_records.state = {NOT_PERFORMED} \
          RETURNING 1",
         expired("idem_records.", "?6")
     ),
     read: format!("SELECT {COLUMNS} FROM idem_records WHERE key = ?1"),
-    refusal: "SELECT attempt, state FROM idem_records WHERE key = ?1".to_owned(),
+    refusal: "SELECT attempt, state, updated_at FROM idem_records WHERE key = ?1".to_owned(),
     // Every fenced change carries `attempt = ?2`: a worker whose claim was
     // taken over must not overwrite, delete or extend the new owner's record.
     complete: format!(
@@ -68,11 +78,36 @@ static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::new(|| Statem
          WHERE key = ?1 AND attempt = ?2 AND state <> {COMPLETED}"
     ),
     release: format!(
-        "DELETE FROM idem_records WHERE key = ?1 AND attempt = ?2 AND state <> {COMPLETED}"
+        "DELETE FROM idem_records WHERE key = ?1 AND attempt = ?2 \
+         AND state IN ({IN_PROGRESS}, {UNKNOWN})"
     ),
     mark_unknown: format!(
-        "UPDATE idem_records SET state = {UNKNOWN}, body = ?3, updated_at = ?4 \
+        "UPDATE idem_records SET state = {UNKNOWN}, body = ?3, updated_at = ?4, \
+           next_check_at = ?4, checks = 0 \
          WHERE key = ?1 AND attempt = ?2 AND state = {IN_PROGRESS}"
+    ),
+    // `lease_until <= ?4` in the same statement: a heartbeat that landed
+    // after the sweep listed the record keeps it alive.
+    mark_lapsed: format!(
+        "UPDATE idem_records SET state = {UNKNOWN}, body = ?3, updated_at = ?4, \
+           next_check_at = ?4, checks = 0 \
+         WHERE key = ?1 AND attempt = ?2 AND state = {IN_PROGRESS} AND lease_until <= ?4"
+    ),
+    resolve_completed: format!(
+        "UPDATE idem_records SET state = {COMPLETED}, body = ?3, resolution = ?4, \
+           updated_at = ?5 \
+         WHERE key = ?1 AND attempt = ?2 AND state = {UNKNOWN}"
+    ),
+    // `updated_at <= ?6`: "not performed" is trusted only for a record
+    // unchanged for the settle period (?6 = now - settle).
+    resolve_not_performed: format!(
+        "UPDATE idem_records SET state = {NOT_PERFORMED}, body = ?3, resolution = ?4, \
+           updated_at = ?5 \
+         WHERE key = ?1 AND attempt = ?2 AND state = {UNKNOWN} AND updated_at <= ?6"
+    ),
+    defer_check: format!(
+        "UPDATE idem_records SET next_check_at = ?3, checks = checks + 1 \
+         WHERE key = ?1 AND attempt = ?2 AND state = {UNKNOWN}"
     ),
     heartbeat: format!(
         "UPDATE idem_records SET lease_until = ?3, updated_at = ?4 \
@@ -89,13 +124,15 @@ static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::new(|| Statem
            SELECT key FROM idem_records WHERE {} LIMIT ?2)",
         expired("", "?1")
     ),
+    // The partial indexes of migration 2 serve these two: `state = …` is
+    // written as a literal so the planner can match the index's WHERE.
     lapsed: format!(
         "SELECT {COLUMNS} FROM idem_records \
          WHERE state = {IN_PROGRESS} AND lease_until <= ?1 ORDER BY lease_until LIMIT ?2"
     ),
     unknown: format!(
         "SELECT {COLUMNS} FROM idem_records \
-         WHERE state = {UNKNOWN} ORDER BY claimed_at LIMIT ?1"
+         WHERE state = {UNKNOWN} AND next_check_at <= ?1 ORDER BY next_check_at LIMIT ?2"
     ),
 });
 
@@ -112,9 +149,11 @@ static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::new(|| Statem
 /// instead of on a channel. One thread also lets the writer *group-commit*:
 /// it drains every job waiting in the channel, runs them in one
 /// `BEGIN IMMEDIATE` transaction and commits once, so eight concurrent callers
-/// share one fsync. A job's answer is sent only after its commit succeeded; if
-/// the commit fails, every job of the batch is answered `Unavailable` and
-/// nothing of the batch was written.
+/// share one fsync. A job's answer is sent only after its commit succeeded. A
+/// batch is all or nothing: if the commit fails, or SQLite fails any
+/// statement of the batch (disk full, an I/O error), the batch is rolled
+/// back, nothing of it was written, and every job of it is answered
+/// `Unavailable`.
 ///
 /// # The clock
 ///
@@ -140,9 +179,10 @@ pub struct SqliteStore {
 }
 
 /// One unit of work for the writer: runs its statements inside the batch's
-/// transaction (or learns that the transaction could not begin), and returns
-/// what to do once the batch's commit succeeded or failed.
-type Job = Box<dyn FnOnce(Result<&Connection, &str>) -> Finish + Send>;
+/// transaction (or learns that the batch failed before its turn, and runs
+/// nothing), and returns what to do once the batch's commit succeeded or
+/// failed, and whether SQLite itself failed one of its statements.
+type Job = Box<dyn FnOnce(Result<&Connection, &str>) -> (Finish, bool) + Send>;
 type Finish = Box<dyn FnOnce(Result<(), &str>) + Send>;
 
 impl SqliteStore {
@@ -206,12 +246,16 @@ impl SqliteStore {
                 Ok(conn) => f(conn, to_nanos(SystemTime::now())),
                 Err(e) => Err(StoreError::Unavailable(e.to_owned())),
             };
-            Box::new(move |commit| {
+            // Every SQLite error is mapped to Unavailable; refusals (Fenced,
+            // WrongState, NotSettled) are answers, not failures.
+            let failed = matches!(out, Err(StoreError::Unavailable(_)));
+            let finish: Finish = Box::new(move |commit| {
                 let _ = reply.send(match commit {
                     Ok(()) => out,
                     Err(e) => Err(StoreError::Unavailable(e.to_owned())),
                 });
-            })
+            });
+            (finish, failed)
         });
         self.jobs.send(job).map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
@@ -253,6 +297,12 @@ fn init(conn: &Connection) -> rusqlite::Result<()> {
 
 /// The writer loop: one batch of waiting jobs per transaction, answers after
 /// the commit. Ends when every [`SqliteStore`] clone is dropped.
+///
+/// A batch is all or nothing. A statement that SQLite fails (disk full, an
+/// I/O error) may have made SQLite roll the transaction back on its own, after
+/// which later statements would each commit by themselves; so once one job
+/// fails, the jobs after it run nothing, the batch is rolled back, and every
+/// job of it is answered `Unavailable`.
 fn writer(conn: Connection, rx: mpsc::Receiver<Job>) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
@@ -262,23 +312,39 @@ fn writer(conn: Connection, rx: mpsc::Receiver<Job>) {
                 Err(_) => break,
             }
         }
-        let begun = conn
+        let mut failed = conn
             .execute_batch("BEGIN IMMEDIATE")
-            .map_err(|e| format!("SQLite: cannot begin a transaction: {e}"));
-        let finishes: Vec<Finish> = batch
-            .into_iter()
-            .map(|job| {
-                // A panicking job must not take the thread (and the store) down
-                // with it: its caller sees the batch fail instead.
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    job(begun.as_ref().map(|()| &conn).map_err(String::as_str))
-                }))
-                .unwrap_or_else(|_| Box::new(|_| ()))
-            })
-            .collect();
-        let committed = match begun {
-            Err(e) => Err(e),
-            Ok(()) => conn.execute_batch("COMMIT").map_err(|e| {
+            .err()
+            .map(|e| format!("SQLite: cannot begin a transaction: {e}"));
+        let began = failed.is_none();
+        let mut finishes: Vec<Finish> = Vec::with_capacity(batch.len());
+        for job in batch {
+            let turn = match &failed {
+                None => Ok(&conn),
+                Some(reason) => Err(reason.as_str()),
+            };
+            // A panicking job must not take the thread (and the store) down
+            // with it: the batch fails instead.
+            let (finish, sqlite_failed) =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(turn)))
+                    .unwrap_or_else(|_| (Box::new(|_| ()), true));
+            finishes.push(finish);
+            if failed.is_none() && (sqlite_failed || conn.is_autocommit()) {
+                failed = Some(
+                    "SQLite failed a statement of this batch; the batch was rolled back and \
+                     nothing of it was written"
+                        .to_owned(),
+                );
+            }
+        }
+        let committed = match failed {
+            Some(reason) => {
+                if began && !conn.is_autocommit() {
+                    let _ = conn.execute_batch("ROLLBACK");
+                }
+                Err(reason)
+            }
+            None => conn.execute_batch("COMMIT").map_err(|e| {
                 let _ = conn.execute_batch("ROLLBACK");
                 format!("SQLite: the commit failed, nothing was written: {e}")
             }),
@@ -304,11 +370,12 @@ fn nanos(d: Duration) -> i64 {
     i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
 }
 
-fn row_to_record(row: &rusqlite::Row<'_>) -> rusqlite::Result<Result<Record, StoreError>> {
+fn row_to_record(
+    row: &rusqlite::Row<'_>,
+    now: i64,
+) -> rusqlite::Result<Result<Record, StoreError>> {
     let key: Vec<u8> = row.get(0)?;
     let fingerprint: Vec<u8> = row.get(1)?;
-    let state: i16 = row.get(4)?;
-    let body: Option<String> = row.get(11)?;
     let (Ok(key), Ok(fingerprint)) = (
         <[u8; 32]>::try_from(key.as_slice()),
         <[u8; 32]>::try_from(fingerprint.as_slice()),
@@ -317,13 +384,9 @@ fn row_to_record(row: &rusqlite::Row<'_>) -> rusqlite::Result<Result<Record, Sto
             "a key or fingerprint is not 32 bytes".into(),
         )));
     };
-    let state = match (state, body) {
-        (IN_PROGRESS, _) => RecordState::InProgress,
-        (COMPLETED, Some(response)) => RecordState::Completed { response },
-        (UNKNOWN, note) => RecordState::Unknown {
-            note: note.unwrap_or_default(),
-        },
-        (s, _) => return Ok(Err(StoreError::Corrupt(format!("state {s}")))),
+    let state = match state_from(row.get(4)?, row.get(11)?) {
+        Ok(state) => state,
+        Err(e) => return Ok(Err(e)),
     };
     Ok(Ok(Record {
         key: IdempotencyKey::from_parts(key, fingerprint),
@@ -336,12 +399,19 @@ fn row_to_record(row: &rusqlite::Row<'_>) -> rusqlite::Result<Result<Record, Sto
         lease_until: from_nanos(row.get(8)?),
         expires_at: from_nanos(row.get(9)?),
         retain_until: from_nanos(row.get(10)?),
+        next_check_at: from_nanos(row.get(12)?),
+        checks: row.get::<_, i64>(13)?.clamp(0, u32::MAX.into()) as u32,
+        resolution: row.get(14)?,
+        observed_at: from_nanos(now),
     }))
 }
 
-fn read(conn: &Connection, key: &[u8; 32]) -> Result<Option<Record>, StoreError> {
+fn read(conn: &Connection, key: &[u8; 32], now: i64) -> Result<Option<Record>, StoreError> {
     conn.prepare_cached(&SQL.read)
-        .and_then(|mut s| s.query_row([&key[..]], row_to_record).optional())
+        .and_then(|mut s| {
+            s.query_row([&key[..]], |row| row_to_record(row, now))
+                .optional()
+        })
         .map_err(|e| unavailable(&e))?
         .transpose()
 }
@@ -350,10 +420,11 @@ fn read_many(
     conn: &Connection,
     sql: &str,
     params: impl rusqlite::Params,
+    now: i64,
 ) -> Result<Vec<Record>, StoreError> {
     let mut stmt = conn.prepare_cached(sql).map_err(|e| unavailable(&e))?;
     let rows = stmt
-        .query_map(params, row_to_record)
+        .query_map(params, |row| row_to_record(row, now))
         .map_err(|e| unavailable(&e))?;
     let mut out = Vec::new();
     for row in rows {
@@ -362,28 +433,50 @@ fn read_many(
     Ok(out)
 }
 
+/// The owner, state and last change of the record with this key, if any:
+/// why a fenced change touched no row.
+fn found(
+    conn: &Connection,
+    key: &[u8; 32],
+) -> Result<Option<(Attempt, RecordStateKind, i64)>, StoreError> {
+    let row: Option<(i64, i16, i64)> = conn
+        .prepare_cached(&SQL.refusal)
+        .and_then(|mut s| {
+            s.query_row([&key[..]], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                .optional()
+        })
+        .map_err(|e| unavailable(&e))?;
+    row.map(|(attempt, state, updated_at)| {
+        RecordStateKind::from_code(state.into())
+            .map(|kind| (Attempt::from_stored(attempt as u64), kind, updated_at))
+            .ok_or_else(|| StoreError::Corrupt(format!("state {state}")))
+    })
+    .transpose()
+}
+
 /// Why a fenced change touched no row: the attempt lost the record (or it is
 /// gone), or the record is in a state that refuses the change.
 fn refusal(conn: &Connection, key: &[u8; 32], attempt: Attempt) -> StoreError {
-    let found: rusqlite::Result<Option<(i64, i64)>> =
-        conn.prepare_cached(&SQL.refusal).and_then(|mut s| {
-            s.query_row([&key[..]], |r| Ok((r.get(0)?, r.get(1)?)))
-                .optional()
-        });
-    match found {
-        Err(e) => unavailable(&e),
-        Ok(Some((a, state))) if a as u64 == attempt.get() => {
-            match RecordStateKind::from_code(state) {
-                Some(found) => StoreError::WrongState { found },
-                None => StoreError::Corrupt(format!("state {state}")),
-            }
-        }
+    match found(conn, key) {
+        Err(e) => e,
+        Ok(Some((owner, found, _))) if owner == attempt => StoreError::WrongState { found },
         Ok(_) => StoreError::Fenced,
     }
 }
 
-/// A fenced change: `sql` with `?1` = key and `?2` = attempt, which must match
-/// exactly one row or the change is refused.
+/// Runs a fenced change: `sql` with `?1` = key and `?2` = attempt; how many
+/// rows it changed (0 or 1).
+fn change(
+    conn: &Connection,
+    sql: &str,
+    params: &[&dyn rusqlite::ToSql],
+) -> Result<usize, StoreError> {
+    conn.prepare_cached(sql)
+        .and_then(|mut s| s.execute(params))
+        .map_err(|e| unavailable(&e))
+}
+
+/// A fenced change that must touch exactly one row, or it is refused.
 fn fenced(
     conn: &Connection,
     key: &[u8; 32],
@@ -391,11 +484,7 @@ fn fenced(
     sql: &str,
     params: &[&dyn rusqlite::ToSql],
 ) -> Result<(), StoreError> {
-    let changed = conn
-        .prepare_cached(sql)
-        .and_then(|mut s| s.execute(params))
-        .map_err(|e| unavailable(&e))?;
-    if changed == 1 {
+    if change(conn, sql, params)? == 1 {
         Ok(())
     } else {
         Err(refusal(conn, key, attempt))
@@ -434,11 +523,8 @@ impl IdempotencyStore for SqliteStore {
             if claimed.is_some() {
                 return Ok(Claim::Claimed);
             }
-            match read(conn, key)? {
-                Some(record) => Ok(Claim::Existing {
-                    record,
-                    now: from_nanos(now),
-                }),
+            match read(conn, key, now)? {
+                Some(record) => Ok(Claim::Existing { record }),
                 // The conflict and the read run under one write lock.
                 None => Err(StoreError::Corrupt(
                     "a conflicting record vanished under the write lock".into(),
@@ -505,6 +591,104 @@ impl IdempotencyStore for SqliteStore {
         .await
     }
 
+    async fn mark_lapsed(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        note: &str,
+    ) -> Result<bool, StoreError> {
+        let (key, note) = (*key.as_bytes(), note.to_owned());
+        self.run(move |conn, now| {
+            let params: &[&dyn rusqlite::ToSql] =
+                &[&&key[..], &(attempt.get() as i64), &note, &now];
+            if change(conn, &SQL.mark_lapsed, params)? == 1 {
+                return Ok(true);
+            }
+            match refusal(conn, &key, attempt) {
+                // Still ours and IN_PROGRESS: the lease is live again.
+                StoreError::WrongState {
+                    found: RecordStateKind::InProgress,
+                } => Ok(false),
+                refused => Err(refused),
+            }
+        })
+        .await
+    }
+
+    async fn resolve(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        resolution: Resolution<'_>,
+        note: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let key = *key.as_bytes();
+        let note = note.map(str::to_owned);
+        let (body, settle) = match resolution {
+            Resolution::Completed { response } => (response.to_owned(), None),
+            Resolution::NotPerformed { note, settle } => (note.to_owned(), Some(nanos(settle))),
+        };
+        self.run(move |conn, now| {
+            let a = attempt.get() as i64;
+            let changed = match settle {
+                None => change(
+                    conn,
+                    &SQL.resolve_completed,
+                    &[&&key[..], &a, &body, &note, &now],
+                )?,
+                Some(settle) => change(
+                    conn,
+                    &SQL.resolve_not_performed,
+                    &[
+                        &&key[..],
+                        &a,
+                        &body,
+                        &note,
+                        &now,
+                        &now.saturating_sub(settle),
+                    ],
+                )?,
+            };
+            if changed == 1 {
+                return Ok(());
+            }
+            match (found(conn, &key)?, settle) {
+                (Some((owner, RecordStateKind::Unknown, updated_at)), Some(settle))
+                    if owner == attempt =>
+                {
+                    Err(StoreError::NotSettled {
+                        until: from_nanos(updated_at.saturating_add(settle)),
+                    })
+                }
+                _ => Err(refusal(conn, &key, attempt)),
+            }
+        })
+        .await
+    }
+
+    async fn defer_check(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        delay: Duration,
+    ) -> Result<(), StoreError> {
+        let key = *key.as_bytes();
+        self.run(move |conn, now| {
+            fenced(
+                conn,
+                &key,
+                attempt,
+                &SQL.defer_check,
+                &[
+                    &&key[..],
+                    &(attempt.get() as i64),
+                    &now.saturating_add(nanos(delay)),
+                ],
+            )
+        })
+        .await
+    }
+
     async fn heartbeat(
         &self,
         key: &IdempotencyKey,
@@ -538,10 +722,10 @@ impl IdempotencyStore for SqliteStore {
     ) -> Result<Option<Record>, StoreError> {
         let (lo, hi) = key_range(reference);
         let tenant = tenant.to_owned();
-        self.run(move |conn, _| {
+        self.run(move |conn, now| {
             // The reference is the key's first eight bytes: a range over the
             // primary key finds it without an index of its own.
-            let mut found = read_many(conn, &SQL.lookup, params![&lo[..], &hi[..], tenant])?;
+            let mut found = read_many(conn, &SQL.lookup, params![&lo[..], &hi[..], tenant], now)?;
             Ok(found.pop())
         })
         .await
@@ -562,13 +746,90 @@ impl IdempotencyStore for SqliteStore {
 
     async fn list_lapsed(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        self.run(move |conn, now| read_many(conn, &SQL.lapsed, params![now, limit]))
+        self.run(move |conn, now| read_many(conn, &SQL.lapsed, params![now, limit], now))
             .await
     }
 
     async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        self.run(move |conn, _| read_many(conn, &SQL.unknown, params![limit]))
+        self.run(move |conn, now| read_many(conn, &SQL.unknown, params![now, limit], now))
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::conformance::{again, claim_request};
+
+    /// A batch in which SQLite fails one statement (here: the database is
+    /// full) writes nothing, and every job of it is told so.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_batch_is_all_or_nothing() {
+        let dir = std::env::temp_dir().join(format!("idem-batch-{}", Attempt::random().get()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = SqliteStore::open(dir.join("idem.sqlite3")).await.unwrap();
+        let held = claim_request(Duration::from_secs(900));
+        assert_eq!(store.claim(&held).await.unwrap(), Claim::Claimed);
+        // No room for a large response: the database may not grow any more.
+        store
+            .run(|conn, _| {
+                let pages: i64 = conn
+                    .query_row("PRAGMA page_count", [], |r| r.get(0))
+                    .map_err(|e| unavailable(&e))?;
+                conn.pragma_update(None, "max_page_count", pages + 2)
+                    .map_err(|e| unavailable(&e))
+            })
+            .await
+            .unwrap();
+
+        // Hold the writer so that the next three jobs form one batch.
+        let blocker = store.run(|_, _| {
+            std::thread::sleep(Duration::from_millis(300));
+            Ok(())
+        });
+        let (first, big, last) = (
+            claim_request(Duration::from_secs(900)),
+            "x".repeat(1 << 20),
+            claim_request(Duration::from_secs(900)),
+        );
+        let (_, a, b, c) = tokio::join!(
+            blocker,
+            async {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                store.claim(&first).await
+            },
+            async {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                store.complete(&held.key, held.attempt, &big).await
+            },
+            async {
+                tokio::time::sleep(Duration::from_millis(150)).await;
+                store.claim(&last).await
+            },
+        );
+        assert!(matches!(b, Err(StoreError::Unavailable(_))), "{b:?}");
+        assert!(matches!(a, Err(StoreError::Unavailable(_))), "{a:?}");
+        assert!(matches!(c, Err(StoreError::Unavailable(_))), "{c:?}");
+        for req in [&first, &last] {
+            assert_eq!(
+                store
+                    .lookup(&req.tenant, &req.key.reference())
+                    .await
+                    .unwrap(),
+                None,
+                "nothing of the failed batch was written"
+            );
+        }
+        let kept = store
+            .lookup(&held.tenant, &held.key.reference())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(kept.state, crate::store::RecordState::InProgress);
+        // The store goes on serving once the statement fits.
+        assert_eq!(store.claim(&again(&first)).await.unwrap(), Claim::Claimed);
+        drop(store);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

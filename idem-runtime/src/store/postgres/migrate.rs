@@ -5,10 +5,16 @@ use crate::store::StoreError;
 
 /// The shipped migrations, in order; `{schema}` is replaced by the quoted
 /// schema name. A version, once shipped, is never edited: add a new one.
-const MIGRATIONS: &[(i32, &str)] = &[(
-    1,
-    include_str!("../../../migrations/postgres/0001_records.sql"),
-)];
+const MIGRATIONS: &[(i32, &str)] = &[
+    (
+        1,
+        include_str!("../../../migrations/postgres/0001_records.sql"),
+    ),
+    (
+        2,
+        include_str!("../../../migrations/postgres/0002_lifecycle.sql"),
+    ),
+];
 
 impl PostgresStore {
     /// Creates the schema and applies the shipped migrations not applied yet,

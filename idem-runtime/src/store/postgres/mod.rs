@@ -9,10 +9,9 @@ use deadpool_postgres::{Object, Pool};
 use tokio_postgres::Row;
 
 use crate::key::{IdempotencyKey, Reference};
-use crate::store::sql::{key_range, COMPLETED, IN_PROGRESS, UNKNOWN};
+use crate::store::sql::{key_range, state_from};
 use crate::store::{
-    Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordState, RecordStateKind,
-    StoreError,
+    Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordStateKind, Resolution, StoreError,
 };
 
 mod builder;
@@ -181,27 +180,21 @@ fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
+/// A record from a row of `{COLUMNS}, now()`.
 fn row_to_record(row: &Row) -> Result<Record, StoreError> {
     let bytes32 = |i: usize| -> Result<[u8; 32], StoreError> {
         let v: &[u8] = row.try_get(i).map_err(corrupt)?;
         <[u8; 32]>::try_from(v)
             .map_err(|_| StoreError::Corrupt("a key or fingerprint is not 32 bytes".into()))
     };
-    let text = |b: Option<Vec<u8>>| -> Result<Option<String>, StoreError> {
+    let text = |i: usize| -> Result<Option<String>, StoreError> {
+        let b: Option<Vec<u8>> = row.try_get(i).map_err(corrupt)?;
         b.map(|b| {
             String::from_utf8(b).map_err(|_| StoreError::Corrupt("a body is not UTF-8".into()))
         })
         .transpose()
     };
-    let body = text(row.try_get(11).map_err(corrupt)?)?;
-    let state = match (row.try_get::<_, i16>(4).map_err(corrupt)?, body) {
-        (IN_PROGRESS, _) => RecordState::InProgress,
-        (COMPLETED, Some(response)) => RecordState::Completed { response },
-        (UNKNOWN, note) => RecordState::Unknown {
-            note: note.unwrap_or_default(),
-        },
-        (s, _) => return Err(StoreError::Corrupt(format!("state {s}"))),
-    };
+    let state = state_from(row.try_get(4).map_err(corrupt)?, text(11)?)?;
     let time = |i: usize| row.try_get::<_, SystemTime>(i).map_err(corrupt);
     Ok(Record {
         key: IdempotencyKey::from_parts(bytes32(0)?, bytes32(1)?),
@@ -214,11 +207,36 @@ fn row_to_record(row: &Row) -> Result<Record, StoreError> {
         lease_until: time(8)?,
         expires_at: time(9)?,
         retain_until: time(10)?,
+        next_check_at: time(12)?,
+        checks: row.try_get::<_, i32>(13).map_err(corrupt)?.max(0) as u32,
+        resolution: text(14)?,
+        observed_at: time(15)?,
     })
 }
 
 fn corrupt(e: tokio_postgres::Error) -> StoreError {
     StoreError::Corrupt(format!("unexpected column: {e}"))
+}
+
+/// The owner, state and last change of the record with this key, if any:
+/// why a fenced change touched no row.
+async fn found(
+    client: &Object,
+    sql: &Statements,
+    key: &[u8],
+) -> Result<Option<(Attempt, RecordStateKind, SystemTime)>, CallError> {
+    let stmt = client.prepare_cached(&sql.refusal).await?;
+    let Some(row) = client.query_opt(&stmt, &[&key]).await? else {
+        return Ok(None);
+    };
+    let state = row.get::<_, i16>(1);
+    let kind = RecordStateKind::from_code(state.into())
+        .ok_or_else(|| StoreError::Corrupt(format!("state {state}")))?;
+    Ok(Some((
+        Attempt::from_stored(row.get::<_, i64>(0) as u64),
+        kind,
+        row.get(2),
+    )))
 }
 
 /// Why a fenced change touched no row: the attempt lost the record (or it is
@@ -229,15 +247,8 @@ async fn refusal(
     key: &[u8],
     attempt: Attempt,
 ) -> Result<StoreError, CallError> {
-    let stmt = client.prepare_cached(&sql.refusal).await?;
-    Ok(match client.query_opt(&stmt, &[&key]).await? {
-        Some(row) if row.get::<_, i64>(0) as u64 == attempt.get() => {
-            let state = row.get::<_, i16>(1);
-            match RecordStateKind::from_code(state.into()) {
-                Some(found) => StoreError::WrongState { found },
-                None => StoreError::Corrupt(format!("state {state}")),
-            }
-        }
+    Ok(match found(client, sql, key).await? {
+        Some((owner, found, _)) if owner == attempt => StoreError::WrongState { found },
         _ => StoreError::Fenced,
     })
 }
@@ -291,10 +302,8 @@ impl IdempotencyStore for PostgresStore {
                 }
                 let read = client.prepare_cached(&sql.read).await?;
                 if let Some(row) = client.query_opt(&read, &[&key]).await? {
-                    let now: SystemTime = row.try_get(12).map_err(corrupt)?;
                     return Ok(Claim::Existing {
                         record: row_to_record(&row)?,
-                        now,
                     });
                 }
             }
@@ -358,6 +367,95 @@ impl IdempotencyStore for PostgresStore {
                 key,
                 attempt,
                 &[&key, &(attempt.get() as i64), &note.as_bytes()],
+            )
+            .await
+        })
+        .await
+    }
+
+    async fn mark_lapsed(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        note: &str,
+    ) -> Result<bool, StoreError> {
+        let key = &key.as_bytes()[..];
+        self.with(async |client, sql| {
+            let stmt = client.prepare_cached(&sql.mark_lapsed).await?;
+            let params: &[&(dyn tokio_postgres::types::ToSql + Sync)] =
+                &[&key, &(attempt.get() as i64), &note.as_bytes()];
+            if client.execute(&stmt, params).await? == 1 {
+                return Ok(true);
+            }
+            match refusal(client, sql, key, attempt).await? {
+                // Still ours and IN_PROGRESS: the lease is live again.
+                StoreError::WrongState {
+                    found: RecordStateKind::InProgress,
+                } => Ok(false),
+                refused => Err(refused.into()),
+            }
+        })
+        .await
+    }
+
+    async fn resolve(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        resolution: Resolution<'_>,
+        note: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let key = &key.as_bytes()[..];
+        let note = note.map(str::as_bytes);
+        let a = attempt.get() as i64;
+        self.with(async |client, sql| {
+            let (changed, settle) = match resolution {
+                Resolution::Completed { response } => {
+                    let stmt = client.prepare_cached(&sql.resolve_completed).await?;
+                    let params: &[&(dyn tokio_postgres::types::ToSql + Sync)] =
+                        &[&key, &a, &response.as_bytes(), &note];
+                    (client.execute(&stmt, params).await?, None)
+                }
+                Resolution::NotPerformed { note: body, settle } => {
+                    let stmt = client.prepare_cached(&sql.resolve_not_performed).await?;
+                    let params: &[&(dyn tokio_postgres::types::ToSql + Sync)] =
+                        &[&key, &a, &body.as_bytes(), &note, &micros(settle)];
+                    (client.execute(&stmt, params).await?, Some(settle))
+                }
+            };
+            if changed == 1 {
+                return Ok(());
+            }
+            match (found(client, sql, key).await?, settle) {
+                (Some((owner, RecordStateKind::Unknown, updated_at)), Some(settle))
+                    if owner == attempt =>
+                {
+                    Err(StoreError::NotSettled {
+                        until: updated_at + settle,
+                    }
+                    .into())
+                }
+                _ => Err(refusal(client, sql, key, attempt).await?.into()),
+            }
+        })
+        .await
+    }
+
+    async fn defer_check(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        delay: Duration,
+    ) -> Result<(), StoreError> {
+        let key = &key.as_bytes()[..];
+        self.with(async |client, sql| {
+            fenced(
+                client,
+                sql,
+                &sql.defer_check,
+                key,
+                attempt,
+                &[&key, &(attempt.get() as i64), &micros(delay)],
             )
             .await
         })

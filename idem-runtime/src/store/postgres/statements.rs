@@ -1,9 +1,10 @@
 //! The store's SQL, written once per schema from the state codes of
 //! [`RecordStateKind`](crate::store::RecordStateKind).
 
-use crate::store::sql::{expired, COLUMNS, COMPLETED, IN_PROGRESS, UNKNOWN};
+use crate::store::sql::{expired, COLUMNS, COMPLETED, IN_PROGRESS, NOT_PERFORMED, UNKNOWN};
 
-/// The store's SQL, with the schema filled in once.
+/// The store's SQL, with the schema filled in once. Every statement that
+/// reads records selects `now()` last, the record's `observed_at`.
 #[derive(Debug)]
 pub(super) struct Statements {
     pub(super) schema: String,
@@ -12,6 +13,10 @@ pub(super) struct Statements {
     pub(super) complete: String,
     pub(super) release: String,
     pub(super) mark_unknown: String,
+    pub(super) mark_lapsed: String,
+    pub(super) resolve_completed: String,
+    pub(super) resolve_not_performed: String,
+    pub(super) defer_check: String,
     pub(super) heartbeat: String,
     pub(super) refusal: String,
     pub(super) lookup: String,
@@ -20,27 +25,34 @@ pub(super) struct Statements {
     pub(super) unknown: String,
 }
 
+/// `$n` microseconds as an interval.
+fn micros(n: u8) -> String {
+    format!("${n}::int8 * interval '1 microsecond'")
+}
+
 impl Statements {
     pub(super) fn new(schema: String) -> Self {
         let t = format!("{schema}.idem_records");
+        let (lease, window, retention) = (micros(6), micros(7), micros(8));
         Statements {
-            // One statement: insert, or take over the row only if it is
-            // expired per Record::is_expired. A live row is left alone (and
-            // only locked for the statement), and no row comes back.
+            // One statement: insert, or take over the row only if
+            // Record::is_claimable (expired, or resolved as not performed). A
+            // live row is left alone (and only locked for the statement), and
+            // no row comes back.
             claim: format!(
                 "INSERT INTO {t} AS r (key, fingerprint, tenant, tool, state, attempt, \
-                   claimed_at, updated_at, lease_until, expires_at, retain_until, body) \
+                   claimed_at, updated_at, lease_until, expires_at, retain_until, body, \
+                   next_check_at, checks, resolution) \
                  VALUES ($1, $2, $3, $4, {IN_PROGRESS}, $5, now(), now(), \
-                   now() + $6::int8 * interval '1 microsecond', \
-                   now() + $7::int8 * interval '1 microsecond', \
-                   now() + $8::int8 * interval '1 microsecond', NULL) \
+                   now() + {lease}, now() + {window}, now() + {retention}, NULL, now(), 0, NULL) \
                  ON CONFLICT (key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, \
                    tenant = EXCLUDED.tenant, tool = EXCLUDED.tool, state = {IN_PROGRESS}, \
                    attempt = EXCLUDED.attempt, claimed_at = EXCLUDED.claimed_at, \
                    updated_at = EXCLUDED.updated_at, lease_until = EXCLUDED.lease_until, \
                    expires_at = EXCLUDED.expires_at, retain_until = EXCLUDED.retain_until, \
-                   body = NULL \
-                 WHERE {} \
+                   body = NULL, next_check_at = EXCLUDED.next_check_at, checks = 0, \
+                   resolution = NULL \
+                 WHERE ({}) OR r.state = {NOT_PERFORMED} \
                  RETURNING 1",
                 expired("r.", "now()")
             ),
@@ -53,22 +65,51 @@ impl Statements {
                  WHERE key = $1 AND attempt = $2 AND state <> {COMPLETED}"
             ),
             release: format!(
-                "DELETE FROM {t} WHERE key = $1 AND attempt = $2 AND state <> {COMPLETED}"
+                "DELETE FROM {t} WHERE key = $1 AND attempt = $2 \
+                 AND state IN ({IN_PROGRESS}, {UNKNOWN})"
             ),
             mark_unknown: format!(
-                "UPDATE {t} SET state = {UNKNOWN}, body = $3, updated_at = now() \
+                "UPDATE {t} SET state = {UNKNOWN}, body = $3, updated_at = now(), \
+                   next_check_at = now(), checks = 0 \
                  WHERE key = $1 AND attempt = $2 AND state = {IN_PROGRESS}"
+            ),
+            // `lease_until <= now()` in the same statement: a heartbeat that
+            // landed after the sweep listed the record keeps it alive.
+            mark_lapsed: format!(
+                "UPDATE {t} SET state = {UNKNOWN}, body = $3, updated_at = now(), \
+                   next_check_at = now(), checks = 0 \
+                 WHERE key = $1 AND attempt = $2 AND state = {IN_PROGRESS} \
+                   AND lease_until <= now()"
+            ),
+            resolve_completed: format!(
+                "UPDATE {t} SET state = {COMPLETED}, body = $3, resolution = $4, \
+                   updated_at = now() \
+                 WHERE key = $1 AND attempt = $2 AND state = {UNKNOWN}"
+            ),
+            // "Not performed" is trusted only for a record unchanged for the
+            // settle period ($5 µs), by the server's clock.
+            resolve_not_performed: format!(
+                "UPDATE {t} SET state = {NOT_PERFORMED}, body = $3, resolution = $4, \
+                   updated_at = now() \
+                 WHERE key = $1 AND attempt = $2 AND state = {UNKNOWN} \
+                   AND updated_at <= now() - {}",
+                micros(5)
+            ),
+            defer_check: format!(
+                "UPDATE {t} SET next_check_at = now() + {}, checks = checks + 1 \
+                 WHERE key = $1 AND attempt = $2 AND state = {UNKNOWN}",
+                micros(3)
             ),
             heartbeat: format!(
-                "UPDATE {t} SET lease_until = now() + $3::int8 * interval '1 microsecond', \
-                   updated_at = now() \
-                 WHERE key = $1 AND attempt = $2 AND state = {IN_PROGRESS}"
+                "UPDATE {t} SET lease_until = now() + {}, updated_at = now() \
+                 WHERE key = $1 AND attempt = $2 AND state = {IN_PROGRESS}",
+                micros(3)
             ),
-            refusal: format!("SELECT attempt, state FROM {t} WHERE key = $1"),
+            refusal: format!("SELECT attempt, state, updated_at FROM {t} WHERE key = $1"),
             // The reference is the key's first eight bytes: a range over the
             // primary key finds it without a column or index of its own.
             lookup: format!(
-                "SELECT {COLUMNS} FROM {t} WHERE key BETWEEN $1 AND $2 AND tenant = $3 \
+                "SELECT {COLUMNS}, now() FROM {t} WHERE key BETWEEN $1 AND $2 AND tenant = $3 \
                  ORDER BY key LIMIT 1"
             ),
             // Bounded, and SKIP LOCKED: rows a claim is taking over right now
@@ -81,12 +122,17 @@ impl Statements {
                    SELECT ctid FROM {t} AS r WHERE {} LIMIT $1 FOR UPDATE SKIP LOCKED))",
                 expired("r.", "now()")
             ),
+            // The partial indexes of migration 2 serve these two: `state = …`
+            // is a literal so the planner matches the index's predicate.
             lapsed: format!(
-                "SELECT {COLUMNS} FROM {t} WHERE state = {IN_PROGRESS} AND lease_until <= now() \
+                "SELECT {COLUMNS}, now() FROM {t} \
+                 WHERE state = {IN_PROGRESS} AND lease_until <= now() \
                  ORDER BY lease_until LIMIT $1"
             ),
             unknown: format!(
-                "SELECT {COLUMNS} FROM {t} WHERE state = {UNKNOWN} ORDER BY claimed_at LIMIT $1"
+                "SELECT {COLUMNS}, now() FROM {t} \
+                 WHERE state = {UNKNOWN} AND next_check_at <= now() \
+                 ORDER BY next_check_at LIMIT $1"
             ),
             schema,
         }
