@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_runtime::{
-    purge, reconcile, sweep, Answer, Caller, Claim, ClaimRequest, Executor, IdempotencyStore,
-    Maintenance, MaintenanceConfig, MemoryStore, Operation, ReconcileConfig, Reconciler,
-    Reconciliation, Record, RecordState, ScopeSpec, ToolError,
+    purge, reconcile, resolve_by_hand, sweep, Answer, Caller, Claim, ClaimRequest, Executor,
+    IdempotencyStore, Maintenance, MaintenanceConfig, ManualOutcome, MemoryStore, Operation,
+    ReconcileConfig, Reconciler, Reconciliation, Record, RecordState, ResolveError, ScopeSpec,
+    ToolError,
 };
 
 /// A processor's view: which references it has charged.
@@ -187,4 +188,256 @@ async fn maintenance_runs_in_the_background_and_stops() {
         Some(RecordState::Completed { .. })
     ));
     assert_eq!(ledger.asked.load(Ordering::SeqCst), 1);
+}
+
+/// A reconciler that answers by tool: it resolves `charge_card` records as
+/// `answer` says, and does not know `create_shipment` (a carrier without a
+/// lookup API): "still unknown" or "not mine".
+#[derive(Debug)]
+struct ByTool {
+    answer: Reconciliation,
+    shipment: Reconciliation,
+    asked: std::sync::Mutex<Vec<String>>,
+}
+
+#[async_trait]
+impl Reconciler for ByTool {
+    async fn reconcile(
+        &self,
+        record: &Record,
+    ) -> Result<Reconciliation, Box<dyn std::error::Error + Send + Sync>> {
+        self.asked.lock().unwrap().push(record.tool.clone());
+        Ok(match record.tool.as_str() {
+            "charge_card" => self.answer.clone(),
+            _ => self.shipment.clone(),
+        })
+    }
+}
+
+/// An UNKNOWN record of `tool`, claimed now.
+async fn unknown_record(store: &dyn IdempotencyStore, tool: &str) -> ClaimRequest {
+    let req = ClaimRequest {
+        tool: tool.to_owned(),
+        ..idem_runtime::conformance::claim_request(Duration::from_secs(900))
+    };
+    assert_eq!(store.claim(&req).await.unwrap(), Claim::Claimed);
+    store
+        .mark_unknown(&req.key, req.attempt, "timed out")
+        .await
+        .unwrap();
+    req
+}
+
+/// (a) "Not performed" from the processor is trusted only for a record that
+/// has been unchanged for the settle period: a request still in flight may
+/// not show yet. Before that, the record stays UNKNOWN and is asked again.
+#[tokio::test]
+async fn not_performed_waits_for_the_settle_period() {
+    let store = MemoryStore::new();
+    let req = unknown_record(&store, "charge_card").await;
+    let ledger = Ledger {
+        answer: Reconciliation::NotPerformed,
+        asked: AtomicUsize::new(0),
+    };
+    let config = ReconcileConfig {
+        settle: Duration::from_millis(300),
+        first_backoff: Duration::from_millis(50),
+        ..ReconcileConfig::default()
+    };
+    let early = reconcile(&store, &ledger, &config).await.unwrap();
+    assert_eq!(early.not_performed, 0, "{early:?}");
+    assert_eq!(early.still_unknown, 1, "{early:?}");
+    assert!(matches!(
+        state(&store, &req).await,
+        Some(RecordState::Unknown { .. })
+    ));
+    // Asked again only once it settled.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(
+        reconcile(&store, &ledger, &config).await.unwrap(),
+        Default::default()
+    );
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let settled = reconcile(&store, &ledger, &config).await.unwrap();
+    assert_eq!(settled.not_performed, 1, "{settled:?}");
+    assert!(matches!(
+        state(&store, &req).await,
+        Some(RecordState::NotPerformed { .. })
+    ));
+    assert_eq!(ledger.asked.load(Ordering::SeqCst), 2);
+}
+
+/// (c) Records the reconciler cannot resolve (every shipment, here) are put
+/// off with a backoff, so a newer charge it can resolve is looked at in the
+/// next round instead of waiting behind them for the retention.
+#[tokio::test]
+async fn unresolvable_records_do_not_starve_the_others() {
+    for shipment in [Reconciliation::StillUnknown, Reconciliation::NotMine] {
+        let store = MemoryStore::new();
+        for _ in 0..30 {
+            unknown_record(&store, "create_shipment").await;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let charge = unknown_record(&store, "charge_card").await;
+        let reconciler = ByTool {
+            answer: Reconciliation::Completed {
+                response: "\"ch_1\"".into(),
+            },
+            shipment: shipment.clone(),
+            asked: Default::default(),
+        };
+        let config = ReconcileConfig {
+            batch: 10,
+            ..ReconcileConfig::default()
+        };
+        let mut rounds = 0;
+        while !matches!(
+            state(&store, &charge).await,
+            Some(RecordState::Completed { .. })
+        ) {
+            rounds += 1;
+            assert!(rounds <= 4, "{shipment:?}: the charge starved");
+            reconcile(&store, &reconciler, &config).await.unwrap();
+        }
+        // Each shipment was asked once: the backoff keeps them out of the
+        // following rounds.
+        let asked = reconciler.asked.lock().unwrap();
+        assert_eq!(asked.iter().filter(|t| *t == "create_shipment").count(), 30);
+        assert_eq!(asked.iter().filter(|t| *t == "charge_card").count(), 1);
+        let deferred = store.list_unknown(100).await.unwrap();
+        assert!(deferred.is_empty(), "all put off: {}", deferred.len());
+    }
+}
+
+/// The backoff doubles per fruitless check and stops at the maximum.
+#[test]
+fn backoff_doubles_up_to_the_maximum() {
+    let config = ReconcileConfig {
+        first_backoff: Duration::from_secs(30),
+        max_backoff: Duration::from_secs(3600),
+        ..ReconcileConfig::default()
+    };
+    let pauses: Vec<u64> = (0..9).map(|n| config.backoff(n).as_secs()).collect();
+    assert_eq!(pauses, [30, 60, 120, 240, 480, 960, 1920, 3600, 3600]);
+    assert_eq!(config.backoff(u32::MAX), Duration::from_secs(3600));
+}
+
+/// A person resolves an operation nobody can reconcile: the status tool
+/// answers from the resolution, repeats replay it, and saying it again is
+/// harmless.
+#[tokio::test]
+async fn an_operator_resolves_an_unknown_operation_by_hand() {
+    let store = Arc::new(MemoryStore::new());
+    let exec = Executor::new(store.clone());
+    let caller = Caller::new("acme", "alice");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let ship = |runs: Arc<AtomicUsize>, outcome: Result<String, ToolError>| {
+        let (exec, caller) = (exec.clone(), caller.clone());
+        async move {
+            let op = Operation {
+                caller: &caller,
+                tool: "create_shipment",
+                args: &serde_json::json!({"order_id": "o-1"}),
+                scope: ScopeSpec::BusinessKey {
+                    fields: &["order_id"],
+                    retention: None,
+                },
+                status_tool: "get_operation_status",
+            };
+            let answer: Answer<String, ToolError> = exec
+                .run(op, move |_| async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    outcome
+                })
+                .await;
+            answer
+        }
+    };
+    let first = ship(
+        runs.clone(),
+        Err(ToolError::unknown("the carrier timed out")),
+    )
+    .await;
+    let reference = first.reference().unwrap();
+
+    let completed = ManualOutcome::Completed {
+        response: "\"1Z999\"".into(),
+    };
+    let note = "ops/ana: the carrier's portal shows 1Z999";
+    // Bad input changes nothing.
+    assert!(matches!(
+        resolve_by_hand(&*store, "acme", &reference, &completed, "  ").await,
+        Err(ResolveError::EmptyNote)
+    ));
+    let not_json = ManualOutcome::Completed {
+        response: "1Z999".into(),
+    };
+    assert!(matches!(
+        resolve_by_hand(&*store, "acme", &reference, &not_json, note).await,
+        Err(ResolveError::InvalidResponse(_))
+    ));
+    assert!(matches!(
+        resolve_by_hand(&*store, "globex", &reference, &completed, note).await,
+        Err(ResolveError::NotFound { .. })
+    ));
+
+    let resolved = resolve_by_hand(&*store, "acme", &reference, &completed, note)
+        .await
+        .unwrap();
+    assert_eq!(resolved.resolution.as_deref(), Some(note));
+    // Idempotent: the same resolution again answers the same record.
+    resolve_by_hand(&*store, "acme", &reference, &completed, note)
+        .await
+        .unwrap();
+    // Another resolution of a resolved record is refused, and changes nothing.
+    let err = resolve_by_hand(
+        &*store,
+        "acme",
+        &reference,
+        &ManualOutcome::NotPerformed,
+        note,
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, ResolveError::NotUnknown { .. }), "{err}");
+    assert!(err.to_string().contains("left as it was"), "{err}");
+
+    let status = exec
+        .status(&caller, &reference.to_string())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.state, "COMPLETED");
+    assert_eq!(status.resolution.as_deref(), Some(note));
+    assert_eq!(status.response, Some(serde_json::json!("1Z999")));
+    let repeat = ship(runs.clone(), Ok("never".into())).await;
+    assert_eq!(repeat.kind(), "replayed", "{repeat:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the carrier was asked once");
+}
+
+/// Resolved by hand as not performed: the status tool says so, and the next
+/// identical call runs.
+#[tokio::test]
+async fn an_operation_resolved_as_not_performed_runs_again() {
+    let store = Arc::new(MemoryStore::new());
+    let req = unknown_record(&*store, "charge_card").await;
+    let reference = req.key.reference();
+    let note = "ops/ana: no such charge in the processor's dashboard";
+    let resolved = resolve_by_hand(
+        &*store,
+        &req.tenant,
+        &reference,
+        &ManualOutcome::NotPerformed,
+        note,
+    )
+    .await
+    .unwrap();
+    assert!(matches!(resolved.state, RecordState::NotPerformed { .. }));
+    assert_eq!(
+        store
+            .claim(&idem_runtime::conformance::again(&req))
+            .await
+            .unwrap(),
+        Claim::Claimed
+    );
 }

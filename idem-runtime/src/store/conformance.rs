@@ -882,6 +882,9 @@ pub enum Fault {
     AnswerLost,
     /// Wait this long, then pass it through.
     Delay(Duration),
+    /// Pass it through, then wait this long before answering: the change
+    /// took effect while the caller still waits (and may give up).
+    SlowAnswer(Duration),
 }
 
 /// Decides the fault of each call.
@@ -934,6 +937,11 @@ impl<S: IdempotencyStore> FaultyStore<S> {
             Fault::Delay(d) => {
                 tokio::time::sleep(d).await;
                 work.await
+            }
+            Fault::SlowAnswer(d) => {
+                let out = work.await;
+                tokio::time::sleep(d).await;
+                out
             }
         }
     }
