@@ -144,7 +144,9 @@ fn reference_of(args: &serde_json::Value) -> idem_runtime::Reference {
 /// may have happened does not run again.
 #[tokio::test]
 async fn a_business_key_unknown_outlives_its_window() {
-    let exec = Executor::new(Arc::new(MemoryStore::new()));
+    // A short lease, so that only the retention can keep the record (with
+    // the default 30 s lease, the lease would outlast this test's window).
+    let exec = Executor::new(Arc::new(MemoryStore::new())).with_lease(Duration::from_millis(60));
     let scope = ScopeSpec::BusinessKey {
         fields: &["order_id"],
         retention: Some(Duration::from_millis(150)),
