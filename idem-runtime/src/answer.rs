@@ -330,9 +330,14 @@ impl<T, E: fmt::Display> Answer<T, E> {
                 "The call was refused and nothing was executed: {reason}. Correct the \
                  arguments and call again."
             ),
+            // The claim may have landed with its answer lost: nothing runs
+            // under it and the executor releases it, but a retry in between
+            // can meet it. Say so, so the model neither gives up nor worries.
             Answer::StoreUnavailable { error } => format!(
                 "Nothing was executed: {error}. It is safe to call again with the same \
-                 arguments in a little while."
+                 arguments in a little while. If that call answers that the operation is \
+                 already in progress, it is this call's unconfirmed claim being cleared, under \
+                 which nothing ran: wait a few seconds and call again."
             ),
         })
     }
