@@ -147,10 +147,8 @@ async fn sqlite(path: &std::path::Path, indexes: bool) -> SqliteStore {
     }
     conn.execute_batch("COMMIT").unwrap();
     if !indexes {
-        conn.execute_batch(
-            "DROP INDEX idem_records_lapsed; DROP INDEX idem_records_unknown;",
-        )
-        .unwrap();
+        conn.execute_batch("DROP INDEX idem_records_lapsed; DROP INDEX idem_records_unknown;")
+            .unwrap();
     }
     conn.execute_batch("ANALYZE").unwrap();
     drop(conn);

@@ -29,17 +29,9 @@ struct Receipt {
 struct Processor {
     requests: Arc<AtomicUsize>,
     charges: Arc<Mutex<HashMap<String, String>>>,
-    delay: Duration,
 }
 
 impl Processor {
-    fn sleeping(delay: Duration) -> Self {
-        Processor {
-            delay,
-            ..Processor::default()
-        }
-    }
-
     /// Charges actually made (one per reference at most, by construction:
     /// what the tests assert is how many references were charged).
     fn charges(&self) -> usize {
@@ -58,7 +50,6 @@ impl Processor {
             let next = format!("ch_{}", charges.len() + 1);
             charges.entry(reference.clone()).or_insert(next).clone()
         };
-        tokio::time::sleep(self.delay).await;
         Ok(Receipt {
             charge_id,
             reference,

@@ -95,7 +95,8 @@ async fn concurrent_duplicates_reach_the_processor_once() {
         call(&client, "charge_card", args.clone()).await
     });
     let ledger = ledger(&client).await;
-    assert_eq!(ledger["processor_invocations"], json!(1), "{ledger}");
+    assert_eq!(ledger["processor_requests"], json!(1), "{ledger}");
+    assert_eq!(ledger["processor_charges"], json!(1), "{ledger}");
 
     let (done, in_flight) = if a.is_error == Some(true) {
         (b, a)
@@ -109,7 +110,10 @@ async fn concurrent_duplicates_reach_the_processor_once() {
         operation(&done)["reference"]
     );
     let reference = operation(&done)["reference"].as_str().unwrap();
-    assert_eq!(ledger["processor"][reference], json!(1));
+    assert_eq!(
+        ledger["processor"][reference],
+        json!({ "requests": 1, "charges": 1 })
+    );
     client.cancel().await.ok();
 }
 
@@ -128,6 +132,7 @@ async fn a_replay_is_byte_identical() {
     };
     assert_eq!(bytes(&first), bytes(&second));
     let ledger = ledger(&client).await;
-    assert_eq!(ledger["carrier_invocations"], json!(1), "{ledger}");
+    assert_eq!(ledger["carrier_requests"], json!(1), "{ledger}");
+    assert_eq!(ledger["carrier_shipments"], json!(1), "{ledger}");
     client.cancel().await.ok();
 }

@@ -13,7 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_runtime::{
-    Caller, Executor, IdempotencyStore, Maintenance, MaintenanceConfig, SqliteStore,
+    Caller, Executor, IdempotencyStore, Maintenance, MaintenanceConfig, ReconcileConfig,
+    SqliteStore,
 };
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::service::RunningService;
@@ -127,16 +128,28 @@ async fn main() {
         "The processor is slow (2 s) and the tool stops waiting after 1 s.",
     );
     backends.set_processor_delay(Duration::from_millis(2000));
-    let slow = call(
-        &client,
-        "charge_card",
-        json!({ "card": "5555", "amount_cents": 7000 }),
-    )
-    .await;
+    let slow_charge = json!({ "card": "5555", "amount_cents": 7000 });
+    let slow = call(&client, "charge_card", slow_charge.clone()).await;
     show("charge_card", &slow);
     let slow_ref = reference(&slow);
+    // A server runs these rounds in the background (`Maintenance::spawn`);
+    // the demo runs them by hand, and asks about an unresolved record again
+    // at once instead of after a backoff.
+    let maintenance = MaintenanceConfig {
+        reconciler: Some(Arc::new(ProcessorReconciler(backends.clone()))),
+        reconcile: ReconcileConfig {
+            first_backoff: Duration::ZERO,
+            ..ReconcileConfig::default()
+        },
+        ..MaintenanceConfig::default()
+    };
+    println!(
+        "  ... a maintenance round: the reconciler asks the processor about {slow_ref}, \
+         which is still charging it."
+    );
+    Maintenance::round(&*store, &maintenance).await;
     show(
-        "get_operation_status",
+        "get_operation_status: still unknown, not released",
         &call(
             &client,
             "get_operation_status",
@@ -145,25 +158,13 @@ async fn main() {
         .await,
     );
     show(
-        "the model calls charge_card again anyway",
-        &call(
-            &client,
-            "charge_card",
-            json!({ "card": "5555", "amount_cents": 7000 }),
-        )
-        .await,
+        "the model calls charge_card again anyway: nothing runs",
+        &call(&client, "charge_card", slow_charge.clone()).await,
     );
-    println!("  ... the processor finishes; the background reconciler asks it about {slow_ref}.");
+    println!("  ... the processor finishes the charge; the next round asks again.");
     tokio::time::sleep(Duration::from_millis(1500)).await;
     backends.set_processor_delay(Duration::from_millis(300));
-    Maintenance::round(
-        &*store,
-        &MaintenanceConfig {
-            reconciler: Some(Arc::new(ProcessorReconciler(backends.clone()))),
-            ..MaintenanceConfig::default()
-        },
-    )
-    .await;
+    Maintenance::round(&*store, &maintenance).await;
     show(
         "get_operation_status",
         &call(
@@ -172,6 +173,10 @@ async fn main() {
             json!({ "reference": slow_ref }),
         )
         .await,
+    );
+    show(
+        "charge_card once more: the reconciled receipt, replayed",
+        &call(&client, "charge_card", slow_charge).await,
     );
 
     step(5, "A shipment, retried with the same order id.");
@@ -201,21 +206,32 @@ async fn main() {
         "The ledger: what the processor and the carrier were really asked to do.",
     );
     let ledger = call(&client, "processor_ledger", json!({})).await;
-    let view = ledger.structured_content.clone().unwrap_or_default();
-    for (who, field) in [("processor", "processor"), ("carrier", "carrier")] {
-        if let Some(map) = view[field].as_object() {
-            for (reference, count) in map {
-                println!("  {who:9} {reference}: {count} invocation(s)");
-            }
-        }
+    let view: shop::LedgerView =
+        serde_json::from_value(ledger.structured_content.clone().unwrap_or_default())
+            .expect("the ledger's shape");
+    for (reference, counts) in &view.processor {
+        println!(
+            "  processor {reference}: {} request(s), {} charge(s)",
+            counts.requests, counts.charges
+        );
+    }
+    for (reference, counts) in &view.carrier {
+        println!(
+            "  carrier   {reference}: {} request(s), {} shipment(s)",
+            counts.requests, counts.shipments
+        );
     }
     let sent = |tool: &str| CALLS.lock().unwrap().iter().filter(|t| **t == tool).count();
     println!(
-        "\n{} charge_card calls and {} create_shipment calls reached the server; the processor was invoked {} time(s) and the carrier {} time(s): once per operation.",
+        "\n{} charge_card calls and {} create_shipment calls reached the server; the processor \
+         received {} request(s) and made {} charge(s), the carrier received {} request(s) and \
+         booked {} shipment(s): once per operation.",
         sent("charge_card"),
         sent("create_shipment"),
-        view["processor_invocations"],
-        view["carrier_invocations"]
+        view.processor_requests,
+        view.processor_charges,
+        view.carrier_requests,
+        view.carrier_shipments,
     );
 
     let _ = client.cancel().await;

@@ -13,6 +13,14 @@
 //!                                 defaults to ./.idem
 //!   --processor-delay-ms N        how long the stub processor takes (default 300)
 //!   --processor-timeout-ms N      how long the tool waits for it (default 5000)
+//!   --maintenance-interval-ms N   time between maintenance rounds: sweep, reconcile, purge
+//!                                 (default 10000)
+//!   --settle-ms N                 how long an outcome-unknown record must be unchanged before
+//!                                 the processor's "not performed" is trusted (default 300000;
+//!                                 never less than --processor-timeout-ms)
+//!   --reconcile-backoff-ms N      the pause before a record the processor could not resolve
+//!                                 yet is asked about again; doubles each time, up to 1 h
+//!                                 (default 30000)
 //! ```
 
 mod shop;
@@ -24,7 +32,7 @@ use std::time::Duration;
 
 use idem_runtime::{
     audit_hints, Caller, Executor, IdempotencyStore, Maintenance, MaintenanceConfig, MemoryStore,
-    PostgresStore, SqliteStore,
+    PostgresStore, ReconcileConfig, SqliteStore,
 };
 use rmcp::ServiceExt;
 use shop::{Backends, Payments, ProcessorReconciler};
@@ -38,7 +46,16 @@ usage: payments [FLAGS]
   --store memory|sqlite:PATH|postgres://...
                                 default: sqlite:$IDEM_HOME/payments.sqlite3 (IDEM_HOME defaults to .idem)
   --processor-delay-ms N        how long the stub processor takes (default 300)
-  --processor-timeout-ms N      how long the tool waits for it (default 5000)";
+  --processor-timeout-ms N      how long the tool waits for it (default 5000)
+  --maintenance-interval-ms N   time between maintenance rounds: sweep, reconcile, purge
+                                (default 10000)
+  --settle-ms N                 how long an outcome-unknown record must be unchanged before
+                                the processor's \"not performed\" is trusted (default 300000;
+                                never less than --processor-timeout-ms: a charge still in
+                                flight may not show at the processor yet)
+  --reconcile-backoff-ms N      the pause before a record the processor could not resolve
+                                yet is asked about again; doubles each time, up to 1 h
+                                (default 30000)";
 
 #[derive(Debug)]
 struct Flags {
@@ -50,6 +67,9 @@ struct Flags {
     store: String,
     processor_delay: Duration,
     processor_timeout: Duration,
+    maintenance_interval: Duration,
+    settle: Duration,
+    reconcile_backoff: Duration,
 }
 
 fn usage(problem: &str) -> ! {
@@ -75,6 +95,9 @@ fn parse_flags() -> Flags {
         store: default_store(),
         processor_delay: Duration::from_millis(300),
         processor_timeout: Duration::from_millis(5000),
+        maintenance_interval: Duration::from_millis(10_000),
+        settle: ReconcileConfig::default().settle,
+        reconcile_backoff: ReconcileConfig::default().first_backoff,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -115,6 +138,9 @@ fn parse_flags() -> Flags {
             "--store" => flags.store = value(),
             "--processor-delay-ms" => flags.processor_delay = millis(value()),
             "--processor-timeout-ms" => flags.processor_timeout = millis(value()),
+            "--maintenance-interval-ms" => flags.maintenance_interval = millis(value()),
+            "--settle-ms" => flags.settle = millis(value()),
+            "--reconcile-backoff-ms" => flags.reconcile_backoff = millis(value()),
             other => usage(&format!("unknown flag {other:?}")),
         }
     }
@@ -123,6 +149,20 @@ fn parse_flags() -> Flags {
             "--transport is stdio or http, not {:?}",
             flags.transport
         ));
+    }
+    if flags.maintenance_interval.is_zero() {
+        usage("--maintenance-interval-ms must be at least 1");
+    }
+    // A charge the tool stopped waiting for may still be in flight at the
+    // processor: "not performed" is no proof before the timeout has passed.
+    if flags.settle < flags.processor_timeout {
+        eprintln!(
+            "payments: --settle-ms {} is less than --processor-timeout-ms {}; settling for {} ms",
+            flags.settle.as_millis(),
+            flags.processor_timeout.as_millis(),
+            flags.processor_timeout.as_millis()
+        );
+        flags.settle = flags.processor_timeout;
     }
     flags
 }
@@ -184,9 +224,14 @@ async fn main() {
     let maintenance = Maintenance::spawn(
         store.clone(),
         MaintenanceConfig {
-            interval: Duration::from_secs(10),
-            batch: 250,
+            interval: flags.maintenance_interval,
             reconciler: Some(Arc::new(ProcessorReconciler(backends.clone()))),
+            reconcile: ReconcileConfig {
+                settle: flags.settle,
+                first_backoff: flags.reconcile_backoff,
+                ..ReconcileConfig::default()
+            },
+            ..MaintenanceConfig::default()
         },
     );
     let executor = Executor::new(store);

@@ -19,6 +19,7 @@ use rmcp::handler::server::wrapper::{Json, Parameters};
 use rmcp::model::{CallToolResponse, Implementation, ServerCapabilities, ServerConfig};
 use rmcp::{tool, tool_handler, ServerHandler};
 use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
 
 /// The status tool every wrapped tool names in its answers.
 pub const STATUS_TOOL: &str = "get_operation_status";
@@ -76,30 +77,90 @@ pub struct Shipment {
     pub reference: String,
 }
 
-/// What the stub processor and carrier were asked to do, per reference.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, schemars::JsonSchema)]
+/// What the stub processor saw and did under one reference.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct ChargeCounts {
+    /// Charge requests that arrived with this reference.
+    pub requests: u32,
+    /// Charges actually made for it: 0 while the first request is in
+    /// flight, then 1. A repeated request gets the first one's outcome.
+    pub charges: u32,
+}
+
+/// What the stub carrier saw and did under one reference.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct ShipmentCounts {
+    /// Shipment requests that arrived with this reference.
+    pub requests: u32,
+    /// Shipments actually booked for it (at most 1).
+    pub shipments: u32,
+}
+
+/// What the stub processor and carrier were asked to do and really did, per
+/// reference: a retry that got past idem shows as a second request, and a
+/// double charge (which the stubs' own deduplication prevents) as a second
+/// charge.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct LedgerView {
-    /// Charge invocations at the processor, by reference.
-    pub processor: BTreeMap<String, u32>,
-    /// Shipment invocations at the carrier, by reference.
-    pub carrier: BTreeMap<String, u32>,
-    /// Total processor invocations.
-    pub processor_invocations: u32,
-    /// Total carrier invocations.
-    pub carrier_invocations: u32,
+    /// Charge requests and charges made at the processor, by reference.
+    pub processor: BTreeMap<String, ChargeCounts>,
+    /// Shipment requests and shipments booked at the carrier, by reference.
+    pub carrier: BTreeMap<String, ShipmentCounts>,
+    /// Total charge requests that reached the processor.
+    pub processor_requests: u32,
+    /// Total charges the processor made.
+    pub processor_charges: u32,
+    /// Total shipment requests that reached the carrier.
+    pub carrier_requests: u32,
+    /// Total shipments the carrier booked.
+    pub carrier_shipments: u32,
+}
+
+/// What the processor's lookup says about a reference.
+#[derive(Clone, Debug)]
+pub enum ChargeStatus {
+    /// No request with this reference ever arrived.
+    NotFound,
+    /// A request arrived and its charge is still being processed.
+    InFlight,
+    /// The charge was made.
+    Charged(Receipt),
+}
+
+#[derive(Debug)]
+struct ChargeEntry {
+    requests: u32,
+    charges: u32,
+    /// `None` while the charge is in flight; the receipt once it is made.
+    outcome: watch::Receiver<Option<Receipt>>,
+}
+
+#[derive(Debug)]
+struct ShipmentEntry {
+    requests: u32,
+    shipments: u32,
+    shipment: Shipment,
 }
 
 #[derive(Debug, Default)]
 struct Books {
-    invocations: LedgerView,
-    charges: BTreeMap<String, Receipt>,
-    charges_started: u32,
-    shipments: u32,
+    charges: BTreeMap<String, ChargeEntry>,
+    shipments: BTreeMap<String, ShipmentEntry>,
+    charge_seq: u32,
+    shipment_seq: u32,
 }
 
-/// The simulated processor and carrier. Each counts every invocation by the
-/// reference it was given, and the processor keeps the charges it made so a
-/// reconciler can look one up, as a real processor's API would allow.
+/// The simulated processor and carrier. Both deduplicate by the reference
+/// they are given, as real ones do with an idempotency key: the processor
+/// registers a reference the moment a request arrives (before its delay),
+/// and a later request with the same reference waits for the first one's
+/// outcome instead of charging again. Each counts the requests it received
+/// and the effects it made separately, so the ledger shows any retry that
+/// got past idem. The processor also answers lookups by reference (in
+/// flight, charged, never seen), which the reconciler uses.
+///
+/// The books live in memory: unlike a real processor's, they are gone when
+/// the process exits.
 #[derive(Clone, Debug)]
 pub struct Backends {
     books: Arc<Mutex<Books>>,
@@ -126,69 +187,128 @@ impl Backends {
         self.books.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Charges the card. The processor dedups by `reference` as real ones do,
-    /// but counts every invocation, so the ledger shows any retry that got
-    /// past idem.
+    /// Asks the processor to charge the card under `reference`, and waits
+    /// for the outcome. The processor works on its own: a caller that stops
+    /// waiting (a timeout) does not stop the charge. A request whose
+    /// reference the processor already has is not charged again; it gets the
+    /// first request's receipt, once there is one.
     pub async fn charge(&self, reference: String, args: &ChargeArgs) -> Receipt {
-        let (n, existing) = {
+        let mut outcome = {
             let mut books = self.books();
-            *books
-                .invocations
-                .processor
-                .entry(reference.clone())
-                .or_default() += 1;
-            books.invocations.processor_invocations += 1;
-            // Numbered when the charge starts, so overlapping charges get distinct ids.
-            books.charges_started += 1;
-            (
-                books.charges_started,
-                books.charges.get(&reference).cloned(),
-            )
+            let books = &mut *books;
+            match books.charges.get_mut(&reference) {
+                Some(entry) => {
+                    entry.requests += 1;
+                    entry.outcome.clone()
+                }
+                None => {
+                    // Numbered on arrival, so overlapping charges get distinct ids.
+                    books.charge_seq += 1;
+                    let receipt = Receipt {
+                        charge_id: format!("ch_{:04}", books.charge_seq),
+                        amount_cents: args.amount_cents,
+                        currency: args.currency.clone(),
+                        reference: reference.clone(),
+                    };
+                    let (done, outcome) = watch::channel(None);
+                    books.charges.insert(
+                        reference.clone(),
+                        ChargeEntry {
+                            requests: 1,
+                            charges: 0,
+                            outcome: outcome.clone(),
+                        },
+                    );
+                    let delay =
+                        Duration::from_millis(self.processor_delay_ms.load(Ordering::SeqCst));
+                    let processor = self.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(delay).await;
+                        let mut books = processor.books();
+                        if let Some(entry) = books.charges.get_mut(&reference) {
+                            entry.charges += 1;
+                        }
+                        // Under the lock: the lookup never sees the charge
+                        // counted without its receipt.
+                        done.send_replace(Some(receipt));
+                    });
+                    outcome
+                }
+            }
         };
-        let delay = Duration::from_millis(self.processor_delay_ms.load(Ordering::SeqCst));
-        tokio::time::sleep(delay).await;
-        if let Some(receipt) = existing {
-            return receipt;
-        }
-        let receipt = Receipt {
-            charge_id: format!("ch_{n:04}"),
-            amount_cents: args.amount_cents,
-            currency: args.currency.clone(),
-            reference: reference.clone(),
-        };
-        self.books().charges.insert(reference, receipt.clone());
-        receipt
+        let receipt = outcome
+            .wait_for(Option::is_some)
+            .await
+            .expect("the processor finishes every charge it accepted")
+            .clone();
+        receipt.expect("waited for a receipt")
     }
 
-    /// Books a shipment with the carrier.
+    /// What the processor knows about `reference`: its lookup API.
+    pub fn charge_status(&self, reference: &str) -> ChargeStatus {
+        match self.books().charges.get(reference) {
+            None => ChargeStatus::NotFound,
+            Some(entry) => match &*entry.outcome.borrow() {
+                None => ChargeStatus::InFlight,
+                Some(receipt) => ChargeStatus::Charged(receipt.clone()),
+            },
+        }
+    }
+
+    /// Books a shipment with the carrier under `reference`; a request whose
+    /// reference the carrier already has gets the same shipment back.
     pub async fn ship(&self, reference: String, args: &ShipmentArgs) -> Shipment {
-        let n = {
-            let mut books = self.books();
-            *books
-                .invocations
-                .carrier
-                .entry(reference.clone())
-                .or_default() += 1;
-            books.invocations.carrier_invocations += 1;
-            books.shipments += 1;
-            books.shipments
-        };
-        Shipment {
-            tracking_number: format!("1Z{:08}", 40_000_000 + n * 7919),
+        let mut books = self.books();
+        let books = &mut *books;
+        if let Some(entry) = books.shipments.get_mut(&reference) {
+            entry.requests += 1;
+            return entry.shipment.clone();
+        }
+        books.shipment_seq += 1;
+        let shipment = Shipment {
+            tracking_number: format!("1Z{:08}", 40_000_000 + books.shipment_seq * 7919),
             order_id: args.order_id.clone(),
             service_level: args.service_level.clone(),
+            reference: reference.clone(),
+        };
+        books.shipments.insert(
             reference,
-        }
+            ShipmentEntry {
+                requests: 1,
+                shipments: 1,
+                shipment: shipment.clone(),
+            },
+        );
+        shipment
     }
 
-    /// The processor's charge for `reference`, if it made one.
-    pub fn charge_for(&self, reference: &str) -> Option<Receipt> {
-        self.books().charges.get(reference).cloned()
-    }
-
-    /// Every invocation so far, by reference.
+    /// Every request and every effect so far, by reference.
     pub fn ledger(&self) -> LedgerView {
-        self.books().invocations.clone()
+        let books = self.books();
+        let mut view = LedgerView::default();
+        for (reference, entry) in &books.charges {
+            view.processor_requests += entry.requests;
+            view.processor_charges += entry.charges;
+            view.processor.insert(
+                reference.clone(),
+                ChargeCounts {
+                    requests: entry.requests,
+                    charges: entry.charges,
+                },
+            );
+        }
+        for (reference, entry) in &books.shipments {
+            view.carrier_requests += entry.requests;
+            view.carrier_shipments += entry.shipments;
+            view.carrier.insert(
+                reference.clone(),
+                ShipmentCounts {
+                    requests: entry.requests,
+                    shipments: entry.shipments,
+                },
+            );
+        }
+        view
     }
 }
 
@@ -260,13 +380,15 @@ impl Payments {
         let reference = current_reference()
             .expect("inside #[idempotent]")
             .to_string();
-        let backends = self.backends.clone();
         // The processor keeps going when we stop waiting, as a real one does:
         // the charge may happen after the timeout, so the outcome is unknown.
-        let charge = tokio::spawn(async move { backends.charge(reference, &args).await });
-        match tokio::time::timeout(self.processor_timeout, charge).await {
-            Ok(Ok(receipt)) => Ok(Json(receipt)),
-            Ok(Err(join)) => Err(ToolError::unknown(format!("The processor call failed: {join}."))),
+        match tokio::time::timeout(
+            self.processor_timeout,
+            self.backends.charge(reference, &args),
+        )
+        .await
+        {
+            Ok(receipt) => Ok(Json(receipt)),
             Err(_) => Err(ToolError::unknown(format!(
                 "The processor did not answer within {} ms; the charge may or may not have gone through.",
                 self.processor_timeout.as_millis()
@@ -293,8 +415,9 @@ impl Payments {
 
     /// Demo only: what the stub processor and carrier were asked to do.
     #[tool(
-        description = "Demo only: the stub processor's and carrier's invocations per reference, \
-                       to check that a retry did not charge or ship twice.",
+        description = "Demo only: per reference, how many requests reached the stub processor \
+                       and carrier and how many charges and shipments they really made, to \
+                       check that a retry did not charge or ship twice.",
         annotations(read_only_hint = true)
     )]
     async fn processor_ledger(&self) -> Json<LedgerView> {
@@ -318,8 +441,12 @@ impl ServerHandler for Payments {
     }
 }
 
-/// Resolves UNKNOWN charges by asking the processor for the charge it made
-/// under the operation's reference.
+/// Resolves UNKNOWN operations by asking the processor what became of the
+/// reference: charged (the stored response is the receipt, as the tool would
+/// have returned it), still in flight (ask again later), or never seen (not
+/// performed, which idem trusts only once the record has settled). The
+/// carrier has no lookup, so a shipment stays UNKNOWN for an operator; any
+/// other tool is not this reconciler's.
 #[derive(Debug)]
 pub struct ProcessorReconciler(pub Backends);
 
@@ -329,18 +456,27 @@ impl Reconciler for ProcessorReconciler {
         &self,
         record: &Record,
     ) -> Result<Reconciliation, Box<dyn std::error::Error + Send + Sync>> {
-        if record.tool != "charge_card" {
-            return Ok(Reconciliation::StillUnknown);
-        }
-        Ok(match self.0.charge_for(&record.reference().to_string()) {
-            // Store exactly what the tool would have returned.
-            Some(receipt) => match Json(receipt).into_call_tool_result()? {
-                CallToolResponse::Complete(result) => Reconciliation::Completed {
-                    response: serde_json::to_string(&result)?,
+        Ok(match record.tool.as_str() {
+            "charge_card" => match self.0.charge_status(&record.reference().to_string()) {
+                ChargeStatus::Charged(receipt) => Reconciliation::Completed {
+                    response: tool_response(receipt)?,
                 },
-                _ => Reconciliation::StillUnknown,
+                ChargeStatus::InFlight => Reconciliation::StillUnknown,
+                ChargeStatus::NotFound => Reconciliation::NotPerformed,
             },
-            None => Reconciliation::NotPerformed,
+            // The carrier dedups by reference but offers no lookup: only an
+            // operator can resolve a shipment (`resolve_by_hand`).
+            "create_shipment" => Reconciliation::StillUnknown,
+            _ => Reconciliation::NotMine,
         })
+    }
+}
+
+/// Exactly what `charge_card` returns for `receipt`, as idem stores it: the
+/// tool result serialized to JSON text.
+fn tool_response(receipt: Receipt) -> Result<String, Box<dyn std::error::Error + Send + Sync>> {
+    match Json(receipt).into_call_tool_result()? {
+        CallToolResponse::Complete(result) => Ok(serde_json::to_string(&result)?),
+        _ => Err("the receipt did not make one tool result".into()),
     }
 }

@@ -1,15 +1,17 @@
 """End-to-end tests of the `payments` example with the official Python MCP
 client (`mcp` 2.3.0), over stdio and streamable HTTP.
 
-Each test checks the far side too: `processor_ledger` counts what the stub
-processor and carrier were really asked to do, so a retry that got past idem
-shows there, whatever the replies say.
+Each test checks the far side too: `processor_ledger` counts, per reference,
+the requests that reached the stub processor and carrier and the charges and
+shipments they really made, so a retry that got past idem shows there,
+whatever the replies say.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,17 @@ TEST_TIMEOUT_S = 60
 CHARGE = {"card": "4242", "amount_cents": 1250, "currency": "usd"}
 WRAPPED_TOOLS = {"charge_card", "create_shipment"}
 STATUS_TOOL = "get_operation_status"
+# One request and one charge under a reference: what the ledger must show
+# for an operation, however often it was called.
+ONCE = {"requests": 1, "charges": 1}
+EMPTY_LEDGER = {
+    "processor": {},
+    "carrier": {},
+    "processor_requests": 0,
+    "processor_charges": 0,
+    "carrier_requests": 0,
+    "carrier_shipments": 0,
+}
 
 
 # --- helpers ---------------------------------------------------------------
@@ -49,8 +62,14 @@ async def ledger(client: Client) -> dict[str, Any]:
     view = result.structured_content
     assert view is not None
     # The totals and the per-reference counts must agree.
-    assert view["processor_invocations"] == sum(view["processor"].values())
-    assert view["carrier_invocations"] == sum(view["carrier"].values())
+    processor, carrier = view["processor"].values(), view["carrier"].values()
+    assert view["processor_requests"] == sum(c["requests"] for c in processor)
+    assert view["processor_charges"] == sum(c["charges"] for c in processor)
+    assert view["carrier_requests"] == sum(c["requests"] for c in carrier)
+    assert view["carrier_shipments"] == sum(c["shipments"] for c in carrier)
+    # The stubs deduplicate by reference: never two effects for one.
+    assert all(c["charges"] <= 1 for c in processor), view
+    assert all(c["shipments"] <= 1 for c in carrier), view
     return view
 
 
@@ -83,6 +102,106 @@ def mode(request: pytest.FixtureRequest) -> str:
     server answers it, so the 2026-07-28 protocol) and "legacy" (the
     initialize handshake, 2025-11-25)."""
     return request.param
+
+
+# --- a charge still in flight when the tool stops waiting -------------------
+
+PROCESSOR_DELAY_S = 4.0
+# The charge is made at 4 s; the record is asked about again at most ~4 s
+# later (a 250 ms backoff doubling), so 20 s leaves a wide margin.
+RESOLVED_WITHIN_S = 20.0
+
+
+@pytest.mark.parametrize("settle_ms", ["60000", "300"], ids=["settle-60s", "settle-at-timeout"])
+async def test_stdio_a_charge_in_flight_at_the_processor_is_never_run_again(
+    stdio_server: StdioServer, settle_ms: str
+) -> None:
+    """Issue "at most once through timeouts, sweeps and reconciles" (a).
+
+    The tool stops waiting after 300 ms while the processor takes 4 s: the
+    answer is failed_unknown. Maintenance rounds run every 500 ms, and the
+    reconciler asks the processor about the reference while the charge is
+    still in flight there: the record must stay UNKNOWN, so a repeat does not
+    reach the processor. Once the charge is made, a round resolves the record
+    to the processor's receipt, and a repeat replays it.
+
+    With a 60 s settle, the library's settle period alone would hold off a
+    wrong "not performed"; with the settle at its minimum (the processor
+    timeout), only the reconciler's answer "still in flight" does: both must
+    hold.
+    """
+    args = (
+        "--store", "memory",
+        "--processor-delay-ms", str(int(PROCESSOR_DELAY_S * 1000)),
+        "--processor-timeout-ms", "300",
+        "--maintenance-interval-ms", "500",
+        "--reconcile-backoff-ms", "250",
+        "--settle-ms", settle_ms,
+    )  # fmt: skip
+    with anyio.fail_after(TEST_TIMEOUT_S):
+        async with stdio_server.client(*args) as client:
+            started = time.monotonic()
+            first = await client.call_tool("charge_card", dict(CHARGE))
+            reference = op(first)["reference"]
+
+            # Several maintenance rounds while the charge is in flight.
+            await anyio.sleep(1.5)
+            status_in_flight = await client.call_tool(STATUS_TOOL, {"reference": reference})
+            repeat_in_flight = await client.call_tool("charge_card", dict(CHARGE))
+            view_in_flight = await ledger(client)
+            in_flight_until = time.monotonic() - started
+            assert in_flight_until < PROCESSOR_DELAY_S, (
+                f"the checks meant for a charge in flight ran {in_flight_until:.1f} s in; "
+                "the machine is too slow for this test's timings"
+            )
+
+            # The processor finishes; a round reconciles the record.
+            while True:
+                status = await client.call_tool(STATUS_TOOL, {"reference": reference})
+                assert not status.is_error, text(status)
+                if status.structured_content["state"] != "UNKNOWN":
+                    break
+                assert time.monotonic() - started < RESOLVED_WITHIN_S, (
+                    f"not resolved {RESOLVED_WITHIN_S} s after the call", status.structured_content
+                )
+                await anyio.sleep(0.2)
+            resolved_after = time.monotonic() - started
+            repeat_after = await client.call_tool("charge_card", dict(CHARGE))
+            view_after = await ledger(client)
+
+    # The first call: the tool stopped waiting; the outcome is unknown.
+    assert first.is_error
+    assert op(first)["state"] == "failed_unknown"
+    assert first.structured_content is None
+    assert STATUS_TOOL in text(first)
+
+    # While the charge is in flight at the processor: still UNKNOWN (not
+    # released as "not performed"), and a repeat runs nothing.
+    assert not status_in_flight.is_error, text(status_in_flight)
+    assert status_in_flight.structured_content["state"] == "UNKNOWN", status_in_flight.structured_content
+    assert repeat_in_flight.is_error
+    assert op(repeat_in_flight)["state"] == "unknown", op(repeat_in_flight)
+    assert op(repeat_in_flight)["reference"] == reference
+    assert repeat_in_flight.structured_content is None
+    # The far side: the one request arrived, its charge is not made yet.
+    assert view_in_flight["processor"] == {reference: {"requests": 1, "charges": 0}}, view_in_flight
+
+    # Resolved to the processor's receipt, only once the charge was made.
+    assert resolved_after >= PROCESSOR_DELAY_S, resolved_after
+    report = status.structured_content
+    assert report["state"] == "COMPLETED", report
+    assert report["tool"] == "charge_card"
+    receipt = report["response"]["structuredContent"]
+    assert receipt["reference"] == reference
+    assert receipt["amount_cents"] == CHARGE["amount_cents"]
+
+    # A repeat replays that receipt; nothing reached the processor again.
+    assert assert_receipt(repeat_after, replayed=True) == reference
+    assert repeat_after.structured_content == receipt
+    assert [b.model_dump(by_alias=True, exclude_none=True) for b in repeat_after.content] == report["response"]["content"]
+    assert view_after["processor"] == {reference: ONCE}, view_after
+    assert view_after["processor_requests"] == 1
+    assert view_after["processor_charges"] == 1
 
 
 # --- stdio -----------------------------------------------------------------
@@ -148,17 +267,17 @@ async def test_stdio_concurrent_identical_charges_reach_the_processor_once(stdio
     assert reference in text(busy)
     assert STATUS_TOOL in text(busy)
 
-    # The far side: one invocation, under that reference.
-    assert after_race["processor"] == {reference: 1}
-    assert after_race["processor_invocations"] == 1
+    # The far side: one request and one charge, under that reference.
+    assert after_race["processor"] == {reference: ONCE}
+    assert after_race["processor_requests"] == 1
 
     # A repeat after completion replays the same answer and charges nothing.
     assert assert_receipt(repeat, replayed=True) == reference
     assert repeat.structured_content == receipt.structured_content
     assert text(repeat) == text(receipt)
     assert [b.model_dump() for b in repeat.content] == [b.model_dump() for b in receipt.content]
-    assert after_repeat["processor"] == {reference: 1}
-    assert after_repeat["processor_invocations"] == 1
+    assert after_repeat["processor"] == {reference: ONCE}
+    assert after_repeat["processor_requests"] == 1
 
 
 async def test_stdio_shipment_replays_and_conflicts_on_its_business_key(stdio_server: StdioServer) -> None:
@@ -185,9 +304,9 @@ async def test_stdio_shipment_replays_and_conflicts_on_its_business_key(stdio_se
     assert op(other)["reference"] == reference
     assert other.structured_content is None
 
-    assert view["carrier"] == {reference: 1}
-    assert view["carrier_invocations"] == 1
-    assert view["processor_invocations"] == 0
+    assert view["carrier"] == {reference: {"requests": 1, "shipments": 1}}
+    assert view["carrier_requests"] == 1
+    assert view["processor_requests"] == 0
 
 
 async def test_stdio_sqlite_store_replays_after_a_restart(stdio_server: StdioServer, tmp_path: Path) -> None:
@@ -203,11 +322,11 @@ async def test_stdio_sqlite_store_replays_after_a_restart(stdio_server: StdioSer
             second_view = await ledger(client)
 
     reference = assert_receipt(first, replayed=False)
-    assert first_view["processor"] == {reference: 1}
+    assert first_view["processor"] == {reference: ONCE}
     assert assert_receipt(repeat, replayed=True) == reference
     assert repeat.structured_content == first.structured_content
     assert text(repeat) == text(first)
-    assert second_view["processor_invocations"] == 0, second_view
+    assert second_view["processor_requests"] == 0, second_view
     assert not status.is_error, text(status)
     assert status.structured_content["reference"] == reference
     assert status.structured_content["state"].lower() == "completed"
@@ -241,8 +360,9 @@ async def test_http_two_tenants_with_identical_arguments_are_two_charges(http_se
         != from_globex.structured_content["charge_id"]
     )
 
-    assert view["processor"] == {ref_acme: 1, ref_globex: 1}
-    assert view["processor_invocations"] == 2
+    assert view["processor"] == {ref_acme: ONCE, ref_globex: ONCE}
+    assert view["processor_requests"] == 2
+    assert view["processor_charges"] == 2
 
     assert assert_receipt(acme_again, replayed=True) == ref_acme
     assert acme_again.structured_content == from_acme.structured_content
@@ -281,8 +401,8 @@ async def test_http_status_of_another_tenants_reference_is_not_found(http_server
     assert report["response"]["structuredContent"]["charge_id"] == charge_id
 
     # Looking up changed nothing at the processor.
-    assert view["processor"] == {reference: 1}
-    assert view["processor_invocations"] == 1
+    assert view["processor"] == {reference: ONCE}
+    assert view["processor_requests"] == 1
 
 
 INITIALIZE = {
@@ -338,4 +458,4 @@ async def test_http_missing_or_unknown_token_is_401_and_runs_nothing(http_server
         # Nothing ran.
         async with server.client("tok-globex") as client:
             view = await ledger(client)
-    assert view == {"processor": {}, "carrier": {}, "processor_invocations": 0, "carrier_invocations": 0}
+    assert view == EMPTY_LEDGER
