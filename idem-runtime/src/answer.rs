@@ -198,6 +198,17 @@ impl<T, E> Answer<T, E> {
     }
 }
 
+/// `text` as a sentence of its own: trimmed, and ending in `.`, `!` or `?`,
+/// so the handler's message and what follows it read as two sentences.
+fn sentence(text: &str) -> String {
+    let text = text.trim_end();
+    match text.chars().last() {
+        None => "The tool failed.".to_owned(),
+        Some('.' | '!' | '?') => text.to_owned(),
+        Some(_) => format!("{text}."),
+    }
+}
+
 /// Which answer a call got: the `state` of `_meta["idem/operation"]` on a
 /// tool result, and what metrics and logs count. [`AnswerState::as_str`] is
 /// the one place the wire names are written.
@@ -313,8 +324,9 @@ impl<T, E: fmt::Display> Answer<T, E> {
                 disposition: Disposition::Rejected,
                 ..
             } => format!(
-                "{error} Nothing was executed for operation {reference}; correct the call and \
-                 submit it again."
+                "{} Nothing was executed for operation {reference}; correct the call and \
+                 submit it again.",
+                sentence(&error.to_string())
             ),
             Answer::Failed {
                 error,
@@ -322,9 +334,10 @@ impl<T, E: fmt::Display> Answer<T, E> {
                 status_tool,
                 ..
             } => format!(
-                "{error} The outcome of operation {reference} is unknown: it may have taken \
+                "{} The outcome of operation {reference} is unknown: it may have taken \
                  effect. Do not submit it again: call {status_tool} with reference \
-                 \"{reference}\" to learn how it was resolved."
+                 \"{reference}\" to learn how it was resolved.",
+                sentence(&error.to_string())
             ),
             Answer::Refused { reason } => format!(
                 "The call was refused and nothing was executed: {reason}. Correct the \

@@ -5,7 +5,7 @@
 use rmcp::model::{ContentBlock, IntoContents};
 use rmcp::ErrorData;
 
-use crate::answer::{Classify, ToolError};
+use crate::answer::{Classify, Disposition, ToolError};
 
 mod audit;
 mod caller;
@@ -33,5 +33,25 @@ impl IntoContents for ToolError {
     }
 }
 
-/// A protocol error from a handler says nothing about its side effect.
-impl Classify for ErrorData {}
+/// rmcp's own error type, as a handler returns it
+/// (`Result<CallToolResult, ErrorData>` is rmcp's default signature), is
+/// classified by its JSON-RPC code:
+///
+/// - `invalid_params` (-32602), `invalid_request` (-32600),
+///   `method_not_found` (-32601) and `parse_error` (-32700) say the call was
+///   refused as made: nothing happened, [`Disposition::Rejected`], and the
+///   claim is released so a corrected call can run;
+/// - every other code (`internal_error`, `resource_not_found`, a server's
+///   own codes) says nothing about the side effect: [`Disposition::Unknown`].
+impl Classify for ErrorData {
+    fn disposition(&self) -> Disposition {
+        use rmcp::model::ErrorCode;
+        match self.code {
+            ErrorCode::INVALID_PARAMS
+            | ErrorCode::INVALID_REQUEST
+            | ErrorCode::METHOD_NOT_FOUND
+            | ErrorCode::PARSE_ERROR => Disposition::Rejected,
+            _ => Disposition::Unknown,
+        }
+    }
+}

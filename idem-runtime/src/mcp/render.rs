@@ -10,7 +10,21 @@ use serde_json::{json, Value};
 use super::RESULT_META_KEY;
 use crate::answer::{text, Answer, AnswerState, Classify, Disposition};
 
+/// The answer to a call with no caller. The first one in a process also
+/// tells the developer, in the log, what to configure: the model's message
+/// is for the model, and a stdio server without a default caller would
+/// otherwise refuse every call in silence.
 pub(super) fn no_caller() -> CallToolResult {
+    static TOLD: std::sync::Once = std::sync::Once::new();
+    TOLD.call_once(|| {
+        tracing::warn!(
+            "idem refused a call because the request carries no caller, and nothing ran. \
+             A stdio server serves one local user: return it from \
+             IdempotentServer::default_caller. Over HTTP, an auth layer in front of the \
+             MCP service must insert an idem_runtime::Caller into the request's extensions. \
+             (This is logged once per process.)"
+        );
+    });
     let mut result = CallToolResult::error(vec![ContentBlock::text(text::NO_CALLER)]);
     set_meta(
         &mut result,
