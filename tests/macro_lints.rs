@@ -60,6 +60,13 @@ impl Linted {
     pub async fn ship(&self, Parameters(args): Parameters<ChargeArgs>) -> CallToolResult {
         CallToolResult::success(vec![rmcp::model::ContentBlock::text(args.order_id)])
     }
+
+    /// Rotates the key: no arguments.
+    #[idempotent(window = "15m")]
+    #[tool(description = "Rotate the key")]
+    pub async fn rotate_key(&self) -> Result<String, ToolError> {
+        Ok("key_2".to_owned())
+    }
 }
 
 #[tool_handler]
@@ -71,5 +78,22 @@ fn the_linted_server_builds_its_router() {
         executor: Executor::new(std::sync::Arc::new(MemoryStore::new())),
     };
     let _ = server.executor();
-    assert_eq!(Linted::tool_router().list_all().len(), 2);
+    // The three tools, and the status tool each names.
+    let router = Linted::tool_router();
+    let mut names: Vec<String> = router
+        .list_all()
+        .into_iter()
+        .map(|tool| tool.name.into_owned())
+        .collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        [
+            "charge_card",
+            "get_operation_status",
+            "rotate_key",
+            "ship",
+            "status"
+        ]
+    );
 }

@@ -9,7 +9,7 @@ use idem_runtime::{
     audit_hints, current_reference, idempotent, Caller, Executor, HintProblem, IdempotentServer,
     MemoryStore, ToolError, RESULT_META_KEY,
 };
-use rmcp::handler::server::router::tool::{ToolRoute, ToolRouter};
+use rmcp::handler::server::router::tool::ToolRoute;
 use rmcp::handler::server::wrapper::{Json, Parameters};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ListToolsResult,
@@ -51,6 +51,8 @@ struct Processor {
     charges: AtomicUsize,
     shipments: AtomicUsize,
     notes: AtomicUsize,
+    rotations: AtomicUsize,
+    reservations: AtomicUsize,
 }
 
 #[derive(Clone)]
@@ -115,13 +117,19 @@ impl Shop {
     }
 }
 
+/// The opt-out: a router without the status tool, for a server that brings
+/// its own.
+#[idem_runtime::tool_router(router = router_without_status, status_tool = false)]
 impl Shop {
-    fn router() -> ToolRouter<Self> {
-        Self::tool_router().with_route(idem_runtime::status_tool::<Self>("get_operation_status"))
+    #[idempotent(window = "15m")]
+    #[tool(description = "Refund a charge")]
+    async fn refund(&self, Parameters(args): Parameters<ChargeArgs>) -> Result<String, ToolError> {
+        Ok(args.card)
     }
 }
 
-#[tool_handler(router = Self::router())]
+// Serves `Shop::tool_router()`: the wrapped tools and their status tool.
+#[tool_handler]
 impl ServerHandler for Shop {}
 
 /// Stands in for an auth layer in front of the shop: it puts the
@@ -273,7 +281,7 @@ async fn tools_list_shows_the_hint_on_exactly_the_wrapped_tools() {
     assert_eq!(marker["retentionSeconds"], json!(172_800));
     assert_eq!(marker["statusTool"], json!("get_operation_status"));
 
-    assert_eq!(audit_hints(&Shop::router()), Ok(()));
+    assert_eq!(audit_hints(&Shop::tool_router()), Ok(()));
 }
 
 #[tokio::test]
@@ -461,7 +469,7 @@ fn the_audit_finds_a_hint_set_through_the_builder_api() {
         Arc::new(serde_json::Map::new()),
     )
     .annotate(ToolAnnotations::new().idempotent(true));
-    let router = Shop::router().with_route(ToolRoute::new_dyn(unbacked, |_context| {
+    let router = Shop::tool_router().with_route(ToolRoute::new_dyn(unbacked, |_context| {
         Box::pin(async { Ok(CallToolResult::success(vec![]).into()) })
     }));
     assert_eq!(
@@ -474,8 +482,18 @@ fn the_audit_finds_a_hint_set_through_the_builder_api() {
 
 #[test]
 fn the_audit_finds_a_missing_status_tool() {
-    // The router without the status tool the wrapped tools name.
-    let problems = audit_hints(&Shop::tool_router()).unwrap_err();
+    // The router generated with `status_tool = false`, and one whose status
+    // tool was taken out: each lacks the status tool its wrapped tools name.
+    assert_eq!(
+        audit_hints(&Shop::router_without_status()),
+        Err(vec![HintProblem::MissingStatusTool {
+            tool: "refund".to_owned(),
+            status_tool: "get_operation_status".to_owned(),
+        }])
+    );
+    let mut router = Shop::tool_router();
+    router.remove_route("get_operation_status");
+    let problems = audit_hints(&router).unwrap_err();
     let mut tools: Vec<String> = problems
         .iter()
         .map(|problem| match problem {
@@ -488,4 +506,259 @@ fn the_audit_finds_a_missing_status_tool() {
         .collect();
     tools.sort_unstable();
     assert_eq!(tools, ["charge_card", "create_shipment", "leave_note"]);
+}
+
+/// Arguments whose business key field is renamed on the wire: the model
+/// sends `orderId`, the Rust field is `order_id`.
+#[derive(Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+struct OrderArgs {
+    order_id: String,
+    amount_cents: u64,
+}
+
+/// A business key of two fields, one renamed and one reached through a
+/// nested struct whose field is renamed too.
+#[derive(Serialize, Deserialize, schemars::JsonSchema)]
+struct ReserveArgs {
+    #[serde(rename = "wh")]
+    warehouse: String,
+    customer: CustomerRef,
+    quantity: u64,
+}
+
+#[derive(Serialize, Deserialize, schemars::JsonSchema)]
+struct CustomerRef {
+    #[serde(rename = "customerId")]
+    id: String,
+}
+
+/// A server whose `ServerHandler` the impl-level macro writes: what it
+/// serves is exactly `Orders::tool_router()`.
+#[derive(Clone)]
+struct Orders {
+    executor: Executor,
+    processor: Arc<Processor>,
+}
+
+impl IdempotentServer for Orders {
+    fn executor(&self) -> &Executor {
+        &self.executor
+    }
+    fn default_caller(&self) -> Option<&Caller> {
+        static LOCAL: std::sync::OnceLock<Caller> = std::sync::OnceLock::new();
+        Some(LOCAL.get_or_init(|| Caller::new("acme", "alice")))
+    }
+}
+
+#[idem_runtime::tool_router(server_handler)]
+impl Orders {
+    #[idempotent(business_key = "order_id")]
+    #[tool(description = "Place an order")]
+    async fn place_order(
+        &self,
+        Parameters(args): Parameters<OrderArgs>,
+    ) -> Result<Json<Shipment>, ToolError> {
+        let n = self.processor.shipments.fetch_add(1, Ordering::SeqCst) + 1;
+        Ok(Json(Shipment {
+            shipment_id: format!("sh_{n}_{}_{}", args.order_id, args.amount_cents),
+        }))
+    }
+
+    #[idempotent(business_key = ["warehouse", "customer.id"])]
+    #[tool(description = "Reserve stock for a customer")]
+    async fn reserve_stock(
+        &self,
+        Parameters(args): Parameters<ReserveArgs>,
+    ) -> Result<String, ToolError> {
+        let n = self.processor.reservations.fetch_add(1, Ordering::SeqCst) + 1;
+        Ok(format!("rsv_{n}_{}", args.quantity))
+    }
+
+    /// A side effect without arguments: one rotation per caller per window.
+    #[idempotent(window = "1s")]
+    #[tool(description = "Rotate the API key")]
+    async fn rotate_api_key(&self) -> Result<String, ToolError> {
+        let n = self.processor.rotations.fetch_add(1, Ordering::SeqCst) + 1;
+        Ok(format!("key_{n}"))
+    }
+}
+
+fn orders(executor: &Executor, processor: &Arc<Processor>) -> Orders {
+    Orders {
+        executor: executor.clone(),
+        processor: processor.clone(),
+    }
+}
+
+async fn connect_orders(orders: Orders) -> Client {
+    let (server_side, client_side) = tokio::io::duplex(64 * 1024);
+    tokio::spawn(async move {
+        let running = orders.serve(server_side).await.expect("server starts");
+        let _ = running.waiting().await;
+    });
+    ().serve(client_side).await.expect("client connects")
+}
+
+#[tokio::test]
+async fn the_router_the_impl_macro_generates_serves_the_status_tool() {
+    let (executor, processor) = setup();
+    let client = connect_orders(orders(&executor, &processor)).await;
+    let tools = client.list_all_tools().await.unwrap();
+    let mut names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        [
+            "get_operation_status",
+            "place_order",
+            "reserve_stock",
+            "rotate_api_key"
+        ]
+    );
+
+    let placed = call(
+        &client,
+        "place_order",
+        json!({ "orderId": "o-7", "amountCents": 300 }),
+    )
+    .await;
+    assert_eq!(placed.is_error, Some(false), "{placed:?}");
+    let reference = operation(&placed)["reference"].as_str().unwrap().to_owned();
+    let status = call(
+        &client,
+        "get_operation_status",
+        json!({ "reference": reference }),
+    )
+    .await;
+    assert_eq!(status.is_error, Some(false), "{status:?}");
+    let report = status.structured_content.expect("a status report");
+    assert_eq!(report["state"], json!("COMPLETED"));
+    assert_eq!(report["tool"], json!("place_order"));
+
+    // The audited router is the served one: no `with_route` by hand.
+    assert_eq!(audit_hints(&Orders::tool_router()), Ok(()));
+}
+
+#[tokio::test]
+async fn a_business_key_field_renamed_by_serde_keys_the_operation() {
+    let (executor, processor) = setup();
+    let client = connect_orders(orders(&executor, &processor)).await;
+    let args = json!({ "orderId": "o-8", "amountCents": 300 });
+    let first = call(&client, "place_order", args.clone()).await;
+    assert_eq!(first.is_error, Some(false), "{first:?}");
+    let again = call(&client, "place_order", args).await;
+    assert_eq!(processor.shipments.load(Ordering::SeqCst), 1);
+    assert_eq!(operation(&again)["replayed"], json!(true));
+    assert_eq!(again.structured_content, first.structured_content);
+
+    // Keyed on the order alone: another amount for it is a conflict.
+    let other = call(
+        &client,
+        "place_order",
+        json!({ "orderId": "o-8", "amountCents": 999 }),
+    )
+    .await;
+    assert_eq!(operation(&other)["state"], json!("conflict"));
+    assert_eq!(processor.shipments.load(Ordering::SeqCst), 1);
+
+    // An empty key is still refused, naming the field as written.
+    let empty = call(
+        &client,
+        "place_order",
+        json!({ "orderId": "", "amountCents": 1 }),
+    )
+    .await;
+    assert_eq!(empty.is_error, Some(true));
+    assert!(
+        text(&empty).contains("`order_id` is empty"),
+        "{}",
+        text(&empty)
+    );
+    assert_eq!(processor.shipments.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn a_business_key_without_a_window_shows_the_default_retention() {
+    let router = Orders::tool_router();
+    let tool = router.get("place_order").expect("the tool");
+    let marker = &tool.meta.as_ref().unwrap()["idem/idempotent"];
+    assert_eq!(marker["businessKey"], json!(["order_id"]));
+    assert_eq!(
+        marker["retentionSeconds"],
+        json!(idem_runtime::DEFAULT_RETENTION.as_secs())
+    );
+}
+
+#[tokio::test]
+async fn a_business_key_is_derived_as_before_from_the_typed_field() {
+    // Records written before the key came from the typed field keep their
+    // keys: one field is keyed by its value, as the executor always did.
+    let (executor, processor) = setup();
+    let client = connect(shop(&executor, alice(), &processor)).await;
+    let args = json!({ "order_id": "o-9", "address": "9 Elm St" });
+    let result = call(&client, "create_shipment", args.clone()).await;
+    let expected = idem_runtime::IdempotencyKey::derive(
+        &Caller::new("acme", "alice"),
+        "create_shipment",
+        &args,
+        &idem_runtime::Scope::BusinessKey(json!("o-9")),
+    )
+    .unwrap()
+    .reference();
+    assert_eq!(operation(&result)["reference"], json!(expected.to_string()));
+}
+
+#[tokio::test]
+async fn a_tool_without_arguments_runs_once_per_window() {
+    let (executor, processor) = setup();
+    let client = connect_orders(orders(&executor, &processor)).await;
+    let first = call(&client, "rotate_api_key", json!({})).await;
+    let again = call(&client, "rotate_api_key", json!({})).await;
+    assert_eq!(processor.rotations.load(Ordering::SeqCst), 1);
+    assert_eq!(first.is_error, Some(false), "{first:?}");
+    assert_eq!(text(&first), "key_1");
+    assert_eq!(again.content, first.content);
+    assert_eq!(operation(&again)["replayed"], json!(true));
+
+    // After the window, the same call is a new operation.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let later = call(&client, "rotate_api_key", json!({})).await;
+    assert_eq!(processor.rotations.load(Ordering::SeqCst), 2);
+    assert_eq!(text(&later), "key_2");
+    assert_eq!(operation(&later)["replayed"], json!(false));
+}
+
+#[tokio::test]
+async fn a_business_key_reaches_renamed_and_nested_fields() {
+    let (executor, processor) = setup();
+    let client = connect_orders(orders(&executor, &processor)).await;
+    let args = json!({ "wh": "w1", "customer": { "customerId": "c-1" }, "quantity": 3 });
+    let first = call(&client, "reserve_stock", args.clone()).await;
+    assert_eq!(first.is_error, Some(false), "{first:?}");
+    let again = call(&client, "reserve_stock", args).await;
+    assert_eq!(processor.reservations.load(Ordering::SeqCst), 1);
+    assert_eq!(operation(&again)["replayed"], json!(true));
+
+    // Several fields are keyed by an object of them, under the names the
+    // attribute gives.
+    let expected = idem_runtime::IdempotencyKey::derive(
+        &Caller::new("acme", "alice"),
+        "reserve_stock",
+        &json!({}),
+        &idem_runtime::Scope::BusinessKey(json!({ "warehouse": "w1", "customer.id": "c-1" })),
+    )
+    .unwrap()
+    .reference();
+    assert_eq!(operation(&first)["reference"], json!(expected.to_string()));
+
+    // Another customer in the same warehouse: another operation.
+    let other = call(
+        &client,
+        "reserve_stock",
+        json!({ "wh": "w1", "customer": { "customerId": "c-2" }, "quantity": 3 }),
+    )
+    .await;
+    assert_eq!(other.is_error, Some(false), "{other:?}");
+    assert_eq!(processor.reservations.load(Ordering::SeqCst), 2);
 }

@@ -33,15 +33,15 @@ pub(crate) struct Tool {
     /// The position of `#[tool(...)]` among the method's attributes.
     pub(crate) tool_index: usize,
     pub(crate) tool_args: ToolArgs,
-    pub(crate) params: ParamsArg,
+    /// The `Parameters<T>` argument; `None` for a tool that takes no
+    /// arguments, keyed on the caller and the tool alone.
+    pub(crate) params: Option<ParamsArg>,
     pub(crate) returns: Returns,
 }
 
 impl Tool {
     /// Reads the method `#[idempotent(args)]` is on. Fails when a part the
-    /// expansion needs is missing: `#[tool(...)]` (reported alone), or the
-    /// `Parameters<T>` argument and a readable `#[tool(...)]` (reported
-    /// together).
+    /// expansion needs is missing: `#[tool(...)]`, or a readable one.
     pub(crate) fn from_syn(args: Args, method: ImplItemFn) -> syn::Result<Self> {
         let sig = &method.sig;
         let Some(tool_index) = tool_attr_index(&method.attrs) else {
@@ -55,22 +55,8 @@ impl Tool {
             return Err(syn::Error::new(Span::call_site(), message));
         };
 
-        let params = ParamsArg::find(&sig.inputs).ok_or_else(|| {
-            syn::Error::new(
-                sig.paren_token.span.join(),
-                "`#[idempotent]` keys each operation on the tool's typed arguments: add an argument \
-                 `Parameters(args): Parameters<Args>` whose type derives `Serialize`, `Deserialize` and `JsonSchema`",
-            )
-        });
-        let tool_args = ToolArgs::from_attr(&method.attrs[tool_index]);
-        let (params, tool_args) = match (params, tool_args) {
-            (Ok(params), Ok(tool_args)) => (params, tool_args),
-            (Err(mut error), Err(next)) => {
-                error.combine(next);
-                return Err(error);
-            }
-            (Err(error), Ok(_)) | (Ok(_), Err(error)) => return Err(error),
-        };
+        let params = ParamsArg::find(&sig.inputs);
+        let tool_args = ToolArgs::from_attr(&method.attrs[tool_index])?;
 
         let status_tool = args.status_tool();
         let krate = args.krate.unwrap_or_else(|| parse_quote!(::idem_runtime));
@@ -198,8 +184,6 @@ pub(crate) struct ParamsArg {
     pub(crate) index: usize,
     /// The argument as written: its pattern and its `Parameters<T>` type.
     pub(crate) arg: PatType,
-    /// `T`.
-    pub(crate) inner: Type,
 }
 
 impl ParamsArg {
@@ -210,11 +194,10 @@ impl ParamsArg {
             let FnArg::Typed(arg) = input else {
                 return None;
             };
-            let inner = single_type_arg(&arg.ty, "Parameters")?;
+            single_type_arg(&arg.ty, "Parameters")?;
             Some(ParamsArg {
                 index,
                 arg: arg.clone(),
-                inner: inner.clone(),
             })
         })
     }

@@ -4,7 +4,7 @@
 use proc_macro2::Span;
 use syn::parse::{Parse, ParseStream};
 use syn::spanned::Spanned;
-use syn::{bracketed, Ident, LitStr, Path, Token};
+use syn::{bracketed, Ident, LitBool, LitStr, Path, Token, Visibility};
 
 /// Every option, declared once. `crate` is a Rust keyword and parsed as
 /// `Token![crate]`.
@@ -12,11 +12,21 @@ mod kw {
     syn::custom_keyword!(window);
     syn::custom_keyword!(business_key);
     syn::custom_keyword!(status_tool);
+    // `#[idem_runtime::tool_router(...)]`: rmcp's options, then `status_tool`
+    // and `crate` again.
+    syn::custom_keyword!(router);
+    syn::custom_keyword!(vis);
+    syn::custom_keyword!(server_handler);
+    syn::custom_keyword!(allow_empty);
 }
 
 /// The list shown when an option is unknown.
 const ACCEPTED: &str = "`window = \"15m\"`, `business_key = \"order_id\"` (or `[\"a\", \"b\"]`), \
                         `status_tool = \"get_operation_status\"`, `crate = \"path\"`";
+
+/// The list shown when an option of the impl-level macro is unknown.
+const ROUTER_ACCEPTED: &str = "rmcp's `router = name`, `vis = \"pub(crate)\"`, `server_handler` \
+                               and `allow_empty`, and `status_tool = false`, `crate = \"path\"`";
 
 /// The status tool named in in-flight and unknown answers when the attribute
 /// names none.
@@ -38,9 +48,12 @@ pub(crate) enum Scope {
     /// `business_key = ...`: the key's value within the caller's tenant,
     /// kept for `retention` (`window`, if given; the runtime's default if not).
     BusinessKey {
-        /// Each field, as written: a top-level field of the parameter type.
+        /// Each field, as written: a field of the parameter type, or a path
+        /// into one (`"customer.id"`).
         fields: Vec<LitStr>,
         retention: Option<Window>,
+        /// The `business_key` keyword, for errors about the option as a whole.
+        keyword: Span,
     },
 }
 
@@ -73,7 +86,7 @@ impl Args {
 impl Parse for Args {
     fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
         let mut window: Option<Window> = None;
-        let mut business_key: Option<Vec<LitStr>> = None;
+        let mut business_key: Option<(Vec<LitStr>, Span)> = None;
         let mut status_tool: Option<LitStr> = None;
         let mut krate: Option<Path> = None;
         while !input.is_empty() {
@@ -87,7 +100,7 @@ impl Parse for Args {
                 let key: kw::business_key = input.parse()?;
                 input.parse::<Token![=]>()?;
                 let fields = parse_business_key(input)?;
-                Args::set(&mut business_key, fields, &key, "business_key")?;
+                Args::set(&mut business_key, (fields, key.span), &key, "business_key")?;
             } else if lookahead.peek(kw::status_tool) {
                 let key: kw::status_tool = input.parse()?;
                 input.parse::<Token![=]>()?;
@@ -97,13 +110,7 @@ impl Parse for Args {
             } else if lookahead.peek(Token![crate]) {
                 let key: Token![crate] = input.parse()?;
                 input.parse::<Token![=]>()?;
-                let lit: LitStr = input.parse()?;
-                let path = lit.parse::<Path>().map_err(|_| {
-                    syn::Error::new_spanned(
-                        &lit,
-                        "`crate` takes the path idem-runtime is imported as, e.g. `crate = \"::idem_runtime\"`",
-                    )
-                })?;
+                let path = parse_crate(input)?;
                 Args::set(&mut krate, path, &key, "crate")?;
             } else if input.peek(Ident) {
                 let unknown: Ident = input.parse()?;
@@ -121,7 +128,11 @@ impl Parse for Args {
         }
         // With a business key, `window` is how long the record is kept.
         let scope = match (business_key, window) {
-            (Some(fields), retention) => Scope::BusinessKey { fields, retention },
+            (Some((fields, keyword)), retention) => Scope::BusinessKey {
+                fields,
+                retention,
+                keyword,
+            },
             (None, Some(window)) => Scope::Window(window),
             (None, None) => {
                 return Err(syn::Error::new(
@@ -137,6 +148,119 @@ impl Parse for Args {
             krate,
         })
     }
+}
+
+/// `#[idem_runtime::tool_router(...)]` after parsing: rmcp's own options,
+/// which it hands on, and its own.
+#[derive(Default)]
+pub(crate) struct RouterArgs {
+    /// `router = name`: the name of the router fn (rmcp's default, `tool_router`).
+    pub(crate) router: Option<Ident>,
+    /// `vis = "pub(crate)"`: the router fn's visibility.
+    pub(crate) vis: Option<Visibility>,
+    /// `server_handler`: also write `impl ServerHandler` over the router.
+    pub(crate) server_handler: Option<kw::server_handler>,
+    /// `allow_empty`: an impl without `#[tool]` fns is not an error.
+    pub(crate) allow_empty: Option<kw::allow_empty>,
+    /// `status_tool = false`: the router gets no status tool.
+    pub(crate) status_tool: Option<LitBool>,
+    /// `crate = "path"`: where idem-runtime is.
+    pub(crate) krate: Option<Path>,
+}
+
+impl RouterArgs {
+    /// Whether the router gets the status tools its wrapped tools name.
+    pub(crate) fn adds_status_tool(&self) -> bool {
+        self.status_tool.as_ref().is_none_or(LitBool::value)
+    }
+}
+
+impl Parse for RouterArgs {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        let mut args = RouterArgs::default();
+        while !input.is_empty() {
+            let lookahead = input.lookahead1();
+            if lookahead.peek(kw::router) {
+                let key: kw::router = input.parse()?;
+                input.parse::<Token![=]>()?;
+                let name = if input.peek(LitStr) {
+                    let lit: LitStr = input.parse()?;
+                    lit.parse::<Ident>().map_err(|_| {
+                        syn::Error::new_spanned(
+                            &lit,
+                            "`router` takes the router fn's name: `router = my_router`",
+                        )
+                    })?
+                } else {
+                    input.parse::<Ident>().map_err(|error| {
+                        syn::Error::new(
+                            error.span(),
+                            "`router` takes the router fn's name: `router = my_router`",
+                        )
+                    })?
+                };
+                Args::set(&mut args.router, name, &key, "router")?;
+            } else if lookahead.peek(kw::vis) {
+                let key: kw::vis = input.parse()?;
+                input.parse::<Token![=]>()?;
+                let lit: LitStr = input.parse()?;
+                let vis = lit.parse::<Visibility>().map_err(|_| {
+                    syn::Error::new_spanned(
+                        &lit,
+                        "`vis` takes the router fn's visibility: `vis = \"pub(crate)\"`",
+                    )
+                })?;
+                Args::set(&mut args.vis, vis, &key, "vis")?;
+            } else if lookahead.peek(kw::server_handler) {
+                let key: kw::server_handler = input.parse()?;
+                Args::set(&mut args.server_handler, key, &key, "server_handler")?;
+            } else if lookahead.peek(kw::allow_empty) {
+                let key: kw::allow_empty = input.parse()?;
+                Args::set(&mut args.allow_empty, key, &key, "allow_empty")?;
+            } else if lookahead.peek(kw::status_tool) {
+                let key: kw::status_tool = input.parse()?;
+                input.parse::<Token![=]>()?;
+                if !input.peek(LitBool) {
+                    return Err(input.error(
+                        "the router adds the status tool each `#[idempotent]` tool names; here `status_tool` only \
+                         turns that off: `status_tool = false`. To name the status tool, write \
+                         `#[idempotent(..., status_tool = \"name\")]` on the tools",
+                    ));
+                }
+                let value: LitBool = input.parse()?;
+                Args::set(&mut args.status_tool, value, &key, "status_tool")?;
+            } else if lookahead.peek(Token![crate]) {
+                let key: Token![crate] = input.parse()?;
+                input.parse::<Token![=]>()?;
+                let path = parse_crate(input)?;
+                Args::set(&mut args.krate, path, &key, "crate")?;
+            } else if input.peek(Ident) {
+                let unknown: Ident = input.parse()?;
+                return Err(syn::Error::new_spanned(
+                    &unknown,
+                    format!("unknown option `{unknown}`; `#[idem_runtime::tool_router]` accepts {ROUTER_ACCEPTED}"),
+                ));
+            } else {
+                return Err(lookahead.error());
+            }
+            if input.is_empty() {
+                break;
+            }
+            input.parse::<Token![,]>()?;
+        }
+        Ok(args)
+    }
+}
+
+/// `crate = "path"`: the path idem-runtime is reachable at.
+fn parse_crate(input: ParseStream<'_>) -> syn::Result<Path> {
+    let lit: LitStr = input.parse()?;
+    lit.parse::<Path>().map_err(|_| {
+        syn::Error::new_spanned(
+            &lit,
+            "`crate` takes the path idem-runtime is imported as, e.g. `crate = \"::idem_runtime\"`",
+        )
+    })
 }
 
 /// `business_key = "order_id"` or `business_key = ["a", "b"]`: the fields,
@@ -175,8 +299,8 @@ fn parse_business_key(input: ParseStream<'_>) -> syn::Result<Vec<LitStr>> {
     Ok(fields)
 }
 
-/// A business key field: the Rust name of a top-level field of the
-/// parameter type.
+/// A business key field: the Rust name of a field of the parameter type,
+/// or a dotted path into one (`"customer.id"`), each part a field name.
 fn check_field_path(lit: &LitStr) -> syn::Result<()> {
     let value = lit.value();
     if value.trim().is_empty() {
@@ -185,25 +309,21 @@ fn check_field_path(lit: &LitStr) -> syn::Result<()> {
             "the business key field is empty; name a field of the parameter type, e.g. `business_key = \"order_id\"`",
         ));
     }
-    if let Some((outer, _)) = value.split_once('.') {
+    let is_field_name = |part: &str| {
+        let plain = part.strip_prefix("r#").unwrap_or(part);
+        plain
+            .chars()
+            .next()
+            .is_some_and(|c| c == '_' || c.is_alphabetic())
+            && plain.chars().all(|c| c == '_' || c.is_alphanumeric())
+    };
+    if !value.split('.').all(is_field_name) {
         return Err(syn::Error::new_spanned(
             lit,
             format!(
-                "`business_key` names top-level fields of the parameter type; `{value}` reaches into one. \
-                 Name the whole field (`\"{outer}\"`), or lift the value into a field of its own"
+                "`{value}` is not a field name; write the Rust name of a field of the parameter type, \
+                 e.g. `\"order_id\"`, or a path into one, e.g. `\"customer.id\"`"
             ),
-        ));
-    }
-    let plain = value.strip_prefix("r#").unwrap_or(&value);
-    let valid = plain
-        .chars()
-        .next()
-        .is_some_and(|c| c == '_' || c.is_alphabetic())
-        && plain.chars().all(|c| c == '_' || c.is_alphanumeric());
-    if !valid {
-        return Err(syn::Error::new_spanned(
-            lit,
-            format!("`{value}` is not a field name; write the Rust name of a field of the parameter type, e.g. `\"order_id\"`"),
         ));
     }
     Ok(())
@@ -300,7 +420,62 @@ pub(crate) fn parse_duration(text: &str) -> Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_duration;
+    use super::{check_field_path, parse_duration, RouterArgs};
+    use proc_macro2::Span;
+    use syn::LitStr;
+
+    #[test]
+    fn field_paths() {
+        for good in ["order_id", "customer.id", "r#type", "a.b.c", "_x"] {
+            let lit = LitStr::new(good, Span::call_site());
+            assert!(check_field_path(&lit).is_ok(), "{good:?} was refused");
+        }
+        for bad in [
+            "",
+            " ",
+            "customer..id",
+            ".id",
+            "customer.",
+            "order-id",
+            "0",
+            "a.1",
+        ] {
+            let lit = LitStr::new(bad, Span::call_site());
+            assert!(check_field_path(&lit).is_err(), "{bad:?} was accepted");
+        }
+    }
+
+    #[test]
+    fn router_args() {
+        let args: RouterArgs = syn::parse_quote!(
+            router = payments_router,
+            vis = "pub(crate)",
+            server_handler,
+            allow_empty,
+            status_tool = false,
+            crate = "::idem_runtime"
+        );
+        assert_eq!(args.router.as_ref().unwrap(), "payments_router");
+        assert!(args.vis.is_some() && args.server_handler.is_some() && args.allow_empty.is_some());
+        assert!(!args.adds_status_tool());
+        assert!(args.krate.is_some());
+
+        let args: RouterArgs = syn::parse_quote!(router = "named");
+        assert_eq!(args.router.as_ref().unwrap(), "named");
+        assert!(args.adds_status_tool());
+
+        for bad in [
+            quote::quote!(status_tool = "payment_status"),
+            quote::quote!(router = a, router = b),
+            quote::quote!(routr = a),
+            quote::quote!(vis = "pub(nowhere"),
+        ] {
+            assert!(
+                syn::parse2::<RouterArgs>(bad.clone()).is_err(),
+                "{bad} was accepted"
+            );
+        }
+    }
 
     #[test]
     fn durations() {

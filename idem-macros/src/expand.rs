@@ -67,10 +67,6 @@ fn expand(tool: Tool) -> TokenStream {
     // for the caller, and the result is always a `CallToolResult`.
     let params_ident = private_ident("__idem_params");
     let request_ident = private_ident("__idem_request");
-    let params_ty = &tool.params.arg.ty;
-    let params_pat = &tool.params.arg.pat;
-    let inner_ty = &tool.params.inner;
-    method.sig.inputs[tool.params.index] = parse_quote!(#params_ident: #params_ty);
     method.sig.inputs.push(parse_quote!(
         #request_ident: #private::RequestContext<#private::RoleServer>
     ));
@@ -78,26 +74,57 @@ fn expand(tool: Tool) -> TokenStream {
         -> ::core::result::Result<#private::CallToolResult, #private::ErrorData>
     );
 
+    // What the handler is given, how the arguments are written as JSON (a
+    // call spanned on the parameter type, so a type that is not `Serialize`
+    // is reported there), and how the body gets its parameters back.
+    let (params, params_ty, arguments, unpack) = match &tool.params {
+        Some(params) => {
+            let params_ty = &params.arg.ty;
+            let params_pat = &params.arg.pat;
+            method.sig.inputs[params.index] = parse_quote!(#params_ident: #params_ty);
+            (
+                params_ident.to_token_stream(),
+                params_ty.to_token_stream(),
+                located_at(
+                    quote!(#private::arguments(&#params_ident)),
+                    params_ty.span(),
+                ),
+                quote!(let #params_pat: #params_ty = #params_ident;),
+            )
+        }
+        // No arguments: the operation is the caller and the tool.
+        None => (
+            quote!(()),
+            quote!(()),
+            quote!(#private::no_arguments()),
+            quote!(let () = #params_ident;),
+        ),
+    };
+
     let ret = &tool.returns.ty;
-    // Each bound is checked by a call spanned on the user's type, so a
-    // parameter type that is not `Serialize`, or an error type that is not
-    // `Classify`, is reported once, there.
+    // Spanned on the declared return type, so an error type that is not
+    // `Classify` is reported once, there.
     let returned = private_ident("__idem_returned");
     let finish = if tool.returns.fallible {
         located_at(quote!(#private::outcome(#returned)), ret.span())
     } else {
         located_at(quote!(#private::output(#returned)), ret.span())
     };
-    let arguments = located_at(
-        quote!(#private::arguments(&#params_ident)),
-        params_ty.span(),
-    );
-    let business_key_check = business_key_check(&tool.scope, inner_ty);
+    // A business key is read from the typed fields (so serde's renames do
+    // not hide it), before the handler takes the parameters.
+    let business_key = private_ident("__idem_business_key");
+    let take_business_key = match &tool.scope {
+        Scope::BusinessKey { fields, .. } => {
+            let values = business_key_values(fields, &params_ident, &private);
+            quote!(let #business_key = #values;)
+        }
+        Scope::Window(_) => quote!(let #business_key = [];),
+    };
     let block = &method.block;
     let fake_return = private_ident("__idem_fake_return");
 
     method.block = parse_quote!({
-        #business_key_check
+        #take_business_key
         #private::call(
             self,
             #request_ident,
@@ -107,10 +134,11 @@ fn expand(tool: Tool) -> TokenStream {
                 status_tool: #status_tool,
             },
             #arguments,
-            #params_ident,
+            #business_key,
+            #params,
             move |#params_ident: #params_ty| async move {
                 let #returned = async move {
-                    let #params_pat: #params_ty = #params_ident;
+                    #unpack
                     // The declared return type types the body, so a wrong
                     // value is reported at the user's line (tracing-attributes' trick).
                     #[allow(
@@ -140,7 +168,7 @@ fn expand(tool: Tool) -> TokenStream {
 
 /// The same tokens, reported at `span` but resolved as before: what a
 /// failed bound inside them says lands on the user's type.
-fn located_at(tokens: TokenStream, span: Span) -> TokenStream {
+pub(crate) fn located_at(tokens: TokenStream, span: Span) -> TokenStream {
     tokens
         .into_iter()
         .map(|mut token| {
@@ -163,7 +191,9 @@ fn scope(scope: &Scope, private: &TokenStream) -> TokenStream {
         quote_spanned!(window.lit.span()=> #private::Duration::from_secs(#seconds))
     };
     match scope {
-        Scope::BusinessKey { fields, retention } => {
+        Scope::BusinessKey {
+            fields, retention, ..
+        } => {
             let fields = fields.iter().map(LitStr::value);
             let retention = match retention {
                 Some(window) => {
@@ -239,27 +269,33 @@ fn tool_attribute(tool: &Tool, private: &TokenStream, scope: &TokenStream) -> sy
     parse_quote!(#[#path(#(#items),*)])
 }
 
-/// `let _ = |args: T| { let _ = &args.order_id; };` with each field name
-/// spanned on its string, so a field `T` lacks is reported there.
-fn business_key_check(scope: &Scope, inner_ty: &syn::Type) -> TokenStream {
-    let Scope::BusinessKey { fields, .. } = scope else {
-        return TokenStream::new();
-    };
-    let value = private_ident("__idem_business_key");
-    let accesses = fields.iter().map(|lit| {
+/// The business key's values, taken from the typed fields before the
+/// handler consumes them: `[("order_id", value of args.order_id), ...]`.
+/// Each access is spanned on its string, so a field the type lacks, or one
+/// that is an `Option`, is reported there.
+fn business_key_values(fields: &[LitStr], params: &Ident, private: &TokenStream) -> TokenStream {
+    let values = fields.iter().map(|lit| {
         let name = lit.value();
-        // At the string, but from the macro: rustc reports the missing
-        // field there without offering to rewrite the string into an ident.
+        // At the string, but from the macro: rustc reports a missing field
+        // there without offering to rewrite the string into an ident.
         let span = lit.span().resolved_at(Span::mixed_site());
-        let field = match name.strip_prefix("r#") {
+        let path = name.split('.').map(|part| match part.strip_prefix("r#") {
             Some(raw) => Ident::new_raw(raw, span),
-            None => Ident::new(&name, span),
-        };
-        quote!(let _ = &#value.#field;)
+            None => Ident::new(part, span),
+        });
+        // `&&KeyField` first tries `OptionalKeyField` (implemented for
+        // `&KeyField<Option<T>>`, refused at compile time), then
+        // `KeyFieldValue` one reference down.
+        let value = located_at(
+            quote!((&&#private::KeyField(&#params.0 #(.#path)*)).business_key_value()),
+            lit.span(),
+        );
+        quote!((#name, #value))
     });
     quote! {
-        let _ = |#value: #inner_ty| {
-            #(#accesses)*
-        };
+        {
+            use #private::{KeyFieldValue as _, OptionalKeyField as _};
+            [#(#values),*]
+        }
     }
 }

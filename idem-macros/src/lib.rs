@@ -16,8 +16,9 @@ use proc_macro::TokenStream;
 /// operation, and its `tools/list` entry says so with `idempotentHint: true`.
 ///
 /// Put it on the line **above** rmcp's `#[tool(...)]`, on an `async fn`
-/// method with a `&self` receiver and a `Parameters<T>` argument, in an impl
-/// block marked [`#[idem_runtime::tool_router]`](macro@tool_router):
+/// method with a `&self` receiver and, usually, a `Parameters<T>` argument,
+/// in an impl block marked [`#[idem_runtime::tool_router]`](macro@tool_router)
+/// (which adds the status tool to the router):
 ///
 /// ```rust,ignore
 /// use idem_runtime::{idempotent, Executor, IdempotentServer, ToolError};
@@ -86,30 +87,53 @@ use proc_macro::TokenStream;
 /// The operation is the business key's value within the caller's tenant,
 /// whoever in the tenant asks and whatever the other arguments are: one
 /// shipment per order. The same key with *other* arguments is a conflict,
-/// answered as such and never executed. Each name is a top-level field of
-/// the parameter type, checked at compile time: a name the type lacks is an
-/// error on the string. The executor picks the fields out of the serialized
-/// arguments, so a business-key field must not be renamed by serde
-/// (`#[serde(rename)]`, `rename_all`): calls would be refused as missing it.
-/// With a business key, `window` sets how long the record is kept (default
-/// 48 h).
+/// answered as such and never executed. Each name is the Rust name of a
+/// field of the parameter type, or a path into one (`"customer.id"`),
+/// checked at compile time: a name the type lacks is an error on the
+/// string, and so is a field of type `Option<_>` (a business key always has
+/// a value; make it a `String`, not an `Option<String>`). The value is read
+/// from the typed field itself, so serde's renames (`#[serde(rename)]`,
+/// `rename_all`) change nothing. A call whose key is empty (`""`, `[]`, `{}`)
+/// is refused and nothing runs.
+///
+/// One field is keyed by its value; several by an object of them under
+/// their names as written here (`{"warehouse": .., "customer.id": ..}`).
+///
+/// With a business key, `window` sets how long the record is kept. Without
+/// it the record is kept for the executor's retention: 48 h
+/// (`idem_runtime::DEFAULT_RETENTION`) unless the server's executor was built
+/// `with_retention(..)`. The tool's `_meta` shows `window`, or 48 h: it is
+/// written at compile time and does not see `with_retention`.
 ///
 /// ```rust,ignore
 /// #[idempotent(business_key = "order_id", window = "48h")]
 /// #[tool(description = "Create a shipment")]
 /// async fn create_shipment(&self, Parameters(args): Parameters<ShipmentArgs>) -> Result<Json<Shipment>, ToolError> { .. }
 ///
-/// #[idempotent(business_key = ["warehouse", "order_id"])]
+/// #[idempotent(business_key = ["warehouse", "customer.id"])]
 /// #[tool(description = "Reserve stock")]
 /// async fn reserve_stock(&self, Parameters(args): Parameters<ReserveArgs>) -> Result<Json<Reservation>, ToolError> { .. }
+/// ```
+///
+/// ## Tools without arguments
+///
+/// A tool with a side effect and no arguments is keyed on the caller and
+/// the tool (its arguments are `{}`): with `window`, one run per caller per
+/// window. `business_key` on such a tool is an error: there is no field.
+///
+/// ```rust,ignore
+/// #[idempotent(window = "15m")]
+/// #[tool(description = "Rotate the API key")]
+/// async fn rotate_api_key(&self) -> Result<Json<ApiKey>, ToolError> { .. }
 /// ```
 ///
 /// ## `status_tool = "get_operation_status"`
 ///
 /// The tool that in-flight and outcome-unknown answers tell the model to call
-/// with the reference. Defaults to `get_operation_status`;
-/// `idem_runtime::audit_hints` reports a wrapped tool whose status tool the
-/// router lacks.
+/// with the reference. Defaults to `get_operation_status`.
+/// [`#[idem_runtime::tool_router]`](macro@tool_router) adds a status tool of
+/// that name to the router it generates; `idem_runtime::audit_hints`
+/// reports a wrapped tool whose status tool a router lacks.
 ///
 /// ```rust,ignore
 /// #[idempotent(window = "15m", status_tool = "payment_status")]
@@ -187,6 +211,7 @@ use proc_macro::TokenStream;
 ///             status_tool: "get_operation_status",
 ///         },
 ///         arguments(&__idem_params), // the arguments as JSON; needs `ChargeArgs: Serialize`
+///         [], // a business key's (field, value) pairs, see below
 ///         __idem_params,
 ///         move |__idem_params: Parameters<ChargeArgs>| async move {
 ///             let __idem_returned = async move {
@@ -207,9 +232,22 @@ use proc_macro::TokenStream;
 /// and answers repeats from the record; the answer becomes the tool result.
 /// `tool_meta` adds `"idem/idempotent"` (the scope and the status tool) to
 /// the tool's `_meta`: the mark of a wrapper that `audit_hints` looks for.
-/// With `business_key`, the expansion also holds
-/// `let _ = |args: ShipmentArgs| { let _ = &args.order_id; };`, the field
-/// spanned on the string, so a field the type lacks is an error there.
+///
+/// With `business_key = "order_id"`, the fields are read before the handler
+/// takes the parameters, each spanned on its string (so a field the type
+/// lacks, or an `Option` one, is an error there), and handed to `call`:
+///
+/// ```rust,ignore
+/// let __idem_business_key = [(
+///     "order_id",
+///     // `OptionalKeyField` for an `Option` field (a compile error), else
+///     // the field serialized on its own.
+///     (&&KeyField(&__idem_params.0.order_id)).business_key_value(),
+/// )];
+/// call(self, __idem_request, spec, arguments(&__idem_params), __idem_business_key, __idem_params, ..)
+/// ```
+///
+/// A tool without arguments is given `()` and `no_arguments()` (`{}`) instead.
 ///
 /// # Why the hint cannot be set by hand
 ///
@@ -233,19 +271,13 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::idempotent(args.into(), item.into()).into()
 }
 
-/// The impl-level companion of [`macro@idempotent`]: put it on the impl block
-/// of the tools, instead of rmcp's `#[tool_router]` (it adds that, with the
-/// same options: `#[idem_runtime::tool_router(router = my_router)]`) or on
-/// the line above it.
-///
-/// It sees every method before anything expands, so it can refuse:
-///
-/// - `annotations(idempotent_hint = true)` on a `#[tool]` that
-///   `#[idempotent]` does not wrap (error on the hint);
-/// - `#[idempotent]` written below `#[tool]` (error on `#[idempotent]`).
+/// Marks the impl block of an rmcp server's tools, in place of rmcp's
+/// `#[tool_router]` (which it adds): it generates the router fn, **with the
+/// status tool** the [`#[idempotent]`](macro@idempotent) tools name, and
+/// refuses at compile time an `idempotentHint` that no wrapper backs.
 ///
 /// ```rust,ignore
-/// #[idem_runtime::tool_router]
+/// #[idem_runtime::tool_router(server_handler)]
 /// impl Payments {
 ///     #[idempotent(window = "15m")]
 ///     #[tool(description = "Charge a card")]
@@ -254,6 +286,76 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
 ///     #[tool(description = "List charges", annotations(read_only_hint = true))]
 ///     async fn list_charges(&self) -> Result<Json<Charges>, ToolError> { .. }
 /// }
+///
+/// // Serves charge_card, list_charges and get_operation_status; the router
+/// // checked at start-up is the router served.
+/// idem_runtime::audit_hints(&Payments::tool_router())?;
+/// ```
+///
+/// # The status tool
+///
+/// In-flight and outcome-unknown answers tell the model to call a status
+/// tool with the operation's reference. `Self::tool_router()` has it: one
+/// `idem_runtime::status_tool::<Self>(name)` per name the wrapped tools give
+/// (`get_operation_status` unless `#[idempotent(status_tool = "..")]` says
+/// otherwise), unless the impl has a tool of that name itself. The server
+/// type implements `idem_runtime::IdempotentServer` (and is `Send + Sync +
+/// 'static`); the status tool answers from its executor's store, within the
+/// caller's tenant. An impl without `#[idempotent]` tools gets no status tool.
+///
+/// # Options
+///
+/// rmcp's, handed on to it:
+///
+/// - `router = my_router`: the router fn's name (default `tool_router`);
+/// - `vis = "pub(crate)"`: its visibility;
+/// - `server_handler`: also write `impl ServerHandler for Self` serving that
+///   router, so no `#[tool_handler]` impl is needed;
+/// - `allow_empty`: an impl with no `#[tool]` is not an error.
+///
+/// And its own:
+///
+/// - `status_tool = false`: add no status tool, for a server that brings its
+///   own (add it to the router before `audit_hints` checks it);
+/// - `crate = "path"`: where idem-runtime is, when renamed (by default the
+///   path a tool's `#[idempotent(crate = ..)]` gives, else `::idem_runtime`).
+///
+/// ```rust,ignore
+/// #[idem_runtime::tool_router(router = payments_router, vis = "pub(crate)", status_tool = false)]
+/// impl Payments { .. }
+/// ```
+///
+/// It may also sit on the line above rmcp's own `#[tool_router(...)]`, whose
+/// options it then takes over; below it, rmcp would already have written
+/// the router, and that is a compile error.
+///
+/// # What it refuses
+///
+/// It sees every method before anything expands, so it refuses:
+///
+/// - `annotations(idempotent_hint = true)` on a `#[tool]` that
+///   `#[idempotent]` does not wrap (error on the hint);
+/// - `#[idempotent]` written below `#[tool]` (error on `#[idempotent]`).
+///
+/// # What this expands to
+///
+/// With wrapped tools, rmcp writes the router fn under a private name and a
+/// fn of the name asked for adds the status tools:
+///
+/// ```rust,ignore
+/// #[rmcp::tool_router(router = __idem_tool_router_routes)]
+/// impl Payments {
+///     /* the tools */
+///     fn tool_router() -> ToolRouter<Self> {
+///         idem_runtime::__private::with_status_tools::<Self>(
+///             Self::__idem_tool_router_routes(),
+///             &["get_operation_status"],
+///         )
+///     }
+/// }
+/// // With `server_handler`:
+/// #[rmcp::tool_handler(router = Self::tool_router())]
+/// impl rmcp::ServerHandler for Payments {}
 /// ```
 #[proc_macro_attribute]
 pub fn tool_router(args: TokenStream, item: TokenStream) -> TokenStream {

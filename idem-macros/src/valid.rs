@@ -1,9 +1,11 @@
 //! Checks on the model of a wrapped tool: one `#[idempotent]`, `async`, a
-//! `&self` receiver, and no `idempotent_hint` of the user's own.
+//! `&self` receiver, no `idempotent_hint` of the user's own, and arguments
+//! for a business key to be found in.
 
 use syn::FnArg;
 
 use crate::ast::{self, Tool};
+use crate::attr::Scope;
 
 /// Runs every check and reports all that fail at once.
 pub(crate) fn check(tool: &Tool) -> syn::Result<()> {
@@ -33,6 +35,20 @@ pub(crate) fn check(tool: &Tool) -> syn::Result<()> {
             &sig.ident,
             "`#[idempotent]` takes its store from the server value: the tool needs a `&self` receiver",
         )),
+    }
+
+    // A tool without arguments is keyed on the caller and the tool within
+    // its window; a business key has nothing to be taken from.
+    if let (Scope::BusinessKey { keyword, .. }, None) = (&tool.scope, &tool.params) {
+        errors.push(syn::Error::new(
+            *keyword,
+            format!(
+                "`business_key` names fields of the tool's arguments, and `{}` takes none: add an argument \
+                 `Parameters(args): Parameters<Args>` with the field, or write `window = \"15m\"` to make \
+                 repeats by the same caller within the window one operation",
+                sig.ident
+            ),
+        ));
     }
 
     match tool.tool_args.hint() {

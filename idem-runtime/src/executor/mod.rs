@@ -38,6 +38,17 @@ pub enum ScopeSpec<'a> {
         /// How long the record is kept.
         retention: Option<Duration>,
     },
+    /// A business key whose values the caller took from the typed arguments
+    /// itself (what `#[idempotent]` does, so a field renamed by serde is
+    /// still found): each field's name, as the tool declares it, and its
+    /// value. Keyed exactly as [`ScopeSpec::BusinessKey`] with the same
+    /// names and values, and refused on the same missing or empty values.
+    BusinessKeyValues {
+        /// `(field, value)` for each field of the business key.
+        values: &'a [(&'a str, serde_json::Value)],
+        /// How long the record is kept.
+        retention: Option<Duration>,
+    },
 }
 
 /// One call to run as an operation.
@@ -169,13 +180,26 @@ impl Executor {
         // how long its result answers, never how long a doubt is kept).
         let (scope, window) = match op.scope {
             ScopeSpec::Window(window) => (Scope::Window(window), window),
-            ScopeSpec::BusinessKey { fields, retention } => match business_key(args, fields) {
-                Ok(value) => (
-                    Scope::BusinessKey(value),
-                    retention.unwrap_or(self.retention),
-                ),
-                Err(reason) => return Answer::Refused { reason },
-            },
+            ScopeSpec::BusinessKey { fields, retention } => {
+                let found = fields.iter().map(|&field| (field, args.get(field)));
+                match business_key(found) {
+                    Ok(value) => (
+                        Scope::BusinessKey(value),
+                        retention.unwrap_or(self.retention),
+                    ),
+                    Err(reason) => return Answer::Refused { reason },
+                }
+            }
+            ScopeSpec::BusinessKeyValues { values, retention } => {
+                let found = values.iter().map(|(field, value)| (*field, Some(value)));
+                match business_key(found) {
+                    Ok(value) => (
+                        Scope::BusinessKey(value),
+                        retention.unwrap_or(self.retention),
+                    ),
+                    Err(reason) => return Answer::Refused { reason },
+                }
+            }
         };
         let key = match IdempotencyKey::derive(op.caller, op.tool, args, &scope) {
             Ok(key) => key,
@@ -418,26 +442,34 @@ fn existing<T: DeserializeOwned, E>(
     }
 }
 
-/// Picks the business key out of the serialized arguments. Every field must
-/// be present, non-null and non-empty: with one field empty, different
-/// orders (`{"warehouse": "w1", "order_id": ""}`) would collide as one.
-fn business_key(args: &serde_json::Value, fields: &[&str]) -> Result<serde_json::Value, String> {
-    let pick = |field: &str| match args.get(field) {
+/// The business key from each field's name and value (`None` when the
+/// arguments lack it): one field is keyed by its value, several by an object
+/// of them under their names. Every field must be present, non-null and
+/// non-empty: with one field empty, different orders (`{"warehouse": "w1",
+/// "order_id": ""}`) would collide as one.
+fn business_key<'v>(
+    fields: impl Iterator<Item = (&'v str, Option<&'v serde_json::Value>)>,
+) -> Result<serde_json::Value, String> {
+    let pick = |field: &'v str, value: Option<&serde_json::Value>| match value {
         None | Some(serde_json::Value::Null) => Err(format!(
             "the business key field `{field}` is missing; give it a value"
         )),
         Some(v) if is_empty_business_key(v) => Err(format!(
             "the business key field `{field}` is empty; give it a value"
         )),
-        Some(v) => Ok(v.clone()),
+        Some(v) => Ok((field, v.clone())),
     };
-    match fields {
-        [] => Err("the tool declares an empty business key".to_owned()),
-        [one] => pick(one),
-        many => many
-            .iter()
-            .map(|f| pick(f).map(|v| ((*f).to_owned(), v)))
-            .collect::<Result<serde_json::Map<_, _>, _>>()
-            .map(serde_json::Value::Object),
+    let mut picked = fields
+        .map(|(field, value)| pick(field, value))
+        .collect::<Result<Vec<_>, _>>()?;
+    match picked.len() {
+        0 => Err("the tool declares an empty business key".to_owned()),
+        1 => Ok(picked.remove(0).1),
+        _ => Ok(serde_json::Value::Object(
+            picked
+                .into_iter()
+                .map(|(field, value)| (field.to_owned(), value))
+                .collect(),
+        )),
     }
 }

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::future::Future;
 
+use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::IntoCallToolResult;
 use rmcp::model::MetaObject;
 use serde::Serialize;
@@ -20,9 +21,10 @@ pub use crate::executor::ScopeSpec;
 
 use super::caller::{resolve_caller, IdempotentServer, CURRENT_REFERENCE};
 use super::render::{completed, no_caller, render};
+use super::status_tool::status_tool;
 use super::TOOL_META_KEY;
 use crate::answer::{Answer, Classify};
-use crate::executor::Operation;
+use crate::executor::{Operation, DEFAULT_RETENTION};
 
 /// What the macro knows about a tool.
 #[derive(Clone, Copy, Debug)]
@@ -60,6 +62,111 @@ pub fn arguments<P: Serialize>(params: &P) -> Result<Value, serde_json::Error> {
     serde_json::to_value(params)
 }
 
+/// The arguments of a tool that takes none: the operation is the caller
+/// and the tool (within the window).
+pub fn no_arguments() -> Result<Value, serde_json::Error> {
+    Ok(Value::Object(serde_json::Map::new()))
+}
+
+/// A business key field, borrowed from the typed arguments before the
+/// handler consumes them. The macro calls `(&&KeyField(&args.field))
+/// .business_key_value()`: method resolution picks [`OptionalKeyField`] for
+/// an `Option` (one reference more, tried first) and [`KeyFieldValue`] for
+/// anything else, so an `Option` field is refused at compile time.
+#[derive(Debug)]
+pub struct KeyField<'a, T: ?Sized>(pub &'a T);
+
+/// A business key field's value: the typed field serialized on its own,
+/// so serde's renames on the argument type do not hide it.
+pub trait KeyFieldValue {
+    /// The field's type.
+    type Field: ?Sized;
+    fn business_key_value(&self) -> Result<Value, serde_json::Error>
+    where
+        Self::Field: Serialize;
+}
+
+impl<T: ?Sized> KeyFieldValue for KeyField<'_, T> {
+    type Field = T;
+    fn business_key_value(&self) -> Result<Value, serde_json::Error>
+    where
+        T: Serialize,
+    {
+        serde_json::to_value(self.0)
+    }
+}
+
+/// An `Option` business key field: never compiles, because no type
+/// implements [`NotOptional`].
+pub trait OptionalKeyField {
+    /// `T` of `Option<T>`.
+    type Inner;
+    fn business_key_value(&self) -> Result<Value, serde_json::Error>
+    where
+        Self::Inner: NotOptional;
+}
+
+impl<T> OptionalKeyField for &KeyField<'_, Option<T>> {
+    type Inner = T;
+    fn business_key_value(&self) -> Result<Value, serde_json::Error>
+    where
+        T: NotOptional,
+    {
+        // Unreachable: nothing implements `NotOptional`. Were it reached, a
+        // null is refused as missing.
+        Ok(Value::Null)
+    }
+}
+
+/// Implemented by no type: what makes an `Option` business key field a
+/// compile error, with this message.
+#[diagnostic::on_unimplemented(
+    message = "a business key must always have a value; make this field a `{Self}`, not an `Option<{Self}>`",
+    label = "this business key field is an `Option<{Self}>`",
+    note = "the tool's schema would tell the model the field may be left out, and every call \
+            without it would be refused: the operation is the business key's value"
+)]
+pub trait NotOptional {}
+
+/// A server whose tools `#[idempotent]` wraps: what the generated body
+/// requires of `self`'s type.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` serves `#[idempotent]` tools but does not implement `idem_runtime::IdempotentServer`",
+    label = "this tool runs through its server's executor",
+    note = "implement `idem_runtime::IdempotentServer` for `{Self}`: its `executor()` hands the tools their store"
+)]
+pub trait WrappedServer: IdempotentServer {}
+
+impl<S: IdempotentServer + ?Sized> WrappedServer for S {}
+
+/// A server whose router gets a status tool: what
+/// `#[idem_runtime::tool_router]` requires of the impl's type.
+#[diagnostic::on_unimplemented(
+    message = "the status tool that `#[idem_runtime::tool_router]` adds needs `{Self}: idem_runtime::IdempotentServer + Send + Sync + 'static`",
+    label = "this type's router gets the status tool its `#[idempotent]` tools name",
+    note = "implement `idem_runtime::IdempotentServer` for `{Self}` (its `executor()` is what the tools and the \
+            status tool run through), or write `#[idem_runtime::tool_router(status_tool = false)]` and add a \
+            status tool yourself"
+)]
+pub trait StatusServer: IdempotentServer + Send + Sync + 'static {}
+
+impl<S: IdempotentServer + Send + Sync + 'static> StatusServer for S {}
+
+/// The router `#[idem_runtime::tool_router]` generates: rmcp's, plus the
+/// status tool under each name its `#[idempotent]` tools give, unless the
+/// impl already has a tool of that name.
+pub fn with_status_tools<S: StatusServer>(
+    mut router: ToolRouter<S>,
+    names: &[&'static str],
+) -> ToolRouter<S> {
+    for &name in names {
+        if !router.map.contains_key(name) {
+            router.add_route(status_tool::<S>(name));
+        }
+    }
+    router
+}
+
 /// A `Result<V, E>` body's outcome, spanned on the declared return type.
 pub fn outcome<R: Outcome>(returned: R) -> Result<CallToolResult, HandlerFailure> {
     completed(returned.into_result().map_err(HandlerFailure::tool)?)
@@ -72,14 +179,20 @@ pub fn output<V: IntoCallToolResult>(returned: V) -> Result<CallToolResult, Hand
 }
 
 /// The `_meta` of a wrapped tool's definition: the user's, plus the
-/// marker [`audit_hints`] looks for.
+/// marker [`audit_hints`](super::audit_hints) looks for.
 pub fn tool_meta(user: Option<MetaObject>, scope: ScopeSpec<'_>, status_tool: &str) -> MetaObject {
     let mut meta = user.unwrap_or_default();
     let scope = match scope {
         ScopeSpec::Window(window) => json!({ "windowSeconds": window.as_secs() }),
+        // The default retention is shown as such: the `_meta` is static, so
+        // an `Executor::with_retention` of the server's is not seen here.
         ScopeSpec::BusinessKey { fields, retention } => json!({
             "businessKey": fields,
-            "retentionSeconds": retention.map(|r| r.as_secs()),
+            "retentionSeconds": retention.unwrap_or(DEFAULT_RETENTION).as_secs(),
+        }),
+        ScopeSpec::BusinessKeyValues { values, retention } => json!({
+            "businessKey": values.iter().map(|(field, _)| *field).collect::<Vec<_>>(),
+            "retentionSeconds": retention.unwrap_or(DEFAULT_RETENTION).as_secs(),
         }),
     };
     let mut marker = json!({ "statusTool": status_tool });
@@ -92,16 +205,20 @@ pub fn tool_meta(user: Option<MetaObject>, scope: ScopeSpec<'_>, status_tool: &s
 
 /// The body of a wrapped tool: find the caller, run the handler through
 /// the server's executor, and turn the answer into a tool result.
-pub async fn call<S, P, F, Fut>(
+/// `business_key` is `(field as written in the attribute, its value)` for
+/// each field of a business key, taken from the typed arguments; empty for
+/// a window.
+pub async fn call<'k, S, P, F, Fut>(
     server: &S,
     request: RequestContext<RoleServer>,
     spec: ToolSpec<'_>,
     args: Result<Value, serde_json::Error>,
+    business_key: impl IntoIterator<Item = (&'k str, Result<Value, serde_json::Error>)>,
     params: P,
     handler: F,
 ) -> Result<CallToolResult, ErrorData>
 where
-    S: IdempotentServer + ?Sized,
+    S: WrappedServer + ?Sized,
     F: FnOnce(P) -> Fut,
     Fut: Future<Output = Result<CallToolResult, HandlerFailure>>,
 {
@@ -118,11 +235,33 @@ where
             return Ok(render(answer));
         }
     };
+    let values = business_key
+        .into_iter()
+        .map(|(field, value)| value.map(|value| (field, value)).map_err(|e| (field, e)))
+        .collect::<Result<Vec<_>, _>>();
+    let values = match values {
+        Ok(values) => values,
+        Err((field, error)) => {
+            let answer: Answer<CallToolResult, HandlerFailure> = Answer::Refused {
+                reason: format!("the business key field `{field}` cannot be serialized ({error})"),
+            };
+            return Ok(render(answer));
+        }
+    };
+    // The business key comes from the typed fields, not from the JSON
+    // object: a field serde renames would not be found there by its name.
+    let scope = match spec.scope {
+        ScopeSpec::BusinessKey { retention, .. } => ScopeSpec::BusinessKeyValues {
+            values: &values,
+            retention,
+        },
+        scope => scope,
+    };
     let operation = Operation {
         caller: &caller,
         tool: spec.tool,
         args: &args,
-        scope: spec.scope,
+        scope,
         status_tool: spec.status_tool,
     };
     let answer = server
@@ -160,7 +299,7 @@ mod tests {
             Some(&json!({
                 "statusTool": "get_operation_status",
                 "businessKey": ["order_id"],
-                "retentionSeconds": null,
+                "retentionSeconds": 172_800,
             }))
         );
     }

@@ -18,8 +18,12 @@ struct StatusArgs {
 
 /// A ready-made status tool for a router: `name(reference)` answers from the
 /// record of the caller's tenant (state, tool, times, the stored response
-/// when completed, and the next step). Add it under the name the wrapped
-/// tools' `status_tool` uses (by default `get_operation_status`):
+/// when completed, and the next step).
+///
+/// `#[idem_runtime::tool_router]` adds it to the router it generates, under
+/// each name the wrapped tools' `status_tool` uses (by default
+/// `get_operation_status`). Add it by hand to a router built otherwise, or
+/// generated with `#[idem_runtime::tool_router(status_tool = false)]`:
 ///
 /// ```ignore
 /// let router = Payments::tool_router()

@@ -3,7 +3,7 @@ use common::*;
 
 #[idem_runtime::tool_router]
 impl Shop {
-    #[idempotent(business_key = ["order_id", "customer.id"])]
+    #[idempotent(business_key = ["order_id", "customer.idd"])]
     #[tool(description = "Create a shipment")]
     async fn create_shipment(&self, Parameters(args): Parameters<ShipmentArgs>) -> Result<Json<Receipt>, ToolError> {
         Ok(Json(Receipt { charge_id: args.order_id }))
