@@ -105,7 +105,8 @@ impl Payments {
 impl Payments {
     /// Every tool the server serves, the status tool included.
     fn router() -> ToolRouter<Self> {
-        Self::tool_router().with_route(idem_runtime::status_tool::<Self>("get_operation_status"))
+        // `#[idem_runtime::tool_router]` has added the status tool.
+        Self::tool_router()
     }
 }
 

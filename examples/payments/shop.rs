@@ -341,9 +341,9 @@ impl Payments {
         }
     }
 
-    /// Every tool, with the status tool.
+    /// Every tool; `#[idem_runtime::tool_router]` has added the status tool.
     pub fn router() -> ToolRouter<Self> {
-        Self::tool_router().with_route(idem_runtime::status_tool::<Self>(STATUS_TOOL))
+        Self::tool_router()
     }
 }
 

@@ -1,15 +1,93 @@
 //! idem makes MCP tool calls safe to repeat.
 //!
-//! An operation is *this caller, this tool, these arguments, within this
-//! scope*. The [`Executor`] derives the operation's [`IdempotencyKey`], claims
-//! a record in an [`IdempotencyStore`] before the side effect, records the
-//! outcome after it, and answers every repeat from the record: in flight,
-//! replayed, unknown or conflict (see [`Answer`]).
+//! An MCP host that sees `idempotentHint: true` retries a tool after a
+//! timeout; so do transports, models and clients. [`macro@idempotent`] makes
+//! that hint true: the wrapped handler runs its side effect at most once per
+//! operation (*this caller, this tool, these arguments, within this scope*),
+//! and every repeat is answered from a record.
 //!
-//! With the `rmcp` feature (on by default), [`macro@idempotent`] wraps an rmcp
-//! tool in the executor and gives it `idempotentHint: true`;
-//! [`macro@tool_router`] on the impl refuses a hint no wrapper backs, and
-//! [`audit_hints`] checks a finished router at start-up.
+//! # Quick start
+//!
+//! A complete stdio server (dependencies: `idem-runtime`, `rmcp` with
+//! `server`, `macros` and `transport-io`, `tokio` with `macros`,
+//! `rt-multi-thread` and `io-std`, `serde`, `schemars`):
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//!
+//! use idem_runtime::{audit_hints, idempotent, Caller, Executor, IdempotentServer, SqliteStore, ToolError};
+//! use rmcp::handler::server::wrapper::{Json, Parameters};
+//! use rmcp::{tool, ServiceExt};
+//!
+//! #[derive(serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+//! struct ChargeArgs {
+//!     card: String,
+//!     amount_cents: u64,
+//! }
+//!
+//! #[derive(serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+//! struct Receipt {
+//!     charge_id: String,
+//! }
+//!
+//! #[derive(Clone)]
+//! struct Payments {
+//!     executor: Executor,
+//!     local_user: Caller,
+//! }
+//!
+//! impl IdempotentServer for Payments {
+//!     fn executor(&self) -> &Executor {
+//!         &self.executor
+//!     }
+//!     // stdio serves one local user; over HTTP an auth layer supplies the caller.
+//!     fn default_caller(&self) -> Option<&Caller> {
+//!         Some(&self.local_user)
+//!     }
+//! }
+//!
+//! // Instead of rmcp's #[tool_router]: adds the status tool, serves the router.
+//! #[idem_runtime::tool_router(server_handler)]
+//! impl Payments {
+//!     #[idempotent(window = "15m")]
+//!     #[tool(description = "Charge a card")]
+//!     async fn charge_card(
+//!         &self,
+//!         Parameters(args): Parameters<ChargeArgs>,
+//!     ) -> Result<Json<Receipt>, ToolError> {
+//!         // Pass this to the processor as its idempotency key.
+//!         let reference = idem_runtime::current_reference().expect("inside #[idempotent]");
+//!         Ok(Json(Receipt { charge_id: format!("ch_{reference}_{}", args.card) }))
+//!     }
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     audit_hints(&Payments::tool_router()).map_err(|p| format!("{p:?}"))?;
+//!     let store = Arc::new(SqliteStore::open("idem.sqlite3").await?);
+//!     let server = Payments { executor: Executor::new(store), local_user: Caller::new("local", "me") };
+//!     server.serve(rmcp::transport::stdio()).await?.waiting().await?;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! # The parts
+//!
+//! - [`macro@idempotent`] wraps an rmcp tool in the [`Executor`] and gives it
+//!   `idempotentHint: true`; [`macro@tool_router`] on the impl refuses a hint
+//!   no wrapper backs and adds the status tool ([`status_tool`]);
+//!   [`audit_hints`] checks the served router at start-up.
+//! - The [`Executor`] derives the operation's [`IdempotencyKey`] (canonical
+//!   JSON, [`canonical_json`]), claims a record in an [`IdempotencyStore`]
+//!   before the side effect, records the outcome after it, and answers every
+//!   repeat from the record: in flight, replayed, unknown or conflict (see
+//!   [`Answer`] and [`AnswerState`]).
+//! - Stores: [`MemoryStore`], `SqliteStore` (feature `sqlite`, default),
+//!   `PostgresStore` (`postgres`), `RedisStore` (`redis`); a store of your
+//!   own runs the same conformance suite (`conformance`).
+//! - [`Maintenance`] purges, sweeps dead calls to UNKNOWN and reconciles them
+//!   through your [`Reconciler`]; [`resolve_by_hand`] is for what nobody can
+//!   reconcile.
 #![warn(
     missing_docs,
     missing_debug_implementations,
@@ -61,3 +139,5 @@ pub use store::{
 };
 #[cfg(feature = "postgres")]
 pub use store::{PostgresStore, PostgresStoreBuilder};
+#[cfg(feature = "redis")]
+pub use store::{RedisStore, RedisStoreBuilder};

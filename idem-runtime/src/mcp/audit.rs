@@ -94,9 +94,8 @@ impl std::error::Error for HintProblem {}
 /// }
 ///
 /// fn main() -> Result<(), Box<dyn std::error::Error>> {
-///     // The router the server will serve, status tool included.
-///     let router = Payments::tool_router()
-///         .with_route(idem_runtime::status_tool::<Payments>("get_operation_status"));
+///     // The router the server will serve (the impl macro added the status tool).
+///     let router = Payments::tool_router();
 ///     if let Err(problems) = audit_hints(&router) {
 ///         for problem in &problems {
 ///             eprintln!("{problem}");
