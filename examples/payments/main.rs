@@ -8,9 +8,10 @@
 //!   --listen 127.0.0.1:PORT       HTTP address (default 127.0.0.1:8080); serves /mcp
 //!   --token TOKEN=tenant/subject  HTTP: a bearer token and the caller it stands for (repeatable)
 //!   --tenant T --subject S        stdio: the local caller (default local/me)
-//!   --store memory|sqlite:PATH|postgres://...
+//!   --store memory|sqlite:PATH|postgres://...|redis://...
 //!                                 default: sqlite:$IDEM_HOME/payments.sqlite3, where IDEM_HOME
-//!                                 defaults to ./.idem
+//!                                 defaults to ./.idem; redis://HOST:PORT[/DB] is one Redis or
+//!                                 Valkey server, keys under the prefix "idem"
 //!   --processor-delay-ms N        how long the stub processor takes (default 300)
 //!   --processor-timeout-ms N      how long the tool waits for it (default 5000)
 //!   --maintenance-interval-ms N   time between maintenance rounds: sweep, reconcile, purge
@@ -32,7 +33,7 @@ use std::time::Duration;
 
 use idem_runtime::{
     audit_hints, Caller, Executor, IdempotencyStore, Maintenance, MaintenanceConfig, MemoryStore,
-    PostgresStore, ReconcileConfig, SqliteStore,
+    PostgresStore, ReconcileConfig, RedisStore, SqliteStore,
 };
 use rmcp::ServiceExt;
 use shop::{Backends, Payments, ProcessorReconciler};
@@ -43,8 +44,10 @@ usage: payments [FLAGS]
   --listen 127.0.0.1:PORT       HTTP address (default 127.0.0.1:8080); serves /mcp
   --token TOKEN=tenant/subject  HTTP: a bearer token and the caller it stands for (repeatable)
   --tenant T --subject S        stdio: the local caller (default local/me)
-  --store memory|sqlite:PATH|postgres://...
-                                default: sqlite:$IDEM_HOME/payments.sqlite3 (IDEM_HOME defaults to .idem)
+  --store memory|sqlite:PATH|postgres://...|redis://...
+                                default: sqlite:$IDEM_HOME/payments.sqlite3 (IDEM_HOME defaults to .idem);
+                                redis://HOST:PORT[/DB] is one Redis or Valkey server, keys under
+                                the prefix \"idem\"
   --processor-delay-ms N        how long the stub processor takes (default 300)
   --processor-timeout-ms N      how long the tool waits for it (default 5000)
   --maintenance-interval-ms N   time between maintenance rounds: sweep, reconcile, purge
@@ -190,9 +193,14 @@ async fn open_store(spec: &str) -> Arc<dyn IdempotencyStore> {
                 .map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
         }
+    } else if spec.starts_with("redis://") || spec.starts_with("redis+unix://") {
+        RedisStore::connect(spec)
+            .await
+            .map(|s| Arc::new(s) as Arc<dyn IdempotencyStore>)
+            .map_err(|e| e.to_string())
     } else {
         usage(&format!(
-            "--store is memory, sqlite:PATH or postgres://..., not {spec:?}"
+            "--store is memory, sqlite:PATH, postgres://... or redis://..., not {spec:?}"
         ))
     };
     opened.unwrap_or_else(|e| {

@@ -21,9 +21,6 @@ use rmcp::{tool, tool_handler, ServerHandler};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-/// The status tool every wrapped tool names in its answers.
-pub const STATUS_TOOL: &str = "get_operation_status";
-
 /// `charge_card`'s arguments.
 #[derive(Debug, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ChargeArgs {

@@ -17,6 +17,8 @@ mod sql;
 pub mod conformance;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "redis")]
+mod redis;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
@@ -24,6 +26,8 @@ pub use attempt::Attempt;
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, PostgresStoreBuilder};
+#[cfg(feature = "redis")]
+pub use redis::{RedisStore, RedisStoreBuilder};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 

@@ -1,0 +1,317 @@
+//! The side-by-side run against AWS Lambda Powertools' Redis idempotency, on
+//! one machine, against the same Redis, in one run (`scripts/peer-redis`
+//! installs Powertools and runs this):
+//!
+//! - the raw Redis round trip: one `SET key value PX …` through the redis
+//!   crate's reconnecting connection, the client RedisStore uses. A first
+//!   call through idem needs two (the claim and the completion), so two raw
+//!   round trips are its floor;
+//! - idem: `Executor::run` over `RedisStore` with a no-op handler, a first
+//!   call (fresh arguments: claim, run, complete) and a replay (the same
+//!   arguments again: one claim that finds the completed record);
+//! - Powertools: `idempotent_function` with its Redis layer, a first call
+//!   and a replay, in a Python process (`scripts/peer-redis-powertools.py`).
+//!
+//! The three Rust measures alternate call by call, each on two tokio
+//! runtimes (multi-thread, as `#[tokio::main]` builds, and current-thread);
+//! the Powertools rounds run between the Rust rounds, so drift on this shared
+//! machine hits every side.
+//!
+//! `IDEM_BENCH_REDIS_URL` (default `IDEM_TEST_REDIS_URL`, then
+//! `redis://127.0.0.1:6379`); `IDEM_PEER_PYTHON` and `IDEM_PEER_SCRIPT`
+//! name the Python side (without them, the Powertools rows are left out).
+//! The keys are written under a fresh prefix and deleted at the end
+//! (Powertools' expire with its 15-minute window).
+
+mod common;
+
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use idem_runtime::{Attempt, Caller, Executor, Operation, RedisStore, ScopeSpec, ToolError};
+use serde::{Deserialize, Serialize};
+
+/// Calls of each kind per round and runtime, and rounds.
+const CALLS: usize = 2000;
+const ROUNDS: usize = 3;
+
+#[derive(Serialize)]
+struct Charge {
+    card: String,
+    amount_cents: u64,
+    currency: &'static str,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Receipt {
+    receipt: String,
+    amount_cents: u64,
+}
+
+struct Idem {
+    executor: Executor,
+    caller: Caller,
+    runs: AtomicUsize,
+}
+
+impl Idem {
+    /// One call through `Executor::run` with a no-op handler.
+    async fn call(&self, card: &str) -> Duration {
+        let args = Charge {
+            card: card.to_owned(),
+            amount_cents: 1999,
+            currency: "usd",
+        };
+        let t = Instant::now();
+        let answer = self
+            .executor
+            .run(
+                Operation {
+                    caller: &self.caller,
+                    tool: "charge_card",
+                    args: &args,
+                    scope: ScopeSpec::Window(Duration::from_secs(900)),
+                    status_tool: "get_operation_status",
+                },
+                |_| async {
+                    self.runs.fetch_add(1, Ordering::Relaxed);
+                    Ok::<_, ToolError>(Receipt {
+                        receipt: format!("r_{card}"),
+                        amount_cents: 1999,
+                    })
+                },
+            )
+            .await;
+        let took = t.elapsed();
+        assert!(
+            ["executed", "replayed"].contains(&answer.kind()),
+            "{answer:?}"
+        );
+        took
+    }
+}
+
+/// One raw round trip: a SET of a fresh key, expiring in a minute.
+async fn raw(conn: &mut redis::aio::ConnectionManager, prefix: &str, i: usize) -> Duration {
+    let key = format!("{prefix}:raw:{i}");
+    let t = Instant::now();
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg(common::RESPONSE)
+        .arg("PX")
+        .arg(60_000)
+        .query_async(conn)
+        .await
+        .unwrap();
+    t.elapsed()
+}
+
+#[derive(Deserialize)]
+struct Peer {
+    first: Vec<f64>,
+    replay: Vec<f64>,
+    handler_calls: usize,
+    version: String,
+}
+
+/// One round of the Python side, or `None` when it is not configured.
+fn powertools(host: &str, port: u16, calls: usize) -> Option<Peer> {
+    let python = std::env::var("IDEM_PEER_PYTHON").ok()?;
+    let script = std::env::var("IDEM_PEER_SCRIPT").ok()?;
+    let out = Command::new(python)
+        .arg(script)
+        .arg(host)
+        .arg(port.to_string())
+        .arg(calls.to_string())
+        .output()
+        .expect("the Python side starts");
+    assert!(
+        out.status.success(),
+        "the Python side failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(serde_json::from_slice(&out.stdout).expect("the Python side prints JSON"))
+}
+
+fn micros(v: &[f64]) -> Vec<Duration> {
+    v.iter()
+        .map(|us| Duration::from_secs_f64(us / 1e6))
+        .collect()
+}
+
+async fn delete_prefix(conn: &mut redis::aio::ConnectionManager, prefix: &str) {
+    let mut cursor = 0u64;
+    loop {
+        let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}:*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(conn)
+            .await
+            .unwrap();
+        if !keys.is_empty() {
+            let _: i64 = redis::cmd("UNLINK")
+                .arg(&keys)
+                .query_async(conn)
+                .await
+                .unwrap();
+        }
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+}
+
+/// The Rust side's samples on one kind of tokio runtime.
+#[derive(Default)]
+struct Samples {
+    raw: Vec<Duration>,
+    first: Vec<Duration>,
+    replay: Vec<Duration>,
+}
+
+/// One round on a runtime: a store and a raw connection of its own (a
+/// connection's driver task lives on the runtime that opened it), a
+/// warm-up, then `CALLS` of each measure, alternating call by call. Every
+/// key it wrote is deleted at the end.
+async fn round(url: &str, round: usize, into: &mut Samples) {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = redis::aio::ConnectionManager::new(client).await.unwrap();
+    let prefix = format!("bench-{:016x}", Attempt::random().get());
+    let store = RedisStore::builder(url)
+        .unwrap()
+        .prefix(&prefix)
+        .build()
+        .unwrap();
+    let idem = Idem {
+        executor: Executor::new(Arc::new(store)),
+        caller: Caller::new("acme", "alice"),
+        runs: AtomicUsize::new(0),
+    };
+    // Warm-up: connections, scripts loaded, caches; the replayed operation.
+    for i in 0..300 {
+        raw(&mut conn, &prefix, i).await;
+        idem.call(&format!("warm_{i}")).await;
+        idem.call("same").await;
+    }
+    for i in 0..CALLS {
+        into.raw.push(raw(&mut conn, &prefix, 300 + i).await);
+        into.first.push(idem.call(&format!("c_{round}_{i}")).await);
+        into.replay.push(idem.call("same").await);
+    }
+    assert_eq!(
+        idem.runs.load(Ordering::Relaxed),
+        300 + 1 + CALLS,
+        "idem ran each first call once, and no replay"
+    );
+    delete_prefix(&mut conn, &prefix).await;
+}
+
+fn main() {
+    let url = std::env::var("IDEM_BENCH_REDIS_URL")
+        .or_else(|_| std::env::var("IDEM_TEST_REDIS_URL"))
+        .unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let (host, port) = match client.get_connection_info().addr() {
+        redis::ConnectionAddr::Tcp(host, port) => (host.clone(), *port),
+        other => panic!("the peer run needs a TCP address, not {other:?}"),
+    };
+    let mut conn = client.get_connection().unwrap();
+    let info: String = redis::cmd("INFO").arg("server").query(&mut conn).unwrap();
+    let version = info
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .unwrap_or("?")
+        .to_owned();
+    println!("load average at start: {}", common::load());
+
+    // The runtime an rmcp server's #[tokio::main] builds (a worker per core:
+    // a reply wakes the caller on another thread), and a current-thread one
+    // (the caller and the connection's driver on one thread).
+    let multi = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let single = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (mut m, mut c) = (Samples::default(), Samples::default());
+    let (mut pt_first, mut pt_replay, mut pt_version) = (Vec::new(), Vec::new(), None);
+    for r in 0..ROUNDS {
+        multi.block_on(round(&url, r, &mut m));
+        single.block_on(round(&url, r, &mut c));
+        if let Some(peer) = powertools(&host, port, CALLS) {
+            assert_eq!(
+                peer.handler_calls,
+                300 + 1 + CALLS,
+                "Powertools ran each first call once, and no replay"
+            );
+            pt_first.extend(micros(&peer.first));
+            pt_replay.extend(micros(&peer.replay));
+            pt_version = Some(peer.version);
+        }
+    }
+
+    let stats = |s: &mut Samples| {
+        let (r50, r99) = common::median_p99(&mut s.raw);
+        let (f50, f99) = common::median_p99(&mut s.first);
+        let (p50, p99) = common::median_p99(&mut s.replay);
+        [r50, r99, f50, f99, p50, p99]
+    };
+    let [mr50, mr99, mf50, mf99, mp50, mp99] = stats(&mut m);
+    let [cr50, cr99, cf50, cf99, cp50, cp99] = stats(&mut c);
+    println!(
+        "Redis {version} on {host}:{port}; {} calls of each kind per runtime, in {ROUNDS} rounds",
+        ROUNDS * CALLS
+    );
+    println!();
+    println!("| measure | multi-thread runtime: median µs | p99 µs | current-thread runtime: median µs | p99 µs |");
+    println!("| --- | ---: | ---: | ---: | ---: |");
+    println!("| raw Redis round trip (`SET … PX`, redis crate) | {mr50:.0} | {mr99:.0} | {cr50:.0} | {cr99:.0} |");
+    println!("| idem first call (`Executor::run` on RedisStore: claim, no-op handler, complete) | {mf50:.0} | {mf99:.0} | {cf50:.0} | {cf99:.0} |");
+    println!("| idem replay (one claim that finds the completed record) | {mp50:.0} | {mp99:.0} | {cp50:.0} | {cp99:.0} |");
+    let peer = if pt_first.is_empty() {
+        println!("(Powertools left out: IDEM_PEER_PYTHON and IDEM_PEER_SCRIPT are not set; run scripts/peer-redis)");
+        None
+    } else {
+        let (q50, q99) = common::median_p99(&mut pt_first);
+        let (s50, s99) = common::median_p99(&mut pt_replay);
+        let v = pt_version.unwrap_or_default();
+        println!("| Powertools {v} first call (`idempotent_function`, Redis layer; Python, no runtime) | {q50:.0} | {q99:.0} | | |");
+        println!("| Powertools {v} replay | {s50:.0} | {s99:.0} | | |");
+        Some((q50, q99, s50, s99))
+    };
+    println!();
+    println!("| ratio | multi-thread: median | p99 | current-thread: median | p99 | goal |");
+    println!("| --- | ---: | ---: | ---: | ---: | --- |");
+    println!(
+        "| idem first call / (2 × raw round trip) | {:.2} | {:.2} | {:.2} | {:.2} | ≤ 1.10 |",
+        mf50 / (2.0 * mr50),
+        mf99 / (2.0 * mr99),
+        cf50 / (2.0 * cr50),
+        cf99 / (2.0 * cr99)
+    );
+    if let Some((q50, q99, s50, s99)) = peer {
+        println!(
+            "| Powertools first call / idem first call | {:.2} | {:.2} | {:.2} | {:.2} | ≥ 2 |",
+            q50 / mf50,
+            q99 / mf99,
+            q50 / cf50,
+            q99 / cf99
+        );
+        println!(
+            "| Powertools replay / idem replay | {:.2} | {:.2} | {:.2} | {:.2} | ≥ 2 |",
+            s50 / mp50,
+            s99 / mp99,
+            s50 / cp50,
+            s99 / cp99
+        );
+    }
+    println!("load average at end: {}", common::load());
+}

@@ -1,0 +1,136 @@
+//! Where a record and its listings live in Redis: the key names, and the
+//! shards that keep a record and its sorted-set entries on one Cluster slot.
+//!
+//! | key | type | holds |
+//! | --- | --- | --- |
+//! | `P:{SS}:r:REF` | hash | the record with reference `REF` (the key's first 8 bytes, 16 hex digits) |
+//! | `P:{SS}:k:KEY` | hash | a record whose reference was held by another operation's record when it was claimed (`KEY`: 64 hex digits) |
+//! | `P:{SS}:x:REF` | set | the `k:KEY` members of those records, for lookups by reference |
+//! | `P:{SS}:lapsed` | sorted set | the shard's IN_PROGRESS records (`r:REF` or `k:KEY`), scored by `lease_until` (µs) |
+//! | `P:{SS}:unknown` | sorted set | the shard's UNKNOWN records, scored by `next_check_at` (µs) |
+//!
+//! `P` is the store's prefix and `SS` the shard: the key's first byte modulo
+//! [`SHARDS`], in two hex digits. `{SS}` is the Cluster hash tag, so a record
+//! and the sets that list it sit on one slot and every script touches one
+//! slot only; the records spread over [`SHARDS`] slots, which the listings
+//! and the purge visit one by one.
+//!
+//! A record is stored under its reference, so a lookup by reference names it
+//! directly, with no index to keep in step, and a fenced change (which knows
+//! the key, not the tenant) names it too; the lookup then checks the tenant.
+//! Two live operations share a reference only by a 64-bit collision; the
+//! later one is then stored under its full key and listed in the reference's
+//! collision set, which exists only for such a pair.
+
+use crate::key::{hex, IdempotencyKey, Reference};
+
+/// How many shards (hash tags) the records spread over. Fixed for the life
+/// of the data: a record is found again only under the shard it was written
+/// to.
+pub(super) const SHARDS: u8 = 64;
+
+/// The key names of one store, from its prefix.
+#[derive(Clone, Debug)]
+pub(super) struct Layout {
+    prefix: String,
+}
+
+/// What a script over one record names: its `KEYS`, and the members that
+/// name the record in the sorted sets.
+#[derive(Debug)]
+pub(super) struct RecordKeys {
+    /// Under the reference, under the full key, the lapsed set, the unknown
+    /// set, the reference's collision set.
+    pub(super) keys: [Vec<u8>; 5],
+    /// The members naming `keys[0]` and `keys[1]` in the sets.
+    pub(super) members: [Vec<u8>; 2],
+}
+
+impl Layout {
+    /// A layout under `prefix`: letters, digits and `:_-.` only, so that no
+    /// `{` in it moves the hash tag.
+    pub(super) fn new(prefix: &str) -> Result<Self, String> {
+        let valid = !prefix.is_empty()
+            && prefix.len() <= 64
+            && prefix
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || ":_-.".contains(c));
+        if valid {
+            Ok(Layout {
+                prefix: prefix.to_owned(),
+            })
+        } else {
+            Err(format!(
+                "invalid key prefix {prefix:?}: use letters, digits and :_-. (at most 64)"
+            ))
+        }
+    }
+
+    /// The prefix every key of the store starts with.
+    pub(super) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// `P:{SS}:`, the start of every key of shard `shard`.
+    pub(super) fn shard(&self, shard: u8) -> Vec<u8> {
+        format!("{}:{{{shard:02x}}}:", self.prefix).into_bytes()
+    }
+
+    /// The shard's lapsed and unknown sets.
+    pub(super) fn sets(&self, shard: u8) -> [Vec<u8>; 2] {
+        let base = self.shard(shard);
+        [
+            [&base[..], b"lapsed"].concat(),
+            [&base[..], b"unknown"].concat(),
+        ]
+    }
+
+    /// Everything a script over the record of `key` names.
+    pub(super) fn record(&self, key: &IdempotencyKey) -> RecordKeys {
+        let reference = key.reference();
+        let shard = shard_of(&reference);
+        let base = self.shard(shard);
+        let by_reference = format!("r:{}", hex(reference.as_bytes())).into_bytes();
+        let by_key = format!("k:{}", hex(key.as_bytes())).into_bytes();
+        let [lapsed, unknown] = self.sets(shard);
+        RecordKeys {
+            keys: [
+                [&base[..], &by_reference[..]].concat(),
+                [&base[..], &by_key[..]].concat(),
+                lapsed,
+                unknown,
+                self.collisions(&reference),
+            ],
+            members: [by_reference, by_key],
+        }
+    }
+
+    /// The key of the record stored under `reference`.
+    pub(super) fn by_reference(&self, reference: &Reference) -> Vec<u8> {
+        let base = self.shard(shard_of(reference));
+        [
+            &base[..],
+            format!("r:{}", hex(reference.as_bytes())).as_bytes(),
+        ]
+        .concat()
+    }
+
+    /// The reference's collision set.
+    pub(super) fn collisions(&self, reference: &Reference) -> Vec<u8> {
+        let base = self.shard(shard_of(reference));
+        [
+            &base[..],
+            format!("x:{}", hex(reference.as_bytes())).as_bytes(),
+        ]
+        .concat()
+    }
+
+    /// The shard a reference (and its key) belongs to.
+    pub(super) fn shard_of(&self, reference: &Reference) -> u8 {
+        shard_of(reference)
+    }
+}
+
+fn shard_of(reference: &Reference) -> u8 {
+    reference.as_bytes()[0] % SHARDS
+}

@@ -1,0 +1,30 @@
+-- resolve. ARGV[4] attempt, ARGV[5] the new state (COMPLETED or
+-- NOT_PERFORMED), ARGV[6] response or note, ARGV[7] settle (µs), ARGV[8] who
+-- resolved it and why (absent when nobody said).
+local rec, member, f = owned('u', 'e')
+if not rec then
+  return {FENCED}
+end
+if f[3] ~= UNKNOWN then
+  return {WRONG_STATE, f[3]}
+end
+local now = clock()
+if ARGV[5] == NOT_PERFORMED then
+  -- "Not performed" is trusted only for a record unchanged for the settle
+  -- period: a request still in flight may not show at the processor yet.
+  local settled = tonumber(f[4]) + tonumber(ARGV[7])
+  if now < settled then
+    return {NOT_SETTLED, int(settled)}
+  end
+end
+redis.call('HSET', rec, 's', ARGV[5], 'b', ARGV[6], 'u', int(now))
+if ARGV[8] then
+  redis.call('HSET', rec, 'v', ARGV[8])
+else
+  redis.call('HDEL', rec, 'v')
+end
+redis.call('ZREM', KEYS[4], member)
+if ARGV[5] == COMPLETED then
+  expire_at(rec, COMPLETED, tonumber(f[5]))
+end
+return {OK}

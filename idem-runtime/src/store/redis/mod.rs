@@ -1,0 +1,463 @@
+//! [`RedisStore`]: records in Redis or Valkey, standalone or Cluster.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::Cmd;
+
+use crate::key::{IdempotencyKey, Reference};
+use crate::store::{
+    Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordStateKind, Resolution, StoreError,
+};
+
+mod builder;
+mod layout;
+mod link;
+mod scripts;
+
+pub use builder::RedisStoreBuilder;
+use layout::{Layout, RecordKeys, SHARDS};
+use link::{evalsha, Link};
+use scripts::{micros, records, Reply, SCRIPTS};
+
+/// Records in Redis or Valkey, standalone or Cluster, for several server
+/// replicas.
+///
+/// # One script per transition
+///
+/// Every change of a record (claim, including the takeover of a record past
+/// its life or resolved as not performed; complete, release, mark_unknown,
+/// mark_lapsed, resolve, defer_check, heartbeat) is one Lua script, which
+/// Redis runs atomically: no other command runs between its reads and its
+/// writes. A claim is an insert-if-absent, never a check-then-insert; every
+/// other change compares the record's attempt (the fencing token) in the same
+/// script that writes. A lookup by (tenant, reference) and each listing are
+/// one script too.
+///
+/// # The clock
+///
+/// Every time (claimed, lease, expiry, settle) is the server's `TIME`, read
+/// inside the script, never the process clock: replicas whose clocks disagree
+/// still agree on which lease ran out.
+///
+/// # Expiry
+///
+/// Redis deletes a record itself at the end of its life ([`Record::is_expired`]:
+/// a COMPLETED record at `expires_at`; any other once both its retention and
+/// its lease are over), by a native TTL (`PEXPIREAT`) that every transition
+/// sets again. [`purge_expired`](IdempotencyStore::purge_expired) has no
+/// records to delete: it drops the entries that deleted IN_PROGRESS and
+/// UNKNOWN records left in the listings' sorted sets, and returns how many.
+///
+/// # Keys and Cluster
+///
+/// A record is a hash under its reference; lapsed and UNKNOWN records are
+/// listed through two sorted sets per shard, scored by `lease_until` and
+/// `next_check_at`. The records spread over 64 shards, each with its own
+/// Cluster hash tag, so a record and the sets that list it sit on one slot
+/// and every script touches one slot; a listing asks the 64 shards at once,
+/// a purge one after the other until its batch is full. The full layout is
+/// in the `layout` module (`P:{SS}:r:REF`, `P:{SS}:lapsed`, …, `P` being
+/// [`RedisStoreBuilder::prefix`]).
+///
+/// # Durability
+///
+/// Redis answers a write once it is in memory, before it is on disk and
+/// before any replica has it. What that costs here:
+///
+/// - With the default `appendonly no` (or `appendfsync everysec`), a crash
+///   loses the writes of the last snapshot interval (or of up to about a
+///   second). A failover to a replica loses what the replica had not
+///   received. Either way **a lost claim makes a second execution
+///   possible**: the handler ran under a claim that the restarted or
+///   promoted server no longer has, and a repeat of the call runs again. A
+///   lost completion is safer: the record is back to IN_PROGRESS, the sweep
+///   marks it UNKNOWN and the reconciler resolves it, never a second run.
+/// - `appendonly yes` with `appendfsync always` makes a single server hold:
+///   each write is on disk before it is answered. (Redis 7.2 and Valkey
+///   also have `WAITAOF` for the same per write.)
+/// - Against a failover, [`RedisStoreBuilder::wait_for_replicas`] sends
+///   `WAIT n timeout` after each claim, on the same connection, and runs the
+///   handler only once `n` replicas have the claim (otherwise the claim is
+///   released and the call fails closed). Replication stays asynchronous:
+///   this makes a lost claim unlikely (Sentinel and Cluster promote the
+///   replica with the most data), not impossible.
+///
+/// Where money moves, use `PostgresStore`, unless this Redis is configured
+/// for it: `appendonly yes` with `appendfsync always` on every node, claims
+/// that wait for a replica, and `min-replicas-to-write` so that a primary cut
+/// off from its replicas stops taking claims.
+///
+/// # When Redis goes away
+///
+/// Calls fail fast with [`StoreError::Unavailable`] (the executor then does
+/// not run the handler): connecting and each call are bounded by the
+/// builder's timeout. The connection reconnects by itself once the server is
+/// back, and scripts a restarted server no longer has are sent again: no
+/// restart of the process is needed.
+///
+/// Needs Redis 7.0 or later, or Valkey 7.2 or later.
+///
+/// ```no_run
+/// # async fn f() -> Result<(), idem_runtime::StoreError> {
+/// let store = idem_runtime::RedisStore::builder("redis://127.0.0.1:6379")?
+///     .prefix("payments")
+///     .build()?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct RedisStore {
+    link: Arc<Link>,
+    layout: Arc<Layout>,
+    replicas: Option<(u32, Duration)>,
+}
+
+impl RedisStore {
+    /// A builder for one server (or a proxy in front of several):
+    /// `redis://[user:password@]host[:port][/db]`, or `redis+unix:///path`.
+    /// Errors: `Config` when the URL does not parse.
+    pub fn builder(url: &str) -> Result<RedisStoreBuilder, StoreError> {
+        RedisStoreBuilder::single(url)
+    }
+
+    /// A builder for a Redis Cluster, found from any of `nodes` (URLs as for
+    /// [`RedisStore::builder`]). Errors: `Config`.
+    pub fn cluster_builder<S: AsRef<str>>(
+        nodes: impl IntoIterator<Item = S>,
+    ) -> Result<RedisStoreBuilder, StoreError> {
+        RedisStoreBuilder::cluster(nodes)
+    }
+
+    /// A store with the default settings on one server, after checking that
+    /// it answers. Errors: `Config`, `Unavailable`.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let store = Self::builder(url)?.build()?;
+        store
+            .link
+            .call(store.link.timeout(), async |conn| {
+                redis::cmd("PING").query_async::<()>(conn).await
+            })
+            .await?;
+        Ok(store)
+    }
+
+    /// The prefix of every key the store writes.
+    pub fn prefix(&self) -> &str {
+        self.layout.prefix()
+    }
+
+    /// An EVALSHA of `script` over the record of `key`: its keys, then the
+    /// key and the two set members (`ARGV[1..=3]`); the caller adds the rest.
+    fn over(&self, script: &redis::Script, key: &IdempotencyKey) -> (Cmd, RecordKeys) {
+        let rk = self.layout.record(key);
+        let keys: Vec<&[u8]> = rk.keys.iter().map(|k| &k[..]).collect();
+        let mut cmd = evalsha(script, &keys);
+        cmd.arg(&key.as_bytes()[..])
+            .arg(&rk.members[0][..])
+            .arg(&rk.members[1][..]);
+        (cmd, rk)
+    }
+
+    /// A fenced change: `script` over the record of `key` with `attempt`
+    /// (`ARGV[4]`) and `args` after it.
+    async fn fenced(
+        &self,
+        script: &redis::Script,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        args: impl FnOnce(&mut Cmd),
+    ) -> Result<Reply, StoreError> {
+        let (mut cmd, _) = self.over(script, key);
+        cmd.arg(attempt.get());
+        args(&mut cmd);
+        Reply::read(self.link.run(script, &cmd).await?)
+    }
+
+    /// The due records of one sorted set (`which`: 0 lapsed, 1 unknown) over
+    /// every shard, the earliest first, at most `limit`. The shards are asked
+    /// all at once: a standalone server takes the scripts pipelined on its
+    /// one connection, a Cluster each on its node.
+    async fn list(
+        &self,
+        which: usize,
+        state: RecordStateKind,
+        limit: usize,
+        order: fn(&Record) -> std::time::SystemTime,
+    ) -> Result<Vec<Record>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let script = &SCRIPTS.list;
+        let calls = (0..SHARDS).map(|shard| {
+            let set = &self.layout.sets(shard)[which];
+            let mut cmd = evalsha(script, &[set]);
+            cmd.arg(self.layout.shard(shard))
+                .arg(limit.min(i64::MAX as usize))
+                .arg(state.code());
+            async move { self.link.run(script, &cmd).await }
+        });
+        let mut found = Vec::new();
+        for reply in join_all(calls).await {
+            found.extend(records(reply?)?);
+        }
+        found.sort_by_key(order);
+        found.truncate(limit);
+        Ok(found)
+    }
+}
+
+/// Polls every future to completion on the current task.
+async fn join_all<F: std::future::Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    let mut pending: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut done: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut all = true;
+        for (fut, out) in pending.iter_mut().zip(done.iter_mut()) {
+            if out.is_none() {
+                match fut.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => *out = Some(v),
+                    std::task::Poll::Pending => all = false,
+                }
+            }
+        }
+        if all {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    done.into_iter()
+        .map(|o| o.expect("polled to completion"))
+        .collect()
+}
+
+/// The refusals every fenced change shares; anything else is not a reply
+/// this change gives.
+fn refused(reply: Reply) -> StoreError {
+    match reply {
+        Reply::Fenced => StoreError::Fenced,
+        Reply::WrongState(found) => StoreError::WrongState { found },
+        Reply::NotSettled(until) => StoreError::NotSettled { until },
+        other => StoreError::Corrupt(format!("Redis: unexpected reply {other:?}")),
+    }
+}
+
+fn done(reply: Reply) -> Result<(), StoreError> {
+    match reply {
+        Reply::Ok => Ok(()),
+        other => Err(refused(other)),
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for RedisStore {
+    async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        let script = &SCRIPTS.claim;
+        let (mut cmd, rk) = self.over(script, &req.key);
+        cmd.arg(&req.key.fingerprint()[..])
+            .arg(&req.tenant)
+            .arg(&req.tool)
+            .arg(req.attempt.get())
+            .arg(micros(req.lease))
+            .arg(micros(req.window))
+            .arg(micros(req.retention.max(req.window)));
+        let Some((replicas, timeout)) = self.replicas else {
+            return claimed(Reply::read(self.link.run(script, &cmd).await?)?);
+        };
+        let (reply, acked) = self
+            .link
+            .run_and_wait(script, &cmd, &rk.keys[0], replicas, timeout)
+            .await?;
+        let claim = claimed(Reply::read(reply)?)?;
+        if claim == Claim::Claimed && acked < i64::from(replicas) {
+            // The handler must not run on a claim a failover could lose.
+            // Undone here (fenced by this attempt); if that fails too, the
+            // executor's own release of an unconfirmed claim follows.
+            let _ = self.release(&req.key, req.attempt).await;
+            return Err(StoreError::Unavailable(format!(
+                "Redis: the claim reached {acked} of {replicas} replicas within {timeout:?}; \
+                 released, nothing ran"
+            )));
+        }
+        Ok(claim)
+    }
+
+    async fn complete(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+    ) -> Result<(), StoreError> {
+        done(
+            self.fenced(&SCRIPTS.complete, key, attempt, |cmd| {
+                cmd.arg(response);
+            })
+            .await?,
+        )
+    }
+
+    async fn release(&self, key: &IdempotencyKey, attempt: Attempt) -> Result<(), StoreError> {
+        done(self.fenced(&SCRIPTS.release, key, attempt, |_| {}).await?)
+    }
+
+    async fn mark_unknown(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        note: &str,
+    ) -> Result<(), StoreError> {
+        done(
+            self.fenced(&SCRIPTS.mark_unknown, key, attempt, |cmd| {
+                cmd.arg(note).arg("0");
+            })
+            .await?,
+        )
+    }
+
+    async fn mark_lapsed(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        note: &str,
+    ) -> Result<bool, StoreError> {
+        // "1": the script re-checks the lease against the server's clock, so
+        // a heartbeat that landed after the sweep listed the record wins.
+        let reply = self
+            .fenced(&SCRIPTS.mark_unknown, key, attempt, |cmd| {
+                cmd.arg(note).arg("1");
+            })
+            .await?;
+        match reply {
+            Reply::Ok => Ok(true),
+            Reply::LeaseLive => Ok(false),
+            other => Err(refused(other)),
+        }
+    }
+
+    async fn resolve(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        resolution: Resolution<'_>,
+        note: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let (state, body, settle) = match resolution {
+            Resolution::Completed { response } => {
+                (RecordStateKind::Completed, response, Duration::ZERO)
+            }
+            Resolution::NotPerformed { note, settle } => {
+                (RecordStateKind::NotPerformed, note, settle)
+            }
+        };
+        done(
+            self.fenced(&SCRIPTS.resolve, key, attempt, |cmd| {
+                cmd.arg(state.code()).arg(body).arg(micros(settle));
+                if let Some(note) = note {
+                    cmd.arg(note);
+                }
+            })
+            .await?,
+        )
+    }
+
+    async fn defer_check(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        delay: Duration,
+    ) -> Result<(), StoreError> {
+        done(
+            self.fenced(&SCRIPTS.defer_check, key, attempt, |cmd| {
+                cmd.arg(micros(delay));
+            })
+            .await?,
+        )
+    }
+
+    async fn heartbeat(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        done(
+            self.fenced(&SCRIPTS.heartbeat, key, attempt, |cmd| {
+                cmd.arg(micros(lease));
+            })
+            .await?,
+        )
+    }
+
+    async fn lookup(
+        &self,
+        tenant: &str,
+        reference: &Reference,
+    ) -> Result<Option<Record>, StoreError> {
+        let script = &SCRIPTS.lookup;
+        let record = self.layout.by_reference(reference);
+        let collisions = self.layout.collisions(reference);
+        let mut cmd = evalsha(script, &[&record, &collisions]);
+        cmd.arg(tenant)
+            .arg(self.layout.shard(self.layout.shard_of(reference)));
+        let reply = self.link.run(script, &cmd).await?;
+        if matches!(&reply, redis::Value::Array(items) if items.is_empty()) {
+            return Ok(None);
+        }
+        match Reply::read(reply)? {
+            Reply::Found(record) => Ok(Some(*record)),
+            other => Err(refused(other)),
+        }
+    }
+
+    async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
+        // One shard after the other, each a short script, until the batch is
+        // full: never more than `batch`, never one long script.
+        let mut purged = 0;
+        for shard in 0..SHARDS {
+            if purged >= batch {
+                break;
+            }
+            let script = &SCRIPTS.purge;
+            let [lapsed, unknown] = self.layout.sets(shard);
+            let mut cmd = evalsha(script, &[&lapsed, &unknown]);
+            let left = batch - purged;
+            cmd.arg(self.layout.shard(shard))
+                .arg(left)
+                .arg(left.saturating_add(PURGE_LOOKAHEAD));
+            match self.link.run(script, &cmd).await? {
+                redis::Value::Int(n) => purged += usize::try_from(n).unwrap_or(0).min(left),
+                other => {
+                    return Err(StoreError::Corrupt(format!(
+                        "Redis: purge answered {other:?}"
+                    )))
+                }
+            }
+        }
+        Ok(purged)
+    }
+
+    async fn list_lapsed(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
+        self.list(0, RecordStateKind::InProgress, limit, |r| r.lease_until)
+            .await
+    }
+
+    async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
+        self.list(1, RecordStateKind::Unknown, limit, |r| r.next_check_at)
+            .await
+    }
+}
+
+/// How many entries beyond its budget a purge looks at in each set: the
+/// lapsed set's oldest entries may be records the sweep has yet to mark,
+/// which are kept.
+const PURGE_LOOKAHEAD: usize = 1024;
+
+fn claimed(reply: Reply) -> Result<Claim, StoreError> {
+    match reply {
+        Reply::Claimed => Ok(Claim::Claimed),
+        Reply::Found(record) => Ok(Claim::Existing { record: *record }),
+        other => Err(refused(other)),
+    }
+}

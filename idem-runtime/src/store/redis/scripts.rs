@@ -1,0 +1,244 @@
+//! The store's Lua scripts, one per transition (`lua/*.lua`), and how their
+//! replies read.
+//!
+//! Each script runs atomically on the server: no other command runs between
+//! its reads and its writes, which is what makes a claim an
+//! insert-if-absent and every fenced change a compare-and-set.
+
+use std::sync::LazyLock;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redis::{Script, Value};
+
+use crate::key::IdempotencyKey;
+use crate::store::{Attempt, Record, RecordState, RecordStateKind, StoreError};
+
+/// What a script answers first.
+pub(super) mod code {
+    /// The change was made.
+    pub(super) const OK: i64 = 0;
+    /// The attempt does not own the record, or there is none.
+    pub(super) const FENCED: i64 = 1;
+    /// The record's state refuses the change; its code follows.
+    pub(super) const WRONG_STATE: i64 = 2;
+    /// "Not performed" came too soon; the time it may come follows (µs).
+    pub(super) const NOT_SETTLED: i64 = 3;
+    /// The sweep's mark found the lease renewed: nothing changed.
+    pub(super) const LEASE_LIVE: i64 = 4;
+    /// The claim created the record, or took it over.
+    pub(super) const CLAIMED: i64 = 5;
+    /// A record follows: the server's time (µs), then its fields.
+    pub(super) const FOUND: i64 = 6;
+}
+
+/// How many values a record is in a reply: the hash's fields, in the order
+/// of `FIELDS` in `prelude.lua`.
+pub(super) const FIELDS: usize = 15;
+
+/// The scripts, loaded into the server's cache by their SHA-1 on first use
+/// (and again after a restart flushed it).
+#[derive(Debug)]
+pub(super) struct Scripts {
+    pub(super) claim: Script,
+    pub(super) complete: Script,
+    pub(super) release: Script,
+    pub(super) mark_unknown: Script,
+    pub(super) resolve: Script,
+    pub(super) defer_check: Script,
+    pub(super) heartbeat: Script,
+    pub(super) lookup: Script,
+    pub(super) list: Script,
+    pub(super) purge: Script,
+}
+
+pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
+    // The state codes come from RecordStateKind, the reply codes from `code`:
+    // written once, here, for every script.
+    let states = RecordStateKind::ALL
+        .map(|k| format!("local {} = '{}'\n", k.as_str(), k.code()))
+        .concat();
+    let codes = format!(
+        "local OK, FENCED, WRONG_STATE, NOT_SETTLED, LEASE_LIVE, CLAIMED, FOUND = \
+         {}, {}, {}, {}, {}, {}, {}\n",
+        code::OK,
+        code::FENCED,
+        code::WRONG_STATE,
+        code::NOT_SETTLED,
+        code::LEASE_LIVE,
+        code::CLAIMED,
+        code::FOUND
+    );
+    let script = |body: &str| {
+        Script::new(&[&states, &codes, include_str!("lua/prelude.lua"), body].concat())
+    };
+    Scripts {
+        claim: script(include_str!("lua/claim.lua")),
+        complete: script(include_str!("lua/complete.lua")),
+        release: script(include_str!("lua/release.lua")),
+        mark_unknown: script(include_str!("lua/mark_unknown.lua")),
+        resolve: script(include_str!("lua/resolve.lua")),
+        defer_check: script(include_str!("lua/defer_check.lua")),
+        heartbeat: script(include_str!("lua/heartbeat.lua")),
+        lookup: script(include_str!("lua/lookup.lua")),
+        list: script(include_str!("lua/list.lua")),
+        purge: script(include_str!("lua/purge.lua")),
+    }
+});
+
+/// The answer of a script over one record.
+#[derive(Debug)]
+pub(super) enum Reply {
+    Ok,
+    Fenced,
+    WrongState(RecordStateKind),
+    NotSettled(SystemTime),
+    LeaseLive,
+    Claimed,
+    Found(Box<Record>),
+}
+
+impl Reply {
+    /// Reads a script's reply: a code, then what the code says follows.
+    pub(super) fn read(value: Value) -> Result<Reply, StoreError> {
+        let Value::Array(items) = value else {
+            return Err(corrupt(&format!(
+                "a script's reply is not an array: {value:?}"
+            )));
+        };
+        let Some(first) = items.first() else {
+            return Err(corrupt("a script's reply is empty"));
+        };
+        Ok(match int(first)? {
+            code::OK => Reply::Ok,
+            code::FENCED => Reply::Fenced,
+            code::WRONG_STATE => Reply::WrongState(kind(items.get(1))?),
+            code::NOT_SETTLED => Reply::NotSettled(time(items.get(1))?),
+            code::LEASE_LIVE => Reply::LeaseLive,
+            code::CLAIMED => Reply::Claimed,
+            code::FOUND => {
+                let now = time(items.get(1))?;
+                Reply::Found(Box::new(record(&items[2..], now)?))
+            }
+            other => return Err(corrupt(&format!("unknown reply code {other}"))),
+        })
+    }
+}
+
+/// The records of a listing's reply: the server's time (µs), then
+/// [`FIELDS`] values per record.
+pub(super) fn records(value: Value) -> Result<Vec<Record>, StoreError> {
+    let Value::Array(items) = value else {
+        return Err(corrupt("a listing's reply is not an array"));
+    };
+    let Some((now, fields)) = items.split_first() else {
+        return Err(corrupt("a listing's reply is empty"));
+    };
+    if fields.len() % FIELDS != 0 {
+        return Err(corrupt("a listing's reply has a partial record"));
+    }
+    let now = time(Some(now))?;
+    fields.chunks(FIELDS).map(|f| record(f, now)).collect()
+}
+
+/// A record from its fields (`FIELDS` order), read at `now`.
+fn record(f: &[Value], now: SystemTime) -> Result<Record, StoreError> {
+    if f.len() != FIELDS {
+        return Err(corrupt("a record has missing fields"));
+    }
+    let bytes32 = |v: &Value, what: &str| -> Result<[u8; 32], StoreError> {
+        bytes(v)
+            .and_then(|b| <[u8; 32]>::try_from(b).ok())
+            .ok_or_else(|| corrupt(&format!("the {what} is not 32 bytes")))
+    };
+    let body = text(&f[13])?;
+    let state = match (kind(Some(&f[4]))?, body) {
+        (RecordStateKind::InProgress, _) => RecordState::InProgress,
+        (RecordStateKind::Completed, Some(response)) => RecordState::Completed { response },
+        (RecordStateKind::Completed, None) => {
+            return Err(corrupt("a COMPLETED record has no response"))
+        }
+        (RecordStateKind::Unknown, note) => RecordState::Unknown {
+            note: note.unwrap_or_default(),
+        },
+        (RecordStateKind::NotPerformed, note) => RecordState::NotPerformed {
+            note: note.unwrap_or_default(),
+        },
+    };
+    let required =
+        |v: &Value, what: &str| text(v)?.ok_or_else(|| corrupt(&format!("a record has no {what}")));
+    Ok(Record {
+        key: IdempotencyKey::from_parts(bytes32(&f[0], "key")?, bytes32(&f[1], "fingerprint")?),
+        tenant: required(&f[2], "tenant")?,
+        tool: required(&f[3], "tool")?,
+        attempt: Attempt::from_stored(
+            required(&f[5], "attempt")?
+                .parse()
+                .map_err(|_| corrupt("an attempt is not a number"))?,
+        ),
+        state,
+        claimed_at: time(Some(&f[6]))?,
+        updated_at: time(Some(&f[7]))?,
+        lease_until: time(Some(&f[8]))?,
+        expires_at: time(Some(&f[9]))?,
+        retain_until: time(Some(&f[10]))?,
+        next_check_at: time(Some(&f[11]))?,
+        checks: u32::try_from(int(&f[12])?.max(0)).unwrap_or(u32::MAX),
+        resolution: text(&f[14])?,
+        observed_at: now,
+    })
+}
+
+fn bytes(v: &Value) -> Option<&[u8]> {
+    match v {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.as_bytes()),
+        _ => None,
+    }
+}
+
+fn text(v: &Value) -> Result<Option<String>, StoreError> {
+    match v {
+        Value::Nil => Ok(None),
+        v => bytes(v)
+            .and_then(|b| String::from_utf8(b.to_vec()).ok())
+            .map(Some)
+            .ok_or_else(|| corrupt("a text field is not UTF-8")),
+    }
+}
+
+fn int(v: &Value) -> Result<i64, StoreError> {
+    match v {
+        Value::Int(i) => Ok(*i),
+        v => bytes(v)
+            .and_then(|b| std::str::from_utf8(b).ok())
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| corrupt("a number field is not a number")),
+    }
+}
+
+fn kind(v: Option<&Value>) -> Result<RecordStateKind, StoreError> {
+    let code = int(v.ok_or_else(|| corrupt("a state is missing"))?)?;
+    RecordStateKind::from_code(code).ok_or_else(|| corrupt(&format!("state {code}")))
+}
+
+/// A time the scripts keep: microseconds since the epoch.
+fn time(v: Option<&Value>) -> Result<SystemTime, StoreError> {
+    let micros = int(v.ok_or_else(|| corrupt("a time is missing"))?)?;
+    let micros = u64::try_from(micros).map_err(|_| corrupt("a time is before 1970"))?;
+    Ok(UNIX_EPOCH + Duration::from_micros(micros))
+}
+
+/// The longest duration a script is given: a hundred years, so that the
+/// server's time plus it stays below 2^53 µs, which Lua's doubles hold
+/// exactly.
+const LONGEST: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// A duration as the scripts take it: whole microseconds, at most a hundred
+/// years.
+pub(super) fn micros(d: Duration) -> u64 {
+    d.min(LONGEST).as_micros() as u64
+}
+
+fn corrupt(what: &str) -> StoreError {
+    StoreError::Corrupt(format!("Redis: {what}"))
+}

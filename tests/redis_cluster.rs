@@ -1,0 +1,206 @@
+//! RedisStore on a Redis Cluster of three nodes that the test starts on
+//! loopback ports and stops at the end: the whole conformance suite, a race
+//! between separate clients, and records spread over the nodes, still found
+//! by reference and by the listings. Needs `redis-server` and `redis-cli`.
+
+mod durable;
+mod redis_server;
+
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use idem_runtime::conformance::claim_request;
+use idem_runtime::{
+    conformance, Caller, Claim, Executor, IdempotencyStore, Operation, RedisStore, ScopeSpec,
+};
+use redis_server::{command, free_port, fresh_prefix, Server};
+
+/// Three masters, no replicas, the 16384 slots split between them.
+struct Cluster {
+    nodes: Vec<Server>,
+}
+
+impl Cluster {
+    async fn start() -> Option<Cluster> {
+        let mut nodes = Vec::new();
+        for _ in 0..3 {
+            // The node's bus listens on its port + 10000.
+            let port = free_port(10_000);
+            nodes.push(Server::start_on(
+                port,
+                &[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "5000",
+                ],
+            )?);
+        }
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let created = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("redis-cli runs");
+        assert!(
+            created.status.success(),
+            "redis-cli --cluster create failed: {}{}",
+            String::from_utf8_lossy(&created.stdout),
+            String::from_utf8_lossy(&created.stderr)
+        );
+        let cluster = Cluster { nodes };
+        let started = Instant::now();
+        for node in &cluster.nodes {
+            loop {
+                let info: String = command(&node.url(), redis::cmd("CLUSTER").arg("INFO")).await;
+                if info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3") {
+                    break;
+                }
+                assert!(started.elapsed() < Duration::from_secs(20), "{info}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        Some(cluster)
+    }
+
+    fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.url()).collect()
+    }
+
+    fn store(&self, prefix: &str) -> RedisStore {
+        RedisStore::cluster_builder(self.urls())
+            .unwrap()
+            .prefix(prefix)
+            .build()
+            .unwrap()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster() {
+    let Some(cluster) = Cluster::start().await else {
+        return;
+    };
+
+    // Every conformance case, on one store.
+    let store = cluster.store(&fresh_prefix());
+    for (name, case) in conformance::CASES {
+        let started = Instant::now();
+        case(&store).await;
+        eprintln!("cluster: {name} ({:?})", started.elapsed());
+    }
+
+    // Records spread over the three nodes, and are still found by
+    // reference, and listed, from any of them.
+    let store = cluster.store(&fresh_prefix());
+    let requests: Vec<_> = (0..200)
+        .map(|_| claim_request(Duration::from_secs(900)))
+        .collect();
+    for req in &requests {
+        assert_eq!(store.claim(req).await.unwrap(), Claim::Claimed);
+        store
+            .mark_unknown(&req.key, req.attempt, "timeout")
+            .await
+            .unwrap();
+    }
+    for node in &cluster.urls() {
+        let keys: usize = command(node, &redis::cmd("DBSIZE")).await;
+        assert!(keys > 10, "{node} holds {keys} keys");
+    }
+    for req in &requests {
+        let found = store
+            .lookup(&req.tenant, &req.key.reference())
+            .await
+            .unwrap()
+            .expect("found by reference");
+        assert_eq!(found.key, req.key);
+        assert!(store
+            .lookup("another-tenant", &req.key.reference())
+            .await
+            .unwrap()
+            .is_none());
+    }
+    let listed = store.list_unknown(1000).await.unwrap();
+    assert_eq!(listed.len(), requests.len());
+    let first = store.list_unknown(7).await.unwrap();
+    assert_eq!(first.len(), 7);
+    assert!(first
+        .windows(2)
+        .all(|w| w[0].next_check_at <= w[1].next_check_at));
+
+    // WAIT goes to the record's node: with no replica there, the claim is
+    // released and refused.
+    let waiting = RedisStore::cluster_builder(cluster.urls())
+        .unwrap()
+        .prefix(fresh_prefix())
+        .wait_for_replicas(1, Duration::from_millis(100))
+        .build()
+        .unwrap();
+    for req in requests.iter().take(8) {
+        let err = waiting.claim(req).await.unwrap_err();
+        assert!(err.to_string().contains("unavailable"), "{err}");
+        assert!(waiting
+            .lookup(&req.tenant, &req.key.reference())
+            .await
+            .unwrap()
+            .is_none());
+    }
+
+    // A race between separate clients, each on connections of its own.
+    let runs = Arc::new(AtomicUsize::new(0));
+    let prefix = fresh_prefix();
+    let executors: Vec<Executor> = (0..4)
+        .map(|_| Executor::new(Arc::new(cluster.store(&prefix))))
+        .collect();
+    for amount in [100u64, 200, 300] {
+        let start = tokio::time::Instant::now() + Duration::from_millis(200);
+        let tasks: Vec<_> = (0..32)
+            .map(|i| {
+                let (executor, runs) = (executors[i % 4].clone(), runs.clone());
+                tokio::spawn(async move {
+                    tokio::time::sleep_until(start).await;
+                    let caller = Caller::new("acme", "alice");
+                    let args = serde_json::json!({ "card": "tok_visa", "amount_cents": amount });
+                    executor
+                        .run(
+                            Operation {
+                                caller: &caller,
+                                tool: "charge_card",
+                                args: &args,
+                                scope: ScopeSpec::Window(Duration::from_secs(900)),
+                                status_tool: "get_operation_status",
+                            },
+                            |_| async {
+                                runs.fetch_add(1, Ordering::SeqCst);
+                                tokio::time::sleep(Duration::from_millis(50)).await;
+                                Ok::<_, idem_runtime::ToolError>(amount)
+                            },
+                        )
+                        .await
+                        .kind()
+                })
+            })
+            .collect();
+        let mut kinds = Vec::new();
+        for t in tasks {
+            kinds.push(t.await.unwrap());
+        }
+        assert_eq!(
+            kinds.iter().filter(|k| **k == "executed").count(),
+            1,
+            "{kinds:?}"
+        );
+        assert!(kinds
+            .iter()
+            .all(|k| ["executed", "in_progress", "replayed"].contains(k)));
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 3, "each charge ran once");
+}

@@ -1,0 +1,628 @@
+//! RedisStore: the conformance suite, what only Redis has (server time,
+//! native expiry, the key layout), the durability option, races between
+//! separate clients, and faults on servers of the tests' own: a restart
+//! mid-run, CLIENT PAUSE, connections killed. The shared-server cases need
+//! `IDEM_TEST_REDIS_URL`; the fault cases start `redis-server` themselves.
+
+mod durable;
+mod redis_server;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use idem_runtime::conformance::{again, claim_request};
+use idem_runtime::{
+    conformance, Answer, Caller, Claim, ClaimRequest, Executor, IdempotencyKey, IdempotencyStore,
+    Operation, RecordState, RedisStore, Resolution, ScopeSpec, StoreError, ToolError,
+};
+use redis_server::{command, Prefixed, Server};
+
+// Each case under a fresh key prefix of its own, deleted at the end.
+idem_runtime::conformance_tests!(Prefixed::new().await);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_cases_share_one_store() {
+    let Some(redis) = Prefixed::new().await else {
+        return;
+    };
+    conformance::run_all(&redis.store).await;
+}
+
+/// The server's clock in microseconds.
+async fn server_time(url: &str) -> SystemTime {
+    let (secs, micros): (u64, u64) = command(url, &redis::cmd("TIME")).await;
+    UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_micros(micros)
+}
+
+/// Times come from the server's `TIME`: a claim's times fall between two
+/// readings of it, and its lease and window are exact.
+#[tokio::test]
+async fn times_come_from_the_server() {
+    let Some(redis) = Prefixed::new().await else {
+        return;
+    };
+    let req = durable::request(Duration::from_secs(30), Duration::from_secs(60));
+    let before = server_time(&redis.url).await;
+    redis.claim(&req).await.unwrap();
+    let after = server_time(&redis.url).await;
+    let record = redis
+        .lookup(&req.tenant, &req.key.reference())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(before <= record.claimed_at && record.claimed_at <= after);
+    assert!(record.claimed_at <= record.observed_at);
+    let since_claim = |t: SystemTime| t.duration_since(record.claimed_at).unwrap();
+    assert_eq!(since_claim(record.lease_until), Duration::from_secs(30));
+    assert_eq!(since_claim(record.expires_at), Duration::from_secs(60));
+}
+
+/// The record's key, as the store names it (see the layout's table).
+fn record_key(prefix: &str, key: &IdempotencyKey) -> String {
+    let hex = |b: &[u8]| b.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let reference = key.reference();
+    format!(
+        "{prefix}:{{{:02x}}}:r:{}",
+        reference.as_bytes()[0] % 64,
+        hex(reference.as_bytes())
+    )
+}
+
+/// When Redis will delete a key, in ms since the epoch.
+async fn expire_time(url: &str, key: &str) -> i64 {
+    command(url, redis::cmd("PEXPIRETIME").arg(key)).await
+}
+
+fn ms_ceil(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros()
+        .div_ceil(1000) as i64
+}
+
+/// Redis deletes a record at the end of its life, by a native TTL that every
+/// transition sets: an IN_PROGRESS or UNKNOWN record when both its retention
+/// and its lease are over, a COMPLETED one at `expires_at`.
+#[tokio::test]
+async fn native_ttl_follows_the_record_life() {
+    let Some(redis) = Prefixed::new().await else {
+        return;
+    };
+    let req = ClaimRequest {
+        lease: Duration::from_secs(30),
+        window: Duration::from_secs(60),
+        retention: Duration::from_secs(3600),
+        ..claim_request(Duration::from_secs(60))
+    };
+    let key = record_key(&redis.prefix, &req.key);
+    let read = async || {
+        redis
+            .lookup(&req.tenant, &req.key.reference())
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    redis.claim(&req).await.unwrap();
+    let r = read().await;
+    assert_eq!(expire_time(&redis.url, &key).await, ms_ceil(r.retain_until));
+
+    // A lease renewed past the retention keeps the record as long.
+    redis
+        .heartbeat(&req.key, req.attempt, Duration::from_secs(7200))
+        .await
+        .unwrap();
+    let r = read().await;
+    assert!(r.lease_until > r.retain_until);
+    assert_eq!(expire_time(&redis.url, &key).await, ms_ceil(r.lease_until));
+
+    redis
+        .mark_unknown(&req.key, req.attempt, "timeout")
+        .await
+        .unwrap();
+    assert_eq!(expire_time(&redis.url, &key).await, ms_ceil(r.lease_until));
+
+    redis
+        .resolve(
+            &req.key,
+            req.attempt,
+            Resolution::Completed { response: "1" },
+            None,
+        )
+        .await
+        .unwrap();
+    let r = read().await;
+    assert_eq!(expire_time(&redis.url, &key).await, ms_ceil(r.expires_at));
+}
+
+/// The sorted sets of the shard the record lives in.
+fn sets(prefix: &str, key: &IdempotencyKey) -> [String; 2] {
+    let shard = key.reference().as_bytes()[0] % 64;
+    [
+        format!("{prefix}:{{{shard:02x}}}:lapsed"),
+        format!("{prefix}:{{{shard:02x}}}:unknown"),
+    ]
+}
+
+async fn members(url: &str, set: &str) -> usize {
+    command(url, redis::cmd("ZCARD").arg(set)).await
+}
+
+/// Once Redis deleted expired IN_PROGRESS and UNKNOWN records, purge drops
+/// their entries in the sorted sets and counts them; COMPLETED records were
+/// never listed, so they cost purge nothing.
+#[tokio::test]
+async fn purge_drops_the_entries_of_deleted_records() {
+    let Some(redis) = Prefixed::new().await else {
+        return;
+    };
+    let short = Duration::from_millis(100);
+    let lapsed = durable::request(short, short);
+    let unknown = durable::request(short, short);
+    let completed = durable::request(short, short);
+    for req in [&lapsed, &unknown, &completed] {
+        redis.claim(req).await.unwrap();
+    }
+    redis
+        .mark_unknown(&unknown.key, unknown.attempt, "timeout")
+        .await
+        .unwrap();
+    redis
+        .complete(&completed.key, completed.attempt, "1")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    for req in [&lapsed, &unknown, &completed] {
+        let gone = redis
+            .lookup(&req.tenant, &req.key.reference())
+            .await
+            .unwrap();
+        assert_eq!(gone, None, "Redis deleted the record at its end");
+    }
+    assert_eq!(
+        members(&redis.url, &sets(&redis.prefix, &lapsed.key)[0]).await,
+        1
+    );
+    assert_eq!(
+        members(&redis.url, &sets(&redis.prefix, &unknown.key)[1]).await,
+        1
+    );
+    assert_eq!(redis.purge_expired(1).await.unwrap(), 1, "a batch of one");
+    assert_eq!(redis.purge_expired(100).await.unwrap(), 1);
+    assert_eq!(redis.purge_expired(100).await.unwrap(), 0);
+    assert_eq!(
+        members(&redis.url, &sets(&redis.prefix, &lapsed.key)[0]).await,
+        0
+    );
+    assert_eq!(
+        members(&redis.url, &sets(&redis.prefix, &unknown.key)[1]).await,
+        0
+    );
+}
+
+/// Two operations whose keys share their first eight bytes (their reference)
+/// are still two records: each is claimed, completed, found by its tenant and
+/// released on its own, whichever tenant they are in.
+#[tokio::test]
+async fn a_reference_collision_keeps_two_records() {
+    let Some(redis) = Prefixed::new().await else {
+        return;
+    };
+    let first = claim_request(Duration::from_secs(900));
+    let mut bytes = *first.key.as_bytes();
+    bytes[31] ^= 1;
+    for same_tenant in [false, true] {
+        let first = again(&first);
+        let second = ClaimRequest {
+            key: IdempotencyKey::from_parts(bytes, [7; 32]),
+            tenant: if same_tenant {
+                first.tenant.clone()
+            } else {
+                format!("{}-other", first.tenant)
+            },
+            ..claim_request(Duration::from_secs(900))
+        };
+        assert_eq!(first.key.reference(), second.key.reference());
+        assert_eq!(redis.claim(&first).await.unwrap(), Claim::Claimed);
+        assert_eq!(redis.claim(&second).await.unwrap(), Claim::Claimed);
+        redis
+            .complete(&second.key, second.attempt, "\"second\"")
+            .await
+            .unwrap();
+        let Claim::Existing { record } = redis.claim(&again(&first)).await.unwrap() else {
+            panic!("the first is still claimed");
+        };
+        assert_eq!(record.state, RecordState::InProgress);
+        let Claim::Existing { record } = redis.claim(&again(&second)).await.unwrap() else {
+            panic!("the second is completed");
+        };
+        assert_eq!(
+            record.state,
+            RecordState::Completed {
+                response: "\"second\"".into()
+            }
+        );
+        let found = redis
+            .lookup(&second.tenant, &second.key.reference())
+            .await
+            .unwrap()
+            .unwrap();
+        if same_tenant {
+            // One reference, one tenant, two operations: the lookup can name
+            // only one of them, the one claimed first.
+            assert_eq!(found.key, first.key);
+        } else {
+            assert_eq!(found.key, second.key);
+            let found = redis
+                .lookup(&first.tenant, &first.key.reference())
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(found.key, first.key);
+        }
+        redis.release(&first.key, first.attempt).await.unwrap();
+        assert!(matches!(
+            redis.release(&second.key, second.attempt).await,
+            Err(StoreError::WrongState { .. })
+        ));
+        // With the first gone, the second is still there, under its own key.
+        let Claim::Existing { record } = redis.claim(&again(&second)).await.unwrap() else {
+            panic!("the second outlives the first");
+        };
+        assert_eq!(record.key, second.key);
+        assert!(redis
+            .lookup(&first.tenant, &first.key.reference())
+            .await
+            .unwrap()
+            .is_none_or(|r| r.key == second.key));
+        // The first runs again, and the records are still apart.
+        let next = again(&first);
+        assert_eq!(redis.claim(&next).await.unwrap(), Claim::Claimed);
+        redis.release(&next.key, next.attempt).await.unwrap();
+        bytes[30] ^= 1;
+    }
+}
+
+/// A claim sent twice (the client resent it after its answer was lost) is
+/// the same claim: the second answer says it is claimed, by that attempt.
+#[tokio::test]
+async fn a_resent_claim_is_the_same_claim() {
+    let Some(redis) = Prefixed::new().await else {
+        return;
+    };
+    let req = claim_request(Duration::from_secs(900));
+    assert_eq!(redis.claim(&req).await.unwrap(), Claim::Claimed);
+    assert_eq!(redis.claim(&req).await.unwrap(), Claim::Claimed);
+    assert!(matches!(
+        redis.claim(&again(&req)).await.unwrap(),
+        Claim::Existing { .. }
+    ));
+}
+
+/// A server that is not there fails fast and says so.
+#[tokio::test]
+async fn unreachable_server_fails_fast() {
+    // Port 1 on loopback: nothing listens there.
+    let store = RedisStore::builder("redis://127.0.0.1:1")
+        .unwrap()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let err = store
+        .claim(&claim_request(Duration::from_secs(60)))
+        .await
+        .unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert!(
+        matches!(err, StoreError::Unavailable(ref m) if m.contains("Redis")),
+        "{err}"
+    );
+    let err = RedisStore::connect("redis://127.0.0.1:1")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable(_)), "{err}");
+}
+
+/// Configuration mistakes are `Config`, and never echo a password.
+#[test]
+fn bad_configuration_is_refused() {
+    let err = RedisStore::builder("http://user:secret@host").unwrap_err();
+    assert!(matches!(err, StoreError::Config(_)), "{err}");
+    assert!(!err.to_string().contains("secret"), "{err}");
+    let err = RedisStore::builder("redis://127.0.0.1")
+        .unwrap()
+        .prefix("a{b}")
+        .build()
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Config(_)), "{err}");
+    let no_nodes: [&str; 0] = [];
+    assert!(matches!(
+        RedisStore::cluster_builder(no_nodes),
+        Err(StoreError::Config(_))
+    ));
+}
+
+/// The operation of the executor tests: a charge with a counting handler.
+async fn charge(
+    executor: &Executor,
+    amount_cents: u64,
+    runs: &AtomicUsize,
+) -> Answer<u64, ToolError> {
+    let caller = Caller::new("acme", "alice");
+    let args = serde_json::json!({ "card": "tok_visa", "amount_cents": amount_cents });
+    executor
+        .run(
+            Operation {
+                caller: &caller,
+                tool: "charge_card",
+                args: &args,
+                scope: ScopeSpec::Window(Duration::from_secs(900)),
+                status_tool: "get_operation_status",
+            },
+            |_| async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Ok(amount_cents)
+            },
+        )
+        .await
+}
+
+/// Four clients (a connection each), eight tasks on each, one operation at
+/// once: the handler runs once; the other calls are told it is in progress,
+/// or replay it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn separate_clients_racing_charge_once() {
+    let Some(redis) = Prefixed::new().await else {
+        return;
+    };
+    let runs = Arc::new(AtomicUsize::new(0));
+    let executors: Vec<Executor> = (0..4)
+        .map(|_| {
+            let store = RedisStore::builder(&redis.url)
+                .unwrap()
+                .prefix(&redis.prefix)
+                .build()
+                .unwrap();
+            Executor::new(Arc::new(store))
+        })
+        .collect();
+    let start = tokio::time::Instant::now() + Duration::from_millis(200);
+    let tasks: Vec<_> = (0..32)
+        .map(|i| {
+            let (executor, runs) = (executors[i % 4].clone(), runs.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep_until(start).await;
+                charge(&executor, 1999, &runs).await.kind()
+            })
+        })
+        .collect();
+    let mut kinds = Vec::new();
+    for t in tasks {
+        kinds.push(t.await.unwrap());
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "{kinds:?}");
+    assert_eq!(kinds.iter().filter(|k| **k == "executed").count(), 1);
+    assert!(
+        kinds
+            .iter()
+            .all(|k| ["executed", "in_progress", "replayed"].contains(k)),
+        "{kinds:?}"
+    );
+}
+
+/// With `wait_for_replicas`, a claim is answered only once a replica has
+/// it; a claim no replica acknowledged is released and answered
+/// `Unavailable`, and the handler does not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_wait_for_replicas() {
+    let Some(primary) = Server::start(&[]) else {
+        return;
+    };
+    let port = primary.port.to_string();
+    let mut replica = Server::start(&["--replicaof", "127.0.0.1", &port]).unwrap();
+    let started = Instant::now();
+    loop {
+        let info: String = command(&replica.url(), redis::cmd("INFO").arg("replication")).await;
+        if info.contains("master_link_status:up") {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "{info}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let store = RedisStore::builder(&primary.url())
+        .unwrap()
+        .wait_for_replicas(1, Duration::from_millis(500))
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let executor = Executor::new(Arc::new(store.clone()));
+    let runs = AtomicUsize::new(0);
+    assert_eq!(charge(&executor, 1, &runs).await.kind(), "executed");
+    let req = claim_request(Duration::from_secs(900));
+    assert_eq!(store.claim(&req).await.unwrap(), Claim::Claimed);
+    let copy: Vec<Vec<u8>> = command(&replica.url(), redis::cmd("KEYS").arg("idem:*")).await;
+    assert!(!copy.is_empty(), "the replica has the claims");
+
+    replica.kill();
+    let req = claim_request(Duration::from_secs(900));
+    let err = store.claim(&req).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::Unavailable(ref m) if m.contains("0 of 1 replicas")),
+        "{err}"
+    );
+    assert_eq!(
+        store
+            .lookup(&req.tenant, &req.key.reference())
+            .await
+            .unwrap(),
+        None,
+        "the unacknowledged claim was released"
+    );
+    assert_eq!(
+        charge(&executor, 2, &runs).await.kind(),
+        "store_unavailable"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler did not run");
+
+    replica.restart();
+    let started = Instant::now();
+    loop {
+        let answer = charge(&executor, 2, &runs).await;
+        if answer.kind() == "executed" {
+            break;
+        }
+        assert_eq!(answer.kind(), "store_unavailable", "{answer:?}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(charge(&executor, 2, &runs).await.kind(), "replayed");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+/// Repeats `charge` until it executes (answers in between must say the
+/// store is away, or, for a claim that landed but never ran, that it is in
+/// progress until released), within `within`.
+async fn until_executed(
+    executor: &Executor,
+    amount_cents: u64,
+    runs: &AtomicUsize,
+    within: Duration,
+) {
+    let started = Instant::now();
+    loop {
+        let answer = charge(executor, amount_cents, runs).await;
+        match answer.kind() {
+            "executed" => return,
+            "store_unavailable" | "in_progress" => {}
+            _ => panic!("{answer:?}"),
+        }
+        assert!(
+            started.elapsed() < within,
+            "still {answer:?} after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Redis killed mid-run and started again (with `appendfsync always`, so the
+/// records survive): while it is down, claims fail closed and fast and the
+/// handler never runs; once it is back, the same store (no restart of the
+/// process) serves again, runs the new charge once and replays the old one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_redis_fails_closed_and_recovers() {
+    let Some(mut server) = Server::start(&["--appendonly", "yes", "--appendfsync", "always"])
+    else {
+        return;
+    };
+    let timeout = Duration::from_millis(500);
+    let store = RedisStore::builder(&server.url())
+        .unwrap()
+        .timeout(timeout)
+        .build()
+        .unwrap();
+    let executor = Executor::new(Arc::new(store));
+    let runs = AtomicUsize::new(0);
+    assert_eq!(charge(&executor, 1, &runs).await.kind(), "executed");
+
+    server.kill();
+    for _ in 0..3 {
+        let started = Instant::now();
+        let answer = charge(&executor, 2, &runs).await;
+        assert_eq!(answer.kind(), "store_unavailable", "{answer:?}");
+        assert!(started.elapsed() < timeout * 3, "{:?}", started.elapsed());
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler never ran");
+
+    server.restart();
+    until_executed(&executor, 2, &runs, Duration::from_secs(10)).await;
+    assert_eq!(charge(&executor, 2, &runs).await.kind(), "replayed");
+    assert_eq!(
+        charge(&executor, 1, &runs).await.kind(),
+        "replayed",
+        "the first charge's record survived the restart"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+/// CLIENT PAUSE holds every write: a claim made meanwhile times out and
+/// fails closed; once the pause ends, the store serves again, and the paused
+/// charge runs once (its claim, if it landed after the pause, is released by
+/// the executor first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_pause_fails_closed_then_serves() {
+    let Some(server) = Server::start(&[]) else {
+        return;
+    };
+    let timeout = Duration::from_millis(300);
+    let store = RedisStore::builder(&server.url())
+        .unwrap()
+        .timeout(timeout)
+        .build()
+        .unwrap();
+    let executor = Executor::new(Arc::new(store));
+    let runs = AtomicUsize::new(0);
+    assert_eq!(charge(&executor, 1, &runs).await.kind(), "executed");
+
+    let _: () = command(
+        &server.url(),
+        redis::cmd("CLIENT").arg("PAUSE").arg(1500).arg("WRITE"),
+    )
+    .await;
+    let started = Instant::now();
+    let answer = charge(&executor, 2, &runs).await;
+    assert_eq!(answer.kind(), "store_unavailable", "{answer:?}");
+    assert!(started.elapsed() < timeout * 3, "{:?}", started.elapsed());
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler did not run");
+
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(charge(&executor, 3, &runs).await.kind(), "executed");
+    until_executed(&executor, 2, &runs, Duration::from_secs(10)).await;
+    assert_eq!(charge(&executor, 2, &runs).await.kind(), "replayed");
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+}
+
+/// The store's connections killed by the server (CLIENT KILL): a call may
+/// find its connection gone and fail closed; the store reconnects by itself
+/// and each charge runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_connections_reconnect() {
+    let Some(server) = Server::start(&[]) else {
+        return;
+    };
+    let store = RedisStore::builder(&server.url())
+        .unwrap()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let executor = Executor::new(Arc::new(store));
+    let runs = AtomicUsize::new(0);
+    for round in 1..=3u64 {
+        assert_eq!(
+            charge(&executor, round * 10, &runs).await.kind(),
+            "executed"
+        );
+        let killed: i64 = command(
+            &server.url(),
+            redis::cmd("CLIENT")
+                .arg("KILL")
+                .arg("TYPE")
+                .arg("normal")
+                .arg("SKIPME")
+                .arg("yes"),
+        )
+        .await;
+        assert!(killed >= 1, "the store's connection was killed");
+        until_executed(&executor, round * 10 + 1, &runs, Duration::from_secs(5)).await;
+        assert_eq!(
+            charge(&executor, round * 10, &runs).await.kind(),
+            "replayed"
+        );
+        assert_eq!(
+            charge(&executor, round * 10 + 1, &runs).await.kind(),
+            "replayed"
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 2 * round as usize);
+    }
+}
