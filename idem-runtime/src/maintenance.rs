@@ -264,6 +264,34 @@ pub enum ResolveError {
     Store(#[from] StoreError),
 }
 
+/// The record as a resolution by hand left it. The resolution took effect,
+/// so it is answered as such, whatever a purge or a new claim does to the
+/// record a moment later: read back if still there, else as resolved.
+async fn resolved_as(
+    store: &dyn IdempotencyStore,
+    tenant: &str,
+    reference: &Reference,
+    record: Record,
+    outcome: &ManualOutcome,
+    note: &str,
+) -> Record {
+    match store.lookup(tenant, reference).await {
+        Ok(Some(read)) if read.attempt == record.attempt => read,
+        _ => Record {
+            state: match outcome {
+                ManualOutcome::Completed { response } => RecordState::Completed {
+                    response: response.clone(),
+                },
+                ManualOutcome::NotPerformed => RecordState::NotPerformed {
+                    note: note::RESOLVED_BY_HAND_NOT_PERFORMED.to_owned(),
+                },
+            },
+            resolution: Some(note.to_owned()),
+            ..record
+        },
+    }
+}
+
 /// Resolves an UNKNOWN operation by hand: completed with `response`, or not
 /// performed, with `note` (who and why) kept on the record, where the status
 /// tool shows it. An IN_PROGRESS record whose lease ran out counts as
@@ -326,6 +354,7 @@ pub async fn resolve_by_hand(
         {
             Ok(()) => {
                 tracing::info!(%reference, tool = %record.tool, "resolved by hand");
+                return Ok(resolved_as(store, tenant, reference, record, outcome, note).await);
             }
             Err(StoreError::Fenced | StoreError::WrongState { .. }) => {}
             Err(e) => return Err(e.into()),

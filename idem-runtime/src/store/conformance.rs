@@ -665,6 +665,47 @@ pub async fn late_completion_wins_over_not_performed(store: &dyn IdempotencyStor
     );
 }
 
+/// A completion or a resolution that arrives after the record's window (it
+/// outlived it as UNKNOWN) answers repeats until its retention ends: it does
+/// not expire the moment it is written, to be purged or taken over by the
+/// next identical call.
+pub async fn late_truth_outlives_the_window(store: &dyn IdempotencyStore) {
+    for by_resolution in [true, false] {
+        let mut req = fresh(Duration::from_millis(100));
+        req.lease = Duration::from_millis(100);
+        claimed(store, &req).await;
+        store
+            .mark_unknown(&req.key, req.attempt, "timeout")
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        if by_resolution {
+            let found = Resolution::Completed {
+                response: "\"late\"",
+            };
+            store
+                .resolve(&req.key, req.attempt, found, None)
+                .await
+                .unwrap();
+        } else {
+            store
+                .complete(&req.key, req.attempt, "\"late\"")
+                .await
+                .unwrap();
+        }
+        store.purge_expired(100_000).await.unwrap();
+        let r = existing(store, &again(&req)).await;
+        assert_eq!(
+            r.state,
+            RecordState::Completed {
+                response: "\"late\"".into()
+            },
+            "by_resolution: {by_resolution}"
+        );
+        assert!(r.expires_at >= r.retain_until);
+    }
+}
+
 /// An expired record is taken over; lapsed and unknown records are listed;
 /// purge deletes what is expired and nothing else.
 pub async fn expiry_sweep_and_purge(store: &dyn IdempotencyStore) {
@@ -772,6 +813,7 @@ macro_rules! __idem_conformance_cases {
             resolve_completed_from_unknown_only,
             not_performed_waits_for_settle,
             late_completion_wins_over_not_performed,
+            late_truth_outlives_the_window,
         );
     };
 }

@@ -146,6 +146,15 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A completion that arrives after the sweep or a reconciler gave up on the
+/// record (a late handler, a reconciler, an operator) answers repeats until
+/// the retention ends, not only the window: found after its window, it would
+/// otherwise expire the moment it is written, be purged, and let the next
+/// identical call run again.
+fn settle_late_completion(record: &mut Record) {
+    record.expires_at = record.expires_at.max(record.retain_until);
+}
+
 fn unknown(record: &mut Record, note: &str, now: SystemTime) {
     record.state = RecordState::Unknown {
         note: note.to_owned(),
@@ -201,6 +210,9 @@ impl IdempotencyStore for MemoryStore {
                 return Err(StoreError::WrongState {
                     found: RecordStateKind::Completed,
                 });
+            }
+            if record.state != RecordState::InProgress {
+                settle_late_completion(record);
             }
             record.state = RecordState::Completed {
                 response: response.to_owned(),
@@ -261,9 +273,12 @@ impl IdempotencyStore for MemoryStore {
     ) -> Result<(), StoreError> {
         self.fenced_in(key, attempt, RecordStateKind::Unknown, |record, now| {
             record.state = match resolution {
-                Resolution::Completed { response } => RecordState::Completed {
-                    response: response.to_owned(),
-                },
+                Resolution::Completed { response } => {
+                    settle_late_completion(record);
+                    RecordState::Completed {
+                        response: response.to_owned(),
+                    }
+                }
                 Resolution::NotPerformed { note, settle } => {
                     let until = record.updated_at + settle;
                     if now < until {

@@ -73,8 +73,13 @@ static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::new(|| Statem
     refusal: "SELECT attempt, state, updated_at FROM idem_records WHERE key = ?1".to_owned(),
     // Every fenced change carries `attempt = ?2`: a worker whose claim was
     // taken over must not overwrite, delete or extend the new owner's record.
+    // A completion after the sweep or a reconciler gave up on the record
+    // answers repeats until the retention ends: found after its window, it
+    // would otherwise expire the moment it is written.
     complete: format!(
-        "UPDATE idem_records SET state = {COMPLETED}, body = ?3, updated_at = ?4 \
+        "UPDATE idem_records SET state = {COMPLETED}, body = ?3, updated_at = ?4, \
+           expires_at = CASE WHEN state = {IN_PROGRESS} THEN expires_at \
+             ELSE MAX(expires_at, retain_until) END \
          WHERE key = ?1 AND attempt = ?2 AND state <> {COMPLETED}"
     ),
     release: format!(
@@ -95,7 +100,7 @@ static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::new(|| Statem
     ),
     resolve_completed: format!(
         "UPDATE idem_records SET state = {COMPLETED}, body = ?3, resolution = ?4, \
-           updated_at = ?5 \
+           updated_at = ?5, expires_at = MAX(expires_at, retain_until) \
          WHERE key = ?1 AND attempt = ?2 AND state = {UNKNOWN}"
     ),
     // `updated_at <= ?6`: "not performed" is trusted only for a record

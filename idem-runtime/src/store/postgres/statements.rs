@@ -60,8 +60,13 @@ impl Statements {
             // Every fenced change carries `attempt = $2`: a worker whose claim
             // was taken over (lease ran out, record purged and claimed again)
             // must not overwrite, delete or extend the new owner's record.
+            // A completion after the sweep or a reconciler gave up on the
+            // record answers repeats until the retention ends: found after
+            // its window, it would otherwise expire the moment it is written.
             complete: format!(
-                "UPDATE {t} SET state = {COMPLETED}, body = $3, updated_at = now() \
+                "UPDATE {t} SET state = {COMPLETED}, body = $3, updated_at = now(), \
+                   expires_at = CASE WHEN state = {IN_PROGRESS} THEN expires_at \
+                     ELSE GREATEST(expires_at, retain_until) END \
                  WHERE key = $1 AND attempt = $2 AND state <> {COMPLETED}"
             ),
             release: format!(
@@ -83,7 +88,7 @@ impl Statements {
             ),
             resolve_completed: format!(
                 "UPDATE {t} SET state = {COMPLETED}, body = $3, resolution = $4, \
-                   updated_at = now() \
+                   updated_at = now(), expires_at = GREATEST(expires_at, retain_until) \
                  WHERE key = $1 AND attempt = $2 AND state = {UNKNOWN}"
             ),
             // "Not performed" is trusted only for a record unchanged for the

@@ -1,5 +1,5 @@
 -- complete. ARGV[4] attempt, ARGV[5] response.
-local rec, member, f = owned('e')
+local rec, member, f = owned('e', 'r')
 if not rec then
   return {FENCED}
 end
@@ -7,11 +7,18 @@ local state = f[3]
 if state == COMPLETED then
   return {WRONG_STATE, state}
 end
-redis.call('HSET', rec, 's', COMPLETED, 'b', ARGV[5], 'u', int(clock()))
+-- A completion that arrives after the sweep or a reconciler gave up on the
+-- record answers repeats until its retention ends, not only its window: a
+-- late truth must not expire the moment it is written.
+local expires = tonumber(f[4])
+if state ~= IN_PROGRESS then
+  expires = math.max(expires, tonumber(f[5]))
+end
+redis.call('HSET', rec, 's', COMPLETED, 'b', ARGV[5], 'u', int(clock()), 'e', int(expires))
 if state == IN_PROGRESS then
   redis.call('ZREM', KEYS[3], member)
 elseif state == UNKNOWN then
   redis.call('ZREM', KEYS[4], member)
 end
-expire_at(rec, COMPLETED, tonumber(f[4]))
+expire_at(rec, COMPLETED, expires)
 return {OK}

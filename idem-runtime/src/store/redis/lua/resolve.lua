@@ -1,7 +1,7 @@
 -- resolve. ARGV[4] attempt, ARGV[5] the new state (COMPLETED or
 -- NOT_PERFORMED), ARGV[6] response or note, ARGV[7] settle (µs), ARGV[8] who
 -- resolved it and why (absent when nobody said).
-local rec, member, f = owned('u', 'e')
+local rec, member, f = owned('u', 'e', 'r')
 if not rec then
   return {FENCED}
 end
@@ -25,6 +25,10 @@ else
 end
 redis.call('ZREM', KEYS[4], member)
 if ARGV[5] == COMPLETED then
-  expire_at(rec, COMPLETED, tonumber(f[5]))
+  -- Resolved after its window, it still answers repeats until its retention
+  -- ends: it must not expire the moment it is written.
+  local expires = math.max(tonumber(f[5]), tonumber(f[6]))
+  redis.call('HSET', rec, 'e', int(expires))
+  expire_at(rec, COMPLETED, expires)
 end
 return {OK}

@@ -1,0 +1,306 @@
+//! A deterministic simulation of the whole lifecycle of an operation: many
+//! callers repeating calls at random times, a store that delays, fails and
+//! loses answers, handlers that time out, panic, are dropped mid-call or
+//! outlive their lease while heartbeats fail, a processor that deduplicates
+//! by reference, lands requests late and shows them later still, and the
+//! maintenance jobs (sweep, reconcile with settle and backoff, purge) and an
+//! operator resolving by hand, on their timers.
+//!
+//! One seed drives one schedule: on MemoryStore, a single-threaded tokio
+//! runtime on a paused clock (simulated minutes cost nothing) with every
+//! decision drawn from the seed's generator, so a seed replays exactly. The
+//! same schedule runs against SqliteStore and PostgresStore in real time,
+//! with short durations.
+//!
+//! After every event (an answer, a maintenance step, a resolution by hand,
+//! each write that takes effect) and at the end, the oracles check:
+//!
+//! 1. effects at the processor: at most one per operation (a reference, per
+//!    instance: a claim taking over an expired record starts a new one);
+//!    no two handlers of one operation at once; no live record taken over;
+//! 2. a caller told Executed or Replayed got that effect (its charge id);
+//! 3. a caller told that nothing was executed (refused, store unavailable,
+//!    rejected, in progress, conflict) caused no effect by its own call;
+//! 4. a live handler whose heartbeats land is never UNKNOWN;
+//! 5. every UNKNOWN record a reconciler can resolve is resolved within its
+//!    bound once the processor is consistent;
+//! 6. nothing of one tenant is readable by another;
+//! 7. a record resolved NOT_PERFORMED had no effect (and none on its way).
+//!
+//! Beside them, the recording store checks every write that takes effect
+//! against a model of the record (a claim takes over only an expired or
+//! NOT_PERFORMED record, a sweep marks only a lapsed lease, NOT_PERFORMED
+//! only after the settle period, no record vanishes before it expires).
+//! `simulation_oracles_catch_sabotage` shows that each oracle can fail: each
+//! switch in `Sabotage` breaks one thing on purpose and must be caught.
+//!
+//! Environment: `IDEM_SIM_SEED=n` runs seed n only (and prints its trace
+//! when it fails, or with `IDEM_SIM_TRACE=1`); `IDEM_SIM_SEEDS=n` sets how
+//! many seeds each store runs; `IDEM_SIM_START=n` the first seed;
+//! `IDEM_SIM_STATS=1` prints what the schedules covered;
+//! `IDEM_SIM_SABOTAGE_SCAN=n` prints how many of n schedules
+//! catch each sabotage.
+//!
+//! The memory run needs tokio's `test-util` feature (the paused clock).
+
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use idem_runtime::{IdempotencyStore, MemoryStore};
+
+#[path = "durable/mod.rs"]
+mod durable;
+
+mod simulation {
+    pub mod durable_runs;
+    pub mod processor;
+    pub mod rng;
+    pub mod scenario;
+    pub mod stores;
+    pub mod timing;
+    pub mod world;
+}
+
+use simulation::scenario::{self, Report};
+use simulation::timing::Timing;
+use simulation::world::{Sabotage, Stats};
+
+/// The tests of this file run one at a time: each uses every core, and the
+/// real-time ones must not be starved by the others.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    quiet_sim_panics();
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Handlers panic on purpose ("sim-panic"); the executor catches them. Keep
+/// the default hook's message for every other panic.
+fn quiet_sim_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let text = panic_text(info.payload());
+            if !text.contains("sim-panic") {
+                previous(info);
+            }
+        }));
+    });
+}
+
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic".to_owned()
+    }
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    let v = std::env::var(name).ok()?;
+    Some(
+        v.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v} is not a number")),
+    )
+}
+
+fn env_flag(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Which seeds to run: `IDEM_SIM_SEED` alone, or `IDEM_SIM_SEEDS` (or
+/// `default`) from `IDEM_SIM_START` (or 0).
+fn seeds(default: u64) -> (Vec<u64>, bool) {
+    if let Some(seed) = env_u64("IDEM_SIM_SEED") {
+        return (vec![seed], true);
+    }
+    let n = env_u64("IDEM_SIM_SEEDS").unwrap_or(default);
+    let start = env_u64("IDEM_SIM_START").unwrap_or(0);
+    ((start..start + n).collect(), false)
+}
+
+/// One schedule on MemoryStore, on its own paused single-threaded runtime.
+fn memory_seed(seed: u64, sabotage: Sabotage, trace: bool) -> Report {
+    let run = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .expect("a runtime");
+        rt.block_on(async move {
+            let start = tokio::time::Instant::now();
+            let base = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+            let clock: Arc<dyn Fn() -> SystemTime + Send + Sync> =
+                Arc::new(move || base + start.elapsed());
+            let store_clock = clock.clone();
+            let store: Arc<dyn IdempotencyStore> =
+                Arc::new(MemoryStore::with_clock(move || store_clock()));
+            scenario::run(seed, Timing::paused(), sabotage, trace, store, clock).await
+        })
+    }));
+    run.unwrap_or_else(|panic| Report {
+        violations: vec![format!("the schedule panicked: {}", panic_text(&*panic))],
+        ..Report::default()
+    })
+}
+
+/// Prints the store's line (and the failing seeds) and returns how many
+/// violations were found.
+pub fn summarize(
+    store: &str,
+    test: &str,
+    results: &[(u64, Report)],
+    schedules: usize,
+    single: bool,
+) -> usize {
+    let mut stats = Stats::default();
+    let mut violations = 0;
+    for (seed, report) in results {
+        stats.add(&report.stats);
+        if report.violations.is_empty() {
+            continue;
+        }
+        violations += report.violations.len();
+        println!(
+            "simulation: {store}: seed {seed}: {} violation(s):",
+            report.violations.len()
+        );
+        for v in report.violations.iter().take(8) {
+            println!("    {v}");
+        }
+        println!(
+            "  replay: IDEM_SIM_SEED={seed} cargo test --test simulation {test} -- --nocapture{}",
+            if store == "memory" {
+                ""
+            } else {
+                "  (real time: the same schedule; the interleaving may differ)"
+            }
+        );
+    }
+    for (seed, report) in results {
+        if single && (env_flag("IDEM_SIM_TRACE") || !report.violations.is_empty()) {
+            println!("simulation: {store}: trace of seed {seed}:");
+            for line in &report.log {
+                println!("  {line}");
+            }
+        }
+    }
+    println!("simulation: {store}: {schedules} schedules, {violations} violations");
+    if env_flag("IDEM_SIM_STATS") || single {
+        let line: Vec<String> = stats
+            .counts
+            .iter()
+            .map(|(k, v)| format!("{k}: {v}"))
+            .collect();
+        println!("simulation: {store}: covered: {}", line.join(", "));
+    }
+    violations
+}
+
+#[test]
+fn simulation_memory() {
+    let _serial = serial();
+    let (seeds, single) = seeds(10_000);
+    let threads = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .clamp(1, 8);
+    let next = AtomicU64::new(0);
+    let results = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::SeqCst) as usize;
+                let Some(&seed) = seeds.get(i) else { break };
+                let report = memory_seed(seed, Sabotage::None, single);
+                let mut results = results.lock().unwrap_or_else(|e| e.into_inner());
+                results.push((seed, report));
+            });
+        }
+    });
+    let mut results = results.into_inner().unwrap_or_else(|e| e.into_inner());
+    results.sort_by_key(|(seed, _)| *seed);
+    let violations = summarize("memory", "simulation_memory", &results, seeds.len(), single);
+    assert_eq!(violations, 0, "the simulation found violations (see above)");
+}
+
+/// A seed replays exactly: the same trace, event for event.
+#[test]
+fn simulation_replays_a_seed_exactly() {
+    let _serial = serial();
+    for seed in 0..20 {
+        let a = memory_seed(seed, Sabotage::None, true);
+        let b = memory_seed(seed, Sabotage::None, true);
+        assert!(a.log.len() > 20, "seed {seed} traced too little");
+        if a.log != b.log {
+            let at = a.log.iter().zip(&b.log).position(|(x, y)| x != y);
+            panic!(
+                "seed {seed} did not replay: first difference at event {at:?}: {:?} / {:?}",
+                at.map(|i| &a.log[i]),
+                at.map(|i| &b.log[i])
+            );
+        }
+    }
+}
+
+/// The oracles can fail: each sabotage is caught, by the oracle meant to
+/// catch it, within a few schedules.
+#[test]
+fn simulation_oracles_catch_sabotage() {
+    let _serial = serial();
+    let expected = |s: Sabotage| -> &'static [&'static str] {
+        match s {
+            Sabotage::None => &[],
+            Sabotage::NoDedupe => &["oracle 1"],
+            Sabotage::LateVisibility | Sabotage::InFlightNotPerformed => &["oracle 7", "oracle 1"],
+            Sabotage::RejectAfterEffect => &["oracle 3"],
+            Sabotage::WrongCompletion => &["oracle 2"],
+            Sabotage::ReconcilerStuck => &["oracle 5"],
+            Sabotage::LeakyLookup => &["oracle 6"],
+            Sabotage::HideHeartbeatFailures => &["oracle 4"],
+        }
+    };
+    // IDEM_SIM_SABOTAGE_SCAN=n: how many of n schedules catch each one.
+    let scan = env_u64("IDEM_SIM_SABOTAGE_SCAN");
+    for sabotage in Sabotage::ALL {
+        let catches = |seed: u64| {
+            let report = memory_seed(seed, sabotage, false);
+            report
+                .violations
+                .iter()
+                .find(|v| expected(sabotage).iter().any(|o| v.contains(o)))
+                .cloned()
+        };
+        if let Some(n) = scan {
+            let caught = (0..n).filter(|seed| catches(*seed).is_some()).count();
+            println!("simulation: sabotage {sabotage:?}: caught in {caught} of {n} schedules");
+            continue;
+        }
+        match (0..300).find_map(|seed| catches(seed).map(|v| (seed, v))) {
+            Some((seed, v)) => {
+                println!("simulation: sabotage {sabotage:?}: caught by seed {seed}: {v}")
+            }
+            None => panic!(
+                "sabotage {sabotage:?} went unnoticed by {:?} in 300 schedules",
+                expected(sabotage)
+            ),
+        }
+    }
+}
+
+#[test]
+fn simulation_sqlite() {
+    let _serial = serial();
+    simulation::durable_runs::sqlite();
+}
+
+#[test]
+fn simulation_postgres() {
+    let _serial = serial();
+    simulation::durable_runs::postgres();
+}

@@ -1,0 +1,273 @@
+//! A payment processor with a real one's semantics, and the reconciler that
+//! asks it about UNKNOWN records.
+//!
+//! - Idempotent by the reference the handler passes: a request whose
+//!   reference the processor already holds gets that charge (once it has
+//!   landed), never a second one.
+//! - A request reaches the processor after a network delay, lands after a
+//!   processing latency and shows in the lookup some time after landing
+//!   (eventual consistency). It lands whether or not the handler still
+//!   waits: a handler that timed out or was dropped does not unsend it.
+//! - Some requests are declined on arrival, before any effect.
+//! - The lookup answers "completed" for a visible charge, "still unknown"
+//!   for one in flight, and "not performed" for everything else, including
+//!   a charge that landed but does not show yet, and a request still on
+//!   the wire: that is what the settle period is for.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use idem_runtime::{Reconciler, Reconciliation, Record, Reference};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::world::{Charge, Outcome, Receipt, RequestPlan, RequestRec, Sabotage, Sim, World};
+
+#[derive(Debug)]
+pub enum ProcAnswer {
+    Charged(Receipt),
+    Declined,
+}
+
+pub trait Processor {
+    fn send(
+        &self,
+        run: usize,
+        reference: Reference,
+        amount: u64,
+        plan: RequestPlan,
+    ) -> oneshot::Receiver<ProcAnswer>;
+}
+
+impl Processor for Arc<Sim> {
+    fn send(
+        &self,
+        run: usize,
+        reference: Reference,
+        amount: u64,
+        plan: RequestPlan,
+    ) -> oneshot::Receiver<ProcAnswer> {
+        let (tx, rx) = oneshot::channel();
+        let request = {
+            let mut w = self.world();
+            let (tenant, epoch) = {
+                let r = &w.runs[run];
+                (r.tenant.clone(), r.epoch)
+            };
+            let i = w.requests.len();
+            w.requests.push(RequestRec {
+                run,
+                reference,
+                tenant,
+                epoch,
+                amount,
+                plan,
+                sent: Instant::now(),
+                outcome: Outcome::Pending,
+            });
+            w.runs[run].request = Some(i);
+            w.pending_tasks += 1;
+            self.log(&mut w, || {
+                format!("processor: run {run} sends {reference} ({plan:?})")
+            });
+            i
+        };
+        let sim = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(plan.arrive).await;
+            let (answer, at) = sim.arrive(request);
+            tokio::time::sleep_until(at).await;
+            let _ = tx.send(answer);
+            sim.world().pending_tasks -= 1;
+        });
+        rx
+    }
+}
+
+impl Sim {
+    /// A request reaches the processor: the answer, and when it is sent back.
+    fn arrive(&self, request: usize) -> (ProcAnswer, Instant) {
+        let now = Instant::now();
+        let mut w = self.world();
+        let (reference, tenant, amount, plan, run) = {
+            let r = &w.requests[request];
+            (r.reference, r.tenant.clone(), r.amount, r.plan, r.run)
+        };
+        if self.sabotage != Sabotage::NoDedupe {
+            if let Some(&c) = w.entries.get(&reference) {
+                w.requests[request].outcome = Outcome::Charged {
+                    charge: c,
+                    new: false,
+                };
+                w.stats.bump("processor deduplicated a request");
+                self.on_charged(&mut w, request, c, false);
+                let charge = &w.charges[c];
+                let (receipt, at) = (charge.receipt(), charge.lands_at.max(now));
+                self.log(&mut w, || {
+                    format!(
+                        "processor: {reference} again, answered with {}",
+                        receipt.charge_id
+                    )
+                });
+                return (ProcAnswer::Charged(receipt), at);
+            }
+        }
+        if plan.decline {
+            w.requests[request].outcome = Outcome::Declined;
+            self.log(&mut w, || format!("processor: {reference} declined"));
+            return (ProcAnswer::Declined, now);
+        }
+        let c = w.charges.len();
+        let charge = Charge {
+            id: format!("ch_{}", c + 1),
+            reference,
+            tenant,
+            amount,
+            run,
+            lands_at: now + plan.latency,
+            visible_at: now + plan.latency + plan.lag,
+        };
+        let (receipt, at) = (charge.receipt(), charge.lands_at);
+        w.charges.push(charge);
+        w.entries.entry(reference).or_insert(c);
+        w.requests[request].outcome = Outcome::Charged {
+            charge: c,
+            new: true,
+        };
+        w.stats.bump("charges");
+        self.log(&mut w, || {
+            format!(
+                "processor: {reference} charged {} (lands in {:?})",
+                receipt.charge_id, plan.latency
+            )
+        });
+        self.on_charged(&mut w, request, c, true);
+        (ProcAnswer::Charged(receipt), at)
+    }
+
+    /// Oracle 7: a NOT_PERFORMED resolution of instance `epoch`, made when
+    /// `runs_before` handler runs had started, is wrong if a request of one
+    /// of those runs took (or will take) effect, or if one of them is still
+    /// running and may yet send.
+    pub fn not_performed_problem(
+        &self,
+        w: &World,
+        key: &[u8; 32],
+        epoch: u32,
+        runs_before: usize,
+    ) -> Option<String> {
+        let reference = w.keys.get(key)?.reference;
+        for (i, r) in w.requests.iter().enumerate() {
+            if r.reference != reference || r.epoch != epoch || r.run >= runs_before {
+                continue;
+            }
+            match r.outcome {
+                Outcome::Charged { charge, .. } => {
+                    let c = &w.charges[charge];
+                    return Some(format!(
+                        "request {i} of run {} took effect as {} (a charge made by run {}; sent at {:.3}s, landed at {:.3}s, visible at {:.3}s)",
+                        r.run,
+                        c.id,
+                        c.run,
+                        r.sent.duration_since(self.t0).as_secs_f64(),
+                        c.lands_at.duration_since(self.t0).as_secs_f64(),
+                        c.visible_at.duration_since(self.t0).as_secs_f64(),
+                    ));
+                }
+                Outcome::Pending if !r.plan.decline || w.entries.contains_key(&reference) => {
+                    return Some(format!(
+                        "request {i} of run {} is on its way and will take effect",
+                        r.run
+                    ))
+                }
+                _ => {}
+            }
+        }
+        for (i, run) in w.runs.iter().enumerate().take(runs_before) {
+            if run.reference == reference && run.epoch == epoch && run.live && run.request.is_none()
+            {
+                return Some(format!(
+                    "run {i} is still running and has not sent its request yet"
+                ));
+            }
+        }
+        None
+    }
+
+    pub fn check_not_performed(&self, key: [u8; 32]) {
+        let mut w = self.world();
+        let Some(epoch) = w.keys.get(&key).map(|m| m.epoch) else {
+            return;
+        };
+        if let Some(p) = self.not_performed_problem(&w, &key, epoch, w.runs.len()) {
+            let reference = w.keys[&key].reference;
+            self.violation(
+                &mut w,
+                format!("oracle 7 (not performed means not performed): {reference} was resolved NOT_PERFORMED, but {p}"),
+            );
+        }
+    }
+}
+
+/// Looks records up at the processor. The legacy tool is not its own: it
+/// answers `NotMine` (or, in some schedules, `StillUnknown` forever).
+#[derive(Debug)]
+pub struct SimReconciler {
+    pub sim: Arc<Sim>,
+    pub legacy_not_mine: bool,
+}
+
+#[async_trait]
+impl Reconciler for SimReconciler {
+    async fn reconcile(
+        &self,
+        record: &Record,
+    ) -> Result<Reconciliation, Box<dyn std::error::Error + Send + Sync>> {
+        let sim = &self.sim;
+        let mut w = sim.world();
+        w.stats.bump("reconciler asked");
+        if record.tool == "legacy_refund" {
+            return Ok(if self.legacy_not_mine {
+                Reconciliation::NotMine
+            } else {
+                Reconciliation::StillUnknown
+            });
+        }
+        if sim.sabotage == Sabotage::ReconcilerStuck {
+            return Ok(Reconciliation::StillUnknown);
+        }
+        if w.faults_on && sim.rng().chance(0.05) {
+            return Err("the processor's lookup timed out".into());
+        }
+        let now = Instant::now();
+        let reference = record.reference();
+        let answer = match w.entries.get(&reference).map(|c| &w.charges[*c]) {
+            Some(c) if c.tenant != record.tenant => Reconciliation::NotPerformed,
+            Some(c) if now < c.lands_at => {
+                if sim.sabotage == Sabotage::InFlightNotPerformed {
+                    Reconciliation::NotPerformed
+                } else {
+                    Reconciliation::StillUnknown
+                }
+            }
+            Some(c) if now >= c.visible_at => {
+                let mut receipt = c.receipt();
+                if sim.sabotage == Sabotage::WrongCompletion {
+                    receipt.charge_id.push_str("_other");
+                }
+                Reconciliation::Completed {
+                    response: serde_json::to_string(&receipt).expect("a receipt serializes"),
+                }
+            }
+            // Landed, not visible yet; or unknown; or still on the wire.
+            _ => Reconciliation::NotPerformed,
+        };
+        sim.log(&mut w, || {
+            format!(
+                "reconciler: {reference} ({}) -> {answer:?}",
+                record.state.name()
+            )
+        });
+        Ok(answer)
+    }
+}

@@ -1,0 +1,668 @@
+//! The store stack of a schedule:
+//!
+//! ```text
+//! Executor, maintenance, operator
+//!   → Observer      sees every heartbeat's answer, per key (oracle 4)
+//!   → FaultyStore   delays, unreachable, answer lost; heartbeat outages
+//!   → Recorder      sees every write that took effect: the model of each record
+//!   → the store under test
+//! ```
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use idem_runtime::conformance::{Call, Fault};
+use idem_runtime::{
+    Attempt, Claim, ClaimRequest, IdempotencyKey, IdempotencyStore, Record, RecordState, Reference,
+    Resolution, StoreError,
+};
+use tokio::time::Instant;
+
+use super::timing::Mode;
+use super::world::{KeyModel, ResolutionRec, Sim};
+
+/// The fault plan of one replica's connection to the store: only while
+/// faults are on, drawn from the schedule's generator; nothing gets through
+/// once the replica died or while the store is down.
+pub fn plan(sim: Arc<Sim>, replica: usize) -> impl Fn(Call) -> Fault + Send + Sync + 'static {
+    move |call| {
+        let (on, outage, store_outage, dead) = {
+            let w = sim.world();
+            (
+                w.faults_on,
+                w.outage,
+                w.store_outage,
+                w.dead.get(replica).copied().unwrap_or(false),
+            )
+        };
+        if dead {
+            return Fault::Unreachable;
+        }
+        if !on {
+            return Fault::None;
+        }
+        let now = Instant::now();
+        let within = |period: Option<(Instant, Instant)>| {
+            period.is_some_and(|(from, to)| now >= from && now < to)
+        };
+        if within(store_outage) || (call == Call::Heartbeat && within(outage)) {
+            return Fault::Unreachable;
+        }
+        let mut rng = sim.rng();
+        match rng.below(1000) {
+            0..=29 => Fault::Unreachable,
+            30..=49 => Fault::AnswerLost,
+            50..=149 => {
+                Fault::Delay(rng.between(Duration::from_millis(1), sim.timing.store_delay_max))
+            }
+            _ => Fault::None,
+        }
+    }
+}
+
+/// Outermost: records each heartbeat's answer for its key.
+#[derive(Debug)]
+pub struct Observer<S> {
+    pub inner: S,
+    pub sim: Arc<Sim>,
+}
+
+/// Innermost: every write runs one at a time, in real time on a task of its
+/// own (so a dropped call cannot cut the bookkeeping off from a write that
+/// took effect), and the record after it is kept as the model.
+#[derive(Debug)]
+pub struct Recorder {
+    pub inner: Arc<dyn IdempotencyStore>,
+    pub sim: Arc<Sim>,
+    pub lock: Arc<tokio::sync::Mutex<()>>,
+}
+
+fn expired(r: &Record, now: SystemTime, slack: Duration) -> bool {
+    // `now + slack`: the judgement leans towards "expired", so clock grain
+    // in real time never makes a legitimate takeover look wrong.
+    let now = now + slack;
+    match r.state {
+        RecordState::Completed { .. } => r.expires_at <= now,
+        _ => r.retain_until <= now && r.lease_until <= now,
+    }
+}
+
+fn claimable(r: &Record, now: SystemTime) -> bool {
+    matches!(r.state, RecordState::NotPerformed { .. })
+        || match r.state {
+            RecordState::Completed { .. } => r.expires_at <= now,
+            _ => r.retain_until <= now && r.lease_until <= now,
+        }
+}
+
+fn close(a: SystemTime, b: SystemTime, tolerance: Duration) -> bool {
+    let d = if a > b {
+        a.duration_since(b)
+    } else {
+        b.duration_since(a)
+    };
+    d.unwrap_or_default() <= tolerance
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Write {
+    Complete,
+    Release,
+    MarkUnknown,
+    MarkLapsed,
+    Resolve {
+        not_performed: bool,
+        settle: Duration,
+    },
+    Defer,
+    Heartbeat,
+}
+
+impl Recorder {
+    pub fn new(inner: Arc<dyn IdempotencyStore>, sim: Arc<Sim>) -> Self {
+        Recorder {
+            inner,
+            sim,
+            lock: Arc::new(tokio::sync::Mutex::new(())),
+        }
+    }
+
+    /// Runs `work` (a write) on its own task, holding the write lock, then
+    /// `after` with its result.
+    async fn write<T, F, Fut>(&self, work: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<dyn IdempotencyStore>, Arc<Sim>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
+    {
+        let lock = self.lock.clone();
+        let fut = work(self.inner.clone(), self.sim.clone());
+        let write = async move {
+            let _held = lock.lock().await;
+            fut.await
+        };
+        if self.sim.timing.mode == Mode::Paused {
+            // MemoryStore's writes finish in the poll that starts them, so
+            // a dropped call cannot cut one off.
+            return write.await;
+        }
+        let task = tokio::spawn(write);
+        match task.await {
+            Ok(out) => out,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    }
+
+    fn tenant_of(sim: &Sim, key: &IdempotencyKey) -> Option<String> {
+        sim.world()
+            .keys
+            .get(key.as_bytes())
+            .map(|m| m.tenant.clone())
+    }
+
+    /// After a write that took effect: read the record back, check the
+    /// transition, keep it as the model.
+    async fn wrote(
+        inner: &dyn IdempotencyStore,
+        sim: &Sim,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        what: Write,
+    ) {
+        let Some(tenant) = Self::tenant_of(sim, key) else {
+            sim.violate(format!(
+                "the store accepted {what:?} on {} that was never claimed",
+                key.reference()
+            ));
+            return;
+        };
+        let after = if matches!(what, Write::Release) {
+            None
+        } else {
+            match inner.lookup(&tenant, &key.reference()).await {
+                Ok(r) => r,
+                Err(e) => {
+                    sim.violate(format!("read-back after {what:?} failed: {e}"));
+                    return;
+                }
+            }
+        };
+        let mut w = sim.world();
+        let tol = sim.timing.tolerance;
+        let epoch;
+        let before;
+        {
+            let Some(m) = w.keys.get_mut(key.as_bytes()) else {
+                return;
+            };
+            epoch = m.epoch;
+            before = m.snapshot.take();
+            m.snapshot = after.clone();
+            if matches!(what, Write::Release) {
+                m.released = true;
+            }
+        }
+        let reference = key.reference();
+        let mut problems = Vec::new();
+        match (&after, what) {
+            (None, Write::Release) => {}
+            (None, _) => problems.push(format!(
+                "{what:?} took effect, and then the record was gone"
+            )),
+            (Some(r), _) if r.attempt != attempt => problems.push(format!(
+                "{what:?} by attempt {attempt:?} took effect on a record of attempt {:?}",
+                r.attempt
+            )),
+            (Some(r), Write::Complete) if !matches!(r.state, RecordState::Completed { .. }) => {
+                problems.push(format!("complete left the record {}", r.state.name()))
+            }
+            (Some(r), Write::MarkUnknown | Write::MarkLapsed)
+                if !matches!(r.state, RecordState::Unknown { .. }) =>
+            {
+                problems.push(format!("{what:?} left the record {}", r.state.name()))
+            }
+            (
+                Some(r),
+                Write::Resolve {
+                    not_performed,
+                    settle,
+                },
+            ) => {
+                let ok = if not_performed {
+                    matches!(r.state, RecordState::NotPerformed { .. })
+                } else {
+                    matches!(r.state, RecordState::Completed { .. })
+                };
+                if !ok {
+                    problems.push(format!("resolve left the record {}", r.state.name()));
+                }
+                if not_performed {
+                    if let Some(b) = &before {
+                        if b.updated_at + settle > r.updated_at + tol {
+                            problems.push(format!(
+                                "NOT_PERFORMED accepted {:?} after the last change, before its settle period of {settle:?}",
+                                r.updated_at.duration_since(b.updated_at).unwrap_or_default()
+                            ));
+                        }
+                    }
+                }
+                let runs_before = w.runs.len();
+                w.resolutions.push(ResolutionRec {
+                    key: *key.as_bytes(),
+                    epoch,
+                    not_performed,
+                    runs_before,
+                });
+                w.stats.bump(if not_performed {
+                    "resolved not performed"
+                } else {
+                    "resolved completed"
+                });
+            }
+            (Some(r), Write::MarkLapsed) => {
+                let _ = r;
+            }
+            _ => {}
+        }
+        if let (Some(r), Write::MarkLapsed, Some(b)) = (&after, what, &before) {
+            if b.lease_until > r.updated_at + tol {
+                problems.push("the sweep marked a record whose lease had not run out".to_owned());
+            }
+            w.stats.bump("swept");
+        }
+        sim.log(&mut w, || {
+            format!(
+                "store: {what:?} {reference} -> {}",
+                after.as_ref().map_or("deleted", |r| r.state.name())
+            )
+        });
+        for p in problems {
+            sim.violation(&mut w, format!("model ({reference}): {p}"));
+        }
+    }
+
+    async fn claimed(inner: &dyn IdempotencyStore, sim: &Sim, req: &ClaimRequest) {
+        let reference = req.key.reference();
+        let after = match inner.lookup(&req.tenant, &reference).await {
+            Ok(Some(r)) => r,
+            other => {
+                sim.violate(format!(
+                    "claim of {reference} answered Claimed, then read back {other:?}"
+                ));
+                return;
+            }
+        };
+        let t = &sim.timing;
+        let tol = t.tolerance;
+        let now = after.claimed_at;
+        let mut problems = Vec::new();
+        if after.attempt != req.attempt || after.state != RecordState::InProgress {
+            problems.push(format!(
+                "the claimed record is {} of attempt {:?}",
+                after.state.name(),
+                after.attempt
+            ));
+        }
+        if after.tenant != req.tenant || after.tool != req.tool {
+            problems.push("the claimed record has another tenant or tool".to_owned());
+        }
+        let retention = t.retention.max(req.window);
+        if req.retention != retention {
+            problems.push(format!(
+                "the executor claimed with retention {:?}, not {retention:?}",
+                req.retention
+            ));
+        }
+        if !close(after.expires_at, now + req.window, tol)
+            || !close(after.retain_until, now + retention, tol)
+            || !close(after.lease_until, now + req.lease, tol)
+        {
+            problems.push(format!("the claimed record's times are off: {after:?}"));
+        }
+        let mut w = sim.world();
+        let m = w
+            .keys
+            .entry(*req.key.as_bytes())
+            .or_insert_with(|| KeyModel {
+                tenant: req.tenant.clone(),
+                tool: req.tool.clone(),
+                reference,
+                epoch: 0,
+                snapshot: None,
+                released: false,
+                attempt: None,
+            });
+        let new_epoch = match &m.snapshot {
+            None => !m.released,
+            Some(prev) if expired(prev, now, tol) => true,
+            Some(prev) if matches!(prev.state, RecordState::NotPerformed { .. }) => false,
+            Some(prev) => {
+                problems.push(format!(
+                    "oracle 1 (effects <= 1 per operation): a claim took over a live {} record (claimed {:?} before, expires {:?} after, retained {:?} after)",
+                    prev.state.name(),
+                    now.duration_since(prev.claimed_at).unwrap_or_default(),
+                    prev.expires_at.duration_since(now).unwrap_or_default(),
+                    prev.retain_until.duration_since(now).unwrap_or_default(),
+                ));
+                false
+            }
+        };
+        if new_epoch {
+            m.epoch += 1;
+        }
+        let (epoch, prev_state) = (m.epoch, m.snapshot.as_ref().map(|p| p.state.name()));
+        m.snapshot = Some(after);
+        m.released = false;
+        m.attempt = Some(req.attempt);
+        w.by_ref.insert(reference, *req.key.as_bytes());
+        if new_epoch && epoch > 1 {
+            w.stats.bump("expired record taken over");
+        }
+        if prev_state == Some("NOT_PERFORMED") {
+            w.stats.bump("not-performed record claimed again");
+        }
+        sim.log(&mut w, || {
+            format!("store: claimed {reference} (instance {epoch}, over {prev_state:?})")
+        });
+        for p in problems {
+            sim.violation(&mut w, format!("model ({reference}): {p}"));
+        }
+    }
+
+    fn existing(sim: &Sim, req: &ClaimRequest, found: &Record) {
+        let reference = req.key.reference();
+        let mut w = sim.world();
+        let tol = sim.timing.tolerance;
+        let problem = match w.keys.get(req.key.as_bytes()).and_then(|m| m.snapshot.as_ref()) {
+            None => Some("the store answered with a record the model has not got (released or never claimed)".to_owned()),
+            Some(m) if m.attempt != found.attempt || m.state.kind() != found.state.kind() => Some(format!(
+                "the store answered a {} record of {:?}, the model has {} of {:?}",
+                found.state.name(),
+                found.attempt,
+                m.state.name(),
+                m.attempt
+            )),
+            Some(m) if claimable(m, found.observed_at.checked_sub(tol).unwrap_or(found.observed_at)) => Some(format!(
+                "a claim was refused although the {} record could be taken over",
+                m.state.name()
+            )),
+            Some(_) => None,
+        };
+        if let Some(p) = problem {
+            sim.violation(&mut w, format!("model ({reference}): {p}"));
+        }
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for Recorder {
+    async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        let req = req.clone();
+        self.write(|inner, sim| async move {
+            let out = inner.claim(&req).await;
+            match &out {
+                Ok(Claim::Claimed) => Self::claimed(&*inner, &sim, &req).await,
+                Ok(Claim::Existing { record }) => Self::existing(&sim, &req, record),
+                Err(_) => {}
+            }
+            out
+        })
+        .await
+    }
+
+    async fn complete(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+    ) -> Result<(), StoreError> {
+        let (key, response) = (*key, response.to_owned());
+        self.write(|inner, sim| async move {
+            let out = inner.complete(&key, attempt, &response).await;
+            if out.is_ok() {
+                Self::wrote(&*inner, &sim, &key, attempt, Write::Complete).await;
+            }
+            out
+        })
+        .await
+    }
+
+    async fn release(&self, key: &IdempotencyKey, attempt: Attempt) -> Result<(), StoreError> {
+        let key = *key;
+        self.write(|inner, sim| async move {
+            let out = inner.release(&key, attempt).await;
+            if out.is_ok() {
+                Self::wrote(&*inner, &sim, &key, attempt, Write::Release).await;
+            }
+            out
+        })
+        .await
+    }
+
+    async fn mark_unknown(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        note: &str,
+    ) -> Result<(), StoreError> {
+        let (key, note) = (*key, note.to_owned());
+        self.write(|inner, sim| async move {
+            let out = inner.mark_unknown(&key, attempt, &note).await;
+            if out.is_ok() {
+                Self::wrote(&*inner, &sim, &key, attempt, Write::MarkUnknown).await;
+            }
+            out
+        })
+        .await
+    }
+
+    async fn mark_lapsed(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        note: &str,
+    ) -> Result<bool, StoreError> {
+        let (key, note) = (*key, note.to_owned());
+        self.write(|inner, sim| async move {
+            let out = inner.mark_lapsed(&key, attempt, &note).await;
+            if matches!(out, Ok(true)) {
+                Self::wrote(&*inner, &sim, &key, attempt, Write::MarkLapsed).await;
+            }
+            out
+        })
+        .await
+    }
+
+    async fn resolve(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        resolution: Resolution<'_>,
+        note: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let key = *key;
+        let note = note.map(str::to_owned);
+        let (response, np_note, settle) = match resolution {
+            Resolution::Completed { response } => {
+                (Some(response.to_owned()), String::new(), Duration::ZERO)
+            }
+            Resolution::NotPerformed { note, settle } => (None, note.to_owned(), settle),
+        };
+        self.write(|inner, sim| async move {
+            let resolution = match &response {
+                Some(response) => Resolution::Completed { response },
+                None => Resolution::NotPerformed {
+                    note: &np_note,
+                    settle,
+                },
+            };
+            let out = inner
+                .resolve(&key, attempt, resolution, note.as_deref())
+                .await;
+            if out.is_ok() {
+                let what = Write::Resolve {
+                    not_performed: response.is_none(),
+                    settle,
+                };
+                Self::wrote(&*inner, &sim, &key, attempt, what).await;
+                if response.is_none() {
+                    sim.check_not_performed(*key.as_bytes());
+                }
+            }
+            out
+        })
+        .await
+    }
+
+    async fn defer_check(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        delay: Duration,
+    ) -> Result<(), StoreError> {
+        let key = *key;
+        self.write(|inner, sim| async move {
+            let out = inner.defer_check(&key, attempt, delay).await;
+            if out.is_ok() {
+                Self::wrote(&*inner, &sim, &key, attempt, Write::Defer).await;
+            }
+            out
+        })
+        .await
+    }
+
+    async fn heartbeat(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        let key = *key;
+        self.write(|inner, sim| async move {
+            let out = inner.heartbeat(&key, attempt, lease).await;
+            if out.is_ok() {
+                Self::wrote(&*inner, &sim, &key, attempt, Write::Heartbeat).await;
+            }
+            out
+        })
+        .await
+    }
+
+    async fn lookup(
+        &self,
+        tenant: &str,
+        reference: &Reference,
+    ) -> Result<Option<Record>, StoreError> {
+        self.inner.lookup(tenant, reference).await
+    }
+
+    async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
+        self.write(|inner, sim| async move {
+            let out = inner.purge_expired(batch).await;
+            if let Ok(n) = out {
+                let mut w = sim.world();
+                for _ in 0..n {
+                    w.stats.bump("purged");
+                }
+            }
+            out
+        })
+        .await
+    }
+
+    async fn list_lapsed(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
+        self.inner.list_lapsed(limit).await
+    }
+
+    async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
+        self.inner.list_unknown(limit).await
+    }
+}
+
+#[async_trait]
+impl<S: IdempotencyStore> IdempotencyStore for Observer<S> {
+    async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        self.inner.claim(req).await
+    }
+    async fn complete(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+    ) -> Result<(), StoreError> {
+        self.inner.complete(key, attempt, response).await
+    }
+    async fn release(&self, key: &IdempotencyKey, attempt: Attempt) -> Result<(), StoreError> {
+        self.inner.release(key, attempt).await
+    }
+    async fn mark_unknown(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        note: &str,
+    ) -> Result<(), StoreError> {
+        self.inner.mark_unknown(key, attempt, note).await
+    }
+    async fn mark_lapsed(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        note: &str,
+    ) -> Result<bool, StoreError> {
+        self.inner.mark_lapsed(key, attempt, note).await
+    }
+    async fn resolve(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        resolution: Resolution<'_>,
+        note: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.inner.resolve(key, attempt, resolution, note).await
+    }
+    async fn defer_check(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        delay: Duration,
+    ) -> Result<(), StoreError> {
+        self.inner.defer_check(key, attempt, delay).await
+    }
+    async fn heartbeat(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        let out = self.inner.heartbeat(key, attempt, lease).await;
+        let now = Instant::now();
+        let mut w = self.sim.world();
+        match &out {
+            Ok(()) => w.hb_landed.entry(*key.as_bytes()).or_default().push(now),
+            Err(StoreError::Unavailable(_)) => {
+                w.hb_failures.entry(*key.as_bytes()).or_default().push(now);
+                w.stats.bump("heartbeat failed");
+            }
+            // Fenced or finished: the handler is not the owner any more.
+            Err(_) => {}
+        }
+        out
+    }
+    async fn lookup(
+        &self,
+        tenant: &str,
+        reference: &Reference,
+    ) -> Result<Option<Record>, StoreError> {
+        self.inner.lookup(tenant, reference).await
+    }
+    async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
+        self.inner.purge_expired(batch).await
+    }
+    async fn list_lapsed(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
+        self.inner.list_lapsed(limit).await
+    }
+    async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
+        self.inner.list_unknown(limit).await
+    }
+}

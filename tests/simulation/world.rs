@@ -1,0 +1,538 @@
+//! What the simulation knows: the ground truth of every call, handler run
+//! and processor request, the model of every record (kept by the recording
+//! store), and the oracle checks over them.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use idem_runtime::{Attempt, IdempotencyStore, Record, RecordState, Reference};
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use super::rng::Rng;
+use super::timing::{Mode, Timing};
+
+/// What the tools return: the processor's charge.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Receipt {
+    pub charge_id: String,
+    pub amount_cents: u64,
+    pub reference: String,
+}
+
+/// Things broken on purpose, to show that the oracles can fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sabotage {
+    None,
+    /// The processor charges every request, deduplicating nothing.
+    NoDedupe,
+    /// A charge shows in the lookup long after the settle period.
+    LateVisibility,
+    /// The reconciler says "not performed" for requests in flight, and the
+    /// settle period is zero.
+    InFlightNotPerformed,
+    /// The handler says "rejected" although its request took effect.
+    RejectAfterEffect,
+    /// The reconciler stores another charge's id.
+    WrongCompletion,
+    /// The reconciler never resolves anything.
+    ReconcilerStuck,
+    /// The oracle's store view finds references in any tenant.
+    LeakyLookup,
+    /// The heartbeat outage is not reported to the live-handler oracle.
+    HideHeartbeatFailures,
+}
+
+impl Sabotage {
+    pub const ALL: [Sabotage; 8] = [
+        Sabotage::NoDedupe,
+        Sabotage::LateVisibility,
+        Sabotage::InFlightNotPerformed,
+        Sabotage::RejectAfterEffect,
+        Sabotage::WrongCompletion,
+        Sabotage::ReconcilerStuck,
+        Sabotage::LeakyLookup,
+        Sabotage::HideHeartbeatFailures,
+    ];
+}
+
+/// The tools of the simulated server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tool {
+    /// A payment, window-scoped.
+    Charge { window: Duration },
+    /// A shipment, one per order (business key `order_id`).
+    Ship { retention: Option<Duration> },
+    /// A window-scoped tool whose processor the reconciler cannot ask
+    /// (`NotMine`, or `StillUnknown` forever): only an operator resolves it.
+    Legacy { window: Duration },
+}
+
+impl Tool {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Tool::Charge { .. } => "charge",
+            Tool::Ship { .. } => "ship",
+            Tool::Legacy { .. } => "legacy_refund",
+        }
+    }
+
+    pub fn reconcilable(name: &str) -> bool {
+        name != "legacy_refund"
+    }
+}
+
+/// One operation a caller may ask for, again and again.
+#[derive(Clone, Debug)]
+pub struct OpSpec {
+    pub tenant: String,
+    pub subject: String,
+    pub tool: Tool,
+    pub args: serde_json::Value,
+    pub amount: u64,
+}
+
+/// How the processor will treat one request.
+#[derive(Clone, Copy, Debug)]
+pub struct RequestPlan {
+    pub arrive: Duration,
+    pub latency: Duration,
+    pub lag: Duration,
+    pub decline: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PanicAt {
+    Never,
+    BeforeSend,
+    AfterAnswer,
+}
+
+/// What one call will do, drawn when it is planned.
+#[derive(Clone, Debug)]
+pub struct CallPlan {
+    pub op: usize,
+    pub at: Duration,
+    pub cancel_after: Option<Duration>,
+    pub prework: Duration,
+    pub panic: PanicAt,
+    /// The handler refuses the input before sending anything.
+    pub invalid: bool,
+    pub handler_timeout: Duration,
+    pub postwork: Duration,
+    pub request: RequestPlan,
+    /// A retry made by the harness (after an answer), not planned.
+    pub retry_depth: u32,
+}
+
+#[derive(Debug)]
+pub struct CallRec {
+    pub plan: CallPlan,
+    pub run: Option<usize>,
+    pub answer: Option<&'static str>,
+}
+
+#[derive(Debug)]
+pub struct RunRec {
+    pub call: usize,
+    pub key: [u8; 32],
+    pub reference: Reference,
+    pub tenant: String,
+    pub epoch: u32,
+    pub attempt: Option<Attempt>,
+    pub started: Instant,
+    pub live: bool,
+    pub request: Option<usize>,
+    pub panicked: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Pending,
+    Declined,
+    Charged { charge: usize, new: bool },
+}
+
+#[derive(Debug)]
+pub struct RequestRec {
+    pub run: usize,
+    pub reference: Reference,
+    pub tenant: String,
+    pub epoch: u32,
+    pub amount: u64,
+    pub plan: RequestPlan,
+    pub sent: Instant,
+    pub outcome: Outcome,
+}
+
+#[derive(Clone, Debug)]
+pub struct Charge {
+    pub id: String,
+    pub reference: Reference,
+    pub tenant: String,
+    pub amount: u64,
+    pub run: usize,
+    pub lands_at: Instant,
+    pub visible_at: Instant,
+}
+
+impl Charge {
+    pub fn receipt(&self) -> Receipt {
+        Receipt {
+            charge_id: self.id.clone(),
+            amount_cents: self.amount,
+            reference: self.reference.to_string(),
+        }
+    }
+}
+
+/// The model of one record: what the recording store saw take effect.
+#[derive(Debug)]
+pub struct KeyModel {
+    pub tenant: String,
+    pub tool: String,
+    pub reference: Reference,
+    /// Operation instance: a claim that takes over an expired record (or
+    /// finds none that was never released) starts a new one; a claim after a
+    /// release or a NOT_PERFORMED resolution continues it.
+    pub epoch: u32,
+    /// The record after the last write that took effect; `None` once
+    /// released.
+    pub snapshot: Option<Record>,
+    pub released: bool,
+    pub attempt: Option<Attempt>,
+}
+
+#[derive(Debug)]
+pub struct ResolutionRec {
+    pub key: [u8; 32],
+    pub epoch: u32,
+    pub not_performed: bool,
+    /// How many handler runs had started when it was resolved.
+    pub runs_before: usize,
+}
+
+/// Counters over a schedule, summed over a run for the coverage line.
+#[derive(Clone, Debug, Default)]
+pub struct Stats {
+    pub counts: BTreeMap<&'static str, u64>,
+}
+
+impl Stats {
+    pub fn bump(&mut self, what: &'static str) {
+        *self.counts.entry(what).or_default() += 1;
+    }
+
+    pub fn add(&mut self, other: &Stats) {
+        for (k, v) in &other.counts {
+            *self.counts.entry(k).or_default() += v;
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct World {
+    pub violations: Vec<String>,
+    pub log: Vec<String>,
+    pub faults_on: bool,
+    /// Every heartbeat fails in this period.
+    pub outage: Option<(Instant, Instant)>,
+    /// Every store call fails in this period.
+    pub store_outage: Option<(Instant, Instant)>,
+    /// Which replicas (processes) have died: their store calls fail from then
+    /// on, and the calls they were serving are gone.
+    pub dead: Vec<bool>,
+    pub ops: Vec<OpSpec>,
+    pub keys: BTreeMap<[u8; 32], KeyModel>,
+    pub by_ref: BTreeMap<Reference, [u8; 32]>,
+    pub calls: Vec<CallRec>,
+    pub runs: Vec<RunRec>,
+    pub requests: Vec<RequestRec>,
+    pub charges: Vec<Charge>,
+    /// The processor's idempotency: reference → charge.
+    pub entries: BTreeMap<Reference, usize>,
+    /// Which runs' requests took effect, per operation instance.
+    pub accepted: BTreeMap<(Reference, u32), BTreeSet<usize>>,
+    pub pending_tasks: usize,
+    pub outstanding_calls: usize,
+    pub hb_failures: BTreeMap<[u8; 32], Vec<Instant>>,
+    pub hb_landed: BTreeMap<[u8; 32], Vec<Instant>>,
+    pub resolutions: Vec<ResolutionRec>,
+    pub stats: Stats,
+}
+
+/// One schedule's shared state.
+pub struct Sim {
+    pub seed: u64,
+    pub timing: Timing,
+    pub sabotage: Sabotage,
+    pub trace: bool,
+    pub t0: Instant,
+    pub rng: Mutex<Rng>,
+    pub w: Mutex<World>,
+    /// The store without faults, for the oracles.
+    pub inner: Arc<dyn IdempotencyStore>,
+    /// The store's clock (for the final expiry judgements).
+    pub clock: Arc<dyn Fn() -> SystemTime + Send + Sync>,
+}
+
+impl std::fmt::Debug for Sim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sim")
+            .field("seed", &self.seed)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Sim {
+    pub fn new(
+        seed: u64,
+        timing: Timing,
+        sabotage: Sabotage,
+        trace: bool,
+        inner: Arc<dyn IdempotencyStore>,
+        clock: Arc<dyn Fn() -> SystemTime + Send + Sync>,
+    ) -> Self {
+        Sim {
+            seed,
+            timing,
+            sabotage,
+            trace,
+            t0: Instant::now(),
+            rng: Mutex::new(Rng::new(seed)),
+            w: Mutex::new(World {
+                faults_on: true,
+                ..World::default()
+            }),
+            inner,
+            clock,
+        }
+    }
+
+    pub fn world(&self) -> MutexGuard<'_, World> {
+        lock(&self.w)
+    }
+
+    pub fn rng(&self) -> MutexGuard<'_, Rng> {
+        lock(&self.rng)
+    }
+
+    /// Simulated (or real) time since the schedule began.
+    pub fn elapsed(&self) -> Duration {
+        self.t0.elapsed()
+    }
+
+    pub fn log(&self, w: &mut World, msg: impl FnOnce() -> String) {
+        if self.trace {
+            let line = format!("{:>9.3}s {}", self.elapsed().as_secs_f64(), msg());
+            w.log.push(line);
+        }
+    }
+
+    pub fn violation(&self, w: &mut World, msg: String) {
+        let line = format!("[{:.3}s] {msg}", self.elapsed().as_secs_f64());
+        if self.trace {
+            w.log.push(format!("VIOLATION {line}"));
+        }
+        w.violations.push(line);
+    }
+
+    /// A library issue already reported: counted, and a violation only
+    /// under `IDEM_SIM_STRICT=1` (to check a fix).
+    pub fn violate(&self, msg: String) {
+        let mut w = self.world();
+        self.violation(&mut w, msg);
+    }
+
+    /// The oracle's view of a record (with the leak, when sabotaged).
+    pub async fn peek(&self, tenant: &str, reference: &Reference) -> Option<Record> {
+        let found = match self.inner.lookup(tenant, reference).await {
+            Ok(found) => found,
+            Err(e) => {
+                self.violate(format!("oracle lookup of {reference} failed: {e}"));
+                return None;
+            }
+        };
+        if found.is_none() && self.sabotage == Sabotage::LeakyLookup {
+            let owner = {
+                let w = self.world();
+                w.by_ref
+                    .get(reference)
+                    .and_then(|k| w.keys.get(k))
+                    .map(|m| m.tenant.clone())
+            };
+            if let Some(owner) = owner {
+                return self.inner.lookup(&owner, reference).await.ok().flatten();
+            }
+        }
+        found
+    }
+
+    // ---- oracle 1: at most one effect per operation ----
+
+    /// A request reached the processor and took effect (a new charge, or the
+    /// existing one returned for its reference).
+    pub fn on_charged(&self, w: &mut World, request: usize, charge: usize, new: bool) {
+        let (reference, epoch, run) = {
+            let r = &w.requests[request];
+            (r.reference, r.epoch, r.run)
+        };
+        if new {
+            let held = w
+                .charges
+                .iter()
+                .filter(|c| c.reference == reference)
+                .count();
+            if held > 1 {
+                self.violation(
+                    w,
+                    format!(
+                        "oracle 1 (effects <= 1 per operation): the processor holds {held} charges for reference {reference}"
+                    ),
+                );
+            }
+        }
+        let runs = w.accepted.entry((reference, epoch)).or_default();
+        runs.insert(run);
+        if runs.len() > 1 {
+            let runs: Vec<usize> = runs.iter().copied().collect();
+            self.violation(
+                w,
+                format!(
+                    "oracle 1 (effects <= 1 per operation): operation {reference} (instance {epoch}) reached the processor with effect from {} handler runs {runs:?}: it ran twice",
+                    runs.len()
+                ),
+            );
+        }
+        let _ = charge;
+    }
+
+    // ---- oracle 4: a live handler's record is never UNKNOWN ----
+
+    /// Whether the run's heartbeats failed (or, in real time, landed late)
+    /// at any time since it started: then its record may be swept.
+    fn heartbeats_failed(&self, w: &World, run: &RunRec, now: Instant) -> bool {
+        if self.sabotage == Sabotage::HideHeartbeatFailures {
+            return false;
+        }
+        if w.hb_failures
+            .get(&run.key)
+            .is_some_and(|f| f.iter().any(|t| *t >= run.started))
+        {
+            return true;
+        }
+        if self.timing.mode == Mode::Real {
+            // In real time a starved scheduler delays heartbeats: a gap of
+            // more than half a lease between landings is not the library's.
+            let limit = self.timing.lease / 2;
+            let mut last = run.started;
+            for t in w
+                .hb_landed
+                .get(&run.key)
+                .into_iter()
+                .flatten()
+                .filter(|t| **t >= run.started)
+            {
+                if t.duration_since(last) > limit {
+                    return true;
+                }
+                last = *t;
+            }
+            if now.duration_since(last) > limit {
+                return true;
+            }
+        }
+        false
+    }
+
+    pub async fn check_live(&self, event: &str) {
+        let live: Vec<(usize, String, Reference)> = {
+            let w = self.world();
+            let now = Instant::now();
+            w.runs
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.live && !self.heartbeats_failed(&w, r, now))
+                .map(|(i, r)| (i, r.tenant.clone(), r.reference))
+                .collect()
+        };
+        for (i, tenant, reference) in live {
+            let found = self.peek(&tenant, &reference).await;
+            let mut w = self.world();
+            let now = Instant::now();
+            let run = &w.runs[i];
+            // Still live and still on time after the look-up.
+            if !run.live || self.heartbeats_failed(&w, run, now) {
+                continue;
+            }
+            let problem = match &found {
+                None => Some("there is no record".to_owned()),
+                Some(r) if Some(r.attempt) != run.attempt => Some(format!(
+                    "the record belongs to another attempt ({:?})",
+                    r.state
+                )),
+                Some(r) if !matches!(r.state, RecordState::InProgress) => {
+                    Some(format!("the record is {}", r.state.name()))
+                }
+                Some(r) if r.is_lapsed() => Some(format!(
+                    "its lease ran out {:?} ago (reads as UNKNOWN)",
+                    r.observed_at
+                        .duration_since(r.lease_until)
+                        .unwrap_or_default()
+                )),
+                _ => None,
+            };
+            if let Some(problem) = problem {
+                let msg = format!(
+                    "oracle 4 (a live handler is never UNKNOWN): after {event}, run {i} of {reference} is running with all its heartbeats landed, but {problem}"
+                );
+                self.violation(&mut w, msg);
+            }
+        }
+    }
+
+    // ---- oracle 6: tenants ----
+
+    pub async fn check_tenants(&self, reference: &Reference) {
+        let (owner, tenants) = {
+            let w = self.world();
+            let Some(owner) = w
+                .by_ref
+                .get(reference)
+                .and_then(|k| w.keys.get(k))
+                .map(|m| m.tenant.clone())
+            else {
+                return;
+            };
+            let tenants: BTreeSet<String> = w.ops.iter().map(|o| o.tenant.clone()).collect();
+            (owner, tenants)
+        };
+        for other in tenants.iter().filter(|t| **t != owner) {
+            if let Some(r) = self.peek(other, reference).await {
+                self.violate(format!(
+                    "oracle 6 (tenants): tenant {other} read {reference} of tenant {owner}: {} record of tenant {}",
+                    r.state.name(),
+                    r.tenant
+                ));
+            }
+        }
+        if let Some(r) = self.peek(&owner, reference).await {
+            if r.tenant != owner {
+                self.violate(format!(
+                    "oracle 6 (tenants): {reference} looked up in tenant {owner} returned a record of tenant {}",
+                    r.tenant
+                ));
+            }
+        }
+    }
+
+    /// The processor's charge for a reference, if any.
+    pub fn charge_of(&self, w: &World, reference: &Reference) -> Option<Charge> {
+        w.entries.get(reference).map(|i| w.charges[*i].clone())
+    }
+}
