@@ -304,9 +304,126 @@ fn write_f64<S: Sink>(f: f64, out: &mut S) -> Result<(), CanonicalError> {
     if f.abs() < 9_007_199_254_740_992.0 && (f as i64) as f64 == f {
         out.write_str(itoa::Buffer::new().format(f as i64));
     } else {
-        out.write_str(ryu_js::Buffer::new().format_finite(f));
+        let mut es = EsNumber::new();
+        out.write_str(es.format(f));
     }
     Ok(())
+}
+
+/// The ECMAScript form of a finite double (Number::prototype.toString):
+/// zmij finds the shortest digits that round-trip (Schubfach, faster than
+/// Ryū), and they are laid out here as ECMAScript writes them.
+struct EsNumber {
+    bytes: [u8; 40],
+}
+
+impl EsNumber {
+    fn new() -> Self {
+        EsNumber { bytes: [0; 40] }
+    }
+
+    fn format(&mut self, f: f64) -> &str {
+        let mut shortest = zmij::Buffer::new();
+        let text = shortest.format_finite(f).as_bytes();
+        let (negative, text) = match text.split_first() {
+            Some((b'-', rest)) => (true, rest),
+            _ => (false, text),
+        };
+        let (mantissa, exponent) = match text.iter().position(|&b| b == b'e' || b == b'E') {
+            Some(i) => (&text[..i], parse_exponent(&text[i + 1..])),
+            None => (text, 0),
+        };
+        // The significant digits d1..dk and n, with value = 0.d1..dk × 10^n:
+        // n is the count of digits before the point, less the leading zeros,
+        // plus the exponent.
+        let mut digits = [0u8; 20];
+        let mut k = 0usize;
+        let mut before_point: i32 = 0;
+        let mut leading_zeros: i32 = 0;
+        let mut in_fraction = false;
+        for &b in mantissa {
+            if b == b'.' {
+                in_fraction = true;
+                continue;
+            }
+            if !in_fraction {
+                before_point += 1;
+            }
+            if k == 0 && b == b'0' {
+                leading_zeros += 1;
+                continue;
+            }
+            digits[k] = b;
+            k += 1;
+        }
+        while k > 1 && digits[k - 1] == b'0' {
+            k -= 1;
+        }
+        let n = before_point - leading_zeros + exponent;
+        let digits = &digits[..k];
+        let out = &mut self.bytes;
+        let mut len = 0;
+        let mut push = |b: u8| {
+            out[len] = b;
+            len += 1;
+        };
+        if negative {
+            push(b'-');
+        }
+        let k = k as i32;
+        if k <= n && n <= 21 {
+            digits.iter().for_each(|&d| push(d));
+            (0..n - k).for_each(|_| push(b'0'));
+        } else if 0 < n && n <= 21 {
+            digits[..n as usize].iter().for_each(|&d| push(d));
+            push(b'.');
+            digits[n as usize..].iter().for_each(|&d| push(d));
+        } else if -6 < n && n <= 0 {
+            push(b'0');
+            push(b'.');
+            (0..-n).for_each(|_| push(b'0'));
+            digits.iter().for_each(|&d| push(d));
+        } else {
+            push(digits[0]);
+            if k > 1 {
+                push(b'.');
+                digits[1..].iter().for_each(|&d| push(d));
+            }
+            push(b'e');
+            let e = n - 1;
+            push(if e < 0 { b'-' } else { b'+' });
+            let mut e = e.unsigned_abs();
+            let mut rev = [0u8; 4];
+            let mut m = 0;
+            loop {
+                rev[m] = b'0' + (e % 10) as u8;
+                m += 1;
+                e /= 10;
+                if e == 0 {
+                    break;
+                }
+            }
+            rev[..m].iter().rev().for_each(|&d| push(d));
+        }
+        // Every byte pushed is ASCII.
+        std::str::from_utf8(&self.bytes[..len]).expect("ASCII")
+    }
+}
+
+fn parse_exponent(text: &[u8]) -> i32 {
+    let (negative, digits) = match text.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        Some((b'+', rest)) => (false, rest),
+        _ => (false, text),
+    };
+    let magnitude = digits
+        .iter()
+        .fold(0i32, |acc, &d| acc * 10 + i32::from(d - b'0'));
+    if negative {
+        -magnitude
+    } else {
+        magnitude
+    }
 }
 
 /// The escape for each byte that needs one: the controls below 0x20, `"`
