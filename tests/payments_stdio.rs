@@ -136,3 +136,99 @@ async fn a_replay_is_byte_identical() {
     assert_eq!(ledger["carrier_shipments"], json!(1), "{ledger}");
     client.cancel().await.ok();
 }
+
+/// An operator resolves by hand, with the `idem` command line on the
+/// server's own SQLite file, a charge whose outcome was unknown; the running
+/// server's status tool then reports it COMPLETED with the operator's note,
+/// and a repeat replays the response the operator gave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resolution_by_hand_with_the_cli_shows_in_the_status_tool() {
+    let dir = std::env::temp_dir().join(format!(
+        "idem-cli-e2e-{:016x}",
+        idem_runtime::Attempt::random().get()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("payments.sqlite3");
+    let url = format!("sqlite:{}", path.display());
+    // The processor outlasts the tool's wait: the outcome is unknown. No
+    // maintenance round after the first, so nobody but the operator resolves it.
+    let client = {
+        let mut command = tokio::process::Command::new(payments_binary());
+        command.args(["--transport", "stdio", "--store", &url]);
+        command.args([
+            "--processor-delay-ms",
+            "60000",
+            "--processor-timeout-ms",
+            "200",
+        ]);
+        command.args([
+            "--settle-ms",
+            "600000",
+            "--maintenance-interval-ms",
+            "600000",
+        ]);
+        let transport = TokioChildProcess::new(command).expect("the example starts");
+        ().serve(transport).await.expect("the client connects")
+    };
+    let args = json!({ "card": "4242", "amount_cents": 4200 });
+    let first = call(&client, "charge_card", args.clone()).await;
+    assert_eq!(
+        operation(&first)["state"],
+        json!("failed_unknown"),
+        "{first:?}"
+    );
+    let reference = operation(&first)["reference"].as_str().unwrap().to_owned();
+
+    let response = json!({
+        "content": [{ "type": "text", "text": "{\"charge_id\":\"ch_by_hand\"}" }],
+        "structuredContent": { "charge_id": "ch_by_hand" },
+        "isError": false
+    })
+    .to_string();
+    let note = "ops: alice; the processor's dashboard shows ch_by_hand";
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let argv = [
+        "idem",
+        "--store",
+        &url,
+        "resolve",
+        &reference,
+        "--tenant",
+        "local",
+        "--completed",
+        &response,
+        "--note",
+        note,
+    ];
+    let code = idem_runtime::cli::run(argv, &mut out, &mut err).await;
+    assert_eq!(
+        code,
+        0,
+        "{}{}",
+        String::from_utf8_lossy(&out),
+        String::from_utf8_lossy(&err)
+    );
+
+    let status = call(
+        &client,
+        "get_operation_status",
+        json!({ "reference": reference }),
+    )
+    .await;
+    let report = status.structured_content.expect("a status report");
+    assert_eq!(report["state"], json!("COMPLETED"), "{report}");
+    assert_eq!(report["resolution"], json!(note), "{report}");
+    assert_eq!(
+        report["response"]["structuredContent"]["charge_id"],
+        json!("ch_by_hand")
+    );
+
+    let repeat = call(&client, "charge_card", args).await;
+    assert_eq!(operation(&repeat)["state"], json!("replayed"), "{repeat:?}");
+    assert_eq!(
+        repeat.structured_content,
+        Some(json!({ "charge_id": "ch_by_hand" }))
+    );
+    client.cancel().await.ok();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -5,7 +5,8 @@
 //! cargo run --example payments -- [FLAGS]
 //!
 //!   --transport stdio|http        stdio (default) or streamable HTTP
-//!   --listen 127.0.0.1:PORT       HTTP address (default 127.0.0.1:8080); serves /mcp
+//!   --listen 127.0.0.1:PORT       HTTP address (default 127.0.0.1:8080); serves /mcp, and
+//!                                 Prometheus metrics at /metrics (no token needed)
 //!   --token TOKEN=tenant/subject  HTTP: a bearer token and the caller it stands for (repeatable)
 //!   --tenant T --subject S        stdio: the local caller (default local/me)
 //!   --store memory|sqlite:PATH|postgres://...|redis://...
@@ -41,7 +42,8 @@ use shop::{Backends, Payments, ProcessorReconciler};
 const USAGE: &str = "\
 usage: payments [FLAGS]
   --transport stdio|http        stdio (default) or streamable HTTP
-  --listen 127.0.0.1:PORT       HTTP address (default 127.0.0.1:8080); serves /mcp
+  --listen 127.0.0.1:PORT       HTTP address (default 127.0.0.1:8080); serves /mcp, and
+                                Prometheus metrics at /metrics (no token needed)
   --token TOKEN=tenant/subject  HTTP: a bearer token and the caller it stands for (repeatable)
   --tenant T --subject S        stdio: the local caller (default local/me)
   --store memory|sqlite:PATH|postgres://...|redis://...
@@ -218,6 +220,23 @@ async fn main() {
         )
         .init();
     let flags = parse_flags();
+    // idem emits through the `metrics` facade; this recorder keeps the values
+    // for /metrics to render (no listener of the exporter's own).
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .unwrap_or_else(|e| {
+            eprintln!("payments: cannot install the metrics recorder: {e}");
+            std::process::exit(1)
+        });
+    let upkeep = metrics.clone();
+    tokio::spawn(async move {
+        // Drains the histograms' buckets; the exporter leaves the pace to us.
+        let mut every = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            every.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
 
     // Refuse to start if any tool claims a hint no wrapper backs.
     if let Err(problems) = audit_hints(&Payments::router()) {
@@ -262,7 +281,7 @@ async fn main() {
                 eprintln!("payments: warning: no --token given; every HTTP request will get 401");
             }
             let server = Payments::new(executor, None, backends, flags.processor_timeout);
-            if let Err(e) = http::serve(flags.listen, flags.tokens, server).await {
+            if let Err(e) = http::serve(flags.listen, flags.tokens, server, metrics).await {
                 eprintln!("payments: HTTP server on {} failed: {e}", flags.listen);
                 std::process::exit(1);
             }
@@ -273,7 +292,9 @@ async fn main() {
 
 mod http {
     //! Streamable HTTP at `/mcp`, behind a bearer-token layer that turns the
-    //! token into the request's `Caller`.
+    //! token into the request's `Caller`; Prometheus metrics at `/metrics`,
+    //! outside that layer: a scraper needs no caller's token, and the metrics
+    //! hold tool names and counts, never arguments, tenants or references.
 
     use std::collections::HashMap;
     use std::net::SocketAddr;
@@ -322,6 +343,7 @@ mod http {
         listen: SocketAddr,
         tokens: Vec<(String, Caller)>,
         server: Payments,
+        metrics: metrics_exporter_prometheus::PrometheusHandle,
     ) -> std::io::Result<()> {
         let tokens: Tokens = Arc::new(tokens.into_iter().collect());
         let service = StreamableHttpService::new(
@@ -331,7 +353,12 @@ mod http {
         );
         let app = axum::Router::new()
             .nest_service("/mcp", service)
-            .layer(middleware::from_fn_with_state(tokens, authenticate));
+            .layer(middleware::from_fn_with_state(tokens, authenticate))
+            // Added after the layer, so the token check does not cover it.
+            .route(
+                "/metrics",
+                axum::routing::get(move || async move { metrics.render() }),
+            );
         let listener = tokio::net::TcpListener::bind(listen).await?;
         eprintln!(
             "payments: serving MCP on http://{}/mcp",

@@ -88,6 +88,12 @@
 //! - [`Maintenance`] purges, sweeps dead calls to UNKNOWN and reconciles them
 //!   through your [`Reconciler`]; [`resolve_by_hand`] is for what nobody can
 //!   reconcile.
+//! - Operating it: calls, store latencies and maintenance are counted
+//!   through the `metrics` facade (feature `metrics`, default; the names are
+//!   in the README's "Operating it"), each call runs in an `idem.call`
+//!   tracing span, and the `idem` command line (feature `cli`, module
+//!   `cli`) lists, shows, resolves by hand, purges and counts records;
+//!   [`open_store`] opens a store from its URL.
 #![warn(
     missing_docs,
     missing_debug_implementations,
@@ -96,12 +102,15 @@
 )]
 
 mod answer;
+#[cfg(feature = "cli")]
+pub mod cli;
 mod executor;
 mod key;
 mod maintenance;
 #[cfg(feature = "rmcp")]
 mod mcp;
 mod store;
+mod telemetry;
 
 pub use answer::{Answer, AnswerState, Classify, Disposition, StatusReport, ToolError};
 pub use executor::{
@@ -134,8 +143,8 @@ pub use store::conformance;
 #[cfg(feature = "sqlite")]
 pub use store::SqliteStore;
 pub use store::{
-    Attempt, Claim, ClaimRequest, IdempotencyStore, MemoryStore, Record, RecordState,
-    RecordStateKind, Resolution, StoreError,
+    open_store, Attempt, Claim, ClaimRequest, IdempotencyStore, MemoryStore, Record, RecordFilter,
+    RecordState, RecordStateKind, Resolution, StateCounts, StoreError,
 };
 #[cfg(feature = "postgres")]
 pub use store::{PostgresStore, PostgresStoreBuilder};

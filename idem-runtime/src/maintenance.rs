@@ -59,6 +59,7 @@ pub async fn purge(store: &dyn IdempotencyStore, batch: usize) -> Result<usize, 
         let started = std::time::Instant::now();
         let n = store.purge_expired(batch).await?;
         total += n;
+        crate::telemetry::purged(n);
         if n < batch {
             return Ok(total);
         }
@@ -86,6 +87,7 @@ pub async fn sweep(store: &dyn IdempotencyStore, limit: usize) -> Result<usize, 
             Err(e) => return Err(e),
         }
     }
+    crate::telemetry::swept(marked);
     Ok(marked)
 }
 
@@ -211,6 +213,16 @@ pub async fn reconcile(
             // replica, an operator).
             Err(StoreError::Fenced | StoreError::WrongState { .. }) => {}
             Err(e) => return Err(e),
+        }
+    }
+    for (outcome, n) in [
+        ("completed", report.completed),
+        ("not_performed", report.not_performed),
+        ("still_unknown", report.still_unknown),
+        ("not_mine", report.not_mine),
+    ] {
+        if n > 0 {
+            crate::telemetry::reconciled(outcome, n);
         }
     }
     Ok(report)
@@ -354,6 +366,10 @@ pub async fn resolve_by_hand(
         {
             Ok(()) => {
                 tracing::info!(%reference, tool = %record.tool, "resolved by hand");
+                crate::telemetry::resolved_by_hand(match outcome {
+                    ManualOutcome::Completed { .. } => "completed",
+                    ManualOutcome::NotPerformed => "not_performed",
+                });
                 return Ok(resolved_as(store, tenant, reference, record, outcome, note).await);
             }
             Err(StoreError::Fenced | StoreError::WrongState { .. }) => {}

@@ -10,6 +10,7 @@ whatever the replies say.
 from __future__ import annotations
 
 import asyncio
+import urllib.request
 import re
 import time
 from pathlib import Path
@@ -459,3 +460,43 @@ async def test_http_missing_or_unknown_token_is_401_and_runs_nothing(http_server
         async with server.client("tok-globex") as client:
             view = await ledger(client)
     assert view == EMPTY_LEDGER
+
+
+# --- metrics ---------------------------------------------------------------
+
+
+def scrape(server: HttpServer) -> str:
+    """GET /metrics, without a token (the route is outside the token check)."""
+    url = f"http://127.0.0.1:{server.port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        assert response.status == 200
+        return response.read().decode()
+
+
+def sample(metrics: str, name: str, **labels: str) -> float | None:
+    """The value of the Prometheus sample `name` with exactly these labels."""
+    for line in metrics.splitlines():
+        m = re.fullmatch(r"(\w+)(?:\{(.*)\})? (\S+)", line)
+        if not m or m.group(1) != name:
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
+        if found == labels:
+            return float(m.group(3))
+    return None
+
+
+async def test_http_metrics_count_calls_by_tool_and_state(http_server) -> None:
+    server: HttpServer = http_server(TOKENS, "--store", "memory", "--processor-delay-ms", "50")
+    with anyio.fail_after(TEST_TIMEOUT_S):
+        async with server.client("tok-acme") as acme:
+            first = await acme.call_tool("charge_card", dict(CHARGE))
+            again = await acme.call_tool("charge_card", dict(CHARGE))
+    assert op(first)["state"] == "executed" and op(again)["state"] == "replayed"
+
+    metrics = scrape(server)
+    assert sample(metrics, "idem_calls_total", tool="charge_card", state="executed") == 1, metrics
+    assert sample(metrics, "idem_calls_total", tool="charge_card", state="replayed") == 1, metrics
+    # The store's latencies, by store and step; never a tenant or a reference.
+    assert re.search(r'idem_store_seconds\w*\{[^}]*op="claim"', metrics), metrics
+    assert "acme" not in metrics
+    assert op(first)["reference"] not in metrics

@@ -3,16 +3,18 @@
 use std::future::Future;
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tracing::Instrument;
 
 use crate::answer::{note, Answer, Classify, Disposition, StatusReport};
 use crate::key::{is_empty_business_key, Caller, IdempotencyKey, Reference, Scope};
 use crate::store::{
     Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordState, StoreError,
 };
+use crate::telemetry;
 
 mod guard;
 
@@ -145,9 +147,10 @@ impl Executor {
         let args = match serde_json::to_value(op.args) {
             Ok(args) => args,
             Err(e) => {
+                telemetry::call(op.tool, crate::answer::AnswerState::Refused);
                 return Answer::Refused {
                     reason: format!("the arguments cannot be serialized ({e})"),
-                }
+                };
             }
         };
         let op = Operation {
@@ -162,7 +165,43 @@ impl Executor {
 
     /// [`Executor::run`] for arguments already written as JSON (the rmcp
     /// glue has them so), without serializing them a second time.
+    ///
+    /// One `idem.call` span per call (tool, tenant, then the reference and
+    /// the answer's state once known; never the arguments or the response),
+    /// and one count of `idem_calls_total` by tool and state.
     pub(crate) async fn run_json<T, E, F, Fut>(
+        &self,
+        op: Operation<'_, serde_json::Value>,
+        handler: F,
+    ) -> Answer<T, E>
+    where
+        T: Serialize + DeserializeOwned,
+        E: Classify + std::fmt::Display,
+        F: FnOnce(OperationContext) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let span = tracing::info_span!(
+            "idem.call",
+            tool = op.tool,
+            tenant = op.caller.tenant(),
+            reference = tracing::field::Empty,
+            state = tracing::field::Empty,
+        );
+        let tool = op.tool;
+        // Without a subscriber that wants it, the call is not wrapped at all.
+        let answer = if span.is_disabled() {
+            self.answer(op, handler).await
+        } else {
+            self.answer(op, handler).instrument(span.clone()).await
+        };
+        let state = answer.state();
+        span.record("state", state.as_str());
+        telemetry::call(tool, state);
+        answer
+    }
+
+    /// Everything [`Executor::run_json`] does but the span and the count.
+    async fn answer<T, E, F, Fut>(
         &self,
         op: Operation<'_, serde_json::Value>,
         handler: F,
@@ -210,6 +249,7 @@ impl Executor {
             }
         };
         let reference = key.reference();
+        tracing::Span::current().record("reference", tracing::field::display(reference));
         let request = ClaimRequest {
             key,
             tenant: op.caller.tenant().to_owned(),
@@ -223,7 +263,9 @@ impl Executor {
         // timeout after the commit) or the call is dropped before it comes,
         // the claim may have landed, and nothing will ever run under it.
         let mut unconfirmed = ReleaseOnDrop::new(&self.store, key, request.attempt);
+        let started = Instant::now();
         let claimed = self.store.claim(&request).await;
+        telemetry::store_step(self.store.kind(), "claim", started);
         if claimed.is_ok() {
             unconfirmed.disarm();
         }
@@ -273,16 +315,18 @@ impl Executor {
         match outcome {
             Ok(Ok(value)) => {
                 let recorded = match serde_json::to_string(&value) {
-                    Ok(text) => match store.complete(key, attempt, &text).await {
-                        Ok(()) => true,
-                        Err(error) => {
-                            // The side effect happened: the caller gets its real
-                            // result; the record stays IN_PROGRESS and the sweep
-                            // resolves it.
-                            tracing::error!(%reference, %error, "completion write failed after the side effect");
-                            false
+                    Ok(text) => {
+                        match timed(store, "complete", store.complete(key, attempt, &text)).await {
+                            Ok(()) => true,
+                            Err(error) => {
+                                // The side effect happened: the caller gets its real
+                                // result; the record stays IN_PROGRESS and the sweep
+                                // resolves it.
+                                tracing::error!(%reference, %error, "completion write failed after the side effect");
+                                false
+                            }
                         }
-                    },
+                    }
                     Err(error) => {
                         mark(store, key, attempt, &note::unstorable(error)).await;
                         false
@@ -384,6 +428,18 @@ impl Executor {
             .await?
             .map(|r| StatusReport::from_record(&r)))
     }
+}
+
+/// `step`, a store call, timed as `op` of the store's kind.
+async fn timed<O>(
+    store: &dyn IdempotencyStore,
+    op: &'static str,
+    step: impl Future<Output = O>,
+) -> O {
+    let started = Instant::now();
+    let out = step.await;
+    telemetry::store_step(store.kind(), op, started);
+    out
 }
 
 /// The answer to a repeat that found a live record.

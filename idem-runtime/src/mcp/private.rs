@@ -223,6 +223,7 @@ where
     Fut: Future<Output = Result<CallToolResult, HandlerFailure>>,
 {
     let Some(caller) = resolve_caller(server, &request) else {
+        crate::telemetry::call(spec.tool, crate::AnswerState::NoCaller);
         return Ok(no_caller());
     };
     drop(request);
@@ -232,6 +233,7 @@ where
             let answer: Answer<CallToolResult, HandlerFailure> = Answer::Refused {
                 reason: format!("the arguments cannot be serialized ({error})"),
             };
+            crate::telemetry::call(spec.tool, answer.state());
             return Ok(render(answer));
         }
     };
@@ -245,6 +247,7 @@ where
             let answer: Answer<CallToolResult, HandlerFailure> = Answer::Refused {
                 reason: format!("the business key field `{field}` cannot be serialized ({error})"),
             };
+            crate::telemetry::call(spec.tool, answer.state());
             return Ok(render(answer));
         }
     };

@@ -28,8 +28,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordState, RecordStateKind,
-    Resolution, StoreError,
+    Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordFilter, RecordState,
+    RecordStateKind, Resolution, StateCounts, StoreError,
 };
 use crate::key::{IdempotencyKey, Reference};
 
@@ -780,6 +780,116 @@ pub async fn expiry_sweep_and_purge(store: &dyn IdempotencyStore) {
     assert_eq!(store.lookup(tenant, &live.reference()).await.unwrap(), None);
 }
 
+/// `list_records` returns a tenant's records matching the state and tool
+/// asked, the newest claims first, at most the limit, and never another
+/// tenant's.
+pub async fn records_are_listed_by_filter_newest_first(store: &dyn IdempotencyStore) {
+    let first = fresh(W);
+    let tenant = first.tenant.clone();
+    let mut reqs = vec![first];
+    for i in 0..3 {
+        // Apart in time: claimed_at orders them on every store's clock.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let mut req = fresh(W);
+        req.tenant = tenant.clone();
+        if i == 2 {
+            req.tool = "create_shipment".to_owned();
+        }
+        reqs.push(req);
+    }
+    for req in &reqs {
+        claimed(store, req).await;
+    }
+    store
+        .mark_unknown(&reqs[1].key, reqs[1].attempt, "timed out")
+        .await
+        .unwrap();
+    let other = fresh(W);
+    claimed(store, &other).await;
+
+    let mine = |state, tool: Option<&str>, limit| RecordFilter {
+        state,
+        tenant: Some(tenant.clone()),
+        tool: tool.map(str::to_owned),
+        limit,
+    };
+    let keys = |records: Vec<Record>| records.iter().map(|r| r.key).collect::<Vec<_>>();
+    let all = store.list_records(&mine(None, None, 10)).await.unwrap();
+    assert_eq!(
+        keys(all),
+        reqs.iter().rev().map(|r| r.key).collect::<Vec<_>>(),
+        "the tenant's records, newest claim first"
+    );
+    let two = store.list_records(&mine(None, None, 2)).await.unwrap();
+    assert_eq!(keys(two), [reqs[3].key, reqs[2].key], "at most the limit");
+    let unknown = store
+        .list_records(&mine(Some(RecordStateKind::Unknown), None, 10))
+        .await
+        .unwrap();
+    assert_eq!(keys(unknown), [reqs[1].key], "by state");
+    let shipments = store
+        .list_records(&mine(None, Some("create_shipment"), 10))
+        .await
+        .unwrap();
+    assert_eq!(keys(shipments), [reqs[3].key], "by tool");
+    let in_progress_charges = store
+        .list_records(&mine(
+            Some(RecordStateKind::InProgress),
+            Some("charge_card"),
+            10,
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        keys(in_progress_charges),
+        [reqs[2].key, reqs[0].key],
+        "all filters at once"
+    );
+    let any = store
+        .list_records(&RecordFilter {
+            limit: 100_000,
+            ..RecordFilter::default()
+        })
+        .await
+        .unwrap();
+    assert!(
+        any.iter().any(|r| r.key == other.key),
+        "no filter: every tenant"
+    );
+}
+
+/// `count_records` counts each state (other cases may share the store and
+/// change their records meanwhile, so only this case's own are certain).
+pub async fn records_are_counted_by_state(store: &dyn IdempotencyStore) {
+    let (running, done, doubt) = (fresh(W), fresh(W), fresh(W));
+    for req in [&running, &done, &doubt] {
+        claimed(store, req).await;
+    }
+    store.complete(&done.key, done.attempt, "1").await.unwrap();
+    store
+        .mark_unknown(&doubt.key, doubt.attempt, "timed out")
+        .await
+        .unwrap();
+    let after: StateCounts = store.count_records().await.unwrap();
+    for kind in [
+        RecordStateKind::InProgress,
+        RecordStateKind::Completed,
+        RecordStateKind::Unknown,
+    ] {
+        assert!(after.get(kind) >= 1, "{kind} counted: {after:?}");
+    }
+    assert!(after.total() >= 3, "{after:?}");
+    let mine = store
+        .list_records(&RecordFilter {
+            tenant: Some(doubt.tenant.clone()),
+            limit: 10,
+            ..RecordFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(mine.len(), 1);
+}
+
 /// One conformance case: a function over a borrowed store.
 pub type Case =
     for<'a> fn(&'a dyn IdempotencyStore) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
@@ -813,7 +923,8 @@ macro_rules! __idem_conformance_cases {
             resolve_completed_from_unknown_only,
             not_performed_waits_for_settle,
             late_completion_wins_over_not_performed,
-            late_truth_outlives_the_window,
+            records_are_listed_by_filter_newest_first,
+            records_are_counted_by_state,
         );
     };
 }
@@ -909,6 +1020,10 @@ pub enum Call {
     ListLapsed,
     /// [`IdempotencyStore::list_unknown`].
     ListUnknown,
+    /// [`IdempotencyStore::list_records`].
+    ListRecords,
+    /// [`IdempotencyStore::count_records`].
+    CountRecords,
 }
 
 /// What [`FaultyStore`] does to one call.
@@ -1079,6 +1194,17 @@ impl<S: IdempotencyStore> IdempotencyStore for FaultyStore<S> {
     }
     async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
         self.run(Call::ListUnknown, self.inner.list_unknown(limit))
+            .await
+    }
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+    async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
+        self.run(Call::ListRecords, self.inner.list_records(filter))
+            .await
+    }
+    async fn count_records(&self) -> Result<StateCounts, StoreError> {
+        self.run(Call::CountRecords, self.inner.count_records())
             .await
     }
 }

@@ -7,8 +7,8 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 
 use super::{
-    Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordState, RecordStateKind,
-    Resolution, StoreError,
+    Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordFilter, RecordState,
+    RecordStateKind, Resolution, StateCounts, StoreError,
 };
 use crate::key::{IdempotencyKey, Reference};
 
@@ -166,6 +166,25 @@ fn unknown(record: &mut Record, note: &str, now: SystemTime) {
 
 #[async_trait]
 impl IdempotencyStore for MemoryStore {
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+
+    async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
+        let newest_first = |r: &Record| std::cmp::Reverse(r.claimed_at);
+        Ok(self.collect(filter.limit, |r| filter.matches(r), newest_first))
+    }
+
+    async fn count_records(&self) -> Result<StateCounts, StoreError> {
+        let mut counts = StateCounts::default();
+        for shard in self.shards.iter() {
+            for record in lock(shard).values() {
+                counts.add(record.state.kind(), 1);
+            }
+        }
+        Ok(counts)
+    }
+
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         let now = self.now();
         let mut shard = self.shard(req.key.key[0]);

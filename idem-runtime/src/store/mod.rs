@@ -10,6 +10,7 @@ use crate::key::{IdempotencyKey, Reference};
 
 mod attempt;
 mod memory;
+mod open;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod sql;
 
@@ -24,6 +25,7 @@ mod sqlite;
 
 pub use attempt::Attempt;
 pub use memory::MemoryStore;
+pub use open::open_store;
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, PostgresStoreBuilder};
 #[cfg(feature = "redis")]
@@ -259,6 +261,62 @@ pub enum Resolution<'a> {
     },
 }
 
+/// Which records [`IdempotencyStore::list_records`] returns: every field
+/// that is set must match; the newest claims come first, at most `limit`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecordFilter {
+    /// Only records in this state, as stored (an IN_PROGRESS record whose
+    /// lease ran out is still IN_PROGRESS here; [`Record::is_lapsed`] tells).
+    pub state: Option<RecordStateKind>,
+    /// Only this tenant's records.
+    pub tenant: Option<String>,
+    /// Only this tool's records.
+    pub tool: Option<String>,
+    /// The most records returned.
+    pub limit: usize,
+}
+
+/// How many records a store holds in each state
+/// ([`IdempotencyStore::count_records`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StateCounts {
+    /// IN_PROGRESS records (running, or lapsed).
+    pub in_progress: u64,
+    /// COMPLETED records.
+    pub completed: u64,
+    /// UNKNOWN records: each one waits for a reconciler or a person.
+    pub unknown: u64,
+    /// NOT_PERFORMED records.
+    pub not_performed: u64,
+}
+
+impl StateCounts {
+    /// The count of one state.
+    pub fn get(&self, kind: RecordStateKind) -> u64 {
+        match kind {
+            RecordStateKind::InProgress => self.in_progress,
+            RecordStateKind::Completed => self.completed,
+            RecordStateKind::Unknown => self.unknown,
+            RecordStateKind::NotPerformed => self.not_performed,
+        }
+    }
+
+    /// Adds `n` to the count of `kind`.
+    pub fn add(&mut self, kind: RecordStateKind, n: u64) {
+        match kind {
+            RecordStateKind::InProgress => self.in_progress += n,
+            RecordStateKind::Completed => self.completed += n,
+            RecordStateKind::Unknown => self.unknown += n,
+            RecordStateKind::NotPerformed => self.not_performed += n,
+        }
+    }
+
+    /// All records.
+    pub fn total(&self) -> u64 {
+        RecordStateKind::ALL.iter().map(|&k| self.get(k)).sum()
+    }
+}
+
 /// The errors of a store. Backends map their own errors into these.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -277,6 +335,10 @@ pub enum StoreError {
         /// The state found.
         found: RecordStateKind,
     },
+    /// The store does not implement this (optional) method: nothing was
+    /// tried.
+    #[error("the idempotency store cannot {0}")]
+    Unsupported(&'static str),
     /// The store was configured wrongly (an invalid connection string or
     /// schema name): nothing was tried. Fix the configuration; retrying
     /// will not help.
@@ -304,6 +366,12 @@ pub enum StoreError {
 /// clocks agree on expiry and leases.
 #[async_trait]
 pub trait IdempotencyStore: Send + Sync + std::fmt::Debug {
+    /// A short, constant name of the backend (`memory`, `sqlite`,
+    /// `postgres`, `redis`), the `store` label of the latency metrics.
+    fn kind(&self) -> &'static str {
+        "custom"
+    }
+
     /// Claims the operation: atomically inserts an IN_PROGRESS record owned by
     /// `req.attempt` if none exists, or takes over a record that
     /// [`Record::is_claimable`] (expired, or NOT_PERFORMED; a new claim
@@ -416,6 +484,27 @@ pub trait IdempotencyStore: Send + Sync + std::fmt::Debug {
     /// Records a reconciler cannot resolve are deferred with a backoff, so
     /// they never hide the others.
     async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError>;
+
+    /// At most `filter.limit` records that match `filter`, the newest claims
+    /// (`claimed_at`) first, for an operator. Expired records that purge has
+    /// not deleted yet may be returned, as they are.
+    ///
+    /// A snapshot read that changes nothing; not on the calls' path, and it
+    /// may read the whole store (an index helps only the state filter).
+    /// Provided so existing stores compile: the default answers
+    /// `Unsupported`. Errors: `Unavailable`.
+    async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
+        let _ = filter;
+        Err(StoreError::Unsupported("list its records"))
+    }
+
+    /// How many records the store holds in each state, expired ones that
+    /// purge has not deleted yet included. A snapshot read that changes
+    /// nothing, not on the calls' path; it may read the whole store. The
+    /// default answers `Unsupported`. Errors: `Unavailable`.
+    async fn count_records(&self) -> Result<StateCounts, StoreError> {
+        Err(StoreError::Unsupported("count its records"))
+    }
 }
 
 /// A shared store is a store: `Arc<MemoryStore>`, `Arc<dyn IdempotencyStore>`.
@@ -491,5 +580,24 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<S> {
     }
     async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
         (**self).list_unknown(limit).await
+    }
+    fn kind(&self) -> &'static str {
+        (**self).kind()
+    }
+    async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
+        (**self).list_records(filter).await
+    }
+    async fn count_records(&self) -> Result<StateCounts, StoreError> {
+        (**self).count_records().await
+    }
+}
+
+impl RecordFilter {
+    /// Whether `record` matches the filter's state, tenant and tool (not its
+    /// limit): for a store that filters after reading.
+    pub fn matches(&self, record: &Record) -> bool {
+        self.state.is_none_or(|s| record.state.kind() == s)
+            && self.tenant.as_deref().is_none_or(|t| record.tenant == t)
+            && self.tool.as_deref().is_none_or(|t| record.tool == t)
     }
 }

@@ -50,3 +50,34 @@ pub(crate) fn key_range(reference: &Reference) -> ([u8; 32], [u8; 32]) {
     hi[..8].copy_from_slice(reference.as_bytes());
     (lo, hi)
 }
+
+/// `list_records`: the rows matching the optional state, tenant and tool
+/// (each parameter NULL for "any"), the newest claims first. `param(n)` is
+/// the backend's n-th placeholder, typed where the backend needs it.
+pub(crate) fn filtered(table: &str, extra: &str, param: impl Fn(u8) -> String) -> String {
+    let (state, tenant, tool, limit) = (param(1), param(2), param(3), param(4));
+    format!(
+        "SELECT {COLUMNS}{extra} FROM {table} \
+         WHERE ({state} IS NULL OR state = {state}) AND ({tenant} IS NULL OR tenant = {tenant}) \
+           AND ({tool} IS NULL OR tool = {tool}) \
+         ORDER BY claimed_at DESC LIMIT {limit}"
+    )
+}
+
+/// `count_records`: one row per state code present, with its count.
+pub(crate) fn counted(table: &str) -> String {
+    format!("SELECT state, count(*) FROM {table} GROUP BY state")
+}
+
+/// The counts of `count_records` from `(state code, count)` rows.
+pub(crate) fn counts(
+    rows: impl IntoIterator<Item = (i64, i64)>,
+) -> Result<super::StateCounts, StoreError> {
+    let mut counts = super::StateCounts::default();
+    for (code, n) in rows {
+        let kind = RecordStateKind::from_code(code)
+            .ok_or_else(|| StoreError::Corrupt(format!("state {code}")))?;
+        counts.add(kind, u64::try_from(n).unwrap_or(0));
+    }
+    Ok(counts)
+}

@@ -9,10 +9,12 @@ use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::oneshot;
 
 use super::sql::{
-    expired, key_range, state_from, COLUMNS, COMPLETED, IN_PROGRESS, NOT_PERFORMED, UNKNOWN,
+    counted, counts, expired, filtered, key_range, state_from, COLUMNS, COMPLETED, IN_PROGRESS,
+    NOT_PERFORMED, UNKNOWN,
 };
 use super::{
-    Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordStateKind, Resolution, StoreError,
+    Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordFilter, RecordStateKind,
+    Resolution, StateCounts, StoreError,
 };
 use crate::key::{IdempotencyKey, Reference};
 
@@ -48,6 +50,8 @@ struct Statements {
     purge: String,
     lapsed: String,
     unknown: String,
+    filtered: String,
+    counted: String,
 }
 
 static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::new(|| Statements {
@@ -139,6 +143,8 @@ static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::new(|| Statem
         "SELECT {COLUMNS} FROM idem_records \
          WHERE state = {UNKNOWN} AND next_check_at <= ?1 ORDER BY next_check_at LIMIT ?2"
     ),
+    filtered: filtered("idem_records", "", |n| format!("?{n}")),
+    counted: counted("idem_records"),
 });
 
 /// The embedded durable store: one SQLite database file in WAL mode, kept
@@ -498,6 +504,39 @@ fn fenced(
 
 #[async_trait]
 impl IdempotencyStore for SqliteStore {
+    fn kind(&self) -> &'static str {
+        "sqlite"
+    }
+
+    async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
+        let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
+        let state = filter.state.map(|s| s.code());
+        let (tenant, tool) = (filter.tenant.clone(), filter.tool.clone());
+        self.run(move |conn, now| {
+            read_many(
+                conn,
+                &SQL.filtered,
+                params![state, tenant, tool, limit],
+                now,
+            )
+        })
+        .await
+    }
+
+    async fn count_records(&self) -> Result<StateCounts, StoreError> {
+        self.run(|conn, _| {
+            let mut stmt = conn
+                .prepare_cached(&SQL.counted)
+                .map_err(|e| unavailable(&e))?;
+            let rows = stmt
+                .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))
+                .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| unavailable(&e))?;
+            counts(rows)
+        })
+        .await
+    }
+
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         let req = req.clone();
         self.run(move |conn, now| {

@@ -9,9 +9,10 @@ use deadpool_postgres::{Object, Pool};
 use tokio_postgres::Row;
 
 use crate::key::{IdempotencyKey, Reference};
-use crate::store::sql::{key_range, state_from};
+use crate::store::sql::{counts, key_range, state_from};
 use crate::store::{
-    Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordStateKind, Resolution, StoreError,
+    Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordFilter, RecordStateKind,
+    Resolution, StateCounts, StoreError,
 };
 
 mod builder;
@@ -277,6 +278,39 @@ const CLAIM_ROUNDS: usize = 16;
 
 #[async_trait]
 impl IdempotencyStore for PostgresStore {
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
+        let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
+        let state = filter.state.map(|s| s.code());
+        self.with(async |client, sql| {
+            let stmt = client.prepare_cached(&sql.filtered).await?;
+            let rows = client
+                .query(&stmt, &[&state, &filter.tenant, &filter.tool, &limit])
+                .await?;
+            Ok(rows
+                .iter()
+                .map(row_to_record)
+                .collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    async fn count_records(&self) -> Result<StateCounts, StoreError> {
+        self.with(async |client, sql| {
+            let stmt = client.prepare_cached(&sql.counted).await?;
+            let rows = client.query(&stmt, &[]).await?;
+            let pairs = rows
+                .iter()
+                .map(|r| Ok((i64::from(r.try_get::<_, i16>(0)?), r.try_get::<_, i64>(1)?)))
+                .collect::<Result<Vec<_>, tokio_postgres::Error>>()?;
+            Ok(counts(pairs)?)
+        })
+        .await
+    }
+
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         self.with(async |client, sql| {
             let key = &req.key.as_bytes()[..];

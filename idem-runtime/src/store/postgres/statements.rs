@@ -1,7 +1,9 @@
 //! The store's SQL, written once per schema from the state codes of
 //! [`RecordStateKind`](crate::store::RecordStateKind).
 
-use crate::store::sql::{expired, COLUMNS, COMPLETED, IN_PROGRESS, NOT_PERFORMED, UNKNOWN};
+use crate::store::sql::{
+    counted, expired, filtered, COLUMNS, COMPLETED, IN_PROGRESS, NOT_PERFORMED, UNKNOWN,
+};
 
 /// The store's SQL, with the schema filled in once. Every statement that
 /// reads records selects `now()` last, the record's `observed_at`.
@@ -23,6 +25,8 @@ pub(super) struct Statements {
     pub(super) purge: String,
     pub(super) lapsed: String,
     pub(super) unknown: String,
+    pub(super) filtered: String,
+    pub(super) counted: String,
 }
 
 /// `$n` microseconds as an interval.
@@ -139,6 +143,15 @@ impl Statements {
                  WHERE state = {UNKNOWN} AND next_check_at <= now() \
                  ORDER BY next_check_at LIMIT $1"
             ),
+            filtered: filtered(&t, ", now()", |n| {
+                let ty = match n {
+                    1 => "int2",
+                    4 => "int8",
+                    _ => "text",
+                };
+                format!("${n}::{ty}")
+            }),
+            counted: counted(&t),
             schema,
         }
     }

@@ -8,7 +8,8 @@ use redis::Cmd;
 
 use crate::key::{IdempotencyKey, Reference};
 use crate::store::{
-    Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordStateKind, Resolution, StoreError,
+    Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordFilter, RecordStateKind,
+    Resolution, StateCounts, StoreError,
 };
 
 mod builder;
@@ -19,7 +20,7 @@ mod scripts;
 pub use builder::RedisStoreBuilder;
 use layout::{Layout, RecordKeys, SHARDS};
 use link::{evalsha, Link};
-use scripts::{micros, records, Reply, SCRIPTS};
+use scripts::{micros, records, scanned, Reply, Scanned, SCRIPTS};
 
 /// Records in Redis or Valkey, standalone or Cluster, for several server
 /// replicas.
@@ -207,6 +208,41 @@ impl RedisStore {
     }
 }
 
+/// How many keys one SCAN step of `list_records` and `count_records` looks
+/// at: each step is one short script.
+const SCAN_COUNT: usize = 500;
+
+impl RedisStore {
+    /// Every record of the store, one shard after another, one short SCAN
+    /// step per script: `each` gets what each step found. Not atomic across
+    /// steps; on a Cluster each shard's steps run on the node holding it.
+    async fn scan(
+        &self,
+        states: bool,
+        mut each: impl FnMut(Scanned) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let script = &SCRIPTS.scan;
+        for shard in 0..SHARDS {
+            let [lapsed, _] = self.layout.sets(shard);
+            let mut cursor = "0".to_owned();
+            loop {
+                let mut cmd = evalsha(script, &[&lapsed]);
+                cmd.arg(self.layout.shard(shard))
+                    .arg(&cursor)
+                    .arg(SCAN_COUNT)
+                    .arg(if states { "1" } else { "0" });
+                let (next, found) = scanned(self.link.run(script, &cmd).await?, states)?;
+                each(found)?;
+                if next == "0" {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Polls every future to completion on the current task.
 async fn join_all<F: std::future::Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
     let mut pending: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
@@ -253,6 +289,52 @@ fn done(reply: Reply) -> Result<(), StoreError> {
 
 #[async_trait]
 impl IdempotencyStore for RedisStore {
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
+
+    async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
+        let mut seen = std::collections::HashSet::new();
+        let mut found: Vec<Record> = Vec::new();
+        let newest_first = |r: &Record| std::cmp::Reverse(r.claimed_at);
+        self.scan(false, |step| {
+            if let Scanned::Records(records) = step {
+                for record in records {
+                    if filter.matches(&record) && seen.insert(record.key.key) {
+                        found.push(record);
+                    }
+                }
+                // Keep only the newest `limit` between steps.
+                if found.len() > filter.limit.saturating_mul(2).max(1024) {
+                    found.sort_by_key(newest_first);
+                    found.truncate(filter.limit);
+                }
+            }
+            Ok(())
+        })
+        .await?;
+        found.sort_by_key(newest_first);
+        found.truncate(filter.limit);
+        Ok(found)
+    }
+
+    async fn count_records(&self) -> Result<StateCounts, StoreError> {
+        let mut seen = std::collections::HashSet::new();
+        let mut counts = StateCounts::default();
+        self.scan(true, |step| {
+            if let Scanned::States(states) = step {
+                for (key, kind) in states {
+                    if seen.insert(key) {
+                        counts.add(kind, 1);
+                    }
+                }
+            }
+            Ok(())
+        })
+        .await?;
+        Ok(counts)
+    }
+
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         let script = &SCRIPTS.claim;
         let (mut cmd, rk) = self.over(script, &req.key);

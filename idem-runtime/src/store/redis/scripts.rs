@@ -49,6 +49,7 @@ pub(super) struct Scripts {
     pub(super) lookup: Script,
     pub(super) list: Script,
     pub(super) purge: Script,
+    pub(super) scan: Script,
 }
 
 pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
@@ -82,6 +83,7 @@ pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
         lookup: script(include_str!("lua/lookup.lua")),
         list: script(include_str!("lua/list.lua")),
         purge: script(include_str!("lua/purge.lua")),
+        scan: script(include_str!("lua/scan.lua")),
     }
 });
 
@@ -138,6 +140,44 @@ pub(super) fn records(value: Value) -> Result<Vec<Record>, StoreError> {
     }
     let now = time(Some(now))?;
     fields.chunks(FIELDS).map(|f| record(f, now)).collect()
+}
+
+/// One SCAN step's reply (`scan.lua`): the next cursor, and the records
+/// (`states` false) or each record's key and state (`states` true).
+pub(super) fn scanned(value: Value, states: bool) -> Result<(String, Scanned), StoreError> {
+    let Value::Array(mut items) = value else {
+        return Err(corrupt("a scan's reply is not an array"));
+    };
+    if items.len() < 2 {
+        return Err(corrupt("a scan's reply is too short"));
+    }
+    let cursor = text(&items.remove(1))?.ok_or_else(|| corrupt("a scan has no cursor"))?;
+    if !states {
+        return Ok((cursor, Scanned::Records(records(Value::Array(items))?)));
+    }
+    let pairs = &items[1..];
+    if pairs.len() % 2 != 0 {
+        return Err(corrupt("a scan's reply has a partial record"));
+    }
+    let found = pairs
+        .chunks(2)
+        .map(|p| {
+            let key: [u8; 32] = bytes(&p[0])
+                .and_then(|b| b.try_into().ok())
+                .ok_or_else(|| corrupt("a key is not 32 bytes"))?;
+            Ok((key, kind(Some(&p[1]))?))
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    Ok((cursor, Scanned::States(found)))
+}
+
+/// What one SCAN step found.
+#[derive(Debug)]
+pub(super) enum Scanned {
+    /// Whole records.
+    Records(Vec<Record>),
+    /// Each record's key and state.
+    States(Vec<([u8; 32], RecordStateKind)>),
 }
 
 /// A record from its fields (`FIELDS` order), read at `now`.

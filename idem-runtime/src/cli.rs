@@ -1,0 +1,501 @@
+//! The operator's command line, `idem` (feature `cli`): list, show, resolve
+//! by hand, purge and count the records of a store.
+//!
+//! ```text
+//! idem --store URL list [--state unknown|in_progress|completed|not_performed] [--tenant T] [--tool X] [--limit N]
+//! idem --store URL show REF --tenant T [--response]
+//! idem --store URL resolve REF --tenant T (--completed RESPONSE_JSON | --not-performed) --note "who and why"
+//! idem --store URL purge
+//! idem --store URL stats
+//! ```
+//!
+//! `URL` is what [`open_store`] takes (`sqlite:PATH`, `postgres://…`,
+//! `redis://…`); a SQLite file must exist, and PostgreSQL must have been
+//! migrated by the server. Output is an aligned table, or JSON with
+//! `--json`. Responses are printed only by `show --response` (they may hold
+//! personal data); records hold no arguments.
+//!
+//! Exit codes: [`EXIT_OK`] 0; [`EXIT_OPERATOR`] 1, the request was refused
+//! (no such reference, the record is not UNKNOWN, the store holds something
+//! invalid); [`EXIT_USAGE`] 2, the command line or the configuration is
+//! wrong; [`EXIT_UNREACHABLE`] 3, the store did not answer (or is not
+//! migrated).
+//!
+//! [`run`] is the whole program, with its output given, so tests run it in
+//! process; the `idem` binary calls it.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use clap::{Parser, Subcommand, ValueEnum};
+use serde_json::{json, Value};
+
+use crate::key::Reference;
+use crate::maintenance::{purge, resolve_by_hand, ManualOutcome, ResolveError};
+use crate::store::{
+    open_store, IdempotencyStore, Record, RecordFilter, RecordState, RecordStateKind, StoreError,
+};
+
+/// Done.
+pub const EXIT_OK: u8 = 0;
+/// Refused: no such reference, the record is not UNKNOWN, or the store
+/// holds something invalid. Nothing was changed.
+pub const EXIT_OPERATOR: u8 = 1;
+/// The command line or the store's configuration is wrong; nothing was
+/// tried.
+pub const EXIT_USAGE: u8 = 2;
+/// The store could not be reached, did not answer in time, or is not
+/// migrated.
+pub const EXIT_UNREACHABLE: u8 = 3;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "idem",
+    version,
+    about = "Look after idem's idempotency records: list, show, resolve by hand, purge, count",
+    after_help = "Exit codes: 0 ok, 1 refused (not found, not UNKNOWN), 2 usage or \
+                  configuration, 3 store unreachable or not migrated."
+)]
+struct Args {
+    /// The store: sqlite:PATH, postgres://USER@HOST/DB or redis://HOST:PORT.
+    #[arg(long, value_name = "URL")]
+    store: String,
+    /// Print JSON instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// The newest records first (by claim), filtered.
+    List {
+        /// Only records in this state (as stored: a lapsed call is
+        /// IN_PROGRESS, shown as lapsed).
+        #[arg(long)]
+        state: Option<State>,
+        /// Only this tenant's records.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Only this tool's records.
+        #[arg(long)]
+        tool: Option<String>,
+        /// The most records shown.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// One record, in full (its response only with --response).
+    Show {
+        /// The operation's reference (16 hex digits).
+        reference: String,
+        /// The caller's tenant.
+        #[arg(long)]
+        tenant: String,
+        /// Print the stored response too (it may hold personal data).
+        #[arg(long)]
+        response: bool,
+    },
+    /// Resolve an UNKNOWN operation by hand, with a note saying who and why.
+    Resolve {
+        /// The operation's reference (16 hex digits).
+        reference: String,
+        /// The caller's tenant.
+        #[arg(long)]
+        tenant: String,
+        /// It happened: repeats replay this response (the tool's result as JSON).
+        #[arg(
+            long,
+            value_name = "RESPONSE_JSON",
+            conflicts_with = "not_performed",
+            required_unless_present = "not_performed"
+        )]
+        completed: Option<String>,
+        /// It did not happen: the next identical call runs.
+        #[arg(long)]
+        not_performed: bool,
+        /// Who resolves it and why; the status tool shows it.
+        #[arg(long)]
+        note: String,
+    },
+    /// Delete every expired record.
+    Purge {
+        /// Records deleted per statement.
+        #[arg(long, default_value_t = 250)]
+        batch: usize,
+    },
+    /// How many records are in each state.
+    Stats,
+}
+
+/// A state as the command line spells it.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+#[value(rename_all = "snake_case")]
+enum State {
+    Unknown,
+    InProgress,
+    Completed,
+    NotPerformed,
+}
+
+impl From<State> for RecordStateKind {
+    fn from(s: State) -> Self {
+        match s {
+            State::Unknown => RecordStateKind::Unknown,
+            State::InProgress => RecordStateKind::InProgress,
+            State::Completed => RecordStateKind::Completed,
+            State::NotPerformed => RecordStateKind::NotPerformed,
+        }
+    }
+}
+
+/// Why the program stops: the exit code and what to tell the operator.
+struct Failure(u8, String);
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Unavailable(_) => Failure(
+                EXIT_UNREACHABLE,
+                format!("{e}\ncheck the URL, that the store is up and reachable from here, and (PostgreSQL) that the server has migrated it"),
+            ),
+            StoreError::Config(_) | StoreError::Unsupported(_) => Failure(EXIT_USAGE, e.to_string()),
+            e => Failure(EXIT_OPERATOR, e.to_string()),
+        }
+    }
+}
+
+impl From<ResolveError> for Failure {
+    fn from(e: ResolveError) -> Self {
+        match e {
+            ResolveError::Store(e) => e.into(),
+            ResolveError::EmptyNote | ResolveError::InvalidResponse(_) => {
+                Failure(EXIT_USAGE, e.to_string())
+            }
+            e => Failure(EXIT_OPERATOR, e.to_string()),
+        }
+    }
+}
+
+/// Runs the command line `args` (the program's name first), writing its
+/// answer to `out` and problems to `err`; returns the exit code.
+pub async fn run<I, T>(args: I, out: &mut dyn Write, err: &mut dyn Write) -> u8
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let args = match Args::try_parse_from(args) {
+        Ok(args) => args,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            let asked = matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion);
+            let text = e.render().to_string();
+            return if asked {
+                let _ = write!(out, "{text}");
+                EXIT_OK
+            } else {
+                let _ = write!(err, "{text}");
+                EXIT_USAGE
+            };
+        }
+    };
+    match execute(args, out).await {
+        Ok(()) => EXIT_OK,
+        Err(Failure(code, message)) => {
+            let _ = writeln!(err, "idem: {message}");
+            code
+        }
+    }
+}
+
+async fn open(url: &str) -> Result<Arc<dyn IdempotencyStore>, Failure> {
+    if url == "memory" {
+        return Err(Failure(
+            EXIT_USAGE,
+            "a memory store lives inside its server's process; point --store at the \
+             server's durable store (sqlite:PATH, postgres://…, redis://…)"
+                .to_owned(),
+        ));
+    }
+    // Opening a mistyped path would create an empty database, and every
+    // answer from it would be wrong.
+    if let Some(path) = url.strip_prefix("sqlite:") {
+        if !Path::new(path).is_file() {
+            return Err(Failure(
+                EXIT_USAGE,
+                format!("no SQLite database at {path:?}; give the path the server uses"),
+            ));
+        }
+    }
+    Ok(open_store(url).await?)
+}
+
+fn parse_reference(text: &str) -> Result<Reference, Failure> {
+    Reference::parse(text.trim()).ok_or_else(|| {
+        Failure(
+            EXIT_USAGE,
+            format!(
+                "{text:?} is not a reference: it is 16 hex digits, as the tool's answer gives it"
+            ),
+        )
+    })
+}
+
+async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
+    let store = open(&args.store).await?;
+    let store = &*store;
+    let text = match args.command {
+        Command::List {
+            state,
+            tenant,
+            tool,
+            limit,
+        } => {
+            let filter = RecordFilter {
+                state: state.map(Into::into),
+                tenant,
+                tool,
+                limit,
+            };
+            let records = store.list_records(&filter).await?;
+            if args.json {
+                json_text(&Value::Array(
+                    records.iter().map(|r| record_json(r, false)).collect(),
+                ))
+            } else {
+                let mut rows = vec![
+                    ["REFERENCE", "TENANT", "TOOL", "STATE", "CLAIMED", "UPDATED"]
+                        .map(str::to_owned)
+                        .to_vec(),
+                ];
+                rows.extend(records.iter().map(|r| {
+                    vec![
+                        r.reference().to_string(),
+                        r.tenant.clone(),
+                        r.tool.clone(),
+                        state_label(r),
+                        timestamp(r.claimed_at),
+                        timestamp(r.updated_at),
+                    ]
+                }));
+                table(&rows)
+            }
+        }
+        Command::Show {
+            reference,
+            tenant,
+            response,
+        } => {
+            let reference = parse_reference(&reference)?;
+            let record = store.lookup(&tenant, &reference).await?.ok_or_else(|| {
+                Failure(
+                    EXIT_OPERATOR,
+                    format!(
+                        "no operation with reference {reference} in tenant {tenant:?}; check both"
+                    ),
+                )
+            })?;
+            if args.json {
+                json_text(&record_json(&record, response))
+            } else {
+                let value = record_json(&record, response);
+                let rows: Vec<Vec<String>> = value
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .filter(|(_, v)| !v.is_null())
+                    .map(|(k, v)| {
+                        let shown = match v {
+                            Value::String(s) => s.clone(),
+                            v => v.to_string(),
+                        };
+                        vec![format!("{k}:"), shown]
+                    })
+                    .collect();
+                let mut text = table(&rows);
+                if !response && matches!(record.state, RecordState::Completed { .. }) {
+                    text.push_str("(the response is not shown; --response prints it)\n");
+                }
+                text
+            }
+        }
+        Command::Resolve {
+            reference,
+            tenant,
+            completed,
+            not_performed: _,
+            note,
+        } => {
+            let reference = parse_reference(&reference)?;
+            let outcome = match completed {
+                Some(response) => ManualOutcome::Completed { response },
+                None => ManualOutcome::NotPerformed,
+            };
+            let record = resolve_by_hand(store, &tenant, &reference, &outcome, &note).await?;
+            if args.json {
+                json_text(&record_json(&record, false))
+            } else {
+                format!(
+                    "resolved {reference} in tenant {tenant:?}: {} ({})\n",
+                    record.state.name(),
+                    record.resolution.as_deref().unwrap_or_default()
+                )
+            }
+        }
+        Command::Purge { batch } => {
+            let purged = purge(store, batch).await?;
+            if args.json {
+                json_text(&json!({ "purged": purged }))
+            } else {
+                format!("purged {purged} expired records\n")
+            }
+        }
+        Command::Stats => {
+            let counts = store.count_records().await?;
+            if args.json {
+                let mut by_state = serde_json::Map::new();
+                for kind in RecordStateKind::ALL {
+                    by_state.insert(kind.as_str().to_owned(), counts.get(kind).into());
+                }
+                by_state.insert("total".to_owned(), counts.total().into());
+                json_text(&Value::Object(by_state))
+            } else {
+                let mut rows = vec![vec!["STATE".to_owned(), "RECORDS".to_owned()]];
+                for kind in RecordStateKind::ALL {
+                    rows.push(vec![kind.as_str().to_owned(), counts.get(kind).to_string()]);
+                }
+                rows.push(vec!["total".to_owned(), counts.total().to_string()]);
+                table(&rows)
+            }
+        }
+    };
+    out.write_all(text.as_bytes())
+        .map_err(|e| Failure(EXIT_USAGE, format!("cannot write the output: {e}")))
+}
+
+/// The state, with a lapsed claim (its process presumably dead) said so.
+fn state_label(record: &Record) -> String {
+    if record.is_lapsed() {
+        format!("{} (lapsed)", record.state.name())
+    } else {
+        record.state.name().to_owned()
+    }
+}
+
+/// A record as JSON: never the arguments (a record has none), the response
+/// only when `response`.
+fn record_json(r: &Record, response: bool) -> Value {
+    let (note, stored) = match &r.state {
+        RecordState::InProgress => (None, None),
+        RecordState::Completed { response } => (None, Some(response.as_str())),
+        RecordState::Unknown { note } | RecordState::NotPerformed { note } => {
+            (Some(note.as_str()), None)
+        }
+    };
+    let mut value = json!({
+        "reference": r.reference().to_string(),
+        "tenant": r.tenant,
+        "tool": r.tool,
+        "state": r.state.name(),
+        "lapsed": r.is_lapsed(),
+        "note": note,
+        "resolution": r.resolution,
+        "claimed_at": timestamp(r.claimed_at),
+        "updated_at": timestamp(r.updated_at),
+        "lease_until": timestamp(r.lease_until),
+        "expires_at": timestamp(r.expires_at),
+        "retain_until": timestamp(r.retain_until),
+        "next_check_at": timestamp(r.next_check_at),
+        "checks": r.checks,
+    });
+    if response {
+        value["response"] = stored
+            .map(|s| serde_json::from_str(s).unwrap_or_else(|_| Value::String(s.to_owned())))
+            .unwrap_or(Value::Null);
+    }
+    value
+}
+
+fn json_text(value: &Value) -> String {
+    let mut text = serde_json::to_string_pretty(value).unwrap_or_default();
+    text.push('\n');
+    text
+}
+
+/// Rows as columns padded to their widest cell.
+fn table(rows: &[Vec<String>]) -> String {
+    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|cell| cell.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut text = String::new();
+    for row in rows {
+        let mut line = String::new();
+        for (c, cell) in row.iter().enumerate() {
+            if c + 1 == row.len() {
+                line.push_str(cell);
+            } else {
+                let pad = widths[c] - cell.chars().count();
+                line.push_str(cell);
+                line.push_str(&" ".repeat(pad + 2));
+            }
+        }
+        text.push_str(line.trim_end());
+        text.push('\n');
+    }
+    text
+}
+
+/// `t` as RFC 3339 in UTC, to the millisecond.
+fn timestamp(t: SystemTime) -> String {
+    let since = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs();
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60,
+        since.subsec_millis()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_are_rfc3339_utc() {
+        let t = UNIX_EPOCH + std::time::Duration::from_millis(1_709_251_199_123);
+        assert_eq!(timestamp(t), "2024-02-29T23:59:59.123Z");
+        assert_eq!(timestamp(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
+    }
+
+    #[test]
+    fn tables_align_their_columns() {
+        let rows = vec![
+            vec!["A".to_owned(), "BB".to_owned(), "C".to_owned()],
+            vec!["long".to_owned(), "x".to_owned(), "y".to_owned()],
+        ];
+        assert_eq!(table(&rows), "A     BB  C\nlong  x   y\n");
+    }
+}

@@ -1,0 +1,364 @@
+//! The operator's command line (`idem_runtime::cli`, the `idem` binary)
+//! against stores a test fills: SQLite always, PostgreSQL when
+//! `IDEM_TEST_DATABASE_URL` is set (see `durable::database_url`).
+
+mod durable;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use durable::{database_url, temp_dir};
+use idem_runtime::cli::{EXIT_OK, EXIT_OPERATOR, EXIT_UNREACHABLE, EXIT_USAGE};
+use idem_runtime::conformance::claim_request;
+use idem_runtime::{
+    Claim, ClaimRequest, IdempotencyStore, PostgresStore, RecordState, SqliteStore,
+};
+use serde_json::{json, Value};
+
+/// What one run of the command line did.
+#[derive(Debug)]
+struct Ran {
+    code: u8,
+    out: String,
+    err: String,
+}
+
+impl Ran {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.out).unwrap_or_else(|e| panic!("{e}: {self:?}"))
+    }
+}
+
+async fn idem(store: &str, args: &[&str]) -> Ran {
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let argv: Vec<&str> = ["idem", "--store", store]
+        .into_iter()
+        .chain(args.iter().copied())
+        .collect();
+    let code = idem_runtime::cli::run(argv, &mut out, &mut err).await;
+    Ran {
+        code,
+        out: String::from_utf8(out).unwrap(),
+        err: String::from_utf8(err).unwrap(),
+    }
+}
+
+/// Three records in one fresh tenant: a completed charge, an UNKNOWN one, a
+/// running shipment; returned in that order.
+async fn fill(store: &dyn IdempotencyStore) -> Vec<ClaimRequest> {
+    let first = claim_request(Duration::from_secs(900));
+    let tenant = first.tenant.clone();
+    let mut reqs = vec![first];
+    for tool in ["charge_card", "create_shipment"] {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        reqs.push(ClaimRequest {
+            tenant: tenant.clone(),
+            tool: tool.to_owned(),
+            ..claim_request(Duration::from_secs(900))
+        });
+    }
+    for req in &reqs {
+        assert_eq!(store.claim(req).await.unwrap(), Claim::Claimed);
+    }
+    store
+        .complete(
+            &reqs[0].key,
+            reqs[0].attempt,
+            r#"{"charge_id":"ch_secret_card"}"#,
+        )
+        .await
+        .unwrap();
+    store
+        .mark_unknown(&reqs[1].key, reqs[1].attempt, "the processor timed out")
+        .await
+        .unwrap();
+    reqs
+}
+
+/// Everything an operator does, on a store behind `url` that `store` (the
+/// same one) was filled through.
+async fn operate(url: &str, store: &dyn IdempotencyStore) {
+    let reqs = fill(store).await;
+    let tenant = reqs[0].tenant.as_str();
+    let refs: Vec<String> = reqs.iter().map(|r| r.key.reference().to_string()).collect();
+
+    // list: the newest claim first, aligned, no response in it.
+    let listed = idem(url, &["list", "--tenant", tenant]).await;
+    assert_eq!(listed.code, EXIT_OK, "{listed:?}");
+    let lines: Vec<&str> = listed.out.lines().collect();
+    assert!(lines[0].starts_with("REFERENCE"), "{}", listed.out);
+    assert_eq!(lines.len(), 4, "{}", listed.out);
+    for (line, (reference, state)) in lines[1..].iter().zip([
+        (&refs[2], "IN_PROGRESS"),
+        (&refs[1], "UNKNOWN"),
+        (&refs[0], "COMPLETED"),
+    ]) {
+        assert!(
+            line.starts_with(reference.as_str()) && line.contains(state),
+            "{line}"
+        );
+    }
+    let tool_column = lines[0].find("TOOL").unwrap();
+    assert!(
+        lines[1..].iter().all(|l| l[tool_column..].starts_with("c")),
+        "aligned: {}",
+        listed.out
+    );
+    assert!(!listed.out.contains("ch_secret_card"));
+
+    let unknown = idem(
+        url,
+        &["--json", "list", "--tenant", tenant, "--state", "unknown"],
+    )
+    .await;
+    assert_eq!(unknown.code, EXIT_OK, "{unknown:?}");
+    let unknown = unknown.json();
+    assert_eq!(unknown.as_array().unwrap().len(), 1, "{unknown}");
+    assert_eq!(unknown[0]["reference"], json!(refs[1]));
+    assert_eq!(unknown[0]["note"], json!("the processor timed out"));
+    let shipments = idem(
+        url,
+        &[
+            "--json",
+            "list",
+            "--tenant",
+            tenant,
+            "--tool",
+            "create_shipment",
+            "--limit",
+            "5",
+        ],
+    )
+    .await;
+    assert_eq!(shipments.json()[0]["reference"], json!(refs[2]));
+
+    // show: the response only when asked.
+    let shown = idem(url, &["show", &refs[0], "--tenant", tenant]).await;
+    assert_eq!(shown.code, EXIT_OK, "{shown:?}");
+    assert!(
+        shown.out.contains("COMPLETED") && !shown.out.contains("ch_secret_card"),
+        "{}",
+        shown.out
+    );
+    assert!(
+        shown.out.contains("--response"),
+        "says how to see it: {}",
+        shown.out
+    );
+    let with_response = idem(
+        url,
+        &["--json", "show", &refs[0], "--tenant", tenant, "--response"],
+    )
+    .await;
+    assert_eq!(
+        with_response.json()["response"],
+        json!({ "charge_id": "ch_secret_card" })
+    );
+    let elsewhere = idem(url, &["show", &refs[0], "--tenant", "another-tenant"]).await;
+    assert_eq!(elsewhere.code, EXIT_OPERATOR, "{elsewhere:?}");
+    assert!(
+        elsewhere.err.contains("no operation with reference"),
+        "{}",
+        elsewhere.err
+    );
+    let malformed = idem(url, &["show", "not-a-reference", "--tenant", tenant]).await;
+    assert_eq!(malformed.code, EXIT_USAGE, "{malformed:?}");
+
+    // stats
+    let stats = idem(url, &["--json", "stats"]).await;
+    assert_eq!(stats.code, EXIT_OK, "{stats:?}");
+    let stats = stats.json();
+    for state in ["IN_PROGRESS", "COMPLETED", "UNKNOWN"] {
+        assert!(stats[state].as_u64().unwrap() >= 1, "{stats}");
+    }
+    let table = idem(url, &["stats"]).await;
+    assert!(
+        table.out.starts_with("STATE") && table.out.contains("total"),
+        "{}",
+        table.out
+    );
+
+    // resolve: only an UNKNOWN record, with a note; read back through the store.
+    let note = "ops: alice, the processor's dashboard shows ch_42";
+    let resolved = idem(
+        url,
+        &[
+            "resolve",
+            &refs[1],
+            "--tenant",
+            tenant,
+            "--completed",
+            r#"{"charge_id":"ch_42"}"#,
+            "--note",
+            note,
+        ],
+    )
+    .await;
+    assert_eq!(resolved.code, EXIT_OK, "{resolved:?}");
+    assert!(resolved.out.contains("COMPLETED"), "{}", resolved.out);
+    let record = store
+        .lookup(tenant, &reqs[1].key.reference())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        record.state,
+        RecordState::Completed {
+            response: r#"{"charge_id":"ch_42"}"#.to_owned()
+        }
+    );
+    assert_eq!(record.resolution.as_deref(), Some(note));
+    let not_unknown = idem(
+        url,
+        &[
+            "resolve",
+            &refs[0],
+            "--tenant",
+            tenant,
+            "--not-performed",
+            "--note",
+            note,
+        ],
+    )
+    .await;
+    assert_eq!(not_unknown.code, EXIT_OPERATOR, "{not_unknown:?}");
+    assert!(
+        not_unknown.err.contains("not UNKNOWN"),
+        "{}",
+        not_unknown.err
+    );
+    let not_json = idem(
+        url,
+        &[
+            "resolve",
+            &refs[2],
+            "--tenant",
+            tenant,
+            "--completed",
+            "{oops",
+            "--note",
+            note,
+        ],
+    )
+    .await;
+    assert_eq!(not_json.code, EXIT_USAGE, "{not_json:?}");
+    let both = idem(
+        url,
+        &[
+            "resolve",
+            &refs[2],
+            "--tenant",
+            tenant,
+            "--completed",
+            "1",
+            "--not-performed",
+            "--note",
+            note,
+        ],
+    )
+    .await;
+    assert_eq!(both.code, EXIT_USAGE, "{both:?}");
+    let neither = idem(
+        url,
+        &["resolve", &refs[2], "--tenant", tenant, "--note", note],
+    )
+    .await;
+    assert_eq!(neither.code, EXIT_USAGE, "{neither:?}");
+
+    let purged = idem(url, &["--json", "purge"]).await;
+    assert_eq!(purged.code, EXIT_OK, "{purged:?}");
+    assert!(purged.json()["purged"].is_u64());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_works_on_a_sqlite_store() {
+    let dir = temp_dir("cli-sqlite");
+    let path = dir.join("idem.sqlite3");
+    let store = SqliteStore::open(&path).await.unwrap();
+    operate(&format!("sqlite:{}", path.display()), &store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_works_on_a_postgres_store() {
+    let Some(url) = database_url() else { return };
+    // A database of its own: the command line reads the default schema.
+    let db = format!("idem_cli_{:016x}", idem_runtime::Attempt::random().get());
+    let admin = durable::connect(&url).await;
+    admin
+        .batch_execute(&format!("CREATE DATABASE {db}"))
+        .await
+        .unwrap();
+    let (base, _) = url.rsplit_once('/').unwrap();
+    let url_db = format!("{base}/{db}");
+
+    // Not migrated: the store says what to run, and it is "unreachable".
+    let unmigrated = idem(&url_db, &["stats"]).await;
+    assert_eq!(unmigrated.code, EXIT_UNREACHABLE, "{unmigrated:?}");
+    assert!(unmigrated.err.contains("migrate"), "{}", unmigrated.err);
+
+    let store = PostgresStore::connect(&url_db).await.unwrap();
+    store.migrate().await.unwrap();
+    let store = Arc::new(store);
+    operate(&url_db, &*store).await;
+    drop(store);
+    admin
+        .batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)"))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn configuration_mistakes_say_what_to_do() {
+    let missing = idem("sqlite:/nonexistent/idem.sqlite3", &["stats"]).await;
+    assert_eq!(missing.code, EXIT_USAGE, "{missing:?}");
+    assert!(
+        missing.err.contains("give the path the server uses"),
+        "{}",
+        missing.err
+    );
+    let nonsense = idem("mysql://x", &["stats"]).await;
+    assert_eq!(nonsense.code, EXIT_USAGE, "{nonsense:?}");
+    assert!(nonsense.err.contains("sqlite:PATH"), "{}", nonsense.err);
+    let memory = idem("memory", &["stats"]).await;
+    assert_eq!(memory.code, EXIT_USAGE, "{memory:?}");
+    // Nothing listens on port 1.
+    let unreachable = idem("postgres://idem@127.0.0.1:1/idem", &["stats"]).await;
+    assert_eq!(unreachable.code, EXIT_UNREACHABLE, "{unreachable:?}");
+    let no_command = idem("memory", &[]).await;
+    assert_eq!(no_command.code, EXIT_USAGE, "{no_command:?}");
+    let help = idem("memory", &["--help"]).await;
+    assert_eq!(help.code, EXIT_OK, "{help:?}");
+    assert!(help.out.contains("Exit codes"), "{}", help.out);
+}
+
+/// The real binary, as `cargo install idem-runtime --features cli` gives
+/// it: the root package builds the same source file as `idem_cli`.
+#[test]
+fn the_idem_binary_runs() {
+    let bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_idem_cli"));
+
+    let dir = temp_dir("cli-bin");
+    let path = dir.join("idem.sqlite3");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let reqs = runtime.block_on(async {
+        let store = SqliteStore::open(&path).await.unwrap();
+        fill(&store).await
+    });
+    let url = format!("sqlite:{}", path.display());
+    let run = |args: &[&str]| {
+        std::process::Command::new(&bin)
+            .args(["--store", &url])
+            .args(args)
+            .output()
+            .expect("idem runs")
+    };
+    let stats = run(&["--json", "stats"]);
+    assert!(stats.status.success(), "{stats:?}");
+    let stats: Value = serde_json::from_slice(&stats.stdout).unwrap();
+    assert_eq!(stats["total"], json!(3));
+    let reference = reqs[1].key.reference().to_string();
+    let not_found = run(&["show", &reference, "--tenant", "nobody"]);
+    assert_eq!(not_found.status.code(), Some(1), "{not_found:?}");
+    let usage = run(&["resolve", &reference]);
+    assert_eq!(usage.status.code(), Some(2), "{usage:?}");
+}

@@ -1,0 +1,240 @@
+//! What idem emits through the `metrics` facade, counted by a test recorder
+//! (metrics-util's `DebuggingRecorder`, installed for this thread only, on a
+//! current-thread runtime so every task runs under it).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idem_runtime::conformance::claim_request;
+use idem_runtime::{
+    purge, reconcile, resolve_by_hand, sweep, Answer, Caller, Claim, Executor, IdempotencyStore,
+    ManualOutcome, MemoryStore, Operation, ReconcileConfig, Reconciler, Reconciliation, Record,
+    ScopeSpec, ToolError,
+};
+use metrics::{SharedString, Unit};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::CompositeKey;
+use serde_json::json;
+
+type Seen = Vec<(CompositeKey, Option<Unit>, Option<SharedString>, DebugValue)>;
+
+/// Runs `work` with a fresh recorder for this thread; returns what it saw
+/// (one snapshot: taking one drains the counters).
+fn recorded<F: std::future::Future<Output = ()>>(work: impl FnOnce() -> F) -> Seen {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(&recorder, || runtime.block_on(work()));
+    snapshotter.snapshot().into_vec()
+}
+
+/// The value of the metric `name` with exactly `labels`.
+fn value<'s>(seen: &'s Seen, name: &str, labels: &[(&str, &str)]) -> Option<&'s DebugValue> {
+    seen.iter()
+        .find(|(key, _, _, _)| {
+            let key = key.key();
+            let mut found: Vec<(&str, &str)> = key.labels().map(|l| (l.key(), l.value())).collect();
+            let mut want = labels.to_vec();
+            found.sort();
+            want.sort();
+            key.name() == name && found == want
+        })
+        .map(|(_, _, _, value)| value)
+}
+
+fn counter(snapshotter: &Seen, name: &str, labels: &[(&str, &str)]) -> u64 {
+    match value(snapshotter, name, labels) {
+        Some(DebugValue::Counter(n)) => *n,
+        None => 0,
+        other => panic!("{name} {labels:?} is not a counter: {other:?}"),
+    }
+}
+
+fn samples(snapshotter: &Seen, name: &str, labels: &[(&str, &str)]) -> usize {
+    match value(snapshotter, name, labels) {
+        Some(DebugValue::Histogram(v)) => v.len(),
+        None => 0,
+        other => panic!("{name} {labels:?} is not a histogram: {other:?}"),
+    }
+}
+
+async fn charge(exec: &Executor, amount: u64, fail: bool) -> &'static str {
+    let caller = Caller::new("acme", "alice");
+    let args = json!({ "card": "4242", "amount_cents": amount });
+    let op = Operation {
+        caller: &caller,
+        tool: "charge_card",
+        args: &args,
+        scope: ScopeSpec::Window(Duration::from_secs(900)),
+        status_tool: "get_operation_status",
+    };
+    let answer: Answer<serde_json::Value, ToolError> = exec
+        .run(op, |_| async move {
+            if fail {
+                Err(ToolError::rejected("card declined"))
+            } else {
+                Ok(json!({ "charge_id": "ch_1" }))
+            }
+        })
+        .await;
+    answer.state().as_str()
+}
+
+#[test]
+fn calls_are_counted_by_tool_and_state_and_store_steps_are_timed() {
+    let seen = recorded(|| async {
+        let exec = Executor::new(Arc::new(MemoryStore::new()));
+        assert_eq!(charge(&exec, 100, false).await, "executed");
+        assert_eq!(charge(&exec, 100, false).await, "replayed");
+        assert_eq!(charge(&exec, 100, false).await, "replayed");
+        assert_eq!(charge(&exec, 200, true).await, "rejected");
+    });
+    let calls = |state| {
+        counter(
+            &seen,
+            "idem_calls_total",
+            &[("tool", "charge_card"), ("state", state)],
+        )
+    };
+    assert_eq!(calls("executed"), 1);
+    assert_eq!(calls("replayed"), 2);
+    assert_eq!(calls("rejected"), 1);
+    assert_eq!(calls("conflict"), 0);
+    let step = |op| {
+        samples(
+            &seen,
+            "idem_store_seconds",
+            &[("store", "memory"), ("op", op)],
+        )
+    };
+    assert_eq!(step("claim"), 4, "every call claims");
+    assert_eq!(step("complete"), 1, "only the executed call completes");
+}
+
+#[derive(Debug)]
+struct Happened;
+
+#[async_trait]
+impl Reconciler for Happened {
+    async fn reconcile(
+        &self,
+        _: &Record,
+    ) -> Result<Reconciliation, Box<dyn std::error::Error + Send + Sync>> {
+        Ok(Reconciliation::Completed {
+            response: "{\"charge_id\":\"ch_r\"}".to_owned(),
+        })
+    }
+}
+
+#[test]
+fn maintenance_counts_what_it_swept_reconciled_resolved_and_purged() {
+    let seen = recorded(|| async {
+        let store = MemoryStore::new();
+        // Two calls whose process died: their leases run out.
+        let mut dead = Vec::new();
+        for _ in 0..2 {
+            let mut req = claim_request(Duration::from_millis(30));
+            req.lease = Duration::from_millis(10);
+            req.retention = Duration::from_millis(30);
+            assert_eq!(store.claim(&req).await.unwrap(), Claim::Claimed);
+            dead.push(req);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(sweep(&store, 100).await.unwrap(), 2);
+        // One is resolved by hand, the other by the reconciler.
+        let by_hand = &dead[0];
+        resolve_by_hand(
+            &store,
+            &by_hand.tenant,
+            &by_hand.key.reference(),
+            &ManualOutcome::NotPerformed,
+            "ops: bob, the processor has no such charge",
+        )
+        .await
+        .unwrap();
+        let report = reconcile(&store, &Happened, &ReconcileConfig::default())
+            .await
+            .unwrap();
+        assert_eq!(report.completed, 1);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(purge(&store, 10).await.unwrap(), 2);
+    });
+    assert_eq!(counter(&seen, "idem_swept_total", &[]), 2);
+    assert_eq!(
+        counter(
+            &seen,
+            "idem_resolved_by_hand_total",
+            &[("outcome", "not_performed")]
+        ),
+        1
+    );
+    assert_eq!(
+        counter(&seen, "idem_reconciled_total", &[("outcome", "completed")]),
+        1
+    );
+    assert_eq!(counter(&seen, "idem_purged_total", &[]), 2);
+}
+
+/// A writer into a shared buffer, for the tracing subscriber.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Each call runs in one `idem.call` span with its tool, tenant, reference
+/// and final state; the arguments and the response are never in it.
+#[test]
+fn each_call_has_a_span_with_its_reference_and_state() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .without_time()
+        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
+        .finish();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let guard = tracing_subscriber::util::SubscriberInitExt::set_default(subscriber);
+    runtime.block_on(async {
+        let exec = Executor::new(Arc::new(MemoryStore::new()));
+        assert_eq!(charge(&exec, 987_654_321, false).await, "executed");
+        assert_eq!(charge(&exec, 987_654_321, false).await, "replayed");
+    });
+    drop(guard);
+    let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let closed: Vec<&str> = log.lines().filter(|l| l.contains("idem.call")).collect();
+    assert_eq!(closed.len(), 2, "{log}");
+    for (line, state) in closed.iter().zip(["executed", "replayed"]) {
+        assert!(
+            line.contains("tool=\"charge_card\"") || line.contains("tool=charge_card"),
+            "{line}"
+        );
+        assert!(
+            line.contains("tenant=\"acme\"") || line.contains("tenant=acme"),
+            "{line}"
+        );
+        assert!(
+            line.contains(&format!("state=\"{state}\""))
+                || line.contains(&format!("state={state}")),
+            "{line}"
+        );
+        assert!(line.contains("reference="), "{line}");
+    }
+    assert!(!log.contains("987654321"), "no arguments: {log}");
+    assert!(!log.contains("ch_1"), "no response: {log}");
+}
