@@ -43,6 +43,15 @@
 //!
 //! The memory run needs tokio's `test-util` feature (the paused clock).
 
+/// A line on the process's own stderr: the test harness captures `println!`
+/// of passing tests, and each store's summary line must show in CI's log.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -167,14 +176,14 @@ pub fn summarize(
             continue;
         }
         violations += report.violations.len();
-        println!(
+        say!(
             "simulation: {store}: seed {seed}: {} violation(s):",
             report.violations.len()
         );
         for v in report.violations.iter().take(8) {
-            println!("    {v}");
+            say!("    {v}");
         }
-        println!(
+        say!(
             "  replay: IDEM_SIM_SEED={seed} cargo test --test simulation {test} -- --nocapture{}",
             if store == "memory" {
                 ""
@@ -185,20 +194,20 @@ pub fn summarize(
     }
     for (seed, report) in results {
         if single && (env_flag("IDEM_SIM_TRACE") || !report.violations.is_empty()) {
-            println!("simulation: {store}: trace of seed {seed}:");
+            say!("simulation: {store}: trace of seed {seed}:");
             for line in &report.log {
-                println!("  {line}");
+                say!("  {line}");
             }
         }
     }
-    println!("simulation: {store}: {schedules} schedules, {violations} violations");
+    say!("simulation: {store}: {schedules} schedules, {violations} violations");
     if env_flag("IDEM_SIM_STATS") || single {
         let line: Vec<String> = stats
             .counts
             .iter()
             .map(|(k, v)| format!("{k}: {v}"))
             .collect();
-        println!("simulation: {store}: covered: {}", line.join(", "));
+        say!("simulation: {store}: covered: {}", line.join(", "));
     }
     violations
 }
