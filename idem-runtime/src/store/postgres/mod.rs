@@ -481,19 +481,8 @@ impl IdempotencyStore for PostgresStore {
         attempt: Attempt,
         delay: Duration,
     ) -> Result<(), StoreError> {
-        let key = &key.as_bytes()[..];
-        self.with(async |client, sql| {
-            fenced(
-                client,
-                sql,
-                &sql.defer_check,
-                key,
-                attempt,
-                &[&key, &(attempt.get() as i64), &micros(delay)],
-            )
+        self.fenced_duration(|sql| &sql.defer_check, key, attempt, delay)
             .await
-        })
-        .await
     }
 
     async fn heartbeat(
@@ -502,19 +491,8 @@ impl IdempotencyStore for PostgresStore {
         attempt: Attempt,
         lease: Duration,
     ) -> Result<(), StoreError> {
-        let key = &key.as_bytes()[..];
-        self.with(async |client, sql| {
-            fenced(
-                client,
-                sql,
-                &sql.heartbeat,
-                key,
-                attempt,
-                &[&key, &(attempt.get() as i64), &micros(lease)],
-            )
+        self.fenced_duration(|sql| &sql.heartbeat, key, attempt, lease)
             .await
-        })
-        .await
     }
 
     async fn lookup(
@@ -555,6 +533,30 @@ impl IdempotencyStore for PostgresStore {
 }
 
 impl PostgresStore {
+    /// A fenced change whose statement takes `($1 key, $2 attempt, $3 µs)`:
+    /// a heartbeat's lease, a deferred check's delay.
+    async fn fenced_duration(
+        &self,
+        which: fn(&Statements) -> &String,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        d: Duration,
+    ) -> Result<(), StoreError> {
+        let key = &key.as_bytes()[..];
+        self.with(async |client, sql| {
+            fenced(
+                client,
+                sql,
+                which(sql),
+                key,
+                attempt,
+                &[&key, &(attempt.get() as i64), &micros(d)],
+            )
+            .await
+        })
+        .await
+    }
+
     async fn list(
         &self,
         which: fn(&Statements) -> &String,
