@@ -271,7 +271,7 @@ fn names_in_utf16_order(map: &Map<String, Value>) -> bool {
 /// length, where byte order is already right.
 pub(crate) fn cmp_utf16(a: &str, b: &str) -> Ordering {
     let (a, b) = (a.as_bytes(), b.as_bytes());
-    match a.iter().zip(b).position(|(x, y)| x != y) {
+    match first_difference(a, b) {
         None => a.len().cmp(&b.len()),
         Some(i) => match (a[i], b[i]) {
             (0xEE..=0xEF, 0xF0..) => Ordering::Greater,
@@ -279,6 +279,23 @@ pub(crate) fn cmp_utf16(a: &str, b: &str) -> Ordering {
             (x, y) => x.cmp(&y),
         },
     }
+}
+
+/// The index of the first byte where `a` and `b` differ, if one ends
+/// before they do not; compared a word at a time, since member names often
+/// share a long prefix (`item_00017`, `item_00018`).
+fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
+    let common = a.len().min(b.len());
+    let (a, b) = (&a[..common], &b[..common]);
+    let mut i = 0;
+    while let (Some(x), Some(y)) = (a[i..].first_chunk::<8>(), b[i..].first_chunk::<8>()) {
+        let diff = u64::from_le_bytes(*x) ^ u64::from_le_bytes(*y);
+        if diff != 0 {
+            return Some(i + (diff.trailing_zeros() / 8) as usize);
+        }
+        i += 8;
+    }
+    (i..common).find(|&j| a[j] != b[j])
 }
 
 fn write_number<S: Sink>(n: &Number, out: &mut S) -> Result<(), CanonicalError> {
@@ -314,100 +331,117 @@ fn write_f64<S: Sink>(f: f64, out: &mut S) -> Result<(), CanonicalError> {
 /// zmij finds the shortest digits that round-trip (Schubfach, faster than
 /// Ryū), and they are laid out here as ECMAScript writes them.
 struct EsNumber {
+    shortest: zmij::Buffer,
     bytes: [u8; 40],
 }
 
 impl EsNumber {
     fn new() -> Self {
-        EsNumber { bytes: [0; 40] }
+        EsNumber {
+            shortest: zmij::Buffer::new(),
+            bytes: [0; 40],
+        }
     }
 
     fn format(&mut self, f: f64) -> &str {
-        let mut shortest = zmij::Buffer::new();
-        let text = shortest.format_finite(f).as_bytes();
-        let (negative, text) = match text.split_first() {
-            Some((b'-', rest)) => (true, rest),
-            _ => (false, text),
-        };
-        let (mantissa, exponent) = match text.iter().position(|&b| b == b'e' || b == b'E') {
-            Some(i) => (&text[..i], parse_exponent(&text[i + 1..])),
-            None => (text, 0),
-        };
-        // The significant digits d1..dk and n, with value = 0.d1..dk × 10^n:
-        // n is the count of digits before the point, less the leading zeros,
-        // plus the exponent.
-        let mut digits = [0u8; 20];
-        let mut k = 0usize;
-        let mut before_point: i32 = 0;
-        let mut leading_zeros: i32 = 0;
-        let mut in_fraction = false;
-        for &b in mantissa {
-            if b == b'.' {
-                in_fraction = true;
-                continue;
-            }
-            if !in_fraction {
-                before_point += 1;
-            }
-            if k == 0 && b == b'0' {
-                leading_zeros += 1;
-                continue;
-            }
-            digits[k] = b;
-            k += 1;
+        let text = self.shortest.format_finite(f);
+        // zmij writes plain notation for decimal exponents -5..=15, a range
+        // inside ECMAScript's (1e-7 up to 1e21), and its plain digits are
+        // ECMAScript's but for the ".0" it puts after an integral value. So
+        // only exponent forms need laying out again: the usual number is
+        // passed through as it is.
+        if !text.as_bytes().contains(&b'e') {
+            return text.strip_suffix(".0").unwrap_or(text);
         }
-        while k > 1 && digits[k - 1] == b'0' {
-            k -= 1;
-        }
-        let n = before_point - leading_zeros + exponent;
-        let digits = &digits[..k];
-        let out = &mut self.bytes;
-        let mut len = 0;
-        let mut push = |b: u8| {
-            out[len] = b;
-            len += 1;
-        };
-        if negative {
-            push(b'-');
-        }
-        let k = k as i32;
-        if k <= n && n <= 21 {
-            digits.iter().for_each(|&d| push(d));
-            (0..n - k).for_each(|_| push(b'0'));
-        } else if 0 < n && n <= 21 {
-            digits[..n as usize].iter().for_each(|&d| push(d));
-            push(b'.');
-            digits[n as usize..].iter().for_each(|&d| push(d));
-        } else if -6 < n && n <= 0 {
-            push(b'0');
-            push(b'.');
-            (0..-n).for_each(|_| push(b'0'));
-            digits.iter().for_each(|&d| push(d));
-        } else {
-            push(digits[0]);
-            if k > 1 {
-                push(b'.');
-                digits[1..].iter().for_each(|&d| push(d));
-            }
-            push(b'e');
-            let e = n - 1;
-            push(if e < 0 { b'-' } else { b'+' });
-            let mut e = e.unsigned_abs();
-            let mut rev = [0u8; 4];
-            let mut m = 0;
-            loop {
-                rev[m] = b'0' + (e % 10) as u8;
-                m += 1;
-                e /= 10;
-                if e == 0 {
-                    break;
-                }
-            }
-            rev[..m].iter().rev().for_each(|&d| push(d));
-        }
-        // Every byte pushed is ASCII.
+        let len = layout_es6(text.as_bytes(), &mut self.bytes);
+        // Every byte `layout_es6` writes is ASCII.
         std::str::from_utf8(&self.bytes[..len]).expect("ASCII")
     }
+}
+
+/// Lays out a number written in any decimal notation (`-1.5e-7`, `120.0`,
+/// `0.001`) as ECMAScript writes it, into `out`; returns the length.
+fn layout_es6(text: &[u8], out: &mut [u8; 40]) -> usize {
+    let (negative, text) = match text.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, text),
+    };
+    let (mantissa, exponent) = match text.iter().position(|&b| b == b'e' || b == b'E') {
+        Some(i) => (&text[..i], parse_exponent(&text[i + 1..])),
+        None => (text, 0),
+    };
+    // The significant digits d1..dk and n, with value = 0.d1..dk × 10^n:
+    // n is the count of digits before the point, less the leading zeros,
+    // plus the exponent.
+    let mut digits = [0u8; 20];
+    let mut k = 0usize;
+    let mut before_point: i32 = 0;
+    let mut leading_zeros: i32 = 0;
+    let mut in_fraction = false;
+    for &b in mantissa {
+        if b == b'.' {
+            in_fraction = true;
+            continue;
+        }
+        if !in_fraction {
+            before_point += 1;
+        }
+        if k == 0 && b == b'0' {
+            leading_zeros += 1;
+            continue;
+        }
+        digits[k] = b;
+        k += 1;
+    }
+    while k > 1 && digits[k - 1] == b'0' {
+        k -= 1;
+    }
+    let n = before_point - leading_zeros + exponent;
+    let digits = &digits[..k];
+    let mut len = 0;
+    let mut push = |b: u8| {
+        out[len] = b;
+        len += 1;
+    };
+    if negative {
+        push(b'-');
+    }
+    let k = k as i32;
+    if k <= n && n <= 21 {
+        digits.iter().for_each(|&d| push(d));
+        (0..n - k).for_each(|_| push(b'0'));
+    } else if 0 < n && n <= 21 {
+        digits[..n as usize].iter().for_each(|&d| push(d));
+        push(b'.');
+        digits[n as usize..].iter().for_each(|&d| push(d));
+    } else if -6 < n && n <= 0 {
+        push(b'0');
+        push(b'.');
+        (0..-n).for_each(|_| push(b'0'));
+        digits.iter().for_each(|&d| push(d));
+    } else {
+        push(digits[0]);
+        if k > 1 {
+            push(b'.');
+            digits[1..].iter().for_each(|&d| push(d));
+        }
+        push(b'e');
+        let e = n - 1;
+        push(if e < 0 { b'-' } else { b'+' });
+        let mut e = e.unsigned_abs();
+        let mut rev = [0u8; 4];
+        let mut m = 0;
+        loop {
+            rev[m] = b'0' + (e % 10) as u8;
+            m += 1;
+            e /= 10;
+            if e == 0 {
+                break;
+            }
+        }
+        rev[..m].iter().rev().for_each(|&d| push(d));
+    }
+    len
 }
 
 fn parse_exponent(text: &[u8]) -> i32 {
@@ -448,48 +482,57 @@ static ESCAPES: [Option<&str>; 256] = {
 
 fn write_string<S: Sink>(s: &str, out: &mut S) {
     out.write_ascii(b'"');
-    // Runs of bytes that need no escape go out in one call. Every escaped
-    // byte is ASCII, so the run boundaries are character boundaries.
     let bytes = s.as_bytes();
-    let mut run_start = 0;
     let mut i = 0;
     while i < bytes.len() {
-        // Most text has no escapes: skip it eight bytes at a time.
-        if let Some(word) = bytes[i..].first_chunk::<8>() {
-            if !any_needs_escape(u64::from_le_bytes(*word)) {
-                i += 8;
-                continue;
-            }
+        // Runs of bytes that need no escape go out in one call. Every
+        // escaped byte is ASCII, so the runs end on character boundaries.
+        let run = plain_prefix(&bytes[i..]);
+        if run > 0 {
+            out.write_str(&s[i..i + run]);
+            i += run;
         }
-        if let Some(escape) = ESCAPES[bytes[i] as usize] {
-            if run_start < i {
-                out.write_str(&s[run_start..i]);
-            }
+        // Either the end, or a byte that needs an escape.
+        if let Some(escape) = bytes.get(i).and_then(|&b| ESCAPES[b as usize]) {
             out.write_str(escape);
-            run_start = i + 1;
+            i += 1;
         }
-        i += 1;
-    }
-    if run_start < bytes.len() {
-        out.write_str(&s[run_start..]);
     }
     out.write_ascii(b'"');
 }
 
-/// Whether any of the eight bytes in `word` is below 0x20, `"` or `\`.
+/// The length of the longest prefix of `bytes` that needs no escape.
+fn plain_prefix(bytes: &[u8]) -> usize {
+    let mut i = 0;
+    // Most text has no escapes: skip it eight bytes at a time.
+    while let Some(word) = bytes[i..].first_chunk::<8>() {
+        match escape_mask(u64::from_le_bytes(*word)) {
+            0 => i += 8,
+            mask => return i + (mask.trailing_zeros() / 8) as usize,
+        }
+    }
+    let tail = &bytes[i..];
+    i + tail
+        .iter()
+        .position(|&b| ESCAPES[b as usize].is_some())
+        .unwrap_or(tail.len())
+}
+
+/// The high bit of each byte of `word` (little-endian) that is below 0x20,
+/// `"` or `\`, exact up to and including the lowest one marked: above it a
+/// byte may be marked wrongly, so only the lowest is to be trusted (0 when
+/// none needs an escape).
 #[inline]
-fn any_needs_escape(word: u64) -> bool {
+fn escape_mask(word: u64) -> u64 {
     const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
     const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
     // The classic "has a zero byte" test: a byte's high bit survives
     // `(x - 1) & !x` only if the byte was zero (with `x - 0x20`: below 0x20).
-    // A borrow between bytes only starts at a real hit, so the answer for the
-    // word as a whole is exact.
-    let has_zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS != 0;
-    let below_space = word.wrapping_sub(ONES * 0x20) & !word & HIGHS != 0;
-    below_space
-        || has_zero(word ^ (ONES * u64::from(b'"')))
-        || has_zero(word ^ (ONES * u64::from(b'\\')))
+    // A borrow between bytes only starts at a real hit, so the lowest mark
+    // is always a real one.
+    let zeros = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS;
+    let below_space = word.wrapping_sub(ONES * 0x20) & !word & HIGHS;
+    below_space | zeros(word ^ (ONES * u64::from(b'"'))) | zeros(word ^ (ONES * u64::from(b'\\')))
 }
 
 /// The first `\uXXXX` escape inside a JSON string of `text` that encodes a
@@ -629,13 +672,18 @@ mod tests {
             "a\u{1f602}",
             "a\u{fb33}",
         ];
-        for a in names {
-            for b in names {
-                assert_eq!(
-                    cmp_utf16(a, b),
-                    a.encode_utf16().cmp(b.encode_utf16()),
-                    "{a:?} vs {b:?}"
-                );
+        // Also behind a shared prefix longer than a word, so the difference
+        // is found inside the second word.
+        for prefix in ["", "item_00017_é"] {
+            for a in names {
+                for b in names {
+                    let (a, b) = (format!("{prefix}{a}"), format!("{prefix}{b}"));
+                    assert_eq!(
+                        cmp_utf16(&a, &b),
+                        a.encode_utf16().cmp(b.encode_utf16()),
+                        "{a:?} vs {b:?}"
+                    );
+                }
             }
         }
         assert_eq!(cmp_utf16("\u{1f602}", "\u{fb33}"), Ordering::Less);
@@ -661,10 +709,34 @@ mod tests {
                 let mut word = [b'a'; 8];
                 word[position] = byte;
                 assert_eq!(
-                    any_needs_escape(u64::from_le_bytes(word)),
+                    escape_mask(u64::from_le_bytes(word)) != 0,
                     ESCAPES[byte as usize].is_some(),
                     "byte {byte:#x} at {position}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn the_lowest_mark_is_the_first_byte_that_needs_an_escape() {
+        // Every pair of bytes (one that may need an escape, then any) at
+        // every pair of positions: the mask's lowest mark is the first.
+        let interesting = [
+            0x00, 0x01, 0x1f, 0x20, b'"', b'\\', 0x21, 0x5b, 0x5d, 0x7f, 0x80, 0xc3, 0xff,
+        ];
+        for &x in &interesting {
+            for y in 0..=255u8 {
+                for px in 0..8 {
+                    for py in 0..8 {
+                        let mut word = [b'a'; 8];
+                        word[px] = x;
+                        word[py] = y;
+                        let first = word.iter().position(|&b| ESCAPES[b as usize].is_some());
+                        let mask = escape_mask(u64::from_le_bytes(word));
+                        let found = (mask != 0).then(|| (mask.trailing_zeros() / 8) as usize);
+                        assert_eq!(found, first, "{word:?}");
+                    }
+                }
             }
         }
     }
@@ -683,6 +755,43 @@ mod tests {
                     assert_eq!(out, serde_json::to_string(&text).unwrap());
                 }
             }
+        }
+    }
+
+    #[test]
+    fn zmij_plain_digits_pass_through_as_ecmascripts_form() {
+        // The fast path (zmij's plain notation, less a trailing ".0") must
+        // agree with laying the same digits out in full, for doubles of
+        // every magnitude around the two notations' edges and at random.
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state >> 12;
+            state ^= state << 25;
+            state ^= state >> 27;
+            state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        };
+        let check = |f: f64| {
+            if !f.is_finite() {
+                return;
+            }
+            let fast = EsNumber::new().format(f).to_owned();
+            let mut shortest = zmij::Buffer::new();
+            let text = shortest.format_finite(f);
+            let mut full = [0u8; 40];
+            let len = layout_es6(text.as_bytes(), &mut full);
+            assert_eq!(fast.as_bytes(), &full[..len], "{f:e} (zmij: {text})");
+        };
+        for _ in 0..100_000 {
+            check(f64::from_bits(next()));
+            // A random 52-bit mantissa at every decimal magnitude where one
+            // notation or the other changes.
+            let mantissa = f64::from_bits(0x3ff0_0000_0000_0000 | (next() >> 12));
+            let exponent = (next() % 40) as i32 - 12;
+            check(mantissa * 10f64.powi(exponent));
+            check(-mantissa * 10f64.powi(exponent));
+            // Short decimals, and integral values above 2^53.
+            check((next() % 1_000_000) as f64 / 10f64.powi((next() % 12) as i32));
+            check((next() >> 8) as f64 * 4.0);
         }
     }
 

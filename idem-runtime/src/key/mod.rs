@@ -366,3 +366,32 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     }
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hashing_sink_hashes_exactly_the_canonical_text() {
+        // Strings whose eight-byte words end inside characters, with escapes
+        // at every offset, and long enough to cross the buffer's edge.
+        let alphabet: Vec<char> = "aé€🚚\"\n\\b\u{1}".chars().collect();
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for len in (0..64).chain([HASH_BUFFER - 3, HASH_BUFFER + 5, 3 * HASH_BUFFER + 1]) {
+            for _ in 0..20 {
+                let text: String = (0..len)
+                    .map(|_| {
+                        state ^= state << 13;
+                        state ^= state >> 7;
+                        state ^= state << 17;
+                        alphabet[(state % alphabet.len() as u64) as usize]
+                    })
+                    .collect();
+                let value = serde_json::json!({ "a": text, "b": [text, 1.5, 7] });
+                let canonical = canonical::canonical_json(&value).unwrap();
+                let expected: [u8; 32] = Sha256::digest(canonical.as_bytes()).into();
+                assert_eq!(canonical_digest(&value).unwrap(), expected, "{len}");
+            }
+        }
+    }
+}
