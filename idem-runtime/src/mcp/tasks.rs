@@ -43,7 +43,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 pub use rmcp::model::TASKS_EXTENSION_ID;
 use rmcp::model::{
     CancelTaskParams, CreateTaskResult, DetailedTask, ErrorCode, GetTaskParams, GetTaskResult,
-    JsonObject, Task, TaskPayload, TaskStatus,
+    JsonObject, ProtocolVersion, Task, TaskPayload, TaskStatus,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer};
@@ -57,11 +57,18 @@ use crate::key::{Caller, Reference};
 use crate::store::{Record, RecordState};
 
 /// Whether the request declares the tasks extension in its capabilities
-/// (its `_meta`, or the client's `initialize` on a connection that had one).
+/// (its `_meta`, or the client's `initialize` on a connection that had one)
+/// under protocol 2026-07-28 or later. Under an earlier version the
+/// extension is not defined (SEP-2663: such a client is served as one that
+/// declared nothing).
 pub fn declared(context: &RequestContext<RoleServer>) -> bool {
-    context
-        .client_capabilities()
-        .is_some_and(|capabilities| capabilities.supports_tasks())
+    let version_defines_it = context
+        .protocol_version()
+        .is_some_and(|v| v.as_str() >= ProtocolVersion::V_2026_07_28.as_str());
+    version_defines_it
+        && context
+            .client_capabilities()
+            .is_some_and(|capabilities| capabilities.supports_tasks())
 }
 
 /// How often a client should poll: a tenth of the lease, between 100 ms and
