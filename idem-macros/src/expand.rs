@@ -135,6 +135,7 @@ fn expand(tool: Tool) -> TokenStream {
                 arguments,
                 business_key,
                 params_ident,
+                params_value: params,
                 request_ident,
                 params_ty,
                 unpack,
@@ -199,6 +200,8 @@ struct TaskParts<'a> {
     arguments: TokenStream,
     business_key: Ident,
     params_ident: Ident,
+    /// What the tool passes as its parameters: `__idem_params`, or `()`.
+    params_value: TokenStream,
     request_ident: Ident,
     params_ty: TokenStream,
     unpack: TokenStream,
@@ -222,6 +225,7 @@ fn expand_task(mut method: ImplItemFn, parts: TaskParts<'_>) -> TokenStream {
         arguments,
         business_key,
         params_ident,
+        params_value,
         request_ident,
         params_ty,
         unpack,
@@ -235,12 +239,31 @@ fn expand_task(mut method: ImplItemFn, parts: TaskParts<'_>) -> TokenStream {
         method.sig.ident.span(),
     );
     let block = method.block.clone();
+    // The tool's other arguments (a `RequestContext`, an `Extension<T>`)
+    // travel with the parameters: each is bound to a plain name in the tool
+    // method and destructured again, as written, in the body method.
+    let mut extra_names: Vec<Ident> = Vec::new();
+    let mut extra_args: Vec<syn::PatType> = Vec::new();
+    for input in method.sig.inputs.iter_mut() {
+        let syn::FnArg::Typed(typed) = input else {
+            continue;
+        };
+        let pat = typed.pat.to_token_stream().to_string();
+        if pat == params_ident.to_string() || pat == request_ident.to_string() {
+            continue;
+        }
+        let name = private_ident(&format!("__idem_arg_{}", extra_names.len()));
+        extra_args.push(typed.clone());
+        typed.pat = Box::new(parse_quote!(#name));
+        extra_names.push(name);
+    }
     let body: ImplItemFn = parse_quote! {
         #[doc(hidden)]
         #[allow(non_snake_case)]
         async fn #body_ident(
             &self,
             #params_ident: #params_ty,
+            #(#extra_args),*
         ) -> ::core::result::Result<#private::CallToolResult, #private::HandlerFailure> {
             let #returned = async move {
                 #unpack
@@ -284,11 +307,11 @@ fn expand_task(mut method: ImplItemFn, parts: TaskParts<'_>) -> TokenStream {
             },
             #arguments,
             #business_key,
-            #params_ident,
-            move |#params_ident: #params_ty| self.#body_ident(#params_ident),
-            move |#params_ident: #params_ty| {
+            (#params_value, #(#extra_names),*),
+            move |(#params_ident, #(#extra_names),*)| self.#body_ident(#params_ident, #(#extra_names),*),
+            move |(#params_ident, #(#extra_names),*)| {
                 let #owned = #server_clone;
-                async move { #owned.#body_ident(#params_ident).await }
+                async move { #owned.#body_ident(#params_ident, #(#extra_names),*).await }
             },
         )
         .await

@@ -301,3 +301,107 @@ impl Drop for SignalGuard {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::answer::ToolError;
+    use crate::key::Caller;
+    use crate::store::MemoryStore;
+    use crate::ScopeSpec;
+
+    fn op<'a>(caller: &'a Caller, args: &'a serde_json::Value) -> Operation<'a, serde_json::Value> {
+        Operation {
+            caller,
+            tool: "charge",
+            args,
+            scope: ScopeSpec::Window(Duration::from_secs(900)),
+            status_tool: "get_operation_status",
+        }
+    }
+
+    #[tokio::test]
+    async fn a_claimed_task_runs_once_and_repeats_see_it_running_then_completed() {
+        let executor = Executor::new(Arc::new(MemoryStore::new()));
+        let caller = Caller::new("acme", "alice");
+        let args = serde_json::json!({ "cents": 500 });
+        let TaskClaim::<String, ToolError>::Claimed(claimed) =
+            executor.claim_task(op(&caller, &args)).await
+        else {
+            panic!("the first claim owns the operation");
+        };
+        let reference = claimed.reference();
+        match executor
+            .claim_task::<String, ToolError>(op(&caller, &args))
+            .await
+        {
+            TaskClaim::Running(record) => assert_eq!(record.reference(), reference),
+            other => panic!("a repeat while it runs is the same task, got {other:?}"),
+        }
+        let answer: Answer<String, ToolError> = executor
+            .run_claimed(claimed, async { Ok("ch_1".to_owned()) })
+            .await;
+        assert!(matches!(answer, Answer::Executed { .. }), "{answer:?}");
+        match executor
+            .claim_task::<String, ToolError>(op(&caller, &args))
+            .await
+        {
+            TaskClaim::Answered(Answer::Replayed { value, .. }) => assert_eq!(value, "ch_1"),
+            other => panic!("a completed operation answers its result, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_rejected_task_is_kept_as_not_performed_and_the_next_claim_runs() {
+        let store = Arc::new(MemoryStore::new());
+        let executor = Executor::new(store.clone());
+        let caller = Caller::new("acme", "alice");
+        let args = serde_json::json!({ "cents": 0 });
+        let TaskClaim::<String, ToolError>::Claimed(claimed) =
+            executor.claim_task(op(&caller, &args)).await
+        else {
+            panic!("the first claim owns the operation");
+        };
+        let reference = claimed.reference();
+        let _: Answer<String, ToolError> = executor
+            .run_claimed(claimed, async {
+                Err(ToolError::rejected("amount must be positive"))
+            })
+            .await;
+        let record = store
+            .lookup("acme", &reference)
+            .await
+            .unwrap()
+            .expect("a rejected task keeps its record");
+        assert_eq!(
+            record.state,
+            RecordState::NotPerformed {
+                note: "amount must be positive".to_owned()
+            }
+        );
+        assert_eq!(record.resolution.as_deref(), Some(REJECTED_RESOLUTION));
+        assert!(matches!(
+            executor
+                .claim_task::<String, ToolError>(op(&caller, &args))
+                .await,
+            TaskClaim::Claimed(_)
+        ));
+    }
+
+    #[test]
+    fn a_signal_reaches_only_its_own_running_task() {
+        let signals = Arc::new(TaskSignals::default());
+        let reference = Reference::parse("idem_3f9a0c1d2e4b5a69").unwrap();
+        let guard = signals.register("acme", reference);
+        let signal = guard.signal();
+        assert!(!signals.cancel("globex", reference));
+        assert!(!signal.is_cancelled());
+        assert!(signals.cancel("acme", reference));
+        assert!(signal.is_cancelled());
+        drop(guard);
+        assert!(
+            !signals.cancel("acme", reference),
+            "gone once the handler ended"
+        );
+    }
+}
