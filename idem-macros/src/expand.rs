@@ -248,13 +248,16 @@ fn expand_task(mut method: ImplItemFn, parts: TaskParts<'_>) -> TokenStream {
         let syn::FnArg::Typed(typed) = input else {
             continue;
         };
-        let pat = typed.pat.to_token_stream().to_string();
-        if pat == params_ident.to_string() || pat == request_ident.to_string() {
+        let ours = matches!(
+            &*typed.pat,
+            syn::Pat::Ident(p) if p.ident == params_ident || p.ident == request_ident
+        );
+        if ours {
             continue;
         }
         let name = private_ident(&format!("__idem_arg_{}", extra_names.len()));
         extra_args.push(typed.clone());
-        typed.pat = Box::new(parse_quote!(#name));
+        *typed.pat = parse_quote!(#name);
         extra_names.push(name);
     }
     let body: ImplItemFn = parse_quote! {
