@@ -479,6 +479,7 @@ pub(crate) mod note {
 }
 
 /// Texts of answers the rmcp glue gives outside [`Answer`].
+#[cfg_attr(not(feature = "rmcp"), allow(dead_code))]
 pub(crate) mod text {
     /// A call with no caller.
     pub(crate) const NO_CALLER: &str = "The call was refused and nothing was executed: the \
