@@ -15,6 +15,8 @@
 //!                                 Valkey server, keys under the prefix "idem"
 //!   --processor-delay-ms N        how long the stub processor takes (default 300)
 //!   --processor-timeout-ms N      how long the tool waits for it (default 5000)
+//!   --lease-ms N                  how long a claim holds without a heartbeat (default 30000);
+//!                                 a dead process's call reads as outcome unknown after it
 //!   --maintenance-interval-ms N   time between maintenance rounds: sweep, reconcile, purge
 //!                                 (default 10000)
 //!   --settle-ms N                 how long an outcome-unknown record must be unchanged before
@@ -52,6 +54,8 @@ usage: payments [FLAGS]
                                 the prefix \"idem\"
   --processor-delay-ms N        how long the stub processor takes (default 300)
   --processor-timeout-ms N      how long the tool waits for it (default 5000)
+  --lease-ms N                  how long a claim holds without a heartbeat (default 30000);
+                                a dead process's call reads as outcome unknown after it
   --maintenance-interval-ms N   time between maintenance rounds: sweep, reconcile, purge
                                 (default 10000)
   --settle-ms N                 how long an outcome-unknown record must be unchanged before
@@ -72,6 +76,7 @@ struct Flags {
     store: String,
     processor_delay: Duration,
     processor_timeout: Duration,
+    lease: Duration,
     maintenance_interval: Duration,
     settle: Duration,
     reconcile_backoff: Duration,
@@ -100,6 +105,7 @@ fn parse_flags() -> Flags {
         store: default_store(),
         processor_delay: Duration::from_millis(300),
         processor_timeout: Duration::from_millis(5000),
+        lease: idem_runtime::DEFAULT_LEASE,
         maintenance_interval: Duration::from_millis(10_000),
         settle: ReconcileConfig::default().settle,
         reconcile_backoff: ReconcileConfig::default().first_backoff,
@@ -143,6 +149,7 @@ fn parse_flags() -> Flags {
             "--store" => flags.store = value(),
             "--processor-delay-ms" => flags.processor_delay = millis(value()),
             "--processor-timeout-ms" => flags.processor_timeout = millis(value()),
+            "--lease-ms" => flags.lease = millis(value()),
             "--maintenance-interval-ms" => flags.maintenance_interval = millis(value()),
             "--settle-ms" => flags.settle = millis(value()),
             "--reconcile-backoff-ms" => flags.reconcile_backoff = millis(value()),
@@ -261,7 +268,7 @@ async fn main() {
             ..MaintenanceConfig::default()
         },
     );
-    let executor = Executor::new(store);
+    let executor = Executor::new(store).with_lease(flags.lease);
 
     match flags.transport.as_str() {
         "stdio" => {

@@ -10,14 +10,18 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_runtime::{
-    current_reference, idempotent, Caller, Executor, IdempotentServer, Reconciler, Reconciliation,
-    Record, ToolError,
+    current_cancellation, current_reference, idempotent, Caller, Executor, IdempotentServer,
+    Reconciler, Reconciliation, Record, ToolError,
 };
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::IntoCallToolResult;
 use rmcp::handler::server::wrapper::{Json, Parameters};
-use rmcp::model::{CallToolResponse, Implementation, ServerCapabilities, ServerConfig};
-use rmcp::{tool, tool_handler, ServerHandler};
+use rmcp::model::{
+    CallToolResponse, CancelTaskParams, GetTaskParams, GetTaskResult, Implementation,
+    ServerCapabilities, ServerConfig,
+};
+use rmcp::service::RequestContext;
+use rmcp::{tool, tool_handler, ErrorData, RoleServer, ServerHandler};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
@@ -357,8 +361,13 @@ impl IdempotentServer for Payments {
 #[idem_runtime::tool_router]
 impl Payments {
     /// Charges a card at most once per (caller, card, amount, currency) within
-    /// 15 minutes, however often the call is repeated.
-    #[idempotent(window = "15m", status_tool = "get_operation_status")]
+    /// 15 minutes, however often the call is repeated. A client that declares
+    /// the MCP tasks extension gets a task at once and polls it.
+    #[idempotent(
+        window = "15m",
+        status_tool = "get_operation_status",
+        task = "optional"
+    )]
     #[tool(
         description = "Charge a card. Safe to retry: a repeat within 15 minutes returns the \
                           first charge's receipt instead of charging again."
@@ -377,25 +386,42 @@ impl Payments {
         let reference = current_reference()
             .expect("inside #[idempotent]")
             .to_string();
+        // Run as a task, the call can be cancelled (`tasks/cancel`); the
+        // request is already at the processor by then, so stopping to wait
+        // leaves the outcome unknown, and the reconciler settles it.
+        let cancelled = async {
+            match current_cancellation() {
+                Some(signal) => signal.cancelled().await,
+                None => std::future::pending().await,
+            }
+        };
         // The processor keeps going when we stop waiting, as a real one does:
         // the charge may happen after the timeout, so the outcome is unknown.
-        match tokio::time::timeout(
-            self.processor_timeout,
-            self.backends.charge(reference, &args),
-        )
-        .await
-        {
-            Ok(receipt) => Ok(Json(receipt)),
-            Err(_) => Err(ToolError::unknown(format!(
-                "The processor did not answer within {} ms; the charge may or may not have gone through.",
-                self.processor_timeout.as_millis()
-            ))),
+        tokio::select! {
+            charged = tokio::time::timeout(
+                self.processor_timeout,
+                self.backends.charge(reference, &args),
+            ) => match charged {
+                Ok(receipt) => Ok(Json(receipt)),
+                Err(_) => Err(ToolError::unknown(format!(
+                    "The processor did not answer within {} ms; the charge may or may not have gone through.",
+                    self.processor_timeout.as_millis()
+                ))),
+            },
+            () = cancelled => Err(ToolError::unknown(
+                "The task was cancelled while the processor was charging; the charge may or may \
+                 not have gone through, and is being reconciled.",
+            )),
         }
     }
 
     /// Creates one shipment per order id: a repeat returns the same tracking
     /// number, and the same order id with other details is a conflict.
-    #[idempotent(business_key = "order_id", status_tool = "get_operation_status")]
+    #[idempotent(
+        business_key = "order_id",
+        status_tool = "get_operation_status",
+        task = "optional"
+    )]
     #[tool(
         description = "Create a shipment for an order. One shipment per order_id: a repeat \
                           returns the same tracking number."
@@ -425,16 +451,40 @@ impl Payments {
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for Payments {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new(
-                "idem-payments",
-                env!("CARGO_PKG_VERSION"),
-            ))
-            .with_instructions(
-                "Charges and shipments are safe to retry. When an answer says an operation is \
+        // `enable_tasks`: the MCP tasks extension, served from idem's records.
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tasks()
+                .build(),
+        )
+        .with_server_info(Implementation::new(
+            "idem-payments",
+            env!("CARGO_PKG_VERSION"),
+        ))
+        .with_instructions(
+            "Charges and shipments are safe to retry. When an answer says an operation is \
                  in progress or its outcome is unknown, do not submit it again: call \
                  get_operation_status with the reference it gives.",
-            )
+        )
+    }
+
+    /// `tasks/get`: any replica answers from the store.
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        idem_runtime::tasks::get_task(self, request, context).await
+    }
+
+    /// `tasks/cancel`: signals the handler if it runs in this process.
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        idem_runtime::tasks::cancel_task(self, request, context).await
     }
 }
 

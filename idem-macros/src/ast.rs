@@ -11,7 +11,7 @@ use syn::{
     Path, PathArguments, Token, Type,
 };
 
-use crate::attr::{Args, Scope};
+use crate::attr::{Args, Scope, TaskSupport};
 
 /// Why `#[idempotent]` below `#[tool]` cannot work, said once for both macros.
 pub(crate) const BELOW_TOOL: &str =
@@ -37,6 +37,8 @@ pub(crate) struct Tool {
     /// arguments, keyed on the caller and the tool alone.
     pub(crate) params: Option<ParamsArg>,
     pub(crate) returns: Returns,
+    /// Whether a request that declares the tasks extension gets a task.
+    pub(crate) task: bool,
 }
 
 impl Tool {
@@ -61,7 +63,9 @@ impl Tool {
         let status_tool = args.status_tool();
         let krate = args.krate.unwrap_or_else(|| parse_quote!(::idem_runtime));
         let returns = Returns::from_syn(&sig.output);
+        let task = args.task == Some(TaskSupport::Optional);
         Ok(Tool {
+            task,
             scope: args.scope,
             status_tool,
             krate,

@@ -12,6 +12,7 @@ mod kw {
     syn::custom_keyword!(window);
     syn::custom_keyword!(business_key);
     syn::custom_keyword!(status_tool);
+    syn::custom_keyword!(task);
     // `#[idem_runtime::tool_router(...)]`: rmcp's options, then `status_tool`
     // and `crate` again.
     syn::custom_keyword!(router);
@@ -22,7 +23,8 @@ mod kw {
 
 /// The list shown when an option is unknown.
 const ACCEPTED: &str = "`window = \"15m\"`, `business_key = \"order_id\"` (or `[\"a\", \"b\"]`), \
-                        `status_tool = \"get_operation_status\"`, `crate = \"path\"`";
+                        `status_tool = \"get_operation_status\"`, `task = \"optional\"` (or `\"never\"`), \
+                        `crate = \"path\"`";
 
 /// The list shown when an option of the impl-level macro is unknown.
 const ROUTER_ACCEPTED: &str = "rmcp's `router = name`, `vis = \"pub(crate)\"`, `server_handler` \
@@ -37,6 +39,44 @@ pub(crate) struct Args {
     pub(crate) scope: Scope,
     pub(crate) status_tool: Option<LitStr>,
     pub(crate) krate: Option<Path>,
+    /// `task = "optional"`: answer with an MCP task when the request
+    /// declares the tasks extension. `None` and `task = "never"`: never.
+    pub(crate) task: Option<TaskSupport>,
+}
+
+/// `task = "..."`: whether a call may be answered with an MCP task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TaskSupport {
+    /// A task when the request declares `io.modelcontextprotocol/tasks`,
+    /// the result inline when it does not.
+    Optional,
+    /// Always the result inline (the default).
+    Never,
+}
+
+/// What `task` accepts, for its errors.
+const TASK_VALUES: &str = "`task = \"optional\"` (a request that declares the \
+    `io.modelcontextprotocol/tasks` extension gets a task, any other the result inline) or \
+    `task = \"never\"` (always the result inline, the default)";
+
+/// `task = "optional"` or `task = "never"`.
+fn parse_task(lit: &LitStr) -> syn::Result<TaskSupport> {
+    match lit.value().as_str() {
+        "optional" => Ok(TaskSupport::Optional),
+        "never" => Ok(TaskSupport::Never),
+        "required" | "always" => Err(syn::Error::new_spanned(
+            lit,
+            format!(
+                "`task = {:?}` is not offered: a client without the tasks extension would get an \
+                 error and nothing would run, though idem can always answer it inline. Write {TASK_VALUES}",
+                lit.value()
+            ),
+        )),
+        other => Err(syn::Error::new_spanned(
+            lit,
+            format!("`task = {other:?}` is not a task mode; write {TASK_VALUES}"),
+        )),
+    }
 }
 
 /// What makes two calls one operation. An attribute without one does not
@@ -89,6 +129,7 @@ impl Parse for Args {
         let mut business_key: Option<(Vec<LitStr>, Span)> = None;
         let mut status_tool: Option<LitStr> = None;
         let mut krate: Option<Path> = None;
+        let mut task: Option<TaskSupport> = None;
         while !input.is_empty() {
             let lookahead = input.lookahead1();
             if lookahead.peek(kw::window) {
@@ -107,6 +148,14 @@ impl Parse for Args {
                 let name: LitStr = input.parse()?;
                 check_tool_name(&name)?;
                 Args::set(&mut status_tool, name, &key, "status_tool")?;
+            } else if lookahead.peek(kw::task) {
+                let key: kw::task = input.parse()?;
+                input.parse::<Token![=]>()?;
+                if !input.peek(LitStr) {
+                    return Err(input.error(format!("`task` takes a string: {TASK_VALUES}")));
+                }
+                let value = parse_task(&input.parse()?)?;
+                Args::set(&mut task, value, &key, "task")?;
             } else if lookahead.peek(Token![crate]) {
                 let key: Token![crate] = input.parse()?;
                 input.parse::<Token![=]>()?;
@@ -146,6 +195,7 @@ impl Parse for Args {
             scope,
             status_tool,
             krate,
+            task,
         })
     }
 }

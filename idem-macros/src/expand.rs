@@ -123,6 +123,30 @@ fn expand(tool: Tool) -> TokenStream {
     let block = &method.block;
     let fake_return = private_ident("__idem_fake_return");
 
+    if tool.task {
+        return expand_task(
+            method,
+            TaskParts {
+                private: &private,
+                tool_name: &tool_name,
+                scope: &scope,
+                status_tool,
+                take_business_key,
+                arguments,
+                business_key,
+                params_ident,
+                params_value: params,
+                request_ident,
+                params_ty,
+                unpack,
+                returned,
+                ret: ret.to_token_stream(),
+                finish,
+                fake_return,
+            },
+        );
+    }
+
     method.block = parse_quote!({
         #take_business_key
         #private::call(
@@ -164,6 +188,140 @@ fn expand(tool: Tool) -> TokenStream {
         .await
     });
     method.into_token_stream()
+}
+
+/// What the task expansion takes over from [`expand`].
+struct TaskParts<'a> {
+    private: &'a TokenStream,
+    tool_name: &'a str,
+    scope: &'a TokenStream,
+    status_tool: &'a str,
+    take_business_key: TokenStream,
+    arguments: TokenStream,
+    business_key: Ident,
+    params_ident: Ident,
+    /// What the tool passes as its parameters: `__idem_params`, or `()`.
+    params_value: TokenStream,
+    request_ident: Ident,
+    params_ty: TokenStream,
+    unpack: TokenStream,
+    returned: Ident,
+    ret: TokenStream,
+    finish: TokenStream,
+    fake_return: Ident,
+}
+
+/// A tool with `task = "optional"`: the body moves to a hidden method of
+/// its own, so that a call answered with a task can run it on an owned
+/// clone of the server after the answer has gone out; the tool method
+/// returns rmcp's `CallToolResponse` (a result, or a task).
+fn expand_task(mut method: ImplItemFn, parts: TaskParts<'_>) -> TokenStream {
+    let TaskParts {
+        private,
+        tool_name,
+        scope,
+        status_tool,
+        take_business_key,
+        arguments,
+        business_key,
+        params_ident,
+        params_value,
+        request_ident,
+        params_ty,
+        unpack,
+        returned,
+        ret,
+        finish,
+        fake_return,
+    } = parts;
+    let body_ident = Ident::new(
+        &format!("__idem_task_body_{}", method.sig.ident),
+        method.sig.ident.span(),
+    );
+    let block = method.block.clone();
+    // The tool's other arguments (a `RequestContext`, an `Extension<T>`)
+    // travel with the parameters: each is bound to a plain name in the tool
+    // method and destructured again, as written, in the body method.
+    let mut extra_names: Vec<Ident> = Vec::new();
+    let mut extra_args: Vec<syn::PatType> = Vec::new();
+    for input in method.sig.inputs.iter_mut() {
+        let syn::FnArg::Typed(typed) = input else {
+            continue;
+        };
+        let ours = matches!(
+            &*typed.pat,
+            syn::Pat::Ident(p) if p.ident == params_ident || p.ident == request_ident
+        );
+        if ours {
+            continue;
+        }
+        let name = private_ident(&format!("__idem_arg_{}", extra_names.len()));
+        extra_args.push(typed.clone());
+        *typed.pat = parse_quote!(#name);
+        extra_names.push(name);
+    }
+    let body: ImplItemFn = parse_quote! {
+        #[doc(hidden)]
+        #[allow(non_snake_case)]
+        async fn #body_ident(
+            &self,
+            #params_ident: #params_ty,
+            #(#extra_args),*
+        ) -> ::core::result::Result<#private::CallToolResult, #private::HandlerFailure> {
+            let #returned = async move {
+                #unpack
+                #[allow(
+                    unknown_lints,
+                    unreachable_code,
+                    clippy::diverging_sub_expression,
+                    clippy::empty_loop,
+                    clippy::let_unit_value,
+                    clippy::let_with_type_underscore,
+                    clippy::needless_return,
+                    clippy::unreachable
+                )]
+                if false {
+                    let #fake_return: #ret = loop {};
+                    return #fake_return;
+                }
+                #block
+            }
+            .await;
+            #finish
+        }
+    };
+    method.sig.output = parse_quote!(
+        -> ::core::result::Result<#private::CallToolResponse, #private::ErrorData>
+    );
+    let owned = private_ident("__idem_owned");
+    let server_clone = located_at(
+        quote!(#private::owned_server(self)),
+        method.sig.ident.span(),
+    );
+    method.block = parse_quote!({
+        #take_business_key
+        #private::call_task(
+            self,
+            #request_ident,
+            #private::ToolSpec {
+                tool: #tool_name,
+                scope: #scope,
+                status_tool: #status_tool,
+            },
+            #arguments,
+            #business_key,
+            (#params_value, #(#extra_names),*),
+            move |(#params_ident, #(#extra_names),*)| self.#body_ident(#params_ident, #(#extra_names),*),
+            move |(#params_ident, #(#extra_names),*)| {
+                let #owned = #server_clone;
+                async move { #owned.#body_ident(#params_ident, #(#extra_names),*).await }
+            },
+        )
+        .await
+    });
+    let mut out = method.into_token_stream();
+    out.extend(body.into_token_stream());
+    out
 }
 
 /// The same tokens, reported at `span` but resolved as before: what a
@@ -221,6 +379,12 @@ fn scope(scope: &Scope, private: &TokenStream) -> TokenStream {
 /// marker that `audit_hints` looks for added to its `_meta`.
 fn tool_attribute(tool: &Tool, private: &TokenStream, scope: &TokenStream) -> syn::Attribute {
     let status_tool = &tool.status_tool;
+    // A tool that answers with tasks says so in its marker.
+    let tool_meta = if tool.task {
+        quote!(#private::task_tool_meta)
+    } else {
+        quote!(#private::tool_meta)
+    };
     let mut items: Vec<TokenStream> = Vec::new();
     let mut has_annotations = false;
     let mut has_meta = false;
@@ -244,7 +408,7 @@ fn tool_attribute(tool: &Tool, private: &TokenStream, scope: &TokenStream) -> sy
                 has_meta = true;
                 let user = &nv.value;
                 items.push(quote! {
-                    meta = #private::tool_meta(::core::option::Option::Some(#user), #scope, #status_tool)
+                    meta = #tool_meta(::core::option::Option::Some(#user), #scope, #status_tool)
                 });
             }
             other => items.push(other.to_token_stream()),
@@ -255,7 +419,7 @@ fn tool_attribute(tool: &Tool, private: &TokenStream, scope: &TokenStream) -> sy
     }
     if !has_meta {
         items.push(quote! {
-            meta = #private::tool_meta(::core::option::Option::None, #scope, #status_tool)
+            meta = #tool_meta(::core::option::Option::None, #scope, #status_tool)
         });
     }
     // rmcp derives the output schema from a `Json<T>` return type; the

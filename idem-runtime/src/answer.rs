@@ -479,6 +479,7 @@ pub(crate) mod note {
 }
 
 /// Texts of answers the rmcp glue gives outside [`Answer`].
+#[cfg_attr(not(feature = "rmcp"), allow(dead_code))]
 pub(crate) mod text {
     /// A call with no caller.
     pub(crate) const NO_CALLER: &str = "The call was refused and nothing was executed: the \
@@ -503,4 +504,64 @@ pub(crate) mod text {
     /// Why a wrapped tool's output is refused when it is not one result.
     pub(crate) const NOT_ONE_RESULT: &str =
         "an idempotent tool must complete in one call; it asked for input or started a task";
+
+    /// `tasks/get` or `tasks/cancel` with no caller.
+    pub(crate) const TASK_NO_CALLER: &str = "The request carries no authenticated caller, and \
+        this server has no default caller, so no task can be looked up. Connect with \
+        credentials, then ask again.";
+
+    /// `tasks/get` or `tasks/cancel` for an id that is not the caller's task.
+    pub(crate) fn task_not_found(task_id: &str) -> String {
+        format!("No task with id \"{task_id}\" was found for this caller.")
+    }
+
+    /// The status message of a task just created.
+    pub(crate) fn task_started(reference: &str) -> String {
+        format!(
+            "Operation {reference} is running. Poll tasks/get with this task id for its result; \
+             calling the tool again with the same arguments returns this same task and runs nothing."
+        )
+    }
+
+    /// A task whose handler is running.
+    pub(crate) fn task_running(reference: &str) -> String {
+        format!("Operation {reference} is still running. Keep polling; do not call the tool again.")
+    }
+
+    /// A completed task.
+    pub(crate) fn task_completed(reference: &str) -> String {
+        format!("Operation {reference} completed; its result is in `result`.")
+    }
+
+    /// A task whose outcome is unknown.
+    pub(crate) fn task_reconciling(reference: &str, note: &str) -> String {
+        format!(
+            "The outcome of operation {reference} is not known yet ({note}); it is being \
+             reconciled with the processor. Keep polling, less often; do not call the tool \
+             again: a repeat would not run it."
+        )
+    }
+
+    /// A task whose handler rejected the call: nothing happened.
+    pub(crate) fn task_rejected(reference: &str, message: &str) -> String {
+        format!(
+            "{message} (operation {reference} was refused before any side effect; nothing \
+             happened. Correct the call and make it again.)"
+        )
+    }
+
+    /// A task resolved as never having taken effect.
+    pub(crate) fn task_not_performed(reference: &str, note: &str) -> String {
+        format!(
+            "Operation {reference} did not take effect ({note}). It is safe to call the tool again."
+        )
+    }
+
+    /// A completed task whose stored result cannot be read.
+    pub(crate) fn task_unreadable(reference: &str, error: impl std::fmt::Display) -> String {
+        format!(
+            "Operation {reference} completed, but its stored result cannot be read ({error}). \
+             Do not call the tool again; ask the operator."
+        )
+    }
 }

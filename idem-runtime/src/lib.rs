@@ -114,7 +114,8 @@ mod telemetry;
 
 pub use answer::{Answer, AnswerState, Classify, Disposition, StatusReport, ToolError};
 pub use executor::{
-    Executor, Operation, OperationContext, ScopeSpec, DEFAULT_LEASE, DEFAULT_RETENTION,
+    Executor, Operation, OperationContext, ScopeSpec, TaskCancellation, DEFAULT_LEASE,
+    DEFAULT_RETENTION,
 };
 /// The attribute that makes an rmcp tool safe to repeat.
 #[cfg(feature = "rmcp")]
@@ -133,8 +134,8 @@ pub use maintenance::{
 pub use mcp::private as __private;
 #[cfg(feature = "rmcp")]
 pub use mcp::{
-    audit_hints, current_reference, request_caller, status_tool, HintProblem, IdempotentServer,
-    RESULT_META_KEY, TOOL_META_KEY,
+    audit_hints, current_cancellation, current_reference, request_caller, status_tool, tasks,
+    HintProblem, IdempotentServer, RESULT_META_KEY, TOOL_META_KEY,
 };
 /// The store conformance suite, for a store of your own: see
 /// [`conformance_tests!`].

@@ -17,8 +17,14 @@ use crate::store::{
 use crate::telemetry;
 
 mod guard;
+// Used by the rmcp glue only.
+#[cfg_attr(not(feature = "rmcp"), allow(dead_code, unused_imports))]
+mod task;
 
 use guard::{mark, panic_message, CatchUnwind, ReleaseOnDrop, UnknownOnDrop};
+pub use task::TaskCancellation;
+#[cfg(feature = "rmcp")]
+pub(crate) use task::{TaskClaim, REJECTED_RESOLUTION};
 
 /// The default lease: how long a claim holds without a heartbeat.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -102,6 +108,18 @@ pub struct Executor {
     store: Arc<dyn IdempotencyStore>,
     lease: Duration,
     retention: Duration,
+    /// The cancellation signals of the handlers it runs as MCP tasks.
+    tasks: Arc<task::TaskSignals>,
+}
+
+/// What a handler's rejection does to its record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OnRejected {
+    /// Delete it: nothing happened, a corrected call may run.
+    Release,
+    /// Keep it as NOT_PERFORMED with the handler's message, which the next
+    /// claim takes over: what an MCP task's `tasks/get` answers from.
+    Record,
 }
 
 impl Executor {
@@ -111,6 +129,7 @@ impl Executor {
             store,
             lease: DEFAULT_LEASE,
             retention: DEFAULT_RETENTION,
+            tasks: Arc::default(),
         }
     }
 
@@ -127,6 +146,11 @@ impl Executor {
     pub fn with_retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
         self
+    }
+
+    /// The lease.
+    pub fn lease(&self) -> Duration {
+        self.lease
     }
 
     /// The store.
@@ -212,53 +236,13 @@ impl Executor {
         F: FnOnce(OperationContext) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let args = op.args;
-        // `window` ends a COMPLETED record; an IN_PROGRESS or UNKNOWN one is
-        // kept for the executor's retention whatever the scope, because its
-        // side effect may have happened (a business key's `window` shortens
-        // how long its result answers, never how long a doubt is kept).
-        let (scope, window) = match op.scope {
-            ScopeSpec::Window(window) => (Scope::Window(window), window),
-            ScopeSpec::BusinessKey { fields, retention } => {
-                let found = fields.iter().map(|&field| (field, args.get(field)));
-                match business_key(found) {
-                    Ok(value) => (
-                        Scope::BusinessKey(value),
-                        retention.unwrap_or(self.retention),
-                    ),
-                    Err(reason) => return Answer::Refused { reason },
-                }
-            }
-            ScopeSpec::BusinessKeyValues { values, retention } => {
-                let found = values.iter().map(|(field, value)| (*field, Some(value)));
-                match business_key(found) {
-                    Ok(value) => (
-                        Scope::BusinessKey(value),
-                        retention.unwrap_or(self.retention),
-                    ),
-                    Err(reason) => return Answer::Refused { reason },
-                }
-            }
+        let request = match self.claim_request(&op) {
+            Ok(request) => request,
+            Err(reason) => return Answer::Refused { reason },
         };
-        let key = match IdempotencyKey::derive(op.caller, op.tool, args, &scope) {
-            Ok(key) => key,
-            Err(e) => {
-                return Answer::Refused {
-                    reason: e.to_string(),
-                }
-            }
-        };
+        let key = request.key;
         let reference = key.reference();
         tracing::Span::current().record("reference", tracing::field::display(reference));
-        let request = ClaimRequest {
-            key,
-            tenant: op.caller.tenant().to_owned(),
-            tool: op.tool.to_owned(),
-            attempt: Attempt::random(),
-            lease: self.lease,
-            window,
-            retention: self.retention.max(window),
-        };
         // Armed while the claim is in flight: if its answer is lost (a
         // timeout after the commit) or the call is dropped before it comes,
         // the claim may have landed, and nothing will ever run under it.
@@ -284,16 +268,61 @@ impl Executor {
                     caller: op.caller.clone(),
                     tool: op.tool.to_owned(),
                 };
-                self.execute(&request, op.status_tool, handler(context))
-                    .await
+                self.execute(
+                    &request,
+                    op.status_tool,
+                    OnRejected::Release,
+                    handler(context),
+                )
+                .await
             }
         }
+    }
+
+    /// What a claim of `op` asks the store for: the key derived from the
+    /// scope, the lease, the window and the retention. `Err` is why the call
+    /// is refused (a business key missing or empty, a key not derivable).
+    fn claim_request(&self, op: &Operation<'_, serde_json::Value>) -> Result<ClaimRequest, String> {
+        let args = op.args;
+        // `window` ends a COMPLETED record; an IN_PROGRESS or UNKNOWN one is
+        // kept for the executor's retention whatever the scope, because its
+        // side effect may have happened (a business key's `window` shortens
+        // how long its result answers, never how long a doubt is kept).
+        let (scope, window) = match op.scope {
+            ScopeSpec::Window(window) => (Scope::Window(window), window),
+            ScopeSpec::BusinessKey { fields, retention } => {
+                let found = fields.iter().map(|&field| (field, args.get(field)));
+                (
+                    Scope::BusinessKey(business_key(found)?),
+                    retention.unwrap_or(self.retention),
+                )
+            }
+            ScopeSpec::BusinessKeyValues { values, retention } => {
+                let found = values.iter().map(|(field, value)| (*field, Some(value)));
+                (
+                    Scope::BusinessKey(business_key(found)?),
+                    retention.unwrap_or(self.retention),
+                )
+            }
+        };
+        let key =
+            IdempotencyKey::derive(op.caller, op.tool, args, &scope).map_err(|e| e.to_string())?;
+        Ok(ClaimRequest {
+            key,
+            tenant: op.caller.tenant().to_owned(),
+            tool: op.tool.to_owned(),
+            attempt: Attempt::random(),
+            lease: self.lease,
+            window,
+            retention: self.retention.max(window),
+        })
     }
 
     async fn execute<T, E, Fut>(
         &self,
         claim: &ClaimRequest,
         status_tool: &str,
+        on_rejected: OnRejected,
         handler: Fut,
     ) -> Answer<T, E>
     where
@@ -341,6 +370,9 @@ impl Executor {
             Ok(Err(error)) => {
                 let disposition = error.disposition();
                 match disposition {
+                    Disposition::Rejected if on_rejected == OnRejected::Record => {
+                        task::record_rejection(store, key, attempt, &error.to_string()).await;
+                    }
                     Disposition::Rejected => {
                         if let Err(e) = store.release(key, attempt).await {
                             tracing::error!(%reference, error = %e, "release after a rejected call failed");

@@ -5,7 +5,7 @@ use rmcp::model::Extensions;
 use rmcp::service::RequestContext;
 use rmcp::RoleServer;
 
-use crate::executor::Executor;
+use crate::executor::{Executor, TaskCancellation};
 use crate::key::{Caller, Reference};
 
 /// A server whose tools `#[idempotent]` wraps: it hands the wrapper its
@@ -50,6 +50,21 @@ pub trait IdempotentServer {
 
 tokio::task_local! {
     pub(super) static CURRENT_REFERENCE: Reference;
+    pub(super) static CURRENT_CANCELLATION: TaskCancellation;
+}
+
+/// The cancellation signal of the handler that is running, inside the body
+/// of an `#[idempotent(task = "optional")]` tool whose call was answered with
+/// an MCP task; `None` anywhere else (a call answered inline has no task to
+/// cancel). `tasks/cancel` for the task sets it, on the replica that runs
+/// the handler.
+///
+/// Cancellation is cooperative and never touches the record: stop if you
+/// can, and end the way the call really ended (`ToolError::rejected` when
+/// nothing happened, `ToolError::unknown` when something may have). Like
+/// [`current_reference`], it is a task-local: read it before spawning.
+pub fn current_cancellation() -> Option<TaskCancellation> {
+    CURRENT_CANCELLATION.try_with(Clone::clone).ok()
 }
 
 /// The reference of the operation whose handler is running, inside the body

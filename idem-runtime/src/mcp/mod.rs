@@ -13,9 +13,10 @@ mod caller;
 pub mod private;
 mod render;
 mod status_tool;
+pub mod tasks;
 
 pub use audit::{audit_hints, HintProblem};
-pub use caller::{current_reference, request_caller, IdempotentServer};
+pub use caller::{current_cancellation, current_reference, request_caller, IdempotentServer};
 pub use status_tool::status_tool;
 
 /// The `_meta` key of a tool result that describes its operation:

@@ -1,0 +1,302 @@
+//! `#[idempotent(task = "optional")]` in process: a server and rmcp's client
+//! over a duplex pipe, a counting stub standing in for the processor. What
+//! the handler sees when it runs as a task (its reference, a cancellation
+//! signal, its other arguments) and when it runs inline (no signal).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idem_runtime::{
+    current_cancellation, current_reference, idempotent, Caller, Executor, IdempotentServer,
+    MemoryStore, ToolError,
+};
+use rmcp::handler::server::wrapper::{Json, Parameters};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CancelTaskParams, ClientCapabilities, ClientConfig,
+    GetTaskParams, GetTaskResult, Implementation, ProtocolVersion, ServerCapabilities,
+    ServerConfig, TaskPayload, TaskStatus,
+};
+use rmcp::service::{ClientLifecycleMode, ClientServiceExt, RequestContext, RunningService};
+use rmcp::{tool, tool_handler, ErrorData, RoleClient, RoleServer, ServerHandler, ServiceExt};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+#[derive(Serialize, Deserialize, schemars::JsonSchema)]
+struct ChargeArgs {
+    card: String,
+    amount_cents: u64,
+}
+
+#[derive(Serialize, Deserialize, schemars::JsonSchema)]
+struct Receipt {
+    charge_id: String,
+    reference: String,
+    /// Whether the handler had a cancellation signal (it runs as a task).
+    as_task: bool,
+    /// The request id the handler's `RequestContext` argument carried.
+    request_id: String,
+}
+
+/// The far side: charges made, by the reference given, deduplicated by it
+/// from the moment a request arrives.
+#[derive(Default)]
+struct Processor {
+    requests: AtomicUsize,
+    seen: Mutex<Vec<String>>,
+    /// How the handler ended when it saw `tasks/cancel`.
+    cancelled: AtomicUsize,
+}
+
+#[derive(Clone)]
+struct Shop {
+    executor: Executor,
+    processor: Arc<Processor>,
+    delay: Duration,
+    tool_router: rmcp::handler::server::router::tool::ToolRouter<Self>,
+}
+
+impl IdempotentServer for Shop {
+    fn executor(&self) -> &Executor {
+        &self.executor
+    }
+    fn default_caller(&self) -> Option<&Caller> {
+        static LOCAL: std::sync::OnceLock<Caller> = std::sync::OnceLock::new();
+        Some(LOCAL.get_or_init(|| Caller::new("acme", "alice")))
+    }
+}
+
+#[idem_runtime::tool_router]
+impl Shop {
+    #[idempotent(window = "15m", task = "optional")]
+    #[tool(description = "Charge a card")]
+    async fn charge_card(
+        &self,
+        Parameters(args): Parameters<ChargeArgs>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<Json<Receipt>, ToolError> {
+        let reference = current_reference()
+            .expect("inside #[idempotent]")
+            .to_string();
+        let cancellation = current_cancellation();
+        self.processor.requests.fetch_add(1, Ordering::SeqCst);
+        {
+            let mut seen = self.processor.seen.lock().unwrap();
+            if !seen.contains(&reference) {
+                seen.push(reference.clone());
+            }
+        }
+        let charged = tokio::time::sleep(self.delay);
+        match &cancellation {
+            Some(signal) => tokio::select! {
+                () = charged => {}
+                () = signal.cancelled() => {
+                    self.processor.cancelled.fetch_add(1, Ordering::SeqCst);
+                    return Err(ToolError::rejected("cancelled before the charge was sent"));
+                }
+            },
+            None => charged.await,
+        }
+        Ok(Json(Receipt {
+            charge_id: format!("ch_{}", args.card),
+            reference,
+            as_task: cancellation.is_some(),
+            request_id: format!("{:?}", context.id),
+        }))
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for Shop {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tasks()
+                .build(),
+        )
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        idem_runtime::tasks::get_task(self, request, context).await
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        idem_runtime::tasks::cancel_task(self, request, context).await
+    }
+}
+
+fn shop(delay: Duration) -> (Shop, Arc<Processor>) {
+    let processor = Arc::new(Processor::default());
+    let shop = Shop {
+        executor: Executor::new(Arc::new(MemoryStore::new())),
+        processor: processor.clone(),
+        delay,
+        tool_router: Shop::tool_router(),
+    };
+    (shop, processor)
+}
+
+async fn connect<C: rmcp::Service<RoleClient>>(
+    shop: Shop,
+    client: C,
+    lifecycle: ClientLifecycleMode,
+) -> RunningService<RoleClient, C> {
+    let (server_side, client_side) = tokio::io::duplex(64 * 1024);
+    tokio::spawn(async move {
+        let running = shop.serve(server_side).await.expect("server starts");
+        let _ = running.waiting().await;
+    });
+    client
+        .serve_with_lifecycle(client_side, lifecycle)
+        .await
+        .expect("client connects")
+}
+
+fn modern() -> ClientLifecycleMode {
+    ClientLifecycleMode::Discover {
+        preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+    }
+}
+
+fn with_tasks() -> ClientConfig {
+    ClientConfig::new(
+        ClientCapabilities::builder().enable_tasks().build(),
+        Implementation::new("idem-tasks-e2e", "0"),
+    )
+}
+
+fn without_tasks() -> ClientConfig {
+    ClientConfig::new(
+        ClientCapabilities::default(),
+        Implementation::new("idem-tasks-e2e", "0"),
+    )
+}
+
+fn charge(amount: u64) -> CallToolRequestParams {
+    let Value::Object(args) = json!({ "card": "4242", "amount_cents": amount }) else {
+        unreachable!()
+    };
+    CallToolRequestParams::new("charge_card").with_arguments(args)
+}
+
+async fn poll<C: rmcp::Service<RoleClient>>(
+    client: &RunningService<RoleClient, C>,
+    task_id: &str,
+) -> GetTaskResult {
+    for _ in 0..200 {
+        let got = client
+            .get_task(GetTaskParams::new(task_id))
+            .await
+            .expect("tasks/get");
+        if got.task.status().is_terminal() {
+            return got;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("task {task_id} never ended");
+}
+
+#[tokio::test]
+async fn a_task_handler_sees_its_reference_its_signal_and_its_other_arguments() {
+    let (shop, processor) = shop(Duration::from_millis(300));
+    let client = connect(shop, with_tasks(), modern()).await;
+    let CallToolResponse::Task(created) = client.call_tool_once(charge(100)).await.unwrap() else {
+        panic!("a declared request gets a task");
+    };
+    let task_id = created.task.task_id;
+    let done = poll(&client, &task_id).await;
+    let TaskPayload::Completed { result } = &done.task.payload else {
+        panic!("completed expected, got {done:?}");
+    };
+    let receipt = &result["structuredContent"];
+    assert_eq!(receipt["reference"], json!(task_id));
+    assert_eq!(receipt["as_task"], json!(true));
+    assert!(
+        receipt["request_id"].as_str().unwrap().contains("Number"),
+        "{receipt}"
+    );
+    assert_eq!(processor.requests.load(Ordering::SeqCst), 1);
+    client.cancel().await.ok();
+}
+
+#[tokio::test]
+async fn without_the_extension_the_handler_runs_inline_with_no_signal() {
+    let (shop, processor) = shop(Duration::from_millis(50));
+    // A 2026-07-28 client that declares nothing, and a 2025-11-25 one that
+    // declares the extension (not defined under that version).
+    let modern_plain = connect(shop.clone(), without_tasks(), modern()).await;
+    let legacy = connect(shop, with_tasks(), ClientLifecycleMode::Initialize).await;
+    for (client_result, amount) in [
+        (modern_plain.call_tool_once(charge(200)).await, 200),
+        (legacy.call_tool_once(charge(300)).await, 300),
+    ] {
+        let CallToolResponse::Complete(result) = client_result.unwrap() else {
+            panic!("no task without the extension ({amount})");
+        };
+        let receipt = result.structured_content.expect("the receipt");
+        assert_eq!(receipt["as_task"], json!(false));
+    }
+    assert_eq!(processor.requests.load(Ordering::SeqCst), 2);
+    modern_plain.cancel().await.ok();
+    legacy.cancel().await.ok();
+}
+
+#[tokio::test]
+async fn concurrent_declared_calls_make_one_task_and_one_request() {
+    let (shop, processor) = shop(Duration::from_millis(400));
+    let client = connect(shop, with_tasks(), modern()).await;
+    let calls = futures::future::join_all((0..5).map(|_| client.call_tool_once(charge(500)))).await;
+    let ids: Vec<String> = calls
+        .into_iter()
+        .map(|r| match r.unwrap() {
+            CallToolResponse::Task(t) => t.task.task_id,
+            other => panic!("a task while it runs, got {other:?}"),
+        })
+        .collect();
+    assert!(ids.iter().all(|id| id == &ids[0]), "{ids:?}");
+    let done = poll(&client, &ids[0]).await;
+    assert_eq!(done.task.status(), TaskStatus::Completed);
+    assert_eq!(processor.requests.load(Ordering::SeqCst), 1);
+    assert_eq!(processor.seen.lock().unwrap().len(), 1);
+    client.cancel().await.ok();
+}
+
+#[tokio::test]
+async fn a_cancelled_handler_ends_as_it_says_and_the_task_reports_it() {
+    let (shop, processor) = shop(Duration::from_secs(30));
+    let client = connect(shop, with_tasks(), modern()).await;
+    let CallToolResponse::Task(created) = client.call_tool_once(charge(900)).await.unwrap() else {
+        panic!("a task");
+    };
+    let task_id = created.task.task_id;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    client
+        .cancel_task(CancelTaskParams::new(task_id.clone()))
+        .await
+        .expect("acknowledged");
+    // The handler said nothing was sent: a rejection, kept, so the task
+    // fails with its message.
+    let done = poll(&client, &task_id).await;
+    assert_eq!(done.task.status(), TaskStatus::Failed, "{done:?}");
+    let TaskPayload::Failed { error } = &done.task.payload else {
+        unreachable!()
+    };
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("cancelled before the charge"),
+        "{error:?}"
+    );
+    assert_eq!(processor.cancelled.load(Ordering::SeqCst), 1);
+    client.cancel().await.ok();
+}

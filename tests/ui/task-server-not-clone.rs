@@ -1,0 +1,14 @@
+mod common;
+use common::*;
+
+// `Shop` is not `Clone`: a task's handler runs on a clone of the server.
+#[idem_runtime::tool_router]
+impl Shop {
+    #[idempotent(window = "15m", task = "optional")]
+    #[tool(description = "Charge a card")]
+    async fn charge_card(&self, Parameters(args): Parameters<ChargeArgs>) -> Result<Json<Receipt>, ToolError> {
+        Ok(Json(Receipt { charge_id: args.card }))
+    }
+}
+
+fn main() {}
