@@ -28,16 +28,16 @@ async fn store() -> TempSqlite {
     TempSqlite { store, _dir: dir }
 }
 
-idem_runtime::conformance_tests!(Some(store().await); outbox pending);
+idem_runtime::conformance_tests!(Some(store().await));
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_cases_share_one_store() {
-    conformance::run_all_but_outbox(&*store().await).await;
+    conformance::run_all(&*store().await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_memory_passes_too() {
-    conformance::run_all_but_outbox(&SqliteStore::open_in_memory().await.unwrap()).await;
+    conformance::run_all(&SqliteStore::open_in_memory().await.unwrap()).await;
 }
 
 /// A record outlives the store that wrote it: reopen the file and find it.
