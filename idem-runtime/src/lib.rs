@@ -109,6 +109,7 @@ mod key;
 mod maintenance;
 #[cfg(feature = "rmcp")]
 mod mcp;
+mod outbox;
 mod store;
 mod telemetry;
 
@@ -125,8 +126,9 @@ pub use key::canonical::{
 };
 pub use key::{Caller, IdempotencyKey, KeyError, Reference, Scope};
 pub use maintenance::{
-    purge, reconcile, resolve_by_hand, sweep, Maintenance, MaintenanceConfig, ManualOutcome,
-    ReconcileConfig, ReconcileReport, Reconciler, Reconciliation, ResolveError,
+    purge, reconcile, resolve_by_hand, resolve_by_hand_with_follow_ons, sweep, Maintenance,
+    MaintenanceConfig, ManualOutcome, ReconcileConfig, ReconcileReport, Reconciler, Reconciliation,
+    ResolveError,
 };
 #[cfg(feature = "rmcp")]
 #[doc(hidden)]
@@ -135,6 +137,10 @@ pub use mcp::private as __private;
 pub use mcp::{
     audit_hints, current_reference, request_caller, status_tool, HintProblem, IdempotentServer,
     RESULT_META_KEY, TOOL_META_KEY,
+};
+pub use outbox::{
+    follow_on, job_fn, DispatchReport, JobError, JobFn, JobHandler, JobHandlers, JobRun, Outbox,
+    OutboxConfig,
 };
 /// The store conformance suite, for a store of your own: see
 /// [`conformance_tests!`].
