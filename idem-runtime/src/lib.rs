@@ -88,6 +88,10 @@
 //! - [`Maintenance`] purges, sweeps dead calls to UNKNOWN and reconciles them
 //!   through your [`Reconciler`]; [`resolve_by_hand`] is for what nobody can
 //!   reconcile.
+//! - Follow-on work: a handler declares jobs with [`follow_on`] (a receipt
+//!   after a charge), written with its completion; an [`Outbox`] dispatcher
+//!   runs each at least once through your [`JobHandlers`], with a stable
+//!   downstream key, retries with backoff, and a dead letter.
 //! - Operating it: calls, store latencies and maintenance are counted
 //!   through the `metrics` facade (feature `metrics`, default; the names are
 //!   in the README's "Operating it"), each call runs in an `idem.call`
