@@ -659,3 +659,60 @@ async fn resolution_by_hand_writes_follow_ons() {
         .unwrap();
     assert_eq!(mailer.deliveries(), 1);
 }
+
+/// The store down during dispatch: nothing runs and nothing is lost while
+/// it is down, and the job is delivered once when it is back. A finish whose
+/// write never reached the store leaves the job leased; when the lease runs
+/// out it runs again with the same downstream key, and the mailer's dedupe
+/// keeps it to one delivery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_down_during_dispatch_loses_nothing() {
+    use idem_runtime::conformance::{Call, Fault, FaultyStore};
+    use std::sync::atomic::AtomicBool;
+
+    let inner = Arc::new(MemoryStore::new());
+    let down = Arc::new(AtomicBool::new(false));
+    let lost_finishes = Arc::new(AtomicUsize::new(0));
+    let (is_down, finishes) = (down.clone(), lost_finishes.clone());
+    let store: Arc<dyn IdempotencyStore> = Arc::new(FaultyStore::new(inner.clone(), move |call| {
+        if is_down.load(Ordering::SeqCst) {
+            return Fault::Unreachable;
+        }
+        match call {
+            // The first finish never reaches the store.
+            Call::FinishJob if finishes.fetch_add(1, Ordering::SeqCst) == 0 => Fault::Unreachable,
+            _ => Fault::None,
+        }
+    }));
+    let executor = Executor::new(store.clone());
+    let charges = AtomicUsize::new(0);
+    let answer = charge(&executor, &json!({"card": "4242"}), &charges).await;
+    assert!(matches!(answer, Answer::Executed { recorded: true, .. }));
+
+    down.store(true, Ordering::SeqCst);
+    let mailer = Mailer::new(Duration::ZERO, 0);
+    let config = OutboxConfig {
+        timeout: Duration::from_millis(150),
+        ..config()
+    };
+    let outbox = Outbox::spawn(store.clone(), mailer.handlers(), config);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        mailer.seen().is_empty(),
+        "nothing ran while the store was down"
+    );
+    assert_eq!(jobs(&*inner).await.len(), 1, "the job is still there");
+
+    down.store(false, Ordering::SeqCst);
+    wait_until("the job is finished", Duration::from_secs(10), || {
+        lost_finishes.load(Ordering::SeqCst) >= 2
+    })
+    .await;
+    outbox.stop().await;
+    assert!(jobs(&*inner).await.is_empty());
+    let seen = mailer.seen();
+    assert_eq!(seen.len(), 1, "one downstream key: {seen:?}");
+    let s = seen.values().next().unwrap();
+    assert_eq!(s.attempt_numbers, [1, 2], "run again after the lost finish");
+    assert_eq!(s.deliveries, 1, "delivered once");
+}

@@ -260,7 +260,8 @@ impl Outbox {
 
     /// One round: leases up to a batch of due jobs whose names have a
     /// handler, runs them at once, and finishes, retries or buries each;
-    /// then counts the due jobs nobody here handles. A store error on
+    /// then counts the due jobs nobody here handles, and reports them (a
+    /// warning and the `idem_outbox_unhandled_jobs` gauge). A store error on
     /// leasing ends the round (nothing was run); one on finishing a job
     /// leaves it leased until its lease runs out, and then it runs again.
     pub async fn round(
@@ -293,6 +294,10 @@ impl Outbox {
             .into_iter()
             .filter(|(name, _)| handlers.get(name).is_none())
             .collect();
+        for (name, n) in &report.unhandled {
+            tracing::warn!(job = %name, waiting = n, "follow-on jobs wait: no handler for this name here");
+            telemetry::outbox_unhandled(name, *n);
+        }
         Ok(report)
     }
 
@@ -303,13 +308,9 @@ impl Outbox {
     }
 }
 
-/// Logs and gauges the waiting jobs of names without a handler; a name no
-/// longer waiting is set back to zero.
+/// Sets the gauge of a name that waited in an earlier round and no longer
+/// does back to zero ([`Outbox::round`] reports the ones that wait).
 fn report_unhandled(reported: &mut BTreeSet<String>, unhandled: &BTreeMap<String, u64>) {
-    for (name, n) in unhandled {
-        tracing::warn!(job = %name, waiting = n, "follow-on jobs wait: no handler for this name here");
-        telemetry::outbox_unhandled(name, *n);
-    }
     for gone in reported.iter().filter(|n| !unhandled.contains_key(*n)) {
         telemetry::outbox_unhandled(gone, 0);
     }
