@@ -8,9 +8,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_runtime::conformance::claim_request;
 use idem_runtime::{
-    purge, reconcile, resolve_by_hand, sweep, Answer, Caller, Claim, Executor, IdempotencyStore,
-    ManualOutcome, MemoryStore, Operation, ReconcileConfig, Reconciler, Reconciliation, Record,
-    ScopeSpec, ToolError,
+    job_fn, purge, reconcile, resolve_by_hand, sweep, Answer, Caller, Claim, Executor,
+    IdempotencyStore, JobHandlers, ManualOutcome, MemoryStore, Operation, Outbox, OutboxConfig,
+    ReconcileConfig, Reconciler, Reconciliation, Record, ScopeSpec, ToolError,
 };
 use metrics::{SharedString, Unit};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
@@ -113,6 +113,65 @@ fn calls_are_counted_by_tool_and_state_and_store_steps_are_timed() {
     };
     assert_eq!(step("claim"), 4, "every call claims");
     assert_eq!(step("complete"), 1, "only the executed call completes");
+}
+
+/// The outbox counts what it enqueued and how each run ended, and gauges
+/// the due jobs no handler runs.
+#[test]
+fn the_outbox_counts_enqueued_delivered_retried_buried_and_unhandled() {
+    let seen = recorded(|| async {
+        let store: Arc<dyn IdempotencyStore> = Arc::new(MemoryStore::new());
+        let exec = Executor::new(store.clone());
+        let caller = Caller::new("acme", "alice");
+        for (card, jobs) in [
+            ("1", &["send_receipt", "send_fax"][..]),
+            ("2", &["flaky"][..]),
+        ] {
+            let args = json!({ "card": card });
+            let op = Operation {
+                caller: &caller,
+                tool: "charge_card",
+                args: &args,
+                scope: ScopeSpec::Window(Duration::from_secs(900)),
+                status_tool: "get_operation_status",
+            };
+            let answer: Answer<String, ToolError> = exec
+                .run(op, |_| async move {
+                    for job in jobs {
+                        idem_runtime::follow_on(job, &1).unwrap();
+                    }
+                    Ok("ok".to_owned())
+                })
+                .await;
+            assert_eq!(answer.state().as_str(), "executed");
+        }
+        let handlers = JobHandlers::new()
+            .on("send_receipt", job_fn(|_| async { Ok(()) }))
+            .on("flaky", job_fn(|_| async { Err("down".into()) }));
+        let config = OutboxConfig {
+            max_attempts: 2,
+            first_backoff: Duration::ZERO,
+            ..OutboxConfig::default()
+        };
+        for _ in 0..3 {
+            Outbox::round(&*store, &handlers, &config).await.unwrap();
+        }
+    });
+    assert_eq!(counter(&seen, "idem_outbox_enqueued_total", &[]), 3);
+    let jobs = |job, outcome| {
+        counter(
+            &seen,
+            "idem_outbox_jobs_total",
+            &[("job", job), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(jobs("send_receipt", "delivered"), 1);
+    assert_eq!(jobs("flaky", "retried"), 1);
+    assert_eq!(jobs("flaky", "buried"), 1);
+    match value(&seen, "idem_outbox_unhandled_jobs", &[("job", "send_fax")]) {
+        Some(DebugValue::Gauge(n)) => assert_eq!(n.into_inner(), 1.0),
+        other => panic!("the unhandled gauge: {other:?}"),
+    }
 }
 
 #[derive(Debug)]

@@ -137,6 +137,48 @@ async fn a_replay_is_byte_identical() {
     client.cancel().await.ok();
 }
 
+/// The receipt goes through the outbox: a mailer that fails its first two
+/// requests gets three, sends one receipt, and a replay of the charge adds
+/// nothing, counted at the stub mailer by the downstream key.
+#[tokio::test]
+async fn a_receipt_is_delivered_once_across_retries_and_replays() {
+    let client = start(&[
+        "--mailer-failures",
+        "2",
+        "--outbox-interval-ms",
+        "20",
+        "--outbox-backoff-ms",
+        "20",
+    ])
+    .await;
+    let args = json!({ "card": "4242", "amount_cents": 3100 });
+    let first = call(&client, "charge_card", args.clone()).await;
+    assert_eq!(operation(&first)["state"], json!("executed"), "{first:?}");
+    let reference = operation(&first)["reference"].as_str().unwrap().to_owned();
+    let started = std::time::Instant::now();
+    let mut view = ledger(&client).await;
+    while view["mailer_deliveries"] != json!(1) {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the receipt never went out: {view}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        view = ledger(&client).await;
+    }
+    let replay = call(&client, "charge_card", args).await;
+    assert_eq!(operation(&replay)["state"], json!("replayed"));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let view = ledger(&client).await;
+    assert_eq!(
+        view["mailer"][&reference],
+        json!({ "attempts": 3, "deliveries": 1 }),
+        "{view}"
+    );
+    assert_eq!(view["mailer_attempts"], json!(3), "{view}");
+    assert_eq!(view["processor_charges"], json!(1), "{view}");
+    client.cancel().await.ok();
+}
+
 /// An operator resolves by hand, with the `idem` command line on the
 /// server's own SQLite file, a charge whose outcome was unknown; the running
 /// server's status tool then reports it COMPLETED with the operator's note,

@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 
 const README: &str = include_str!("../README.md");
 const EXAMPLE: &str = include_str!("../examples/readme_server.rs");
+const OUTBOX_EXAMPLE: &str = include_str!("../examples/readme_outbox.rs");
 
 /// The README's first ```rust block after "Add it to your rmcp server".
 fn readme_server() -> &'static str {
@@ -24,6 +25,27 @@ fn readme_server() -> &'static str {
         .expect("the section has a rust block")
         .1;
     &block[..block.find("```").expect("the block ends")]
+}
+
+/// The README's ```rust block under "Follow-on work: the outbox".
+fn readme_outbox() -> &'static str {
+    let section = README
+        .split_once("## Follow-on work: the outbox")
+        .expect("the README has the section")
+        .1;
+    let block = section
+        .split_once("```rust\n")
+        .expect("the section has a rust block")
+        .1;
+    &block[..block.find("```").expect("the block ends")]
+}
+
+#[test]
+fn the_readme_outbox_is_the_example_verbatim() {
+    assert!(
+        readme_outbox() == OUTBOX_EXAMPLE,
+        "README.md's outbox snippet and examples/readme_outbox.rs differ: change both"
+    );
 }
 
 #[test]

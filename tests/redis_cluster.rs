@@ -90,9 +90,10 @@ async fn redis_cluster() {
         return;
     };
 
-    // Every conformance case, on one store.
+    // Every conformance case of the records, on one store (the outbox's
+    // are pending until RedisStore keeps follow-on jobs: then `cases()`).
     let store = cluster.store(&fresh_prefix());
-    for (name, case) in conformance::CASES {
+    for (name, case) in conformance::RECORD_CASES {
         let started = Instant::now();
         case(&store).await;
         eprintln!("cluster: {name} ({:?})", started.elapsed());

@@ -7,14 +7,17 @@ use durable::PgSchema;
 use idem_runtime::{conformance, IdempotencyStore};
 
 // Each case in a fresh schema of its own, dropped at the end.
-idem_runtime::conformance_tests!(PgSchema::new().await);
+// The outbox's cases are pending until PostgresStore keeps follow-on jobs
+// (issue 10): they must still fail with Unsupported; remove `; outbox pending`
+// (and use run_all below) once they pass.
+idem_runtime::conformance_tests!(PgSchema::new().await; outbox pending);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_cases_share_one_store() {
     let Some(pg) = PgSchema::new().await else {
         return;
     };
-    conformance::run_all(&pg.store).await;
+    conformance::run_all_but_outbox(&pg.store).await;
 }
 
 /// Migrating twice, and from several stores at once, is harmless.

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_runtime::{
-    Caller, Executor, IdempotencyStore, Maintenance, MaintenanceConfig, ReconcileConfig,
-    SqliteStore,
+    Caller, Executor, IdempotencyStore, Maintenance, MaintenanceConfig, Outbox, OutboxConfig,
+    ReconcileConfig, SqliteStore,
 };
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::service::RunningService;
@@ -136,7 +136,10 @@ async fn main() {
     // the demo runs them by hand, and asks about an unresolved record again
     // at once instead of after a backoff.
     let maintenance = MaintenanceConfig {
-        reconciler: Some(Arc::new(ProcessorReconciler(backends.clone()))),
+        reconciler: Some(Arc::new(ProcessorReconciler {
+            backends: backends.clone(),
+            outbox: store.supports_follow_ons(),
+        })),
         reconcile: ReconcileConfig {
             first_backoff: Duration::ZERO,
             ..ReconcileConfig::default()
@@ -203,7 +206,55 @@ async fn main() {
 
     step(
         7,
-        "The ledger: what the processor and the carrier were really asked to do.",
+        "The outbox: each charge queued a receipt and the shipment a warehouse notice, \
+         written with the completion; a dispatcher sends them.",
+    );
+    // A server runs the dispatcher in the background (`Outbox::spawn`); the
+    // demo runs its rounds by hand, and retries a failed job at once instead
+    // of after a backoff.
+    let handlers = backends.job_handlers();
+    let outbox = OutboxConfig {
+        first_backoff: Duration::ZERO,
+        ..OutboxConfig::default()
+    };
+    let drained = Outbox::round(&*store, &handlers, &outbox)
+        .await
+        .expect("the store answers");
+    println!(
+        "  a dispatch round: {} job(s) leased, {} delivered",
+        drained.leased, drained.delivered
+    );
+    println!("  ... the mailer goes down for its next two requests; a new charge:");
+    backends.set_mailer_failures(2);
+    let flaky = json!({ "card": "3782", "amount_cents": 1200 });
+    let charged = call(&client, "charge_card", flaky.clone()).await;
+    show("charge_card", &charged);
+    let flaky_ref = reference(&charged);
+    for round in 1..=3 {
+        let report = Outbox::round(&*store, &handlers, &outbox)
+            .await
+            .expect("the store answers");
+        println!(
+            "  dispatch round {round}: {} leased, {} delivered, {} to retry",
+            report.leased, report.delivered, report.retried
+        );
+    }
+    show(
+        "the same charge again: a replay, which queues nothing",
+        &call(&client, "charge_card", flaky).await,
+    );
+    let after = Outbox::round(&*store, &handlers, &outbox)
+        .await
+        .expect("the store answers");
+    println!(
+        "  dispatch round 4: {} leased (the replay queued no second receipt)",
+        after.leased
+    );
+
+    step(
+        8,
+        "The ledger: what the processor, the carrier, the mailer and the warehouse were \
+         really asked to do.",
     );
     let ledger = call(&client, "processor_ledger", json!({})).await;
     let view: shop::LedgerView =
@@ -221,6 +272,23 @@ async fn main() {
             counts.requests, counts.shipments
         );
     }
+    for (reference, counts) in &view.mailer {
+        let mark = if *reference == flaky_ref {
+            "  <- failed twice, then sent"
+        } else {
+            ""
+        };
+        println!(
+            "  mailer    {reference}: {} request(s), {} receipt(s) sent{mark}",
+            counts.attempts, counts.deliveries
+        );
+    }
+    for (reference, counts) in &view.warehouse {
+        println!(
+            "  warehouse {reference}: {} request(s), {} notice(s) delivered",
+            counts.attempts, counts.deliveries
+        );
+    }
     let sent = |tool: &str| CALLS.lock().unwrap().iter().filter(|t| **t == tool).count();
     println!(
         "\n{} charge_card calls and {} create_shipment calls reached the server; the processor \
@@ -232,6 +300,14 @@ async fn main() {
         view.processor_charges,
         view.carrier_requests,
         view.carrier_shipments,
+    );
+    println!(
+        "The mailer received {} request(s) and sent {} receipt(s), one per charge; the warehouse \
+         received {} notice(s) for {} shipment(s).",
+        view.mailer_attempts,
+        view.mailer_deliveries,
+        view.warehouse_attempts,
+        view.warehouse_deliveries,
     );
 
     let _ = client.cancel().await;

@@ -25,6 +25,10 @@
 //!   --reconcile-backoff-ms N      the pause before a record the processor could not resolve
 //!                                 yet is asked about again; doubles each time, up to 1 h
 //!                                 (default 30000)
+//!   --outbox-interval-ms N        time between the outbox's rounds when it is idle (default 1000)
+//!   --outbox-backoff-ms N         the pause after a follow-on job's first failure; doubles
+//!                                 with each further one, with jitter (default 1000)
+//!   --mailer-failures N           the stub mailer fails its first N requests (default 0)
 //! ```
 
 mod shop;
@@ -36,7 +40,7 @@ use std::time::Duration;
 
 use idem_runtime::{
     audit_hints, Caller, Executor, IdempotencyStore, Maintenance, MaintenanceConfig, MemoryStore,
-    PostgresStore, ReconcileConfig, RedisStore, SqliteStore,
+    Outbox, OutboxConfig, PostgresStore, ReconcileConfig, RedisStore, SqliteStore,
 };
 use rmcp::ServiceExt;
 use shop::{Backends, Payments, ProcessorReconciler};
@@ -64,7 +68,11 @@ usage: payments [FLAGS]
                                 flight may not show at the processor yet)
   --reconcile-backoff-ms N      the pause before a record the processor could not resolve
                                 yet is asked about again; doubles each time, up to 1 h
-                                (default 30000)";
+                                (default 30000)
+  --outbox-interval-ms N        time between the outbox's rounds when it is idle (default 1000)
+  --outbox-backoff-ms N         the pause after a follow-on job's first failure; doubles
+                                with each further one, with jitter (default 1000)
+  --mailer-failures N           the stub mailer fails its first N requests (default 0)";
 
 #[derive(Debug)]
 struct Flags {
@@ -80,6 +88,9 @@ struct Flags {
     maintenance_interval: Duration,
     settle: Duration,
     reconcile_backoff: Duration,
+    outbox_interval: Duration,
+    outbox_backoff: Duration,
+    mailer_failures: u32,
 }
 
 fn usage(problem: &str) -> ! {
@@ -109,6 +120,9 @@ fn parse_flags() -> Flags {
         maintenance_interval: Duration::from_millis(10_000),
         settle: ReconcileConfig::default().settle,
         reconcile_backoff: ReconcileConfig::default().first_backoff,
+        outbox_interval: OutboxConfig::default().interval,
+        outbox_backoff: OutboxConfig::default().first_backoff,
+        mailer_failures: 0,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -153,6 +167,14 @@ fn parse_flags() -> Flags {
             "--maintenance-interval-ms" => flags.maintenance_interval = millis(value()),
             "--settle-ms" => flags.settle = millis(value()),
             "--reconcile-backoff-ms" => flags.reconcile_backoff = millis(value()),
+            "--outbox-interval-ms" => flags.outbox_interval = millis(value()),
+            "--outbox-backoff-ms" => flags.outbox_backoff = millis(value()),
+            "--mailer-failures" => {
+                let v = value();
+                flags.mailer_failures = v.parse().unwrap_or_else(|_| {
+                    usage(&format!("--mailer-failures takes a count, not {v:?}"))
+                });
+            }
             other => usage(&format!("unknown flag {other:?}")),
         }
     }
@@ -164,6 +186,9 @@ fn parse_flags() -> Flags {
     }
     if flags.maintenance_interval.is_zero() {
         usage("--maintenance-interval-ms must be at least 1");
+    }
+    if flags.outbox_interval.is_zero() {
+        usage("--outbox-interval-ms must be at least 1");
     }
     // A charge the tool stopped waiting for may still be in flight at the
     // processor: "not performed" is no proof before the timeout has passed.
@@ -255,11 +280,28 @@ async fn main() {
 
     let store = open_store(&flags.store).await;
     let backends = Backends::new(flags.processor_delay);
+    backends.set_mailer_failures(flags.mailer_failures);
+    // The follow-on jobs (receipts, warehouse notices), delivered at least
+    // once; on a store that keeps none, the tools refuse to declare them.
+    let outbox = store.supports_follow_ons().then(|| {
+        Outbox::spawn(
+            store.clone(),
+            backends.job_handlers(),
+            OutboxConfig {
+                interval: flags.outbox_interval,
+                first_backoff: flags.outbox_backoff,
+                ..OutboxConfig::default()
+            },
+        )
+    });
     let maintenance = Maintenance::spawn(
         store.clone(),
         MaintenanceConfig {
             interval: flags.maintenance_interval,
-            reconciler: Some(Arc::new(ProcessorReconciler(backends.clone()))),
+            reconciler: Some(Arc::new(ProcessorReconciler {
+                backends: backends.clone(),
+                outbox: store.supports_follow_ons(),
+            })),
             reconcile: ReconcileConfig {
                 settle: flags.settle,
                 first_backoff: flags.reconcile_backoff,
@@ -295,6 +337,9 @@ async fn main() {
         }
     }
     maintenance.stop().await;
+    if let Some(outbox) = outbox {
+        outbox.stop().await;
+    }
 }
 
 mod http {

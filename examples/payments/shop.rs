@@ -1,7 +1,9 @@
 //! The payments example's MCP server: a card charge and a shipment made safe
-//! to repeat, a status tool, and a demo-only ledger of what the stub
-//! processor and carrier really did. Shared by `examples/payments` (the
-//! server binary) and `examples/demo`.
+//! to repeat, each with a follow-on job (a receipt to a stub mailer, a
+//! notice to a stub warehouse) sent through the outbox, a status tool, and a
+//! demo-only ledger of what the stub processor, carrier, mailer and
+//! warehouse really did. Shared by `examples/payments` (the server binary)
+//! and `examples/demo`.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,8 +12,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_runtime::{
-    current_cancellation, current_reference, idempotent, Caller, Executor, IdempotentServer,
-    Reconciler, Reconciliation, Record, ToolError,
+    current_cancellation, current_reference, follow_on, idempotent, job_fn, Caller, Executor,
+    FollowOn, IdempotentServer, JobHandlers, JobRun, Reconciler, Reconciliation, Record, ToolError,
 };
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::IntoCallToolResult;
@@ -97,12 +99,66 @@ pub struct ShipmentCounts {
     pub shipments: u32,
 }
 
-/// What the stub processor and carrier were asked to do and really did, per
-/// reference: a retry that got past idem shows as a second request, and a
-/// double charge (which the stubs' own deduplication prevents) as a second
-/// charge.
+/// What the stub mailer or warehouse saw and did under one reference.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct DeliveryCounts {
+    /// Requests that arrived (the outbox's runs of the job, failed ones
+    /// included).
+    pub attempts: u32,
+    /// What was actually delivered: the stub dedupes by the downstream key,
+    /// so at most 1.
+    pub deliveries: u32,
+}
+
+/// The receipt `charge_card` asks the outbox to mail.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ReceiptMail {
+    /// The processor's charge id.
+    pub charge_id: String,
+    /// The amount charged.
+    pub amount_cents: u64,
+    /// The currency charged.
+    pub currency: String,
+}
+
+impl ReceiptMail {
+    fn of(receipt: &Receipt) -> Self {
+        ReceiptMail {
+            charge_id: receipt.charge_id.clone(),
+            amount_cents: receipt.amount_cents,
+            currency: receipt.currency.clone(),
+        }
+    }
+}
+
+/// The notice `create_shipment` asks the outbox to send the warehouse.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct WarehouseNotice {
+    /// The order to pick and pack.
+    pub order_id: String,
+    /// The carrier's tracking number.
+    pub tracking_number: String,
+}
+
+/// What the stub processor, carrier, mailer and warehouse were asked to do
+/// and really did, per reference: a retry that got past idem shows as a
+/// second request, and a double charge (which the stubs' own deduplication
+/// prevents) as a second charge; a receipt the outbox ran three times shows
+/// three attempts and one delivery.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct LedgerView {
+    /// Receipt requests and receipts mailed, by reference.
+    pub mailer: BTreeMap<String, DeliveryCounts>,
+    /// Warehouse notices requested and delivered, by reference.
+    pub warehouse: BTreeMap<String, DeliveryCounts>,
+    /// Total receipt requests that reached the mailer.
+    pub mailer_attempts: u32,
+    /// Total receipts mailed.
+    pub mailer_deliveries: u32,
+    /// Total notices that reached the warehouse.
+    pub warehouse_attempts: u32,
+    /// Total notices delivered.
+    pub warehouse_deliveries: u32,
     /// Charge requests and charges made at the processor, by reference.
     pub processor: BTreeMap<String, ChargeCounts>,
     /// Shipment requests and shipments booked at the carrier, by reference.
@@ -149,6 +205,55 @@ struct Books {
     shipments: BTreeMap<String, ShipmentEntry>,
     charge_seq: u32,
     shipment_seq: u32,
+    /// The mailer's and the warehouse's requests, by downstream key.
+    mails: BTreeMap<String, Delivery>,
+    notices: BTreeMap<String, Delivery>,
+    /// How many of the mailer's next requests fail (a flaky mailer).
+    mailer_failures: u32,
+}
+
+#[derive(Debug, Default)]
+struct Delivery {
+    reference: String,
+    attempts: u32,
+    deliveries: u32,
+}
+
+/// A delivery by a stub that dedupes by the downstream key, counted from
+/// the moment the request arrives; `fail` makes this request fail.
+fn deliver(to: &mut BTreeMap<String, Delivery>, job: &JobRun, fail: bool) -> Result<(), String> {
+    let entry = to
+        .entry(job.downstream_key.clone())
+        .or_insert_with(|| Delivery {
+            reference: job.reference.to_string(),
+            ..Delivery::default()
+        });
+    entry.attempts += 1;
+    if fail {
+        return Err(format!(
+            "unavailable (request {} for {})",
+            entry.attempts, job.downstream_key
+        ));
+    }
+    // A repeat of a delivered key is acknowledged, not delivered again.
+    entry.deliveries = 1;
+    Ok(())
+}
+
+fn delivery_counts(
+    from: &BTreeMap<String, Delivery>,
+    total_attempts: &mut u32,
+    total_deliveries: &mut u32,
+) -> BTreeMap<String, DeliveryCounts> {
+    let mut by_reference: BTreeMap<String, DeliveryCounts> = BTreeMap::new();
+    for delivery in from.values() {
+        let counts = by_reference.entry(delivery.reference.clone()).or_default();
+        counts.attempts += delivery.attempts;
+        counts.deliveries += delivery.deliveries;
+        *total_attempts += delivery.attempts;
+        *total_deliveries += delivery.deliveries;
+    }
+    by_reference
 }
 
 /// The simulated processor and carrier. Both deduplicate by the reference
@@ -283,10 +388,68 @@ impl Backends {
         shipment
     }
 
+    /// Makes the mailer fail its next `n` requests (the demo's flaky mailer).
+    #[allow(dead_code)] // the demo's scenario; the server binary uses a flag
+    pub fn set_mailer_failures(&self, n: u32) {
+        self.books().mailer_failures = n;
+    }
+
+    /// The stub mailer: sends the receipt of `job` unless it has already
+    /// sent one under the job's downstream key.
+    pub fn send_receipt(&self, job: &JobRun) -> Result<(), String> {
+        let mut books = self.books();
+        let fail = books.mailer_failures > 0;
+        books.mailer_failures = books.mailer_failures.saturating_sub(1);
+        deliver(&mut books.mails, job, fail).map_err(|e| format!("mailer {e}"))
+    }
+
+    /// The stub warehouse: takes the notice of `job` unless it already has
+    /// one under the job's downstream key.
+    pub fn notify_warehouse(&self, job: &JobRun) -> Result<(), String> {
+        deliver(&mut self.books().notices, job, false)
+    }
+
+    /// The outbox's handlers: receipts to the mailer, notices to the
+    /// warehouse, each with the job's downstream key.
+    pub fn job_handlers(&self) -> JobHandlers {
+        let (mailer, warehouse) = (self.clone(), self.clone());
+        JobHandlers::new()
+            .on(
+                "send_receipt",
+                job_fn(move |job: JobRun| {
+                    let mailer = mailer.clone();
+                    async move {
+                        let _mail: ReceiptMail = job.payload_as()?;
+                        mailer.send_receipt(&job).map_err(Into::into)
+                    }
+                }),
+            )
+            .on(
+                "notify_warehouse",
+                job_fn(move |job: JobRun| {
+                    let warehouse = warehouse.clone();
+                    async move {
+                        let _notice: WarehouseNotice = job.payload_as()?;
+                        warehouse.notify_warehouse(&job).map_err(Into::into)
+                    }
+                }),
+            )
+    }
+
     /// Every request and every effect so far, by reference.
     pub fn ledger(&self) -> LedgerView {
         let books = self.books();
         let mut view = LedgerView::default();
+        view.mailer = delivery_counts(
+            &books.mails,
+            &mut view.mailer_attempts,
+            &mut view.mailer_deliveries,
+        );
+        view.warehouse = delivery_counts(
+            &books.notices,
+            &mut view.warehouse_attempts,
+            &mut view.warehouse_deliveries,
+        );
         for (reference, entry) in &books.charges {
             view.processor_requests += entry.requests;
             view.processor_charges += entry.charges;
@@ -317,6 +480,9 @@ impl Backends {
 #[derive(Clone, Debug)]
 pub struct Payments {
     executor: Executor,
+    /// Whether the store keeps follow-on jobs (every shipped store will;
+    /// until then, receipts and notices are not sent on the others).
+    outbox: bool,
     default_caller: Option<Caller>,
     backends: Backends,
     processor_timeout: Duration,
@@ -334,6 +500,7 @@ impl Payments {
         processor_timeout: Duration,
     ) -> Self {
         Payments {
+            outbox: executor.store().supports_follow_ons(),
             executor,
             default_caller,
             backends,
@@ -345,6 +512,21 @@ impl Payments {
     /// Every tool; `#[idem_runtime::tool_router]` has added the status tool.
     pub fn router() -> ToolRouter<Self> {
         Self::tool_router()
+    }
+
+    /// Declares a follow-on job of the running operation: written with its
+    /// completion, sent by the outbox. `what` says what happened before, for
+    /// the answer if the job cannot be declared (the effect is done, so the
+    /// outcome is reported unknown and the reconciler takes over).
+    fn queue<P: Serialize>(&self, name: &str, payload: &P, what: &str) -> Result<(), ToolError> {
+        if !self.outbox {
+            return Ok(());
+        }
+        follow_on(name, payload).map_err(|e| {
+            ToolError::unknown(format!(
+                "{what}, but the {name} job could not be queued ({e})."
+            ))
+        })
     }
 }
 
@@ -402,7 +584,18 @@ impl Payments {
                 self.processor_timeout,
                 self.backends.charge(reference, &args),
             ) => match charged {
-                Ok(receipt) => Ok(Json(receipt)),
+                Ok(receipt) => {
+                    // Not mailed here: a crash between the charge and the
+                    // mail would lose it. The outbox mails it once the
+                    // charge is recorded, with the reference and the job
+                    // name as the mailer's idempotency key.
+                    self.queue(
+                        "send_receipt",
+                        &ReceiptMail::of(&receipt),
+                        "The card was charged",
+                    )?;
+                    Ok(Json(receipt))
+                }
                 Err(_) => Err(ToolError::unknown(format!(
                     "The processor did not answer within {} ms; the charge may or may not have gone through.",
                     self.processor_timeout.as_millis()
@@ -433,14 +626,21 @@ impl Payments {
         let reference = current_reference()
             .expect("inside #[idempotent]")
             .to_string();
-        Ok(Json(self.backends.ship(reference, &args).await))
+        let shipment = self.backends.ship(reference, &args).await;
+        let notice = WarehouseNotice {
+            order_id: shipment.order_id.clone(),
+            tracking_number: shipment.tracking_number.clone(),
+        };
+        self.queue("notify_warehouse", &notice, "The shipment was booked")?;
+        Ok(Json(shipment))
     }
 
     /// Demo only: what the stub processor and carrier were asked to do.
     #[tool(
-        description = "Demo only: per reference, how many requests reached the stub processor \
-                       and carrier and how many charges and shipments they really made, to \
-                       check that a retry did not charge or ship twice.",
+        description = "Demo only: per reference, how many requests reached the stub processor, \
+                       carrier, mailer and warehouse, and how many charges, shipments, receipts \
+                       and notices they really made, to check that a retry did not charge, \
+                       ship or mail twice.",
         annotations(read_only_hint = true)
     )]
     async fn processor_ledger(&self) -> Json<LedgerView> {
@@ -494,8 +694,17 @@ impl ServerHandler for Payments {
 /// performed, which idem trusts only once the record has settled). The
 /// carrier has no lookup, so a shipment stays UNKNOWN for an operator; any
 /// other tool is not this reconciler's.
+///
+/// A charge found made gets its receipt job written with the resolution
+/// (the handler's declaration was lost with its outcome), when the store
+/// keeps follow-on jobs (`outbox`).
 #[derive(Debug)]
-pub struct ProcessorReconciler(pub Backends);
+pub struct ProcessorReconciler {
+    /// The processor to ask.
+    pub backends: Backends,
+    /// Whether the store keeps follow-on jobs.
+    pub outbox: bool,
+}
 
 #[async_trait]
 impl Reconciler for ProcessorReconciler {
@@ -504,7 +713,18 @@ impl Reconciler for ProcessorReconciler {
         record: &Record,
     ) -> Result<Reconciliation, Box<dyn std::error::Error + Send + Sync>> {
         Ok(match record.tool.as_str() {
-            "charge_card" => match self.0.charge_status(&record.reference().to_string()) {
+            "charge_card" => match self.backends.charge_status(&record.reference().to_string()) {
+                // The handler's receipt job was lost with its outcome: the
+                // resolution writes it.
+                ChargeStatus::Charged(receipt) if self.outbox => {
+                    Reconciliation::CompletedWithFollowOns {
+                        follow_ons: vec![FollowOn::new(
+                            "send_receipt",
+                            &ReceiptMail::of(&receipt),
+                        )?],
+                        response: tool_response(receipt)?,
+                    }
+                }
                 ChargeStatus::Charged(receipt) => Reconciliation::Completed {
                     response: tool_response(receipt)?,
                 },

@@ -88,6 +88,10 @@
 //! - [`Maintenance`] purges, sweeps dead calls to UNKNOWN and reconciles them
 //!   through your [`Reconciler`]; [`resolve_by_hand`] is for what nobody can
 //!   reconcile.
+//! - Follow-on work: a handler declares jobs with [`follow_on`] (a receipt
+//!   after a charge), written with its completion; an [`Outbox`] dispatcher
+//!   runs each at least once through your [`JobHandlers`], with a stable
+//!   downstream key, retries with backoff, and a dead letter.
 //! - Operating it: calls, store latencies and maintenance are counted
 //!   through the `metrics` facade (feature `metrics`, default; the names are
 //!   in the README's "Operating it"), each call runs in an `idem.call`
@@ -109,6 +113,7 @@ mod key;
 mod maintenance;
 #[cfg(feature = "rmcp")]
 mod mcp;
+mod outbox;
 mod store;
 mod telemetry;
 
@@ -126,8 +131,9 @@ pub use key::canonical::{
 };
 pub use key::{Caller, IdempotencyKey, KeyError, Reference, Scope};
 pub use maintenance::{
-    purge, reconcile, resolve_by_hand, sweep, Maintenance, MaintenanceConfig, ManualOutcome,
-    ReconcileConfig, ReconcileReport, Reconciler, Reconciliation, ResolveError,
+    purge, reconcile, resolve_by_hand, resolve_by_hand_with_follow_ons, sweep, Maintenance,
+    MaintenanceConfig, ManualOutcome, ReconcileConfig, ReconcileReport, Reconciler, Reconciliation,
+    ResolveError,
 };
 #[cfg(feature = "rmcp")]
 #[doc(hidden)]
@@ -137,6 +143,10 @@ pub use mcp::{
     audit_hints, current_cancellation, current_reference, request_caller, status_tool, tasks,
     HintProblem, IdempotentServer, RESULT_META_KEY, TOOL_META_KEY,
 };
+pub use outbox::{
+    follow_on, job_fn, DispatchReport, JobError, JobFn, JobHandler, JobHandlers, JobRun, Outbox,
+    OutboxConfig,
+};
 /// The store conformance suite, for a store of your own: see
 /// [`conformance_tests!`].
 #[cfg(feature = "conformance")]
@@ -144,8 +154,9 @@ pub use store::conformance;
 #[cfg(feature = "sqlite")]
 pub use store::SqliteStore;
 pub use store::{
-    open_store, Attempt, Claim, ClaimRequest, IdempotencyStore, MemoryStore, Record, RecordFilter,
-    RecordState, RecordStateKind, Resolution, StateCounts, StoreError,
+    open_store, Attempt, Claim, ClaimRequest, FollowOn, FollowOnError, IdempotencyStore, JobFilter,
+    JobId, MemoryStore, OutboxJob, Record, RecordFilter, RecordState, RecordStateKind, Resolution,
+    StateCounts, StoreError, DEFAULT_MAX_PAYLOAD, MAX_JOB_NAME,
 };
 #[cfg(feature = "postgres")]
 pub use store::{PostgresStore, PostgresStoreBuilder};

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use crate::answer::note;
 use crate::key::Reference;
 use crate::store::{
-    IdempotencyStore, Record, RecordState, RecordStateKind, Resolution, StoreError,
+    FollowOn, IdempotencyStore, Record, RecordState, RecordStateKind, Resolution, StoreError,
 };
 
 /// What a processor says about an operation whose outcome was unknown.
@@ -19,6 +19,16 @@ pub enum Reconciliation {
     Completed {
         /// The response to store.
         response: String,
+    },
+    /// It happened, and what the handler would have declared after it is
+    /// still to do: store the response and write these follow-on jobs in
+    /// the same atomic step (the handler's own declarations were lost with
+    /// its outcome). Build each with [`FollowOn::new`].
+    CompletedWithFollowOns {
+        /// The response to store.
+        response: String,
+        /// The follow-on jobs, each name once.
+        follow_ons: Vec<FollowOn>,
     },
     /// It did not happen: the record becomes NOT_PERFORMED, so the call can
     /// run again. Trusted only once the record has been unchanged for the
@@ -170,6 +180,28 @@ pub async fn reconcile(
                     .await
                     .map(|()| &mut report.completed)
             }
+            Ok(Reconciliation::CompletedWithFollowOns {
+                response,
+                follow_ons,
+            }) => match store
+                .resolve_with_follow_ons(key, attempt, &response, None, &follow_ons)
+                .await
+            {
+                Ok(()) => {
+                    crate::telemetry::follow_ons_enqueued(follow_ons.len());
+                    Ok(&mut report.completed)
+                }
+                Err(StoreError::Invalid(error)) => {
+                    // The reconciler's own mistake: nothing was written; ask
+                    // again later rather than resolve without the jobs.
+                    tracing::error!(%reference, %error, "reconciler declared invalid follow-ons; the record stays UNKNOWN");
+                    store
+                        .defer_check(key, attempt, backoff)
+                        .await
+                        .map(|()| &mut report.still_unknown)
+                }
+                Err(e) => Err(e),
+            },
             Ok(Reconciliation::NotPerformed) => {
                 let not_performed = Resolution::NotPerformed {
                     note: note::RECONCILED_NOT_PERFORMED,
@@ -271,6 +303,12 @@ pub enum ResolveError {
     /// The completed response is not JSON.
     #[error("the response is not JSON ({0}): give the tool's result as JSON text")]
     InvalidResponse(String),
+    /// Follow-on jobs were given with a not-performed outcome: they follow
+    /// only an operation that happened.
+    #[error(
+        "follow-on jobs follow only a completed operation; resolve it as completed, or give no jobs"
+    )]
+    FollowOnsNotCompleted,
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -321,6 +359,27 @@ pub async fn resolve_by_hand(
     outcome: &ManualOutcome,
     note: &str,
 ) -> Result<Record, ResolveError> {
+    resolve_by_hand_with_follow_ons(store, tenant, reference, outcome, note, &[]).await
+}
+
+/// [`resolve_by_hand`], writing `follow_ons` (the jobs the handler would
+/// have declared: the receipt that was never sent) with a COMPLETED
+/// resolution, in the same atomic step. Refused with
+/// [`ResolveError::FollowOnsNotCompleted`] for a not-performed outcome, and
+/// with a store error `Invalid` for a repeated job name; nothing is changed
+/// then.
+pub async fn resolve_by_hand_with_follow_ons(
+    store: &dyn IdempotencyStore,
+    tenant: &str,
+    reference: &Reference,
+    outcome: &ManualOutcome,
+    note: &str,
+    follow_ons: &[FollowOn],
+) -> Result<Record, ResolveError> {
+    if !follow_ons.is_empty() && *outcome == ManualOutcome::NotPerformed {
+        return Err(ResolveError::FollowOnsNotCompleted);
+    }
+    crate::store::check_distinct(follow_ons)?;
     let note = note.trim();
     if note.is_empty() {
         return Err(ResolveError::EmptyNote);
@@ -360,11 +419,29 @@ pub async fn resolve_by_hand(
         },
     };
     if matches!(record.state, RecordState::Unknown { .. }) {
-        match store
-            .resolve(&record.key, record.attempt, resolution, Some(note))
-            .await
-        {
+        let resolved = match resolution {
+            Resolution::Completed { response } => {
+                store
+                    .resolve_with_follow_ons(
+                        &record.key,
+                        record.attempt,
+                        response,
+                        Some(note),
+                        follow_ons,
+                    )
+                    .await
+            }
+            not_performed => {
+                store
+                    .resolve(&record.key, record.attempt, not_performed, Some(note))
+                    .await
+            }
+        };
+        match resolved {
             Ok(()) => {
+                if !follow_ons.is_empty() {
+                    crate::telemetry::follow_ons_enqueued(follow_ons.len());
+                }
                 tracing::info!(%reference, tool = %record.tool, "resolved by hand");
                 crate::telemetry::resolved_by_hand(match outcome {
                     ManualOutcome::Completed { .. } => "completed",

@@ -41,6 +41,12 @@ EMPTY_LEDGER = {
     "processor_charges": 0,
     "carrier_requests": 0,
     "carrier_shipments": 0,
+    "mailer": {},
+    "warehouse": {},
+    "mailer_attempts": 0,
+    "mailer_deliveries": 0,
+    "warehouse_attempts": 0,
+    "warehouse_deliveries": 0,
 }
 
 
@@ -71,6 +77,13 @@ async def ledger(client: Client) -> dict[str, Any]:
     # The stubs deduplicate by reference: never two effects for one.
     assert all(c["charges"] <= 1 for c in processor), view
     assert all(c["shipments"] <= 1 for c in carrier), view
+    # The mailer and the warehouse dedupe by the outbox's downstream key.
+    mailer, warehouse = view["mailer"].values(), view["warehouse"].values()
+    assert view["mailer_attempts"] == sum(c["attempts"] for c in mailer)
+    assert view["mailer_deliveries"] == sum(c["deliveries"] for c in mailer)
+    assert view["warehouse_attempts"] == sum(c["attempts"] for c in warehouse)
+    assert view["warehouse_deliveries"] == sum(c["deliveries"] for c in warehouse)
+    assert all(c["deliveries"] <= 1 for c in [*mailer, *warehouse]), view
     return view
 
 
@@ -103,6 +116,34 @@ def mode(request: pytest.FixtureRequest) -> str:
     server answers it, so the 2026-07-28 protocol) and "legacy" (the
     initialize handshake, 2025-11-25)."""
     return request.param
+
+
+# --- follow-on work through the outbox --------------------------------------
+
+
+async def test_stdio_a_receipt_is_mailed_once_across_retries_and_replays(
+    stdio_server: StdioServer,
+) -> None:
+    """The receipt is a follow-on job: the stub mailer fails its first two
+    requests, the outbox retries, one receipt goes out; a replay of the
+    charge queues nothing, so the mailer sees nothing more."""
+    args = (
+        "--store", "memory",
+        "--mailer-failures", "2",
+        "--outbox-interval-ms", "20",
+        "--outbox-backoff-ms", "20",
+    )  # fmt: skip
+    with anyio.fail_after(TEST_TIMEOUT_S):
+        async with stdio_server.client(*args) as client:
+            reference = assert_receipt(
+                await client.call_tool("charge_card", dict(CHARGE)), replayed=False
+            )
+            while (await ledger(client))["mailer_deliveries"] < 1:
+                await anyio.sleep(0.05)
+            assert_receipt(await client.call_tool("charge_card", dict(CHARGE)), replayed=True)
+            await anyio.sleep(0.3)
+            view = await ledger(client)
+            assert view["mailer"] == {reference: {"attempts": 3, "deliveries": 1}}, view
 
 
 # --- a charge still in flight when the tool stops waiting -------------------

@@ -126,10 +126,10 @@ impl Drop for ReleaseOnDrop<'_> {
     }
 }
 
-/// Turns a panic inside the handler's future into an `Err`.
-pub(super) struct CatchUnwind<F>(pub(super) Pin<Box<F>>);
+/// Turns a panic inside a pinned future (a handler's, a job's) into an `Err`.
+pub(crate) struct CatchUnwind<'a, F>(pub(crate) Pin<&'a mut F>);
 
-impl<F: Future> Future for CatchUnwind<F> {
+impl<F: Future> Future for CatchUnwind<'_, F> {
     type Output = Result<F::Output, Box<dyn std::any::Any + Send>>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -142,7 +142,7 @@ impl<F: Future> Future for CatchUnwind<F> {
     }
 }
 
-pub(super) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+pub(crate) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
     if let Some(s) = panic.downcast_ref::<&str>() {
         (*s).to_owned()
     } else if let Some(s) = panic.downcast_ref::<String>() {

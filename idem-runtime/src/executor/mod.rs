@@ -1,5 +1,6 @@
 //! Claim, execute, record.
 
+use std::cell::RefCell;
 use std::future::Future;
 use std::sync::Arc;
 use std::task::Poll;
@@ -11,8 +12,10 @@ use tracing::Instrument;
 
 use crate::answer::{note, Answer, Classify, Disposition, StatusReport};
 use crate::key::{is_empty_business_key, Caller, IdempotencyKey, Reference, Scope};
+use crate::outbox::{Declared, DECLARED};
 use crate::store::{
-    Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordState, StoreError,
+    Attempt, Claim, ClaimRequest, FollowOnError, IdempotencyStore, Record, RecordState, StoreError,
+    DEFAULT_MAX_PAYLOAD,
 };
 use crate::telemetry;
 
@@ -21,7 +24,8 @@ mod guard;
 #[cfg_attr(not(feature = "rmcp"), allow(dead_code, unused_imports))]
 mod task;
 
-use guard::{mark, panic_message, CatchUnwind, ReleaseOnDrop, UnknownOnDrop};
+use guard::{mark, ReleaseOnDrop, UnknownOnDrop};
+pub(crate) use guard::{panic_message, CatchUnwind};
 pub use task::TaskCancellation;
 #[cfg(feature = "rmcp")]
 pub(crate) use task::{TaskClaim, REJECTED_RESOLUTION};
@@ -99,6 +103,17 @@ impl OperationContext {
     pub fn tool(&self) -> &str {
         &self.tool
     }
+
+    /// Declares a follow-on job of this operation, written with its
+    /// completion: [`follow_on`](crate::follow_on), which see. Call it from
+    /// the handler's own task (the declarations are task-local).
+    pub fn follow_on<P: Serialize + ?Sized>(
+        &self,
+        name: &str,
+        payload: &P,
+    ) -> Result<(), FollowOnError> {
+        crate::outbox::follow_on(name, payload)
+    }
 }
 
 /// Runs operations against a store: claim before the side effect, record the
@@ -110,6 +125,10 @@ pub struct Executor {
     retention: Duration,
     /// The cancellation signals of the handlers it runs as MCP tasks.
     tasks: Arc<task::TaskSignals>,
+    max_follow_on_payload: usize,
+    /// `None` when the store keeps follow-on jobs, else its kind: read once
+    /// here, not on every call.
+    follow_ons_unsupported_by: Option<&'static str>,
 }
 
 /// What a handler's rejection does to its record.
@@ -125,12 +144,22 @@ enum OnRejected {
 impl Executor {
     /// An executor over `store`, with a 30 s lease and 48 h retention.
     pub fn new(store: Arc<dyn IdempotencyStore>) -> Self {
+        let follow_ons_unsupported_by = (!store.supports_follow_ons()).then(|| store.kind());
         Executor {
             store,
             lease: DEFAULT_LEASE,
             retention: DEFAULT_RETENTION,
             tasks: Arc::default(),
+            max_follow_on_payload: DEFAULT_MAX_PAYLOAD,
+            follow_ons_unsupported_by,
         }
+    }
+
+    /// Sets the largest payload of a follow-on job, as JSON text (default
+    /// 64 KiB); a larger one is refused at its declaration.
+    pub fn with_max_follow_on_payload(mut self, bytes: usize) -> Self {
+        self.max_follow_on_payload = bytes;
+        self
     }
 
     /// Sets the lease. A running handler renews it every third of the lease,
@@ -336,16 +365,44 @@ impl Executor {
             key: claim.key,
             attempt: claim.attempt,
         };
+        // The handler's follow-on declarations, read once it returned: an
+        // empty list allocates nothing.
+        let declared = Declared::new(self.max_follow_on_payload, self.follow_ons_unsupported_by);
+        let mut handler = Box::pin(DECLARED.scope(RefCell::new(declared), handler));
         let outcome = self
-            .with_heartbeat(claim, CatchUnwind(Box::pin(handler)))
+            .with_heartbeat(claim, CatchUnwind(handler.as_mut()))
             .await;
         let store: &dyn IdempotencyStore = &**guard.disarm();
         let (key, attempt) = (&claim.key, claim.attempt);
         match outcome {
             Ok(Ok(value)) => {
+                let jobs = handler
+                    .as_mut()
+                    .take_value()
+                    .map(|d| d.into_inner().into_jobs())
+                    .unwrap_or_default();
                 let recorded = match serde_json::to_string(&value) {
                     Ok(text) => {
-                        match timed(store, "complete", store.complete(key, attempt, &text)).await {
+                        // The jobs are written with the completion, or not at
+                        // all: if this write fails, the record stays
+                        // IN_PROGRESS for the sweep, and a reconciler that
+                        // finds the operation performed declares them again.
+                        let completed = if jobs.is_empty() {
+                            timed(store, "complete", store.complete(key, attempt, &text)).await
+                        } else {
+                            let n = jobs.len();
+                            let written = timed(
+                                store,
+                                "complete",
+                                store.complete_with_follow_ons(key, attempt, &text, &jobs),
+                            )
+                            .await;
+                            if written.is_ok() {
+                                telemetry::follow_ons_enqueued(n);
+                            }
+                            written
+                        };
+                        match completed {
                             Ok(()) => true,
                             Err(error) => {
                                 // The side effect happened: the caller gets its real

@@ -237,6 +237,11 @@ impl Reference {
         Some(Reference(r))
     }
 
+    /// The reference with these eight bytes, as a store read them back.
+    pub fn from_bytes(bytes: [u8; 8]) -> Self {
+        Reference(bytes)
+    }
+
     /// The eight bytes: the first eight bytes of the key.
     pub fn as_bytes(&self) -> &[u8; 8] {
         &self.0

@@ -7,14 +7,27 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 
 use super::{
-    Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordFilter, RecordState,
-    RecordStateKind, Resolution, StateCounts, StoreError,
+    check_distinct, listing_order, Attempt, Claim, ClaimRequest, FollowOn, IdempotencyStore,
+    JobFilter, JobId, OutboxJob, Record, RecordFilter, RecordState, RecordStateKind, Resolution,
+    StateCounts, StoreError,
 };
 use crate::key::{IdempotencyKey, Reference};
 
 const SHARDS: usize = 64;
 
-type Shard = Mutex<BTreeMap<[u8; 32], Record>>;
+/// One shard: the records whose key starts with its byte, and the follow-on
+/// jobs of those records (a reference is the key's first eight bytes, so a
+/// job lives in its record's shard and is written under the same lock).
+#[derive(Default)]
+struct ShardData {
+    records: BTreeMap<[u8; 32], Record>,
+    jobs: BTreeMap<JobKey, OutboxJob>,
+}
+
+/// A job's place in its shard: reference, tenant, name.
+type JobKey = ([u8; 8], String, String);
+
+type Shard = Mutex<ShardData>;
 
 /// Where a [`MemoryStore`] reads the time.
 type Clock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
@@ -48,7 +61,7 @@ impl MemoryStore {
     /// An empty store on the process clock.
     pub fn new() -> Self {
         MemoryStore {
-            shards: (0..SHARDS).map(|_| Mutex::new(BTreeMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             clock: None,
         }
     }
@@ -64,7 +77,7 @@ impl MemoryStore {
 
     /// How many records the store holds, expired or not.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| lock(s).len()).sum()
+        self.shards.iter().map(|s| lock(s).records.len()).sum()
     }
 
     /// Whether the store holds no record.
@@ -79,7 +92,7 @@ impl MemoryStore {
         }
     }
 
-    fn shard(&self, first_byte: u8) -> std::sync::MutexGuard<'_, BTreeMap<[u8; 32], Record>> {
+    fn shard(&self, first_byte: u8) -> std::sync::MutexGuard<'_, ShardData> {
         lock(&self.shards[first_byte as usize % SHARDS])
     }
 
@@ -88,11 +101,11 @@ impl MemoryStore {
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
-        change: impl FnOnce(&mut BTreeMap<[u8; 32], Record>, SystemTime) -> Result<R, StoreError>,
+        change: impl FnOnce(&mut ShardData, SystemTime) -> Result<R, StoreError>,
     ) -> Result<R, StoreError> {
         let now = self.now();
         let mut shard = self.shard(key.key[0]);
-        match shard.get(&key.key) {
+        match shard.records.get(&key.key) {
             Some(record) if record.attempt == attempt => change(&mut shard, now),
             _ => Err(StoreError::Fenced),
         }
@@ -108,7 +121,7 @@ impl MemoryStore {
         change: impl FnOnce(&mut Record, SystemTime) -> Result<R, StoreError>,
     ) -> Result<R, StoreError> {
         self.fenced(key, attempt, |shard, now| {
-            let record = shard.get_mut(&key.key).expect("checked by fenced");
+            let record = shard.records.get_mut(&key.key).expect("checked by fenced");
             if record.state.kind() != kind {
                 return Err(StoreError::WrongState {
                     found: record.state.kind(),
@@ -116,6 +129,26 @@ impl MemoryStore {
             }
             change(record, now)
         })
+    }
+
+    /// Applies `change` to the job if `token` holds its lease; otherwise
+    /// `Fenced`.
+    fn fenced_job(
+        &self,
+        id: &JobId,
+        token: Attempt,
+        change: impl FnOnce(&mut BTreeMap<JobKey, OutboxJob>, &JobKey, SystemTime),
+    ) -> Result<(), StoreError> {
+        let now = self.now();
+        let key = job_key(id);
+        let mut shard = self.shard(id.reference.as_bytes()[0]);
+        match shard.jobs.get(&key) {
+            Some(job) if job.token == Some(token) => {
+                change(&mut shard.jobs, &key, now);
+                Ok(())
+            }
+            _ => Err(StoreError::Fenced),
+        }
     }
 
     /// Up to `limit` records matching `pick`, ordered by `order`.
@@ -128,7 +161,7 @@ impl MemoryStore {
         let now = self.now();
         let mut found: Vec<Record> = Vec::new();
         for shard in self.shards.iter() {
-            found.extend(lock(shard).values().filter(|r| pick(r)).cloned());
+            found.extend(lock(shard).records.values().filter(|r| pick(r)).cloned());
         }
         found.sort_by_key(order);
         found.truncate(limit);
@@ -164,10 +197,226 @@ fn unknown(record: &mut Record, note: &str, now: SystemTime) {
     record.checks = 0;
 }
 
+/// Writes `jobs` for `record` into its shard, due at once; a job left by an
+/// earlier operation with the same reference is replaced whole.
+fn write_jobs(shard: &mut ShardData, key: &IdempotencyKey, jobs: &[FollowOn], now: SystemTime) {
+    let Some(record) = shard.records.get(&key.key) else {
+        return;
+    };
+    let (tenant, reference) = (record.tenant.clone(), record.reference());
+    for job in jobs {
+        let id = JobId {
+            tenant: tenant.clone(),
+            reference,
+            name: job.name().to_owned(),
+        };
+        shard.jobs.insert(
+            job_key(&id),
+            OutboxJob {
+                id,
+                payload: job.payload().to_owned(),
+                attempts: 0,
+                token: None,
+                next_run_at: now,
+                last_error: None,
+                dead: false,
+                created_at: now,
+                updated_at: now,
+            },
+        );
+    }
+}
+
+fn job_key(id: &JobId) -> JobKey {
+    (*id.reference.as_bytes(), id.tenant.clone(), id.name.clone())
+}
+
+/// Whether a lease would find `job` at `now`.
+fn is_due(job: &OutboxJob, now: SystemTime) -> bool {
+    !job.dead && job.next_run_at <= now
+}
+
 #[async_trait]
 impl IdempotencyStore for MemoryStore {
     fn kind(&self) -> &'static str {
         "memory"
+    }
+
+    fn supports_follow_ons(&self) -> bool {
+        true
+    }
+
+    async fn complete_with_follow_ons(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        jobs: &[FollowOn],
+    ) -> Result<(), StoreError> {
+        check_distinct(jobs)?;
+        // The record and its jobs share the shard's lock: both or neither.
+        self.fenced(key, attempt, |shard, now| {
+            let record = shard.records.get_mut(&key.key).expect("checked by fenced");
+            if let RecordState::Completed { .. } = record.state {
+                return Err(StoreError::WrongState {
+                    found: RecordStateKind::Completed,
+                });
+            }
+            if record.state != RecordState::InProgress {
+                settle_late_completion(record);
+            }
+            record.state = RecordState::Completed {
+                response: response.to_owned(),
+            };
+            record.updated_at = now;
+            write_jobs(shard, key, jobs, now);
+            Ok(())
+        })
+    }
+
+    async fn resolve_with_follow_ons(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        note: Option<&str>,
+        jobs: &[FollowOn],
+    ) -> Result<(), StoreError> {
+        check_distinct(jobs)?;
+        self.fenced(key, attempt, |shard, now| {
+            let record = shard.records.get_mut(&key.key).expect("checked by fenced");
+            if record.state.kind() != RecordStateKind::Unknown {
+                return Err(StoreError::WrongState {
+                    found: record.state.kind(),
+                });
+            }
+            settle_late_completion(record);
+            record.state = RecordState::Completed {
+                response: response.to_owned(),
+            };
+            record.resolution = note.map(str::to_owned);
+            record.updated_at = now;
+            write_jobs(shard, key, jobs, now);
+            Ok(())
+        })
+    }
+
+    async fn lease_jobs(
+        &self,
+        names: &[&str],
+        limit: usize,
+        lease: Duration,
+        token: Attempt,
+    ) -> Result<Vec<OutboxJob>, StoreError> {
+        let now = self.now();
+        // The due candidates, the longest due first, then each leased under
+        // its shard's lock after a re-check: another dispatcher may have
+        // leased it since the listing.
+        let mut due: Vec<(SystemTime, JobKey)> = Vec::new();
+        for shard in self.shards.iter() {
+            due.extend(
+                lock(shard)
+                    .jobs
+                    .iter()
+                    .filter(|(_, j)| is_due(j, now) && names.contains(&j.id.name.as_str()))
+                    .map(|(k, j)| (j.next_run_at, k.clone())),
+            );
+        }
+        due.sort();
+        let mut leased = Vec::new();
+        for (_, job_key) in due {
+            if leased.len() >= limit {
+                break;
+            }
+            let mut shard = self.shard(job_key.0[0]);
+            let Some(job) = shard.jobs.get_mut(&job_key) else {
+                continue;
+            };
+            if !is_due(job, now) {
+                continue;
+            }
+            job.token = Some(token);
+            job.attempts = job.attempts.saturating_add(1);
+            job.next_run_at = now + lease;
+            job.updated_at = now;
+            leased.push(job.clone());
+        }
+        Ok(leased)
+    }
+
+    async fn finish_job(&self, id: &JobId, token: Attempt) -> Result<(), StoreError> {
+        self.fenced_job(id, token, |jobs, key, _| {
+            jobs.remove(key);
+        })
+    }
+
+    async fn retry_job(
+        &self,
+        id: &JobId,
+        token: Attempt,
+        delay: Duration,
+        error: &str,
+    ) -> Result<(), StoreError> {
+        self.fenced_job(id, token, |jobs, key, now| {
+            let job = jobs.get_mut(key).expect("checked by fenced_job");
+            job.token = None;
+            job.next_run_at = now + delay;
+            job.last_error = Some(error.to_owned());
+            job.updated_at = now;
+        })
+    }
+
+    async fn bury_job(&self, id: &JobId, token: Attempt, error: &str) -> Result<(), StoreError> {
+        self.fenced_job(id, token, |jobs, key, now| {
+            let job = jobs.get_mut(key).expect("checked by fenced_job");
+            job.token = None;
+            job.dead = true;
+            job.last_error = Some(error.to_owned());
+            job.updated_at = now;
+        })
+    }
+
+    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<OutboxJob>, StoreError> {
+        let mut found: Vec<OutboxJob> = Vec::new();
+        for shard in self.shards.iter() {
+            found.extend(
+                lock(shard)
+                    .jobs
+                    .values()
+                    .filter(|j| filter.matches(j))
+                    .cloned(),
+            );
+        }
+        found.sort_by_key(listing_order);
+        found.truncate(filter.limit);
+        Ok(found)
+    }
+
+    async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
+        let now = self.now();
+        let mut shard = self.shard(id.reference.as_bytes()[0]);
+        match shard.jobs.get_mut(&job_key(id)) {
+            Some(job) if job.dead => {
+                job.dead = false;
+                job.attempts = 0;
+                job.token = None;
+                job.next_run_at = now;
+                job.updated_at = now;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
+        let now = self.now();
+        let mut counts = BTreeMap::new();
+        for shard in self.shards.iter() {
+            for job in lock(shard).jobs.values().filter(|j| is_due(j, now)) {
+                *counts.entry(job.id.name.clone()).or_insert(0) += 1;
+            }
+        }
+        Ok(counts)
     }
 
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
@@ -178,7 +427,7 @@ impl IdempotencyStore for MemoryStore {
     async fn count_records(&self) -> Result<StateCounts, StoreError> {
         let mut counts = StateCounts::default();
         for shard in self.shards.iter() {
-            for record in lock(shard).values() {
+            for record in lock(shard).records.values() {
                 counts.add(record.state.kind(), 1);
             }
         }
@@ -188,14 +437,14 @@ impl IdempotencyStore for MemoryStore {
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         let now = self.now();
         let mut shard = self.shard(req.key.key[0]);
-        if let Some(existing) = shard.get(&req.key.key) {
+        if let Some(existing) = shard.records.get(&req.key.key) {
             if !existing.is_claimable(now) {
                 let mut record = existing.clone();
                 record.observed_at = now;
                 return Ok(Claim::Existing { record });
             }
         }
-        shard.insert(
+        shard.records.insert(
             req.key.key,
             Record {
                 key: req.key,
@@ -223,33 +472,19 @@ impl IdempotencyStore for MemoryStore {
         attempt: Attempt,
         response: &str,
     ) -> Result<(), StoreError> {
-        self.fenced(key, attempt, |shard, now| {
-            let record = shard.get_mut(&key.key).expect("checked by fenced");
-            if let RecordState::Completed { .. } = record.state {
-                return Err(StoreError::WrongState {
-                    found: RecordStateKind::Completed,
-                });
-            }
-            if record.state != RecordState::InProgress {
-                settle_late_completion(record);
-            }
-            record.state = RecordState::Completed {
-                response: response.to_owned(),
-            };
-            record.updated_at = now;
-            Ok(())
-        })
+        self.complete_with_follow_ons(key, attempt, response, &[])
+            .await
     }
 
     async fn release(&self, key: &IdempotencyKey, attempt: Attempt) -> Result<(), StoreError> {
         self.fenced(key, attempt, |shard, _| {
-            let found = shard.get(&key.key).map(|r| r.state.kind());
+            let found = shard.records.get(&key.key).map(|r| r.state.kind());
             if let Some(found @ (RecordStateKind::Completed | RecordStateKind::NotPerformed)) =
                 found
             {
                 return Err(StoreError::WrongState { found });
             }
-            shard.remove(&key.key);
+            shard.records.remove(&key.key);
             Ok(())
         })
     }
@@ -290,14 +525,14 @@ impl IdempotencyStore for MemoryStore {
         resolution: Resolution<'_>,
         note: Option<&str>,
     ) -> Result<(), StoreError> {
+        if let Resolution::Completed { response } = resolution {
+            return self
+                .resolve_with_follow_ons(key, attempt, response, note, &[])
+                .await;
+        }
         self.fenced_in(key, attempt, RecordStateKind::Unknown, |record, now| {
             record.state = match resolution {
-                Resolution::Completed { response } => {
-                    settle_late_completion(record);
-                    RecordState::Completed {
-                        response: response.to_owned(),
-                    }
-                }
+                Resolution::Completed { .. } => unreachable!("resolved above"),
                 Resolution::NotPerformed { note, settle } => {
                     let until = record.updated_at + settle;
                     if now < until {
@@ -352,6 +587,7 @@ impl IdempotencyStore for MemoryStore {
         hi[..8].copy_from_slice(reference.as_bytes());
         let shard = self.shard(reference.as_bytes()[0]);
         Ok(shard
+            .records
             .range(lo..=hi)
             .map(|(_, r)| r)
             .find(|r| r.tenant == tenant)
@@ -371,13 +607,14 @@ impl IdempotencyStore for MemoryStore {
             }
             let mut shard = lock(shard);
             let doomed: Vec<[u8; 32]> = shard
+                .records
                 .iter()
                 .filter(|(_, r)| r.is_expired(now))
                 .map(|(k, _)| *k)
                 .take(batch - purged)
                 .collect();
             for k in &doomed {
-                shard.remove(k);
+                shard.records.remove(k);
             }
             purged += doomed.len();
         }

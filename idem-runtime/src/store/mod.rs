@@ -1,6 +1,7 @@
 //! The record of an operation and the store that keeps it: the
 //! [`IdempotencyStore`] contract, and its backends one module each.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
@@ -11,6 +12,7 @@ use crate::key::{IdempotencyKey, Reference};
 mod attempt;
 mod memory;
 mod open;
+mod outbox;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod sql;
 
@@ -26,6 +28,10 @@ mod sqlite;
 pub use attempt::Attempt;
 pub use memory::MemoryStore;
 pub use open::open_store;
+pub(crate) use outbox::{check_distinct, listing_order};
+pub use outbox::{
+    FollowOn, FollowOnError, JobFilter, JobId, OutboxJob, DEFAULT_MAX_PAYLOAD, MAX_JOB_NAME,
+};
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, PostgresStoreBuilder};
 #[cfg(feature = "redis")]
@@ -344,6 +350,10 @@ pub enum StoreError {
     /// will not help.
     #[error("the idempotency store is misconfigured: {0}")]
     Config(String),
+    /// The request itself was malformed (two follow-on jobs with one name):
+    /// nothing was tried. Fix the call; retrying will not help.
+    #[error("the idempotency store refused the request: {0}")]
+    Invalid(String),
     /// The store answered, but with something it should not hold.
     #[error("the idempotency store holds an invalid record: {0}")]
     Corrupt(String),
@@ -505,6 +515,154 @@ pub trait IdempotencyStore: Send + Sync + std::fmt::Debug {
     async fn count_records(&self) -> Result<StateCounts, StoreError> {
         Err(StoreError::Unsupported("count its records"))
     }
+
+    /// Whether the store keeps follow-on jobs (implements
+    /// [`complete_with_follow_ons`] and the dispatcher's methods below). The
+    /// executor refuses a declaration at once when it does not, so a handler
+    /// learns it while it can still act. The default answers `false`.
+    ///
+    /// [`complete_with_follow_ons`]: IdempotencyStore::complete_with_follow_ons
+    fn supports_follow_ons(&self) -> bool {
+        false
+    }
+
+    /// [`complete`](IdempotencyStore::complete) and, in the same atomic step
+    /// (one transaction, one lock), one follow-on job per entry of `jobs`,
+    /// in the record's tenant under its reference, due at once with no
+    /// attempts. Either the record is COMPLETED and every job is written, or
+    /// nothing changed. Same fencing and states as `complete`.
+    ///
+    /// A job whose (tenant, reference, name) already exists (left by an
+    /// earlier operation with the same reference, after its window) is
+    /// replaced whole: a new operation starts its jobs afresh.
+    ///
+    /// Errors: `Invalid` when two jobs share a name (nothing written),
+    /// `Fenced`, `WrongState`, `Unavailable`. The default completes when
+    /// `jobs` is empty and otherwise answers `Unsupported` without writing.
+    async fn complete_with_follow_ons(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        jobs: &[FollowOn],
+    ) -> Result<(), StoreError> {
+        if jobs.is_empty() {
+            return self.complete(key, attempt, response).await;
+        }
+        Err(StoreError::Unsupported("write follow-on jobs"))
+    }
+
+    /// [`resolve`](IdempotencyStore::resolve) to COMPLETED with `response`
+    /// (a reconciler or an operator found the operation performed) and, in
+    /// the same atomic step, the follow-on `jobs`, as
+    /// [`complete_with_follow_ons`](IdempotencyStore::complete_with_follow_ons)
+    /// writes them. Same fencing and states as `resolve`: only an UNKNOWN
+    /// record, only for its attempt.
+    ///
+    /// Errors: `Invalid` (a repeated name), `Fenced`, `WrongState`,
+    /// `Unavailable`. The default resolves when `jobs` is empty and otherwise
+    /// answers `Unsupported` without writing.
+    async fn resolve_with_follow_ons(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        note: Option<&str>,
+        jobs: &[FollowOn],
+    ) -> Result<(), StoreError> {
+        if jobs.is_empty() {
+            let completed = Resolution::Completed { response };
+            return self.resolve(key, attempt, completed, note).await;
+        }
+        Err(StoreError::Unsupported("write follow-on jobs"))
+    }
+
+    /// Leases at most `limit` due jobs whose name is in `names`, the longest
+    /// due first: live (not dead) jobs with `next_run_at <= now` (store
+    /// clock), which covers a job never run, a retry whose delay is over, and
+    /// a job whose last lease ran out (its dispatcher died or overran). Each
+    /// leased job gets `token`, `attempts + 1`, and `next_run_at = now +
+    /// lease`, and is returned as changed.
+    ///
+    /// Atomic per job: of two dispatchers leasing at once, exactly one gets a
+    /// given job, and until its lease runs out no other lease returns it (on
+    /// PostgreSQL, `FOR UPDATE SKIP LOCKED`). A job whose name is not in
+    /// `names` is never leased: it waits for a dispatcher that handles it.
+    /// Errors: `Unavailable` (nothing leased). The default answers
+    /// `Unsupported`.
+    async fn lease_jobs(
+        &self,
+        names: &[&str],
+        limit: usize,
+        lease: Duration,
+        token: Attempt,
+    ) -> Result<Vec<OutboxJob>, StoreError> {
+        let _ = (names, limit, lease, token);
+        Err(StoreError::Unsupported("lease follow-on jobs"))
+    }
+
+    /// The job ran: deletes it, only if `token` still holds its lease (or
+    /// held the last one and nobody leased it since). Errors: `Fenced` when
+    /// another lease took it or it is gone (nothing changed), `Unavailable`.
+    /// The default answers `Unsupported`.
+    async fn finish_job(&self, id: &JobId, token: Attempt) -> Result<(), StoreError> {
+        let _ = (id, token);
+        Err(StoreError::Unsupported("finish follow-on jobs"))
+    }
+
+    /// The job failed and runs again later: its lease is given up, its
+    /// `next_run_at` becomes now + `delay` (store clock) and `error` is kept
+    /// as its `last_error`; fenced by `token` as
+    /// [`finish_job`](IdempotencyStore::finish_job). Errors: `Fenced`,
+    /// `Unavailable`. The default answers `Unsupported`.
+    async fn retry_job(
+        &self,
+        id: &JobId,
+        token: Attempt,
+        delay: Duration,
+        error: &str,
+    ) -> Result<(), StoreError> {
+        let _ = (id, token, delay, error);
+        Err(StoreError::Unsupported("retry follow-on jobs"))
+    }
+
+    /// The job failed too often: into the dead letter (`dead`, its lease
+    /// given up, `error` kept), where no lease finds it until it is
+    /// re-driven; fenced by `token` as
+    /// [`finish_job`](IdempotencyStore::finish_job). Errors: `Fenced`,
+    /// `Unavailable`. The default answers `Unsupported`.
+    async fn bury_job(&self, id: &JobId, token: Attempt, error: &str) -> Result<(), StoreError> {
+        let _ = (id, token, error);
+        Err(StoreError::Unsupported("bury follow-on jobs"))
+    }
+
+    /// At most `filter.limit` jobs matching `filter`, the oldest first (then
+    /// by reference and name), for an operator: live and dead ones. A
+    /// snapshot read that changes nothing; it may read every job. Errors:
+    /// `Unavailable`. The default answers `Unsupported`.
+    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<OutboxJob>, StoreError> {
+        let _ = filter;
+        Err(StoreError::Unsupported("list follow-on jobs"))
+    }
+
+    /// Takes a dead job out of the dead letter: live again, due now, with
+    /// no attempts (its `last_error` kept). `Ok(false)` when no dead job has
+    /// this id (a live one is left as it is). Errors: `Unavailable`. The
+    /// default answers `Unsupported`.
+    async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
+        let _ = id;
+        Err(StoreError::Unsupported("re-drive follow-on jobs"))
+    }
+
+    /// How many live jobs are due now (as [`lease_jobs`] would find them,
+    /// whatever their name), by name: a dispatcher reports the names it has
+    /// no handler for, whose jobs wait. A snapshot read. Errors:
+    /// `Unavailable`. The default answers `Unsupported`.
+    ///
+    /// [`lease_jobs`]: IdempotencyStore::lease_jobs
+    async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
+        Err(StoreError::Unsupported("count follow-on jobs"))
+    }
 }
 
 /// A shared store is a store: `Arc<MemoryStore>`, `Arc<dyn IdempotencyStore>`.
@@ -589,6 +747,65 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<S> {
     }
     async fn count_records(&self) -> Result<StateCounts, StoreError> {
         (**self).count_records().await
+    }
+    fn supports_follow_ons(&self) -> bool {
+        (**self).supports_follow_ons()
+    }
+    async fn complete_with_follow_ons(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        jobs: &[FollowOn],
+    ) -> Result<(), StoreError> {
+        (**self)
+            .complete_with_follow_ons(key, attempt, response, jobs)
+            .await
+    }
+    async fn resolve_with_follow_ons(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        note: Option<&str>,
+        jobs: &[FollowOn],
+    ) -> Result<(), StoreError> {
+        (**self)
+            .resolve_with_follow_ons(key, attempt, response, note, jobs)
+            .await
+    }
+    async fn lease_jobs(
+        &self,
+        names: &[&str],
+        limit: usize,
+        lease: Duration,
+        token: Attempt,
+    ) -> Result<Vec<OutboxJob>, StoreError> {
+        (**self).lease_jobs(names, limit, lease, token).await
+    }
+    async fn finish_job(&self, id: &JobId, token: Attempt) -> Result<(), StoreError> {
+        (**self).finish_job(id, token).await
+    }
+    async fn retry_job(
+        &self,
+        id: &JobId,
+        token: Attempt,
+        delay: Duration,
+        error: &str,
+    ) -> Result<(), StoreError> {
+        (**self).retry_job(id, token, delay, error).await
+    }
+    async fn bury_job(&self, id: &JobId, token: Attempt, error: &str) -> Result<(), StoreError> {
+        (**self).bury_job(id, token, error).await
+    }
+    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<OutboxJob>, StoreError> {
+        (**self).list_jobs(filter).await
+    }
+    async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
+        (**self).redrive_job(id).await
+    }
+    async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
+        (**self).count_due_jobs().await
     }
 }
 

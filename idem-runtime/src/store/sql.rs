@@ -1,5 +1,6 @@
-//! What the SQL stores share: the state codes, the expiry predicate, and how
-//! a reference is found by a range over the primary key.
+//! What the SQL stores share: the state codes, the expiry predicate, how
+//! a reference is found by a range over the primary key, and the follow-on
+//! jobs' columns and listing.
 
 use super::{RecordState, RecordStateKind, StoreError};
 use crate::key::Reference;
@@ -80,4 +81,25 @@ pub(crate) fn counts(
         counts.add(kind, u64::try_from(n).unwrap_or(0));
     }
     Ok(counts)
+}
+
+/// Every column of a follow-on job, in the order the stores' job readers
+/// take them. A job is due when `dead` is false and `next_run_at <= now`;
+/// a lease sets `next_run_at` to the lease's end, so a leased job is not due
+/// until its lease runs out.
+pub(crate) const JOB_COLUMNS: &str = "tenant, reference, name, payload, attempts, token, \
+                                      next_run_at, last_error, dead, created_at, updated_at";
+
+/// `list_jobs`: the jobs matching the optional tenant, reference, name and
+/// dead flag (each parameter NULL for "any"), the oldest first. `param(n)`
+/// is the backend's n-th placeholder, typed where the backend needs it.
+pub(crate) fn jobs_filtered(table: &str, param: impl Fn(u8) -> String) -> String {
+    let (tenant, reference, name, dead, limit) = (param(1), param(2), param(3), param(4), param(5));
+    format!(
+        "SELECT {JOB_COLUMNS} FROM {table} \
+         WHERE ({tenant} IS NULL OR tenant = {tenant}) \
+           AND ({reference} IS NULL OR reference = {reference}) \
+           AND ({name} IS NULL OR name = {name}) AND ({dead} IS NULL OR dead = {dead}) \
+         ORDER BY created_at, reference, name, tenant LIMIT {limit}"
+    )
 }

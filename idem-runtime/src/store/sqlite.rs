@@ -9,14 +9,15 @@ use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::oneshot;
 
 use super::sql::{
-    counted, counts, expired, filtered, key_range, state_from, COLUMNS, COMPLETED, IN_PROGRESS,
-    NOT_PERFORMED, UNKNOWN,
+    counted, counts, expired, filtered, jobs_filtered, key_range, state_from, COLUMNS, COMPLETED,
+    IN_PROGRESS, JOB_COLUMNS, NOT_PERFORMED, UNKNOWN,
 };
 use super::{
-    Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordFilter, RecordStateKind,
-    Resolution, StateCounts, StoreError,
+    check_distinct, Attempt, Claim, ClaimRequest, FollowOn, IdempotencyStore, JobFilter, JobId,
+    OutboxJob, Record, RecordFilter, RecordStateKind, Resolution, StateCounts, StoreError,
 };
 use crate::key::{IdempotencyKey, Reference};
+use std::collections::BTreeMap;
 
 /// At most this many jobs share one transaction: bounds how long one batch
 /// holds the file lock against other processes.
@@ -30,6 +31,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0001_records.sql"),
     include_str!("../../migrations/sqlite/0002_lifecycle.sql"),
+    include_str!("../../migrations/sqlite/0003_outbox.sql"),
 ];
 
 /// The store's SQL, written once from the state codes of
@@ -52,6 +54,15 @@ struct Statements {
     unknown: String,
     filtered: String,
     counted: String,
+    record_tenant: String,
+    insert_job: String,
+    lease_jobs: String,
+    finish_job: String,
+    retry_job: String,
+    bury_job: String,
+    redrive_job: String,
+    jobs_filtered: String,
+    count_due_jobs: String,
 }
 
 static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::new(|| Statements {
@@ -145,6 +156,50 @@ static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::new(|| Statem
     ),
     filtered: filtered("idem_records", "", |n| format!("?{n}")),
     counted: counted("idem_records"),
+    record_tenant: "SELECT tenant FROM idem_records WHERE key = ?1".to_owned(),
+    // A job left by an earlier operation with the same reference (after its
+    // window) is replaced whole: the new operation's jobs start afresh.
+    insert_job: "INSERT INTO idem_jobs (tenant, reference, name, payload, attempts, token, \
+           next_run_at, last_error, dead, created_at, updated_at) \
+         VALUES (?1, ?2, ?3, ?4, 0, NULL, ?5, NULL, 0, ?5, ?5) \
+         ON CONFLICT (tenant, reference, name) DO UPDATE SET payload = excluded.payload, \
+           attempts = 0, token = NULL, next_run_at = excluded.next_run_at, last_error = NULL, \
+           dead = 0, created_at = excluded.created_at, updated_at = excluded.updated_at"
+        .to_owned(),
+    // One statement under the writer's lock: the selection and the lease
+    // cannot be split by another process's lease. `dead = 0` is a literal
+    // so the planner can use the partial index.
+    lease_jobs: format!(
+        "UPDATE idem_jobs SET token = ?1, attempts = attempts + 1, next_run_at = ?2, \
+           updated_at = ?3 \
+         WHERE (tenant, reference, name) IN ( \
+           SELECT tenant, reference, name FROM idem_jobs \
+           WHERE dead = 0 AND next_run_at <= ?3 \
+             AND name IN (SELECT value FROM json_each(?4)) \
+           ORDER BY next_run_at LIMIT ?5) \
+         RETURNING {JOB_COLUMNS}"
+    ),
+    // Every change of a leased job carries `token = ?4`: a dispatcher whose
+    // lease ran out (and was taken by another) must not finish, retry or
+    // bury the new holder's run.
+    finish_job: "DELETE FROM idem_jobs \
+         WHERE tenant = ?1 AND reference = ?2 AND name = ?3 AND token = ?4"
+        .to_owned(),
+    retry_job: "UPDATE idem_jobs SET token = NULL, next_run_at = ?5, last_error = ?6, \
+           updated_at = ?7 \
+         WHERE tenant = ?1 AND reference = ?2 AND name = ?3 AND token = ?4"
+        .to_owned(),
+    bury_job: "UPDATE idem_jobs SET token = NULL, dead = 1, last_error = ?5, updated_at = ?6 \
+         WHERE tenant = ?1 AND reference = ?2 AND name = ?3 AND token = ?4"
+        .to_owned(),
+    redrive_job: "UPDATE idem_jobs SET dead = 0, attempts = 0, token = NULL, next_run_at = ?4, \
+           updated_at = ?4 \
+         WHERE tenant = ?1 AND reference = ?2 AND name = ?3 AND dead = 1"
+        .to_owned(),
+    jobs_filtered: jobs_filtered("idem_jobs", |n| format!("?{n}")),
+    count_due_jobs: "SELECT name, count(*) FROM idem_jobs \
+         WHERE dead = 0 AND next_run_at <= ?1 GROUP BY name"
+        .to_owned(),
 });
 
 /// The embedded durable store: one SQLite database file in WAL mode, kept
@@ -502,10 +557,252 @@ fn fenced(
     }
 }
 
+fn row_to_job(row: &rusqlite::Row<'_>) -> rusqlite::Result<Result<OutboxJob, StoreError>> {
+    let reference: Vec<u8> = row.get(1)?;
+    let Ok(reference) = <[u8; 8]>::try_from(reference.as_slice()) else {
+        return Ok(Err(StoreError::Corrupt(
+            "a job's reference is not 8 bytes".into(),
+        )));
+    };
+    Ok(Ok(OutboxJob {
+        id: JobId {
+            tenant: row.get(0)?,
+            reference: Reference::from_bytes(reference),
+            name: row.get(2)?,
+        },
+        payload: row.get(3)?,
+        attempts: row.get::<_, i64>(4)?.clamp(0, u32::MAX.into()) as u32,
+        token: row
+            .get::<_, Option<i64>>(5)?
+            .map(|t| Attempt::from_stored(t as u64)),
+        next_run_at: from_nanos(row.get(6)?),
+        last_error: row.get(7)?,
+        dead: row.get::<_, i64>(8)? != 0,
+        created_at: from_nanos(row.get(9)?),
+        updated_at: from_nanos(row.get(10)?),
+    }))
+}
+
+fn read_jobs(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> Result<Vec<OutboxJob>, StoreError> {
+    let mut stmt = conn.prepare_cached(sql).map_err(|e| unavailable(&e))?;
+    let rows = stmt
+        .query_map(params, row_to_job)
+        .map_err(|e| unavailable(&e))?;
+    let mut out = Vec::new();
+    for row in rows {
+        out.push(row.map_err(|e| unavailable(&e))??);
+    }
+    Ok(out)
+}
+
+/// Writes `jobs` for the record with `key`, due at `now`, inside the
+/// transaction of its completion.
+fn insert_jobs(
+    conn: &Connection,
+    key: &[u8; 32],
+    jobs: &[FollowOn],
+    now: i64,
+) -> Result<(), StoreError> {
+    let tenant: String = conn
+        .prepare_cached(&SQL.record_tenant)
+        .and_then(|mut s| s.query_row([&key[..]], |r| r.get(0)))
+        .map_err(|e| unavailable(&e))?;
+    let reference = &key[..8];
+    let mut insert = conn
+        .prepare_cached(&SQL.insert_job)
+        .map_err(|e| unavailable(&e))?;
+    for job in jobs {
+        insert
+            .execute(params![tenant, reference, job.name(), job.payload(), now])
+            .map_err(|e| unavailable(&e))?;
+    }
+    Ok(())
+}
+
+/// A change of a leased job, fenced by its token: `sql` with `?1`..`?4` =
+/// tenant, reference, name, token, then `rest`. `Fenced` when no row changed.
+fn fenced_job(
+    conn: &Connection,
+    sql: &str,
+    id: &JobId,
+    token: Attempt,
+    rest: &[&dyn rusqlite::ToSql],
+) -> Result<(), StoreError> {
+    let (token, reference) = (token.get() as i64, &id.reference.as_bytes()[..]);
+    let mut params: Vec<&dyn rusqlite::ToSql> = vec![&id.tenant, &reference, &id.name, &token];
+    params.extend_from_slice(rest);
+    match change(conn, sql, &params)? {
+        0 => Err(StoreError::Fenced),
+        _ => Ok(()),
+    }
+}
+
 #[async_trait]
 impl IdempotencyStore for SqliteStore {
     fn kind(&self) -> &'static str {
         "sqlite"
+    }
+
+    fn supports_follow_ons(&self) -> bool {
+        true
+    }
+
+    async fn complete_with_follow_ons(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        jobs: &[FollowOn],
+    ) -> Result<(), StoreError> {
+        check_distinct(jobs)?;
+        let (key, response, jobs) = (*key.as_bytes(), response.to_owned(), jobs.to_vec());
+        self.run(move |conn, now| {
+            // `attempt = ?2`: a worker whose claim was taken over must not
+            // overwrite the new owner's record with its own response.
+            fenced(
+                conn,
+                &key,
+                attempt,
+                &SQL.complete,
+                &[&&key[..], &(attempt.get() as i64), &response, &now],
+            )?;
+            // The same transaction: a failed insert fails the batch, and the
+            // completion is rolled back with it.
+            insert_jobs(conn, &key, &jobs, now)
+        })
+        .await
+    }
+
+    async fn resolve_with_follow_ons(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        note: Option<&str>,
+        jobs: &[FollowOn],
+    ) -> Result<(), StoreError> {
+        check_distinct(jobs)?;
+        let (key, body, jobs) = (*key.as_bytes(), response.to_owned(), jobs.to_vec());
+        let note = note.map(str::to_owned);
+        self.run(move |conn, now| {
+            fenced(
+                conn,
+                &key,
+                attempt,
+                &SQL.resolve_completed,
+                &[&&key[..], &(attempt.get() as i64), &body, &note, &now],
+            )?;
+            insert_jobs(conn, &key, &jobs, now)
+        })
+        .await
+    }
+
+    async fn lease_jobs(
+        &self,
+        names: &[&str],
+        limit: usize,
+        lease: Duration,
+        token: Attempt,
+    ) -> Result<Vec<OutboxJob>, StoreError> {
+        if names.is_empty() || limit == 0 {
+            return Ok(Vec::new());
+        }
+        let names = serde_json::to_string(names)
+            .map_err(|e| StoreError::Invalid(format!("job names: {e}")))?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.run(move |conn, now| {
+            let mut leased = read_jobs(
+                conn,
+                &SQL.lease_jobs,
+                params![
+                    token.get() as i64,
+                    now.saturating_add(nanos(lease)),
+                    now,
+                    names,
+                    limit
+                ],
+            )?;
+            // RETURNING has no order of its own.
+            leased.sort_by_key(|j| (j.created_at, j.id.reference, j.id.name.clone()));
+            Ok(leased)
+        })
+        .await
+    }
+
+    async fn finish_job(&self, id: &JobId, token: Attempt) -> Result<(), StoreError> {
+        let id = id.clone();
+        self.run(move |conn, _| fenced_job(conn, &SQL.finish_job, &id, token, &[]))
+            .await
+    }
+
+    async fn retry_job(
+        &self,
+        id: &JobId,
+        token: Attempt,
+        delay: Duration,
+        error: &str,
+    ) -> Result<(), StoreError> {
+        let (id, error) = (id.clone(), error.to_owned());
+        self.run(move |conn, now| {
+            let at = now.saturating_add(nanos(delay));
+            fenced_job(conn, &SQL.retry_job, &id, token, &[&at, &error, &now])
+        })
+        .await
+    }
+
+    async fn bury_job(&self, id: &JobId, token: Attempt, error: &str) -> Result<(), StoreError> {
+        let (id, error) = (id.clone(), error.to_owned());
+        self.run(move |conn, now| fenced_job(conn, &SQL.bury_job, &id, token, &[&error, &now]))
+            .await
+    }
+
+    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<OutboxJob>, StoreError> {
+        let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
+        let (tenant, name) = (filter.tenant.clone(), filter.name.clone());
+        let reference = filter.reference.map(|r| r.as_bytes().to_vec());
+        let dead = filter.dead.map(i64::from);
+        self.run(move |conn, _| {
+            read_jobs(
+                conn,
+                &SQL.jobs_filtered,
+                params![tenant, reference, name, dead, limit],
+            )
+        })
+        .await
+    }
+
+    async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
+        let id = id.clone();
+        self.run(move |conn, now| {
+            let changed = change(
+                conn,
+                &SQL.redrive_job,
+                &[&id.tenant, &&id.reference.as_bytes()[..], &id.name, &now],
+            )?;
+            Ok(changed == 1)
+        })
+        .await
+    }
+
+    async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
+        self.run(|conn, now| {
+            let mut stmt = conn
+                .prepare_cached(&SQL.count_due_jobs)
+                .map_err(|e| unavailable(&e))?;
+            let rows = stmt
+                .query_map([now], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
+                .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| unavailable(&e))?;
+            Ok(rows
+                .into_iter()
+                .map(|(name, n)| (name, u64::try_from(n).unwrap_or(0)))
+                .collect())
+        })
+        .await
     }
 
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
@@ -584,19 +881,8 @@ impl IdempotencyStore for SqliteStore {
         attempt: Attempt,
         response: &str,
     ) -> Result<(), StoreError> {
-        let (key, response) = (*key.as_bytes(), response.to_owned());
-        self.run(move |conn, now| {
-            // `attempt = ?2`: a worker whose claim was taken over must not
-            // overwrite the new owner's record with its own response.
-            fenced(
-                conn,
-                &key,
-                attempt,
-                &SQL.complete,
-                &[&&key[..], &(attempt.get() as i64), &response, &now],
-            )
-        })
-        .await
+        self.complete_with_follow_ons(key, attempt, response, &[])
+            .await
     }
 
     async fn release(&self, key: &IdempotencyKey, attempt: Attempt) -> Result<(), StoreError> {

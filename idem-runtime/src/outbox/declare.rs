@@ -1,0 +1,107 @@
+//! Declaring follow-on jobs inside a running handler: a task-local list the
+//! executor sets around the handler's future and reads once it returned.
+
+use std::cell::RefCell;
+
+use serde::Serialize;
+
+use crate::store::{FollowOn, FollowOnError};
+
+/// The follow-on jobs one handler declared so far, and what a declaration
+/// is checked against.
+#[derive(Debug)]
+pub(crate) struct Declared {
+    jobs: Vec<FollowOn>,
+    max_payload: usize,
+    /// `None` when the store keeps follow-on jobs; else its kind, to say so.
+    unsupported_by: Option<&'static str>,
+}
+
+impl Declared {
+    /// An empty list (no allocation until the first declaration).
+    pub(crate) fn new(max_payload: usize, unsupported_by: Option<&'static str>) -> Self {
+        Declared {
+            jobs: Vec::new(),
+            max_payload,
+            unsupported_by,
+        }
+    }
+
+    /// The jobs declared, in declaration order.
+    pub(crate) fn into_jobs(self) -> Vec<FollowOn> {
+        self.jobs
+    }
+
+    fn declare<P: Serialize + ?Sized>(
+        &mut self,
+        name: &str,
+        payload: &P,
+    ) -> Result<(), FollowOnError> {
+        if let Some(store) = self.unsupported_by {
+            return Err(FollowOnError::Unsupported {
+                name: name.to_owned(),
+                store,
+            });
+        }
+        if self.jobs.iter().any(|job| job.name() == name) {
+            return Err(FollowOnError::Duplicate {
+                name: name.to_owned(),
+            });
+        }
+        self.jobs
+            .push(FollowOn::with_limit(name, payload, self.max_payload)?);
+        Ok(())
+    }
+}
+
+tokio::task_local! {
+    /// The running handler's declarations; set by the executor.
+    pub(crate) static DECLARED: RefCell<Declared>;
+}
+
+/// Declares a follow-on job of the operation whose handler is running: it is
+/// written with the operation's COMPLETED record, in the same transaction,
+/// and a dispatcher ([`Outbox`](crate::Outbox)) runs it afterwards, at least
+/// once, with a stable downstream key (reference and name). Nothing runs
+/// here, and nothing is written unless the handler returns `Ok`: a rejected
+/// or unknown outcome, a panic or a cancellation drops the declarations, and
+/// a replay never runs the handler at all.
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use idem_runtime::{Caller, Executor, MemoryStore, Operation, ScopeSpec, ToolError};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// # let executor = Executor::new(Arc::new(MemoryStore::new()));
+/// # let caller = Caller::new("acme", "alice");
+/// # let op = Operation { caller: &caller, tool: "charge_card", args: &serde_json::json!({"cents": 500}),
+/// #     scope: ScopeSpec::Window(std::time::Duration::from_secs(900)), status_tool: "get_operation_status" };
+/// let answer = executor
+///     .run(op, |_context| async {
+///         // ... charge the card, then:
+///         idem_runtime::follow_on("send_receipt", &serde_json::json!({"to": "alice@example.com"}))
+///             .map_err(|e| ToolError::unknown(e.to_string()))?;
+///         Ok::<_, ToolError>("charged".to_owned())
+///     })
+///     .await;
+/// # assert!(matches!(answer, idem_runtime::Answer::Executed { .. }));
+/// # }
+/// ```
+///
+/// Errors, each leaving the operation's outcome to the handler: the name
+/// declared already for this operation ([`FollowOnError::Duplicate`]), a
+/// payload that does not serialize or is over the executor's limit (64 KiB
+/// by default, [`Executor::with_max_follow_on_payload`]), a bad name, a
+/// store that keeps no follow-on jobs, or a call outside a wrapped handler
+/// (or from a task it spawned: the list is task-local).
+///
+/// [`Executor::with_max_follow_on_payload`]: crate::Executor::with_max_follow_on_payload
+pub fn follow_on<P: Serialize + ?Sized>(name: &str, payload: &P) -> Result<(), FollowOnError> {
+    DECLARED
+        .try_with(|declared| declared.borrow_mut().declare(name, payload))
+        .unwrap_or_else(|_| {
+            Err(FollowOnError::OutsideHandler {
+                name: name.to_owned(),
+            })
+        })
+}

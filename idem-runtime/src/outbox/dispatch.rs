@@ -1,0 +1,408 @@
+//! The dispatcher: leases due follow-on jobs, runs their handlers, and
+//! finishes, retries or buries each one, fenced by its lease's token.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::executor::CatchUnwind;
+use crate::key::Reference;
+use crate::store::{Attempt, IdempotencyStore, OutboxJob, StoreError};
+use crate::telemetry;
+
+/// What a job's handler failed with; the dispatcher keeps its text as the
+/// job's `last_error`.
+pub type JobError = Box<dyn std::error::Error + Send + Sync>;
+
+/// One run of a follow-on job, as its handler sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobRun {
+    /// The tenant of the operation the job follows.
+    pub tenant: String,
+    /// The operation's reference.
+    pub reference: Reference,
+    /// The job's name.
+    pub name: String,
+    /// The payload the handler declared, as JSON text.
+    pub payload: String,
+    /// Which run this is: 1 for the first (again 1 after a re-drive).
+    pub attempt: u32,
+    /// The idempotency key to give the far side (the mailer, the
+    /// warehouse): the reference and the name, the same on every run, so a
+    /// repeat after a crash or a lost answer is dropped there.
+    pub downstream_key: String,
+}
+
+impl JobRun {
+    fn of(job: &OutboxJob) -> Self {
+        JobRun {
+            tenant: job.id.tenant.clone(),
+            reference: job.id.reference,
+            name: job.id.name.clone(),
+            payload: job.payload.clone(),
+            attempt: job.attempts,
+            downstream_key: job.id.downstream_key(),
+        }
+    }
+
+    /// The payload, deserialized.
+    pub fn payload_as<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        serde_json::from_str(&self.payload)
+    }
+}
+
+/// Runs the follow-on jobs of one name. It may run more than once for one
+/// job (at least once: a crash after the far side acted and before the job
+/// was finished runs it again), so pass [`JobRun::downstream_key`] on and
+/// let the far side drop repeats. `Err` retries the job with a backoff, and
+/// after the most attempts sends it to the dead letter.
+#[async_trait]
+pub trait JobHandler: Send + Sync + std::fmt::Debug {
+    /// Runs one job.
+    async fn run(&self, job: &JobRun) -> Result<(), JobError>;
+}
+
+/// A [`JobHandler`] from an async closure ([`job_fn`]).
+pub struct JobFn<F>(F);
+
+impl<F> std::fmt::Debug for JobFn<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("JobFn")
+    }
+}
+
+/// A [`JobHandler`] that calls `f` with each run.
+///
+/// ```
+/// let handler = idem_runtime::job_fn(|job: idem_runtime::JobRun| async move {
+///     println!("mail {} with key {}", job.payload, job.downstream_key);
+///     Ok(())
+/// });
+/// let handlers = idem_runtime::JobHandlers::new().on("send_receipt", handler);
+/// # let _ = handlers;
+/// ```
+pub fn job_fn<F, Fut>(f: F) -> JobFn<F>
+where
+    F: Fn(JobRun) -> Fut + Send + Sync,
+    Fut: Future<Output = Result<(), JobError>> + Send,
+{
+    JobFn(f)
+}
+
+#[async_trait]
+impl<F, Fut> JobHandler for JobFn<F>
+where
+    F: Fn(JobRun) -> Fut + Send + Sync,
+    Fut: Future<Output = Result<(), JobError>> + Send,
+{
+    async fn run(&self, job: &JobRun) -> Result<(), JobError> {
+        (self.0)(job.clone()).await
+    }
+}
+
+/// The handler of each job name a dispatcher runs. A job whose name has no
+/// handler here is never leased by it: it waits (reported each round), for
+/// this dispatcher once a handler is added, or for another that has one.
+#[derive(Clone, Debug, Default)]
+pub struct JobHandlers {
+    by_name: BTreeMap<String, Arc<dyn JobHandler>>,
+}
+
+impl JobHandlers {
+    /// No handlers.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Runs the jobs named `name` with `handler` (replacing an earlier one).
+    pub fn on(mut self, name: &str, handler: impl JobHandler + 'static) -> Self {
+        self.by_name.insert(name.to_owned(), Arc::new(handler));
+        self
+    }
+
+    /// The names handled.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.by_name.keys().map(String::as_str)
+    }
+
+    fn get(&self, name: &str) -> Option<&Arc<dyn JobHandler>> {
+        self.by_name.get(name)
+    }
+}
+
+/// Settings of an [`Outbox`] dispatcher.
+#[derive(Clone, Debug)]
+pub struct OutboxConfig {
+    /// The pause between rounds that found less than a full batch
+    /// (default 1 s).
+    pub interval: Duration,
+    /// The most jobs leased, and run at once, per round (default 32).
+    pub batch: usize,
+    /// The longest one run of a job may take (default 30 s): then it is
+    /// cancelled and counts as failed. The lease is twice this, so a run
+    /// always ends (and is finished or retried) while its lease holds, and
+    /// no other dispatcher runs the job meanwhile.
+    pub timeout: Duration,
+    /// After this many failed runs a job goes to the dead letter (default 8).
+    pub max_attempts: u32,
+    /// The pause after the first failure; it doubles with each further one
+    /// (default 1 s), with jitter.
+    pub first_backoff: Duration,
+    /// The longest pause between two runs (default 10 minutes).
+    pub max_backoff: Duration,
+}
+
+impl Default for OutboxConfig {
+    fn default() -> Self {
+        OutboxConfig {
+            interval: Duration::from_secs(1),
+            batch: 32,
+            timeout: Duration::from_secs(30),
+            max_attempts: 8,
+            first_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(600),
+        }
+    }
+}
+
+impl OutboxConfig {
+    /// The lease of a job: twice the timeout of one run.
+    pub fn lease(&self) -> Duration {
+        self.timeout.saturating_mul(2)
+    }
+
+    /// The pause after the `attempt`-th failed run: `first_backoff ×
+    /// 2^(attempt-1)`, at most `max_backoff`, of which a random part up to
+    /// half is taken off ("equal jitter"), so jobs that failed together do
+    /// not all come back at the same moment.
+    pub fn backoff(&self, attempt: u32) -> Duration {
+        let factor = 1u32
+            .checked_shl(attempt.saturating_sub(1).min(31))
+            .unwrap_or(u32::MAX);
+        let full = self
+            .first_backoff
+            .checked_mul(factor)
+            .unwrap_or(self.max_backoff)
+            .min(self.max_backoff);
+        let half = full / 2;
+        let nanos = u64::try_from(half.as_nanos()).unwrap_or(u64::MAX);
+        let jitter = match nanos {
+            0 => 0,
+            n => Attempt::random().get() % (n + 1),
+        };
+        full - half + Duration::from_nanos(jitter)
+    }
+}
+
+/// What one dispatch round did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DispatchReport {
+    /// Jobs leased this round.
+    pub leased: usize,
+    /// Jobs whose handler succeeded and that were finished.
+    pub delivered: usize,
+    /// Jobs that failed and will run again after a backoff.
+    pub retried: usize,
+    /// Jobs that failed their last attempt and went to the dead letter.
+    pub buried: usize,
+    /// Due jobs by name that no handler of this dispatcher runs: they wait.
+    pub unhandled: BTreeMap<String, u64>,
+}
+
+/// A tokio task that drains due follow-on jobs, at least once each, beside
+/// [`Maintenance`](crate::Maintenance). Several may run against one store
+/// (in one process or many): each job is leased to one of them at a time.
+#[derive(Debug)]
+pub struct Outbox {
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Outbox {
+    /// Starts the dispatcher on the current tokio runtime.
+    pub fn spawn(
+        store: Arc<dyn IdempotencyStore>,
+        handlers: JobHandlers,
+        config: OutboxConfig,
+    ) -> Self {
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(async move {
+            let mut reported = BTreeSet::new();
+            loop {
+                let full = match Self::round(&*store, &handlers, &config).await {
+                    Ok(report) => {
+                        report_unhandled(&mut reported, &report.unhandled);
+                        report.leased >= config.batch.max(1)
+                    }
+                    Err(error) => {
+                        // Nothing is lost: the jobs stay in the store, and
+                        // a lease that was taken runs out.
+                        tracing::warn!(%error, "outbox round failed; trying again");
+                        false
+                    }
+                };
+                if full && !*stopped.borrow() {
+                    continue;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(config.interval) => {}
+                    _ = stopped.changed() => return,
+                }
+            }
+        });
+        Outbox { stop, task }
+    }
+
+    /// One round: leases up to a batch of due jobs whose names have a
+    /// handler, runs them at once, and finishes, retries or buries each;
+    /// then counts the due jobs nobody here handles, and reports them (a
+    /// warning and the `idem_outbox_unhandled_jobs` gauge). A store error on
+    /// leasing ends the round (nothing was run); one on finishing a job
+    /// leaves it leased until its lease runs out, and then it runs again.
+    pub async fn round(
+        store: &dyn IdempotencyStore,
+        handlers: &JobHandlers,
+        config: &OutboxConfig,
+    ) -> Result<DispatchReport, StoreError> {
+        let names: Vec<&str> = handlers.names().collect();
+        let mut report = DispatchReport::default();
+        if !names.is_empty() {
+            let token = Attempt::random();
+            let jobs = store
+                .lease_jobs(&names, config.batch.max(1), config.lease(), token)
+                .await?;
+            report.leased = jobs.len();
+            let runs = jobs
+                .iter()
+                .map(|job| run_one(store, handlers, config, job, token));
+            for outcome in join_all(runs).await {
+                match outcome {
+                    Some(Ran::Delivered) => report.delivered += 1,
+                    Some(Ran::Retried) => report.retried += 1,
+                    Some(Ran::Buried) => report.buried += 1,
+                    None => {}
+                }
+            }
+        }
+        let due = store.count_due_jobs().await?;
+        report.unhandled = due
+            .into_iter()
+            .filter(|(name, _)| handlers.get(name).is_none())
+            .collect();
+        for (name, n) in &report.unhandled {
+            tracing::warn!(job = %name, waiting = n, "follow-on jobs wait: no handler for this name here");
+            telemetry::outbox_unhandled(name, *n);
+        }
+        Ok(report)
+    }
+
+    /// Stops the task and waits for the round in progress to end.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+    }
+}
+
+/// Sets the gauge of a name that waited in an earlier round and no longer
+/// does back to zero ([`Outbox::round`] reports the ones that wait).
+fn report_unhandled(reported: &mut BTreeSet<String>, unhandled: &BTreeMap<String, u64>) {
+    for gone in reported.iter().filter(|n| !unhandled.contains_key(*n)) {
+        telemetry::outbox_unhandled(gone, 0);
+    }
+    *reported = unhandled.keys().cloned().collect();
+}
+
+enum Ran {
+    Delivered,
+    Retried,
+    Buried,
+}
+
+/// Runs one leased job and records how it went; `None` when the store could
+/// not be told (the lease runs out and the job runs again).
+async fn run_one(
+    store: &dyn IdempotencyStore,
+    handlers: &JobHandlers,
+    config: &OutboxConfig,
+    job: &OutboxJob,
+    token: Attempt,
+) -> Option<Ran> {
+    let handler = handlers.get(&job.id.name)?;
+    let run = JobRun::of(job);
+    let (name, reference, attempt) = (&job.id.name, job.id.reference, job.attempts);
+    let work = std::pin::pin!(handler.run(&run));
+    let failure = match tokio::time::timeout(config.timeout, CatchUnwind(work)).await {
+        Ok(Ok(Ok(()))) => None,
+        Ok(Ok(Err(error))) => Some(error.to_string()),
+        Ok(Err(panic)) => Some(format!(
+            "the job's handler panicked: {}",
+            crate::executor::panic_message(&panic)
+        )),
+        Err(_) => Some(format!(
+            "the job's handler took longer than {:?} and was cancelled",
+            config.timeout
+        )),
+    };
+    let (ran, written) = match failure {
+        None => (Ran::Delivered, store.finish_job(&job.id, token).await),
+        Some(error) if job.attempts >= config.max_attempts => {
+            tracing::error!(job = %name, %reference, attempt, %error, "follow-on job failed its last attempt: dead letter");
+            (Ran::Buried, store.bury_job(&job.id, token, &error).await)
+        }
+        Some(error) => {
+            let delay = config.backoff(job.attempts);
+            tracing::warn!(job = %name, %reference, attempt, %error, ?delay, "follow-on job failed; retrying");
+            (
+                Ran::Retried,
+                store.retry_job(&job.id, token, delay, &error).await,
+            )
+        }
+    };
+    let outcome = match ran {
+        Ran::Delivered => "delivered",
+        Ran::Retried => "retried",
+        Ran::Buried => "buried",
+    };
+    telemetry::outbox_job(&job.id.name, outcome);
+    match written {
+        Ok(()) => Some(ran),
+        Err(error) => {
+            // Fenced: the lease ran out and another dispatcher has the job.
+            // Unavailable: the lease runs out and the job runs again.
+            tracing::warn!(job = %name, %reference, %error, outcome, "could not record the job's run; it will run again");
+            None
+        }
+    }
+}
+
+/// Polls every future to completion on the current task (the runs borrow
+/// the store and the handlers, so they cannot be spawned).
+async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    let mut pending: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut done: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut all = true;
+        for (fut, out) in pending.iter_mut().zip(done.iter_mut()) {
+            if out.is_none() {
+                match fut.as_mut().poll(cx) {
+                    Poll::Ready(v) => *out = Some(v),
+                    Poll::Pending => all = false,
+                }
+            }
+        }
+        if all {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+    done.into_iter()
+        .map(|o| o.expect("polled to completion"))
+        .collect()
+}

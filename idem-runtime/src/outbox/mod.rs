@@ -1,0 +1,11 @@
+//! Follow-on work: jobs a handler declares ([`follow_on`]), written with its
+//! completion, and the dispatcher that runs them at least once ([`Outbox`]).
+
+mod declare;
+mod dispatch;
+
+pub use declare::follow_on;
+pub(crate) use declare::{Declared, DECLARED};
+pub use dispatch::{
+    job_fn, DispatchReport, JobError, JobFn, JobHandler, JobHandlers, JobRun, Outbox, OutboxConfig,
+};

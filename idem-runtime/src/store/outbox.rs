@@ -1,0 +1,264 @@
+//! Follow-on jobs as a store keeps them: what a handler declares
+//! ([`FollowOn`]), the job written with the completion ([`OutboxJob`]), its
+//! identity ([`JobId`]) and the operator's filter ([`JobFilter`]).
+//!
+//! A job is written in the same atomic step as the COMPLETED record it
+//! follows (see [`IdempotencyStore::complete_with_follow_ons`]), so a crash
+//! can never leave a completed charge without its receipt job, nor a receipt
+//! job without its charge. A dispatcher leases due jobs with a fencing token
+//! ([`IdempotencyStore::lease_jobs`]), runs them, and finishes, retries or
+//! buries them, each fenced by that token.
+//!
+//! [`IdempotencyStore::complete_with_follow_ons`]: super::IdempotencyStore::complete_with_follow_ons
+//! [`IdempotencyStore::lease_jobs`]: super::IdempotencyStore::lease_jobs
+
+use std::fmt;
+use std::time::SystemTime;
+
+use super::{Attempt, StoreError};
+use crate::key::Reference;
+
+/// The default largest payload of one follow-on job, as JSON text: 64 KiB.
+pub const DEFAULT_MAX_PAYLOAD: usize = 64 * 1024;
+
+/// The longest job name, in bytes.
+pub const MAX_JOB_NAME: usize = 128;
+
+/// A follow-on job as a handler (or a reconciler) declares it: a name that
+/// picks the dispatcher's handler, and a payload (JSON text). Its identity
+/// in the store is (tenant, reference, name), so one operation declares each
+/// name at most once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FollowOn {
+    name: String,
+    payload: String,
+}
+
+impl FollowOn {
+    /// A job named `name` carrying `payload` serialized as JSON, refused if
+    /// the name is empty or longer than [`MAX_JOB_NAME`] bytes, if the payload
+    /// does not serialize, or if it is over [`DEFAULT_MAX_PAYLOAD`] bytes.
+    pub fn new<P: serde::Serialize + ?Sized>(
+        name: &str,
+        payload: &P,
+    ) -> Result<Self, FollowOnError> {
+        Self::with_limit(name, payload, DEFAULT_MAX_PAYLOAD)
+    }
+
+    /// [`FollowOn::new`] with a payload limit of `max_payload` bytes.
+    pub fn with_limit<P: serde::Serialize + ?Sized>(
+        name: &str,
+        payload: &P,
+        max_payload: usize,
+    ) -> Result<Self, FollowOnError> {
+        check_name(name)?;
+        let payload =
+            serde_json::to_string(payload).map_err(|e| FollowOnError::Unserializable {
+                name: name.to_owned(),
+                reason: e.to_string(),
+            })?;
+        if payload.len() > max_payload {
+            return Err(FollowOnError::TooLarge {
+                name: name.to_owned(),
+                size: payload.len(),
+                limit: max_payload,
+            });
+        }
+        Ok(FollowOn {
+            name: name.to_owned(),
+            payload,
+        })
+    }
+
+    /// The job's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The payload, as JSON text.
+    pub fn payload(&self) -> &str {
+        &self.payload
+    }
+}
+
+fn check_name(name: &str) -> Result<(), FollowOnError> {
+    if name.trim().is_empty() || name.len() > MAX_JOB_NAME {
+        return Err(FollowOnError::BadName {
+            name: name.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// Refuses a list of jobs that names one job twice: a job's identity is
+/// (tenant, reference, name), so two would be one. Stores call it before
+/// writing anything. Errors: `Invalid`, naming the repeated name.
+pub(crate) fn check_distinct(jobs: &[FollowOn]) -> Result<(), StoreError> {
+    for (i, job) in jobs.iter().enumerate() {
+        if jobs[..i].iter().any(|other| other.name == job.name) {
+            return Err(StoreError::Invalid(format!(
+                "the follow-on job `{}` is declared twice for one operation",
+                job.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Why a follow-on job was refused at its declaration. Nothing was declared;
+/// the handler's own outcome is untouched.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FollowOnError {
+    /// Declared outside the handler of a wrapped (`#[idempotent]` or
+    /// [`Executor::run`](crate::Executor::run)) operation, or from a task the
+    /// handler spawned: there is no operation to attach it to.
+    #[error(
+        "follow-on job `{name}` was declared outside a wrapped handler; declare it inside the \
+         #[idempotent] handler's own task (not a spawned one)"
+    )]
+    OutsideHandler {
+        /// The job's name.
+        name: String,
+    },
+    /// The name is empty or too long.
+    #[error("follow-on job name {name:?} is empty or longer than 128 bytes; give a short name")]
+    BadName {
+        /// The name given.
+        name: String,
+    },
+    /// The payload does not serialize to JSON.
+    #[error("the payload of follow-on job `{name}` cannot be serialized as JSON ({reason})")]
+    Unserializable {
+        /// The job's name.
+        name: String,
+        /// serde_json's message.
+        reason: String,
+    },
+    /// The payload is over the limit.
+    #[error(
+        "the payload of follow-on job `{name}` is {size} bytes, over the limit of {limit}; keep \
+         an identifier in the payload and look the rest up when the job runs"
+    )]
+    TooLarge {
+        /// The job's name.
+        name: String,
+        /// The payload's size as JSON text.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The operation already declared a job with this name.
+    #[error(
+        "follow-on job `{name}` is already declared for this operation; a job is identified by \
+         the operation and its name, so declare each name once"
+    )]
+    Duplicate {
+        /// The job's name.
+        name: String,
+    },
+    /// The executor's store cannot keep follow-on jobs.
+    #[error(
+        "follow-on job `{name}` cannot be kept: the {store} store does not support follow-on \
+         jobs; use a store that does (memory, sqlite)"
+    )]
+    Unsupported {
+        /// The job's name.
+        name: String,
+        /// The store's kind.
+        store: &'static str,
+    },
+}
+
+/// Which job: the tenant and reference of the operation it follows, and its
+/// name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct JobId {
+    /// The operation's tenant.
+    pub tenant: String,
+    /// The operation's reference.
+    pub reference: Reference,
+    /// The job's name.
+    pub name: String,
+}
+
+impl JobId {
+    /// The stable idempotency key a job's handler passes downstream (to the
+    /// mailer, the warehouse): the reference and the name,
+    /// `idem_3f9a0c1d2e4b5a69:send_receipt`. The same on every attempt and
+    /// after every restart, so the far side can drop a repeat.
+    pub fn downstream_key(&self) -> String {
+        format!("{}:{}", self.reference, self.name)
+    }
+}
+
+impl fmt::Display for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.reference, self.name)
+    }
+}
+
+/// A follow-on job as a store holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutboxJob {
+    /// Tenant, reference and name.
+    pub id: JobId,
+    /// The payload, as JSON text.
+    pub payload: String,
+    /// How many times it was leased to run (1 while its first run is under
+    /// way); back to 0 when re-driven.
+    pub attempts: u32,
+    /// The fencing token of the dispatcher that leased it, while one does.
+    pub token: Option<Attempt>,
+    /// When it may run next (store clock): when it was written, or when its
+    /// retry is due; for a leased job, when its lease runs out and another
+    /// dispatcher may take it.
+    pub next_run_at: SystemTime,
+    /// Why its last run failed.
+    pub last_error: Option<String>,
+    /// In the dead letter: it failed too often and waits for a person
+    /// ([`IdempotencyStore::redrive_job`](super::IdempotencyStore::redrive_job)).
+    pub dead: bool,
+    /// When it was written, with its operation's completion (store clock).
+    pub created_at: SystemTime,
+    /// When it last changed (store clock).
+    pub updated_at: SystemTime,
+}
+
+/// Which jobs [`IdempotencyStore::list_jobs`](super::IdempotencyStore::list_jobs)
+/// returns: every field that is set must match; the oldest first (then by
+/// reference and name), at most `limit`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JobFilter {
+    /// Only this tenant's jobs.
+    pub tenant: Option<String>,
+    /// Only the jobs of this operation.
+    pub reference: Option<Reference>,
+    /// Only jobs with this name.
+    pub name: Option<String>,
+    /// Only dead jobs (`Some(true)`) or only live ones (`Some(false)`).
+    pub dead: Option<bool>,
+    /// The most jobs returned.
+    pub limit: usize,
+}
+
+impl JobFilter {
+    /// Whether `job` matches the filter (not its limit): for a store that
+    /// filters after reading.
+    pub fn matches(&self, job: &OutboxJob) -> bool {
+        self.tenant.as_deref().is_none_or(|t| job.id.tenant == t)
+            && self.reference.is_none_or(|r| job.id.reference == r)
+            && self.name.as_deref().is_none_or(|n| job.id.name == n)
+            && self.dead.is_none_or(|d| job.dead == d)
+    }
+}
+
+/// The order of [`JobFilter`]'s listing: oldest first, then reference, name.
+pub(crate) fn listing_order(job: &OutboxJob) -> (SystemTime, Reference, String, String) {
+    (
+        job.created_at,
+        job.id.reference,
+        job.id.name.clone(),
+        job.id.tenant.clone(),
+    )
+}
