@@ -80,6 +80,11 @@ impl Shop {
             .to_string();
         let cancellation = current_cancellation();
         self.processor.requests.fetch_add(1, Ordering::SeqCst);
+        if args.amount_cents >= 1_000_000 {
+            return Err(ToolError::unknown(
+                "the processor timed out; the charge may have gone through",
+            ));
+        }
         {
             let mut seen = self.processor.seen.lock().unwrap();
             if !seen.contains(&reference) {
@@ -298,5 +303,88 @@ async fn a_cancelled_handler_ends_as_it_says_and_the_task_reports_it() {
         "{error:?}"
     );
     assert_eq!(processor.cancelled.load(Ordering::SeqCst), 1);
+    client.cancel().await.ok();
+}
+
+#[tokio::test]
+async fn an_unknown_outcome_stays_working_until_resolved_then_completes_or_fails() {
+    let (shop, _processor) = shop(Duration::from_millis(10));
+    let store = shop.executor.store().clone();
+    let client = connect(shop, with_tasks(), modern()).await;
+    let mut tasks = Vec::new();
+    for amount in [1_000_000, 2_000_000] {
+        let CallToolResponse::Task(created) = client.call_tool_once(charge(amount)).await.unwrap()
+        else {
+            panic!("a task");
+        };
+        tasks.push(created.task.task_id);
+    }
+    // Outcome unknown: not terminal, and it says it is being reconciled.
+    for task_id in &tasks {
+        let mut message = String::new();
+        for _ in 0..100 {
+            let got = client
+                .get_task(GetTaskParams::new(task_id.clone()))
+                .await
+                .unwrap();
+            assert_eq!(got.task.status(), TaskStatus::Working, "{got:?}");
+            message = got.task.task.status_message.unwrap_or_default();
+            if message.contains("reconciled") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(message.contains("timed out"), "{message}");
+    }
+
+    // An operator finds the first was charged, the second not.
+    let reference = |id: &str| idem_runtime::Reference::parse(id).unwrap();
+    let response = json!({
+        "content": [{ "type": "text", "text": "ch_by_hand" }],
+        "structuredContent": { "charge_id": "ch_by_hand" },
+        "isError": false,
+    })
+    .to_string();
+    idem_runtime::resolve_by_hand(
+        &*store,
+        "acme",
+        &reference(&tasks[0]),
+        &idem_runtime::ManualOutcome::Completed { response },
+        "ops: the processor shows ch_by_hand",
+    )
+    .await
+    .unwrap();
+    idem_runtime::resolve_by_hand(
+        &*store,
+        "acme",
+        &reference(&tasks[1]),
+        &idem_runtime::ManualOutcome::NotPerformed,
+        "ops: the processor has no such charge",
+    )
+    .await
+    .unwrap();
+
+    let completed = poll(&client, &tasks[0]).await;
+    let TaskPayload::Completed { result } = &completed.task.payload else {
+        panic!("completed expected, got {completed:?}");
+    };
+    assert_eq!(
+        result["structuredContent"]["charge_id"],
+        json!("ch_by_hand")
+    );
+    let failed = poll(&client, &tasks[1]).await;
+    let TaskPayload::Failed { error } = &failed.task.payload else {
+        panic!("failed expected, got {failed:?}");
+    };
+    // Not a rejection by the handler: an internal error, saying it did not
+    // take effect and may be called again.
+    assert_eq!(error["code"], json!(-32603), "{error:?}");
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("did not take effect"),
+        "{error:?}"
+    );
     client.cancel().await.ok();
 }

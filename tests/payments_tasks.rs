@@ -260,7 +260,13 @@ async fn a_client_without_the_extension_gets_the_result_inline() {
 
 #[tokio::test]
 async fn a_rejected_task_fails_with_the_handlers_message_and_stays_failed() {
-    let client = start(&[]).await;
+    // On SQLite: the record kept for the rejection goes through a durable
+    // store's statements, not only the memory store's.
+    let dir = std::env::temp_dir().join(format!("idem-tasks-rejected-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let db = dir.join("rejected.sqlite3");
+    let _ = std::fs::remove_file(&db);
+    let client = start_on(&db, "acme", &[]).await;
     let args = json!({ "card": "4242", "amount_cents": 0 });
     let created = task(call_once(&client, "charge_card", args.clone()).await);
     let task_id = created.task.task_id;
@@ -284,6 +290,7 @@ async fn a_rejected_task_fails_with_the_handlers_message_and_stays_failed() {
     let ledger = ledger(&client).await;
     assert_eq!(ledger["processor_requests"], json!(0), "{ledger}");
     client.cancel().await.ok();
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test]

@@ -222,6 +222,33 @@ async fn a_task_started_on_one_replica_is_polled_and_repeated_on_another() {
     assert_eq!(result["structuredContent"]["amount_cents"], json!(5000));
     assert_eq!(result["structuredContent"]["reference"], json!(task_id));
 
+    // A call refused before any effect, made on A: B reads it as failed,
+    // with the handler's message, from the record kept for it.
+    let refused = start_task(&on_a, json!({ "card": "4242", "amount_cents": 0 })).await;
+    let mut failed = None;
+    for _ in 0..100 {
+        let got = get(&on_b, &refused.task.task_id)
+            .await
+            .expect("tasks/get on B");
+        if got.task.status().is_terminal() {
+            failed = Some(got);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let failed = failed.expect("the refused task ends");
+    let TaskPayload::Failed { error } = &failed.task.payload else {
+        panic!("expected failed, got {failed:?}");
+    };
+    assert_eq!(error["code"], json!(ErrorCode::INVALID_PARAMS.0));
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("at least 1 cent"),
+        "{error:?}"
+    );
+
     // One charge request reached A's processor, none B's.
     let ledger_a = ledger(&on_a).await;
     let ledger_b = ledger(&on_b).await;
