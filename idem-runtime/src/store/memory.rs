@@ -200,6 +200,9 @@ fn unknown(record: &mut Record, note: &str, now: SystemTime) {
 /// Writes `jobs` for `record` into its shard, due at once; a job left by an
 /// earlier operation with the same reference is replaced whole.
 fn write_jobs(shard: &mut ShardData, key: &IdempotencyKey, jobs: &[FollowOn], now: SystemTime) {
+    if jobs.is_empty() {
+        return;
+    }
     let Some(record) = shard.records.get(&key.key) else {
         return;
     };
