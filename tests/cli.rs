@@ -362,3 +362,105 @@ fn the_idem_binary_runs() {
     let usage = run(&["resolve", &reference]);
     assert_eq!(usage.status.code(), Some(2), "{usage:?}");
 }
+
+/// `jobs --dead` lists the dead letter, `redrive` takes a job out of it (and
+/// refuses one that is not there), and the job is due again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_jobs_are_listed_and_redriven() {
+    let dir = temp_dir("cli-jobs");
+    let path = dir.join("idem.sqlite3");
+    let url = format!("sqlite:{}", path.display());
+    let store = SqliteStore::open(&path).await.unwrap();
+    let req = claim_request(Duration::from_secs(900));
+    assert_eq!(store.claim(&req).await.unwrap(), Claim::Claimed);
+    let receipt =
+        idem_runtime::FollowOn::new("send_receipt", &json!({"to": "a@example.com"})).unwrap();
+    store
+        .complete_with_follow_ons(&req.key, req.attempt, "\"paid\"", &[receipt])
+        .await
+        .unwrap();
+    let token = idem_runtime::Attempt::random();
+    let leased = store
+        .lease_jobs(&["send_receipt"], 1, Duration::from_secs(60), token)
+        .await
+        .unwrap();
+    store
+        .bury_job(&leased[0].id, token, "mailer bounced: no such address")
+        .await
+        .unwrap();
+    let reference = req.key.reference().to_string();
+
+    let live = idem(&url, &["--json", "jobs"]).await;
+    assert_eq!(live.code, EXIT_OK, "{live:?}");
+    assert_eq!(live.json(), json!([]));
+    let dead = idem(&url, &["jobs", "--dead"]).await;
+    assert_eq!(dead.code, EXIT_OK, "{dead:?}");
+    assert!(
+        dead.out.contains(&reference) && dead.out.contains("mailer bounced"),
+        "{}",
+        dead.out
+    );
+    let listed = idem(
+        &url,
+        &["--json", "jobs", "--dead", "--reference", &reference],
+    )
+    .await;
+    let listed = listed.json();
+    assert_eq!(
+        listed[0]["downstream_key"],
+        json!(format!("{reference}:send_receipt"))
+    );
+    assert_eq!(listed[0]["attempts"], json!(1));
+    assert_eq!(listed[0]["payload"], json!({"to": "a@example.com"}));
+
+    let ran = idem(
+        &url,
+        &[
+            "redrive",
+            &reference,
+            "send_receipt",
+            "--tenant",
+            &req.tenant,
+        ],
+    )
+    .await;
+    assert_eq!(ran.code, EXIT_OK, "{ran:?}");
+    assert!(ran.out.contains("runs again"), "{}", ran.out);
+    let again = idem(
+        &url,
+        &[
+            "redrive",
+            &reference,
+            "send_receipt",
+            "--tenant",
+            &req.tenant,
+        ],
+    )
+    .await;
+    assert_eq!(again.code, EXIT_OPERATOR, "{again:?}");
+    assert!(again.err.contains("no dead job"), "{}", again.err);
+    let elsewhere = idem(
+        &url,
+        &["redrive", &reference, "send_receipt", "--tenant", "other"],
+    )
+    .await;
+    assert_eq!(elsewhere.code, EXIT_OPERATOR, "{elsewhere:?}");
+    let bad = idem(
+        &url,
+        &["redrive", "nope", "send_receipt", "--tenant", &req.tenant],
+    )
+    .await;
+    assert_eq!(bad.code, EXIT_USAGE, "{bad:?}");
+
+    let due = store
+        .lease_jobs(
+            &["send_receipt"],
+            1,
+            Duration::from_secs(60),
+            idem_runtime::Attempt::random(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(due.len(), 1, "re-driven, the job is due");
+    assert_eq!(due[0].attempts, 1, "from its first attempt");
+}

@@ -716,3 +716,73 @@ async fn store_down_during_dispatch_loses_nothing() {
     assert_eq!(s.attempt_numbers, [1, 2], "run again after the lost finish");
     assert_eq!(s.deliveries, 1, "delivered once");
 }
+
+/// A reconciler that finds an UNKNOWN charge performed writes its receipt
+/// job with the resolution; one that declares a name twice resolves nothing
+/// (the record stays UNKNOWN, asked again later) and writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconciler_writes_follow_ons_with_its_resolution() {
+    use idem_runtime::{reconcile, FollowOn, ReconcileConfig, Reconciler, Reconciliation, Record};
+
+    #[derive(Debug)]
+    struct Found(Vec<FollowOn>);
+
+    #[async_trait::async_trait]
+    impl Reconciler for Found {
+        async fn reconcile(
+            &self,
+            _: &Record,
+        ) -> Result<Reconciliation, Box<dyn std::error::Error + Send + Sync>> {
+            Ok(Reconciliation::CompletedWithFollowOns {
+                response: "\"charged\"".to_owned(),
+                follow_ons: self.0.clone(),
+            })
+        }
+    }
+
+    let store = memory();
+    let executor = Executor::new(store.clone());
+    let caller = alice();
+    let args = json!({"card": "4242"});
+    let answer: Answer<String, ToolError> = executor
+        .run(operation(&caller, &args), |_| async {
+            Err(ToolError::unknown("processor timed out"))
+        })
+        .await;
+    let reference = answer.reference().unwrap();
+    let receipt = FollowOn::new("send_receipt", &json!({"to": "a@example.com"})).unwrap();
+    let config = ReconcileConfig::default();
+
+    let twice = Found(vec![receipt.clone(), receipt.clone()]);
+    let report = reconcile(&*store, &twice, &config).await.unwrap();
+    assert_eq!(
+        (report.completed, report.still_unknown),
+        (0, 1),
+        "{report:?}"
+    );
+    assert!(jobs(&*store).await.is_empty());
+    let record = store.lookup("acme", &reference).await.unwrap().unwrap();
+    assert_eq!(record.state.name(), "UNKNOWN");
+
+    // Deferred by the failed round: make it due again.
+    let config = ReconcileConfig {
+        first_backoff: Duration::ZERO,
+        ..config
+    };
+    store
+        .defer_check(&record.key, record.attempt, Duration::ZERO)
+        .await
+        .unwrap();
+    let report = reconcile(&*store, &Found(vec![receipt]), &config)
+        .await
+        .unwrap();
+    assert_eq!(report.completed, 1, "{report:?}");
+    let written = jobs(&*store).await;
+    assert_eq!(written.len(), 1);
+    assert_eq!(written[0].id.reference, reference);
+    let mailer = Mailer::new(Duration::ZERO, 0);
+    Outbox::round(&*store, &mailer.handlers(), &OutboxConfig::default())
+        .await
+        .unwrap();
+    assert_eq!(mailer.deliveries(), 1);
+}

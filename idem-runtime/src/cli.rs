@@ -1,5 +1,6 @@
 //! The operator's command line, `idem` (feature `cli`): list, show, resolve
-//! by hand, purge and count the records of a store.
+//! by hand, purge and count the records of a store; list follow-on jobs and
+//! re-drive a dead one.
 //!
 //! ```text
 //! idem --store URL list [--state unknown|in_progress|completed|not_performed] [--tenant T] [--tool X] [--limit N]
@@ -7,6 +8,8 @@
 //! idem --store URL resolve REF --tenant T (--completed RESPONSE_JSON | --not-performed) --note "who and why"
 //! idem --store URL purge
 //! idem --store URL stats
+//! idem --store URL jobs [--dead] [--tenant T] [--reference REF] [--name N] [--limit N]
+//! idem --store URL redrive REF NAME --tenant T
 //! ```
 //!
 //! `URL` is what [`open_store`] takes (`sqlite:PATH`, `postgres://…`,
@@ -36,7 +39,8 @@ use serde_json::{json, Value};
 use crate::key::Reference;
 use crate::maintenance::{purge, resolve_by_hand, ManualOutcome, ResolveError};
 use crate::store::{
-    open_store, IdempotencyStore, Record, RecordFilter, RecordState, RecordStateKind, StoreError,
+    open_store, IdempotencyStore, JobFilter, JobId, OutboxJob, Record, RecordFilter, RecordState,
+    RecordStateKind, StoreError,
 };
 
 /// Done.
@@ -55,7 +59,8 @@ pub const EXIT_UNREACHABLE: u8 = 3;
 #[command(
     name = "idem",
     version,
-    about = "Look after idem's idempotency records: list, show, resolve by hand, purge, count",
+    about = "Look after idem's idempotency records: list, show, resolve by hand, purge, count; \
+             list follow-on jobs and re-drive dead ones",
     after_help = "Exit codes: 0 ok, 1 refused (not found, not UNKNOWN), 2 usage or \
                   configuration, 3 store unreachable or not migrated."
 )]
@@ -129,6 +134,35 @@ enum Command {
     },
     /// How many records are in each state.
     Stats,
+    /// Follow-on jobs waiting to run (or, with --dead, in the dead letter),
+    /// the oldest first.
+    Jobs {
+        /// Only jobs in the dead letter.
+        #[arg(long)]
+        dead: bool,
+        /// Only this tenant's jobs.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Only the jobs of this operation (16 hex digits).
+        #[arg(long)]
+        reference: Option<String>,
+        /// Only jobs with this name.
+        #[arg(long)]
+        name: Option<String>,
+        /// The most jobs shown.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// Take a job out of the dead letter: it runs again from its first attempt.
+    Redrive {
+        /// The operation's reference (16 hex digits).
+        reference: String,
+        /// The job's name.
+        name: String,
+        /// The operation's tenant.
+        #[arg(long)]
+        tenant: String,
+    },
 }
 
 /// A state as the command line spells it.
@@ -371,6 +405,79 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
                 table(&rows)
             }
         }
+        Command::Jobs {
+            dead,
+            tenant,
+            reference,
+            name,
+            limit,
+        } => {
+            let filter = JobFilter {
+                tenant,
+                reference: reference.as_deref().map(parse_reference).transpose()?,
+                name,
+                dead: Some(dead),
+                limit,
+            };
+            let jobs = store.list_jobs(&filter).await?;
+            if args.json {
+                json_text(&Value::Array(jobs.iter().map(job_json).collect()))
+            } else {
+                let mut rows = vec![[
+                    "REFERENCE",
+                    "NAME",
+                    "TENANT",
+                    "ATTEMPTS",
+                    "NEXT RUN",
+                    "LAST ERROR",
+                ]
+                .map(str::to_owned)
+                .to_vec()];
+                rows.extend(jobs.iter().map(|j| {
+                    vec![
+                        j.id.reference.to_string(),
+                        j.id.name.clone(),
+                        j.id.tenant.clone(),
+                        j.attempts.to_string(),
+                        if j.dead {
+                            "dead".to_owned()
+                        } else {
+                            timestamp(j.next_run_at)
+                        },
+                        j.last_error.clone().unwrap_or_default(),
+                    ]
+                }));
+                table(&rows)
+            }
+        }
+        Command::Redrive {
+            reference,
+            name,
+            tenant,
+        } => {
+            let id = JobId {
+                reference: parse_reference(&reference)?,
+                name,
+                tenant,
+            };
+            if !store.redrive_job(&id).await? {
+                return Err(Failure(
+                    EXIT_OPERATOR,
+                    format!(
+                        "no dead job {} in tenant {:?}; `idem jobs --dead` lists them",
+                        id, id.tenant
+                    ),
+                ));
+            }
+            if args.json {
+                json_text(&json!({ "redriven": id.to_string(), "tenant": id.tenant }))
+            } else {
+                format!(
+                    "re-drove {id} in tenant {:?}: it runs again from its first attempt\n",
+                    id.tenant
+                )
+            }
+        }
     };
     out.write_all(text.as_bytes())
         .map_err(|e| Failure(EXIT_USAGE, format!("cannot write the output: {e}")))
@@ -417,6 +524,26 @@ fn record_json(r: &Record, response: bool) -> Value {
             .unwrap_or(Value::Null);
     }
     value
+}
+
+/// A job as JSON, its payload included (a job's payload is what its handler
+/// needs, declared by the tool's own code).
+fn job_json(j: &OutboxJob) -> Value {
+    json!({
+        "reference": j.id.reference.to_string(),
+        "name": j.id.name,
+        "tenant": j.id.tenant,
+        "downstream_key": j.id.downstream_key(),
+        "attempts": j.attempts,
+        "dead": j.dead,
+        "leased": j.token.is_some(),
+        "next_run_at": timestamp(j.next_run_at),
+        "last_error": j.last_error,
+        "created_at": timestamp(j.created_at),
+        "updated_at": timestamp(j.updated_at),
+        "payload": serde_json::from_str::<Value>(&j.payload)
+            .unwrap_or_else(|_| Value::String(j.payload.clone())),
+    })
 }
 
 fn json_text(value: &Value) -> String {

@@ -171,9 +171,14 @@ impl Default for OutboxConfig {
 }
 
 impl OutboxConfig {
+    /// The timeout of one run, at least a millisecond.
+    fn run_timeout(&self) -> Duration {
+        self.timeout.max(Duration::from_millis(1))
+    }
+
     /// The lease of a job: twice the timeout of one run.
     pub fn lease(&self) -> Duration {
-        self.timeout.saturating_mul(2)
+        self.run_timeout().saturating_mul(2)
     }
 
     /// The pause after the `attempt`-th failed run: `first_backoff ×
@@ -336,7 +341,7 @@ async fn run_one(
     let run = JobRun::of(job);
     let (name, reference, attempt) = (&job.id.name, job.id.reference, job.attempts);
     let work = std::pin::pin!(handler.run(&run));
-    let failure = match tokio::time::timeout(config.timeout, CatchUnwind(work)).await {
+    let failure = match tokio::time::timeout(config.run_timeout(), CatchUnwind(work)).await {
         Ok(Ok(Ok(()))) => None,
         Ok(Ok(Err(error))) => Some(error.to_string()),
         Ok(Err(panic)) => Some(format!(
@@ -345,7 +350,7 @@ async fn run_one(
         )),
         Err(_) => Some(format!(
             "the job's handler took longer than {:?} and was cancelled",
-            config.timeout
+            config.run_timeout()
         )),
     };
     let (ran, written) = match failure {

@@ -16,6 +16,13 @@
 //! a schema, ...); `None` skips the case, for a backend that is not
 //! available here: say why on stderr, and fail instead under `CI=true`.
 //!
+//! The cases come in two lists: the records' ([`RECORD_CASES`]) and the
+//! outbox's, for follow-on jobs ([`OUTBOX_CASES`]). A store that keeps no
+//! follow-on jobs yet writes `conformance_tests!(make; outbox pending)`:
+//! each outbox test then passes only while its case fails with
+//! `Unsupported` (it says `PENDING` on stderr) and fails once the case
+//! passes, so the mark goes when the work is done.
+//!
 //! Beside the cases: [`claim_request`] and [`again`] build requests, and
 //! [`FaultyStore`] wraps a store to inject faults.
 

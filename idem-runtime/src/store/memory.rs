@@ -151,6 +151,35 @@ impl MemoryStore {
         }
     }
 
+    /// `complete` with its jobs, under the record's shard lock: both or
+    /// neither. A plain function, so `complete` costs no second boxed
+    /// future.
+    fn completed(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        jobs: &[FollowOn],
+    ) -> Result<(), StoreError> {
+        self.fenced(key, attempt, |shard, now| {
+            let record = shard.records.get_mut(&key.key).expect("checked by fenced");
+            if let RecordState::Completed { .. } = record.state {
+                return Err(StoreError::WrongState {
+                    found: RecordStateKind::Completed,
+                });
+            }
+            if record.state != RecordState::InProgress {
+                settle_late_completion(record);
+            }
+            record.state = RecordState::Completed {
+                response: response.to_owned(),
+            };
+            record.updated_at = now;
+            write_jobs(shard, key, jobs, now);
+            Ok(())
+        })
+    }
+
     /// Up to `limit` records matching `pick`, ordered by `order`.
     fn collect<K: Ord>(
         &self,
@@ -200,6 +229,9 @@ fn unknown(record: &mut Record, note: &str, now: SystemTime) {
 /// Writes `jobs` for `record` into its shard, due at once; a job left by an
 /// earlier operation with the same reference is replaced whole.
 fn write_jobs(shard: &mut ShardData, key: &IdempotencyKey, jobs: &[FollowOn], now: SystemTime) {
+    if jobs.is_empty() {
+        return;
+    }
     let Some(record) = shard.records.get(&key.key) else {
         return;
     };
@@ -254,24 +286,7 @@ impl IdempotencyStore for MemoryStore {
         jobs: &[FollowOn],
     ) -> Result<(), StoreError> {
         check_distinct(jobs)?;
-        // The record and its jobs share the shard's lock: both or neither.
-        self.fenced(key, attempt, |shard, now| {
-            let record = shard.records.get_mut(&key.key).expect("checked by fenced");
-            if let RecordState::Completed { .. } = record.state {
-                return Err(StoreError::WrongState {
-                    found: RecordStateKind::Completed,
-                });
-            }
-            if record.state != RecordState::InProgress {
-                settle_late_completion(record);
-            }
-            record.state = RecordState::Completed {
-                response: response.to_owned(),
-            };
-            record.updated_at = now;
-            write_jobs(shard, key, jobs, now);
-            Ok(())
-        })
+        self.completed(key, attempt, response, jobs)
     }
 
     async fn resolve_with_follow_ons(
@@ -472,8 +487,7 @@ impl IdempotencyStore for MemoryStore {
         attempt: Attempt,
         response: &str,
     ) -> Result<(), StoreError> {
-        self.complete_with_follow_ons(key, attempt, response, &[])
-            .await
+        self.completed(key, attempt, response, &[])
     }
 
     async fn release(&self, key: &IdempotencyKey, attempt: Attempt) -> Result<(), StoreError> {

@@ -368,12 +368,19 @@ pub enum StoreError {
     },
 }
 
-/// Where idempotency records live.
+/// Where idempotency records live, and the follow-on jobs written with them.
 ///
 /// Every method is one atomic step against the store; none of them ever runs
 /// the operation or calls back into user code. Times are the store's own clock
 /// (a database's `now()` where there is one), so several processes with skewed
 /// clocks agree on expiry and leases.
+///
+/// The follow-on jobs' methods (from [`supports_follow_ons`] on) are
+/// provided, answering `Unsupported`, so a store written before them still
+/// compiles; a store that keeps jobs implements all of them and passes the
+/// outbox's conformance cases.
+///
+/// [`supports_follow_ons`]: IdempotencyStore::supports_follow_ons
 #[async_trait]
 pub trait IdempotencyStore: Send + Sync + std::fmt::Debug {
     /// A short, constant name of the backend (`memory`, `sqlite`,
