@@ -17,8 +17,10 @@ use crate::store::{
 use crate::telemetry;
 
 mod guard;
+mod in_flight;
 
 use guard::{mark, panic_message, CatchUnwind, ReleaseOnDrop, UnknownOnDrop};
+use in_flight::InFlight;
 
 /// The default lease: how long a claim holds without a heartbeat.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -102,6 +104,9 @@ pub struct Executor {
     store: Arc<dyn IdempotencyStore>,
     lease: Duration,
     retention: Duration,
+    /// The claims this executor's handlers are running under, shared by its
+    /// clones: a repeat of one is answered in progress without the store.
+    in_flight: Arc<InFlight>,
 }
 
 impl Executor {
@@ -111,6 +116,7 @@ impl Executor {
             store,
             lease: DEFAULT_LEASE,
             retention: DEFAULT_RETENTION,
+            in_flight: Arc::default(),
         }
     }
 
@@ -250,6 +256,15 @@ impl Executor {
         };
         let reference = key.reference();
         tracing::Span::current().record("reference", tracing::field::display(reference));
+        // A repeat of a call this executor is running: the store would
+        // answer the same (see `in_flight`), so it is not asked.
+        if let Some(retry_after) = self.in_flight.running(&key) {
+            return Answer::InFlight {
+                reference,
+                status_tool: op.status_tool.to_owned(),
+                retry_after,
+            };
+        }
         let request = ClaimRequest {
             key,
             tenant: op.caller.tenant().to_owned(),
@@ -263,6 +278,9 @@ impl Executor {
         // timeout after the commit) or the call is dropped before it comes,
         // the claim may have landed, and nothing will ever run under it.
         let mut unconfirmed = ReleaseOnDrop::new(&self.store, key, request.attempt);
+        // Before the claim is sent, on the timer's clock: the store's lease
+        // cannot run out before this one.
+        let held_until = tokio::time::Instant::now() + self.lease;
         let started = Instant::now();
         let claimed = self.store.claim(&request).await;
         telemetry::store_step(self.store.kind(), "claim", started);
@@ -284,8 +302,10 @@ impl Executor {
                     caller: op.caller.clone(),
                     tool: op.tool.to_owned(),
                 };
-                self.execute(&request, op.status_tool, handler(context))
-                    .await
+                let handler =
+                    self.in_flight
+                        .run(key, request.attempt, held_until, handler(context));
+                self.execute(&request, op.status_tool, handler).await
             }
         }
     }
