@@ -335,21 +335,19 @@ async fn main() {
         println!("{}", floor.row(&format!("unwrapped floor, {clients}")));
     }
     let mut rates = Vec::new();
-    let mut n = 0;
     for clients in [1, 10] {
         let stores: Vec<(&str, Arc<dyn IdempotencyStore>)> = vec![
             ("MemoryStore", Arc::new(MemoryStore::new())),
             (
                 "SqliteStore",
                 Arc::new(
-                    SqliteStore::open(dir.join(format!("c{n}.sqlite3")))
+                    SqliteStore::open(dir.join(format!("c{clients}.sqlite3")))
                         .await
                         .unwrap(),
                 ),
             ),
             ("PostgresStore", Arc::new(postgres.clone())),
         ];
-        n += 1;
         for (name, store) in stores {
             let card = if clients == 1 {
                 "tok_same_1"

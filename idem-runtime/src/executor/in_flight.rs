@@ -156,13 +156,13 @@ mod tests {
         .unwrap()
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn a_waiting_handler_is_held_until_it_ends_and_only_for_its_arguments() {
         let table = Arc::new(InFlight::default());
         let k = key(serde_json::json!({"amount": 1}));
         let other = key(serde_json::json!({"amount": 2}));
         assert_eq!(k.key, other.key, "one business key");
-        let until = Instant::now() + Duration::from_secs(30);
+        let until = Instant::now() + Duration::from_millis(300);
         let (go, wait) = tokio::sync::oneshot::channel::<()>();
         let running = {
             let table = table.clone();
@@ -175,10 +175,13 @@ mod tests {
                     .await
             })
         };
-        tokio::task::yield_now().await;
-        assert_eq!(table.running(&k), Some(Duration::from_secs(30)));
+        while table.held.load(Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+        let left = table.running(&k).expect("held while it runs");
+        assert!(left <= Duration::from_millis(300), "{left:?}");
         assert_eq!(table.running(&other), None, "other arguments ask the store");
-        tokio::time::advance(Duration::from_secs(30)).await;
+        tokio::time::sleep_until(until).await;
         assert_eq!(table.running(&k), None, "the lease ran out");
         go.send(()).unwrap();
         assert_eq!(running.await.unwrap(), 42);
