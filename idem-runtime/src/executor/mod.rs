@@ -23,9 +23,11 @@ mod guard;
 // Used by the rmcp glue only.
 #[cfg_attr(not(feature = "rmcp"), allow(dead_code, unused_imports))]
 mod task;
+mod in_flight;
 
 use guard::{mark, ReleaseOnDrop, UnknownOnDrop};
 pub(crate) use guard::{panic_message, CatchUnwind};
+use in_flight::InFlight;
 pub use task::TaskCancellation;
 #[cfg(feature = "rmcp")]
 pub(crate) use task::{TaskClaim, REJECTED_RESOLUTION};
@@ -129,6 +131,9 @@ pub struct Executor {
     /// `None` when the store keeps follow-on jobs, else its kind: read once
     /// here, not on every call.
     follow_ons_unsupported_by: Option<&'static str>,
+    /// The claims this executor's handlers are running under, shared by its
+    /// clones: a repeat of one is answered in progress without the store.
+    in_flight: Arc<InFlight>,
 }
 
 /// What a handler's rejection does to its record.
@@ -152,6 +157,7 @@ impl Executor {
             tasks: Arc::default(),
             max_follow_on_payload: DEFAULT_MAX_PAYLOAD,
             follow_ons_unsupported_by,
+            in_flight: Arc::default(),
         }
     }
 
@@ -272,10 +278,22 @@ impl Executor {
         let key = request.key;
         let reference = key.reference();
         tracing::Span::current().record("reference", tracing::field::display(reference));
+        // A repeat of a call this executor is running: the store would
+        // answer the same (see `in_flight`), so it is not asked.
+        if let Some(retry_after) = self.in_flight.running(&key) {
+            return Answer::InFlight {
+                reference,
+                status_tool: op.status_tool.to_owned(),
+                retry_after,
+            };
+        }
         // Armed while the claim is in flight: if its answer is lost (a
         // timeout after the commit) or the call is dropped before it comes,
         // the claim may have landed, and nothing will ever run under it.
         let mut unconfirmed = ReleaseOnDrop::new(&self.store, key, request.attempt);
+        // Before the claim is sent, on the timer's clock: the store's lease
+        // cannot run out before this one.
+        let held_until = tokio::time::Instant::now() + self.lease;
         let started = Instant::now();
         let claimed = self.store.claim(&request).await;
         telemetry::store_step(self.store.kind(), "claim", started);
@@ -297,13 +315,11 @@ impl Executor {
                     caller: op.caller.clone(),
                     tool: op.tool.to_owned(),
                 };
-                self.execute(
-                    &request,
-                    op.status_tool,
-                    OnRejected::Release,
-                    handler(context),
-                )
-                .await
+                let handler =
+                    self.in_flight
+                        .run(key, request.attempt, held_until, handler(context));
+                self.execute(&request, op.status_tool, OnRejected::Release, handler)
+                    .await
             }
         }
     }

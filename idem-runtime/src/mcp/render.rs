@@ -5,7 +5,7 @@ use std::fmt;
 
 use rmcp::handler::server::tool::IntoCallToolResult;
 use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock, MetaObject};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use super::RESULT_META_KEY;
 use crate::answer::{text, Answer, AnswerState, Classify, Disposition};
@@ -28,16 +28,30 @@ pub(super) fn no_caller() -> CallToolResult {
     let mut result = CallToolResult::error(vec![ContentBlock::text(text::NO_CALLER)]);
     set_meta(
         &mut result,
-        json!({ "reference": null, "state": AnswerState::NoCaller.as_str(), "replayed": false }),
+        operation(None, AnswerState::NoCaller.as_str(), false),
     );
     result
 }
 
-fn set_meta(result: &mut CallToolResult, value: Value) {
+/// `{"reference", "state", "replayed"}`, the entries every answer's
+/// `_meta["idem/operation"]` starts with, built as a map directly: what
+/// `json!` writes, with no copy of the reference on the way.
+fn operation(reference: Option<String>, state: &str, replayed: bool) -> Map<String, Value> {
+    let mut meta = Map::new();
+    meta.insert(
+        "reference".to_owned(),
+        reference.map_or(Value::Null, Value::String),
+    );
+    meta.insert("state".to_owned(), Value::String(state.to_owned()));
+    meta.insert("replayed".to_owned(), Value::Bool(replayed));
+    meta
+}
+
+fn set_meta(result: &mut CallToolResult, value: Map<String, Value>) {
     result
         .meta
         .get_or_insert_with(MetaObject::new)
-        .insert(RESULT_META_KEY.to_owned(), value);
+        .insert(RESULT_META_KEY.to_owned(), Value::Object(value));
 }
 
 /// How a wrapped handler failed, with its error type erased: how it ended
@@ -97,34 +111,33 @@ pub(super) fn render<E: fmt::Display>(answer: Answer<CallToolResult, E>) -> Call
             recorded,
             ..
         } => {
-            set_meta(
-                &mut value,
-                json!({ "reference": reference, "state": state, "replayed": false, "recorded": recorded }),
-            );
+            let mut meta = operation(reference, state, false);
+            meta.insert("recorded".to_owned(), Value::Bool(recorded));
+            set_meta(&mut value, meta);
             value
         }
         Answer::Replayed { mut value, .. } => {
-            set_meta(
-                &mut value,
-                json!({ "reference": reference, "state": state, "replayed": true }),
-            );
+            set_meta(&mut value, operation(reference, state, true));
             value
         }
         other => {
-            let mut meta = json!({ "reference": reference, "state": state, "replayed": false });
+            let mut meta = operation(reference, state, false);
             match &other {
                 Answer::InFlight {
                     status_tool,
                     retry_after,
                     ..
                 } => {
-                    meta["statusTool"] = json!(status_tool);
-                    meta["retryAfterSeconds"] = json!(retry_after.as_secs().max(1));
+                    meta.insert("statusTool".to_owned(), json!(status_tool));
+                    meta.insert(
+                        "retryAfterSeconds".to_owned(),
+                        json!(retry_after.as_secs().max(1)),
+                    );
                 }
                 Answer::Unknown { status_tool, .. }
                 | Answer::Conflict { status_tool, .. }
                 | Answer::Failed { status_tool, .. } => {
-                    meta["statusTool"] = json!(status_tool);
+                    meta.insert("statusTool".to_owned(), json!(status_tool));
                 }
                 _ => {}
             }

@@ -1,0 +1,219 @@
+//! The claims this executor holds while their handlers run, so that a
+//! repeat of one is answered "in progress" without a store round trip.
+//!
+//! The store stays the truth; this table only ever answers what the store
+//! would answer, and only ever refuses (it never lets a call run):
+//! - an entry exists only while this executor's handler runs under a claim
+//!   the store granted it: it is added when the handler first waits (a
+//!   handler that finishes at once is never entered) and removed as soon as
+//!   the handler's future ends or is dropped, whether it returned, panicked
+//!   or was cancelled, before its outcome is written, so a repeat that
+//!   comes while the outcome is being written asks the store;
+//! - an entry answers only until the lease its claim was granted runs out,
+//!   counted from before the claim was sent on the store's timer (tokio's
+//!   clock), so never past the store's own lease; the heartbeat's renewals
+//!   are not followed, and a repeat after that asks the store;
+//! - an entry answers only for the same key and the same fingerprint (the
+//!   same arguments); a conflicting call asks the store, which says so.
+//!
+//! Each [`Executor`](super::Executor) (and its clones) has its own table: it
+//! is "this process" for the claims it made.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::key::IdempotencyKey;
+use crate::store::Attempt;
+
+/// Shards, so that concurrent calls on different keys rarely share a lock.
+const SHARDS: usize = 16;
+
+/// The running claims, by key.
+#[derive(Debug, Default)]
+pub(super) struct InFlight {
+    /// How many entries may exist: a lookup with none is one atomic load.
+    held: AtomicUsize,
+    shards: [Mutex<HashMap<[u8; 32], Held>>; SHARDS],
+}
+
+/// One running claim.
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    fingerprint: [u8; 32],
+    attempt: Attempt,
+    /// When its lease runs out at the latest, as the store counts it.
+    until: Instant,
+}
+
+impl InFlight {
+    fn shard(&self, key: &IdempotencyKey) -> MutexGuard<'_, HashMap<[u8; 32], Held>> {
+        self.shards[key.key[0] as usize % SHARDS]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// What remains of the lease of the running claim on `key`, if this
+    /// executor holds one for the same arguments and its lease still runs.
+    pub(super) fn running(&self, key: &IdempotencyKey) -> Option<Duration> {
+        if self.held.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let held = *self.shard(key).get(&key.key)?;
+        if held.fingerprint != key.fingerprint {
+            return None;
+        }
+        let now = Instant::now();
+        (now < held.until).then(|| held.until - now)
+    }
+
+    /// Drives `work`, the handler running under the claim `attempt` on
+    /// `key`, with the claim in the table from its first wait until it ends
+    /// or is dropped. `until` is when the claim's lease runs out at the
+    /// latest.
+    pub(super) async fn run<F: Future>(
+        &self,
+        key: IdempotencyKey,
+        attempt: Attempt,
+        until: Instant,
+        work: F,
+    ) -> F::Output {
+        let mut work = std::pin::pin!(work);
+        let mut entry: Option<Entry<'_>> = None;
+        std::future::poll_fn(|cx| {
+            let polled = work.as_mut().poll(cx);
+            if polled.is_pending() && entry.is_none() {
+                entry = Some(self.hold(key, attempt, until));
+            }
+            polled
+        })
+        .await
+        // `entry` is dropped here, or with this future if it is dropped.
+    }
+
+    fn hold(&self, key: IdempotencyKey, attempt: Attempt, until: Instant) -> Entry<'_> {
+        self.held.fetch_add(1, Ordering::AcqRel);
+        self.shard(&key).insert(
+            key.key,
+            Held {
+                fingerprint: key.fingerprint,
+                attempt,
+                until,
+            },
+        );
+        Entry {
+            table: self,
+            key,
+            attempt,
+        }
+    }
+}
+
+/// A running claim's place in the table, removed when dropped.
+struct Entry<'a> {
+    table: &'a InFlight,
+    key: IdempotencyKey,
+    attempt: Attempt,
+}
+
+impl Drop for Entry<'_> {
+    fn drop(&mut self) {
+        {
+            let mut shard = self.table.shard(&self.key);
+            // Only this claim's own entry (a later claim on the key may have
+            // replaced it).
+            if shard
+                .get(&self.key.key)
+                .is_some_and(|held| held.attempt == self.attempt)
+            {
+                shard.remove(&self.key.key);
+            }
+        }
+        self.table.held.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::key::{Caller, Scope};
+
+    fn key(args: serde_json::Value) -> IdempotencyKey {
+        let caller = Caller::new("acme", "alice");
+        IdempotencyKey::derive(
+            &caller,
+            "charge",
+            &args,
+            &Scope::BusinessKey(serde_json::json!("order-1")),
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_waiting_handler_is_held_until_it_ends_and_only_for_its_arguments() {
+        let table = Arc::new(InFlight::default());
+        let k = key(serde_json::json!({"amount": 1}));
+        let other = key(serde_json::json!({"amount": 2}));
+        assert_eq!(k.key, other.key, "one business key");
+        let until = Instant::now() + Duration::from_millis(300);
+        let (go, wait) = tokio::sync::oneshot::channel::<()>();
+        let running = {
+            let table = table.clone();
+            tokio::spawn(async move {
+                table
+                    .run(k, Attempt::from_stored(7), until, async {
+                        wait.await.unwrap();
+                        42
+                    })
+                    .await
+            })
+        };
+        while table.held.load(Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+        let left = table.running(&k).expect("held while it runs");
+        assert!(left <= Duration::from_millis(300), "{left:?}");
+        assert_eq!(table.running(&other), None, "other arguments ask the store");
+        tokio::time::sleep_until(until).await;
+        assert_eq!(table.running(&k), None, "the lease ran out");
+        go.send(()).unwrap();
+        assert_eq!(running.await.unwrap(), 42);
+        assert!(table.shard(&k).is_empty());
+        assert_eq!(table.held.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn a_handler_done_at_once_is_never_entered_and_a_dropped_one_leaves() {
+        let table = InFlight::default();
+        let k = key(serde_json::json!({"amount": 1}));
+        let until = Instant::now() + Duration::from_secs(30);
+        assert_eq!(
+            table
+                .run(k, Attempt::from_stored(1), until, async { 1 })
+                .await,
+            1
+        );
+        assert_eq!(table.held.load(Ordering::SeqCst), 0);
+        let cancelled = tokio::time::timeout(
+            Duration::from_millis(10),
+            table.run(
+                k,
+                Attempt::from_stored(2),
+                until,
+                std::future::pending::<()>(),
+            ),
+        )
+        .await;
+        assert!(cancelled.is_err());
+        assert_eq!(table.running(&k), None);
+        assert!(table.shard(&k).is_empty());
+        assert_eq!(table.held.load(Ordering::SeqCst), 0);
+    }
+}
