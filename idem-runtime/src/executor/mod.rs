@@ -20,10 +20,10 @@ use crate::store::{
 use crate::telemetry;
 
 mod guard;
+mod in_flight;
 // Used by the rmcp glue only.
 #[cfg_attr(not(feature = "rmcp"), allow(dead_code, unused_imports))]
 mod task;
-mod in_flight;
 
 use guard::{mark, ReleaseOnDrop, UnknownOnDrop};
 pub(crate) use guard::{panic_message, CatchUnwind};
