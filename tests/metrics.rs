@@ -19,6 +19,19 @@ use serde_json::json;
 
 type Seen = Vec<(CompositeKey, Option<Unit>, Option<SharedString>, DebugValue)>;
 
+/// The tests of this file run one at a time. tracing caches whether anyone
+/// listens to a span's callsite for the whole process: a call made on
+/// another test's thread, which has no subscriber, while the span test sets
+/// its thread's subscriber could leave `idem.call` cached as unheard, and
+/// that test would miss a span (it did, about one run in three on a busy
+/// 2-core machine).
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Runs `work` with a fresh recorder for this thread; returns what it saw
 /// (one snapshot: taking one drains the counters).
 fn recorded<F: std::future::Future<Output = ()>>(work: impl FnOnce() -> F) -> Seen {
@@ -86,6 +99,7 @@ async fn charge(exec: &Executor, amount: u64, fail: bool) -> &'static str {
 
 #[test]
 fn calls_are_counted_by_tool_and_state_and_store_steps_are_timed() {
+    let _serial = one_at_a_time();
     let seen = recorded(|| async {
         let exec = Executor::new(Arc::new(MemoryStore::new()));
         assert_eq!(charge(&exec, 100, false).await, "executed");
@@ -119,6 +133,7 @@ fn calls_are_counted_by_tool_and_state_and_store_steps_are_timed() {
 /// the due jobs no handler runs.
 #[test]
 fn the_outbox_counts_enqueued_delivered_retried_buried_and_unhandled() {
+    let _serial = one_at_a_time();
     let seen = recorded(|| async {
         let store: Arc<dyn IdempotencyStore> = Arc::new(MemoryStore::new());
         let exec = Executor::new(store.clone());
@@ -191,6 +206,7 @@ impl Reconciler for Happened {
 
 #[test]
 fn maintenance_counts_what_it_swept_reconciled_resolved_and_purged() {
+    let _serial = one_at_a_time();
     let seen = recorded(|| async {
         let store = MemoryStore::new();
         // Two calls whose process died: their leases run out.
@@ -256,6 +272,7 @@ impl std::io::Write for Captured {
 /// and final state; the arguments and the response are never in it.
 #[test]
 fn each_call_has_a_span_with_its_reference_and_state() {
+    let _serial = one_at_a_time();
     let captured = Captured::default();
     let writer = captured.clone();
     let subscriber = tracing_subscriber::fmt()
