@@ -20,7 +20,7 @@ const SHARDS: usize = 64;
 /// job lives in its record's shard and is written under the same lock).
 #[derive(Default)]
 struct ShardData {
-    records: BTreeMap<[u8; 32], Record>,
+    records: BTreeMap<[u8; 32], Box<Record>>,
     jobs: BTreeMap<JobKey, OutboxJob>,
 }
 
@@ -190,7 +190,13 @@ impl MemoryStore {
         let now = self.now();
         let mut found: Vec<Record> = Vec::new();
         for shard in self.shards.iter() {
-            found.extend(lock(shard).records.values().filter(|r| pick(r)).cloned());
+            found.extend(
+                lock(shard)
+                    .records
+                    .values()
+                    .filter(|r| pick(r))
+                    .map(|r| Record::clone(r)),
+            );
         }
         found.sort_by_key(order);
         found.truncate(limit);
@@ -454,14 +460,14 @@ impl IdempotencyStore for MemoryStore {
         let mut shard = self.shard(req.key.key[0]);
         if let Some(existing) = shard.records.get(&req.key.key) {
             if !existing.is_claimable(now) {
-                let mut record = existing.clone();
+                let mut record = Record::clone(existing);
                 record.observed_at = now;
                 return Ok(Claim::Existing { record });
             }
         }
         shard.records.insert(
             req.key.key,
-            Record {
+            Box::new(Record {
                 key: req.key,
                 tenant: req.tenant.clone(),
                 tool: req.tool.clone(),
@@ -476,7 +482,7 @@ impl IdempotencyStore for MemoryStore {
                 checks: 0,
                 resolution: None,
                 observed_at: now,
-            },
+            }),
         );
         Ok(Claim::Claimed)
     }
@@ -607,7 +613,7 @@ impl IdempotencyStore for MemoryStore {
             .find(|r| r.tenant == tenant)
             .map(|r| Record {
                 observed_at: now,
-                ..r.clone()
+                ..Record::clone(r)
             }))
     }
 
