@@ -7,17 +7,14 @@ use durable::PgSchema;
 use idem_runtime::{conformance, IdempotencyStore};
 
 // Each case in a fresh schema of its own, dropped at the end.
-// The outbox's cases are pending until PostgresStore keeps follow-on jobs
-// (issue 10): they must still fail with Unsupported; remove `; outbox pending`
-// (and use run_all below) once they pass.
-idem_runtime::conformance_tests!(PgSchema::new().await; outbox pending);
+idem_runtime::conformance_tests!(PgSchema::new().await);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_cases_share_one_store() {
     let Some(pg) = PgSchema::new().await else {
         return;
     };
-    conformance::run_all_but_outbox(&pg.store).await;
+    conformance::run_all(&pg.store).await;
 }
 
 /// Migrating twice, and from several stores at once, is harmless.
@@ -55,7 +52,7 @@ async fn migrate_is_idempotent_and_safe_concurrently() {
         .await
         .unwrap();
     let versions: Vec<i32> = versions.iter().map(|r| r.get(0)).collect();
-    assert_eq!(versions, [1, 2], "each shipped migration recorded once");
+    assert_eq!(versions, [1, 2, 3], "each shipped migration recorded once");
     conformance::claim_creates_in_progress(&others[0]).await;
 }
 
