@@ -19,17 +19,14 @@ use idem_runtime::{
 use redis_server::{command, Prefixed, Server};
 
 // Each case under a fresh key prefix of its own, deleted at the end.
-// The outbox's cases are pending until RedisStore keeps follow-on jobs
-// (issue 10): they must still fail with Unsupported; remove `; outbox pending`
-// (and use run_all below) once they pass.
-idem_runtime::conformance_tests!(Prefixed::new().await; outbox pending);
+idem_runtime::conformance_tests!(Prefixed::new().await);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_cases_share_one_store() {
     let Some(redis) = Prefixed::new().await else {
         return;
     };
-    conformance::run_all_but_outbox(&redis.store).await;
+    conformance::run_all(&redis.store).await;
 }
 
 /// The server's clock in microseconds.
