@@ -626,3 +626,58 @@ async fn killed_connections_reconnect() {
         assert_eq!(runs.load(Ordering::SeqCst), 2 * round as usize);
     }
 }
+
+/// A follow-on job has no TTL and outlives its record: the record Redis
+/// deletes at the end of its window leaves its job in place, listed and
+/// leased. The job sits on its record's slot (the same hash tag).
+#[tokio::test]
+async fn jobs_outlive_their_record() {
+    let Some(redis) = Prefixed::new().await else {
+        return;
+    };
+    let short = Duration::from_millis(300);
+    let req = ClaimRequest {
+        lease: short,
+        window: short,
+        retention: short,
+        ..claim_request(short)
+    };
+    let name = format!("receipt_{}", idem_runtime::Attempt::random().get());
+    redis.claim(&req).await.unwrap();
+    let job = idem_runtime::FollowOn::new(&name, &serde_json::json!({ "to": "a@b" })).unwrap();
+    redis
+        .complete_with_follow_ons(&req.key, req.attempt, "1", &[job])
+        .await
+        .unwrap();
+    let record = record_key(&redis.prefix, &req.key);
+    let tenant_hex: String = req.tenant.bytes().map(|b| format!("{b:02x}")).collect();
+    let (tag, reference) = record
+        .strip_prefix(&format!("{}:", redis.prefix))
+        .unwrap()
+        .split_once(":r:")
+        .unwrap();
+    let job_key = format!("{}:{tag}:j:{reference}:{tenant_hex}:{name}", redis.prefix);
+    assert_eq!(
+        expire_time(&redis.url, &job_key).await,
+        -1,
+        "the job exists, without a TTL"
+    );
+
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let exists: i64 = command(&redis.url, redis::cmd("EXISTS").arg(&record)).await;
+    assert_eq!(
+        exists, 0,
+        "Redis deleted the record at the end of its window"
+    );
+    let leased = redis
+        .lease_jobs(
+            &[name.as_str()],
+            10,
+            Duration::from_secs(60),
+            idem_runtime::Attempt::random(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(leased.len(), 1, "the job outlived its record");
+    assert_eq!(leased[0].id.reference, req.key.reference());
+}
