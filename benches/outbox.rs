@@ -98,8 +98,12 @@ async fn backlog(store: &dyn IdempotencyStore, n: usize) {
 /// Drains a backlog of `n` jobs with `dispatchers` Outbox dispatchers, each
 /// on a store (and pool) of its own, whose handler waits `work` (the
 /// mailer's latency); returns jobs per second.
-async fn drain(url: &str, schema: &str, dispatchers: usize, n: usize, work: Duration) -> f64 {
+async fn drain(url: &str, dispatchers: usize, n: usize, work: Duration) -> f64 {
+    // A schema of its own: only this round's jobs.
+    let schema = format!("bench_{:016x}", Attempt::random().get());
+    let schema = schema.as_str();
     let seed = store(url, schema);
+    seed.migrate().await.unwrap();
     backlog(&seed, n).await;
     let ran = Arc::new(AtomicUsize::new(0));
     let config = OutboxConfig {
@@ -137,6 +141,7 @@ async fn drain(url: &str, schema: &str, dispatchers: usize, n: usize, work: Dura
     // Every job finished (none left to run again).
     let left = seed.count_due_jobs().await.unwrap();
     assert!(left.is_empty(), "jobs left: {left:?}");
+    drop_schema(url, seed.schema()).await;
     n as f64 / took.as_secs_f64()
 }
 
@@ -185,7 +190,7 @@ async fn main() {
         let (mut one, mut two) = (Vec::new(), Vec::new());
         for round in 0..6 {
             let dispatchers = if round % 2 == 0 { 1 } else { 2 };
-            let rate = drain(&url, &schema, dispatchers, n, work).await;
+            let rate = drain(&url, dispatchers, n, work).await;
             if dispatchers == 1 { &mut one } else { &mut two }.push(rate);
         }
         let (one, two) = (median(one), median(two));
@@ -197,13 +202,17 @@ async fn main() {
     println!();
     println!("load average at end: {}", common::load());
 
-    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+    drop_schema(&url, pg.schema()).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+async fn drop_schema(url: &str, schema: &str) {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
         .await
         .unwrap();
     tokio::spawn(conn);
     client
-        .batch_execute(&format!("DROP SCHEMA {} CASCADE", pg.schema()))
+        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
         .await
         .unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
 }
