@@ -30,6 +30,13 @@ use statements::Statements;
 /// which lease ran out. Every change is one statement; a claim is one
 /// `INSERT … ON CONFLICT … DO UPDATE … WHERE <expired>`.
 ///
+/// Follow-on jobs live in `idem_jobs` (migration 3). A completion (or a
+/// COMPLETED resolution) and its jobs are one statement, so one transaction:
+/// the jobs are inserted from the row the fenced change returns, and a
+/// refused change writes none. A dispatcher's lease is one `UPDATE` over a
+/// `FOR UPDATE SKIP LOCKED` selection of the longest-due jobs: dispatchers in
+/// several processes never lease one job, and never wait on each other.
+///
 /// Calls fail fast with [`StoreError::Unavailable`] when the server cannot be
 /// reached: connecting, waiting for a pooled connection and each statement are
 /// bounded by the builder's timeout, and a connection that broke or stopped
