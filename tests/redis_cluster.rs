@@ -90,10 +90,9 @@ async fn redis_cluster() {
         return;
     };
 
-    // Every conformance case of the records, on one store (the outbox's
-    // are pending until RedisStore keeps follow-on jobs: then `cases()`).
+    // Every conformance case (the records' and the outbox's), on one store.
     let store = cluster.store(&fresh_prefix());
-    for (name, case) in conformance::RECORD_CASES {
+    for (name, case) in conformance::cases() {
         let started = Instant::now();
         case(&store).await;
         eprintln!("cluster: {name} ({:?})", started.elapsed());
@@ -204,4 +203,73 @@ async fn redis_cluster() {
             .all(|k| ["executed", "in_progress", "replayed"].contains(k)));
     }
     assert_eq!(runs.load(Ordering::SeqCst), 3, "each charge ran once");
+
+    // Follow-on jobs spread over the nodes with their records, each job on
+    // its record's slot; two dispatchers on clients of their own drain them
+    // together, and each job is leased once.
+    let prefix = fresh_prefix();
+    let (one, two) = (cluster.store(&prefix), cluster.store(&prefix));
+    let name = format!("receipt_{}", idem_runtime::Attempt::random().get());
+    let requests: Vec<_> = (0..120)
+        .map(|_| claim_request(Duration::from_secs(900)))
+        .collect();
+    for req in &requests {
+        assert_eq!(one.claim(req).await.unwrap(), Claim::Claimed);
+        let job = idem_runtime::FollowOn::new(&name, &serde_json::json!({ "to": "a@b" })).unwrap();
+        one.complete_with_follow_ons(&req.key, req.attempt, "\"paid\"", &[job])
+            .await
+            .unwrap();
+    }
+    let first = cluster.urls()[0].clone();
+    let slot = async |key: String| -> i64 {
+        command(&first, redis::cmd("CLUSTER").arg("KEYSLOT").arg(key)).await
+    };
+    let mut nodes_with_jobs = std::collections::HashSet::new();
+    for req in requests.iter().take(16) {
+        let reference = req.key.reference();
+        let hex = reference.to_string().trim_start_matches("idem_").to_owned();
+        let tenant_hex: String = req.tenant.bytes().map(|b| format!("{b:02x}")).collect();
+        let shard = reference.as_bytes()[0] % 64;
+        let record = format!("{prefix}:{{{shard:02x}}}:r:{hex}");
+        let job = format!("{prefix}:{{{shard:02x}}}:j:{hex}:{tenant_hex}:{name}");
+        let job_slot = slot(job).await;
+        assert_eq!(slot(record).await, job_slot, "a job off its record's slot");
+        for node in &cluster.urls() {
+            let here: i64 = command(
+                node,
+                redis::cmd("CLUSTER").arg("COUNTKEYSINSLOT").arg(job_slot),
+            )
+            .await;
+            if here > 0 {
+                nodes_with_jobs.insert(node.clone());
+            }
+        }
+    }
+    assert!(nodes_with_jobs.len() > 1, "jobs on one node only");
+    let drain = async |store: &RedisStore| {
+        let mut got = Vec::new();
+        loop {
+            let token = idem_runtime::Attempt::random();
+            let leased = store
+                .lease_jobs(&[name.as_str()], 7, Duration::from_secs(60), token)
+                .await
+                .unwrap();
+            if leased.is_empty() {
+                return got;
+            }
+            for job in leased {
+                store.finish_job(&job.id, token).await.unwrap();
+                got.push(job.id);
+            }
+        }
+    };
+    let (a, b) = tokio::join!(drain(&one), drain(&two));
+    assert!(!a.is_empty() && !b.is_empty(), "both dispatchers leased");
+    let mut all: Vec<_> = a.into_iter().chain(b).collect();
+    all.sort();
+    let leased = all.len();
+    all.dedup();
+    assert_eq!(leased, all.len(), "a job leased twice");
+    assert_eq!(all.len(), requests.len(), "every job leased");
+    assert!(one.count_due_jobs().await.unwrap().is_empty());
 }

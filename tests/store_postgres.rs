@@ -7,17 +7,14 @@ use durable::PgSchema;
 use idem_runtime::{conformance, IdempotencyStore};
 
 // Each case in a fresh schema of its own, dropped at the end.
-// The outbox's cases are pending until PostgresStore keeps follow-on jobs
-// (issue 10): they must still fail with Unsupported; remove `; outbox pending`
-// (and use run_all below) once they pass.
-idem_runtime::conformance_tests!(PgSchema::new().await; outbox pending);
+idem_runtime::conformance_tests!(PgSchema::new().await);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_cases_share_one_store() {
     let Some(pg) = PgSchema::new().await else {
         return;
     };
-    conformance::run_all_but_outbox(&pg.store).await;
+    conformance::run_all(&pg.store).await;
 }
 
 /// Migrating twice, and from several stores at once, is harmless.
@@ -55,7 +52,7 @@ async fn migrate_is_idempotent_and_safe_concurrently() {
         .await
         .unwrap();
     let versions: Vec<i32> = versions.iter().map(|r| r.get(0)).collect();
-    assert_eq!(versions, [1, 2], "each shipped migration recorded once");
+    assert_eq!(versions, [1, 2, 3], "each shipped migration recorded once");
     conformance::claim_creates_in_progress(&others[0]).await;
 }
 
@@ -203,4 +200,93 @@ async fn purge_skips_locked_rows() {
         .is_some());
     tx.rollback().await.unwrap();
     assert_eq!(pg.store.purge_expired(100).await.unwrap(), 1);
+}
+
+/// A lease skips a job another transaction holds locked (`FOR UPDATE SKIP
+/// LOCKED`) instead of waiting for it, and leases it once the lock is gone.
+/// The job's times come from the server's clock.
+#[tokio::test]
+async fn lease_skips_locked_jobs() {
+    let Some(pg) = PgSchema::new().await else {
+        return;
+    };
+    let client = durable::connect(&pg.url).await;
+    let server_now = async || -> std::time::SystemTime {
+        client.query_one("SELECT now()", &[]).await.unwrap().get(0)
+    };
+    let name = format!("receipt_{}", idem_runtime::Attempt::random().get());
+    let window = std::time::Duration::from_secs(60);
+    let (held, free) = (
+        durable::request(window, window),
+        durable::request(window, window),
+    );
+    let before = server_now().await;
+    for req in [&held, &free] {
+        pg.store.claim(req).await.unwrap();
+        let job = idem_runtime::FollowOn::new(&name, &serde_json::json!({ "n": 1 })).unwrap();
+        pg.store
+            .complete_with_follow_ons(&req.key, req.attempt, "1", &[job])
+            .await
+            .unwrap();
+    }
+    let after = server_now().await;
+    let written = pg
+        .store
+        .list_jobs(&idem_runtime::JobFilter {
+            name: Some(name.clone()),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(written.len(), 2);
+    for job in &written {
+        assert!(
+            before <= job.created_at && job.created_at <= after,
+            "{job:?}"
+        );
+        assert_eq!(job.next_run_at, job.created_at);
+    }
+
+    let (mut locker, conn) = tokio_postgres::connect(&pg.url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let tx = locker.transaction().await.unwrap();
+    // The job's row, locked as another dispatcher's lease would hold it.
+    tx.execute(
+        &format!(
+            "SELECT 1 FROM {}.idem_jobs WHERE tenant = $1 AND reference = $2 FOR UPDATE",
+            pg.store.schema()
+        ),
+        &[&held.tenant, &&held.key.reference().as_bytes()[..]],
+    )
+    .await
+    .unwrap();
+
+    let lease = std::time::Duration::from_secs(60);
+    let token = idem_runtime::Attempt::random();
+    let leased = tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        pg.store.lease_jobs(&[name.as_str()], 10, lease, token),
+    )
+    .await
+    .expect("a lease does not wait for a locked job")
+    .unwrap();
+    assert_eq!(leased.len(), 1, "{leased:?}");
+    assert_eq!(leased[0].id.reference, free.key.reference());
+    let leased_until = leased[0].next_run_at;
+    let since = leased_until.duration_since(leased[0].updated_at).unwrap();
+    assert_eq!(
+        since, lease,
+        "the lease's end is the server's now() + lease"
+    );
+    tx.rollback().await.unwrap();
+    let rest = pg
+        .store
+        .lease_jobs(&[name.as_str()], 10, lease, idem_runtime::Attempt::random())
+        .await
+        .unwrap();
+    assert_eq!(rest.len(), 1);
+    assert_eq!(rest[0].id.reference, held.key.reference());
 }

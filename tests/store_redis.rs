@@ -19,17 +19,14 @@ use idem_runtime::{
 use redis_server::{command, Prefixed, Server};
 
 // Each case under a fresh key prefix of its own, deleted at the end.
-// The outbox's cases are pending until RedisStore keeps follow-on jobs
-// (issue 10): they must still fail with Unsupported; remove `; outbox pending`
-// (and use run_all below) once they pass.
-idem_runtime::conformance_tests!(Prefixed::new().await; outbox pending);
+idem_runtime::conformance_tests!(Prefixed::new().await);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_cases_share_one_store() {
     let Some(redis) = Prefixed::new().await else {
         return;
     };
-    conformance::run_all_but_outbox(&redis.store).await;
+    conformance::run_all(&redis.store).await;
 }
 
 /// The server's clock in microseconds.
@@ -628,4 +625,59 @@ async fn killed_connections_reconnect() {
         );
         assert_eq!(runs.load(Ordering::SeqCst), 2 * round as usize);
     }
+}
+
+/// A follow-on job has no TTL and outlives its record: the record Redis
+/// deletes at the end of its window leaves its job in place, listed and
+/// leased. The job sits on its record's slot (the same hash tag).
+#[tokio::test]
+async fn jobs_outlive_their_record() {
+    let Some(redis) = Prefixed::new().await else {
+        return;
+    };
+    let short = Duration::from_millis(300);
+    let req = ClaimRequest {
+        lease: short,
+        window: short,
+        retention: short,
+        ..claim_request(short)
+    };
+    let name = format!("receipt_{}", idem_runtime::Attempt::random().get());
+    redis.claim(&req).await.unwrap();
+    let job = idem_runtime::FollowOn::new(&name, &serde_json::json!({ "to": "a@b" })).unwrap();
+    redis
+        .complete_with_follow_ons(&req.key, req.attempt, "1", &[job])
+        .await
+        .unwrap();
+    let record = record_key(&redis.prefix, &req.key);
+    let tenant_hex: String = req.tenant.bytes().map(|b| format!("{b:02x}")).collect();
+    let (tag, reference) = record
+        .strip_prefix(&format!("{}:", redis.prefix))
+        .unwrap()
+        .split_once(":r:")
+        .unwrap();
+    let job_key = format!("{}:{tag}:j:{reference}:{tenant_hex}:{name}", redis.prefix);
+    assert_eq!(
+        expire_time(&redis.url, &job_key).await,
+        -1,
+        "the job exists, without a TTL"
+    );
+
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let exists: i64 = command(&redis.url, redis::cmd("EXISTS").arg(&record)).await;
+    assert_eq!(
+        exists, 0,
+        "Redis deleted the record at the end of its window"
+    );
+    let leased = redis
+        .lease_jobs(
+            &[name.as_str()],
+            10,
+            Duration::from_secs(60),
+            idem_runtime::Attempt::random(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(leased.len(), 1, "the job outlived its record");
+    assert_eq!(leased[0].id.reference, req.key.reference());
 }

@@ -160,7 +160,7 @@ pub enum FollowOnError {
     /// The executor's store cannot keep follow-on jobs.
     #[error(
         "follow-on job `{name}` cannot be kept: the {store} store does not support follow-on \
-         jobs; use a store that does (memory, sqlite)"
+         jobs; use one that does (memory, sqlite, postgres, redis)"
     )]
     Unsupported {
         /// The job's name.

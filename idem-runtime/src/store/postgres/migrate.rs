@@ -14,6 +14,10 @@ const MIGRATIONS: &[(i32, &str)] = &[
         2,
         include_str!("../../../migrations/postgres/0002_lifecycle.sql"),
     ),
+    (
+        3,
+        include_str!("../../../migrations/postgres/0003_outbox.sql"),
+    ),
 ];
 
 impl PostgresStore {

@@ -1,5 +1,6 @@
 //! [`PostgresStore`]: records in PostgreSQL, shared by several replicas.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -11,8 +12,8 @@ use tokio_postgres::Row;
 use crate::key::{IdempotencyKey, Reference};
 use crate::store::sql::{counts, key_range, state_from};
 use crate::store::{
-    Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordFilter, RecordStateKind,
-    Resolution, StateCounts, StoreError,
+    check_distinct, Attempt, Claim, ClaimRequest, FollowOn, IdempotencyStore, JobFilter, JobId,
+    OutboxJob, Record, RecordFilter, RecordStateKind, Resolution, StateCounts, StoreError,
 };
 
 mod builder;
@@ -28,6 +29,13 @@ use statements::Statements;
 /// from the process clock, so replicas whose clocks disagree still agree on
 /// which lease ran out. Every change is one statement; a claim is one
 /// `INSERT … ON CONFLICT … DO UPDATE … WHERE <expired>`.
+///
+/// Follow-on jobs live in `idem_jobs` (migration 3). A completion (or a
+/// COMPLETED resolution) and its jobs are one statement, so one transaction:
+/// the jobs are inserted from the row the fenced change returns, and a
+/// refused change writes none. A dispatcher's lease is one `UPDATE` over a
+/// `FOR UPDATE SKIP LOCKED` selection of the longest-due jobs: dispatchers in
+/// several processes never lease one job, and never wait on each other.
 ///
 /// Calls fail fast with [`StoreError::Unavailable`] when the server cannot be
 /// reached: connecting, waiting for a pooled connection and each statement are
@@ -271,6 +279,85 @@ async fn fenced(
     }
 }
 
+/// A follow-on job from a row of `{JOB_COLUMNS}`.
+fn row_to_job(row: &Row) -> Result<OutboxJob, StoreError> {
+    let reference: &[u8] = row.try_get(1).map_err(corrupt)?;
+    let reference = <[u8; 8]>::try_from(reference)
+        .map_err(|_| StoreError::Corrupt("a job's reference is not 8 bytes".into()))?;
+    let payload: Vec<u8> = row.try_get(3).map_err(corrupt)?;
+    let payload = String::from_utf8(payload)
+        .map_err(|_| StoreError::Corrupt("a job's payload is not UTF-8".into()))?;
+    let time = |i: usize| row.try_get::<_, SystemTime>(i).map_err(corrupt);
+    Ok(OutboxJob {
+        id: JobId {
+            tenant: row.try_get(0).map_err(corrupt)?,
+            reference: Reference::from_bytes(reference),
+            name: row.try_get(2).map_err(corrupt)?,
+        },
+        payload,
+        attempts: row.try_get::<_, i32>(4).map_err(corrupt)?.max(0) as u32,
+        token: row
+            .try_get::<_, Option<i64>>(5)
+            .map_err(corrupt)?
+            .map(|t| Attempt::from_stored(t as u64)),
+        next_run_at: time(6)?,
+        last_error: row.try_get(7).map_err(corrupt)?,
+        dead: row.try_get(8).map_err(corrupt)?,
+        created_at: time(9)?,
+        updated_at: time(10)?,
+    })
+}
+
+/// A change of a leased job, fenced by its token: `stmt` with `$1`..`$4` =
+/// tenant, reference, name, token, then `rest`. `Fenced` when no row
+/// changed: another lease holds the job, or it is gone.
+async fn fenced_job(
+    client: &Object,
+    stmt: &str,
+    id: &JobId,
+    token: Attempt,
+    rest: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<(), CallError> {
+    let (reference, token) = (&id.reference.as_bytes()[..], token.get() as i64);
+    let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+        vec![&id.tenant, &reference, &id.name, &token];
+    params.extend_from_slice(rest);
+    let stmt = client.prepare_cached(stmt).await?;
+    match client.execute(&stmt, &params).await? {
+        0 => Err(StoreError::Fenced.into()),
+        _ => Ok(()),
+    }
+}
+
+/// The names and payloads of `jobs`, as the two arrays the statements
+/// unnest.
+fn job_columns(jobs: &[FollowOn]) -> (Vec<&str>, Vec<&[u8]>) {
+    jobs.iter()
+        .map(|j| (j.name(), j.payload().as_bytes()))
+        .unzip()
+}
+
+/// A fenced change of a record and its jobs in one statement
+/// ([`Statements::complete_with_jobs`], `resolve_with_jobs`): refused as
+/// [`fenced`] refuses when the record did not change, and then no job was
+/// written either.
+async fn with_jobs(
+    client: &Object,
+    sql: &Statements,
+    stmt: &str,
+    key: &[u8],
+    attempt: Attempt,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<(), CallError> {
+    let stmt = client.prepare_cached(stmt).await?;
+    let changed: i64 = client.query_one(&stmt, params).await?.try_get(0)?;
+    if changed == 1 {
+        Ok(())
+    } else {
+        Err(refusal(client, sql, key, attempt).await?.into())
+    }
+}
+
 /// How often a claim retries when the conflicting row vanished between its
 /// insert and its read (released or purged in between); each retry means
 /// another caller made progress, so a handful is plenty.
@@ -280,6 +367,183 @@ const CLAIM_ROUNDS: usize = 16;
 impl IdempotencyStore for PostgresStore {
     fn kind(&self) -> &'static str {
         "postgres"
+    }
+
+    fn supports_follow_ons(&self) -> bool {
+        true
+    }
+
+    async fn complete_with_follow_ons(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        jobs: &[FollowOn],
+    ) -> Result<(), StoreError> {
+        check_distinct(jobs)?;
+        if jobs.is_empty() {
+            return self.complete(key, attempt, response).await;
+        }
+        let (names, payloads) = job_columns(jobs);
+        let reference = &key.as_bytes()[..8];
+        let key = &key.as_bytes()[..];
+        self.with(async |client, sql| {
+            with_jobs(
+                client,
+                sql,
+                &sql.complete_with_jobs,
+                key,
+                attempt,
+                &[
+                    &key,
+                    &(attempt.get() as i64),
+                    &response.as_bytes(),
+                    &reference,
+                    &names,
+                    &payloads,
+                ],
+            )
+            .await
+        })
+        .await
+    }
+
+    async fn resolve_with_follow_ons(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        note: Option<&str>,
+        jobs: &[FollowOn],
+    ) -> Result<(), StoreError> {
+        check_distinct(jobs)?;
+        if jobs.is_empty() {
+            let completed = Resolution::Completed { response };
+            return self.resolve(key, attempt, completed, note).await;
+        }
+        let (names, payloads) = job_columns(jobs);
+        let reference = &key.as_bytes()[..8];
+        let key = &key.as_bytes()[..];
+        let note = note.map(str::as_bytes);
+        self.with(async |client, sql| {
+            with_jobs(
+                client,
+                sql,
+                &sql.resolve_with_jobs,
+                key,
+                attempt,
+                &[
+                    &key,
+                    &(attempt.get() as i64),
+                    &response.as_bytes(),
+                    &note,
+                    &reference,
+                    &names,
+                    &payloads,
+                ],
+            )
+            .await
+        })
+        .await
+    }
+
+    async fn lease_jobs(
+        &self,
+        names: &[&str],
+        limit: usize,
+        lease: Duration,
+        token: Attempt,
+    ) -> Result<Vec<OutboxJob>, StoreError> {
+        if names.is_empty() || limit == 0 {
+            return Ok(Vec::new());
+        }
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut leased = self
+            .with(async |client, sql| {
+                let stmt = client.prepare_cached(&sql.lease_jobs).await?;
+                let rows = client
+                    .query(
+                        &stmt,
+                        &[&(token.get() as i64), &micros(lease), &names, &limit],
+                    )
+                    .await?;
+                Ok(rows.iter().map(row_to_job).collect::<Result<Vec<_>, _>>()?)
+            })
+            .await?;
+        // RETURNING has no order of its own.
+        leased.sort_by_key(|j| (j.created_at, j.id.reference, j.id.name.clone()));
+        Ok(leased)
+    }
+
+    async fn finish_job(&self, id: &JobId, token: Attempt) -> Result<(), StoreError> {
+        self.with(async |client, sql| fenced_job(client, &sql.finish_job, id, token, &[]).await)
+            .await
+    }
+
+    async fn retry_job(
+        &self,
+        id: &JobId,
+        token: Attempt,
+        delay: Duration,
+        error: &str,
+    ) -> Result<(), StoreError> {
+        self.with(async |client, sql| {
+            fenced_job(client, &sql.retry_job, id, token, &[&micros(delay), &error]).await
+        })
+        .await
+    }
+
+    async fn bury_job(&self, id: &JobId, token: Attempt, error: &str) -> Result<(), StoreError> {
+        self.with(async |client, sql| fenced_job(client, &sql.bury_job, id, token, &[&error]).await)
+            .await
+    }
+
+    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<OutboxJob>, StoreError> {
+        let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
+        let reference = filter.reference.map(|r| r.as_bytes().to_vec());
+        self.with(async |client, sql| {
+            let stmt = client.prepare_cached(&sql.jobs_filtered).await?;
+            let rows = client
+                .query(
+                    &stmt,
+                    &[
+                        &filter.tenant,
+                        &reference,
+                        &filter.name,
+                        &filter.dead,
+                        &limit,
+                    ],
+                )
+                .await?;
+            Ok(rows.iter().map(row_to_job).collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
+        let reference = &id.reference.as_bytes()[..];
+        self.with(async |client, sql| {
+            let stmt = client.prepare_cached(&sql.redrive_job).await?;
+            let changed = client
+                .execute(&stmt, &[&id.tenant, &reference, &id.name])
+                .await?;
+            Ok(changed == 1)
+        })
+        .await
+    }
+
+    async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
+        self.with(async |client, sql| {
+            let stmt = client.prepare_cached(&sql.count_due_jobs).await?;
+            let rows = client.query(&stmt, &[]).await?;
+            let mut due = BTreeMap::new();
+            for row in rows {
+                let (name, n): (String, i64) = (row.try_get(0)?, row.try_get(1)?);
+                due.insert(name, u64::try_from(n).unwrap_or(0));
+            }
+            Ok(due)
+        })
+        .await
     }
 
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {

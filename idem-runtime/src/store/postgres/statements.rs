@@ -2,7 +2,8 @@
 //! [`RecordStateKind`](crate::store::RecordStateKind).
 
 use crate::store::sql::{
-    counted, expired, filtered, COLUMNS, COMPLETED, IN_PROGRESS, NOT_PERFORMED, UNKNOWN,
+    counted, expired, filtered, jobs_filtered, COLUMNS, COMPLETED, IN_PROGRESS, JOB_COLUMNS,
+    NOT_PERFORMED, UNKNOWN,
 };
 
 /// The store's SQL, with the schema filled in once. Every statement that
@@ -27,6 +28,42 @@ pub(super) struct Statements {
     pub(super) unknown: String,
     pub(super) filtered: String,
     pub(super) counted: String,
+    pub(super) complete_with_jobs: String,
+    pub(super) resolve_with_jobs: String,
+    pub(super) lease_jobs: String,
+    pub(super) finish_job: String,
+    pub(super) retry_job: String,
+    pub(super) bury_job: String,
+    pub(super) redrive_job: String,
+    pub(super) jobs_filtered: String,
+    pub(super) count_due_jobs: String,
+}
+
+/// A fenced change of a record (`change`, whose parameters end at `$n - 1`)
+/// and, in the same statement, its follow-on jobs: `$n` the reference, `$n+1`
+/// the names (text[]), `$n+2` the payloads (bytea[]). One statement is one
+/// transaction: the jobs are inserted only from the row the change returns
+/// (its tenant), so a refused change inserts none, and a failed insert
+/// undoes the change. Answers how many records changed (0 or 1).
+///
+/// A job left by an earlier operation with the same reference (after its
+/// window) is replaced whole: the new operation's jobs start afresh.
+fn with_jobs(change: &str, jobs: &str, n: u8) -> String {
+    let (reference, names, payloads) = (n, n + 1, n + 2);
+    format!(
+        "WITH done AS ({change} RETURNING tenant), \
+         written AS ( \
+           INSERT INTO {jobs} (tenant, reference, name, payload, attempts, token, next_run_at, \
+             last_error, dead, created_at, updated_at) \
+           SELECT done.tenant, ${reference}::bytea, f.name, f.payload, 0, NULL, now(), NULL, \
+             false, now(), now() \
+           FROM done, unnest(${names}::text[], ${payloads}::bytea[]) AS f(name, payload) \
+           ON CONFLICT (tenant, reference, name) DO UPDATE SET payload = EXCLUDED.payload, \
+             attempts = 0, token = NULL, next_run_at = EXCLUDED.next_run_at, last_error = NULL, \
+             dead = false, created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at \
+           RETURNING 1) \
+         SELECT count(*) FROM done"
+    )
 }
 
 /// `$n` microseconds as an interval.
@@ -37,8 +74,9 @@ fn micros(n: u8) -> String {
 impl Statements {
     pub(super) fn new(schema: String) -> Self {
         let t = format!("{schema}.idem_records");
+        let j = format!("{schema}.idem_jobs");
         let (lease, window, retention) = (micros(6), micros(7), micros(8));
-        Statements {
+        let mut sql = Statements {
             // One statement: insert, or take over the row only if
             // Record::is_claimable (expired, or resolved as not performed). A
             // live row is left alone (and only locked for the statement), and
@@ -152,7 +190,64 @@ impl Statements {
                 format!("${n}::{ty}")
             }),
             counted: counted(&t),
+            // Filled in below, from `complete` and `resolve_completed`.
+            complete_with_jobs: String::new(),
+            resolve_with_jobs: String::new(),
+            // The selection locks the jobs it takes and skips those another
+            // lease has locked (FOR UPDATE SKIP LOCKED): of two dispatchers
+            // leasing at once, each gets other jobs, and neither waits. A job
+            // a concurrent lease took and committed is re-checked on the
+            // locked row (its next_run_at is then the lease's end) and left
+            // out. `NOT dead` is written as the partial index's predicate.
+            lease_jobs: format!(
+                "UPDATE {j} SET token = $1, attempts = attempts + 1, \
+                   next_run_at = now() + {}, updated_at = now() \
+                 WHERE (tenant, reference, name) IN ( \
+                   SELECT tenant, reference, name FROM {j} \
+                   WHERE NOT dead AND next_run_at <= now() AND name = ANY($3::text[]) \
+                   ORDER BY next_run_at LIMIT $4 FOR UPDATE SKIP LOCKED) \
+                 RETURNING {JOB_COLUMNS}",
+                micros(2)
+            ),
+            // Every change of a leased job carries `token = $4`: a dispatcher
+            // whose lease ran out (and was taken by another) must not finish,
+            // retry or bury the new holder's run.
+            finish_job: format!(
+                "DELETE FROM {j} WHERE tenant = $1 AND reference = $2 AND name = $3 \
+                   AND token = $4"
+            ),
+            retry_job: format!(
+                "UPDATE {j} SET token = NULL, next_run_at = now() + {}, last_error = $6, \
+                   updated_at = now() \
+                 WHERE tenant = $1 AND reference = $2 AND name = $3 AND token = $4",
+                micros(5)
+            ),
+            bury_job: format!(
+                "UPDATE {j} SET token = NULL, dead = true, last_error = $5, updated_at = now() \
+                 WHERE tenant = $1 AND reference = $2 AND name = $3 AND token = $4"
+            ),
+            redrive_job: format!(
+                "UPDATE {j} SET dead = false, attempts = 0, token = NULL, next_run_at = now(), \
+                   updated_at = now() \
+                 WHERE tenant = $1 AND reference = $2 AND name = $3 AND dead"
+            ),
+            jobs_filtered: jobs_filtered(&j, |n| {
+                let ty = match n {
+                    2 => "bytea",
+                    4 => "bool",
+                    5 => "int8",
+                    _ => "text",
+                };
+                format!("${n}::{ty}")
+            }),
+            count_due_jobs: format!(
+                "SELECT name, count(*) FROM {j} WHERE NOT dead AND next_run_at <= now() \
+                 GROUP BY name"
+            ),
             schema,
-        }
+        };
+        sql.complete_with_jobs = with_jobs(&sql.complete, &j, 4);
+        sql.resolve_with_jobs = with_jobs(&sql.resolve_completed, &j, 5);
+        sql
     }
 }

@@ -8,12 +8,20 @@
 //! | `P:{SS}:x:REF` | set | the `k:KEY` members of those records, for lookups by reference |
 //! | `P:{SS}:lapsed` | sorted set | the shard's IN_PROGRESS records (`r:REF` or `k:KEY`), scored by `lease_until` (µs) |
 //! | `P:{SS}:unknown` | sorted set | the shard's UNKNOWN records, scored by `next_check_at` (µs) |
+//! | `P:{SS}:j:REF:TENANT:NAME` | hash | a follow-on job of the operation with reference `REF` (the tenant in hex) |
+//! | `P:{SS}:jd:NAME` | sorted set | the shard's live jobs named `NAME`, scored by `next_run_at` (µs) |
+//! | `P:{SS}:jobs` | sorted set | every job of the shard, live or dead, scored by `created_at` (µs) |
+//! | `P:{SS}:jobnames` | set | the names of the shard's live jobs |
 //!
 //! `P` is the store's prefix and `SS` the shard: the key's first byte modulo
 //! [`SHARDS`], in two hex digits. `{SS}` is the Cluster hash tag, so a record
 //! and the sets that list it sit on one slot and every script touches one
 //! slot only; the records spread over [`SHARDS`] slots, which the listings
 //! and the purge visit one by one.
+//!
+//! A job sits on its operation's shard, so the completion and its jobs are
+//! written by one script on one slot; a dispatcher's lease, a listing and a
+//! count ask every shard (`lua/jobs.lua` has the details).
 //!
 //! A record is stored under its reference, so a lookup by reference names it
 //! directly, with no index to keep in step, and a fenced change (which knows
@@ -23,6 +31,7 @@
 //! collision set, which exists only for such a pair.
 
 use crate::key::{hex, IdempotencyKey, Reference};
+use crate::store::JobId;
 
 /// How many shards (hash tags) the records spread over. Fixed for the life
 /// of the data: a record is found again only under the shard it was written
@@ -123,6 +132,39 @@ impl Layout {
             format!("x:{}", hex(reference.as_bytes())).as_bytes(),
         ]
         .concat()
+    }
+
+    /// What a script over one job names: the job's hash, its name's due
+    /// set, the shard's job list and the shard's job names (`KEYS`), and the
+    /// job's member in the sets.
+    pub(super) fn job(&self, id: &JobId) -> ([Vec<u8>; 4], Vec<u8>) {
+        let base = self.shard(shard_of(&id.reference));
+        let member = format!(
+            "{}:{}:{}",
+            hex(id.reference.as_bytes()),
+            hex(id.tenant.as_bytes()),
+            id.name
+        )
+        .into_bytes();
+        let [list, names] = self.job_sets(shard_of(&id.reference));
+        (
+            [
+                [&base[..], b"j:", &member[..]].concat(),
+                [&base[..], b"jd:", id.name.as_bytes()].concat(),
+                list,
+                names,
+            ],
+            member,
+        )
+    }
+
+    /// The shard's job list and job names.
+    pub(super) fn job_sets(&self, shard: u8) -> [Vec<u8>; 2] {
+        let base = self.shard(shard);
+        [
+            [&base[..], b"jobs"].concat(),
+            [&base[..], b"jobnames"].concat(),
+        ]
     }
 
     /// The shard a reference (and its key) belongs to.

@@ -1,5 +1,6 @@
 //! [`RedisStore`]: records in Redis or Valkey, standalone or Cluster.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,8 +9,9 @@ use redis::Cmd;
 
 use crate::key::{IdempotencyKey, Reference};
 use crate::store::{
-    Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordFilter, RecordStateKind,
-    Resolution, StateCounts, StoreError,
+    check_distinct, listing_order, Attempt, Claim, ClaimRequest, FollowOn, IdempotencyStore,
+    JobFilter, JobId, OutboxJob, Record, RecordFilter, RecordStateKind, Resolution, StateCounts,
+    StoreError,
 };
 
 mod builder;
@@ -20,7 +22,7 @@ mod scripts;
 pub use builder::RedisStoreBuilder;
 use layout::{Layout, RecordKeys, SHARDS};
 use link::{evalsha, Link};
-use scripts::{micros, records, scanned, Reply, Scanned, SCRIPTS};
+use scripts::{jobs, micros, name_counts, records, scanned, scores, Reply, Scanned, SCRIPTS};
 
 /// Records in Redis or Valkey, standalone or Cluster, for several server
 /// replicas.
@@ -35,6 +37,22 @@ use scripts::{micros, records, scanned, Reply, Scanned, SCRIPTS};
 /// other change compares the record's attempt (the fencing token) in the same
 /// script that writes. A lookup by (tenant, reference) and each listing are
 /// one script too.
+///
+/// # Follow-on jobs
+///
+/// A job is a hash on the slot of the record it follows (its shard's hash
+/// tag), so [`complete_with_follow_ons`](IdempotencyStore::complete_with_follow_ons)
+/// writes the completion and its jobs in the one script that completes, even
+/// on a Cluster. Each shard keeps its live jobs in one sorted set per name,
+/// scored by when they may run next (a leased job: when its lease runs out),
+/// so a lease reads only the names it handles. A lease asks every shard
+/// which jobs are due (one read-only script each, all at once), picks the
+/// longest due across the shards, and then leases them with one script on
+/// each shard that has some; a job another dispatcher took in between is not
+/// due any more, and that lease returns fewer. Every change of a job (lease,
+/// finish, retry, bury, re-drive) is one script, fenced by the lease's
+/// token, with times from the server's `TIME`. Jobs have no TTL: a job stays
+/// until it is finished.
 ///
 /// # The clock
 ///
@@ -208,6 +226,37 @@ impl RedisStore {
     }
 }
 
+impl RedisStore {
+    /// The follow-on jobs' arguments of `complete.lua` and `resolve.lua`:
+    /// the record's shard prefix, then (name, payload) pairs; nothing when
+    /// there are none.
+    fn job_args(&self, cmd: &mut Cmd, key: &IdempotencyKey, jobs: &[FollowOn]) {
+        if jobs.is_empty() {
+            return;
+        }
+        cmd.arg(self.layout.shard(self.layout.shard_of(&key.reference())));
+        for job in jobs {
+            cmd.arg(job.name()).arg(job.payload());
+        }
+    }
+
+    /// A change of one job fenced by its lease's token: `script` over the
+    /// job's hash, its name's due set and the shard's job list, with the
+    /// job's member and `args`.
+    async fn job_change(
+        &self,
+        script: &redis::Script,
+        id: &JobId,
+        args: impl FnOnce(&mut Cmd),
+    ) -> Result<(), StoreError> {
+        let ([job, due, list, _], member) = self.layout.job(id);
+        let mut cmd = evalsha(script, &[&job, &due, &list]);
+        cmd.arg(&member);
+        args(&mut cmd);
+        done(Reply::read(self.link.run(script, &cmd).await?)?)
+    }
+}
+
 /// How many keys one SCAN step of `list_records` and `count_records` looks
 /// at: each step is one short script.
 const SCAN_COUNT: usize = 500;
@@ -293,6 +342,208 @@ impl IdempotencyStore for RedisStore {
         "redis"
     }
 
+    fn supports_follow_ons(&self) -> bool {
+        true
+    }
+
+    async fn complete_with_follow_ons(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        jobs: &[FollowOn],
+    ) -> Result<(), StoreError> {
+        check_distinct(jobs)?;
+        done(
+            self.fenced(&SCRIPTS.complete, key, attempt, |cmd| {
+                cmd.arg(response);
+                self.job_args(cmd, key, jobs);
+            })
+            .await?,
+        )
+    }
+
+    async fn resolve_with_follow_ons(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        note: Option<&str>,
+        jobs: &[FollowOn],
+    ) -> Result<(), StoreError> {
+        check_distinct(jobs)?;
+        let completed = RecordStateKind::Completed.code();
+        done(
+            self.fenced(&SCRIPTS.resolve, key, attempt, |cmd| {
+                cmd.arg(completed).arg(response).arg(0);
+                match note {
+                    Some(note) => cmd.arg("1").arg(note),
+                    None => cmd.arg("0").arg(""),
+                };
+                self.job_args(cmd, key, jobs);
+            })
+            .await?,
+        )
+    }
+
+    async fn lease_jobs(
+        &self,
+        names: &[&str],
+        limit: usize,
+        lease: Duration,
+        token: Attempt,
+    ) -> Result<Vec<OutboxJob>, StoreError> {
+        let mut names = names.to_vec();
+        names.sort_unstable();
+        names.dedup();
+        if names.is_empty() || limit == 0 {
+            return Ok(Vec::new());
+        }
+        // Which shards hold the `limit` longest due jobs: every shard at once,
+        // each a read-only script.
+        let peek = &SCRIPTS.peek_jobs;
+        let calls = (0..SHARDS).map(|shard| {
+            let [list, _] = self.layout.job_sets(shard);
+            let mut cmd = evalsha(peek, &[&list]);
+            cmd.arg(self.layout.shard(shard)).arg(limit).arg(&names);
+            async move { (shard, self.link.run(peek, &cmd).await) }
+        });
+        let mut due = Vec::new();
+        for (shard, reply) in join_all(calls).await {
+            due.extend(scores(reply?)?.into_iter().map(|score| (score, shard)));
+        }
+        due.sort_unstable();
+        due.truncate(limit);
+        let mut per_shard = BTreeMap::<u8, usize>::new();
+        for (_, shard) in due {
+            *per_shard.entry(shard).or_default() += 1;
+        }
+        // Then lease them, one script on each of those shards. A job another
+        // dispatcher leased in between is not due any more: this lease then
+        // returns fewer jobs, never one that is held.
+        let script = &SCRIPTS.lease_jobs;
+        let calls = per_shard.into_iter().map(|(shard, count)| {
+            let [list, _] = self.layout.job_sets(shard);
+            let mut cmd = evalsha(script, &[&list]);
+            cmd.arg(self.layout.shard(shard))
+                .arg(count)
+                .arg(micros(lease))
+                .arg(token.get())
+                .arg(&names);
+            async move { self.link.run(script, &cmd).await }
+        });
+        let (mut leased, mut failed) = (Vec::new(), None);
+        for reply in join_all(calls).await {
+            // A shard that failed leased nothing; one that answered did, and
+            // its jobs are returned (or they would wait out their lease).
+            match reply.and_then(jobs) {
+                Ok(found) => leased.extend(found),
+                Err(e) => failed = Some(e),
+            }
+        }
+        if let (true, Some(e)) = (leased.is_empty(), failed) {
+            return Err(e);
+        }
+        leased.sort_by_key(|j| (j.created_at, j.id.reference, j.id.name.clone()));
+        Ok(leased)
+    }
+
+    async fn finish_job(&self, id: &JobId, token: Attempt) -> Result<(), StoreError> {
+        self.job_change(&SCRIPTS.finish_job, id, |cmd| {
+            cmd.arg(token.get());
+        })
+        .await
+    }
+
+    async fn retry_job(
+        &self,
+        id: &JobId,
+        token: Attempt,
+        delay: Duration,
+        error: &str,
+    ) -> Result<(), StoreError> {
+        self.job_change(&SCRIPTS.retry_job, id, |cmd| {
+            cmd.arg(token.get()).arg(micros(delay)).arg(error);
+        })
+        .await
+    }
+
+    async fn bury_job(&self, id: &JobId, token: Attempt, error: &str) -> Result<(), StoreError> {
+        self.job_change(&SCRIPTS.bury_job, id, |cmd| {
+            cmd.arg(token.get()).arg(error);
+        })
+        .await
+    }
+
+    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<OutboxJob>, StoreError> {
+        if filter.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let want = |v: Option<&[u8]>| v.map_or_else(Vec::new, |v| [b"=", v].concat());
+        let dead = filter.dead.map(|d| if d { &b"1"[..] } else { &b"0"[..] });
+        let (tenant, reference, name, dead) = (
+            want(filter.tenant.as_deref().map(str::as_bytes)),
+            want(filter.reference.as_ref().map(|r| &r.as_bytes()[..])),
+            want(filter.name.as_deref().map(str::as_bytes)),
+            want(dead),
+        );
+        // An operation's jobs are on its shard; any other filter reads every
+        // shard.
+        let shards: Vec<u8> = match &filter.reference {
+            Some(r) => vec![self.layout.shard_of(r)],
+            None => (0..SHARDS).collect(),
+        };
+        let script = &SCRIPTS.list_jobs;
+        let calls = shards.into_iter().map(|shard| {
+            let [list, _] = self.layout.job_sets(shard);
+            let mut cmd = evalsha(script, &[&list]);
+            cmd.arg(self.layout.shard(shard))
+                .arg(filter.limit)
+                .arg(&tenant)
+                .arg(&reference)
+                .arg(&name)
+                .arg(&dead);
+            async move { self.link.run(script, &cmd).await }
+        });
+        let mut found = Vec::new();
+        for reply in join_all(calls).await {
+            found.extend(jobs(reply?)?);
+        }
+        found.sort_by_key(listing_order);
+        found.truncate(filter.limit);
+        Ok(found)
+    }
+
+    async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
+        let script = &SCRIPTS.redrive_job;
+        let ([job, due, _, names], member) = self.layout.job(id);
+        let mut cmd = evalsha(script, &[&job, &due, &names]);
+        cmd.arg(&member).arg(&id.name);
+        match self.link.run(script, &cmd).await? {
+            redis::Value::Int(n) => Ok(n == 1),
+            other => Err(StoreError::Corrupt(format!(
+                "Redis: redrive_job answered {other:?}"
+            ))),
+        }
+    }
+
+    async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
+        let script = &SCRIPTS.count_due_jobs;
+        let calls = (0..SHARDS).map(|shard| {
+            let [_, names] = self.layout.job_sets(shard);
+            let mut cmd = evalsha(script, &[&names]);
+            cmd.arg(self.layout.shard(shard));
+            async move { self.link.run(script, &cmd).await }
+        });
+        let mut due = BTreeMap::new();
+        for reply in join_all(calls).await {
+            for (name, n) in name_counts(reply?)? {
+                *due.entry(name).or_default() += n;
+            }
+        }
+        Ok(due)
+    }
+
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
         let mut seen = std::collections::HashSet::new();
         let mut found: Vec<Record> = Vec::new();
@@ -372,12 +623,8 @@ impl IdempotencyStore for RedisStore {
         attempt: Attempt,
         response: &str,
     ) -> Result<(), StoreError> {
-        done(
-            self.fenced(&SCRIPTS.complete, key, attempt, |cmd| {
-                cmd.arg(response);
-            })
-            .await?,
-        )
+        self.complete_with_follow_ons(key, attempt, response, &[])
+            .await
     }
 
     async fn release(&self, key: &IdempotencyKey, attempt: Attempt) -> Result<(), StoreError> {
@@ -436,9 +683,10 @@ impl IdempotencyStore for RedisStore {
         done(
             self.fenced(&SCRIPTS.resolve, key, attempt, |cmd| {
                 cmd.arg(state.code()).arg(body).arg(micros(settle));
-                if let Some(note) = note {
-                    cmd.arg(note);
-                }
+                match note {
+                    Some(note) => cmd.arg("1").arg(note),
+                    None => cmd.arg("0").arg(""),
+                };
             })
             .await?,
         )

@@ -10,8 +10,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::{Script, Value};
 
-use crate::key::IdempotencyKey;
-use crate::store::{Attempt, Record, RecordState, RecordStateKind, StoreError};
+use crate::key::{IdempotencyKey, Reference};
+use crate::store::{Attempt, JobId, OutboxJob, Record, RecordState, RecordStateKind, StoreError};
 
 /// What a script answers first.
 pub(super) mod code {
@@ -50,6 +50,14 @@ pub(super) struct Scripts {
     pub(super) list: Script,
     pub(super) purge: Script,
     pub(super) scan: Script,
+    pub(super) peek_jobs: Script,
+    pub(super) lease_jobs: Script,
+    pub(super) finish_job: Script,
+    pub(super) retry_job: Script,
+    pub(super) bury_job: Script,
+    pub(super) redrive_job: Script,
+    pub(super) list_jobs: Script,
+    pub(super) count_due_jobs: Script,
 }
 
 pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
@@ -72,18 +80,39 @@ pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
     let script = |body: &str| {
         Script::new(&[&states, &codes, include_str!("lua/prelude.lua"), body].concat())
     };
+    // The scripts that write or read follow-on jobs also take `jobs.lua`.
+    let jobs = |body: &str| {
+        Script::new(
+            &[
+                &states,
+                &codes,
+                include_str!("lua/prelude.lua"),
+                include_str!("lua/jobs.lua"),
+                body,
+            ]
+            .concat(),
+        )
+    };
     Scripts {
         claim: script(include_str!("lua/claim.lua")),
-        complete: script(include_str!("lua/complete.lua")),
+        complete: jobs(include_str!("lua/complete.lua")),
         release: script(include_str!("lua/release.lua")),
         mark_unknown: script(include_str!("lua/mark_unknown.lua")),
-        resolve: script(include_str!("lua/resolve.lua")),
+        resolve: jobs(include_str!("lua/resolve.lua")),
         defer_check: script(include_str!("lua/defer_check.lua")),
         heartbeat: script(include_str!("lua/heartbeat.lua")),
         lookup: script(include_str!("lua/lookup.lua")),
         list: script(include_str!("lua/list.lua")),
         purge: script(include_str!("lua/purge.lua")),
         scan: script(include_str!("lua/scan.lua")),
+        peek_jobs: jobs(include_str!("lua/peek_jobs.lua")),
+        lease_jobs: jobs(include_str!("lua/lease_jobs.lua")),
+        finish_job: jobs(include_str!("lua/finish_job.lua")),
+        retry_job: jobs(include_str!("lua/retry_job.lua")),
+        bury_job: jobs(include_str!("lua/bury_job.lua")),
+        redrive_job: jobs(include_str!("lua/redrive_job.lua")),
+        list_jobs: jobs(include_str!("lua/list_jobs.lua")),
+        count_due_jobs: jobs(include_str!("lua/count_due_jobs.lua")),
     }
 });
 
@@ -178,6 +207,83 @@ pub(super) enum Scanned {
     Records(Vec<Record>),
     /// Each record's key and state.
     States(Vec<([u8; 32], RecordStateKind)>),
+}
+
+/// How many values a job is in a reply: `JOB_FIELDS` in `jobs.lua`.
+pub(super) const JOB_FIELDS: usize = 11;
+
+/// The jobs of a reply: the server's time (µs), then [`JOB_FIELDS`] values
+/// per job.
+pub(super) fn jobs(value: Value) -> Result<Vec<OutboxJob>, StoreError> {
+    let Value::Array(items) = value else {
+        return Err(corrupt("a job listing's reply is not an array"));
+    };
+    let Some((_now, fields)) = items.split_first() else {
+        return Err(corrupt("a job listing's reply is empty"));
+    };
+    if fields.len() % JOB_FIELDS != 0 {
+        return Err(corrupt("a job listing's reply has a partial job"));
+    }
+    fields.chunks(JOB_FIELDS).map(job).collect()
+}
+
+/// A job from its fields (`JOB_FIELDS` order in `jobs.lua`).
+fn job(f: &[Value]) -> Result<OutboxJob, StoreError> {
+    let required =
+        |v: &Value, what: &str| text(v)?.ok_or_else(|| corrupt(&format!("a job has no {what}")));
+    let reference: [u8; 8] = bytes(&f[1])
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| corrupt("a job's reference is not 8 bytes"))?;
+    let token = text(&f[5])?
+        .map(|t| {
+            t.parse::<u64>()
+                .map(Attempt::from_stored)
+                .map_err(|_| corrupt("a job's token is not a number"))
+        })
+        .transpose()?;
+    Ok(OutboxJob {
+        id: JobId {
+            tenant: required(&f[0], "tenant")?,
+            reference: Reference::from_bytes(reference),
+            name: required(&f[2], "name")?,
+        },
+        payload: required(&f[3], "payload")?,
+        attempts: u32::try_from(int(&f[4])?.max(0)).unwrap_or(u32::MAX),
+        token,
+        next_run_at: time(Some(&f[6]))?,
+        last_error: text(&f[7])?,
+        dead: text(&f[8])?.as_deref() == Some("1"),
+        created_at: time(Some(&f[9]))?,
+        updated_at: time(Some(&f[10]))?,
+    })
+}
+
+/// The scores of a `peek_jobs.lua` reply (after the server's time), as
+/// microseconds.
+pub(super) fn scores(value: Value) -> Result<Vec<i64>, StoreError> {
+    let Value::Array(items) = value else {
+        return Err(corrupt("a peek's reply is not an array"));
+    };
+    items.iter().skip(1).map(int).collect()
+}
+
+/// A reply of (name, count) pairs after the server's time
+/// (`count_due_jobs.lua`).
+pub(super) fn name_counts(value: Value) -> Result<Vec<(String, u64)>, StoreError> {
+    let Value::Array(items) = value else {
+        return Err(corrupt("a count's reply is not an array"));
+    };
+    let pairs = items.get(1..).unwrap_or_default();
+    if pairs.len() % 2 != 0 {
+        return Err(corrupt("a count's reply has a partial pair"));
+    }
+    pairs
+        .chunks(2)
+        .map(|p| {
+            let name = text(&p[0])?.ok_or_else(|| corrupt("a count has no name"))?;
+            Ok((name, u64::try_from(int(&p[1])?).unwrap_or(0)))
+        })
+        .collect()
 }
 
 /// A record from its fields (`FIELDS` order), read at `now`.

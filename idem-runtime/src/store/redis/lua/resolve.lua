@@ -1,7 +1,10 @@
 -- resolve. ARGV[4] attempt, ARGV[5] the new state (COMPLETED or
--- NOT_PERFORMED), ARGV[6] response or note, ARGV[7] settle (µs), ARGV[8] who
--- resolved it and why (absent when nobody said).
-local rec, member, f = owned('u', 'e', 'r')
+-- NOT_PERFORMED), ARGV[6] response or note, ARGV[7] settle (µs), ARGV[8] '1'
+-- when ARGV[9] says who resolved it and why ('0': nobody said); for a
+-- COMPLETED resolution with follow-on jobs, ARGV[10] the shard's key prefix
+-- and ARGV[11..] (name, payload) pairs, written with the resolution
+-- (jobs.lua).
+local rec, member, f = owned('u', 'e', 'r', 't')
 if not rec then
   return {FENCED}
 end
@@ -18,8 +21,8 @@ if ARGV[5] == NOT_PERFORMED then
   end
 end
 redis.call('HSET', rec, 's', ARGV[5], 'b', ARGV[6], 'u', int(now))
-if ARGV[8] then
-  redis.call('HSET', rec, 'v', ARGV[8])
+if ARGV[8] == '1' then
+  redis.call('HSET', rec, 'v', ARGV[9])
 else
   redis.call('HDEL', rec, 'v')
 end
@@ -30,5 +33,8 @@ if ARGV[5] == COMPLETED then
   local expires = math.max(tonumber(f[5]), tonumber(f[6]))
   redis.call('HSET', rec, 'e', int(expires))
   expire_at(rec, COMPLETED, expires)
+  if ARGV[10] then
+    write_jobs(ARGV[10], f[7], now, 11)
+  end
 end
 return {OK}

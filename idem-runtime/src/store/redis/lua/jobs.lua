@@ -1,0 +1,80 @@
+-- Shared by the scripts that write or read follow-on jobs (after prelude.lua).
+--
+-- A job lives on the slot of the record it follows (the shard's hash tag), so
+-- the completion and its jobs are one script even on a Cluster. With `B` the
+-- shard's key prefix `P:{SS}:` and the job's member `REF:TENANT:NAME` (the
+-- reference and the tenant in hex, then the name):
+--   B .. 'j:' .. member   hash: the job
+--   B .. 'jd:' .. name    sorted set: the live jobs of one name, scored by
+--                         next_run_at (µs), which for a leased job is the end
+--                         of its lease (so "due" and "lease free" are one
+--                         comparison); dead jobs are in no such set
+--   B .. 'jobs'           sorted set: every job of the shard, live or dead,
+--                         scored by created_at, for listings
+--   B .. 'jobnames'       set: the names with live jobs in the shard, for
+--                         counting due jobs by name
+-- The job's hash fields: t tenant, r reference (8 bytes), n name, p payload,
+-- a attempts, k token (decimal; absent when no lease holds it), d
+-- next_run_at, e last_error, z '1' when dead, c created_at, u updated_at.
+-- Jobs have no TTL: a job stays until it is finished, however long that is.
+
+local JOB_FIELDS = {'t', 'r', 'n', 'p', 'a', 'k', 'd', 'e', 'z', 'c', 'u'}
+
+local function tohex(s)
+  return (string.gsub(s, '.', function(c)
+    return string.format('%02x', string.byte(c))
+  end))
+end
+
+-- Writes the jobs given as (name, payload) pairs from ARGV[from] on, for the
+-- record of `tenant` whose key is ARGV[1] and whose by-reference member is
+-- ARGV[2] (`r:` and the reference in hex), due at `now`, under `base`. A job
+-- left by an earlier operation with the same reference (after its window) is
+-- replaced whole.
+local function write_jobs(base, tenant, now, from)
+  local reference, ref_hex = string.sub(ARGV[1], 1, 8), string.sub(ARGV[2], 3)
+  local id_prefix = ref_hex .. ':' .. tohex(tenant) .. ':'
+  for i = from, #ARGV, 2 do
+    local name, payload = ARGV[i], ARGV[i + 1]
+    local member = id_prefix .. name
+    local job = base .. 'j:' .. member
+    redis.call('DEL', job)
+    redis.call('HSET', job, 't', tenant, 'r', reference, 'n', name, 'p', payload,
+      'a', '0', 'd', int(now), 'z', '0', 'c', int(now), 'u', int(now))
+    redis.call('ZADD', base .. 'jd:' .. name, int(now), member)
+    redis.call('ZADD', base .. 'jobs', int(now), member)
+    redis.call('SADD', base .. 'jobnames', name)
+  end
+end
+
+-- The live jobs due at `now` of the names ARGV[first..], the longest due
+-- first (then by member), at most `count`: {score, member, name} each.
+local function due_jobs(base, first, count, now)
+  local found = {}
+  for i = first, #ARGV do
+    local name = ARGV[i]
+    local m = redis.call('ZRANGEBYSCORE', base .. 'jd:' .. name, '-inf', int(now),
+      'WITHSCORES', 'LIMIT', 0, count)
+    for j = 1, #m, 2 do
+      found[#found + 1] = {tonumber(m[j + 1]), m[j], name}
+    end
+  end
+  table.sort(found, function(a, b)
+    if a[1] ~= b[1] then
+      return a[1] < b[1]
+    end
+    return a[2] < b[2]
+  end)
+  while #found > count do
+    found[#found] = nil
+  end
+  return found
+end
+
+-- The job's fields (JOB_FIELDS order) appended to `out`.
+local function push_job(out, job)
+  local f = redis.call('HMGET', job, unpack(JOB_FIELDS))
+  for i = 1, #JOB_FIELDS do
+    out[#out + 1] = f[i]
+  end
+end
