@@ -31,7 +31,6 @@ use std::ffi::OsString;
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::{json, Value};
@@ -42,6 +41,7 @@ use crate::store::{
     open_store, IdempotencyStore, JobFilter, JobId, OutboxJob, Record, RecordFilter, RecordState,
     RecordStateKind, StoreError,
 };
+use crate::time::rfc3339;
 
 /// Done.
 pub const EXIT_OK: u8 = 0;
@@ -311,8 +311,8 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
                         r.tenant.clone(),
                         r.tool.clone(),
                         state_label(r),
-                        timestamp(r.claimed_at),
-                        timestamp(r.updated_at),
+                        rfc3339(r.claimed_at),
+                        rfc3339(r.updated_at),
                     ]
                 }));
                 table(&rows)
@@ -442,7 +442,7 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
                         if j.dead {
                             "dead".to_owned()
                         } else {
-                            timestamp(j.next_run_at)
+                            rfc3339(j.next_run_at)
                         },
                         j.last_error.clone().unwrap_or_default(),
                     ]
@@ -510,12 +510,12 @@ fn record_json(r: &Record, response: bool) -> Value {
         "lapsed": r.is_lapsed(),
         "note": note,
         "resolution": r.resolution,
-        "claimed_at": timestamp(r.claimed_at),
-        "updated_at": timestamp(r.updated_at),
-        "lease_until": timestamp(r.lease_until),
-        "expires_at": timestamp(r.expires_at),
-        "retain_until": timestamp(r.retain_until),
-        "next_check_at": timestamp(r.next_check_at),
+        "claimed_at": rfc3339(r.claimed_at),
+        "updated_at": rfc3339(r.updated_at),
+        "lease_until": rfc3339(r.lease_until),
+        "expires_at": rfc3339(r.expires_at),
+        "retain_until": rfc3339(r.retain_until),
+        "next_check_at": rfc3339(r.next_check_at),
         "checks": r.checks,
     });
     if response {
@@ -537,10 +537,10 @@ fn job_json(j: &OutboxJob) -> Value {
         "attempts": j.attempts,
         "dead": j.dead,
         "leased": j.token.is_some(),
-        "next_run_at": timestamp(j.next_run_at),
+        "next_run_at": rfc3339(j.next_run_at),
         "last_error": j.last_error,
-        "created_at": timestamp(j.created_at),
-        "updated_at": timestamp(j.updated_at),
+        "created_at": rfc3339(j.created_at),
+        "updated_at": rfc3339(j.updated_at),
         "payload": serde_json::from_str::<Value>(&j.payload)
             .unwrap_or_else(|_| Value::String(j.payload.clone())),
     })
@@ -582,40 +582,9 @@ fn table(rows: &[Vec<String>]) -> String {
     text
 }
 
-/// `t` as RFC 3339 in UTC, to the millisecond.
-fn timestamp(t: SystemTime) -> String {
-    let since = t.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let secs = since.as_secs();
-    let (days, rest) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rest / 3600,
-        rest % 3600 / 60,
-        rest % 60,
-        since.subsec_millis()
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn timestamps_are_rfc3339_utc() {
-        let t = UNIX_EPOCH + std::time::Duration::from_millis(1_709_251_199_123);
-        assert_eq!(timestamp(t), "2024-02-29T23:59:59.123Z");
-        assert_eq!(timestamp(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
-    }
 
     #[test]
     fn tables_align_their_columns() {

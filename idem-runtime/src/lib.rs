@@ -116,6 +116,8 @@ mod mcp;
 mod outbox;
 mod store;
 mod telemetry;
+#[cfg(any(feature = "cli", feature = "rmcp"))]
+mod time;
 
 pub use answer::{Answer, AnswerState, Classify, Disposition, StatusReport, ToolError};
 pub use executor::{

@@ -38,7 +38,7 @@
 //! before: the result inline, and the status tool for an operation still
 //! running.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 pub use rmcp::model::TASKS_EXTENSION_ID;
 use rmcp::model::{
@@ -55,6 +55,7 @@ use crate::answer::text;
 use crate::executor::REJECTED_RESOLUTION;
 use crate::key::{Caller, Reference};
 use crate::store::{Record, RecordState};
+use crate::time::rfc3339;
 
 /// Whether the request declares the tasks extension in its capabilities
 /// (its `_meta`, or the client's `initialize` on a connection that had one)
@@ -273,39 +274,9 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// `t` as RFC 3339 in UTC, to the millisecond.
-fn rfc3339(t: SystemTime) -> String {
-    let since = t.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let secs = since.as_secs();
-    let (days, rest) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rest / 3600,
-        rest % 3600 / 60,
-        rest % 60,
-        since.subsec_millis()
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn timestamps_are_rfc3339_utc() {
-        let t = UNIX_EPOCH + Duration::from_millis(1_709_251_199_123);
-        assert_eq!(rfc3339(t), "2024-02-29T23:59:59.123Z");
-    }
 
     #[test]
     fn the_poll_interval_follows_the_lease_within_bounds() {
