@@ -18,12 +18,10 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use durable::{temp_dir, PgSchema};
+use durable::{temp_dir, Link, PgSchema, Proxy};
 use idem_runtime::{FollowOn, IdempotencyStore, JobFilter};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
-use tokio::sync::watch;
 
 const DISPATCHER: &str = env!("CARGO_BIN_EXE_pg_dispatcher");
 
@@ -329,56 +327,4 @@ async fn store_cut_off_during_dispatch_loses_nothing() {
         expected.len(),
         runs - books.delivered.len()
     );
-}
-
-/// How the proxy treats traffic.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Link {
-    /// Forwards both ways.
-    Up,
-    /// Resets every connection.
-    Down,
-}
-
-/// A TCP proxy to the Postgres server that the test can cut and restore,
-/// without touching the shared server (as in `tests/store_faults.rs`).
-struct Proxy {
-    port: u16,
-    link: watch::Sender<Link>,
-}
-
-impl Proxy {
-    async fn start(upstream: String) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let (link, _) = watch::channel(Link::Up);
-        let watcher = link.clone();
-        tokio::spawn(async move {
-            loop {
-                let Ok((client, _)) = listener.accept().await else {
-                    return;
-                };
-                tokio::spawn(Self::serve(client, upstream.clone(), watcher.subscribe()));
-            }
-        });
-        Proxy { port, link }
-    }
-
-    async fn serve(mut client: TcpStream, upstream: String, mut link: watch::Receiver<Link>) {
-        if *link.borrow_and_update() == Link::Down {
-            return;
-        }
-        let Ok(mut server) = TcpStream::connect(&upstream).await else {
-            return;
-        };
-        // Cut mid-connection: both sockets are closed.
-        tokio::select! {
-            _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
-            _ = link.wait_for(|l| *l != Link::Up) => {}
-        }
-    }
-
-    fn set(&self, link: Link) {
-        self.link.send_replace(link);
-    }
 }

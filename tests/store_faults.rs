@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use durable::{temp_dir, PgSchema};
+use durable::{temp_dir, Link, PgSchema, Proxy};
 use idem_runtime::conformance::{Call, Fault, FaultyStore};
 use idem_runtime::{
     reconcile, sweep, Answer, Caller, Executor, IdempotencyStore, Operation, OperationContext,
@@ -24,9 +24,7 @@ use idem_runtime::{
 };
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
 use tokio::process::Command;
-use tokio::sync::watch;
 
 const WORKER: &str = env!("CARGO_BIN_EXE_store_worker");
 const STATUS_TOOL: &str = "get_operation_status";
@@ -300,74 +298,6 @@ async fn postgres_killed_mid_handler_is_not_run_again() {
         store
     };
     killed_mid_handler(&pg_spec(&pg), reopen, &log).await;
-}
-
-/// How the proxy treats traffic.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Link {
-    /// Forwards both ways.
-    Up,
-    /// Accepts connections and holds them, silent: the server "hangs".
-    Silent,
-    /// Resets every connection.
-    Down,
-}
-
-/// A TCP proxy to the Postgres server that the test can cut and restore,
-/// without touching the shared server.
-struct Proxy {
-    port: u16,
-    link: watch::Sender<Link>,
-}
-
-impl Proxy {
-    async fn start(upstream: String) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let (link, _) = watch::channel(Link::Up);
-        let watcher = link.clone();
-        tokio::spawn(async move {
-            loop {
-                let Ok((client, _)) = listener.accept().await else {
-                    return;
-                };
-                tokio::spawn(Self::serve(client, upstream.clone(), watcher.subscribe()));
-            }
-        });
-        Proxy { port, link }
-    }
-
-    async fn serve(mut client: TcpStream, upstream: String, mut link: watch::Receiver<Link>) {
-        loop {
-            let now = *link.borrow_and_update();
-            match now {
-                Link::Down => return,
-                // Hold the socket without a byte either way, until the link changes.
-                Link::Silent => {
-                    if link.changed().await.is_err() {
-                        return;
-                    }
-                }
-                Link::Up => break,
-            }
-        }
-        let Ok(mut server) = TcpStream::connect(&upstream).await else {
-            return;
-        };
-        let cut = tokio::select! {
-            _ = tokio::io::copy_bidirectional(&mut client, &mut server) => false,
-            _ = link.wait_for(|l| *l != Link::Up) => true,
-        };
-        // Cut mid-connection: stop forwarding; Silent holds both sockets open
-        // (a hung server) until the link changes, Down closes them.
-        if cut {
-            let _ = link.wait_for(|l| *l != Link::Silent).await;
-        }
-    }
-
-    fn set(&self, link: Link) {
-        self.link.send_replace(link);
-    }
 }
 
 /// Charges with a counting handler on `executor`, a fresh amount each time.

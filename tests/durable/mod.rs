@@ -4,6 +4,9 @@
 
 use std::time::Duration;
 
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
 use idem_runtime::conformance::claim_request;
 use idem_runtime::{Attempt, ClaimRequest, PostgresStore};
 
@@ -145,5 +148,76 @@ impl Drop for PgSchema {
             });
         })
         .join();
+    }
+}
+
+/// How the proxy treats traffic.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Link {
+    /// Forwards both ways.
+    Up,
+    /// Accepts connections and holds them, silent: the server "hangs".
+    Silent,
+    /// Resets every connection.
+    Down,
+}
+
+/// A TCP proxy to the Postgres server that a test can cut and restore,
+/// without touching the shared server.
+pub struct Proxy {
+    /// The loopback port the proxy listens on.
+    pub port: u16,
+    link: watch::Sender<Link>,
+}
+
+impl Proxy {
+    /// A proxy on a free loopback port, forwarding to `upstream`.
+    pub async fn start(upstream: String) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (link, _) = watch::channel(Link::Up);
+        let watcher = link.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    return;
+                };
+                tokio::spawn(Self::serve(client, upstream.clone(), watcher.subscribe()));
+            }
+        });
+        Proxy { port, link }
+    }
+
+    async fn serve(mut client: TcpStream, upstream: String, mut link: watch::Receiver<Link>) {
+        loop {
+            let now = *link.borrow_and_update();
+            match now {
+                Link::Down => return,
+                // Hold the socket without a byte either way, until the link changes.
+                Link::Silent => {
+                    if link.changed().await.is_err() {
+                        return;
+                    }
+                }
+                Link::Up => break,
+            }
+        }
+        let Ok(mut server) = TcpStream::connect(&upstream).await else {
+            return;
+        };
+        let cut = tokio::select! {
+            _ = tokio::io::copy_bidirectional(&mut client, &mut server) => false,
+            _ = link.wait_for(|l| *l != Link::Up) => true,
+        };
+        // Cut mid-connection: stop forwarding; Silent holds both sockets open
+        // (a hung server) until the link changes, Down closes them.
+        if cut {
+            let _ = link.wait_for(|l| *l != Link::Silent).await;
+        }
+    }
+
+    /// Changes how traffic is treated from now on, for open connections too.
+    pub fn set(&self, link: Link) {
+        self.link.send_replace(link);
     }
 }
