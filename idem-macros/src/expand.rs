@@ -120,8 +120,13 @@ fn expand(tool: Tool) -> TokenStream {
         }
         Scope::Window(_) => quote!(let #business_key = [];),
     };
-    let block = &method.block;
-    let fake_return = private_ident("__idem_fake_return");
+    let typed = typed_body(
+        &unpack,
+        ret.to_token_stream(),
+        &method.block,
+        &returned,
+        &finish,
+    );
 
     if tool.task {
         return expand_task(
@@ -138,11 +143,7 @@ fn expand(tool: Tool) -> TokenStream {
                 params_value: params,
                 request_ident,
                 params_ty,
-                unpack,
-                returned,
-                ret: ret.to_token_stream(),
-                finish,
-                fake_return,
+                typed,
             },
         );
     }
@@ -160,34 +161,47 @@ fn expand(tool: Tool) -> TokenStream {
             #arguments,
             #business_key,
             #params,
-            move |#params_ident: #params_ty| async move {
-                let #returned = async move {
-                    #unpack
-                    // The declared return type types the body, so a wrong
-                    // value is reported at the user's line (tracing-attributes' trick).
-                    #[allow(
-                        unknown_lints,
-                        unreachable_code,
-                        clippy::diverging_sub_expression,
-                        clippy::empty_loop,
-                        clippy::let_unit_value,
-                        clippy::let_with_type_underscore,
-                        clippy::needless_return,
-                        clippy::unreachable
-                    )]
-                    if false {
-                        let #fake_return: #ret = loop {};
-                        return #fake_return;
-                    }
-                    #block
-                }
-                .await;
-                #finish
-            },
+            move |#params_ident: #params_ty| async move { #typed },
         )
         .await
     });
     method.into_token_stream()
+}
+
+/// The user's body, run and turned into the tool's outcome. The declared
+/// return type types the body through a return that never runs, so a wrong
+/// value is reported at the user's line (tracing-attributes' trick). Written
+/// once for the tool run inline and for a task's body method.
+fn typed_body(
+    unpack: &TokenStream,
+    ret: TokenStream,
+    block: &syn::Block,
+    returned: &Ident,
+    finish: &TokenStream,
+) -> TokenStream {
+    let fake_return = private_ident("__idem_fake_return");
+    quote! {
+        let #returned = async move {
+            #unpack
+            #[allow(
+                unknown_lints,
+                unreachable_code,
+                clippy::diverging_sub_expression,
+                clippy::empty_loop,
+                clippy::let_unit_value,
+                clippy::let_with_type_underscore,
+                clippy::needless_return,
+                clippy::unreachable
+            )]
+            if false {
+                let #fake_return: #ret = loop {};
+                return #fake_return;
+            }
+            #block
+        }
+        .await;
+        #finish
+    }
 }
 
 /// What the task expansion takes over from [`expand`].
@@ -204,11 +218,8 @@ struct TaskParts<'a> {
     params_value: TokenStream,
     request_ident: Ident,
     params_ty: TokenStream,
-    unpack: TokenStream,
-    returned: Ident,
-    ret: TokenStream,
-    finish: TokenStream,
-    fake_return: Ident,
+    /// The body as [`typed_body`] writes it.
+    typed: TokenStream,
 }
 
 /// A tool with `task = "optional"`: the body moves to a hidden method of
@@ -228,17 +239,12 @@ fn expand_task(mut method: ImplItemFn, parts: TaskParts<'_>) -> TokenStream {
         params_value,
         request_ident,
         params_ty,
-        unpack,
-        returned,
-        ret,
-        finish,
-        fake_return,
+        typed,
     } = parts;
     let body_ident = Ident::new(
         &format!("__idem_task_body_{}", method.sig.ident),
         method.sig.ident.span(),
     );
-    let block = method.block.clone();
     // The tool's other arguments (a `RequestContext`, an `Extension<T>`)
     // travel with the parameters: each is bound to a plain name in the tool
     // method and destructured again, as written, in the body method.
@@ -268,26 +274,7 @@ fn expand_task(mut method: ImplItemFn, parts: TaskParts<'_>) -> TokenStream {
             #params_ident: #params_ty,
             #(#extra_args),*
         ) -> ::core::result::Result<#private::CallToolResult, #private::HandlerFailure> {
-            let #returned = async move {
-                #unpack
-                #[allow(
-                    unknown_lints,
-                    unreachable_code,
-                    clippy::diverging_sub_expression,
-                    clippy::empty_loop,
-                    clippy::let_unit_value,
-                    clippy::let_with_type_underscore,
-                    clippy::needless_return,
-                    clippy::unreachable
-                )]
-                if false {
-                    let #fake_return: #ret = loop {};
-                    return #fake_return;
-                }
-                #block
-            }
-            .await;
-            #finish
+            #typed
         }
     };
     method.sig.output = parse_quote!(
