@@ -681,3 +681,101 @@ async fn jobs_outlive_their_record() {
     assert_eq!(leased.len(), 1, "the job outlived its record");
     assert_eq!(leased[0].id.reference, req.key.reference());
 }
+
+/// A record as an earlier version of the store wrote it: a hash of these
+/// fields, times in µs on the server's clock.
+async fn write_hash_record(url: &str, key: &str, req: &ClaimRequest, state: &str, body: &str) {
+    let now = server_time(url).await.duration_since(UNIX_EPOCH).unwrap();
+    let at = |d: Duration| (now + d).as_micros().to_string();
+    let micros_now = now.as_micros().to_string();
+    let mut hset = redis::cmd("HSET");
+    hset.arg(key)
+        .arg("k")
+        .arg(&req.key.as_bytes()[..])
+        .arg("f")
+        .arg(&req.key.fingerprint()[..])
+        .arg("t")
+        .arg(&req.tenant)
+        .arg("o")
+        .arg(&req.tool)
+        .arg("s")
+        .arg(state)
+        .arg("a")
+        .arg(req.attempt.get().to_string())
+        .arg("c")
+        .arg(&micros_now)
+        .arg("u")
+        .arg(&micros_now)
+        .arg("l")
+        .arg(at(req.lease))
+        .arg("e")
+        .arg(at(req.window))
+        .arg("r")
+        .arg(at(req.retention))
+        .arg("n")
+        .arg(&micros_now)
+        .arg("x")
+        .arg("0")
+        .arg("b")
+        .arg(body);
+    let _: i64 = command(url, &hset).await;
+    let _: i64 = command(url, redis::cmd("PEXPIRE").arg(key).arg(3_600_000)).await;
+}
+
+/// Records that an earlier version of the store wrote as hashes are still
+/// read after an upgrade: a completed one answers a repeat with its response
+/// (no second run), an in-progress one is completed by its attempt, and the
+/// change writes it back in the current form.
+#[tokio::test]
+async fn records_written_as_hashes_are_read_after_an_upgrade() {
+    let Some(redis) = Prefixed::new().await else {
+        return;
+    };
+    let done = claim_request(Duration::from_secs(900));
+    write_hash_record(
+        &redis.url,
+        &record_key(&redis.prefix, &done.key),
+        &done,
+        "1",
+        r#"{"receipt":"r-1"}"#,
+    )
+    .await;
+    match redis.claim(&again(&done)).await.unwrap() {
+        Claim::Existing { record } => {
+            assert_eq!(record.attempt, done.attempt);
+            assert_eq!(record.tenant, done.tenant);
+            assert_eq!(
+                record.state,
+                RecordState::Completed {
+                    response: r#"{"receipt":"r-1"}"#.to_owned()
+                }
+            );
+        }
+        other => panic!("a repeat of a completed hash record claimed it: {other:?}"),
+    }
+
+    let running = claim_request(Duration::from_secs(900));
+    let key = record_key(&redis.prefix, &running.key);
+    write_hash_record(&redis.url, &key, &running, "0", "").await;
+    assert!(matches!(
+        redis.claim(&again(&running)).await.unwrap(),
+        Claim::Existing { .. }
+    ));
+    redis
+        .complete(&running.key, running.attempt, "2")
+        .await
+        .unwrap();
+    let kind: String = command(&redis.url, redis::cmd("TYPE").arg(&key)).await;
+    assert_eq!(kind, "string");
+    let record = redis
+        .lookup(&running.tenant, &running.key.reference())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        record.state,
+        RecordState::Completed {
+            response: "2".to_owned()
+        }
+    );
+}

@@ -44,15 +44,15 @@ pub(super) struct Layout {
     prefix: String,
 }
 
-/// What a script over one record names: its `KEYS`, and the members that
-/// name the record in the sorted sets.
+/// What a script over one record is given: the record under its reference,
+/// its one `KEYS` entry (the script finds the shard's other names from it),
+/// and the key in hex, which names the record under its full key.
 #[derive(Debug)]
 pub(super) struct RecordKeys {
-    /// Under the reference, under the full key, the lapsed set, the unknown
-    /// set, the reference's collision set.
-    pub(super) keys: [Vec<u8>; 5],
-    /// The members naming `keys[0]` and `keys[1]` in the sets.
-    pub(super) members: [Vec<u8>; 2],
+    /// `P:{SS}:r:REF`.
+    pub(super) by_reference: Vec<u8>,
+    /// The key's 32 bytes in hex (64 digits).
+    pub(super) key_hex: String,
 }
 
 impl Layout {
@@ -94,23 +94,11 @@ impl Layout {
         ]
     }
 
-    /// Everything a script over the record of `key` names.
+    /// What a script over the record of `key` names.
     pub(super) fn record(&self, key: &IdempotencyKey) -> RecordKeys {
-        let reference = key.reference();
-        let shard = shard_of(&reference);
-        let base = self.shard(shard);
-        let by_reference = format!("r:{}", hex(reference.as_bytes())).into_bytes();
-        let by_key = format!("k:{}", hex(key.as_bytes())).into_bytes();
-        let [lapsed, unknown] = self.sets(shard);
         RecordKeys {
-            keys: [
-                [&base[..], &by_reference[..]].concat(),
-                [&base[..], &by_key[..]].concat(),
-                lapsed,
-                unknown,
-                self.collisions(&reference),
-            ],
-            members: [by_reference, by_key],
+            by_reference: self.by_reference(&key.reference()),
+            key_hex: hex(key.as_bytes()),
         }
     }
 

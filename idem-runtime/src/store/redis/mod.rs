@@ -166,20 +166,28 @@ impl RedisStore {
         self.layout.prefix()
     }
 
-    /// An EVALSHA of `script` over the record of `key`: its keys, then the
-    /// key and the two set members (`ARGV[1..=3]`); the caller adds the rest.
-    fn over(&self, script: &redis::Script, key: &IdempotencyKey) -> (Cmd, RecordKeys) {
+    /// An EVALSHA of `script` over the record of `key`: its one key, the
+    /// record under its reference, and `ARGV[1]`, the key and the key in hex
+    /// packed (`over` in `prelude.lua`), followed by what `tail` packs; the
+    /// caller adds the other arguments.
+    fn over(
+        &self,
+        script: &redis::Script,
+        key: &IdempotencyKey,
+        tail: impl FnOnce(&mut Packed),
+    ) -> (Cmd, RecordKeys) {
         let rk = self.layout.record(key);
-        let keys: Vec<&[u8]> = rk.keys.iter().map(|k| &k[..]).collect();
-        let mut cmd = evalsha(script, &keys);
-        cmd.arg(&key.as_bytes()[..])
-            .arg(&rk.members[0][..])
-            .arg(&rk.members[1][..]);
+        let mut cmd = evalsha(script, &[&rk.by_reference]);
+        let mut packed = Packed(Vec::with_capacity(160));
+        packed.0.extend_from_slice(key.as_bytes());
+        packed.0.extend_from_slice(rk.key_hex.as_bytes());
+        tail(&mut packed);
+        cmd.arg(packed.0);
         (cmd, rk)
     }
 
     /// A fenced change: `script` over the record of `key` with `attempt`
-    /// (`ARGV[4]`) and `args` after it.
+    /// (packed after the key) and `args` after `ARGV[1]`.
     async fn fenced(
         &self,
         script: &redis::Script,
@@ -187,8 +195,7 @@ impl RedisStore {
         attempt: Attempt,
         args: impl FnOnce(&mut Cmd),
     ) -> Result<Reply, StoreError> {
-        let (mut cmd, _) = self.over(script, key);
-        cmd.arg(attempt.get());
+        let (mut cmd, _) = self.over(script, key, |p| p.text(&attempt.get().to_string()));
         args(&mut cmd);
         Reply::read(self.link.run(script, &cmd).await?)
     }
@@ -223,6 +230,27 @@ impl RedisStore {
         found.sort_by_key(order);
         found.truncate(limit);
         Ok(found)
+    }
+}
+
+/// A script's arguments packed into one value, as Redis's `struct.unpack`
+/// reads them with a little-endian format: each argument of a script costs
+/// it about as much as a call inside it, so the scripts on the hot path
+/// take one.
+struct Packed(Vec<u8>);
+
+impl Packed {
+    /// `i4c0`: a 4-byte length, then the bytes.
+    fn text(&mut self, text: &str) {
+        let len = u32::try_from(text.len()).expect("a text under 4 GiB");
+        self.0.extend_from_slice(&len.to_le_bytes());
+        self.0.extend_from_slice(text.as_bytes());
+    }
+
+    /// `d`: a duration in whole microseconds, as a double (exact: at most a
+    /// hundred years, below 2^53).
+    fn micros(&mut self, d: Duration) {
+        self.0.extend_from_slice(&(micros(d) as f64).to_le_bytes());
     }
 }
 
@@ -588,20 +616,21 @@ impl IdempotencyStore for RedisStore {
 
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         let script = &SCRIPTS.claim;
-        let (mut cmd, rk) = self.over(script, &req.key);
-        cmd.arg(&req.key.fingerprint()[..])
-            .arg(&req.tenant)
-            .arg(&req.tool)
-            .arg(req.attempt.get())
-            .arg(micros(req.lease))
-            .arg(micros(req.window))
-            .arg(micros(req.retention.max(req.window)));
+        let (cmd, rk) = self.over(script, &req.key, |p| {
+            p.0.extend_from_slice(req.key.fingerprint());
+            p.text(&req.tenant);
+            p.text(&req.tool);
+            p.text(&req.attempt.get().to_string());
+            p.micros(req.lease);
+            p.micros(req.window);
+            p.micros(req.retention.max(req.window));
+        });
         let Some((replicas, timeout)) = self.replicas else {
             return claimed(Reply::read(self.link.run(script, &cmd).await?)?);
         };
         let (reply, acked) = self
             .link
-            .run_and_wait(script, &cmd, &rk.keys[0], replicas, timeout)
+            .run_and_wait(script, &cmd, &rk.by_reference, replicas, timeout)
             .await?;
         let claim = claimed(Reply::read(reply)?)?;
         if claim == Claim::Claimed && acked < i64::from(replicas) {

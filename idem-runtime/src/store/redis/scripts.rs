@@ -31,10 +31,6 @@ pub(super) mod code {
     pub(super) const FOUND: i64 = 6;
 }
 
-/// How many values a record is in a reply: the hash's fields, in the order
-/// of `FIELDS` in `prelude.lua`.
-pub(super) const FIELDS: usize = 15;
-
 /// The scripts, loaded into the server's cache by their SHA-1 on first use
 /// (and again after a restart flushed it).
 #[derive(Debug)]
@@ -148,27 +144,27 @@ impl Reply {
             code::CLAIMED => Reply::Claimed,
             code::FOUND => {
                 let now = time(items.get(1))?;
-                Reply::Found(Box::new(record(&items[2..], now)?))
+                let packed = items
+                    .get(2)
+                    .ok_or_else(|| corrupt("a found record is missing"))?;
+                Reply::Found(Box::new(record(packed, now)?))
             }
             other => return Err(corrupt(&format!("unknown reply code {other}"))),
         })
     }
 }
 
-/// The records of a listing's reply: the server's time (µs), then
-/// [`FIELDS`] values per record.
+/// The records of a listing's reply: the server's time (µs), then each
+/// record, packed (`REC` in `prelude.lua`).
 pub(super) fn records(value: Value) -> Result<Vec<Record>, StoreError> {
     let Value::Array(items) = value else {
         return Err(corrupt("a listing's reply is not an array"));
     };
-    let Some((now, fields)) = items.split_first() else {
+    let Some((now, packed)) = items.split_first() else {
         return Err(corrupt("a listing's reply is empty"));
     };
-    if fields.len() % FIELDS != 0 {
-        return Err(corrupt("a listing's reply has a partial record"));
-    }
     let now = time(Some(now))?;
-    fields.chunks(FIELDS).map(|f| record(f, now)).collect()
+    packed.iter().map(|p| record(p, now)).collect()
 }
 
 /// One SCAN step's reply (`scan.lua`): the next cursor, and the records
@@ -286,18 +282,26 @@ pub(super) fn name_counts(value: Value) -> Result<Vec<(String, u64)>, StoreError
         .collect()
 }
 
-/// A record from its fields (`FIELDS` order), read at `now`.
-fn record(f: &[Value], now: SystemTime) -> Result<Record, StoreError> {
-    if f.len() != FIELDS {
-        return Err(corrupt("a record has missing fields"));
+/// A record as `prelude.lua` packs it (`REC`: little-endian, no padding),
+/// read at `now`.
+fn record(packed: &Value, now: SystemTime) -> Result<Record, StoreError> {
+    let mut r = Packed(bytes(packed).ok_or_else(|| corrupt("a record is not a string"))?);
+    let key: [u8; 32] = r.take_array()?;
+    let fingerprint: [u8; 32] = r.take_array()?;
+    let [code] = r.take_array()?;
+    let kind = RecordStateKind::from_code(i64::from(code) - i64::from(b'0'))
+        .ok_or_else(|| corrupt(&format!("state {:?}", char::from(code))))?;
+    let [claimed_at, updated_at, lease_until, expires_at, retain_until, next_check_at, checks] =
+        [(); 7].map(|()| r.take_double());
+    let attempt = r.take_text("attempt")?;
+    let tenant = r.take_text("tenant")?;
+    let tool = r.take_text("tool")?;
+    let body = r.take_optional_text("response")?;
+    let resolution = r.take_optional_text("resolution")?;
+    if !r.0.is_empty() {
+        return Err(corrupt("a record has bytes after its last field"));
     }
-    let bytes32 = |v: &Value, what: &str| -> Result<[u8; 32], StoreError> {
-        bytes(v)
-            .and_then(|b| <[u8; 32]>::try_from(b).ok())
-            .ok_or_else(|| corrupt(&format!("the {what} is not 32 bytes")))
-    };
-    let body = text(&f[13])?;
-    let state = match (kind(Some(&f[4]))?, body) {
+    let state = match (kind, body) {
         (RecordStateKind::InProgress, _) => RecordState::InProgress,
         (RecordStateKind::Completed, Some(response)) => RecordState::Completed { response },
         (RecordStateKind::Completed, None) => {
@@ -310,28 +314,74 @@ fn record(f: &[Value], now: SystemTime) -> Result<Record, StoreError> {
             note: note.unwrap_or_default(),
         },
     };
-    let required =
-        |v: &Value, what: &str| text(v)?.ok_or_else(|| corrupt(&format!("a record has no {what}")));
     Ok(Record {
-        key: IdempotencyKey::from_parts(bytes32(&f[0], "key")?, bytes32(&f[1], "fingerprint")?),
-        tenant: required(&f[2], "tenant")?,
-        tool: required(&f[3], "tool")?,
+        key: IdempotencyKey::from_parts(key, fingerprint),
+        tenant,
+        tool,
         attempt: Attempt::from_stored(
-            required(&f[5], "attempt")?
+            attempt
                 .parse()
                 .map_err(|_| corrupt("an attempt is not a number"))?,
         ),
         state,
-        claimed_at: time(Some(&f[6]))?,
-        updated_at: time(Some(&f[7]))?,
-        lease_until: time(Some(&f[8]))?,
-        expires_at: time(Some(&f[9]))?,
-        retain_until: time(Some(&f[10]))?,
-        next_check_at: time(Some(&f[11]))?,
-        checks: u32::try_from(int(&f[12])?.max(0)).unwrap_or(u32::MAX),
-        resolution: text(&f[14])?,
+        claimed_at: micros_time(claimed_at?)?,
+        updated_at: micros_time(updated_at?)?,
+        lease_until: micros_time(lease_until?)?,
+        expires_at: micros_time(expires_at?)?,
+        retain_until: micros_time(retain_until?)?,
+        next_check_at: micros_time(next_check_at?)?,
+        checks: checks?.clamp(0.0, f64::from(u32::MAX)) as u32,
+        resolution,
         observed_at: now,
     })
+}
+
+/// The unread rest of a packed record.
+struct Packed<'a>(&'a [u8]);
+
+impl Packed<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8], StoreError> {
+        if self.0.len() < n {
+            return Err(corrupt("a record is cut short"));
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+
+    fn take_array<const N: usize>(&mut self) -> Result<[u8; N], StoreError> {
+        Ok(self.take(N)?.try_into().expect("take returns N bytes"))
+    }
+
+    /// A Lua number: a double, which holds every time the scripts write.
+    fn take_double(&mut self) -> Result<f64, StoreError> {
+        Ok(f64::from_le_bytes(self.take_array()?))
+    }
+
+    /// A 4-byte length, then that many bytes of UTF-8.
+    fn take_text(&mut self, what: &str) -> Result<String, StoreError> {
+        let len = u32::from_le_bytes(self.take_array()?) as usize;
+        String::from_utf8(self.take(len)?.to_vec())
+            .map_err(|_| corrupt(&format!("a record's {what} is not UTF-8")))
+    }
+
+    /// A presence byte, then a text ([`Packed::take_text`]) that is `None`
+    /// when the byte is 0.
+    fn take_optional_text(&mut self, what: &str) -> Result<Option<String>, StoreError> {
+        let [present] = self.take_array()?;
+        let text = self.take_text(what)?;
+        Ok((present != 0).then_some(text))
+    }
+}
+
+/// A time a record keeps: microseconds since the epoch, as a double.
+fn micros_time(micros: f64) -> Result<SystemTime, StoreError> {
+    if !(micros >= 0.0 && micros < 9_007_199_254_740_992.0) {
+        return Err(corrupt(&format!(
+            "a record's time {micros} is out of range"
+        )));
+    }
+    Ok(UNIX_EPOCH + Duration::from_micros(micros as u64))
 }
 
 fn bytes(v: &Value) -> Option<&[u8]> {

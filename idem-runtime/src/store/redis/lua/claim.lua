@@ -1,45 +1,49 @@
--- claim. ARGV[4] fingerprint, ARGV[5] tenant, ARGV[6] tool, ARGV[7] attempt,
--- ARGV[8] lease, ARGV[9] window, ARGV[10] retention (µs, at least the window).
+-- claim. After the key: the fingerprint, the tenant, the tool, the attempt,
+-- the lease, the window and the retention (µs, at least the window).
+local fingerprint, tenant, tool, attempt, lease, window, retention =
+  over(struct.unpack('<c32c64c32i4c0i4c0i4c0ddd', ARGV[1]))
 local now = clock()
-local rec, member = KEYS[1], ARGV[2]
-local f = redis.call('HMGET', rec, 'k', 's', 'a', 'l', 'e', 'r')
-if not f[1] and redis.call('EXISTS', KEYS[2]) == 1 then
-  -- Its record outlived the other operation's that held its reference.
-  rec, member = KEYS[2], ARGV[3]
-  f = redis.call('HMGET', rec, 'k', 's', 'a', 'l', 'e', 'r')
-elseif f[1] and f[1] ~= ARGV[1] then
-  -- Another operation holds this reference: this one lives under its full
-  -- key, and lookups find it through the reference's collision set.
-  rec, member = KEYS[2], ARGV[3]
-  f = redis.call('HMGET', rec, 'k', 's', 'a', 'l', 'e', 'r')
-  redis.call('SADD', KEYS[5], member)
+local rec, member, r, collided = KEYS[1], nil, nil, false
+local rec2 = base() .. m2()
+-- One EXISTS for both names: a first call (the usual claim) finds neither
+-- and goes straight to the write.
+if redis.call('EXISTS', KEYS[1], rec2) > 0 then
+  r = load(rec)
+  if not r then
+    -- Its record outlived the other operation's that held its reference.
+    rec, member, collided = rec2, m2(), true
+    r = load(rec)
+  elseif r.k ~= KEY then
+    -- Another operation holds this reference: this one lives under its full
+    -- key, and lookups find it through the reference's collision set.
+    rec, member, collided = rec2, m2(), true
+    r = load(rec)
+    redis.call('SADD', base() .. 'x:' .. string.sub(KEYS[1], -16), member)
+  end
 end
-local state = f[2]
-if state then
-  local live
+member = member or m1()
+if r then
+  local state, live = r.s, nil
   if state == NOT_PERFORMED then
     live = false
   elseif state == COMPLETED then
-    live = tonumber(f[5]) > now
+    live = r.e > now
   else
-    live = tonumber(f[6]) > now or tonumber(f[4]) > now
+    live = r.r > now or r.l > now
   end
   if live then
     -- This very claim, sent again after its answer was lost: it owns the record.
-    if state == IN_PROGRESS and f[3] == ARGV[7] then
+    if state == IN_PROGRESS and r.a == attempt then
       return {CLAIMED}
     end
-    return found(rec, now)
+    return found(r, now)
   end
   -- Past its life (Redis has not deleted it yet), or resolved as not
-  -- performed: the claim replaces it whole.
-  redis.call('DEL', rec)
-  redis.call('ZREM', KEYS[4], member)
+  -- performed: the claim replaces it whole (the SET below).
+  redis.call('ZREM', unknown(), member)
 end
-local lease, expires, retain = now + ARGV[8], now + ARGV[9], now + ARGV[10]
-redis.call('HSET', rec, 'k', ARGV[1], 'f', ARGV[4], 't', ARGV[5], 'o', ARGV[6],
-  's', IN_PROGRESS, 'a', ARGV[7], 'c', int(now), 'u', int(now), 'l', int(lease),
-  'e', int(expires), 'r', int(retain), 'n', int(now), 'x', '0')
-expire_at(rec, IN_PROGRESS, expires, retain, lease)
-redis.call('ZADD', KEYS[3], int(lease), member)
+local lease_until = now + lease
+save(rec, {k = KEY, f = fingerprint, t = tenant, o = tool, s = IN_PROGRESS, a = attempt,
+  c = now, u = now, l = lease_until, e = now + window, r = now + retention, n = now, x = 0}, collided)
+redis.call('ZADD', lapsed(), int(lease_until), member)
 return {CLAIMED}

@@ -1,13 +1,13 @@
--- defer_check. ARGV[4] attempt, ARGV[5] delay (µs).
-local rec, member, f = owned()
+-- defer_check. After the key: the attempt. ARGV[2] the delay (µs).
+local rec, member, r, collided = owned(over(struct.unpack('<c32c64i4c0', ARGV[1])))
 if not rec then
   return {FENCED}
 end
-if f[3] ~= UNKNOWN then
-  return {WRONG_STATE, f[3]}
+if r.s ~= UNKNOWN then
+  return {WRONG_STATE, r.s}
 end
-local next_check = int(clock() + ARGV[5])
-redis.call('HSET', rec, 'n', next_check)
-redis.call('HINCRBY', rec, 'x', 1)
-redis.call('ZADD', KEYS[4], next_check, member)
+r.n = clock() + ARGV[2]
+r.x = r.x + 1
+save(rec, r, collided)
+redis.call('ZADD', unknown(), int(r.n), member)
 return {OK}

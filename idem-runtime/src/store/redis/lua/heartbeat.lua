@@ -1,14 +1,13 @@
--- heartbeat. ARGV[4] attempt, ARGV[5] lease (µs).
-local rec, member, f = owned('r')
+-- heartbeat. After the key: the attempt. ARGV[2] the lease (µs).
+local rec, member, r, collided = owned(over(struct.unpack('<c32c64i4c0', ARGV[1])))
 if not rec then
   return {FENCED}
 end
-if f[3] ~= IN_PROGRESS then
-  return {WRONG_STATE, f[3]}
+if r.s ~= IN_PROGRESS then
+  return {WRONG_STATE, r.s}
 end
 local now = clock()
-local lease = now + ARGV[5]
-redis.call('HSET', rec, 'l', int(lease), 'u', int(now))
-redis.call('ZADD', KEYS[3], int(lease), member)
-expire_at(rec, IN_PROGRESS, 0, tonumber(f[4]), lease)
+r.l, r.u = now + ARGV[2], now
+save(rec, r, collided)
+redis.call('ZADD', lapsed(), int(r.l), member)
 return {OK}

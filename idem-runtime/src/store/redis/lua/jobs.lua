@@ -27,12 +27,11 @@ local function tohex(s)
 end
 
 -- Writes the jobs given as (name, payload) pairs from ARGV[from] on, for the
--- record of `tenant` whose key is ARGV[1] and whose by-reference member is
--- ARGV[2] (`r:` and the reference in hex), due at `now`, under `base`. A job
--- left by an earlier operation with the same reference (after its window) is
--- replaced whole.
+-- record of `tenant` whose key is KEY (set by `over`) and whose reference in
+-- hex ends KEYS[1], due at `now`, under `base`. A job left by an earlier
+-- operation with the same reference (after its window) is replaced whole.
 local function write_jobs(base, tenant, now, from)
-  local reference, ref_hex = string.sub(ARGV[1], 1, 8), string.sub(ARGV[2], 3)
+  local reference, ref_hex = string.sub(KEY, 1, 8), string.sub(KEYS[1], -16)
   local id_prefix = ref_hex .. ':' .. tohex(tenant) .. ':'
   for i = from, #ARGV, 2 do
     local name, payload = ARGV[i], ARGV[i + 1]

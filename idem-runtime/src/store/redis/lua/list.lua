@@ -1,8 +1,9 @@
 -- list_lapsed and list_unknown, one shard. KEYS[1] the shard's set (scored by
 -- lease_until or next_check_at), ARGV[1] the shard's key prefix, ARGV[2] the
--- limit, ARGV[3] the state its records are in. Returns the time, then the
--- fields of each due record. An entry whose record is gone (Redis deleted it
--- at the end of its life) or moved on is dropped on the way.
+-- limit, ARGV[3] the state its records are in. Returns the time, then each
+-- due record (packed, as prelude.lua says). An entry whose record is gone
+-- (Redis deleted it at the end of its life) or moved on is dropped on the
+-- way.
 local now = clock()
 local out = {int(now)}
 local limit, kept = tonumber(ARGV[2]), 0
@@ -12,11 +13,9 @@ while kept < limit do
     break
   end
   for _, m in ipairs(members) do
-    local f = redis.call('HMGET', ARGV[1] .. m, unpack(FIELDS))
-    if f[5] == ARGV[3] then
-      for i = 1, #FIELDS do
-        out[#out + 1] = f[i]
-      end
+    local r = load(ARGV[1] .. m)
+    if r and r.s == ARGV[3] then
+      out[#out + 1] = r.raw
       kept = kept + 1
     else
       redis.call('ZREM', KEYS[1], m)

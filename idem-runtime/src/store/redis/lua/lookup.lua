@@ -1,17 +1,18 @@
 -- lookup. KEYS[1] the record under the reference, KEYS[2] the reference's
 -- collision set, ARGV[1] the tenant, ARGV[2] the shard's key prefix. Another
 -- tenant's record is never returned.
-local rec = KEYS[1]
-if redis.call('HGET', rec, 't') ~= ARGV[1] then
-  rec = nil
+local r = load(KEYS[1])
+if not r or r.t ~= ARGV[1] then
+  r = nil
   for _, m in ipairs(redis.call('SMEMBERS', KEYS[2])) do
-    if redis.call('HGET', ARGV[2] .. m, 't') == ARGV[1] then
-      rec = ARGV[2] .. m
+    local other = load(ARGV[2] .. m)
+    if other and other.t == ARGV[1] then
+      r = other
       break
     end
   end
-  if not rec then
+  if not r then
     return {}
   end
 end
-return found(rec, clock())
+return found(r, clock())

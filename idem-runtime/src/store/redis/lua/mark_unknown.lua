@@ -1,18 +1,19 @@
--- mark_unknown and mark_lapsed. ARGV[4] attempt, ARGV[5] note, ARGV[6] '1'
--- for the sweep's mark, which re-checks the lease here, so that a heartbeat
+-- mark_unknown and mark_lapsed. After the key: the attempt. ARGV[2] the
+-- note, ARGV[3] '1' for the sweep's mark, which re-checks the lease here, so that a heartbeat
 -- that landed after the sweep listed the record keeps it alive.
-local rec, member, f = owned('l')
+local rec, member, r, collided = owned(over(struct.unpack('<c32c64i4c0', ARGV[1])))
 if not rec then
   return {FENCED}
 end
-if f[3] ~= IN_PROGRESS then
-  return {WRONG_STATE, f[3]}
+if r.s ~= IN_PROGRESS then
+  return {WRONG_STATE, r.s}
 end
 local now = clock()
-if ARGV[6] == '1' and tonumber(f[4]) > now then
+if ARGV[3] == '1' and r.l > now then
   return {LEASE_LIVE}
 end
-redis.call('HSET', rec, 's', UNKNOWN, 'b', ARGV[5], 'u', int(now), 'n', int(now), 'x', '0')
-redis.call('ZREM', KEYS[3], member)
-redis.call('ZADD', KEYS[4], int(now), member)
+r.s, r.b, r.u, r.n, r.x = UNKNOWN, ARGV[2], now, now, 0
+save(rec, r, collided)
+redis.call('ZREM', lapsed(), member)
+redis.call('ZADD', unknown(), int(now), member)
 return {OK}

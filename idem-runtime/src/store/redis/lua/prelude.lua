@@ -4,18 +4,52 @@
 -- store is the clock, so processes with skewed clocks agree on leases and
 -- expiry. They stay below 2^53, so Lua's doubles hold them exactly.
 --
--- The record's hash fields: k key (32 bytes), f fingerprint (32 bytes),
--- t tenant, o tool, s state code, a attempt (decimal), c claimed_at,
--- u updated_at, l lease_until, e expires_at, r retain_until, n next_check_at,
--- x checks, b response or note, v resolution.
+-- A record is one string, packed with Redis's `struct` library in the layout
+-- REC (little-endian, no padding): k key (32 bytes), f fingerprint (32
+-- bytes), s state code (1 byte), then c claimed_at, u updated_at, l
+-- lease_until, e expires_at, r retain_until, n next_check_at and x checks
+-- (7 doubles), then a attempt (decimal), t tenant and o tool (each a 4-byte
+-- length and the bytes), then b response or note and v resolution (each a
+-- presence byte, a 4-byte length and the bytes). `scripts.rs` reads the same
+-- layout. One string costs a script one GET and one SET, where a hash of 15
+-- fields cost an HMGET, an HSET and a PEXPIREAT: each call from a script is
+-- most of a script's time on the server.
 --
--- The scripts over one record take KEYS[1], the record under its reference,
--- KEYS[2], the record under its full key, KEYS[3] and KEYS[4], the shard's
--- lapsed and unknown sets, and KEYS[5], the reference's collision set, all on
--- one slot; ARGV[1] is the key, ARGV[2] and ARGV[3] the members that name
--- KEYS[1] and KEYS[2] in the sets.
+-- A script over one record takes one KEY, the record under its reference
+-- (`P:{SS}:r:REF`), and in ARGV[1] its arguments packed the same way (`over`
+-- below): the key (32 bytes) and the key in hex, then the script's own. The
+-- shard's other names come from those: the record under its full key
+-- (`P:{SS}:k:KEY`), the shard's lapsed and unknown sets and the reference's
+-- collision set, all on the KEY's slot. Each KEY and each ARGV costs a
+-- script about as much as a call inside it does.
 
-local FIELDS = {'k', 'f', 't', 'o', 's', 'a', 'c', 'u', 'l', 'e', 'r', 'n', 'x', 'b', 'v'}
+local REC = '<c32c32c1dddddddi4c0i4c0i4c0Bi4c0Bi4c0'
+
+-- Set by `over`: the key, and the key in hex.
+local KEY, KEYHEX
+
+-- Reads the values of ARGV[1] of a script over one record, unpacked: the key
+-- and the key in hex, which it keeps, then the script's own, which it
+-- returns (and struct.unpack's position after them, which callers drop).
+local function over(key, keyhex, ...)
+  KEY, KEYHEX = key, keyhex
+  return ...
+end
+
+-- The shard's names, from KEYS[1] (`P:{SS}:r:REF`), made when needed.
+local function base()
+  return string.sub(KEYS[1], 1, -19)
+end
+
+-- The record's member in the shard's sets, under its reference.
+local function m1()
+  return string.sub(KEYS[1], -18)
+end
+
+-- The record's member in the shard's sets, under its full key.
+local function m2()
+  return 'k:' .. KEYHEX
+end
 
 -- An integer as Redis should store it (never in exponent form).
 local function int(x)
@@ -27,49 +61,102 @@ local function clock()
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
--- The record, its set member and the fields k, a, s and `...`, if ARGV[4]
--- (the attempt) owns it; nil otherwise. The attempt is the fence: a worker
--- whose claim was taken over must not touch the new owner's record.
+local function packed(r)
+  local b, v = r.b or '', r.v or ''
+  return struct.pack(REC, r.k, r.f, r.s, r.c, r.u, r.l, r.e, r.r, r.n, r.x,
+    #r.a, r.a, #r.t, r.t, #r.o, r.o, r.b and 1 or 0, #b, b, r.v and 1 or 0, #v, v)
+end
+
+-- The record stored at `rec`, as a table of the fields above (and `raw`, the
+-- string it was read from), or nil if there is none.
+local function load(rec)
+  local raw = redis.pcall('GET', rec)
+  if type(raw) == 'string' then
+    local r = {raw = raw}
+    local hb, hv
+    r.k, r.f, r.s, r.c, r.u, r.l, r.e, r.r, r.n, r.x, r.a, r.t, r.o, hb, r.b, hv, r.v =
+      struct.unpack(REC, raw)
+    if hb == 0 then
+      r.b = nil
+    end
+    if hv == 0 then
+      r.v = nil
+    end
+    return r
+  end
+  if not raw then
+    return nil
+  end
+  -- Not a string: a record an earlier version of the store wrote as a hash
+  -- with these fields. It is read as such, and written back as a string by
+  -- the next change, so an upgrade neither loses nor repeats an operation.
+  local f = redis.call('HMGET', rec, 'k', 'f', 't', 'o', 's', 'a', 'c', 'u', 'l', 'e', 'r',
+    'n', 'x', 'b', 'v')
+  if not f[1] then
+    return nil
+  end
+  local r = {k = f[1], f = f[2], t = f[3], o = f[4], s = f[5], a = f[6], b = f[14] or nil,
+    v = f[15] or nil}
+  r.c, r.u, r.l, r.e = tonumber(f[7]), tonumber(f[8]), tonumber(f[9]), tonumber(f[10])
+  r.r, r.n, r.x = tonumber(f[11]), tonumber(f[12]), tonumber(f[13])
+  r.raw = packed(r)
+  return r
+end
+
+-- Writes `r` at `rec`. Redis deletes the record when its life ends
+-- (Record::is_expired): a COMPLETED one at expires_at, any other once its
+-- retention and its lease are both over. Rounded up to the millisecond:
+-- never before its end.
+local function save(rec, r, collided)
+  local ends = r.e
+  if r.s ~= COMPLETED then
+    ends = math.max(r.r, r.l)
+  end
+  local at = int(math.ceil(ends / 1000))
+  redis.call('SET', rec, packed(r), 'PXAT', at)
+  if collided then
+    -- The collision set that lookups find this record through lives as long
+    -- as the longest-lived record in it.
+    local collisions = base() .. 'x:' .. string.sub(KEYS[1], -16)
+    redis.call('PEXPIREAT', collisions, at, 'NX')
+    redis.call('PEXPIREAT', collisions, at, 'GT')
+  end
+end
+
+-- The record, its set member, its fields and whether it lives under its
+-- full key, if `attempt` owns it; nil otherwise. The attempt is the fence: a worker whose claim was taken
+-- over must not touch the new owner's record.
 --
 -- An operation's record lives under its reference, unless a record of another
 -- operation held that reference when it was claimed (the reference is 64 bits
 -- of the key): then under its full key. Never under both, so the second look
 -- is needed only when the first finds another operation's record, or none.
-local function owned(...)
-  local rec, member = KEYS[1], ARGV[2]
-  local f = redis.call('HMGET', rec, 'k', 'a', 's', ...)
-  if f[1] ~= ARGV[1] then
-    rec, member = KEYS[2], ARGV[3]
-    f = redis.call('HMGET', rec, 'k', 'a', 's', ...)
-    if f[1] ~= ARGV[1] then
+local function owned(attempt)
+  local rec, member, collided = KEYS[1], nil, false
+  local r = load(rec)
+  if not r or r.k ~= KEY then
+    member, collided = m2(), true
+    rec = base() .. member
+    r = load(rec)
+    if not r or r.k ~= KEY then
       return nil
     end
   end
-  if f[2] ~= ARGV[4] then
+  if r.a ~= attempt then
     return nil
   end
-  return rec, member, f
+  return rec, member or m1(), r, collided
 end
 
--- Redis deletes the record when its life ends (Record::is_expired): a
--- COMPLETED one at expires_at, any other once its retention and its lease are
--- both over. Rounded up to the millisecond: never before its end.
-local function expire_at(rec, state, expires, retain, lease)
-  local ends = expires
-  if state ~= COMPLETED then
-    ends = math.max(retain, lease)
-  end
-  local at = int(math.ceil(ends / 1000))
-  redis.call('PEXPIREAT', rec, at)
-  if rec == KEYS[2] then
-    -- The collision set that lookups find this record through lives as long
-    -- as the longest-lived record in it.
-    redis.call('PEXPIREAT', KEYS[5], at, 'NX')
-    redis.call('PEXPIREAT', KEYS[5], at, 'GT')
-  end
+-- The shard's lapsed and unknown sets.
+local function lapsed()
+  return base() .. 'lapsed'
 end
 
-local function found(rec, now)
-  return {FOUND, int(now), unpack(redis.call('HMGET', rec, unpack(FIELDS)))}
+local function unknown()
+  return base() .. 'unknown'
 end
 
+local function found(r, now)
+  return {FOUND, int(now), r.raw}
+end

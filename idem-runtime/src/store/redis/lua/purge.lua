@@ -11,7 +11,8 @@ for i, state in ipairs({IN_PROGRESS, UNKNOWN}) do
     if dropped >= budget then
       return dropped
     end
-    if redis.call('HGET', ARGV[1] .. m, 's') ~= state then
+    local r = load(ARGV[1] .. m)
+    if not r or r.s ~= state then
       redis.call('ZREM', KEYS[i], m)
       dropped = dropped + 1
     end

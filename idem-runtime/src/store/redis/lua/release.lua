@@ -1,12 +1,12 @@
--- release. ARGV[4] attempt.
-local rec, member, f = owned()
+-- release. After the key: the attempt.
+local rec, member, r, collided = owned(over(struct.unpack('<c32c64i4c0', ARGV[1])))
 if not rec then
   return {FENCED}
 end
-local state = f[3]
+local state = r.s
 if state ~= IN_PROGRESS and state ~= UNKNOWN then
   return {WRONG_STATE, state}
 end
 redis.call('DEL', rec)
-redis.call('ZREM', state == IN_PROGRESS and KEYS[3] or KEYS[4], member)
+redis.call('ZREM', state == IN_PROGRESS and lapsed() or unknown(), member)
 return {OK}
