@@ -376,7 +376,7 @@ impl Packed<'_> {
 
 /// A time a record keeps: microseconds since the epoch, as a double.
 fn micros_time(micros: f64) -> Result<SystemTime, StoreError> {
-    if !(micros >= 0.0 && micros < 9_007_199_254_740_992.0) {
+    if !(0.0..9_007_199_254_740_992.0).contains(&micros) {
         return Err(corrupt(&format!(
             "a record's time {micros} is out of range"
         )));
