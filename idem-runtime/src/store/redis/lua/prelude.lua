@@ -72,17 +72,10 @@ end
 local function load(rec)
   local raw = redis.pcall('GET', rec)
   if type(raw) == 'string' then
-    local r = {raw = raw}
-    local hb, hv
-    r.k, r.f, r.s, r.c, r.u, r.l, r.e, r.r, r.n, r.x, r.a, r.t, r.o, hb, r.b, hv, r.v =
-      struct.unpack(REC, raw)
-    if hb == 0 then
-      r.b = nil
-    end
-    if hv == 0 then
-      r.v = nil
-    end
-    return r
+    local k, f, s, c, u, l, e, rt, n, x, a, t, o, hb, b, hv, v = struct.unpack(REC, raw)
+    -- One constructor: the table is made at its size, not grown field by field.
+    return {raw = raw, k = k, f = f, s = s, c = c, u = u, l = l, e = e, r = rt, n = n, x = x,
+      a = a, t = t, o = o, b = hb ~= 0 and b or nil, v = hv ~= 0 and v or nil}
   end
   if not raw then
     return nil
