@@ -3,8 +3,8 @@
 //!
 //! | key | type | holds |
 //! | --- | --- | --- |
-//! | `P:{SS}:r:REF` | hash | the record with reference `REF` (the key's first 8 bytes, 16 hex digits) |
-//! | `P:{SS}:k:KEY` | hash | a record whose reference was held by another operation's record when it was claimed (`KEY`: 64 hex digits) |
+//! | `P:{SS}:r:REF` | string | the record (packed: `REC` in `lua/prelude.lua`) with reference `REF` (the key's first 8 bytes, 16 hex digits) |
+//! | `P:{SS}:k:KEY` | string | a record whose reference was held by another operation's record when it was claimed (`KEY`: 64 hex digits) |
 //! | `P:{SS}:x:REF` | set | the `k:KEY` members of those records, for lookups by reference |
 //! | `P:{SS}:lapsed` | sorted set | the shard's IN_PROGRESS records (`r:REF` or `k:KEY`), scored by `lease_until` (µs) |
 //! | `P:{SS}:unknown` | sorted set | the shard's UNKNOWN records, scored by `next_check_at` (µs) |
