@@ -6,6 +6,9 @@
 //!   crate's reconnecting connection, the client RedisStore uses. A first
 //!   call through idem needs two (the claim and the completion), so two raw
 //!   round trips are its floor;
+//! - the round trip of a script that does nothing (`return 1`, one key, one
+//!   argument): a store whose every transition is one script can do no
+//!   better than two of these;
 //! - idem: `Executor::run` over `RedisStore` with a no-op handler, a first
 //!   call (fresh arguments: claim, run, complete) and a replay (the same
 //!   arguments again: one claim that finds the completed record);
@@ -108,6 +111,26 @@ async fn raw(conn: &mut redis::aio::ConnectionManager, prefix: &str, i: usize) -
     t.elapsed()
 }
 
+/// One round trip of a script that does nothing (`return 1`, one key, one
+/// argument): what any store that makes each transition one script pays
+/// at the least, so two of them are the floor of such a design.
+async fn noop(
+    conn: &mut redis::aio::ConnectionManager,
+    script: &redis::Script,
+    prefix: &str,
+    i: usize,
+) -> Duration {
+    let key = format!("{prefix}:noop:{i}");
+    let t = Instant::now();
+    let _: i64 = script
+        .key(&key)
+        .arg(common::RESPONSE)
+        .invoke_async(conn)
+        .await
+        .unwrap();
+    t.elapsed()
+}
+
 #[derive(Deserialize)]
 struct Peer {
     first: Vec<f64>,
@@ -171,6 +194,7 @@ async fn delete_prefix(conn: &mut redis::aio::ConnectionManager, prefix: &str) {
 #[derive(Default)]
 struct Samples {
     raw: Vec<Duration>,
+    noop: Vec<Duration>,
     first: Vec<Duration>,
     replay: Vec<Duration>,
 }
@@ -193,14 +217,18 @@ async fn round(url: &str, round: usize, into: &mut Samples) {
         caller: Caller::new("acme", "alice"),
         runs: AtomicUsize::new(0),
     };
+    let nothing = redis::Script::new("return 1");
     // Warm-up: connections, scripts loaded, caches; the replayed operation.
     for i in 0..300 {
         raw(&mut conn, &prefix, i).await;
+        noop(&mut conn, &nothing, &prefix, i).await;
         idem.call(&format!("warm_{i}")).await;
         idem.call("same").await;
     }
     for i in 0..CALLS {
         into.raw.push(raw(&mut conn, &prefix, 300 + i).await);
+        into.noop
+            .push(noop(&mut conn, &nothing, &prefix, 300 + i).await);
         into.first.push(idem.call(&format!("c_{round}_{i}")).await);
         into.replay.push(idem.call("same").await);
     }
@@ -260,12 +288,13 @@ fn main() {
 
     let stats = |s: &mut Samples| {
         let (r50, r99) = common::median_p99(&mut s.raw);
+        let (n50, n99) = common::median_p99(&mut s.noop);
         let (f50, f99) = common::median_p99(&mut s.first);
         let (p50, p99) = common::median_p99(&mut s.replay);
-        [r50, r99, f50, f99, p50, p99]
+        [r50, r99, n50, n99, f50, f99, p50, p99]
     };
-    let [mr50, mr99, mf50, mf99, mp50, mp99] = stats(&mut m);
-    let [cr50, cr99, cf50, cf99, cp50, cp99] = stats(&mut c);
+    let [mr50, mr99, mn50, mn99, mf50, mf99, mp50, mp99] = stats(&mut m);
+    let [cr50, cr99, cn50, cn99, cf50, cf99, cp50, cp99] = stats(&mut c);
     println!(
         "Redis {version} on {host}:{port}; {} calls of each kind per runtime, in {ROUNDS} rounds",
         ROUNDS * CALLS
@@ -274,6 +303,7 @@ fn main() {
     println!("| measure | multi-thread runtime: median µs | p99 µs | current-thread runtime: median µs | p99 µs |");
     println!("| --- | ---: | ---: | ---: | ---: |");
     println!("| raw Redis round trip (`SET … PX`, redis crate) | {mr50:.0} | {mr99:.0} | {cr50:.0} | {cr99:.0} |");
+    println!("| no-op script round trip (`EVALSHA` of `return 1`, one key, one argument) | {mn50:.0} | {mn99:.0} | {cn50:.0} | {cn99:.0} |");
     println!("| idem first call (`Executor::run` on RedisStore: claim, no-op handler, complete) | {mf50:.0} | {mf99:.0} | {cf50:.0} | {cf99:.0} |");
     println!("| idem replay (one claim that finds the completed record) | {mp50:.0} | {mp99:.0} | {cp50:.0} | {cp99:.0} |");
     let peer = if pt_first.is_empty() {
@@ -296,6 +326,13 @@ fn main() {
         mf99 / (2.0 * mr99),
         cf50 / (2.0 * cr50),
         cf99 / (2.0 * cr99)
+    );
+    println!(
+        "| idem first call / (2 × no-op script round trip): the floor of one script per transition | {:.2} | {:.2} | {:.2} | {:.2} | |",
+        mf50 / (2.0 * mn50),
+        mf99 / (2.0 * mn99),
+        cf50 / (2.0 * cn50),
+        cf99 / (2.0 * cn99)
     );
     if let Some((q50, q99, s50, s99)) = peer {
         println!(
