@@ -31,7 +31,21 @@ struct ShardData {
 /// node for the random keys: about a fifth of a call.) Nothing here is
 /// ordered; what lists records sorts them.
 #[derive(Default)]
-struct Records(HashTable<Box<Record>>);
+struct Records(HashTable<Slot>);
+
+/// A record and its reference, kept beside it so that probing for a new key
+/// and growing the table read the reference without following the box to
+/// the record (a cache miss each).
+struct Slot {
+    reference: [u8; 8],
+    record: Box<Record>,
+}
+
+impl Slot {
+    fn is(&self, key: &[u8; 32]) -> bool {
+        self.reference[..] == key[..8] && self.record.key.key == *key
+    }
+}
 
 /// The hash of a record with this reference (or key). Its bytes are SHA-256
 /// output, already uniform, but the first one also chose the shard, so only
@@ -45,25 +59,23 @@ fn hash_of(reference: &[u8]) -> u64 {
 
 impl Records {
     fn get(&self, key: &[u8; 32]) -> Option<&Record> {
-        self.0
-            .find(hash_of(key), |r| r.key.key == *key)
-            .map(|r| &**r)
+        self.0.find(hash_of(key), |s| s.is(key)).map(|s| &*s.record)
     }
 
     fn get_mut(&mut self, key: &[u8; 32]) -> Option<&mut Record> {
         self.0
-            .find_mut(hash_of(key), |r| r.key.key == *key)
-            .map(|r| &mut **r)
+            .find_mut(hash_of(key), |s| s.is(key))
+            .map(|s| &mut *s.record)
     }
 
     /// The place of the record with `key`, for a claim to read and fill.
-    fn entry(&mut self, key: &[u8; 32]) -> Entry<'_, Box<Record>> {
+    fn entry(&mut self, key: &[u8; 32]) -> Entry<'_, Slot> {
         self.0
-            .entry(hash_of(key), |r| r.key.key == *key, |r| hash_of(&r.key.key))
+            .entry(hash_of(key), |s| s.is(key), |s| hash_of(&s.reference))
     }
 
     fn remove(&mut self, key: &[u8; 32]) {
-        if let Ok(found) = self.0.find_entry(hash_of(key), |r| r.key.key == *key) {
+        if let Ok(found) = self.0.find_entry(hash_of(key), |s| s.is(key)) {
             found.remove();
         }
     }
@@ -72,12 +84,12 @@ impl Records {
     fn with_reference<'a>(&'a self, reference: &'a [u8; 8]) -> impl Iterator<Item = &'a Record> {
         self.0
             .iter_hash(hash_of(reference))
-            .map(|r| &**r)
-            .filter(move |r| r.key.key[..8] == reference[..])
+            .filter(move |s| s.reference == *reference)
+            .map(|s| &*s.record)
     }
 
     fn values(&self) -> impl Iterator<Item = &Record> {
-        self.0.iter().map(|r| &**r)
+        self.0.iter().map(|s| &*s.record)
     }
 
     fn len(&self) -> usize {
@@ -525,8 +537,8 @@ impl IdempotencyStore for MemoryStore {
         let mut shard = self.shard(req.key.key[0]);
         let entry = shard.records.entry(&req.key.key);
         if let Entry::Occupied(existing) = &entry {
-            if !existing.get().is_claimable(now) {
-                let mut record = Record::clone(existing.get());
+            if !existing.get().record.is_claimable(now) {
+                let mut record = Record::clone(&existing.get().record);
                 record.observed_at = now;
                 return Ok(Claim::Existing { record });
             }
@@ -549,9 +561,12 @@ impl IdempotencyStore for MemoryStore {
         };
         match entry {
             // Taken over: the expired record's box is reused.
-            Entry::Occupied(mut existing) => **existing.get_mut() = record,
+            Entry::Occupied(mut existing) => *existing.get_mut().record = record,
             Entry::Vacant(place) => {
-                place.insert(Box::new(record));
+                place.insert(Slot {
+                    reference: *req.key.reference().as_bytes(),
+                    record: Box::new(record),
+                });
             }
         }
         Ok(Claim::Claimed)
@@ -692,8 +707,8 @@ impl IdempotencyStore for MemoryStore {
                 break;
             }
             let mut left = batch - purged;
-            lock(shard).records.0.retain(|r| {
-                let doomed = left > 0 && r.is_expired(now);
+            lock(shard).records.0.retain(|s| {
+                let doomed = left > 0 && s.record.is_expired(now);
                 left -= usize::from(doomed);
                 !doomed
             });
