@@ -24,10 +24,68 @@ use std::time::Instant;
 use crate::answer::AnswerState;
 
 /// One call of `tool` answered `state`.
+///
+/// The key of each (tool, state) is built once per thread and kept: the
+/// `metrics` macros would build it for every call, with the label set and
+/// the tool's name allocated and the key hashed, whether a recorder is
+/// installed or not.
 pub(crate) fn call(tool: &str, state: AnswerState) {
     #[cfg(feature = "metrics")]
-    metrics::counter!("idem_calls_total", "tool" => tool.to_owned(), "state" => state.as_str())
-        .increment(1);
+    {
+        use std::cell::RefCell;
+
+        /// More (tool, state) pairs than a server is likely to answer with
+        /// on one thread; past it the cache starts again.
+        const KEPT: usize = 64;
+        thread_local! {
+            static KEYS: RefCell<Vec<(AnswerState, metrics::Key)>> = const { RefCell::new(Vec::new()) };
+        }
+        let build = || {
+            metrics::Key::from_parts(
+                "idem_calls_total",
+                vec![
+                    metrics::Label::new("tool", tool.to_owned()),
+                    metrics::Label::from_static_parts("state", state.as_str()),
+                ],
+            )
+        };
+        let count = |key: &metrics::Key| {
+            metrics::with_recorder(|r| r.register_counter(key, metadata())).increment(1)
+        };
+        KEYS.with(|keys| {
+            // A recorder that counts a call from inside `register_counter`
+            // finds the cache borrowed and builds its key afresh.
+            let Ok(mut keys) = keys.try_borrow_mut() else {
+                return count(&build());
+            };
+            let found = keys
+                .iter()
+                .position(|(s, key)| *s == state && tool_of(key) == Some(tool));
+            let at = found.unwrap_or_else(|| {
+                if keys.len() == KEPT {
+                    keys.clear();
+                }
+                keys.push((state, build()));
+                keys.len() - 1
+            });
+            count(&keys[at].1)
+        });
+    }
+}
+
+/// The value of a key's first label: the tool of an `idem_calls_total` key.
+#[cfg(feature = "metrics")]
+fn tool_of(key: &metrics::Key) -> Option<&str> {
+    key.labels().next().map(metrics::Label::value)
+}
+
+/// The `metrics` macros' metadata of every metric here: its target and
+/// module are this module.
+#[cfg(feature = "metrics")]
+fn metadata() -> &'static metrics::Metadata<'static> {
+    static METADATA: metrics::Metadata<'static> =
+        metrics::Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+    &METADATA
 }
 
 /// One store step (`op`: `claim`, `complete`) of `store`, begun at `started`.
@@ -35,6 +93,57 @@ pub(crate) fn store_step(store: &'static str, op: &'static str, started: Instant
     #[cfg(feature = "metrics")]
     metrics::histogram!("idem_store_seconds", "store" => store, "op" => op)
         .record(started.elapsed().as_secs_f64());
+}
+
+/// The store steps an executor times on every call, with their keys built
+/// once for its store (see [`call`] on what building a key costs).
+#[derive(Debug)]
+pub(crate) struct StoreSteps {
+    #[cfg(feature = "metrics")]
+    claim: metrics::Key,
+    #[cfg(feature = "metrics")]
+    complete: metrics::Key,
+}
+
+/// A step [`StoreSteps`] times.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Step {
+    Claim,
+    Complete,
+}
+
+impl StoreSteps {
+    pub(crate) fn new(store: &'static str) -> Self {
+        #[cfg(feature = "metrics")]
+        let key = |op: &'static str| {
+            metrics::Key::from_parts(
+                "idem_store_seconds",
+                vec![
+                    metrics::Label::from_static_parts("store", store),
+                    metrics::Label::from_static_parts("op", op),
+                ],
+            )
+        };
+        StoreSteps {
+            #[cfg(feature = "metrics")]
+            claim: key("claim"),
+            #[cfg(feature = "metrics")]
+            complete: key("complete"),
+        }
+    }
+
+    /// One `step`, begun at `started`: what [`store_step`] records.
+    pub(crate) fn record(&self, step: Step, started: Instant) {
+        #[cfg(feature = "metrics")]
+        {
+            let key = match step {
+                Step::Claim => &self.claim,
+                Step::Complete => &self.complete,
+            };
+            metrics::with_recorder(|r| r.register_histogram(key, metadata()))
+                .record(started.elapsed().as_secs_f64());
+        }
+    }
 }
 
 /// `n` expired records purged.

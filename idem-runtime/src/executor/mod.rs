@@ -17,7 +17,7 @@ use crate::store::{
     Attempt, Claim, ClaimRequest, FollowOnError, IdempotencyStore, Record, RecordState, StoreError,
     DEFAULT_MAX_PAYLOAD,
 };
-use crate::telemetry;
+use crate::telemetry::{self, Step};
 
 mod guard;
 mod in_flight;
@@ -85,11 +85,49 @@ pub struct Operation<'a, A: ?Sized> {
 #[derive(Clone, Debug)]
 pub struct OperationContext {
     reference: Reference,
+    identity: Arc<Identity>,
+}
+
+/// Who called which tool: shared by the contexts of one caller's calls of
+/// one tool on a thread (see [`OperationContext::new`]).
+#[derive(Debug)]
+struct Identity {
     caller: Caller,
     tool: String,
 }
 
 impl OperationContext {
+    /// The context of `caller`'s call of `tool`. A thread keeps the last
+    /// caller and tool it built one for and hands the same copy to the next
+    /// call of theirs: copying the caller and the tool's name cost three
+    /// allocations a call, which a context the handler never reads does not
+    /// need. (The copy is never shared between threads by the cache, so its
+    /// reference count stays in one core's cache.)
+    fn new(reference: Reference, caller: &Caller, tool: &str) -> Self {
+        thread_local! {
+            static LAST: RefCell<Option<Arc<Identity>>> = const { RefCell::new(None) };
+        }
+        let fresh = || {
+            Arc::new(Identity {
+                caller: caller.clone(),
+                tool: tool.to_owned(),
+            })
+        };
+        let identity = LAST.with(|last| {
+            let Ok(mut last) = last.try_borrow_mut() else {
+                return fresh();
+            };
+            match &*last {
+                Some(same) if same.caller == *caller && same.tool == tool => same.clone(),
+                _ => last.insert(fresh()).clone(),
+            }
+        });
+        OperationContext {
+            reference,
+            identity,
+        }
+    }
+
     /// The operation's reference. Pass it to the processor as its own
     /// idempotency reference, so the guarantee reaches across that boundary.
     pub fn reference(&self) -> Reference {
@@ -98,12 +136,12 @@ impl OperationContext {
 
     /// The caller.
     pub fn caller(&self) -> &Caller {
-        &self.caller
+        &self.identity.caller
     }
 
     /// The tool.
     pub fn tool(&self) -> &str {
-        &self.tool
+        &self.identity.tool
     }
 
     /// Declares a follow-on job of this operation, written with its
@@ -134,6 +172,8 @@ pub struct Executor {
     /// The claims this executor's handlers are running under, shared by its
     /// clones: a repeat of one is answered in progress without the store.
     in_flight: Arc<InFlight>,
+    /// The store steps' metric keys, built once.
+    steps: Arc<telemetry::StoreSteps>,
 }
 
 /// What a handler's rejection does to its record.
@@ -150,6 +190,7 @@ impl Executor {
     /// An executor over `store`, with a 30 s lease and 48 h retention.
     pub fn new(store: Arc<dyn IdempotencyStore>) -> Self {
         let follow_ons_unsupported_by = (!store.supports_follow_ons()).then(|| store.kind());
+        let steps = Arc::new(telemetry::StoreSteps::new(store.kind()));
         Executor {
             store,
             lease: DEFAULT_LEASE,
@@ -158,6 +199,7 @@ impl Executor {
             max_follow_on_payload: DEFAULT_MAX_PAYLOAD,
             follow_ons_unsupported_by,
             in_flight: Arc::default(),
+            steps,
         }
     }
 
@@ -191,6 +233,13 @@ impl Executor {
     /// The store.
     pub fn store(&self) -> &Arc<dyn IdempotencyStore> {
         &self.store
+    }
+
+    /// The store, called through its `dyn` rather than through `Arc`'s own
+    /// implementation of the trait, which would box a second future around
+    /// the store's on every call.
+    fn backend(&self) -> &dyn IdempotencyStore {
+        &*self.store
     }
 
     /// Runs `handler` at most once for this operation and answers every
@@ -295,8 +344,8 @@ impl Executor {
         // cannot run out before this one.
         let held_until = tokio::time::Instant::now() + self.lease;
         let started = Instant::now();
-        let claimed = self.store.claim(&request).await;
-        telemetry::store_step(self.store.kind(), "claim", started);
+        let claimed = self.backend().claim(&request).await;
+        self.steps.record(Step::Claim, started);
         if claimed.is_ok() {
             unconfirmed.disarm();
         }
@@ -310,11 +359,7 @@ impl Executor {
             }
             Ok(Claim::Existing { record }) => existing(record, &key, op.status_tool),
             Ok(Claim::Claimed) => {
-                let context = OperationContext {
-                    reference,
-                    caller: op.caller.clone(),
-                    tool: op.tool.to_owned(),
-                };
+                let context = OperationContext::new(reference, op.caller, op.tool);
                 let handler =
                     self.in_flight
                         .run(key, request.attempt, held_until, handler(context));
@@ -384,7 +429,7 @@ impl Executor {
         // The handler's follow-on declarations, read once it returned: an
         // empty list allocates nothing.
         let declared = Declared::new(self.max_follow_on_payload, self.follow_ons_unsupported_by);
-        let mut handler = Box::pin(DECLARED.scope(RefCell::new(declared), handler));
+        let mut handler = std::pin::pin!(DECLARED.scope(RefCell::new(declared), handler));
         let outcome = self
             .with_heartbeat(claim, CatchUnwind(handler.as_mut()))
             .await;
@@ -403,21 +448,20 @@ impl Executor {
                         // all: if this write fails, the record stays
                         // IN_PROGRESS for the sweep, and a reconciler that
                         // finds the operation performed declares them again.
+                        let started = Instant::now();
                         let completed = if jobs.is_empty() {
-                            timed(store, "complete", store.complete(key, attempt, &text)).await
+                            store.complete(key, attempt, &text).await
                         } else {
                             let n = jobs.len();
-                            let written = timed(
-                                store,
-                                "complete",
-                                store.complete_with_follow_ons(key, attempt, &text, &jobs),
-                            )
-                            .await;
+                            let written = store
+                                .complete_with_follow_ons(key, attempt, &text, &jobs)
+                                .await;
                             if written.is_ok() {
                                 telemetry::follow_ons_enqueued(n);
                             }
                             written
                         };
+                        self.steps.record(Step::Complete, started);
                         match completed {
                             Ok(()) => true,
                             Err(error) => {
@@ -496,7 +540,7 @@ impl Executor {
             loop {
                 ticks.tick().await;
                 if let Err(error) = self
-                    .store
+                    .backend()
                     .heartbeat(&claim.key, claim.attempt, self.lease)
                     .await
                 {
@@ -528,7 +572,7 @@ impl Executor {
             return Ok(None);
         };
         Ok(self
-            .store
+            .backend()
             .lookup(caller.tenant(), &reference)
             .await?
             .map(|r| StatusReport::from_record(&r)))

@@ -20,7 +20,7 @@ use super::{existing, timed, Executor, OnRejected, Operation, OperationContext};
 use crate::answer::{Answer, Classify};
 use crate::key::{IdempotencyKey, Reference};
 use crate::store::{Claim, ClaimRequest, IdempotencyStore, Record, RecordState, Resolution};
-use crate::telemetry;
+use crate::telemetry::{self, Step};
 
 /// What a claim made for a task found.
 #[derive(Debug)]
@@ -83,8 +83,8 @@ impl Executor {
         let key = request.key;
         let mut unconfirmed = ReleaseOnDrop::new(&self.store, key, request.attempt);
         let started = Instant::now();
-        let claimed = self.store.claim(&request).await;
-        telemetry::store_step(self.store.kind(), "claim", started);
+        let claimed = self.backend().claim(&request).await;
+        self.steps.record(Step::Claim, started);
         if claimed.is_ok() {
             unconfirmed.disarm();
         }
@@ -96,11 +96,7 @@ impl Executor {
             }
             Ok(Claim::Existing { record }) => repeat(record, &key, op.status_tool),
             Ok(Claim::Claimed) => TaskClaim::Claimed(ClaimedOperation {
-                context: OperationContext {
-                    reference: key.reference(),
-                    caller: op.caller.clone(),
-                    tool: op.tool.to_owned(),
-                },
+                context: OperationContext::new(key.reference(), op.caller, op.tool),
                 request,
                 status_tool: op.status_tool.to_owned(),
             }),
@@ -123,7 +119,7 @@ impl Executor {
         E: Classify + std::fmt::Display,
         Fut: Future<Output = Result<T, E>>,
     {
-        let tool = claimed.context.tool.clone();
+        let tool = claimed.context.tool().to_owned();
         let answer = self
             .execute(
                 &claimed.request,

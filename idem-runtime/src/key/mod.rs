@@ -1,5 +1,6 @@
 //! Operation keys: who called which tool with what, within which scope.
 
+use std::cell::RefCell;
 use std::fmt;
 use std::time::Duration;
 
@@ -288,30 +289,44 @@ impl Fields {
 
 /// SHA-256 of the canonical JSON of `value`, in one pass over the value.
 fn canonical_digest(value: &Value) -> Result<[u8; 32], CanonicalError> {
-    let mut sink = HashSink::new();
-    write_canonical(value, &mut sink, 0)?;
-    Ok(sink.finish())
+    thread_local! {
+        static BUFFER: RefCell<[u8; HASH_BUFFER]> = const { RefCell::new([0; HASH_BUFFER]) };
+    }
+    let digest = |buf: &mut [u8; HASH_BUFFER]| {
+        let mut sink = HashSink::new(buf);
+        write_canonical(value, &mut sink, 0)?;
+        Ok(sink.finish())
+    };
+    // The thread's buffer, zeroed once: a fresh one on the stack cost a 4 KiB
+    // memset per key, more than hashing a small call's arguments. (It is
+    // never borrowed twice, as nothing here calls back in; if it were, a
+    // fresh buffer would do.)
+    BUFFER.with(|buffer| match buffer.try_borrow_mut() {
+        Ok(mut buf) => digest(&mut buf),
+        Err(_) => digest(&mut [0; HASH_BUFFER]),
+    })
 }
 
 /// Size of [`HashSink`]'s buffer: big enough that the hasher sees few,
-/// long updates; small enough for the stack.
+/// long updates.
 const HASH_BUFFER: usize = 4096;
 
 /// A [`Sink`] that hashes what it is given. The canonical writer emits many
 /// pieces of a few bytes (punctuation, numbers, short strings); copying them
 /// into a buffer and hashing it in large updates costs much less than one
 /// hasher update per piece.
-struct HashSink {
+struct HashSink<'b> {
     hasher: Sha256,
-    buf: [u8; HASH_BUFFER],
+    buf: &'b mut [u8; HASH_BUFFER],
     len: usize,
 }
 
-impl HashSink {
-    fn new() -> Self {
+impl<'b> HashSink<'b> {
+    /// A sink over `buf`, whose contents do not matter.
+    fn new(buf: &'b mut [u8; HASH_BUFFER]) -> Self {
         HashSink {
             hasher: Sha256::new(),
-            buf: [0; HASH_BUFFER],
+            buf,
             len: 0,
         }
     }
@@ -322,7 +337,7 @@ impl HashSink {
     }
 }
 
-impl Sink for HashSink {
+impl Sink for HashSink<'_> {
     #[inline]
     fn write_ascii(&mut self, byte: u8) {
         if self.len == HASH_BUFFER {
