@@ -179,8 +179,8 @@ impl RedisStore {
         let rk = self.layout.record(key);
         let mut cmd = evalsha(script, &[&rk.by_reference]);
         let mut packed = Packed(Vec::with_capacity(160));
-        packed.0.extend_from_slice(key.as_bytes());
-        packed.0.extend_from_slice(rk.key_hex.as_bytes());
+        packed.bytes(key.as_bytes());
+        packed.bytes(rk.key_hex.as_bytes());
         tail(&mut packed);
         cmd.arg(packed.0);
         (cmd, rk)
@@ -240,17 +240,22 @@ impl RedisStore {
 struct Packed(Vec<u8>);
 
 impl Packed {
+    /// `cN`: bytes of a length the format names.
+    fn bytes(&mut self, bytes: &[u8]) {
+        self.0.extend_from_slice(bytes);
+    }
+
     /// `i4c0`: a 4-byte length, then the bytes.
     fn text(&mut self, text: &str) {
         let len = u32::try_from(text.len()).expect("a text under 4 GiB");
-        self.0.extend_from_slice(&len.to_le_bytes());
-        self.0.extend_from_slice(text.as_bytes());
+        self.bytes(&len.to_le_bytes());
+        self.bytes(text.as_bytes());
     }
 
     /// `d`: a duration in whole microseconds, as a double (exact: at most a
     /// hundred years, below 2^53).
     fn micros(&mut self, d: Duration) {
-        self.0.extend_from_slice(&(micros(d) as f64).to_le_bytes());
+        self.bytes(&(micros(d) as f64).to_le_bytes());
     }
 }
 
@@ -617,7 +622,7 @@ impl IdempotencyStore for RedisStore {
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         let script = &SCRIPTS.claim;
         let (cmd, rk) = self.over(script, &req.key, |p| {
-            p.0.extend_from_slice(req.key.fingerprint());
+            p.bytes(req.key.fingerprint());
             p.text(&req.tenant);
             p.text(&req.tool);
             p.text(&req.attempt.get().to_string());

@@ -4,21 +4,22 @@ local fingerprint, tenant, tool, attempt, lease, window, retention =
   over(struct.unpack('<c32c64c32i4c0i4c0i4c0ddd', ARGV[1]))
 local now = clock()
 local rec, member, r, collided = KEYS[1], nil, nil, false
-local rec2 = base() .. m2()
+local member2 = m2()
+local rec2 = base() .. member2
 -- One EXISTS for both names: a first call (the usual claim) finds neither
 -- and goes straight to the write.
 if redis.call('EXISTS', KEYS[1], rec2) > 0 then
   r = load(rec)
   if not r then
     -- Its record outlived the other operation's that held its reference.
-    rec, member, collided = rec2, m2(), true
+    rec, member, collided = rec2, member2, true
     r = load(rec)
   elseif r.k ~= KEY then
     -- Another operation holds this reference: this one lives under its full
     -- key, and lookups find it through the reference's collision set.
-    rec, member, collided = rec2, m2(), true
+    rec, member, collided = rec2, member2, true
     r = load(rec)
-    redis.call('SADD', base() .. 'x:' .. string.sub(KEYS[1], -16), member)
+    redis.call('SADD', collisions(), member)
   end
 end
 member = member or m1()

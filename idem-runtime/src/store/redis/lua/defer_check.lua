@@ -1,5 +1,5 @@
 -- defer_check. After the key: the attempt. ARGV[2] the delay (µs).
-local rec, member, r, collided = owned(over(struct.unpack('<c32c64i4c0', ARGV[1])))
+local rec, member, r, collided = owned()
 if not rec then
   return {FENCED}
 end

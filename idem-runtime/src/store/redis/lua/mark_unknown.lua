@@ -1,7 +1,8 @@
 -- mark_unknown and mark_lapsed. After the key: the attempt. ARGV[2] the
--- note, ARGV[3] '1' for the sweep's mark, which re-checks the lease here, so that a heartbeat
--- that landed after the sweep listed the record keeps it alive.
-local rec, member, r, collided = owned(over(struct.unpack('<c32c64i4c0', ARGV[1])))
+-- note, ARGV[3] '1' for the sweep's mark, which re-checks the lease here, so
+-- that a heartbeat that landed after the sweep listed the record keeps it
+-- alive.
+local rec, member, r, collided = owned()
 if not rec then
   return {FENCED}
 end

@@ -51,6 +51,11 @@ local function m2()
   return 'k:' .. KEYHEX
 end
 
+-- The reference's collision set.
+local function collisions()
+  return base() .. 'x:' .. string.sub(KEYS[1], -16)
+end
+
 -- An integer as Redis should store it (never in exponent form).
 local function int(x)
   return string.format('%d', x)
@@ -110,21 +115,23 @@ local function save(rec, r, collided)
   if collided then
     -- The collision set that lookups find this record through lives as long
     -- as the longest-lived record in it.
-    local collisions = base() .. 'x:' .. string.sub(KEYS[1], -16)
-    redis.call('PEXPIREAT', collisions, at, 'NX')
-    redis.call('PEXPIREAT', collisions, at, 'GT')
+    redis.call('PEXPIREAT', collisions(), at, 'NX')
+    redis.call('PEXPIREAT', collisions(), at, 'GT')
   end
 end
 
--- The record, its set member, its fields and whether it lives under its
--- full key, if `attempt` owns it; nil otherwise. The attempt is the fence: a worker whose claim was taken
--- over must not touch the new owner's record.
+-- For a fenced change, whose ARGV[1] packs the key, the key in hex and the
+-- attempt: the record, its set member, its fields and whether it lives under
+-- its full key, if the attempt owns it; nil otherwise. The attempt is the
+-- fence: a worker whose claim was taken over must not touch the new owner's
+-- record.
 --
 -- An operation's record lives under its reference, unless a record of another
 -- operation held that reference when it was claimed (the reference is 64 bits
 -- of the key): then under its full key. Never under both, so the second look
 -- is needed only when the first finds another operation's record, or none.
-local function owned(attempt)
+local function owned()
+  local attempt = over(struct.unpack('<c32c64i4c0', ARGV[1]))
   local rec, member, collided = KEYS[1], nil, false
   local r = load(rec)
   if not r or r.k ~= KEY then

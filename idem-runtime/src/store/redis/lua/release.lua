@@ -1,5 +1,5 @@
 -- release. After the key: the attempt.
-local rec, member, r, collided = owned(over(struct.unpack('<c32c64i4c0', ARGV[1])))
+local rec, member, r, collided = owned()
 if not rec then
   return {FENCED}
 end

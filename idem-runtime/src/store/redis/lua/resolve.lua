@@ -4,7 +4,7 @@
 -- COMPLETED resolution with follow-on jobs, ARGV[7] the shard's key prefix
 -- and ARGV[8..] (name, payload) pairs, written with the resolution
 -- (jobs.lua).
-local rec, member, r, collided = owned(over(struct.unpack('<c32c64i4c0', ARGV[1])))
+local rec, member, r, collided = owned()
 if not rec then
   return {FENCED}
 end
