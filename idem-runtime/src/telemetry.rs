@@ -91,7 +91,25 @@ fn metadata() -> &'static metrics::Metadata<'static> {
 /// One store step (`op`: `claim`, `complete`) of `store`, begun at `started`.
 pub(crate) fn store_step(store: &'static str, op: &'static str, started: Instant) {
     #[cfg(feature = "metrics")]
-    metrics::histogram!("idem_store_seconds", "store" => store, "op" => op)
+    record_step(&step_key(store, op), started);
+}
+
+/// The key of `idem_store_seconds` for one step of one store.
+#[cfg(feature = "metrics")]
+fn step_key(store: &'static str, op: &'static str) -> metrics::Key {
+    metrics::Key::from_parts(
+        "idem_store_seconds",
+        vec![
+            metrics::Label::from_static_parts("store", store),
+            metrics::Label::from_static_parts("op", op),
+        ],
+    )
+}
+
+/// A step under `key`, begun at `started`.
+#[cfg(feature = "metrics")]
+fn record_step(key: &metrics::Key, started: Instant) {
+    metrics::with_recorder(|r| r.register_histogram(key, metadata()))
         .record(started.elapsed().as_secs_f64());
 }
 
@@ -114,21 +132,11 @@ pub(crate) enum Step {
 
 impl StoreSteps {
     pub(crate) fn new(store: &'static str) -> Self {
-        #[cfg(feature = "metrics")]
-        let key = |op: &'static str| {
-            metrics::Key::from_parts(
-                "idem_store_seconds",
-                vec![
-                    metrics::Label::from_static_parts("store", store),
-                    metrics::Label::from_static_parts("op", op),
-                ],
-            )
-        };
         StoreSteps {
             #[cfg(feature = "metrics")]
-            claim: key("claim"),
+            claim: step_key(store, "claim"),
             #[cfg(feature = "metrics")]
-            complete: key("complete"),
+            complete: step_key(store, "complete"),
         }
     }
 
@@ -140,8 +148,7 @@ impl StoreSteps {
                 Step::Claim => &self.claim,
                 Step::Complete => &self.complete,
             };
-            metrics::with_recorder(|r| r.register_histogram(key, metadata()))
-                .record(started.elapsed().as_secs_f64());
+            record_step(key, started);
         }
     }
 }
