@@ -290,3 +290,70 @@ async fn lease_skips_locked_jobs() {
     assert_eq!(rest.len(), 1);
     assert_eq!(rest[0].id.reference, held.key.reference());
 }
+
+/// A claim decides at its statement's start and, when it finds a live
+/// record, reads that record in a second statement. When the record's window
+/// ends between the two (here: the claim waits on a row lock across the
+/// end), the claim must not answer with a record that could be taken over
+/// at the time it was read: a repeat after the window is a new operation,
+/// and the answer's `observed_at` says the window is over. It claims again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_waits_past_the_window_takes_the_record_over() {
+    let Some(pg) = PgSchema::new().await else {
+        return;
+    };
+    let window = std::time::Duration::from_millis(800);
+    let first = durable::request(window, window);
+    pg.store.claim(&first).await.unwrap();
+    pg.store
+        .complete(&first.key, first.attempt, "\"first\"")
+        .await
+        .unwrap();
+    let record = pg
+        .store
+        .lookup(&first.tenant, &first.key.reference())
+        .await
+        .unwrap()
+        .unwrap();
+
+    // Another transaction holds the row from before the window's end until
+    // after it, as a concurrent claim or a reconciler may.
+    let (mut locker, conn) = tokio_postgres::connect(&pg.url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let tx = locker.transaction().await.unwrap();
+    tx.execute(
+        &format!(
+            "SELECT 1 FROM {}.idem_records WHERE key = $1 FOR UPDATE",
+            pg.store.schema()
+        ),
+        &[&&first.key.as_bytes()[..]],
+    )
+    .await
+    .unwrap();
+
+    let second = idem_runtime::ClaimRequest {
+        attempt: idem_runtime::Attempt::random(),
+        ..first.clone()
+    };
+    let store = pg.store.clone();
+    let repeat = tokio::spawn(async move { store.claim(&second).await });
+    // The repeat's statement starts while the record is live, then waits.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(!repeat.is_finished(), "the repeat waits for the row lock");
+    let end = record.expires_at;
+    while std::time::SystemTime::now() < end + std::time::Duration::from_millis(200) {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    tx.commit().await.unwrap();
+
+    match repeat.await.unwrap().unwrap() {
+        idem_runtime::Claim::Claimed => {}
+        idem_runtime::Claim::Existing { record } => panic!(
+            "the repeat was answered with a record it could take over (claimable at its \
+             observed_at: {}): {record:?}",
+            record.is_claimable(record.observed_at)
+        ),
+    }
+}

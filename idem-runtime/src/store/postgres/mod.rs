@@ -359,8 +359,9 @@ async fn with_jobs(
 }
 
 /// How often a claim retries when the conflicting row vanished between its
-/// insert and its read (released or purged in between); each retry means
-/// another caller made progress, so a handful is plenty.
+/// insert and its read (released or purged in between), or could be taken
+/// over by the time it was read (its window ended in between); each retry
+/// means time passed or another caller made progress, so a handful is plenty.
 const CLAIM_ROUNDS: usize = 16;
 
 #[async_trait]
@@ -600,9 +601,14 @@ impl IdempotencyStore for PostgresStore {
                 }
                 let read = client.prepare_cached(&sql.read).await?;
                 if let Some(row) = client.query_opt(&read, &[&key]).await? {
-                    return Ok(Claim::Existing {
-                        record: row_to_record(&row)?,
-                    });
+                    let record = row_to_record(&row)?;
+                    // The insert decided at its own start; the read comes
+                    // later (after a wait on the row's lock, say). A record
+                    // that can be taken over by the time it is read is not an
+                    // answer to give: the next round claims it.
+                    if !record.is_claimable(record.observed_at) {
+                        return Ok(Claim::Existing { record });
+                    }
                 }
             }
             Err(StoreError::Unavailable(
