@@ -101,9 +101,17 @@ impl Shop {
     }
 }
 
-/// What `#[idem_runtime::tool_router(server_handler)]` writes, with the
-/// server-side clock around the call.
-#[rmcp::tool_handler(router = Self::tool_router())]
+impl Shop {
+    fn served() -> &'static rmcp::handler::server::router::tool::ToolRouter<Self> {
+        static ROUTER: std::sync::OnceLock<rmcp::handler::server::router::tool::ToolRouter<Shop>> =
+            std::sync::OnceLock::new();
+        ROUTER.get_or_init(Self::tool_router)
+    }
+}
+
+/// What `#[idem_runtime::tool_router(server_handler)]` writes (the router
+/// built once), with the server-side clock around the call.
+#[rmcp::tool_handler(router = Self::served())]
 impl ServerHandler for Shop {
     async fn call_tool(
         &self,
@@ -112,7 +120,7 @@ impl ServerHandler for Shop {
     ) -> Result<CallToolResponse, ErrorData> {
         let entry = Instant::now();
         let tcc = ToolCallContext::new(self, request, context);
-        let answer = Self::tool_router().call(tcc).await;
+        let answer = Self::served().call(tcc).await;
         self.times.lock().unwrap().push((entry, Instant::now()));
         answer
     }

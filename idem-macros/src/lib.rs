@@ -310,7 +310,10 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
 /// - `router = my_router`: the router fn's name (default `tool_router`);
 /// - `vis = "pub(crate)"`: its visibility;
 /// - `server_handler`: also write `impl ServerHandler for Self` serving that
-///   router, so no `#[tool_handler]` impl is needed;
+///   router, so no `#[tool_handler]` impl is needed. The router is built on
+///   the first request and kept (rmcp's own `server_handler` builds it again
+///   for every call, about a third of a bare call's cost); for a generic
+///   server type, which a static cannot name, it is built for every call;
 /// - `allow_empty`: an impl with no `#[tool]` is not an error.
 ///
 /// And its own:
@@ -353,8 +356,14 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
 ///         )
 ///     }
 /// }
-/// // With `server_handler`:
-/// #[rmcp::tool_handler(router = Self::tool_router())]
+/// // With `server_handler`: the router, built once.
+/// impl Payments {
+///     fn __idem_tool_router_served() -> &'static ToolRouter<Self> {
+///         static ROUTER: OnceLock<ToolRouter<Payments>> = OnceLock::new();
+///         ROUTER.get_or_init(Self::tool_router)
+///     }
+/// }
+/// #[rmcp::tool_handler(router = Self::__idem_tool_router_served())]
 /// impl rmcp::ServerHandler for Payments {}
 /// ```
 #[proc_macro_attribute]

@@ -226,9 +226,30 @@ fn expand(mut item_impl: ItemImpl, args: &RouterArgs, wrapped: &Wrapped) -> Toke
         .map(|_| {
             let self_ty = &item_impl.self_ty;
             let (impl_generics, ty_generics, where_clause) = item_impl.generics.split_for_impl();
+            if !item_impl.generics.params.is_empty() {
+                // A static cannot name a generic type: built for each call,
+                // as rmcp's own `server_handler` does.
+                return quote! {
+                    #[rmcp::tool_handler(router = Self::#router())]
+                    impl #impl_generics rmcp::ServerHandler for #self_ty #ty_generics #where_clause {}
+                };
+            }
+            // rmcp's `server_handler` builds the router again for every call
+            // (a third of a bare call's cost): the router fn is pure, so it is
+            // built once, on the first request, and that router is served.
+            let served = format_ident!("__idem_{}_served", router.unraw());
             quote! {
-                #[rmcp::tool_handler(router = Self::#router())]
-                impl #impl_generics rmcp::ServerHandler for #self_ty #ty_generics #where_clause {}
+                impl #self_ty {
+                    #[doc(hidden)]
+                    fn #served() -> &'static rmcp::handler::server::router::tool::ToolRouter<Self> {
+                        static ROUTER: ::std::sync::OnceLock<
+                            rmcp::handler::server::router::tool::ToolRouter<#self_ty>,
+                        > = ::std::sync::OnceLock::new();
+                        ROUTER.get_or_init(Self::#router)
+                    }
+                }
+                #[rmcp::tool_handler(router = Self::#served())]
+                impl rmcp::ServerHandler for #self_ty {}
             }
         });
     quote! {
@@ -282,9 +303,10 @@ mod tests {
         let out = super::tool_router(quote!(), item).to_string();
         assert!(out.contains("router = __idem_shop_router_routes"), "{out}");
         assert!(
-            out.contains("tool_handler (router = Self :: shop_router ())"),
+            out.contains("tool_handler (router = Self :: __idem_shop_router_served ())"),
             "{out}"
         );
+        assert!(out.contains("get_or_init (Self :: shop_router)"), "{out}");
         assert!(!out.contains("server_handler"), "{out}");
     }
 
