@@ -635,11 +635,16 @@ impl<S: IdempotencyStore> IdempotencyStore for Observer<S> {
         attempt: Attempt,
         lease: Duration,
     ) -> Result<(), StoreError> {
+        let sent = Instant::now();
         let out = self.inner.heartbeat(key, attempt, lease).await;
         let now = Instant::now();
         let mut w = self.sim.world();
         match &out {
-            Ok(()) => w.hb_landed.entry(*key.as_bytes()).or_default().push(now),
+            Ok(()) => w
+                .hb_landed
+                .entry(*key.as_bytes())
+                .or_default()
+                .push((sent, now)),
             Err(StoreError::Unavailable(_)) => {
                 w.hb_failures.entry(*key.as_bytes()).or_default().push(now);
                 w.stats.bump("heartbeat failed");

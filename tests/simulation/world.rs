@@ -257,7 +257,9 @@ pub struct World {
     pub pending_tasks: usize,
     pub outstanding_calls: usize,
     pub hb_failures: BTreeMap<[u8; 32], Vec<Instant>>,
-    pub hb_landed: BTreeMap<[u8; 32], Vec<Instant>>,
+    /// Heartbeats that landed, per key: when each was sent and when its
+    /// answer came back (the store applied it somewhere between the two).
+    pub hb_landed: BTreeMap<[u8; 32], Vec<(Instant, Instant)>>,
     pub resolutions: Vec<ResolutionRec>,
     pub stats: Stats,
 }
@@ -428,22 +430,27 @@ impl Sim {
         }
         if self.timing.mode == Mode::Real {
             // In real time a starved scheduler delays heartbeats: a gap of
-            // more than half a lease between landings is not the library's.
+            // more than half a lease is not the library's. A heartbeat took
+            // effect at some time between its send and its answer, so the
+            // gap is measured from the previous one's send (the earliest it
+            // can have extended the lease) to this one's answer, and to now
+            // from the last one's send: an answer that comes back late
+            // (a slow server, a task not polled) does not count as on time.
             let limit = self.timing.lease / 2;
-            let mut last = run.started;
-            for t in w
+            let mut since = run.started;
+            for (sent, landed) in w
                 .hb_landed
                 .get(&run.key)
                 .into_iter()
                 .flatten()
-                .filter(|t| **t >= run.started)
+                .filter(|(sent, _)| *sent >= run.started)
             {
-                if t.duration_since(last) > limit {
+                if landed.duration_since(since) > limit {
                     return true;
                 }
-                last = *t;
+                since = *sent;
             }
-            if now.duration_since(last) > limit {
+            if now.duration_since(since) > limit {
                 return true;
             }
         }
