@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use idem_runtime::conformance::{Call, Fault, FaultyStore};
 use idem_runtime::{
-    Answer, Caller, Executor, MemoryStore, Operation, OperationContext, ScopeSpec, ToolError,
+    Answer, Caller, Executor, IdempotencyStore, MemoryStore, Operation, OperationContext,
+    ScopeSpec, ToolError,
 };
 use serde::{Deserialize, Serialize};
 
@@ -426,6 +427,44 @@ async fn a_long_handler_renews_its_lease() {
     // Well past the first lease: without a heartbeat this would say UNKNOWN.
     let repeat = charge(&exec, &alice(), &visa(42), &processor).await;
     assert!(matches!(repeat, Answer::InFlight { .. }), "{repeat:?}");
+    assert!(matches!(
+        first.await.unwrap(),
+        Answer::Executed { recorded: true, .. }
+    ));
+    assert_eq!(processor.count(), 1);
+}
+
+/// A claim that took effect but whose answer came late (a slow server, a
+/// busy runtime) still gets its first heartbeat a third of a lease after the
+/// claim was sent. Counted from the answer, the first heartbeat came after
+/// the store's lease (counted from the claim) had run out, and a sweep in
+/// between would call a live charge UNKNOWN.
+#[tokio::test(start_paused = true)]
+async fn a_late_claim_answer_does_not_delay_the_first_heartbeat() {
+    let lease = Duration::from_millis(300);
+    // The store's clock is tokio's paused clock, so the lease is exact.
+    let (origin, base) = (tokio::time::Instant::now(), std::time::SystemTime::now());
+    let memory = Arc::new(MemoryStore::with_clock(move || {
+        base + (tokio::time::Instant::now() - origin)
+    }));
+    let slow = {
+        let memory = memory.clone();
+        FaultyStore::new(memory, |call| match call {
+            Call::Claim => Fault::SlowAnswer(Duration::from_millis(240)),
+            _ => Fault::None,
+        })
+    };
+    let exec = Executor::new(Arc::new(slow)).with_lease(lease);
+    let processor = Processor::sleeping(Duration::from_millis(1000));
+    let first = spawn_charge(&exec, visa(42), &processor);
+    // The claim landed at 0 (lease until 300) and its answer came at 240.
+    // At 320 the lease must have been renewed.
+    tokio::time::sleep(Duration::from_millis(320)).await;
+    let lapsed = memory.list_lapsed(10).await.unwrap();
+    assert!(
+        lapsed.is_empty(),
+        "a running charge's lease ran out: {lapsed:?}"
+    );
     assert!(matches!(
         first.await.unwrap(),
         Answer::Executed { recorded: true, .. }

@@ -342,7 +342,8 @@ impl Executor {
         let mut unconfirmed = ReleaseOnDrop::new(&self.store, key, request.attempt);
         // Before the claim is sent, on the timer's clock: the store's lease
         // cannot run out before this one.
-        let held_until = tokio::time::Instant::now() + self.lease;
+        let sent = tokio::time::Instant::now();
+        let held_until = sent + self.lease;
         let started = Instant::now();
         let claimed = self.backend().claim(&request).await;
         self.steps.record(Step::Claim, started);
@@ -363,7 +364,7 @@ impl Executor {
                 let handler =
                     self.in_flight
                         .run(key, request.attempt, held_until, handler(context));
-                self.execute(&request, op.status_tool, OnRejected::Release, handler)
+                self.execute(&request, sent, op.status_tool, OnRejected::Release, handler)
                     .await
             }
         }
@@ -408,9 +409,13 @@ impl Executor {
         })
     }
 
+    /// Runs `handler` under `claim`, which was sent at `sent` (the store's
+    /// lease counts from no earlier), heartbeating until it ends, and records
+    /// its outcome.
     async fn execute<T, E, Fut>(
         &self,
         claim: &ClaimRequest,
+        sent: tokio::time::Instant,
         status_tool: &str,
         on_rejected: OnRejected,
         handler: Fut,
@@ -431,7 +436,7 @@ impl Executor {
         let declared = Declared::new(self.max_follow_on_payload, self.follow_ons_unsupported_by);
         let mut handler = std::pin::pin!(DECLARED.scope(RefCell::new(declared), handler));
         let outcome = self
-            .with_heartbeat(claim, CatchUnwind(handler.as_mut()))
+            .with_heartbeat(claim, sent, CatchUnwind(handler.as_mut()))
             .await;
         let store: &dyn IdempotencyStore = &**guard.disarm();
         let (key, attempt) = (&claim.key, claim.attempt);
@@ -524,7 +529,12 @@ impl Executor {
     /// The heartbeat runs beside the handler, not inside its turn: both are
     /// polled whenever the task wakes, so a store that is slow to answer a
     /// renewal never pauses the side effect.
-    async fn with_heartbeat<O>(&self, claim: &ClaimRequest, work: impl Future<Output = O>) -> O {
+    async fn with_heartbeat<O>(
+        &self,
+        claim: &ClaimRequest,
+        sent: tokio::time::Instant,
+        work: impl Future<Output = O>,
+    ) -> O {
         let mut work = std::pin::pin!(work);
         // A handler that finishes on its first poll never needs a heartbeat;
         // not arming a timer for it keeps the timer wheel off the fast path.
@@ -535,7 +545,11 @@ impl Executor {
         }
         let period = self.lease / 3;
         let beat = async {
-            let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+            // Counted from the claim's send, not from its answer: an answer
+            // that came late must not push the first heartbeat past the
+            // lease the store counts from the claim (a first tick already
+            // due fires at once).
+            let mut ticks = tokio::time::interval_at(sent + period, period);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 ticks.tick().await;

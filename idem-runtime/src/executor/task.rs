@@ -39,6 +39,8 @@ pub(crate) enum TaskClaim<T, E> {
 #[derive(Debug)]
 pub(crate) struct ClaimedOperation {
     request: ClaimRequest,
+    /// When the claim was sent: its heartbeats count from here.
+    sent: tokio::time::Instant,
     context: OperationContext,
     status_tool: String,
 }
@@ -82,6 +84,7 @@ impl Executor {
         };
         let key = request.key;
         let mut unconfirmed = ReleaseOnDrop::new(&self.store, key, request.attempt);
+        let sent = tokio::time::Instant::now();
         let started = Instant::now();
         let claimed = self.backend().claim(&request).await;
         self.steps.record(Step::Claim, started);
@@ -98,6 +101,7 @@ impl Executor {
             Ok(Claim::Claimed) => TaskClaim::Claimed(ClaimedOperation {
                 context: OperationContext::new(key.reference(), op.caller, op.tool),
                 request,
+                sent,
                 status_tool: op.status_tool.to_owned(),
             }),
         }
@@ -123,6 +127,7 @@ impl Executor {
         let answer = self
             .execute(
                 &claimed.request,
+                claimed.sent,
                 &claimed.status_tool,
                 OnRejected::Record,
                 handler,
