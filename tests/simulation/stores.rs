@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! Executor, maintenance, operator
-//!   → Observer      sees every heartbeat's answer, per key (oracle 4)
+//!   → Observer      sees every won claim and every heartbeat, per key (oracle 4)
 //!   → FaultyStore   delays, unreachable, answer lost; heartbeat outages
 //!   → Recorder      sees every write that took effect: the model of each record
 //!   → the store under test
@@ -61,7 +61,8 @@ pub fn plan(sim: Arc<Sim>, replica: usize) -> impl Fn(Call) -> Fault + Send + Sy
     }
 }
 
-/// Outermost: records each heartbeat's answer for its key.
+/// Outermost: records when each claim that won and each heartbeat that
+/// landed was sent, per key.
 #[derive(Debug)]
 pub struct Observer<S> {
     pub inner: S,
@@ -583,7 +584,16 @@ impl IdempotencyStore for Recorder {
 #[async_trait]
 impl<S: IdempotencyStore> IdempotencyStore for Observer<S> {
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
-        self.inner.claim(req).await
+        let sent = Instant::now();
+        let out = self.inner.claim(req).await;
+        if let Ok(Claim::Claimed) = out {
+            let mut w = self.sim.world();
+            w.claims_sent
+                .entry(*req.key.as_bytes())
+                .or_default()
+                .push(sent);
+        }
+        out
     }
     async fn complete(
         &self,

@@ -260,6 +260,9 @@ pub struct World {
     /// Heartbeats that landed, per key: when each was sent and when its
     /// answer came back (the store applied it somewhere between the two).
     pub hb_landed: BTreeMap<[u8; 32], Vec<(Instant, Instant)>>,
+    /// When each claim that won was sent, per key: the store's lease counts
+    /// from no earlier.
+    pub claims_sent: BTreeMap<[u8; 32], Vec<Instant>>,
     pub resolutions: Vec<ResolutionRec>,
     pub stats: Stats,
 }
@@ -437,13 +440,21 @@ impl Sim {
             // from the last one's send: an answer that comes back late
             // (a slow server, a task not polled) does not count as on time.
             let limit = self.timing.lease / 2;
-            let mut since = run.started;
+            // The run's own claim was sent before it started, and its lease
+            // counts from then (its answer may have come late).
+            let mut since = w
+                .claims_sent
+                .get(&run.key)
+                .and_then(|sent| sent.iter().rev().find(|t| **t <= run.started))
+                .copied()
+                .unwrap_or(run.started);
+            let claimed = since;
             for (sent, landed) in w
                 .hb_landed
                 .get(&run.key)
                 .into_iter()
                 .flatten()
-                .filter(|(sent, _)| *sent >= run.started)
+                .filter(|(sent, _)| *sent >= claimed)
             {
                 if landed.duration_since(since) > limit {
                     return true;
