@@ -9,13 +9,18 @@
 //! - the round trip of a script that does nothing (`return 1`, one key, one
 //!   argument): a store whose every transition is one script can do no
 //!   better than two of these;
+//! - the least claim and completion scripts the issue's rules allow (the
+//!   time from the server's `TIME`, an atomic check, the lapsed-lease index;
+//!   `FLOOR_CLAIM`, `FLOOR_COMPLETE`), one after the other: the first call
+//!   of any store with one script per transition, minus everything idem
+//!   does besides;
 //! - idem: `Executor::run` over `RedisStore` with a no-op handler, a first
 //!   call (fresh arguments: claim, run, complete) and a replay (the same
 //!   arguments again: one claim that finds the completed record);
 //! - Powertools: `idempotent_function` with its Redis layer, a first call
 //!   and a replay, in a Python process (`scripts/peer-redis-powertools.py`).
 //!
-//! The three Rust measures alternate call by call, each on two tokio
+//! The Rust measures alternate call by call, each on two tokio
 //! runtimes (multi-thread, as `#[tokio::main]` builds, and current-thread);
 //! the Powertools rounds run between the Rust rounds, so drift on this shared
 //! machine hits every side.
@@ -131,6 +136,71 @@ async fn noop(
     t.elapsed()
 }
 
+/// The least a claim can do under the issue's rules (one script, the time
+/// from the server's `TIME`, a lapsed-lease index): `TIME`, `SET … NX PXAT`,
+/// `ZADD`. No fingerprint check, no takeover, no UNKNOWN index.
+const FLOOR_CLAIM: &str = r#"
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+if redis.call('SET', KEYS[1], ARGV[1] .. ARGV[2], 'NX', 'PXAT', now + 60000) then
+  redis.call('ZADD', KEYS[2], now + 30000, KEYS[1])
+  return 1
+end
+return 0
+"#;
+
+/// The least a completion can do: `GET` (fenced by the attempt), `TIME`,
+/// `SET … PXAT`, `ZREM`.
+const FLOOR_COMPLETE: &str = r#"
+local rec = redis.call('GET', KEYS[1])
+if not rec or string.sub(rec, 1, 16) ~= ARGV[1] then return 0 end
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+redis.call('SET', KEYS[1], ARGV[1] .. ARGV[2], 'PXAT', now + 60000)
+redis.call('ZREM', KEYS[2], KEYS[1])
+return 1
+"#;
+
+/// A claim and a completion of the least scripts the issue's rules allow
+/// (above), one after the other: the floor of a first call for any store
+/// whose transitions are one server-side script each, idem's or another's.
+async fn floor(
+    conn: &mut redis::aio::ConnectionManager,
+    scripts: &(redis::Script, redis::Script),
+    prefix: &str,
+    i: usize,
+) -> Duration {
+    let key = format!("{prefix}:floor:{i}");
+    let index = format!("{prefix}:floor:lapsed");
+    let attempt = format!("{:016x}", Attempt::random().get());
+    let t = Instant::now();
+    let claimed: i64 = scripts
+        .0
+        .key(&key)
+        .key(&index)
+        .arg(&attempt)
+        .arg("IN_PROGRESS")
+        .invoke_async(conn)
+        .await
+        .unwrap();
+    let completed: i64 = scripts
+        .1
+        .key(&key)
+        .key(&index)
+        .arg(&attempt)
+        .arg(common::RESPONSE)
+        .invoke_async(conn)
+        .await
+        .unwrap();
+    let elapsed = t.elapsed();
+    assert_eq!(
+        (claimed, completed),
+        (1, 1),
+        "the floor's scripts did their work"
+    );
+    elapsed
+}
+
 #[derive(Deserialize)]
 struct Peer {
     first: Vec<f64>,
@@ -195,6 +265,7 @@ async fn delete_prefix(conn: &mut redis::aio::ConnectionManager, prefix: &str) {
 struct Samples {
     raw: Vec<Duration>,
     noop: Vec<Duration>,
+    floor: Vec<Duration>,
     first: Vec<Duration>,
     replay: Vec<Duration>,
 }
@@ -218,10 +289,15 @@ async fn round(url: &str, round: usize, into: &mut Samples) {
         runs: AtomicUsize::new(0),
     };
     let nothing = redis::Script::new("return 1");
+    let least = (
+        redis::Script::new(FLOOR_CLAIM),
+        redis::Script::new(FLOOR_COMPLETE),
+    );
     // Warm-up: connections, scripts loaded, caches; the replayed operation.
     for i in 0..300 {
         raw(&mut conn, &prefix, i).await;
         noop(&mut conn, &nothing, &prefix, i).await;
+        floor(&mut conn, &least, &prefix, i).await;
         idem.call(&format!("warm_{i}")).await;
         idem.call("same").await;
     }
@@ -229,6 +305,8 @@ async fn round(url: &str, round: usize, into: &mut Samples) {
         into.raw.push(raw(&mut conn, &prefix, 300 + i).await);
         into.noop
             .push(noop(&mut conn, &nothing, &prefix, 300 + i).await);
+        into.floor
+            .push(floor(&mut conn, &least, &prefix, 300 + i).await);
         into.first.push(idem.call(&format!("c_{round}_{i}")).await);
         into.replay.push(idem.call("same").await);
     }
@@ -289,12 +367,13 @@ fn main() {
     let stats = |s: &mut Samples| {
         let (r50, r99) = common::median_p99(&mut s.raw);
         let (n50, n99) = common::median_p99(&mut s.noop);
+        let (l50, l99) = common::median_p99(&mut s.floor);
         let (f50, f99) = common::median_p99(&mut s.first);
         let (p50, p99) = common::median_p99(&mut s.replay);
-        [r50, r99, n50, n99, f50, f99, p50, p99]
+        [r50, r99, n50, n99, l50, l99, f50, f99, p50, p99]
     };
-    let [mr50, mr99, mn50, mn99, mf50, mf99, mp50, mp99] = stats(&mut m);
-    let [cr50, cr99, cn50, cn99, cf50, cf99, cp50, cp99] = stats(&mut c);
+    let [mr50, mr99, mn50, mn99, ml50, ml99, mf50, mf99, mp50, mp99] = stats(&mut m);
+    let [cr50, cr99, cn50, cn99, cl50, cl99, cf50, cf99, cp50, cp99] = stats(&mut c);
     println!(
         "Redis {version} on {host}:{port}; {} calls of each kind per runtime, in {ROUNDS} rounds",
         ROUNDS * CALLS
@@ -304,6 +383,7 @@ fn main() {
     println!("| --- | ---: | ---: | ---: | ---: |");
     println!("| raw Redis round trip (`SET … PX`, redis crate) | {mr50:.0} | {mr99:.0} | {cr50:.0} | {cr99:.0} |");
     println!("| no-op script round trip (`EVALSHA` of `return 1`, one key, one argument) | {mn50:.0} | {mn99:.0} | {cn50:.0} | {cn99:.0} |");
+    println!("| the least claim and completion scripts the rules allow, one after the other | {ml50:.0} | {ml99:.0} | {cl50:.0} | {cl99:.0} |");
     println!("| idem first call (`Executor::run` on RedisStore: claim, no-op handler, complete) | {mf50:.0} | {mf99:.0} | {cf50:.0} | {cf99:.0} |");
     println!("| idem replay (one claim that finds the completed record) | {mp50:.0} | {mp99:.0} | {cp50:.0} | {cp99:.0} |");
     let peer = if pt_first.is_empty() {
@@ -333,6 +413,20 @@ fn main() {
         mf99 / (2.0 * mn99),
         cf50 / (2.0 * cn50),
         cf99 / (2.0 * cn99)
+    );
+    println!(
+        "| the least scripts / (2 × raw round trip): the goal's reach for any design with one script per transition | {:.2} | {:.2} | {:.2} | {:.2} | |",
+        ml50 / (2.0 * mr50),
+        ml99 / (2.0 * mr99),
+        cl50 / (2.0 * cr50),
+        cl99 / (2.0 * cr99)
+    );
+    println!(
+        "| idem first call / the least scripts: what idem adds over that floor | {:.2} | {:.2} | {:.2} | {:.2} | |",
+        mf50 / ml50,
+        mf99 / ml99,
+        cf50 / cl50,
+        cf99 / cl99
     );
     if let Some((q50, q99, s50, s99)) = peer {
         println!(
