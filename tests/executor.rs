@@ -472,6 +472,48 @@ async fn a_late_claim_answer_does_not_delay_the_first_heartbeat() {
     assert_eq!(processor.count(), 1);
 }
 
+/// A claim whose answer comes only after its lease ran out may already have
+/// been swept, reconciled and taken over by a repeat: the handler does not
+/// start under it. The claim is released (nothing ran), the caller is told
+/// nothing ran and to call again, and that call runs.
+#[tokio::test(start_paused = true)]
+async fn a_claim_answered_after_its_lease_ran_out_runs_nothing() {
+    let lease = Duration::from_millis(300);
+    let (origin, base) = (tokio::time::Instant::now(), std::time::SystemTime::now());
+    let memory = Arc::new(MemoryStore::with_clock(move || {
+        base + (tokio::time::Instant::now() - origin)
+    }));
+    let claims = Arc::new(AtomicUsize::new(0));
+    let slow = {
+        let claims = claims.clone();
+        FaultyStore::new(memory.clone(), move |call| match call {
+            // The first claim's answer comes 400 ms after it landed.
+            Call::Claim if claims.fetch_add(1, Ordering::SeqCst) == 0 => {
+                Fault::SlowAnswer(Duration::from_millis(400))
+            }
+            _ => Fault::None,
+        })
+    };
+    let exec = Executor::new(Arc::new(slow)).with_lease(lease);
+    let processor = Processor::sleeping(Duration::from_millis(50));
+    let late = charge(&exec, &alice(), &visa(7), &processor).await;
+    match &late {
+        Answer::StoreUnavailable { error } => {
+            assert!(error.to_string().contains("lease"), "{error}")
+        }
+        other => panic!("a late claim ran its handler: {other:?}"),
+    }
+    assert_eq!(processor.count(), 0, "nothing ran under the late claim");
+    // The release runs in the background.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let again = charge(&exec, &alice(), &visa(7), &processor).await;
+    assert!(
+        matches!(again, Answer::Executed { recorded: true, .. }),
+        "{again:?}"
+    );
+    assert_eq!(processor.count(), 1);
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct Shipment {
     order_id: String,

@@ -388,3 +388,50 @@ async fn an_unknown_outcome_stays_working_until_resolved_then_completes_or_fails
     );
     client.cancel().await.ok();
 }
+
+/// A task's claim confirmed only after its lease ran out starts no handler:
+/// the request is answered at once with "nothing was executed" (no task),
+/// the claim is released, and the next request makes the task that runs.
+#[tokio::test]
+async fn a_task_claim_confirmed_after_its_lease_ran_out_starts_nothing() {
+    use idem_runtime::conformance::{Call, Fault, FaultyStore};
+    let claims = Arc::new(AtomicUsize::new(0));
+    let store = {
+        let claims = claims.clone();
+        FaultyStore::new(MemoryStore::new(), move |call| match call {
+            Call::Claim if claims.fetch_add(1, Ordering::SeqCst) == 0 => {
+                Fault::SlowAnswer(Duration::from_millis(500))
+            }
+            _ => Fault::None,
+        })
+    };
+    let processor = Arc::new(Processor::default());
+    let shop = Shop {
+        executor: Executor::new(Arc::new(store)).with_lease(Duration::from_millis(300)),
+        processor: processor.clone(),
+        delay: Duration::from_millis(50),
+        tool_router: Shop::tool_router(),
+    };
+    let client = connect(shop, with_tasks(), modern()).await;
+    let CallToolResponse::Complete(refused) = client.call_tool_once(charge(100)).await.unwrap()
+    else {
+        panic!("a late claim makes no task");
+    };
+    assert_eq!(refused.is_error, Some(true), "{refused:?}");
+    let text = format!("{:?}", refused.content);
+    assert!(text.contains("Nothing was executed"), "{text}");
+    assert_eq!(processor.requests.load(Ordering::SeqCst), 0);
+
+    // The release runs in the background; then the next request runs.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let CallToolResponse::Task(created) = client.call_tool_once(charge(100)).await.unwrap() else {
+        panic!("the next request gets a task");
+    };
+    let done = poll(&client, &created.task.task_id).await;
+    assert!(
+        matches!(done.task.payload, TaskPayload::Completed { .. }),
+        "{done:?}"
+    );
+    assert_eq!(processor.requests.load(Ordering::SeqCst), 1);
+    client.cancel().await.ok();
+}

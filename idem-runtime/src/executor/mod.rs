@@ -345,7 +345,7 @@ impl Executor {
         let sent = tokio::time::Instant::now();
         let held_until = sent + self.lease;
         let started = Instant::now();
-        let claimed = self.backend().claim(&request).await;
+        let claimed = late_claim(self.backend().claim(&request).await, held_until);
         self.steps.record(Step::Claim, started);
         if claimed.is_ok() {
             unconfirmed.disarm();
@@ -590,6 +590,26 @@ impl Executor {
             .lookup(caller.tenant(), &reference)
             .await?
             .map(|r| StatusReport::from_record(&r)))
+    }
+}
+
+/// A claim that won but whose answer came after its lease ran out (on the
+/// timer's clock, counted from before the claim was sent) is treated as not
+/// confirmed: the record may already have been swept, reconciled and taken
+/// over by a repeat, so no handler starts under it. The caller releases it
+/// (fenced by its attempt: nothing ran) and answers that nothing ran.
+pub(super) fn late_claim(
+    claimed: Result<Claim, StoreError>,
+    held_until: tokio::time::Instant,
+) -> Result<Claim, StoreError> {
+    match claimed {
+        Ok(Claim::Claimed) if tokio::time::Instant::now() >= held_until => {
+            Err(StoreError::Unavailable(
+                "the store confirmed the claim only after its lease had run out (the store or                  this server was too slow), so the tool was not run"
+                    .into(),
+            ))
+        }
+        other => other,
     }
 }
 

@@ -86,7 +86,7 @@ impl Executor {
         let mut unconfirmed = ReleaseOnDrop::new(&self.store, key, request.attempt);
         let sent = tokio::time::Instant::now();
         let started = Instant::now();
-        let claimed = self.backend().claim(&request).await;
+        let claimed = super::late_claim(self.backend().claim(&request).await, sent + self.lease);
         self.steps.record(Step::Claim, started);
         if claimed.is_ok() {
             unconfirmed.disarm();
