@@ -153,7 +153,8 @@ pub enum Answer<T, E> {
         /// What is wrong with the call.
         reason: String,
     },
-    /// The store could not be reached to claim the operation; nothing was run.
+    /// The store could not be reached to claim the operation, or confirmed
+    /// the claim only after its lease had run out; nothing was run.
     StoreUnavailable {
         /// The store's error.
         error: StoreError,
@@ -234,7 +235,8 @@ pub enum AnswerState {
     /// The request carried no caller and the server has no default; nothing
     /// ran.
     NoCaller,
-    /// The store could not be reached to claim the operation; nothing ran.
+    /// The store could not be reached to claim the operation, or confirmed
+    /// the claim only after its lease had run out; nothing ran.
     StoreUnavailable,
 }
 
