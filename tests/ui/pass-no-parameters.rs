@@ -8,12 +8,17 @@ impl Shop {
     #[idempotent(window = "15m")]
     #[tool(description = "Rotate the API key")]
     async fn rotate_api_key(&self) -> Result<Json<Receipt>, ToolError> {
-        Ok(Json(Receipt { charge_id: "key_2".to_owned() }))
+        Ok(Json(Receipt {
+            charge_id: "key_2".to_owned(),
+        }))
     }
 
     #[idempotent(window = "1h")]
     #[tool(description = "Flush the cache")]
-    async fn flush_cache(&self, context: rmcp::service::RequestContext<rmcp::RoleServer>) -> String {
+    async fn flush_cache(
+        &self,
+        context: rmcp::service::RequestContext<rmcp::RoleServer>,
+    ) -> String {
         let _ = context.id;
         "flushed".to_owned()
     }

@@ -20,10 +20,16 @@ impl Shop {
             return Err(ToolError::rejected("amount must be positive"));
         }
         let _reference = idem_runtime::current_reference();
-        Ok(Json(Receipt { charge_id: args.card }))
+        Ok(Json(Receipt {
+            charge_id: args.card,
+        }))
     }
 
-    #[idempotent(business_key = "order_id", window = "7d", status_tool = "shipment_status")]
+    #[idempotent(
+        business_key = "order_id",
+        window = "7d",
+        status_tool = "shipment_status"
+    )]
     #[tool(
         name = "ship",
         description = "Create a shipment",
@@ -57,16 +63,24 @@ impl Shop {
     #[idempotent(window = "48h")]
     #[tool(description = "Quote")]
     async fn quote(&self, Parameters(args): Parameters<ChargeArgs>) -> Json<Receipt> {
-        Json(Receipt { charge_id: args.card })
+        Json(Receipt {
+            charge_id: args.card,
+        })
     }
 
     #[idempotent(window = "2d")]
     #[tool(description = "Echo", output_schema = rmcp::handler::server::tool::schema_for_output::<Receipt>())]
-    async fn echo(&self, Parameters(args): Parameters<ChargeArgs>) -> Result<String, rmcp::ErrorData> {
+    async fn echo(
+        &self,
+        Parameters(args): Parameters<ChargeArgs>,
+    ) -> Result<String, rmcp::ErrorData> {
         Ok(args.card)
     }
 
-    #[tool(description = "Count", annotations(read_only_hint = true, idempotent_hint = false))]
+    #[tool(
+        description = "Count",
+        annotations(read_only_hint = true, idempotent_hint = false)
+    )]
     async fn count(&self) -> String {
         "0".to_owned()
     }
@@ -90,7 +104,9 @@ impl Other {
         &self,
         Parameters(args): Parameters<ChargeArgs>,
     ) -> Result<Json<Receipt>, ToolError> {
-        Ok(Json(Receipt { charge_id: args.card }))
+        Ok(Json(Receipt {
+            charge_id: args.card,
+        }))
     }
 }
 

@@ -11,17 +11,30 @@ use idem_runtime as renamed_idem;
 impl Shop {
     #[idempotent(window = "15m")]
     #[tool(description = "Charge a card")]
-    async fn charge_card(&self, Parameters(args): Parameters<ChargeArgs>) -> Result<Json<Receipt>, ToolError> {
-        Ok(Json(Receipt { charge_id: args.card }))
+    async fn charge_card(
+        &self,
+        Parameters(args): Parameters<ChargeArgs>,
+    ) -> Result<Json<Receipt>, ToolError> {
+        Ok(Json(Receipt {
+            charge_id: args.card,
+        }))
     }
 
     #[idempotent(business_key = ["order_id", "customer.id"], status_tool = "shipment_status")]
     #[tool(description = "Create a shipment")]
-    async fn ship(&self, Parameters(args): Parameters<ShipmentArgs>) -> Result<Json<Receipt>, ToolError> {
-        Ok(Json(Receipt { charge_id: args.order_id }))
+    async fn ship(
+        &self,
+        Parameters(args): Parameters<ShipmentArgs>,
+    ) -> Result<Json<Receipt>, ToolError> {
+        Ok(Json(Receipt {
+            charge_id: args.order_id,
+        }))
     }
 
-    #[tool(description = "The shop's own status tool", annotations(read_only_hint = true))]
+    #[tool(
+        description = "The shop's own status tool",
+        annotations(read_only_hint = true)
+    )]
     async fn shipment_status(&self) -> String {
         "shipped".to_owned()
     }
@@ -75,13 +88,22 @@ impl IdempotentServer for Renamed {
 impl Renamed {
     #[idempotent(window = "15m", crate = "renamed_idem", status_tool = "check")]
     #[tool(description = "Charge a card")]
-    async fn charge_card(&self, Parameters(args): Parameters<ChargeArgs>) -> Result<String, ToolError> {
+    async fn charge_card(
+        &self,
+        Parameters(args): Parameters<ChargeArgs>,
+    ) -> Result<String, ToolError> {
         Ok(args.card)
     }
 }
 
-fn names<S: Send + Sync + 'static>(router: rmcp::handler::server::router::tool::ToolRouter<S>) -> Vec<String> {
-    let mut names: Vec<String> = router.list_all().into_iter().map(|tool| tool.name.into_owned()).collect();
+fn names<S: Send + Sync + 'static>(
+    router: rmcp::handler::server::router::tool::ToolRouter<S>,
+) -> Vec<String> {
+    let mut names: Vec<String> = router
+        .list_all()
+        .into_iter()
+        .map(|tool| tool.name.into_owned())
+        .collect();
     names.sort_unstable();
     names
 }
@@ -89,13 +111,31 @@ fn names<S: Send + Sync + 'static>(router: rmcp::handler::server::router::tool::
 fn serves<H: rmcp::ServerHandler>() {}
 
 fn main() {
-    assert_eq!(names(Shop::shop_router()), ["charge_card", "get_operation_status", "ship", "shipment_status"]);
+    assert_eq!(
+        names(Shop::shop_router()),
+        [
+            "charge_card",
+            "get_operation_status",
+            "ship",
+            "shipment_status"
+        ]
+    );
     let own = Shop::shop_router().get("shipment_status").cloned().unwrap();
-    assert_eq!(own.description.as_deref(), Some("The shop's own status tool"));
+    assert_eq!(
+        own.description.as_deref(),
+        Some("The shop's own status tool")
+    );
     assert_eq!(names(Shop::bare_router()), ["refund"]);
     serves::<Served>();
-    assert_eq!(names(Served::tool_router()), ["get_operation_status", "rotate_api_key"]);
+    assert_eq!(
+        names(Served::tool_router()),
+        ["get_operation_status", "rotate_api_key"]
+    );
     assert_eq!(names(Renamed::tool_router()), ["charge_card", "check"]);
-    let _ = Served { executor: shop().executor };
-    let _ = Renamed { executor: shop().executor };
+    let _ = Served {
+        executor: shop().executor,
+    };
+    let _ = Renamed {
+        executor: shop().executor,
+    };
 }

@@ -32,10 +32,16 @@ impl Payments {
             }
         }
         let _reference = idem_runtime::current_reference();
-        Ok(Json(Receipt { charge_id: args.card }))
+        Ok(Json(Receipt {
+            charge_id: args.card,
+        }))
     }
 
-    #[idempotent(business_key = "order_id", task = "optional", status_tool = "shipment_status")]
+    #[idempotent(
+        business_key = "order_id",
+        task = "optional",
+        status_tool = "shipment_status"
+    )]
     #[tool(description = "Create a shipment")]
     async fn create_shipment(
         &self,
@@ -43,10 +49,9 @@ impl Payments {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ToolError> {
         let _ = context.id;
-        Ok(CallToolResult::success(vec![rmcp::model::ContentBlock::text(format!(
-            "{order_id} for {}",
-            customer.id
-        ))]))
+        Ok(CallToolResult::success(vec![
+            rmcp::model::ContentBlock::text(format!("{order_id} for {}", customer.id)),
+        ]))
     }
 
     #[idempotent(window = "1h", task = "optional")]
@@ -58,7 +63,9 @@ impl Payments {
     #[idempotent(window = "1h", task = "never")]
     #[tool(description = "Quote")]
     async fn quote(&self, Parameters(args): Parameters<ChargeArgs>) -> Json<Receipt> {
-        Json(Receipt { charge_id: args.card })
+        Json(Receipt {
+            charge_id: args.card,
+        })
     }
 }
 
