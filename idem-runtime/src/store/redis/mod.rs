@@ -657,8 +657,13 @@ impl IdempotencyStore for RedisStore {
         attempt: Attempt,
         response: &str,
     ) -> Result<(), StoreError> {
-        self.complete_with_follow_ons(key, attempt, response, &[])
-            .await
+        // No ARGV[3]: complete.lua never reaches for jobs.lua's functions.
+        done(
+            self.fenced(&SCRIPTS.complete_plain, key, attempt, |cmd| {
+                cmd.arg(response);
+            })
+            .await?,
+        )
     }
 
     async fn release(&self, key: &IdempotencyKey, attempt: Attempt) -> Result<(), StoreError> {

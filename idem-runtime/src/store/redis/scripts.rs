@@ -37,6 +37,9 @@ pub(super) mod code {
 pub(super) struct Scripts {
     pub(super) claim: Script,
     pub(super) complete: Script,
+    /// `complete.lua` without `jobs.lua`: a completion with no follow-on
+    /// jobs (the usual one) does not pay for defining the jobs' functions.
+    pub(super) complete_plain: Script,
     pub(super) release: Script,
     pub(super) mark_unknown: Script,
     pub(super) resolve: Script,
@@ -92,6 +95,7 @@ pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
     Scripts {
         claim: script(include_str!("lua/claim.lua")),
         complete: jobs(include_str!("lua/complete.lua")),
+        complete_plain: script(include_str!("lua/complete.lua")),
         release: script(include_str!("lua/release.lua")),
         mark_unknown: script(include_str!("lua/mark_unknown.lua")),
         resolve: jobs(include_str!("lua/resolve.lua")),
