@@ -344,7 +344,9 @@ impl Executor {
         // cannot run out before this one.
         let sent = tokio::time::Instant::now();
         let held_until = sent + self.lease;
-        let started = Instant::now();
+        // The step's timer starts from the same reading (outside a paused
+        // test clock, tokio's instant is the standard one).
+        let started = sent.into_std();
         let claimed = late_claim(self.backend().claim(&request).await, held_until);
         self.steps.record(Step::Claim, started);
         if claimed.is_ok() {
@@ -605,7 +607,8 @@ pub(super) fn late_claim(
     match claimed {
         Ok(Claim::Claimed) if tokio::time::Instant::now() >= held_until => {
             Err(StoreError::Unavailable(
-                "the store confirmed the claim only after its lease had run out (the store or                  this server was too slow), so the tool was not run"
+                "the store confirmed the claim only after its lease had run out (the store or \
+                 this server was too slow), so the tool was not run"
                     .into(),
             ))
         }

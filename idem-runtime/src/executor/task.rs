@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -85,7 +85,7 @@ impl Executor {
         let key = request.key;
         let mut unconfirmed = ReleaseOnDrop::new(&self.store, key, request.attempt);
         let sent = tokio::time::Instant::now();
-        let started = Instant::now();
+        let started = sent.into_std();
         let claimed = super::late_claim(self.backend().claim(&request).await, sent + self.lease);
         self.steps.record(Step::Claim, started);
         if claimed.is_ok() {
