@@ -96,6 +96,15 @@ fn spawn_charge(
     tokio::spawn(async move { charge(&exec, &alice(), &args, &processor).await })
 }
 
+/// A MemoryStore whose clock is tokio's (paused in these tests), so leases
+/// run out exactly when the test's timers say.
+fn on_tokio_clock() -> Arc<MemoryStore> {
+    let (origin, base) = (tokio::time::Instant::now(), std::time::SystemTime::now());
+    Arc::new(MemoryStore::with_clock(move || {
+        base + (tokio::time::Instant::now() - origin)
+    }))
+}
+
 fn memory() -> Executor {
     Executor::new(Arc::new(MemoryStore::new()))
 }
@@ -442,11 +451,7 @@ async fn a_long_handler_renews_its_lease() {
 #[tokio::test(start_paused = true)]
 async fn a_late_claim_answer_does_not_delay_the_first_heartbeat() {
     let lease = Duration::from_millis(300);
-    // The store's clock is tokio's paused clock, so the lease is exact.
-    let (origin, base) = (tokio::time::Instant::now(), std::time::SystemTime::now());
-    let memory = Arc::new(MemoryStore::with_clock(move || {
-        base + (tokio::time::Instant::now() - origin)
-    }));
+    let memory = on_tokio_clock();
     let slow = {
         let memory = memory.clone();
         FaultyStore::new(memory, |call| match call {
@@ -479,10 +484,7 @@ async fn a_late_claim_answer_does_not_delay_the_first_heartbeat() {
 #[tokio::test(start_paused = true)]
 async fn a_claim_answered_after_its_lease_ran_out_runs_nothing() {
     let lease = Duration::from_millis(300);
-    let (origin, base) = (tokio::time::Instant::now(), std::time::SystemTime::now());
-    let memory = Arc::new(MemoryStore::with_clock(move || {
-        base + (tokio::time::Instant::now() - origin)
-    }));
+    let memory = on_tokio_clock();
     let claims = Arc::new(AtomicUsize::new(0));
     let slow = {
         let claims = claims.clone();

@@ -147,6 +147,25 @@ async fn unmigrated_schema_says_to_migrate() {
     assert!(err.to_string().contains("migrate()"), "{err}");
 }
 
+/// A connection of the test's own holding the record of `key` locked, in a
+/// transaction it ends with `COMMIT` or `ROLLBACK` (as a concurrent claim or
+/// a reconciler would hold it).
+async fn lock_record(pg: &PgSchema, key: &idem_runtime::IdempotencyKey) -> tokio_postgres::Client {
+    let locker = durable::connect(&pg.url).await;
+    locker.batch_execute("BEGIN").await.unwrap();
+    locker
+        .execute(
+            &format!(
+                "SELECT 1 FROM {}.idem_records WHERE key = $1 FOR UPDATE",
+                pg.store.schema()
+            ),
+            &[&&key.as_bytes()[..]],
+        )
+        .await
+        .unwrap();
+    locker
+}
+
 /// Purge skips a row that someone holds locked (a claim taking it over right
 /// now) instead of waiting for it, and deletes the rest.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -163,20 +182,7 @@ async fn purge_skips_locked_rows() {
     }
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
 
-    let (mut locker, conn) = tokio_postgres::connect(&pg.url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    let tx = locker.transaction().await.unwrap();
-    tx.execute(
-        &format!(
-            "SELECT 1 FROM {}.idem_records WHERE key = $1 FOR UPDATE",
-            pg.store.schema()
-        ),
-        &[&&held.key.as_bytes()[..]],
-    )
-    .await
-    .unwrap();
+    let locker = lock_record(&pg, &held.key).await;
 
     let purged = tokio::time::timeout(
         std::time::Duration::from_secs(2),
@@ -198,7 +204,7 @@ async fn purge_skips_locked_rows() {
         .await
         .unwrap()
         .is_some());
-    tx.rollback().await.unwrap();
+    locker.batch_execute("ROLLBACK").await.unwrap();
     assert_eq!(pg.store.purge_expired(100).await.unwrap(), 1);
 }
 
@@ -318,20 +324,7 @@ async fn a_claim_that_waits_past_the_window_takes_the_record_over() {
 
     // Another transaction holds the row from before the window's end until
     // after it, as a concurrent claim or a reconciler may.
-    let (mut locker, conn) = tokio_postgres::connect(&pg.url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    let tx = locker.transaction().await.unwrap();
-    tx.execute(
-        &format!(
-            "SELECT 1 FROM {}.idem_records WHERE key = $1 FOR UPDATE",
-            pg.store.schema()
-        ),
-        &[&&first.key.as_bytes()[..]],
-    )
-    .await
-    .unwrap();
+    let locker = lock_record(&pg, &first.key).await;
 
     let second = idem_runtime::ClaimRequest {
         attempt: idem_runtime::Attempt::random(),
@@ -346,7 +339,7 @@ async fn a_claim_that_waits_past_the_window_takes_the_record_over() {
     while std::time::SystemTime::now() < end + std::time::Duration::from_millis(200) {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    tx.commit().await.unwrap();
+    locker.batch_execute("COMMIT").await.unwrap();
 
     match repeat.await.unwrap().unwrap() {
         idem_runtime::Claim::Claimed => {}
