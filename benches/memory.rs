@@ -55,8 +55,10 @@ fn main() {
             let before = LIVE.load(Ordering::Relaxed);
             rt.block_on(async {
                 for i in 0..n {
+                    let key = key(i);
                     let req = ClaimRequest {
-                        key: key(i),
+                        key,
+                        reference: idem_runtime::Reference::new_operation(&key),
                         tenant: "acme".to_owned(),
                         tool: "charge_card".to_owned(),
                         attempt: Attempt::random(),

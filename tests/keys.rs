@@ -297,33 +297,60 @@ fn display_is_the_key_in_lowercase_hex_and_the_reference_its_prefix() {
     let bytes_as_hex: String = k.as_bytes().iter().map(|b| format!("{b:02x}")).collect();
     assert_eq!(hex, bytes_as_hex);
 
-    let reference = k.reference().to_string();
-    assert_eq!(reference.len(), "idem_".len() + 16);
-    assert_eq!(reference.strip_prefix("idem_"), Some(&hex[..16]));
-    assert_eq!(k.reference().as_bytes()[..], k.as_bytes()[..8]);
+    // An operation's reference: the key's first 64 bits, then a tag of 64
+    // drawn for the operation; two operations of one key differ.
+    let reference = Reference::new_operation(&k);
+    let text = reference.to_string();
+    assert_eq!(text.len(), "idem_".len() + 32);
+    assert_eq!(
+        text.strip_prefix("idem_").map(|t| &t[..16]),
+        Some(&hex[..16])
+    );
+    assert_eq!(reference.as_bytes().len(), 16);
+    assert_eq!(reference.key_prefix()[..], k.as_bytes()[..8]);
+    assert!(reference.is_of(&k));
+    assert_ne!(reference.tag(), 0);
+    assert_ne!(Reference::new_operation(&k), reference);
 }
 
 #[test]
 fn a_reference_parses_back_and_junk_does_not() {
     let k = key(&alice(), "charge", &json!({"to": "bob"}), &window());
-    let reference = k.reference();
-    assert_eq!(Reference::parse(&reference.to_string()), Some(reference));
+    let reference = Reference::new_operation(&k);
+    let text = reference.to_string();
+    assert_eq!(Reference::parse(&text), Some(reference));
+    // Without the prefix, in capitals, or with spaces around: the same.
+    let digits = &text["idem_".len()..];
+    assert_eq!(Reference::parse(digits), Some(reference));
+    assert_eq!(
+        Reference::parse(&text.to_uppercase().replace("IDEM_", "idem_")),
+        Some(reference)
+    );
+    assert_eq!(Reference::parse(&format!("  {text}\n")), Some(reference));
+    // A reference written before references had tags: 16 digits, tag zero,
+    // printed as it was.
+    let legacy = Reference::parse(&format!("idem_{}", &k.to_string()[..16])).unwrap();
+    assert_eq!(legacy.tag(), 0);
+    assert_eq!(legacy.as_bytes(), &k.as_bytes()[..8]);
+    assert_eq!(legacy.to_string(), format!("idem_{}", &k.to_string()[..16]));
+    assert_eq!(Reference::from_bytes(legacy.as_bytes()), Some(legacy));
+    assert_eq!(Reference::from_bytes(reference.as_bytes()), Some(reference));
+    assert_eq!(Reference::from_bytes(&[1; 12]), None);
 
-    let hex = &k.to_string()[..16];
+    let hex = digits;
     for junk in [
         String::new(),
         "idem_".into(),
-        hex.into(),
-        format!("idem_{}", &hex[..15]),
+        format!("idem_{}", &hex[..31]),
         format!("idem_{hex}0"),
         format!("idem-{hex}"),
-        format!("IDEM_{hex}"),
         format!("op_{hex}"),
-        format!("idem_{}g", &hex[..15]),
-        "idem_+f+f+f+f+f+f+f+f".into(),
-        "idem_-0-0-0-0-0-0-0-0".into(),
+        format!("idem_{}g", &hex[..31]),
+        format!("idem_{}", "+f".repeat(16)),
+        format!("idem_{}", "-0".repeat(16)),
         "idem_ééééééé00".into(),
         format!("idem_{hex} idem_{hex}"),
+        format!("idem_idem_{hex}"),
     ] {
         assert_eq!(Reference::parse(&junk), None, "{junk:?}");
     }

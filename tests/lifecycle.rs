@@ -98,13 +98,20 @@ async fn a_lapsed_claim_reads_as_unknown_in_the_status_report() {
     };
     // The process "dies" mid-handler: its future is forgotten, so neither
     // its heartbeat nor its drop guard ever runs again.
-    let mut dying = Box::pin(exec.run(op, |_| async {
-        std::future::pending::<Result<Receipt, ToolError>>().await
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    let saw = seen.clone();
+    let mut dying = Box::pin(exec.run(op, move |ctx| {
+        *saw.lock().unwrap() = Some(ctx.reference());
+        async { std::future::pending::<Result<Receipt, ToolError>>().await }
     }));
     assert!(futures::poll!(dying.as_mut()).is_pending());
     std::mem::forget(dying);
     assert!(store.list_lapsed(10).await.unwrap().is_empty(), "live");
-    let reference = reference_of(&args).to_string();
+    let reference = seen
+        .lock()
+        .unwrap()
+        .expect("the handler started")
+        .to_string();
     let live = exec.status(&alice(), &reference).await.unwrap().unwrap();
     assert_eq!(live.state, "IN_PROGRESS");
 
@@ -116,18 +123,6 @@ async fn a_lapsed_claim_reads_as_unknown_in_the_status_report() {
         "{status:?}"
     );
     assert!(!status.next_step.contains("still running"), "{status:?}");
-}
-
-/// The reference of alice's `charge_card` with these arguments.
-fn reference_of(args: &serde_json::Value) -> idem_runtime::Reference {
-    idem_runtime::IdempotencyKey::derive(
-        &alice(),
-        "charge_card",
-        args,
-        &idem_runtime::Scope::Window(Duration::from_secs(900)),
-    )
-    .unwrap()
-    .reference()
 }
 
 /// (e) With a business key and a short `window`, an UNKNOWN record is kept

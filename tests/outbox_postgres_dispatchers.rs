@@ -37,7 +37,7 @@ async fn completed_with_receipts(store: &dyn IdempotencyStore, n: usize) -> Vec<
             .complete_with_follow_ons(&req.key, req.attempt, "\"paid\"", &[job])
             .await
             .unwrap();
-        keys.push(format!("{}:send_receipt", req.key.reference()));
+        keys.push(format!("{}:send_receipt", req.reference));
     }
     keys
 }

@@ -65,7 +65,7 @@ impl Reconciler for LogReconciler {
         &self,
         record: &Record,
     ) -> Result<Reconciliation, Box<dyn std::error::Error + Send + Sync>> {
-        let reference = record.reference().to_string();
+        let reference = record.reference.to_string();
         Ok(
             match invocations(&self.0)
                 .into_iter()

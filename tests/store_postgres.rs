@@ -52,7 +52,11 @@ async fn migrate_is_idempotent_and_safe_concurrently() {
         .await
         .unwrap();
     let versions: Vec<i32> = versions.iter().map(|r| r.get(0)).collect();
-    assert_eq!(versions, [1, 2, 3], "each shipped migration recorded once");
+    assert_eq!(
+        versions,
+        [1, 2, 3, 4],
+        "each shipped migration recorded once"
+    );
     conformance::claim_creates_in_progress(&others[0]).await;
 }
 
@@ -114,7 +118,7 @@ async fn times_come_from_the_server() {
     let after = server_now().await;
     let record = pg
         .store
-        .lookup(&req.tenant, &req.key.reference())
+        .lookup(&req.tenant, &req.reference)
         .await
         .unwrap()
         .unwrap();
@@ -194,13 +198,13 @@ async fn purge_skips_locked_rows() {
     assert_eq!(purged, 1);
     assert!(pg
         .store
-        .lookup(&free.tenant, &free.key.reference())
+        .lookup(&free.tenant, &free.reference)
         .await
         .unwrap()
         .is_none());
     assert!(pg
         .store
-        .lookup(&held.tenant, &held.key.reference())
+        .lookup(&held.tenant, &held.reference)
         .await
         .unwrap()
         .is_some());
@@ -265,7 +269,7 @@ async fn lease_skips_locked_jobs() {
             "SELECT 1 FROM {}.idem_jobs WHERE tenant = $1 AND reference = $2 FOR UPDATE",
             pg.store.schema()
         ),
-        &[&held.tenant, &&held.key.reference().as_bytes()[..]],
+        &[&held.tenant, &held.reference.as_bytes()],
     )
     .await
     .unwrap();
@@ -280,7 +284,7 @@ async fn lease_skips_locked_jobs() {
     .expect("a lease does not wait for a locked job")
     .unwrap();
     assert_eq!(leased.len(), 1, "{leased:?}");
-    assert_eq!(leased[0].id.reference, free.key.reference());
+    assert_eq!(leased[0].id.reference, free.reference);
     let leased_until = leased[0].next_run_at;
     let since = leased_until.duration_since(leased[0].updated_at).unwrap();
     assert_eq!(
@@ -294,7 +298,7 @@ async fn lease_skips_locked_jobs() {
         .await
         .unwrap();
     assert_eq!(rest.len(), 1);
-    assert_eq!(rest[0].id.reference, held.key.reference());
+    assert_eq!(rest[0].id.reference, held.reference);
 }
 
 /// A claim decides at its statement's start and, when it finds a live
@@ -317,7 +321,7 @@ async fn a_claim_that_waits_past_the_window_takes_the_record_over() {
         .unwrap();
     let record = pg
         .store
-        .lookup(&first.tenant, &first.key.reference())
+        .lookup(&first.tenant, &first.reference)
         .await
         .unwrap()
         .unwrap();
@@ -342,7 +346,7 @@ async fn a_claim_that_waits_past_the_window_takes_the_record_over() {
     locker.batch_execute("COMMIT").await.unwrap();
 
     match repeat.await.unwrap().unwrap() {
-        idem_runtime::Claim::Claimed => {}
+        idem_runtime::Claim::Claimed { .. } => {}
         idem_runtime::Claim::Existing { record } => panic!(
             "the repeat was answered with a record it could take over (claimable at its \
              observed_at: {}): {record:?}",

@@ -47,7 +47,7 @@ async fn times_come_from_the_server() {
     redis.claim(&req).await.unwrap();
     let after = server_time(&redis.url).await;
     let record = redis
-        .lookup(&req.tenant, &req.key.reference())
+        .lookup(&req.tenant, &req.reference)
         .await
         .unwrap()
         .unwrap();
@@ -61,12 +61,10 @@ async fn times_come_from_the_server() {
 /// The record's key, as the store names it (see the layout's table).
 fn record_key(prefix: &str, key: &IdempotencyKey) -> String {
     let hex = |b: &[u8]| b.iter().map(|b| format!("{b:02x}")).collect::<String>();
-    let reference = key.reference();
-    format!(
-        "{prefix}:{{{:02x}}}:r:{}",
-        reference.as_bytes()[0] % 64,
-        hex(reference.as_bytes())
-    )
+    // Under the key's first eight bytes, which every reference of it starts
+    // with.
+    let prefix8 = &key.as_bytes()[..8];
+    format!("{prefix}:{{{:02x}}}:r:{}", prefix8[0] % 64, hex(prefix8))
 }
 
 /// When Redis will delete a key, in ms since the epoch.
@@ -98,7 +96,7 @@ async fn native_ttl_follows_the_record_life() {
     let key = record_key(&redis.prefix, &req.key);
     let read = async || {
         redis
-            .lookup(&req.tenant, &req.key.reference())
+            .lookup(&req.tenant, &req.reference)
             .await
             .unwrap()
             .unwrap()
@@ -137,7 +135,7 @@ async fn native_ttl_follows_the_record_life() {
 
 /// The sorted sets of the shard the record lives in.
 fn sets(prefix: &str, key: &IdempotencyKey) -> [String; 2] {
-    let shard = key.reference().as_bytes()[0] % 64;
+    let shard = key.as_bytes()[0] % 64;
     [
         format!("{prefix}:{{{shard:02x}}}:lapsed"),
         format!("{prefix}:{{{shard:02x}}}:unknown"),
@@ -173,10 +171,7 @@ async fn purge_drops_the_entries_of_deleted_records() {
         .unwrap();
     tokio::time::sleep(Duration::from_millis(250)).await;
     for req in [&lapsed, &unknown, &completed] {
-        let gone = redis
-            .lookup(&req.tenant, &req.key.reference())
-            .await
-            .unwrap();
+        let gone = redis.lookup(&req.tenant, &req.reference).await.unwrap();
         assert_eq!(gone, None, "Redis deleted the record at its end");
     }
     assert_eq!(
@@ -200,9 +195,10 @@ async fn purge_drops_the_entries_of_deleted_records() {
     );
 }
 
-/// Two operations whose keys share their first eight bytes (their reference)
-/// are still two records: each is claimed, completed, found by its tenant and
-/// released on its own, whichever tenant they are in.
+/// Two operations whose keys share their first eight bytes (where their
+/// references start) are still two records: each is claimed, completed,
+/// found by its own reference and released on its own, whichever tenant
+/// they are in.
 #[tokio::test]
 async fn a_reference_collision_keeps_two_records() {
     let Some(redis) = Prefixed::new().await else {
@@ -213,8 +209,10 @@ async fn a_reference_collision_keeps_two_records() {
     bytes[31] ^= 1;
     for same_tenant in [false, true] {
         let first = again(&first);
+        let key = IdempotencyKey::from_parts(bytes, [7; 32]);
         let second = ClaimRequest {
-            key: IdempotencyKey::from_parts(bytes, [7; 32]),
+            key,
+            reference: idem_runtime::Reference::new_operation(&key),
             tenant: if same_tenant {
                 first.tenant.clone()
             } else {
@@ -222,9 +220,15 @@ async fn a_reference_collision_keeps_two_records() {
             },
             ..claim_request(Duration::from_secs(900))
         };
-        assert_eq!(first.key.reference(), second.key.reference());
-        assert_eq!(redis.claim(&first).await.unwrap(), Claim::Claimed);
-        assert_eq!(redis.claim(&second).await.unwrap(), Claim::Claimed);
+        assert_eq!(first.reference.key_prefix(), second.reference.key_prefix());
+        assert!(matches!(
+            redis.claim(&first).await.unwrap(),
+            Claim::Claimed { .. }
+        ));
+        assert!(matches!(
+            redis.claim(&second).await.unwrap(),
+            Claim::Claimed { .. }
+        ));
         redis
             .complete(&second.key, second.attempt, "\"second\"")
             .await
@@ -243,23 +247,18 @@ async fn a_reference_collision_keeps_two_records() {
             }
         );
         let found = redis
-            .lookup(&second.tenant, &second.key.reference())
+            .lookup(&second.tenant, &second.reference)
             .await
             .unwrap()
             .unwrap();
-        if same_tenant {
-            // One reference, one tenant, two operations: the lookup can name
-            // only one of them, the one claimed first.
-            assert_eq!(found.key, first.key);
-        } else {
-            assert_eq!(found.key, second.key);
-            let found = redis
-                .lookup(&first.tenant, &first.key.reference())
-                .await
-                .unwrap()
-                .unwrap();
-            assert_eq!(found.key, first.key);
-        }
+        // Each reference names its own operation, in one tenant or two.
+        assert_eq!(found.key, second.key);
+        let found = redis
+            .lookup(&first.tenant, &first.reference)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(found.key, first.key);
         redis.release(&first.key, first.attempt).await.unwrap();
         assert!(matches!(
             redis.release(&second.key, second.attempt).await,
@@ -270,14 +269,17 @@ async fn a_reference_collision_keeps_two_records() {
             panic!("the second outlives the first");
         };
         assert_eq!(record.key, second.key);
-        assert!(redis
-            .lookup(&first.tenant, &first.key.reference())
-            .await
-            .unwrap()
-            .is_none_or(|r| r.key == second.key));
+        assert_eq!(
+            redis.lookup(&first.tenant, &first.reference).await.unwrap(),
+            None,
+            "the first's reference never names the second"
+        );
         // The first runs again, and the records are still apart.
         let next = again(&first);
-        assert_eq!(redis.claim(&next).await.unwrap(), Claim::Claimed);
+        assert!(matches!(
+            redis.claim(&next).await.unwrap(),
+            Claim::Claimed { .. }
+        ));
         redis.release(&next.key, next.attempt).await.unwrap();
         bytes[30] ^= 1;
     }
@@ -291,8 +293,14 @@ async fn a_resent_claim_is_the_same_claim() {
         return;
     };
     let req = claim_request(Duration::from_secs(900));
-    assert_eq!(redis.claim(&req).await.unwrap(), Claim::Claimed);
-    assert_eq!(redis.claim(&req).await.unwrap(), Claim::Claimed);
+    assert!(matches!(
+        redis.claim(&req).await.unwrap(),
+        Claim::Claimed { .. }
+    ));
+    assert!(matches!(
+        redis.claim(&req).await.unwrap(),
+        Claim::Claimed { .. }
+    ));
     assert!(matches!(
         redis.claim(&again(&req)).await.unwrap(),
         Claim::Existing { .. }
@@ -441,7 +449,10 @@ async fn claims_wait_for_replicas() {
     let runs = AtomicUsize::new(0);
     assert_eq!(charge(&executor, 1, &runs).await.kind(), "executed");
     let req = claim_request(Duration::from_secs(900));
-    assert_eq!(store.claim(&req).await.unwrap(), Claim::Claimed);
+    assert!(matches!(
+        store.claim(&req).await.unwrap(),
+        Claim::Claimed { .. }
+    ));
     let copy: Vec<Vec<u8>> = command(&replica.url(), redis::cmd("KEYS").arg("idem:*")).await;
     assert!(!copy.is_empty(), "the replica has the claims");
 
@@ -453,10 +464,7 @@ async fn claims_wait_for_replicas() {
         "{err}"
     );
     assert_eq!(
-        store
-            .lookup(&req.tenant, &req.key.reference())
-            .await
-            .unwrap(),
+        store.lookup(&req.tenant, &req.reference).await.unwrap(),
         None,
         "the unacknowledged claim was released"
     );
@@ -651,11 +659,18 @@ async fn jobs_outlive_their_record() {
         .unwrap();
     let record = record_key(&redis.prefix, &req.key);
     let tenant_hex: String = req.tenant.bytes().map(|b| format!("{b:02x}")).collect();
-    let (tag, reference) = record
+    let (tag, _) = record
         .strip_prefix(&format!("{}:", redis.prefix))
         .unwrap()
         .split_once(":r:")
         .unwrap();
+    // Under the operation's whole reference.
+    let reference: String = req
+        .reference
+        .as_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
     let job_key = format!("{}:{tag}:j:{reference}:{tenant_hex}:{name}", redis.prefix);
     assert_eq!(
         expire_time(&redis.url, &job_key).await,
@@ -679,7 +694,7 @@ async fn jobs_outlive_their_record() {
         .await
         .unwrap();
     assert_eq!(leased.len(), 1, "the job outlived its record");
-    assert_eq!(leased[0].id.reference, req.key.reference());
+    assert_eq!(leased[0].id.reference, req.reference);
 }
 
 /// A record as an earlier version of the store wrote it: a hash of these
@@ -767,11 +782,16 @@ async fn records_written_as_hashes_are_read_after_an_upgrade() {
         .unwrap();
     let kind: String = command(&redis.url, redis::cmd("TYPE").arg(&key)).await;
     assert_eq!(kind, "string");
+    // Written before references had tags: its reference is the key's first
+    // eight bytes, as it was printed then, and it keeps it.
+    let legacy = idem_runtime::Reference::with_tag(&running.key, 0);
+    assert_eq!(legacy.to_string().len(), "idem_".len() + 16);
     let record = redis
-        .lookup(&running.tenant, &running.key.reference())
+        .lookup(&running.tenant, &legacy)
         .await
         .unwrap()
         .unwrap();
+    assert_eq!(record.reference, legacy);
     assert_eq!(
         record.state,
         RecordState::Completed {

@@ -49,7 +49,12 @@ async fn records_survive_reopening() {
     let key = req.key;
     {
         let store = SqliteStore::open(&path).await.unwrap();
-        assert_eq!(store.claim(&req).await.unwrap(), Claim::Claimed);
+        assert_eq!(
+            store.claim(&req).await.unwrap(),
+            Claim::Claimed {
+                reference: req.reference
+            }
+        );
         store.complete(&key, req.attempt, "\"paid\"").await.unwrap();
     }
     let store = SqliteStore::open(&path).await.unwrap();
@@ -80,7 +85,7 @@ async fn two_stores_on_one_file_yield_one_winner() {
         let (x, y) = tokio::join!(a.claim(&ra), b.claim(&rb));
         let won = [x.unwrap(), y.unwrap()]
             .iter()
-            .filter(|c| **c == Claim::Claimed)
+            .filter(|c| matches!(c, Claim::Claimed { .. }))
             .count();
         assert_eq!(won, 1);
     }

@@ -713,7 +713,7 @@ impl Reconciler for ProcessorReconciler {
         record: &Record,
     ) -> Result<Reconciliation, Box<dyn std::error::Error + Send + Sync>> {
         Ok(match record.tool.as_str() {
-            "charge_card" => match self.backends.charge_status(&record.reference().to_string()) {
+            "charge_card" => match self.backends.charge_status(&record.reference.to_string()) {
                 // The handler's receipt job was lost with its outcome: the
                 // resolution writes it.
                 ChargeStatus::Charged(receipt) if self.outbox => {

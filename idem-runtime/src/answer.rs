@@ -433,7 +433,7 @@ impl StatusReport {
             ),
         };
         StatusReport {
-            reference: record.reference().to_string(),
+            reference: record.reference.to_string(),
             tool: record.tool.clone(),
             state: state.as_str().to_owned(),
             claimed_at_ms: ms(record.claimed_at),

@@ -307,7 +307,7 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
                 ];
                 rows.extend(records.iter().map(|r| {
                     vec![
-                        r.reference().to_string(),
+                        r.reference.to_string(),
                         r.tenant.clone(),
                         r.tool.clone(),
                         state_label(r),
@@ -503,7 +503,7 @@ fn record_json(r: &Record, response: bool) -> Value {
         }
     };
     let mut value = json!({
-        "reference": r.reference().to_string(),
+        "reference": r.reference.to_string(),
         "tenant": r.tenant,
         "tool": r.tool,
         "state": r.state.name(),

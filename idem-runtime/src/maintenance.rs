@@ -90,7 +90,7 @@ pub async fn sweep(store: &dyn IdempotencyStore, limit: usize) -> Result<usize, 
             .await
         {
             Ok(true) => {
-                tracing::warn!(reference = %record.reference(), tool = %record.tool, "swept: outcome unknown");
+                tracing::warn!(reference = %record.reference, tool = %record.tool, "swept: outcome unknown");
                 marked += 1;
             }
             Ok(false) | Err(StoreError::Fenced | StoreError::WrongState { .. }) => {}
@@ -167,7 +167,7 @@ pub async fn reconcile(
 ) -> Result<ReconcileReport, StoreError> {
     let mut report = ReconcileReport::default();
     for record in store.list_unknown(config.batch).await? {
-        let reference = record.reference();
+        let reference = record.reference;
         let (key, attempt) = (&record.key, record.attempt);
         let backoff = config.backoff(record.checks);
         let outcome = match reconciler.reconcile(&record).await {

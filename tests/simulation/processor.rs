@@ -240,7 +240,7 @@ impl Reconciler for SimReconciler {
             return Err("the processor's lookup timed out".into());
         }
         let now = Instant::now();
-        let reference = record.reference();
+        let reference = record.reference;
         let answer = match w.entries.get(&reference).map(|c| &w.charges[*c]) {
             Some(c) if c.tenant != record.tenant => Reconciliation::NotPerformed,
             Some(c) if now < c.lands_at => {

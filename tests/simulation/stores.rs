@@ -155,11 +155,13 @@ impl Recorder {
         }
     }
 
-    fn tenant_of(sim: &Sim, key: &IdempotencyKey) -> Option<String> {
+    /// The tenant of the record of `key`, and the reference of its current
+    /// operation.
+    fn tenant_of(sim: &Sim, key: &IdempotencyKey) -> Option<(String, Reference)> {
         sim.world()
             .keys
             .get(key.as_bytes())
-            .map(|m| m.tenant.clone())
+            .map(|m| (m.tenant.clone(), m.reference))
     }
 
     /// After a write that took effect: read the record back, check the
@@ -171,17 +173,17 @@ impl Recorder {
         attempt: Attempt,
         what: Write,
     ) {
-        let Some(tenant) = Self::tenant_of(sim, key) else {
+        let Some((tenant, current)) = Self::tenant_of(sim, key) else {
             sim.violate(format!(
                 "the store accepted {what:?} on {} that was never claimed",
-                key.reference()
+                key
             ));
             return;
         };
         let after = if matches!(what, Write::Release) {
             None
         } else {
-            match inner.lookup(&tenant, &key.reference()).await {
+            match inner.lookup(&tenant, &current).await {
                 Ok(r) => r,
                 Err(e) => {
                     sim.violate(format!("read-back after {what:?} failed: {e}"));
@@ -204,7 +206,7 @@ impl Recorder {
                 m.released = true;
             }
         }
-        let reference = key.reference();
+        let reference = key;
         let mut problems = Vec::new();
         match (&after, what) {
             (None, Write::Release) => {}
@@ -283,8 +285,12 @@ impl Recorder {
         }
     }
 
-    async fn claimed(inner: &dyn IdempotencyStore, sim: &Sim, req: &ClaimRequest) {
-        let reference = req.key.reference();
+    async fn claimed(
+        inner: &dyn IdempotencyStore,
+        sim: &Sim,
+        req: &ClaimRequest,
+        reference: Reference,
+    ) {
         let after = match inner.lookup(&req.tenant, &reference).await {
             Ok(Some(r)) => r,
             other => {
@@ -356,6 +362,7 @@ impl Recorder {
         m.snapshot = Some(after);
         m.released = false;
         m.attempt = Some(req.attempt);
+        m.reference = reference;
         w.by_ref.insert(reference, *req.key.as_bytes());
         if new_epoch && epoch > 1 {
             w.stats.bump("expired record taken over");
@@ -372,11 +379,15 @@ impl Recorder {
     }
 
     fn existing(sim: &Sim, req: &ClaimRequest, found: &Record) {
-        let reference = req.key.reference();
+        let reference = found.reference;
         let mut w = sim.world();
         let tol = sim.timing.tolerance;
         let problem = match w.keys.get(req.key.as_bytes()).and_then(|m| m.snapshot.as_ref()) {
             None => Some("the store answered with a record the model has not got (released or never claimed)".to_owned()),
+            Some(m) if m.reference != found.reference => Some(format!(
+                "the store answered with reference {}, the model's operation has {}",
+                found.reference, m.reference
+            )),
             Some(m) if m.attempt != found.attempt || m.state.kind() != found.state.kind() => Some(format!(
                 "the store answered a {} record of {:?}, the model has {} of {:?}",
                 found.state.name(),
@@ -403,7 +414,9 @@ impl IdempotencyStore for Recorder {
         self.write(|inner, sim| async move {
             let out = inner.claim(&req).await;
             match &out {
-                Ok(Claim::Claimed) => Self::claimed(&*inner, &sim, &req).await,
+                Ok(Claim::Claimed { reference }) => {
+                    Self::claimed(&*inner, &sim, &req, *reference).await
+                }
                 Ok(Claim::Existing { record }) => Self::existing(&sim, &req, record),
                 Err(_) => {}
             }
@@ -586,7 +599,7 @@ impl<S: IdempotencyStore> IdempotencyStore for Observer<S> {
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         let sent = Instant::now();
         let out = self.inner.claim(req).await;
-        if let Ok(Claim::Claimed) = out {
+        if let Ok(Claim::Claimed { .. }) = out {
             let mut w = self.sim.world();
             w.claims_sent
                 .entry(*req.key.as_bytes())

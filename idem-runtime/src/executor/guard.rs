@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::answer::note;
-use crate::key::IdempotencyKey;
+use crate::key::{IdempotencyKey, Reference};
 use crate::store::{Attempt, IdempotencyStore, StoreError};
 
 /// Marks the record UNKNOWN, best effort: a failure is logged and the lease
@@ -17,12 +17,13 @@ use crate::store::{Attempt, IdempotencyStore, StoreError};
 pub(super) async fn mark(
     store: &dyn IdempotencyStore,
     key: &IdempotencyKey,
+    reference: Reference,
     attempt: Attempt,
     note: &str,
 ) {
     if let Err(error) = store.mark_unknown(key, attempt, note).await {
         // The lease still covers the record: the sweep marks it later.
-        tracing::error!(reference = %key.reference(), %error, "marking the record UNKNOWN failed");
+        tracing::error!(%reference, %error, "marking the record UNKNOWN failed");
     }
 }
 
@@ -33,6 +34,7 @@ pub(super) async fn mark(
 pub(super) struct UnknownOnDrop<'a> {
     pub(super) store: Option<&'a Arc<dyn IdempotencyStore>>,
     pub(super) key: IdempotencyKey,
+    pub(super) reference: Reference,
     pub(super) attempt: Attempt,
 }
 
@@ -47,13 +49,13 @@ impl Drop for UnknownOnDrop<'_> {
         let Some(store) = self.store.take().cloned() else {
             return;
         };
-        let (key, attempt) = (self.key, self.attempt);
-        tracing::warn!(reference = %key.reference(), "call cancelled mid-handler; marking UNKNOWN");
+        let (key, reference, attempt) = (self.key, self.reference, self.attempt);
+        tracing::warn!(%reference, "call cancelled mid-handler; marking UNKNOWN");
         // Best effort: without a runtime the lease runs out and the sweep
         // marks the record.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                mark(&*store, &key, attempt, note::CANCELLED).await;
+                mark(&*store, &key, reference, attempt, note::CANCELLED).await;
             });
         }
     }
@@ -112,7 +114,7 @@ impl Drop for ReleaseOnDrop<'_> {
                         return
                     }
                     Err(error) if started.elapsed() >= GIVE_UP_AFTER => {
-                        tracing::error!(reference = %key.reference(), %error,
+                        tracing::error!(%key, %error,
                             "an unconfirmed claim could not be released; the sweep and the reconciler will resolve it");
                         return;
                     }

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::key::IdempotencyKey;
+use crate::key::{IdempotencyKey, Reference};
 use crate::store::Attempt;
 
 /// Shards, so that concurrent calls on different keys rarely share a lock.
@@ -45,6 +45,8 @@ pub(super) struct InFlight {
 #[derive(Clone, Copy, Debug)]
 struct Held {
     fingerprint: [u8; 32],
+    /// The operation's reference, which a repeat is answered with.
+    reference: Reference,
     attempt: Attempt,
     /// When its lease runs out at the latest, as the store counts it.
     until: Instant,
@@ -57,9 +59,10 @@ impl InFlight {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// What remains of the lease of the running claim on `key`, if this
-    /// executor holds one for the same arguments and its lease still runs.
-    pub(super) fn running(&self, key: &IdempotencyKey) -> Option<Duration> {
+    /// The reference of the running claim on `key` and what remains of its
+    /// lease, if this executor holds one for the same arguments and its
+    /// lease still runs.
+    pub(super) fn running(&self, key: &IdempotencyKey) -> Option<(Reference, Duration)> {
         if self.held.load(Ordering::Acquire) == 0 {
             return None;
         }
@@ -68,16 +71,17 @@ impl InFlight {
             return None;
         }
         let now = Instant::now();
-        (now < held.until).then(|| held.until - now)
+        (now < held.until).then(|| (held.reference, held.until - now))
     }
 
     /// Drives `work`, the handler running under the claim `attempt` on
-    /// `key`, with the claim in the table from its first wait until it ends
-    /// or is dropped. `until` is when the claim's lease runs out at the
-    /// latest.
+    /// `key` for the operation `reference`, with the claim in the table from
+    /// its first wait until it ends or is dropped. `until` is when the
+    /// claim's lease runs out at the latest.
     pub(super) async fn run<F: Future>(
         &self,
         key: IdempotencyKey,
+        reference: Reference,
         attempt: Attempt,
         until: Instant,
         work: F,
@@ -87,7 +91,7 @@ impl InFlight {
         std::future::poll_fn(|cx| {
             let polled = work.as_mut().poll(cx);
             if polled.is_pending() && entry.is_none() {
-                entry = Some(self.hold(key, attempt, until));
+                entry = Some(self.hold(key, reference, attempt, until));
             }
             polled
         })
@@ -95,12 +99,19 @@ impl InFlight {
         // `entry` is dropped here, or with this future if it is dropped.
     }
 
-    fn hold(&self, key: IdempotencyKey, attempt: Attempt, until: Instant) -> Entry<'_> {
+    fn hold(
+        &self,
+        key: IdempotencyKey,
+        reference: Reference,
+        attempt: Attempt,
+        until: Instant,
+    ) -> Entry<'_> {
         self.held.fetch_add(1, Ordering::AcqRel);
         self.shard(&key).insert(
             key.key,
             Held {
                 fingerprint: key.fingerprint,
+                reference,
                 attempt,
                 until,
             },
@@ -164,11 +175,12 @@ mod tests {
         assert_eq!(k.key, other.key, "one business key");
         let until = Instant::now() + Duration::from_millis(300);
         let (go, wait) = tokio::sync::oneshot::channel::<()>();
+        let reference = Reference::new_operation(&k);
         let running = {
             let table = table.clone();
             tokio::spawn(async move {
                 table
-                    .run(k, Attempt::from_stored(7), until, async {
+                    .run(k, reference, Attempt::from_stored(7), until, async {
                         wait.await.unwrap();
                         42
                     })
@@ -178,7 +190,11 @@ mod tests {
         while table.held.load(Ordering::SeqCst) == 0 {
             tokio::task::yield_now().await;
         }
-        let left = table.running(&k).expect("held while it runs");
+        let (answered, left) = table.running(&k).expect("held while it runs");
+        assert_eq!(
+            answered, reference,
+            "a repeat is answered with the running operation's"
+        );
         assert!(left <= Duration::from_millis(300), "{left:?}");
         assert_eq!(table.running(&other), None, "other arguments ask the store");
         tokio::time::sleep_until(until).await;
@@ -196,7 +212,13 @@ mod tests {
         let until = Instant::now() + Duration::from_secs(30);
         assert_eq!(
             table
-                .run(k, Attempt::from_stored(1), until, async { 1 })
+                .run(
+                    k,
+                    Reference::new_operation(&k),
+                    Attempt::from_stored(1),
+                    until,
+                    async { 1 }
+                )
                 .await,
             1
         );
@@ -205,6 +227,7 @@ mod tests {
             Duration::from_millis(10),
             table.run(
                 k,
+                Reference::new_operation(&k),
                 Attempt::from_stored(2),
                 until,
                 std::future::pending::<()>(),

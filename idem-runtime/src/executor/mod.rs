@@ -325,11 +325,10 @@ impl Executor {
             Err(reason) => return Answer::Refused { reason },
         };
         let key = request.key;
-        let reference = key.reference();
-        tracing::Span::current().record("reference", tracing::field::display(reference));
         // A repeat of a call this executor is running: the store would
         // answer the same (see `in_flight`), so it is not asked.
-        if let Some(retry_after) = self.in_flight.running(&key) {
+        if let Some((reference, retry_after)) = self.in_flight.running(&key) {
+            tracing::Span::current().record("reference", tracing::field::display(reference));
             return Answer::InFlight {
                 reference,
                 status_tool: op.status_tool.to_owned(),
@@ -354,19 +353,29 @@ impl Executor {
         }
         match claimed {
             Err(error) => {
-                tracing::warn!(%reference, tool = op.tool, %error, "claim failed; not running");
+                tracing::warn!(tool = op.tool, %error, "claim failed; not running");
                 // Dropping the guard releases the claim, fenced by this
                 // attempt, retrying in the background until the store answers.
                 drop(unconfirmed);
                 Answer::StoreUnavailable { error }
             }
-            Ok(Claim::Existing { record }) => existing(record, &key, op.status_tool),
-            Ok(Claim::Claimed) => {
+            Ok(Claim::Existing { record }) => {
+                tracing::Span::current()
+                    .record("reference", tracing::field::display(record.reference));
+                existing(record, &key, op.status_tool)
+            }
+            Ok(Claim::Claimed { reference }) => {
+                tracing::Span::current().record("reference", tracing::field::display(reference));
                 let context = OperationContext::new(reference, op.caller, op.tool);
-                let handler =
-                    self.in_flight
-                        .run(key, request.attempt, held_until, handler(context));
-                self.execute(&request, sent, op.status_tool, OnRejected::Release, handler)
+                let handler = self.in_flight.run(
+                    key,
+                    reference,
+                    request.attempt,
+                    held_until,
+                    handler(context),
+                );
+                let claimed = (&request, reference, sent);
+                self.execute(claimed, op.status_tool, OnRejected::Release, handler)
                     .await
             }
         }
@@ -402,6 +411,7 @@ impl Executor {
             IdempotencyKey::derive(op.caller, op.tool, args, &scope).map_err(|e| e.to_string())?;
         Ok(ClaimRequest {
             key,
+            reference: Reference::new_operation(&key),
             tenant: op.caller.tenant().to_owned(),
             tool: op.tool.to_owned(),
             attempt: Attempt::random(),
@@ -411,13 +421,12 @@ impl Executor {
         })
     }
 
-    /// Runs `handler` under `claim`, which was sent at `sent` (the store's
-    /// lease counts from no earlier), heartbeating until it ends, and records
-    /// its outcome.
+    /// Runs `handler` under `claim`, which won the operation `reference` and
+    /// was sent at `sent` (the store's lease counts from no earlier),
+    /// heartbeating until it ends, and records its outcome.
     async fn execute<T, E, Fut>(
         &self,
-        claim: &ClaimRequest,
-        sent: tokio::time::Instant,
+        (claim, reference, sent): (&ClaimRequest, Reference, tokio::time::Instant),
         status_tool: &str,
         on_rejected: OnRejected,
         handler: Fut,
@@ -427,10 +436,10 @@ impl Executor {
         E: Classify + std::fmt::Display,
         Fut: Future<Output = Result<T, E>>,
     {
-        let reference = claim.key.reference();
         let mut guard = UnknownOnDrop {
             store: Some(&self.store),
             key: claim.key,
+            reference,
             attempt: claim.attempt,
         };
         // The handler's follow-on declarations, read once it returned: an
@@ -438,7 +447,7 @@ impl Executor {
         let declared = Declared::new(self.max_follow_on_payload, self.follow_ons_unsupported_by);
         let mut handler = std::pin::pin!(DECLARED.scope(RefCell::new(declared), handler));
         let outcome = self
-            .with_heartbeat(claim, sent, CatchUnwind(handler.as_mut()))
+            .with_heartbeat(claim, reference, sent, CatchUnwind(handler.as_mut()))
             .await;
         let store: &dyn IdempotencyStore = &**guard.disarm();
         let (key, attempt) = (&claim.key, claim.attempt);
@@ -481,7 +490,7 @@ impl Executor {
                         }
                     }
                     Err(error) => {
-                        mark(store, key, attempt, &note::unstorable(error)).await;
+                        mark(store, key, reference, attempt, &note::unstorable(error)).await;
                         false
                     }
                 };
@@ -495,7 +504,8 @@ impl Executor {
                 let disposition = error.disposition();
                 match disposition {
                     Disposition::Rejected if on_rejected == OnRejected::Record => {
-                        task::record_rejection(store, key, attempt, &error.to_string()).await;
+                        task::record_rejection(store, key, reference, attempt, &error.to_string())
+                            .await;
                     }
                     Disposition::Rejected => {
                         if let Err(e) = store.release(key, attempt).await {
@@ -503,7 +513,7 @@ impl Executor {
                         }
                     }
                     Disposition::Unknown => {
-                        mark(store, key, attempt, &error.to_string()).await;
+                        mark(store, key, reference, attempt, &error.to_string()).await;
                     }
                 }
                 Answer::Failed {
@@ -516,7 +526,7 @@ impl Executor {
             Err(panic) => {
                 let note = note::panicked(&panic_message(&panic));
                 tracing::error!(%reference, %note);
-                mark(store, key, attempt, &note).await;
+                mark(store, key, reference, attempt, &note).await;
                 Answer::Unknown {
                     reference,
                     status_tool: status_tool.to_owned(),
@@ -534,6 +544,7 @@ impl Executor {
     async fn with_heartbeat<O>(
         &self,
         claim: &ClaimRequest,
+        reference: Reference,
         sent: tokio::time::Instant,
         work: impl Future<Output = O>,
     ) -> O {
@@ -560,7 +571,7 @@ impl Executor {
                     .heartbeat(&claim.key, claim.attempt, self.lease)
                     .await
                 {
-                    tracing::warn!(reference = %claim.key.reference(), %error, "lease renewal failed");
+                    tracing::warn!(%reference, %error, "lease renewal failed");
                 }
             }
         };
@@ -605,7 +616,7 @@ pub(super) fn late_claim(
     held_until: tokio::time::Instant,
 ) -> Result<Claim, StoreError> {
     match claimed {
-        Ok(Claim::Claimed) if tokio::time::Instant::now() >= held_until => {
+        Ok(Claim::Claimed { .. }) if tokio::time::Instant::now() >= held_until => {
             Err(StoreError::Unavailable(
                 "the store confirmed the claim only after its lease had run out (the store or \
                  this server was too slow), so the tool was not run"
@@ -635,7 +646,7 @@ fn existing<T: DeserializeOwned, E>(
     status_tool: &str,
 ) -> Answer<T, E> {
     let now = record.observed_at;
-    let reference = record.reference();
+    let reference = record.reference;
     let status_tool = status_tool.to_owned();
     if record.key.fingerprint() != key.fingerprint() {
         return Answer::Conflict {

@@ -39,6 +39,8 @@ pub(crate) enum TaskClaim<T, E> {
 #[derive(Debug)]
 pub(crate) struct ClaimedOperation {
     request: ClaimRequest,
+    /// The operation's reference, as the store granted it.
+    reference: Reference,
     /// When the claim was sent: its heartbeats count from here.
     sent: tokio::time::Instant,
     context: OperationContext,
@@ -48,7 +50,7 @@ pub(crate) struct ClaimedOperation {
 impl ClaimedOperation {
     /// The operation's reference: the task id.
     pub(crate) fn reference(&self) -> Reference {
-        self.request.key.reference()
+        self.reference
     }
 
     /// The claim's lease.
@@ -93,14 +95,15 @@ impl Executor {
         }
         match claimed {
             Err(error) => {
-                tracing::warn!(reference = %key.reference(), tool = op.tool, %error, "claim failed; not running");
+                tracing::warn!(tool = op.tool, %error, "claim failed; not running");
                 drop(unconfirmed);
                 TaskClaim::Answered(Answer::StoreUnavailable { error })
             }
             Ok(Claim::Existing { record }) => repeat(record, &key, op.status_tool),
-            Ok(Claim::Claimed) => TaskClaim::Claimed(ClaimedOperation {
-                context: OperationContext::new(key.reference(), op.caller, op.tool),
+            Ok(Claim::Claimed { reference }) => TaskClaim::Claimed(ClaimedOperation {
+                context: OperationContext::new(reference, op.caller, op.tool),
                 request,
+                reference,
                 sent,
                 status_tool: op.status_tool.to_owned(),
             }),
@@ -126,8 +129,7 @@ impl Executor {
         let tool = claimed.context.tool().to_owned();
         let answer = self
             .execute(
-                &claimed.request,
-                claimed.sent,
+                (&claimed.request, claimed.reference, claimed.sent),
                 &claimed.status_tool,
                 OnRejected::Record,
                 handler,
@@ -167,10 +169,10 @@ fn repeat<T: DeserializeOwned, E>(
 pub(super) async fn record_rejection(
     store: &dyn IdempotencyStore,
     key: &IdempotencyKey,
+    reference: Reference,
     attempt: crate::store::Attempt,
     message: &str,
 ) {
-    let reference = key.reference();
     let marked = timed(
         store,
         "mark_unknown",
@@ -336,7 +338,7 @@ mod tests {
             .claim_task::<String, ToolError>(op(&caller, &args))
             .await
         {
-            TaskClaim::Running(record) => assert_eq!(record.reference(), reference),
+            TaskClaim::Running(record) => assert_eq!(record.reference, reference),
             other => panic!("a repeat while it runs is the same task, got {other:?}"),
         }
         let answer: Answer<String, ToolError> = executor

@@ -184,13 +184,6 @@ impl IdempotencyKey {
     pub fn fingerprint(&self) -> &[u8; 32] {
         &self.fingerprint
     }
-
-    /// The short reference shown to callers and models, e.g.
-    /// `idem_3f9a0c1d2e4b5a69`: the first 64 bits of the key. It is only
-    /// looked up together with the caller's tenant.
-    pub fn reference(&self) -> Reference {
-        Reference::from_key(&self.key)
-    }
 }
 
 impl fmt::Display for IdempotencyKey {
@@ -209,50 +202,116 @@ impl fmt::Debug for IdempotencyKey {
     }
 }
 
-/// The public, tenant-scoped name of an operation: `idem_` and 16 hex digits.
+/// The public, tenant-scoped name of one *operation*: `idem_` and 32 hex
+/// digits, e.g. `idem_3f9a0c1d2e4b5a69c07e51d2a8f4e913`.
+///
+/// A reference names an operation, not a key. Its first eight bytes are the
+/// key's (so a store finds the record by the key it already indexes), its
+/// last eight a tag drawn at random when the operation starts. Every repeat
+/// within the operation's life answers with the same reference; the same
+/// call after its window is a new operation with a new tag, so a processor
+/// that keeps idempotency keys for a day never mistakes the second purchase
+/// for the first. Hand it downstream as it is: it carries 128 bits.
+///
+/// A reference written before references had tags (`idem_` and 16 hex
+/// digits) still parses and prints as it did: its tag is zero, a value a
+/// drawn tag never takes.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Reference([u8; 8]);
+pub struct Reference([u8; 16]);
 
 impl Reference {
     const PREFIX: &'static str = "idem_";
 
-    /// The reference of a key: its first eight bytes.
-    pub fn from_key(key: &[u8; 32]) -> Self {
-        let mut r = [0u8; 8];
-        r.copy_from_slice(&key[..8]);
+    /// A new operation's reference for `key`: the key's first eight bytes
+    /// and a fresh random tag (never zero).
+    pub fn new_operation(key: &IdempotencyKey) -> Self {
+        Self::with_tag(key, crate::store::Attempt::random().get())
+    }
+
+    /// The reference of the operation of `key` whose tag is `tag` (a store
+    /// that keeps the tag apart from the key builds it back this way). A
+    /// zero tag is a reference written before references had tags.
+    pub fn with_tag(key: &IdempotencyKey, tag: u64) -> Self {
+        let mut prefix = [0u8; 8];
+        prefix.copy_from_slice(&key.key[..8]);
+        Self::from_parts(prefix, tag)
+    }
+
+    /// The reference made of a key's first eight bytes and a tag.
+    pub fn from_parts(key_prefix: [u8; 8], tag: u64) -> Self {
+        let mut r = [0u8; 16];
+        r[..8].copy_from_slice(&key_prefix);
+        r[8..].copy_from_slice(&tag.to_be_bytes());
         Reference(r)
     }
 
-    /// Parses `idem_` followed by 16 hex digits; anything else is `None`.
+    /// Parses `idem_` followed by 32 hex digits (or 16, a reference written
+    /// before references had tags), in either case; the `idem_` may be left
+    /// out. Anything else is `None`.
     pub fn parse(text: &str) -> Option<Self> {
-        let hexpart = text.trim().strip_prefix(Self::PREFIX)?;
+        let text = text.trim();
+        let hexpart = text.strip_prefix(Self::PREFIX).unwrap_or(text);
         // `from_str_radix` alone would also take a sign ("+f"), so check
         // the digits first.
-        if hexpart.len() != 16 || !hexpart.bytes().all(|b| b.is_ascii_hexdigit()) {
+        if !matches!(hexpart.len(), 16 | 32) || !hexpart.bytes().all(|b| b.is_ascii_hexdigit()) {
             return None;
         }
-        let mut r = [0u8; 8];
-        for (i, byte) in r.iter_mut().enumerate() {
+        let mut r = [0u8; 16];
+        for (i, byte) in r.iter_mut().take(hexpart.len() / 2).enumerate() {
             *byte = u8::from_str_radix(hexpart.get(2 * i..2 * i + 2)?, 16).ok()?;
         }
         Some(Reference(r))
     }
 
-    /// The reference with these eight bytes, as a store read them back.
-    pub fn from_bytes(bytes: [u8; 8]) -> Self {
-        Reference(bytes)
+    /// The reference a store kept as [`as_bytes`](Reference::as_bytes)
+    /// gave it: 16 bytes, or 8 for a reference written before references
+    /// had tags. `None` for any other length.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        let mut r = [0u8; 16];
+        match bytes.len() {
+            8 | 16 => r[..bytes.len()].copy_from_slice(bytes),
+            _ => return None,
+        }
+        Some(Reference(r))
     }
 
-    /// The eight bytes: the first eight bytes of the key.
-    pub fn as_bytes(&self) -> &[u8; 8] {
-        &self.0
+    /// The bytes a store keeps: all 16, or the first 8 of a reference
+    /// written before references had tags (so a job stored under one is
+    /// found again under the same bytes).
+    pub fn as_bytes(&self) -> &[u8] {
+        if self.tag() == 0 {
+            &self.0[..8]
+        } else {
+            &self.0
+        }
+    }
+
+    /// The first eight bytes: the key's. A store finds the record by them.
+    pub fn key_prefix(&self) -> [u8; 8] {
+        let mut p = [0u8; 8];
+        p.copy_from_slice(&self.0[..8]);
+        p
+    }
+
+    /// The operation's tag: the last eight bytes, zero for a reference
+    /// written before references had tags.
+    pub fn tag(&self) -> u64 {
+        let mut t = [0u8; 8];
+        t.copy_from_slice(&self.0[8..]);
+        u64::from_be_bytes(t)
+    }
+
+    /// Whether this names an operation of `key` (its first eight bytes are
+    /// the key's).
+    pub fn is_of(&self, key: &IdempotencyKey) -> bool {
+        self.0[..8] == key.key[..8]
     }
 }
 
 impl fmt::Display for Reference {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(Self::PREFIX)?;
-        f.write_str(&hex(&self.0))
+        f.write_str(&hex(self.as_bytes()))
     }
 }
 

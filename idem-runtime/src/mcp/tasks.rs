@@ -127,8 +127,8 @@ pub async fn cancel_task<S: IdempotentServer + ?Sized>(
     let signalled = server
         .executor()
         .task_signals()
-        .cancel(&record.tenant, record.reference());
-    tracing::info!(reference = %record.reference(), signalled, "tasks/cancel");
+        .cancel(&record.tenant, record.reference);
+    tracing::info!(reference = %record.reference, signalled, "tasks/cancel");
     Ok(())
 }
 
@@ -171,7 +171,7 @@ async fn find<S: IdempotentServer + ?Sized>(
 /// NOT_PERFORMED is failed with the handler's message (a rejection) or the
 /// resolution's.
 fn detailed(record: &Record, lease: Duration) -> DetailedTask {
-    let reference = record.reference().to_string();
+    let reference = record.reference.to_string();
     let lifetime =
         |until: SystemTime| millis(until.duration_since(record.claimed_at).unwrap_or_default());
     let task = |ttl: SystemTime| {

@@ -51,8 +51,10 @@ fn random32() -> [u8; 32] {
 /// A claim request for a fresh random key in a fresh tenant, as the executor
 /// makes one: a 30 s lease, `window`, and a retention of at least an hour.
 pub fn claim_request(window: Duration) -> ClaimRequest {
+    let key = IdempotencyKey::from_parts(random32(), random32());
     ClaimRequest {
-        key: IdempotencyKey::from_parts(random32(), random32()),
+        key,
+        reference: Reference::new_operation(&key),
         tenant: format!("tenant-{}", Attempt::random().get()),
         tool: "charge_card".to_owned(),
         attempt: Attempt::random(),
@@ -62,10 +64,23 @@ pub fn claim_request(window: Duration) -> ClaimRequest {
     }
 }
 
-/// The same operation claimed again, with a new attempt.
+/// The same operation claimed again, with a new attempt. It offers the same
+/// reference, so a lookup by `req.reference` finds the record whichever
+/// claim holds it; [`new_operation`] offers another, as the executor does
+/// for every call.
 pub fn again(req: &ClaimRequest) -> ClaimRequest {
     ClaimRequest {
         attempt: Attempt::random(),
+        ..req.clone()
+    }
+}
+
+/// The same key claimed again by another call: a new attempt offering a new
+/// reference, as the executor's every claim does.
+pub fn new_operation(req: &ClaimRequest) -> ClaimRequest {
+    ClaimRequest {
+        attempt: Attempt::random(),
+        reference: Reference::new_operation(&req.key),
         ..req.clone()
     }
 }
@@ -104,7 +119,7 @@ async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Out
 
 async fn record(store: &dyn IdempotencyStore, req: &ClaimRequest) -> Option<Record> {
     store
-        .lookup(&req.tenant, &req.key.reference())
+        .lookup(&req.tenant, &req.reference)
         .await
         .expect("lookup")
 }
@@ -112,13 +127,14 @@ async fn record(store: &dyn IdempotencyStore, req: &ClaimRequest) -> Option<Reco
 async fn existing(store: &dyn IdempotencyStore, req: &ClaimRequest) -> Record {
     match store.claim(req).await.expect("claim") {
         Claim::Existing { record, .. } => record,
-        Claim::Claimed => panic!("expected the existing record, but the claim succeeded"),
+        Claim::Claimed { .. } => panic!("expected the existing record, but the claim succeeded"),
     }
 }
 
-async fn claimed(store: &dyn IdempotencyStore, req: &ClaimRequest) {
+/// Claims `req`, which must win; the reference the operation runs under.
+async fn claimed(store: &dyn IdempotencyStore, req: &ClaimRequest) -> Reference {
     match store.claim(req).await.expect("claim") {
-        Claim::Claimed => {}
+        Claim::Claimed { reference } => reference,
         Claim::Existing { record, .. } => panic!("expected a claim, found {record:?}"),
     }
 }
@@ -167,7 +183,7 @@ pub async fn concurrent_claims_have_one_winner(store: &dyn IdempotencyStore) {
     let winners: Vec<&ClaimRequest> = outcomes
         .iter()
         .zip(&reqs)
-        .filter(|(o, _)| matches!(o, Ok(Claim::Claimed)))
+        .filter(|(o, _)| matches!(o, Ok(Claim::Claimed { .. })))
         .map(|(_, r)| r)
         .collect();
     assert_eq!(winners.len(), 1, "exactly one claim wins: {outcomes:?}");
@@ -327,6 +343,110 @@ pub async fn expired_completed_record_is_taken_over(store: &dyn IdempotencyStore
     ));
 }
 
+/// A claim that creates the record runs under the reference it offered;
+/// the record and every repeat answer with it, and a lookup finds it.
+pub async fn claim_runs_under_the_offered_reference(store: &dyn IdempotencyStore) {
+    let req = fresh(W);
+    assert_eq!(claimed(store, &req).await, req.reference);
+    assert_eq!(record(store, &req).await.unwrap().reference, req.reference);
+    // A repeat offers another reference and is answered with the first.
+    let repeat = new_operation(&req);
+    let r = existing(store, &repeat).await;
+    assert_eq!(r.reference, req.reference);
+    assert_eq!(
+        store.lookup(&req.tenant, &repeat.reference).await.unwrap(),
+        None,
+        "a reference no operation ran under is not found"
+    );
+}
+
+/// The same call after its window is a new operation: it runs under the new
+/// reference it offered, and the earlier operation's reference no longer
+/// finds anything (never the new operation's record).
+pub async fn a_claim_after_the_window_is_a_new_operation(store: &dyn IdempotencyStore) {
+    let first = fresh(Duration::from_millis(300));
+    claimed(store, &first).await;
+    store
+        .complete(&first.key, first.attempt, "1")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let second = new_operation(&first);
+    assert_eq!(
+        claimed(store, &second).await,
+        second.reference,
+        "a new operation gets its own reference"
+    );
+    assert_ne!(second.reference, first.reference);
+    let r = record(store, &second).await.unwrap();
+    assert_eq!(r.reference, second.reference);
+    assert_eq!(r.attempt, second.attempt);
+    assert_eq!(
+        store.lookup(&first.tenant, &first.reference).await.unwrap(),
+        None,
+        "the earlier operation's reference must not find the new one"
+    );
+    // A repeat within the new window is answered with the new reference.
+    let r = existing(store, &new_operation(&first)).await;
+    assert_eq!(r.reference, second.reference);
+}
+
+/// A NOT_PERFORMED record taken over within its window is the same
+/// operation, tried again: it keeps its reference, so a processor still
+/// dedupes a request of the first try that lands late.
+pub async fn not_performed_within_the_window_keeps_its_reference(store: &dyn IdempotencyStore) {
+    let first = fresh(W);
+    claimed(store, &first).await;
+    store
+        .mark_unknown(&first.key, first.attempt, "timeout")
+        .await
+        .unwrap();
+    let not_performed = Resolution::NotPerformed {
+        note: "not at the processor",
+        settle: Duration::ZERO,
+    };
+    store
+        .resolve(&first.key, first.attempt, not_performed, None)
+        .await
+        .unwrap();
+    let retry = new_operation(&first);
+    assert_eq!(
+        claimed(store, &retry).await,
+        first.reference,
+        "the takeover continues the first operation"
+    );
+    let r = record(store, &first).await.unwrap();
+    assert_eq!(r.reference, first.reference);
+    assert_eq!(r.attempt, retry.attempt);
+    assert_eq!(r.state, RecordState::InProgress);
+}
+
+/// A NOT_PERFORMED record whose window has ended is taken over as a new
+/// operation, under the new reference.
+pub async fn not_performed_after_the_window_is_a_new_operation(store: &dyn IdempotencyStore) {
+    let first = ClaimRequest {
+        retention: Duration::from_secs(60),
+        ..fresh(Duration::from_millis(200))
+    };
+    claimed(store, &first).await;
+    store
+        .mark_unknown(&first.key, first.attempt, "timeout")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    let not_performed = Resolution::NotPerformed {
+        note: "not at the processor",
+        settle: Duration::ZERO,
+    };
+    store
+        .resolve(&first.key, first.attempt, not_performed, None)
+        .await
+        .unwrap();
+    let later = new_operation(&first);
+    assert_eq!(claimed(store, &later).await, later.reference);
+    assert_eq!(record(store, &later).await.unwrap().attempt, later.attempt);
+}
+
 /// An UNKNOWN record is not taken over when its window ends: it must be
 /// reconciled first (or its retention end).
 pub async fn unknown_record_outlives_window(store: &dyn IdempotencyStore) {
@@ -395,7 +515,7 @@ pub async fn lookup_is_scoped_to_tenant(store: &dyn IdempotencyStore) {
     claimed(store, &req).await;
     assert!(record(store, &req).await.is_some());
     let other = store
-        .lookup("some-other-tenant", &req.key.reference())
+        .lookup("some-other-tenant", &req.reference)
         .await
         .unwrap();
     assert!(other.is_none(), "another tenant's reference is not found");
@@ -755,7 +875,10 @@ pub async fn expiry_sweep_and_purge(store: &dyn IdempotencyStore) {
 
     // The completed record's window ended: a new claim takes it over.
     let again = again(&d);
-    assert_eq!(store.claim(&again).await.unwrap(), Claim::Claimed);
+    assert!(matches!(
+        store.claim(&again).await.unwrap(),
+        Claim::Claimed { .. }
+    ));
     assert!(matches!(
         store.complete(&done, d.attempt, "stale").await,
         Err(StoreError::Fenced)
@@ -772,19 +895,11 @@ pub async fn expiry_sweep_and_purge(store: &dyn IdempotencyStore) {
     }
     assert!(purged >= 1);
     let tenant = &d.tenant;
-    assert_eq!(store.lookup(tenant, &done.reference()).await.unwrap(), None);
-    assert!(store
-        .lookup(tenant, &lapsed.reference())
-        .await
-        .unwrap()
-        .is_some());
-    assert!(store
-        .lookup(tenant, &live.reference())
-        .await
-        .unwrap()
-        .is_some());
+    assert_eq!(store.lookup(tenant, &d.reference).await.unwrap(), None);
+    assert!(store.lookup(tenant, &l.reference).await.unwrap().is_some());
+    assert!(store.lookup(tenant, &v.reference).await.unwrap().is_some());
     store.release(&live, v.attempt).await.unwrap();
-    assert_eq!(store.lookup(tenant, &live.reference()).await.unwrap(), None);
+    assert_eq!(store.lookup(tenant, &v.reference).await.unwrap(), None);
 }
 
 /// `list_records` returns a tenant's records matching the state and tool
@@ -922,7 +1037,7 @@ async fn jobs_of(store: &dyn IdempotencyStore, req: &ClaimRequest) -> Vec<Outbox
     store
         .list_jobs(&JobFilter {
             tenant: Some(req.tenant.clone()),
-            reference: Some(req.key.reference()),
+            reference: Some(req.reference),
             limit: 100,
             ..JobFilter::default()
         })
@@ -933,7 +1048,7 @@ async fn jobs_of(store: &dyn IdempotencyStore, req: &ClaimRequest) -> Vec<Outbox
 fn job_id(req: &ClaimRequest, name: &str) -> JobId {
     JobId {
         tenant: req.tenant.clone(),
-        reference: req.key.reference(),
+        reference: req.reference,
         name: name.to_owned(),
     }
 }
@@ -1225,17 +1340,13 @@ pub async fn lease_respects_its_limit(store: &dyn IdempotencyStore) {
         .await
         .unwrap();
     assert_eq!(first.len(), 2);
-    assert_eq!(
-        first[0].id.reference,
-        reqs[0].key.reference(),
-        "oldest first"
-    );
+    assert_eq!(first[0].id.reference, reqs[0].reference, "oldest first");
     let rest = store
         .lease_jobs(&names, 2, Duration::from_secs(60), Attempt::random())
         .await
         .unwrap();
     assert_eq!(rest.len(), 1);
-    assert_eq!(rest[0].id.reference, reqs[2].key.reference());
+    assert_eq!(rest[0].id.reference, reqs[2].reference);
 }
 
 /// finish, retry and bury act only for the token that holds the lease; a
@@ -1426,6 +1537,87 @@ pub async fn buried_job_is_listed_and_redriven(store: &dyn IdempotencyStore) {
     assert!(!store.redrive_job(&absent).await.unwrap());
 }
 
+/// A job belongs to its operation: the same call completed again after its
+/// window writes its jobs under its own reference, and never replaces,
+/// re-dues or revives the earlier operation's jobs, dead or running. Each
+/// keeps its own downstream key.
+pub async fn a_later_operation_never_touches_an_earlier_operations_jobs(
+    store: &dyn IdempotencyStore,
+) {
+    require_outbox(store);
+    let (dead_name, running_name) = (job_name("receipt"), job_name("ship"));
+    let names = [dead_name.as_str(), running_name.as_str()];
+    let first = fresh(Duration::from_millis(300));
+    claimed(store, &first).await;
+    let jobs = [
+        follow_on(&dead_name, serde_json::json!({"n": 1})),
+        follow_on(&running_name, serde_json::json!({"n": 1})),
+    ];
+    store
+        .complete_with_follow_ons(&first.key, first.attempt, "\"one\"", &jobs)
+        .await
+        .unwrap();
+    // The first operation's receipt goes to the dead letter; its shipment
+    // is leased and still running.
+    let token = Attempt::random();
+    let leased = store
+        .lease_jobs(&names, 10, Duration::from_secs(60), token)
+        .await
+        .unwrap();
+    assert_eq!(leased.len(), 2, "{leased:?}");
+    store
+        .bury_job(&job_id(&first, &dead_name), token, "mailbox full")
+        .await
+        .unwrap();
+
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let second = new_operation(&first);
+    assert_eq!(claimed(store, &second).await, second.reference);
+    let jobs = [
+        follow_on(&dead_name, serde_json::json!({"n": 2})),
+        follow_on(&running_name, serde_json::json!({"n": 2})),
+    ];
+    store
+        .complete_with_follow_ons(&second.key, second.attempt, "\"two\"", &jobs)
+        .await
+        .unwrap();
+
+    // Only the second operation's jobs are due: the running one of the first
+    // is not handed to a second dispatcher under the same key.
+    let other = Attempt::random();
+    let due = store
+        .lease_jobs(&names, 10, Duration::from_secs(60), other)
+        .await
+        .unwrap();
+    assert_eq!(due.len(), 2, "{due:?}");
+    assert!(due.iter().all(|j| j.id.reference == second.reference));
+    assert!(due.iter().all(|j| j.payload.contains('2')));
+    // The first operation's jobs are as they were: the dead one dead (and
+    // re-drivable), the running one still held by its lease.
+    let kept = jobs_of(store, &first).await;
+    assert_eq!(kept.len(), 2, "{kept:?}");
+    let dead = kept.iter().find(|j| j.id.name == dead_name).unwrap();
+    assert!(dead.dead);
+    assert_eq!(dead.last_error.as_deref(), Some("mailbox full"));
+    assert!(dead.payload.contains('1'));
+    let running = kept.iter().find(|j| j.id.name == running_name).unwrap();
+    assert_eq!(running.token, Some(token));
+    assert!(!running.dead);
+    store
+        .finish_job(&job_id(&first, &running_name), token)
+        .await
+        .expect("the first operation's lease still holds its job");
+    assert!(store
+        .redrive_job(&job_id(&first, &dead_name))
+        .await
+        .unwrap());
+    assert_ne!(
+        job_id(&first, &dead_name).downstream_key(),
+        job_id(&second, &dead_name).downstream_key(),
+        "each operation's job has its own downstream key"
+    );
+}
+
 /// `list_jobs` filters by tenant, reference, name and dead, the oldest
 /// first, at most `limit`; another tenant's jobs are not listed under it.
 pub async fn jobs_are_listed_by_filter(store: &dyn IdempotencyStore) {
@@ -1444,7 +1636,7 @@ pub async fn jobs_are_listed_by_filter(store: &dyn IdempotencyStore) {
         .unwrap();
     assert_eq!(
         by_name.iter().map(|j| j.id.reference).collect::<Vec<_>>(),
-        [first.key.reference(), second.key.reference()],
+        [first.reference, second.reference],
         "oldest first"
     );
     let one = store
@@ -1461,7 +1653,7 @@ pub async fn jobs_are_listed_by_filter(store: &dyn IdempotencyStore) {
     let elsewhere = store
         .list_jobs(&JobFilter {
             tenant: Some(second.tenant.clone()),
-            reference: Some(first.key.reference()),
+            reference: Some(first.reference),
             limit: 10,
             ..JobFilter::default()
         })
@@ -1491,6 +1683,10 @@ macro_rules! __idem_conformance_cases {
             complete_accepted_from_unknown,
             completed_record_is_final,
             expired_completed_record_is_taken_over,
+            claim_runs_under_the_offered_reference,
+            a_claim_after_the_window_is_a_new_operation,
+            not_performed_within_the_window_keeps_its_reference,
+            not_performed_after_the_window_is_a_new_operation,
             unknown_record_outlives_window,
             lapsed_lease_is_listed_not_taken_over,
             heartbeat_extends_lease,
@@ -1530,6 +1726,7 @@ macro_rules! __idem_outbox_cases {
             lapsed_job_lease_is_taken_over,
             buried_job_is_listed_and_redriven,
             jobs_are_listed_by_filter,
+            a_later_operation_never_touches_an_earlier_operations_jobs,
         );
     };
 }

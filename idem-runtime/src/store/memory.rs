@@ -17,43 +17,44 @@ use crate::key::{IdempotencyKey, Reference};
 const SHARDS: usize = 64;
 
 /// One shard: the records whose key starts with its byte, and the follow-on
-/// jobs of those records (a reference is the key's first eight bytes, so a
-/// job lives in its record's shard and is written under the same lock).
+/// jobs of those records (a reference starts with the key's first eight
+/// bytes, so a job lives in its record's shard and is written under the same
+/// lock).
 #[derive(Default)]
 struct ShardData {
     records: Records,
     jobs: BTreeMap<JobKey, OutboxJob>,
 }
 
-/// A shard's records in a hash table hashed by their reference (the key's
-/// first eight bytes), so that a claim finds its key, and a lookup its
-/// reference, with one probe each. (A B-tree walk took a cache miss on each
+/// A shard's records in a hash table hashed by the key's first eight bytes
+/// (which every reference of the key starts with), so that a claim finds its
+/// key, and a lookup its reference, with one probe each. (A B-tree walk took a cache miss on each
 /// node for the random keys: about a fifth of a call.) Nothing here is
 /// ordered; what lists records sorts them.
 #[derive(Default)]
 struct Records(HashTable<Slot>);
 
-/// A record and its reference, kept beside it so that probing for a new key
-/// and growing the table read the reference without following the box to
-/// the record (a cache miss each).
+/// A record and its key's first eight bytes, kept beside it so that probing
+/// for a new key and growing the table read them without following the box
+/// to the record (a cache miss each).
 struct Slot {
-    reference: [u8; 8],
+    prefix: [u8; 8],
     record: Box<Record>,
 }
 
 impl Slot {
     fn is(&self, key: &[u8; 32]) -> bool {
-        self.reference[..] == key[..8] && self.record.key.key == *key
+        self.prefix[..] == key[..8] && self.record.key.key == *key
     }
 }
 
-/// The hash of a record with this reference (or key). Its bytes are SHA-256
+/// The hash of a record whose key starts with these bytes. Its bytes are SHA-256
 /// output, already uniform, but the first one also chose the shard, so only
 /// the next seven are used, spread over all 64 bits: the table indexes by
 /// the low bits and tags entries with the high ones.
-fn hash_of(reference: &[u8]) -> u64 {
+fn hash_of(prefix: &[u8]) -> u64 {
     let mut b = [0u8; 8];
-    b.copy_from_slice(&reference[..8]);
+    b.copy_from_slice(&prefix[..8]);
     (u64::from_le_bytes(b) >> 8).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
@@ -71,7 +72,7 @@ impl Records {
     /// The place of the record with `key`, for a claim to read and fill.
     fn entry(&mut self, key: &[u8; 32]) -> Entry<'_, Slot> {
         self.0
-            .entry(hash_of(key), |s| s.is(key), |s| hash_of(&s.reference))
+            .entry(hash_of(key), |s| s.is(key), |s| hash_of(&s.prefix))
     }
 
     fn remove(&mut self, key: &[u8; 32]) {
@@ -80,11 +81,11 @@ impl Records {
         }
     }
 
-    /// The records whose key starts with `reference` (almost always one).
-    fn with_reference<'a>(&'a self, reference: &'a [u8; 8]) -> impl Iterator<Item = &'a Record> {
+    /// The records whose key starts with `prefix` (almost always one).
+    fn with_prefix(&self, prefix: [u8; 8]) -> impl Iterator<Item = &Record> {
         self.0
-            .iter_hash(hash_of(reference))
-            .filter(move |s| s.reference == *reference)
+            .iter_hash(hash_of(&prefix))
+            .filter(move |s| s.prefix == prefix)
             .map(|s| &*s.record)
     }
 
@@ -97,8 +98,8 @@ impl Records {
     }
 }
 
-/// A job's place in its shard: reference, tenant, name.
-type JobKey = ([u8; 8], String, String);
+/// A job's place in its shard: its operation's reference, tenant, name.
+type JobKey = (Reference, String, String);
 
 type Shard = Mutex<ShardData>;
 
@@ -110,8 +111,8 @@ type Clock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
 /// The map is split into 64 shards chosen by the key's first byte, each behind
 /// its own mutex, so concurrent calls on different keys do not wait for each
 /// other and no lock is ever held across an `.await`. A shard is a hash table
-/// hashed by the reference (the key's first eight bytes), so a record is
-/// found by its key or by its reference in one probe.
+/// hashed by the key's first eight bytes (a reference starts with them), so
+/// a record is found by its key or by its reference in one probe.
 pub struct MemoryStore {
     shards: Box<[Shard]>,
     clock: Option<Clock>,
@@ -309,8 +310,10 @@ fn unknown(record: &mut Record, note: &str, now: SystemTime) {
     record.checks = 0;
 }
 
-/// Writes `jobs` for `record` into its shard, due at once; a job left by an
-/// earlier operation with the same reference is replaced whole.
+/// Writes `jobs` for `record` into its shard under its operation's
+/// reference, due at once. A job's identity is its operation's: one
+/// completion per operation writes jobs, and a job already there under the
+/// same (tenant, reference, name) is never replaced, live or dead.
 fn write_jobs(shard: &mut ShardData, key: &IdempotencyKey, jobs: &[FollowOn], now: SystemTime) {
     if jobs.is_empty() {
         return;
@@ -318,32 +321,29 @@ fn write_jobs(shard: &mut ShardData, key: &IdempotencyKey, jobs: &[FollowOn], no
     let Some(record) = shard.records.get(&key.key) else {
         return;
     };
-    let (tenant, reference) = (record.tenant.clone(), record.reference());
+    let (tenant, reference) = (record.tenant.clone(), record.reference);
     for job in jobs {
         let id = JobId {
             tenant: tenant.clone(),
             reference,
             name: job.name().to_owned(),
         };
-        shard.jobs.insert(
-            job_key(&id),
-            OutboxJob {
-                id,
-                payload: job.payload().to_owned(),
-                attempts: 0,
-                token: None,
-                next_run_at: now,
-                last_error: None,
-                dead: false,
-                created_at: now,
-                updated_at: now,
-            },
-        );
+        shard.jobs.entry(job_key(&id)).or_insert(OutboxJob {
+            id,
+            payload: job.payload().to_owned(),
+            attempts: 0,
+            token: None,
+            next_run_at: now,
+            last_error: None,
+            dead: false,
+            created_at: now,
+            updated_at: now,
+        });
     }
 }
 
 fn job_key(id: &JobId) -> JobKey {
-    (*id.reference.as_bytes(), id.tenant.clone(), id.name.clone())
+    (id.reference, id.tenant.clone(), id.name.clone())
 }
 
 /// Whether a lease would find `job` at `now`.
@@ -426,7 +426,7 @@ impl IdempotencyStore for MemoryStore {
             if leased.len() >= limit {
                 break;
             }
-            let mut shard = self.shard(job_key.0[0]);
+            let mut shard = self.shard(job_key.0.as_bytes()[0]);
             let Some(job) = shard.jobs.get_mut(&job_key) else {
                 continue;
             };
@@ -536,15 +536,19 @@ impl IdempotencyStore for MemoryStore {
         let now = self.now();
         let mut shard = self.shard(req.key.key[0]);
         let entry = shard.records.entry(&req.key.key);
+        let mut reference = req.reference;
         if let Entry::Occupied(existing) = &entry {
-            if !existing.get().record.is_claimable(now) {
-                let mut record = Record::clone(&existing.get().record);
+            let found = &existing.get().record;
+            if !found.is_claimable(now) {
+                let mut record = Record::clone(found);
                 record.observed_at = now;
                 return Ok(Claim::Existing { record });
             }
+            reference = found.takeover_reference(req.reference, now);
         }
         let record = Record {
             key: req.key,
+            reference,
             tenant: req.tenant.clone(),
             tool: req.tool.clone(),
             attempt: req.attempt,
@@ -564,12 +568,12 @@ impl IdempotencyStore for MemoryStore {
             Entry::Occupied(mut existing) => *existing.get_mut().record = record,
             Entry::Vacant(place) => {
                 place.insert(Slot {
-                    reference: *req.key.reference().as_bytes(),
+                    prefix: reference.key_prefix(),
                     record: Box::new(record),
                 });
             }
         }
-        Ok(Claim::Claimed)
+        Ok(Claim::Claimed { reference })
     }
 
     async fn complete(
@@ -689,8 +693,8 @@ impl IdempotencyStore for MemoryStore {
         let shard = self.shard(reference.as_bytes()[0]);
         let found = shard
             .records
-            .with_reference(reference.as_bytes())
-            .find(|r| r.tenant == tenant)
+            .with_prefix(reference.key_prefix())
+            .find(|r| r.tenant == tenant && r.reference == *reference)
             .map(|r| Record {
                 observed_at: now,
                 ..Record::clone(r)

@@ -44,6 +44,11 @@ pub use sqlite::SqliteStore;
 pub struct ClaimRequest {
     /// The operation's key and fingerprint.
     pub key: IdempotencyKey,
+    /// The reference the operation gets if this claim starts a new one
+    /// (drawn by [`Reference::new_operation`]). A claim that takes over a
+    /// NOT_PERFORMED record within its window continues that operation and
+    /// keeps its reference instead ([`Record::takeover_reference`]).
+    pub reference: Reference,
     /// The caller's tenant; lookups by reference are scoped to it.
     pub tenant: String,
     /// The tool's name, for status answers.
@@ -164,6 +169,9 @@ impl fmt::Display for RecordStateKind {
 pub struct Record {
     /// Key and fingerprint.
     pub key: IdempotencyKey,
+    /// The operation's public reference: drawn when the operation started,
+    /// the same for every repeat within its life.
+    pub reference: Reference,
     /// The caller's tenant.
     pub tenant: String,
     /// The tool's name.
@@ -195,9 +203,19 @@ pub struct Record {
 }
 
 impl Record {
-    /// The record's public reference.
-    pub fn reference(&self) -> Reference {
-        self.key.reference()
+    /// The reference a claim that takes this record over at `now` runs
+    /// under, when the claim offered `offered` for a new operation.
+    ///
+    /// A NOT_PERFORMED record whose window has not ended is the same
+    /// operation, tried again: it keeps its reference, so a processor still
+    /// dedupes a request of the first try that lands late. Anything else
+    /// taken over (past its life) is a new operation with the new
+    /// reference. Every store applies this rule in its claim.
+    pub fn takeover_reference(&self, offered: Reference, now: SystemTime) -> Reference {
+        match self.state {
+            RecordState::NotPerformed { .. } if now < self.expires_at => self.reference,
+            _ => offered,
+        }
     }
 
     /// Whether a record is past its life at `now` (store clock), so that
@@ -237,8 +255,13 @@ impl Record {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Claim {
     /// The record was created (or an expired one taken over): the caller owns
-    /// it with the request's attempt and must now run the operation.
-    Claimed,
+    /// it with the request's attempt and must now run the operation, under
+    /// `reference`: the request's own for a new operation, the record's for
+    /// a NOT_PERFORMED one taken over within its window.
+    Claimed {
+        /// The reference the operation runs under.
+        reference: Reference,
+    },
     /// A live record exists; nothing was changed. Its `observed_at` is the
     /// store's clock at the time of the read, to judge the lease against.
     Existing {

@@ -14,7 +14,7 @@ pub(crate) const NOT_PERFORMED: i16 = RecordStateKind::NotPerformed.code();
 /// Every column of a record, in the order the stores' row readers take them.
 pub(crate) const COLUMNS: &str = "key, fingerprint, tenant, tool, state, attempt, claimed_at, \
                                   updated_at, lease_until, expires_at, retain_until, body, \
-                                  next_check_at, checks, resolution";
+                                  next_check_at, checks, resolution, operation";
 
 /// The record state a row's `state` code and `body` stand for.
 pub(crate) fn state_from(code: i16, body: Option<String>) -> Result<RecordState, StoreError> {
@@ -42,14 +42,32 @@ pub(crate) fn expired(r: &str, now: &str) -> String {
     )
 }
 
-/// The smallest and largest 32-byte keys that start with `reference`: the
-/// reference is the key's first eight bytes, so a range over the primary key
-/// finds it without a column or an index of its own.
+/// The smallest and largest 32-byte keys that start with `reference`'s
+/// first eight bytes: a reference starts with its key's, so a range over the
+/// primary key finds the record without an index of its own (the lookup then
+/// checks the operation's tag).
 pub(crate) fn key_range(reference: &Reference) -> ([u8; 32], [u8; 32]) {
     let (mut lo, mut hi) = ([0u8; 32], [0xffu8; 32]);
-    lo[..8].copy_from_slice(reference.as_bytes());
-    hi[..8].copy_from_slice(reference.as_bytes());
+    lo[..8].copy_from_slice(&reference.key_prefix());
+    hi[..8].copy_from_slice(&reference.key_prefix());
     (lo, hi)
+}
+
+/// The `operation` column's value for a reference's tag: the tag's bits as a
+/// signed 64-bit integer, NULL (a record written before tags) read as zero.
+pub(crate) fn tag_to_column(reference: &Reference) -> i64 {
+    reference.tag() as i64
+}
+
+/// The claim's rule for the reference ([`Record::takeover_reference`](super::Record::takeover_reference))
+/// in SQL, for an upsert's `SET operation = …`: a NOT_PERFORMED record
+/// within its window keeps its operation; anything else taken over gets the
+/// claim's. `r` names the existing row, `offered` the claim's tag and `now`
+/// the time.
+pub(crate) fn takeover_operation(r: &str, offered: &str, now: &str) -> String {
+    format!(
+        "CASE WHEN {r}state = {NOT_PERFORMED} AND {r}expires_at > {now}          THEN {r}operation ELSE {offered} END"
+    )
 }
 
 /// `list_records`: the rows matching the optional state, tenant and tool

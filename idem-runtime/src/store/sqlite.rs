@@ -9,8 +9,8 @@ use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::oneshot;
 
 use super::sql::{
-    counted, counts, expired, filtered, jobs_filtered, key_range, state_from, COLUMNS, COMPLETED,
-    IN_PROGRESS, JOB_COLUMNS, NOT_PERFORMED, UNKNOWN,
+    counted, counts, expired, filtered, jobs_filtered, key_range, state_from, tag_to_column,
+    takeover_operation, COLUMNS, COMPLETED, IN_PROGRESS, JOB_COLUMNS, NOT_PERFORMED, UNKNOWN,
 };
 use super::{
     check_distinct, Attempt, Claim, ClaimRequest, FollowOn, IdempotencyStore, JobFilter, JobId,
@@ -32,6 +32,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/sqlite/0001_records.sql"),
     include_str!("../../migrations/sqlite/0002_lifecycle.sql"),
     include_str!("../../migrations/sqlite/0003_outbox.sql"),
+    include_str!("../../migrations/sqlite/0004_operations.sql"),
 ];
 
 /// The store's SQL, written once from the state codes of
@@ -67,13 +68,14 @@ struct Statements {
 
 static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::new(|| Statements {
     // One statement: insert, or take over a record that Record::is_claimable
-    // says is past its life or resolved as not performed.
+    // says is past its life or resolved as not performed. It returns the
+    // operation the claim runs under (Record::takeover_reference).
     claim: format!(
         "INSERT INTO idem_records (key, fingerprint, tenant, tool, state, attempt, \
            claimed_at, updated_at, lease_until, expires_at, retain_until, body, \
-           next_check_at, checks, resolution) \
-         VALUES (?1, ?2, ?3, ?4, {IN_PROGRESS}, ?5, ?6, ?6, ?7, ?8, ?9, NULL, ?6, 0, NULL) \
-         ON CONFLICT (key) DO UPDATE SET fingerprint = excluded.fingerprint, \
+           next_check_at, checks, resolution, operation) \
+         VALUES (?1, ?2, ?3, ?4, {IN_PROGRESS}, ?5, ?6, ?6, ?7, ?8, ?9, NULL, ?6, 0, NULL, ?10) \
+         ON CONFLICT (key) DO UPDATE SET operation = {}, fingerprint = excluded.fingerprint, \
            tenant = excluded.tenant, tool = excluded.tool, state = {IN_PROGRESS}, \
            attempt = excluded.attempt, claimed_at = excluded.claimed_at, \
            updated_at = excluded.updated_at, lease_until = excluded.lease_until, \
@@ -81,7 +83,8 @@ static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::new(|| Statem
            body = NULL, next_check_at = excluded.next_check_at, checks = 0, \
            resolution = NULL \
          WHERE ({}) OR idem_records.state = {NOT_PERFORMED} \
-         RETURNING 1",
+         RETURNING operation",
+        takeover_operation("idem_records.", "excluded.operation", "?6"),
         expired("idem_records.", "?6")
     ),
     read: format!("SELECT {COLUMNS} FROM idem_records WHERE key = ?1"),
@@ -133,11 +136,14 @@ static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::new(|| Statem
         "UPDATE idem_records SET lease_until = ?3, updated_at = ?4 \
          WHERE key = ?1 AND attempt = ?2 AND state = {IN_PROGRESS}"
     ),
-    // The reference is the key's first eight bytes: a range over the primary
-    // key finds it without an index of its own.
+    // A reference starts with the key's first eight bytes: a range over the
+    // primary key finds it without an index of its own. The tag then tells
+    // this operation from a later one of the same key (NULL: a record
+    // written before tags, whose reference has none).
     lookup: format!(
         "SELECT {COLUMNS} FROM idem_records \
-         WHERE key BETWEEN ?1 AND ?2 AND tenant = ?3 ORDER BY key LIMIT 1"
+         WHERE key BETWEEN ?1 AND ?2 AND tenant = ?3 AND coalesce(operation, 0) = ?4 \
+         ORDER BY key LIMIT 1"
     ),
     purge: format!(
         "DELETE FROM idem_records WHERE key IN ( \
@@ -156,15 +162,14 @@ static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::new(|| Statem
     ),
     filtered: filtered("idem_records", "", |n| format!("?{n}")),
     counted: counted("idem_records"),
-    record_tenant: "SELECT tenant FROM idem_records WHERE key = ?1".to_owned(),
-    // A job left by an earlier operation with the same reference (after its
-    // window) is replaced whole: the new operation's jobs start afresh.
+    record_tenant: "SELECT tenant, operation FROM idem_records WHERE key = ?1".to_owned(),
+    // A job's identity is its operation's reference and its name: one
+    // completion per operation writes jobs, and a job already there is
+    // never replaced, live or dead.
     insert_job: "INSERT INTO idem_jobs (tenant, reference, name, payload, attempts, token, \
            next_run_at, last_error, dead, created_at, updated_at) \
          VALUES (?1, ?2, ?3, ?4, 0, NULL, ?5, NULL, 0, ?5, ?5) \
-         ON CONFLICT (tenant, reference, name) DO UPDATE SET payload = excluded.payload, \
-           attempts = 0, token = NULL, next_run_at = excluded.next_run_at, last_error = NULL, \
-           dead = 0, created_at = excluded.created_at, updated_at = excluded.updated_at"
+         ON CONFLICT (tenant, reference, name) DO NOTHING"
         .to_owned(),
     // One statement under the writer's lock: the selection and the lease
     // cannot be split by another process's lease. `dead = 0` is a literal
@@ -481,8 +486,11 @@ fn row_to_record(
         Ok(state) => state,
         Err(e) => return Ok(Err(e)),
     };
+    let key = IdempotencyKey::from_parts(key, fingerprint);
+    let tag = row.get::<_, Option<i64>>(15)?.unwrap_or(0) as u64;
     Ok(Ok(Record {
-        key: IdempotencyKey::from_parts(key, fingerprint),
+        key,
+        reference: Reference::with_tag(&key, tag),
         tenant: row.get(2)?,
         tool: row.get(3)?,
         attempt: Attempt::from_stored(row.get::<_, i64>(5)? as u64),
@@ -586,15 +594,15 @@ fn fenced(
 
 fn row_to_job(row: &rusqlite::Row<'_>) -> rusqlite::Result<Result<OutboxJob, StoreError>> {
     let reference: Vec<u8> = row.get(1)?;
-    let Ok(reference) = <[u8; 8]>::try_from(reference.as_slice()) else {
+    let Some(reference) = Reference::from_bytes(&reference) else {
         return Ok(Err(StoreError::Corrupt(
-            "a job's reference is not 8 bytes".into(),
+            "a job's reference is not 8 or 16 bytes".into(),
         )));
     };
     Ok(Ok(OutboxJob {
         id: JobId {
             tenant: row.get(0)?,
-            reference: Reference::from_bytes(reference),
+            reference,
             name: row.get(2)?,
         },
         payload: row.get(3)?,
@@ -638,11 +646,15 @@ fn insert_jobs(
     if jobs.is_empty() {
         return Ok(());
     }
-    let tenant: String = conn
+    let (tenant, tag): (String, Option<i64>) = conn
         .prepare_cached(&SQL.record_tenant)
-        .and_then(|mut s| s.query_row([&key[..]], |r| r.get(0)))
+        .and_then(|mut s| s.query_row([&key[..]], |r| Ok((r.get(0)?, r.get(1)?))))
         .map_err(|e| unavailable(&e))?;
-    let reference = &key[..8];
+    // The record's own operation: the jobs belong to it.
+    let mut prefix = [0u8; 8];
+    prefix.copy_from_slice(&key[..8]);
+    let reference = Reference::from_parts(prefix, tag.unwrap_or(0) as u64);
+    let reference = reference.as_bytes();
     let mut insert = conn
         .prepare_cached(&SQL.insert_job)
         .map_err(|e| unavailable(&e))?;
@@ -663,7 +675,7 @@ fn fenced_job(
     token: Attempt,
     rest: &[&dyn rusqlite::ToSql],
 ) -> Result<(), StoreError> {
-    let (token, reference) = (token.get() as i64, &id.reference.as_bytes()[..]);
+    let (token, reference) = (token.get() as i64, id.reference.as_bytes());
     let mut params: Vec<&dyn rusqlite::ToSql> = vec![&id.tenant, &reference, &id.name, &token];
     params.extend_from_slice(rest);
     match change(conn, sql, &params)? {
@@ -797,7 +809,7 @@ impl IdempotencyStore for SqliteStore {
             let changed = change(
                 conn,
                 &SQL.redrive_job,
-                &[&id.tenant, &&id.reference.as_bytes()[..], &id.name, &now],
+                &[&id.tenant, &id.reference.as_bytes(), &id.name, &now],
             )?;
             Ok(changed == 1)
         })
@@ -871,14 +883,16 @@ impl IdempotencyStore for SqliteStore {
                             now.saturating_add(nanos(req.lease)),
                             now.saturating_add(nanos(req.window)),
                             now.saturating_add(nanos(req.retention.max(req.window))),
+                            tag_to_column(&req.reference),
                         ],
-                        |_| Ok(()),
+                        |row| row.get::<_, Option<i64>>(0),
                     )
                     .optional()
                 })
                 .map_err(|e| unavailable(&e))?;
-            if claimed.is_some() {
-                return Ok(Claim::Claimed);
+            if let Some(tag) = claimed {
+                let reference = Reference::with_tag(&req.key, tag.unwrap_or(0) as u64);
+                return Ok(Claim::Claimed { reference });
             }
             match read(conn, key, now)? {
                 Some(record) => Ok(Claim::Existing { record }),
@@ -1066,11 +1080,17 @@ impl IdempotencyStore for SqliteStore {
         reference: &Reference,
     ) -> Result<Option<Record>, StoreError> {
         let (lo, hi) = key_range(reference);
+        let tag = tag_to_column(reference);
         let tenant = tenant.to_owned();
         self.run(move |conn, now| {
             // The reference is the key's first eight bytes: a range over the
             // primary key finds it without an index of its own.
-            let mut found = read_many(conn, &SQL.lookup, params![&lo[..], &hi[..], tenant], now)?;
+            let mut found = read_many(
+                conn,
+                &SQL.lookup,
+                params![&lo[..], &hi[..], tenant, tag],
+                now,
+            )?;
             Ok(found.pop())
         })
         .await
@@ -1115,7 +1135,10 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let store = SqliteStore::open(dir.join("idem.sqlite3")).await.unwrap();
         let held = claim_request(Duration::from_secs(900));
-        assert_eq!(store.claim(&held).await.unwrap(), Claim::Claimed);
+        assert!(matches!(
+            store.claim(&held).await.unwrap(),
+            Claim::Claimed { .. }
+        ));
         // No room for a large response: the database may not grow any more.
         store
             .run(|conn, _| {
@@ -1158,22 +1181,22 @@ mod tests {
         assert!(matches!(c, Err(StoreError::Unavailable(_))), "{c:?}");
         for req in [&first, &last] {
             assert_eq!(
-                store
-                    .lookup(&req.tenant, &req.key.reference())
-                    .await
-                    .unwrap(),
+                store.lookup(&req.tenant, &req.reference).await.unwrap(),
                 None,
                 "nothing of the failed batch was written"
             );
         }
         let kept = store
-            .lookup(&held.tenant, &held.key.reference())
+            .lookup(&held.tenant, &held.reference)
             .await
             .unwrap()
             .unwrap();
         assert_eq!(kept.state, crate::store::RecordState::InProgress);
         // The store goes on serving once the statement fits.
-        assert_eq!(store.claim(&again(&first)).await.unwrap(), Claim::Claimed);
+        assert!(matches!(
+            store.claim(&again(&first)).await.unwrap(),
+            Claim::Claimed { .. }
+        ));
         drop(store);
         let _ = std::fs::remove_dir_all(&dir);
     }

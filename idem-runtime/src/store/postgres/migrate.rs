@@ -18,6 +18,10 @@ const MIGRATIONS: &[(i32, &str)] = &[
         3,
         include_str!("../../../migrations/postgres/0003_outbox.sql"),
     ),
+    (
+        4,
+        include_str!("../../../migrations/postgres/0004_operations.sql"),
+    ),
 ];
 
 impl PostgresStore {

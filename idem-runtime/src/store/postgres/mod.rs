@@ -10,7 +10,7 @@ use deadpool_postgres::{Object, Pool};
 use tokio_postgres::Row;
 
 use crate::key::{IdempotencyKey, Reference};
-use crate::store::sql::{counts, key_range, state_from};
+use crate::store::sql::{counts, key_range, state_from, tag_to_column};
 use crate::store::{
     check_distinct, Attempt, Claim, ClaimRequest, FollowOn, IdempotencyStore, JobFilter, JobId,
     OutboxJob, Record, RecordFilter, RecordStateKind, Resolution, StateCounts, StoreError,
@@ -205,8 +205,11 @@ fn row_to_record(row: &Row) -> Result<Record, StoreError> {
     };
     let state = state_from(row.try_get(4).map_err(corrupt)?, text(11)?)?;
     let time = |i: usize| row.try_get::<_, SystemTime>(i).map_err(corrupt);
+    let key = IdempotencyKey::from_parts(bytes32(0)?, bytes32(1)?);
+    let tag = row.try_get::<_, Option<i64>>(15).map_err(corrupt)?;
     Ok(Record {
-        key: IdempotencyKey::from_parts(bytes32(0)?, bytes32(1)?),
+        key,
+        reference: Reference::with_tag(&key, tag.unwrap_or(0) as u64),
         tenant: row.try_get(2).map_err(corrupt)?,
         tool: row.try_get(3).map_err(corrupt)?,
         attempt: Attempt::from_stored(row.try_get::<_, i64>(5).map_err(corrupt)? as u64),
@@ -219,7 +222,7 @@ fn row_to_record(row: &Row) -> Result<Record, StoreError> {
         next_check_at: time(12)?,
         checks: row.try_get::<_, i32>(13).map_err(corrupt)?.max(0) as u32,
         resolution: text(14)?,
-        observed_at: time(15)?,
+        observed_at: time(16)?,
     })
 }
 
@@ -282,8 +285,8 @@ async fn fenced(
 /// A follow-on job from a row of `{JOB_COLUMNS}`.
 fn row_to_job(row: &Row) -> Result<OutboxJob, StoreError> {
     let reference: &[u8] = row.try_get(1).map_err(corrupt)?;
-    let reference = <[u8; 8]>::try_from(reference)
-        .map_err(|_| StoreError::Corrupt("a job's reference is not 8 bytes".into()))?;
+    let reference = Reference::from_bytes(reference)
+        .ok_or_else(|| StoreError::Corrupt("a job's reference is not 8 or 16 bytes".into()))?;
     let payload: Vec<u8> = row.try_get(3).map_err(corrupt)?;
     let payload = String::from_utf8(payload)
         .map_err(|_| StoreError::Corrupt("a job's payload is not UTF-8".into()))?;
@@ -291,7 +294,7 @@ fn row_to_job(row: &Row) -> Result<OutboxJob, StoreError> {
     Ok(OutboxJob {
         id: JobId {
             tenant: row.try_get(0).map_err(corrupt)?,
-            reference: Reference::from_bytes(reference),
+            reference,
             name: row.try_get(2).map_err(corrupt)?,
         },
         payload,
@@ -318,7 +321,7 @@ async fn fenced_job(
     token: Attempt,
     rest: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> Result<(), CallError> {
-    let (reference, token) = (&id.reference.as_bytes()[..], token.get() as i64);
+    let (reference, token) = (id.reference.as_bytes(), token.get() as i64);
     let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
         vec![&id.tenant, &reference, &id.name, &token];
     params.extend_from_slice(rest);
@@ -386,7 +389,6 @@ impl IdempotencyStore for PostgresStore {
             return self.complete(key, attempt, response).await;
         }
         let (names, payloads) = job_columns(jobs);
-        let reference = &key.as_bytes()[..8];
         let key = &key.as_bytes()[..];
         self.with(async |client, sql| {
             with_jobs(
@@ -399,7 +401,6 @@ impl IdempotencyStore for PostgresStore {
                     &key,
                     &(attempt.get() as i64),
                     &response.as_bytes(),
-                    &reference,
                     &names,
                     &payloads,
                 ],
@@ -423,7 +424,6 @@ impl IdempotencyStore for PostgresStore {
             return self.resolve(key, attempt, completed, note).await;
         }
         let (names, payloads) = job_columns(jobs);
-        let reference = &key.as_bytes()[..8];
         let key = &key.as_bytes()[..];
         let note = note.map(str::as_bytes);
         self.with(async |client, sql| {
@@ -438,7 +438,6 @@ impl IdempotencyStore for PostgresStore {
                     &(attempt.get() as i64),
                     &response.as_bytes(),
                     &note,
-                    &reference,
                     &names,
                     &payloads,
                 ],
@@ -522,7 +521,7 @@ impl IdempotencyStore for PostgresStore {
     }
 
     async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
-        let reference = &id.reference.as_bytes()[..];
+        let reference = id.reference.as_bytes();
         self.with(async |client, sql| {
             let stmt = client.prepare_cached(&sql.redrive_job).await?;
             let changed = client
@@ -593,11 +592,14 @@ impl IdempotencyStore for PostgresStore {
                             &micros(req.lease),
                             &micros(req.window),
                             &micros(req.retention.max(req.window)),
+                            &tag_to_column(&req.reference),
                         ],
                     )
                     .await?;
-                if claimed.is_some() {
-                    return Ok(Claim::Claimed);
+                if let Some(row) = claimed {
+                    let tag: Option<i64> = row.try_get(0)?;
+                    let reference = Reference::with_tag(&req.key, tag.unwrap_or(0) as u64);
+                    return Ok(Claim::Claimed { reference });
                 }
                 let read = client.prepare_cached(&sql.read).await?;
                 if let Some(row) = client.query_opt(&read, &[&key]).await? {
@@ -771,10 +773,11 @@ impl IdempotencyStore for PostgresStore {
         reference: &Reference,
     ) -> Result<Option<Record>, StoreError> {
         let (lo, hi) = key_range(reference);
+        let tag = tag_to_column(reference);
         self.with(async |client, sql| {
             let stmt = client.prepare_cached(&sql.lookup).await?;
             match client
-                .query_opt(&stmt, &[&&lo[..], &&hi[..], &tenant])
+                .query_opt(&stmt, &[&&lo[..], &&hi[..], &tenant, &tag])
                 .await?
             {
                 Some(row) => Ok(Some(row_to_record(&row)?)),

@@ -2,8 +2,8 @@
 //! [`RecordStateKind`](crate::store::RecordStateKind).
 
 use crate::store::sql::{
-    counted, expired, filtered, jobs_filtered, COLUMNS, COMPLETED, IN_PROGRESS, JOB_COLUMNS,
-    NOT_PERFORMED, UNKNOWN,
+    counted, expired, filtered, jobs_filtered, takeover_operation, COLUMNS, COMPLETED, IN_PROGRESS,
+    JOB_COLUMNS, NOT_PERFORMED, UNKNOWN,
 };
 
 /// The store's SQL, with the schema filled in once. Every statement that
@@ -40,31 +40,36 @@ pub(super) struct Statements {
 }
 
 /// A fenced change of a record (`change`, whose parameters end at `$n - 1`)
-/// and, in the same statement, its follow-on jobs: `$n` the reference, `$n+1`
-/// the names (text[]), `$n+2` the payloads (bytea[]). One statement is one
-/// transaction: the jobs are inserted only from the row the change returns
-/// (its tenant), so a refused change inserts none, and a failed insert
-/// undoes the change. Answers how many records changed (0 or 1).
+/// and, in the same statement, its follow-on jobs: `$n` the names (text[]),
+/// `$n+1` the payloads (bytea[]). One statement is one transaction: the jobs
+/// are inserted only from the row the change returns (its tenant and its
+/// operation's reference), so a refused change inserts none, and a failed
+/// insert undoes the change. Answers how many records changed (0 or 1).
 ///
-/// A job left by an earlier operation with the same reference (after its
-/// window) is replaced whole: the new operation's jobs start afresh.
+/// A job's identity is its operation's reference and its name: one
+/// completion per operation writes jobs, and a job already there is never
+/// replaced, live or dead.
 fn with_jobs(change: &str, jobs: &str, n: u8) -> String {
-    let (reference, names, payloads) = (n, n + 1, n + 2);
+    let (names, payloads) = (n, n + 1);
     format!(
-        "WITH done AS ({change} RETURNING tenant), \
+        "WITH done AS ({change} RETURNING tenant, {REFERENCE}), \
          written AS ( \
            INSERT INTO {jobs} (tenant, reference, name, payload, attempts, token, next_run_at, \
              last_error, dead, created_at, updated_at) \
-           SELECT done.tenant, ${reference}::bytea, f.name, f.payload, 0, NULL, now(), NULL, \
+           SELECT done.tenant, done.reference, f.name, f.payload, 0, NULL, now(), NULL, \
              false, now(), now() \
            FROM done, unnest(${names}::text[], ${payloads}::bytea[]) AS f(name, payload) \
-           ON CONFLICT (tenant, reference, name) DO UPDATE SET payload = EXCLUDED.payload, \
-             attempts = 0, token = NULL, next_run_at = EXCLUDED.next_run_at, last_error = NULL, \
-             dead = false, created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at \
+           ON CONFLICT (tenant, reference, name) DO NOTHING \
            RETURNING 1) \
          SELECT count(*) FROM done"
     )
 }
+
+/// A record's reference as `Reference::as_bytes` gives it: the key's first
+/// eight bytes, then the operation's tag big-endian (none for a record
+/// written before tags).
+const REFERENCE: &str = "CASE WHEN coalesce(operation, 0) = 0 THEN substring(key FROM 1 FOR 8) \
+     ELSE substring(key FROM 1 FOR 8) || int8send(operation) END AS reference";
 
 /// `$n` microseconds as an interval.
 fn micros(n: u8) -> String {
@@ -80,14 +85,17 @@ impl Statements {
             // One statement: insert, or take over the row only if
             // Record::is_claimable (expired, or resolved as not performed). A
             // live row is left alone (and only locked for the statement), and
-            // no row comes back.
+            // no row comes back; a claimed one returns the operation it runs
+            // under (Record::takeover_reference).
             claim: format!(
                 "INSERT INTO {t} AS r (key, fingerprint, tenant, tool, state, attempt, \
                    claimed_at, updated_at, lease_until, expires_at, retain_until, body, \
-                   next_check_at, checks, resolution) \
+                   next_check_at, checks, resolution, operation) \
                  VALUES ($1, $2, $3, $4, {IN_PROGRESS}, $5, now(), now(), \
-                   now() + {lease}, now() + {window}, now() + {retention}, NULL, now(), 0, NULL) \
-                 ON CONFLICT (key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, \
+                   now() + {lease}, now() + {window}, now() + {retention}, NULL, now(), 0, NULL, \
+                   $9) \
+                 ON CONFLICT (key) DO UPDATE SET operation = {}, \
+                   fingerprint = EXCLUDED.fingerprint, \
                    tenant = EXCLUDED.tenant, tool = EXCLUDED.tool, state = {IN_PROGRESS}, \
                    attempt = EXCLUDED.attempt, claimed_at = EXCLUDED.claimed_at, \
                    updated_at = EXCLUDED.updated_at, lease_until = EXCLUDED.lease_until, \
@@ -95,7 +103,8 @@ impl Statements {
                    body = NULL, next_check_at = EXCLUDED.next_check_at, checks = 0, \
                    resolution = NULL \
                  WHERE ({}) OR r.state = {NOT_PERFORMED} \
-                 RETURNING 1",
+                 RETURNING operation",
+                takeover_operation("r.", "EXCLUDED.operation", "now()"),
                 expired("r.", "now()")
             ),
             read: format!("SELECT {COLUMNS}, now() FROM {t} WHERE key = $1"),
@@ -153,10 +162,13 @@ impl Statements {
                 micros(3)
             ),
             refusal: format!("SELECT attempt, state, updated_at FROM {t} WHERE key = $1"),
-            // The reference is the key's first eight bytes: a range over the
-            // primary key finds it without a column or index of its own.
+            // A reference starts with the key's first eight bytes: a range
+            // over the primary key finds it without an index of its own. The
+            // tag then tells this operation from a later one of the same key
+            // (NULL: a record written before tags, whose reference has none).
             lookup: format!(
                 "SELECT {COLUMNS}, now() FROM {t} WHERE key BETWEEN $1 AND $2 AND tenant = $3 \
+                   AND coalesce(operation, 0) = $4 \
                  ORDER BY key LIMIT 1"
             ),
             // Bounded, and SKIP LOCKED: rows a claim is taking over right now

@@ -3,12 +3,12 @@
 //!
 //! | key | type | holds |
 //! | --- | --- | --- |
-//! | `P:{SS}:r:REF` | string | the record (packed: `REC` in `lua/prelude.lua`) with reference `REF` (the key's first 8 bytes, 16 hex digits) |
+//! | `P:{SS}:r:REF` | string | the record (packed: `REC` in `lua/prelude.lua`) whose key starts with `REF` (the key's first 8 bytes, 16 hex digits; every reference of the key starts with them) |
 //! | `P:{SS}:k:KEY` | string | a record whose reference was held by another operation's record when it was claimed (`KEY`: 64 hex digits) |
 //! | `P:{SS}:x:REF` | set | the `k:KEY` members of those records, for lookups by reference |
 //! | `P:{SS}:lapsed` | sorted set | the shard's IN_PROGRESS records (`r:REF` or `k:KEY`), scored by `lease_until` (µs) |
 //! | `P:{SS}:unknown` | sorted set | the shard's UNKNOWN records, scored by `next_check_at` (µs) |
-//! | `P:{SS}:j:REF:TENANT:NAME` | hash | a follow-on job of the operation with reference `REF` (the tenant in hex) |
+//! | `P:{SS}:j:REF:TENANT:NAME` | hash | a follow-on job of the operation with reference `REF` (all its bytes in hex: 32 digits, or 16 for a job written before references had tags; the tenant in hex) |
 //! | `P:{SS}:jd:NAME` | sorted set | the shard's live jobs named `NAME`, scored by `next_run_at` (µs) |
 //! | `P:{SS}:jobs` | sorted set | every job of the shard, live or dead, scored by `created_at` (µs) |
 //! | `P:{SS}:jobnames` | set | the names of the shard's live jobs |
@@ -23,12 +23,13 @@
 //! written by one script on one slot; a dispatcher's lease, a listing and a
 //! count ask every shard (`lua/jobs.lua` has the details).
 //!
-//! A record is stored under its reference, so a lookup by reference names it
-//! directly, with no index to keep in step, and a fenced change (which knows
-//! the key, not the tenant) names it too; the lookup then checks the tenant.
-//! Two live operations share a reference only by a 64-bit collision; the
-//! later one is then stored under its full key and listed in the reference's
-//! collision set, which exists only for such a pair.
+//! A record is stored under its key's first eight bytes, which its reference
+//! starts with, so a lookup by reference names it directly, with no index to
+//! keep in step, and a fenced change (which knows the key, not the tenant)
+//! names it too; the lookup then checks the tenant and the operation's tag.
+//! Two live records share those eight bytes only by a 64-bit collision; the
+//! later one is then stored under its full key and listed in the collision
+//! set, which exists only for such a pair.
 
 use crate::key::{hex, IdempotencyKey, Reference};
 use crate::store::JobId;
@@ -97,29 +98,36 @@ impl Layout {
     /// What a script over the record of `key` names.
     pub(super) fn record(&self, key: &IdempotencyKey) -> RecordKeys {
         RecordKeys {
-            by_reference: self.by_reference(&key.reference()),
+            by_reference: self.by_prefix(key_prefix(key)),
             key_hex: hex(key.as_bytes()),
         }
     }
 
-    /// The key of the record stored under `reference`.
+    /// The key of the record stored under `reference` (its first eight
+    /// bytes, the key's).
     pub(super) fn by_reference(&self, reference: &Reference) -> Vec<u8> {
-        let base = self.shard(shard_of(reference));
-        [
-            &base[..],
-            format!("r:{}", hex(reference.as_bytes())).as_bytes(),
-        ]
-        .concat()
+        self.by_prefix(reference.key_prefix())
     }
 
-    /// The reference's collision set.
+    /// The key of the record whose key starts with `prefix`.
+    fn by_prefix(&self, prefix: [u8; 8]) -> Vec<u8> {
+        let base = self.shard(prefix[0] % SHARDS);
+        [&base[..], format!("r:{}", hex(&prefix)).as_bytes()].concat()
+    }
+
+    /// The collision set of the records whose key starts as `reference`'s.
     pub(super) fn collisions(&self, reference: &Reference) -> Vec<u8> {
         let base = self.shard(shard_of(reference));
         [
             &base[..],
-            format!("x:{}", hex(reference.as_bytes())).as_bytes(),
+            format!("x:{}", hex(&reference.key_prefix())).as_bytes(),
         ]
         .concat()
+    }
+
+    /// The shard of the record of `key`.
+    pub(super) fn shard_of_key(&self, key: &IdempotencyKey) -> u8 {
+        key_prefix(key)[0] % SHARDS
     }
 
     /// What a script over one job names: the job's hash, its name's due
@@ -162,5 +170,11 @@ impl Layout {
 }
 
 fn shard_of(reference: &Reference) -> u8 {
-    reference.as_bytes()[0] % SHARDS
+    reference.key_prefix()[0] % SHARDS
+}
+
+fn key_prefix(key: &IdempotencyKey) -> [u8; 8] {
+    let mut prefix = [0u8; 8];
+    prefix.copy_from_slice(&key.as_bytes()[..8]);
+    prefix
 }

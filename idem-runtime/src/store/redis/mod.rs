@@ -267,7 +267,7 @@ impl RedisStore {
         if jobs.is_empty() {
             return;
         }
-        cmd.arg(self.layout.shard(self.layout.shard_of(&key.reference())));
+        cmd.arg(self.layout.shard(self.layout.shard_of_key(key)));
         for job in jobs {
             cmd.arg(job.name()).arg(job.payload());
         }
@@ -516,7 +516,7 @@ impl IdempotencyStore for RedisStore {
         let dead = filter.dead.map(|d| if d { &b"1"[..] } else { &b"0"[..] });
         let (tenant, reference, name, dead) = (
             want(filter.tenant.as_deref().map(str::as_bytes)),
-            want(filter.reference.as_ref().map(|r| &r.as_bytes()[..])),
+            want(filter.reference.as_ref().map(|r| r.as_bytes())),
             want(filter.name.as_deref().map(str::as_bytes)),
             want(dead),
         );
@@ -629,16 +629,17 @@ impl IdempotencyStore for RedisStore {
             p.micros(req.lease);
             p.micros(req.window);
             p.micros(req.retention.max(req.window));
+            p.bytes(&req.reference.tag().to_be_bytes());
         });
         let Some((replicas, timeout)) = self.replicas else {
-            return claimed(Reply::read(self.link.run(script, &cmd).await?)?);
+            return claimed(&req.key, Reply::read(self.link.run(script, &cmd).await?)?);
         };
         let (reply, acked) = self
             .link
             .run_and_wait(script, &cmd, &rk.by_reference, replicas, timeout)
             .await?;
-        let claim = claimed(Reply::read(reply)?)?;
-        if claim == Claim::Claimed && acked < i64::from(replicas) {
+        let claim = claimed(&req.key, Reply::read(reply)?)?;
+        if matches!(claim, Claim::Claimed { .. }) && acked < i64::from(replicas) {
             // The handler must not run on a claim a failover could lose.
             // Undone here (fenced by this attempt); if that fails too, the
             // executor's own release of an unconfirmed claim follows.
@@ -769,7 +770,8 @@ impl IdempotencyStore for RedisStore {
         let collisions = self.layout.collisions(reference);
         let mut cmd = evalsha(script, &[&record, &collisions]);
         cmd.arg(tenant)
-            .arg(self.layout.shard(self.layout.shard_of(reference)));
+            .arg(self.layout.shard(self.layout.shard_of(reference)))
+            .arg(&reference.tag().to_be_bytes()[..]);
         let reply = self.link.run(script, &cmd).await?;
         if matches!(&reply, redis::Value::Array(items) if items.is_empty()) {
             return Ok(None);
@@ -823,9 +825,11 @@ impl IdempotencyStore for RedisStore {
 /// which are kept.
 const PURGE_LOOKAHEAD: usize = 1024;
 
-fn claimed(reply: Reply) -> Result<Claim, StoreError> {
+fn claimed(key: &IdempotencyKey, reply: Reply) -> Result<Claim, StoreError> {
     match reply {
-        Reply::Claimed => Ok(Claim::Claimed),
+        Reply::Claimed(tag) => Ok(Claim::Claimed {
+            reference: Reference::with_tag(key, tag),
+        }),
         Reply::Found(record) => Ok(Claim::Existing { record: *record }),
         other => Err(refused(other)),
     }

@@ -124,7 +124,8 @@ pub(super) enum Reply {
     WrongState(RecordStateKind),
     NotSettled(SystemTime),
     LeaseLive,
-    Claimed,
+    /// Claimed, under the operation with this tag.
+    Claimed(u64),
     Found(Box<Record>),
 }
 
@@ -145,7 +146,14 @@ impl Reply {
             code::WRONG_STATE => Reply::WrongState(kind(items.get(1))?),
             code::NOT_SETTLED => Reply::NotSettled(time(items.get(1))?),
             code::LEASE_LIVE => Reply::LeaseLive,
-            code::CLAIMED => Reply::Claimed,
+            code::CLAIMED => {
+                let tag: [u8; 8] = items
+                    .get(1)
+                    .and_then(bytes)
+                    .and_then(|b| b.try_into().ok())
+                    .ok_or_else(|| corrupt("a claim's tag is not 8 bytes"))?;
+                Reply::Claimed(u64::from_be_bytes(tag))
+            }
             code::FOUND => {
                 let now = time(items.get(1))?;
                 let packed = items
@@ -231,9 +239,9 @@ pub(super) fn jobs(value: Value) -> Result<Vec<OutboxJob>, StoreError> {
 fn job(f: &[Value]) -> Result<OutboxJob, StoreError> {
     let required =
         |v: &Value, what: &str| text(v)?.ok_or_else(|| corrupt(&format!("a job has no {what}")));
-    let reference: [u8; 8] = bytes(&f[1])
-        .and_then(|b| b.try_into().ok())
-        .ok_or_else(|| corrupt("a job's reference is not 8 bytes"))?;
+    let reference = bytes(&f[1])
+        .and_then(Reference::from_bytes)
+        .ok_or_else(|| corrupt("a job's reference is not 8 or 16 bytes"))?;
     let token = text(&f[5])?
         .map(|t| {
             t.parse::<u64>()
@@ -244,7 +252,7 @@ fn job(f: &[Value]) -> Result<OutboxJob, StoreError> {
     Ok(OutboxJob {
         id: JobId {
             tenant: required(&f[0], "tenant")?,
-            reference: Reference::from_bytes(reference),
+            reference,
             name: required(&f[2], "name")?,
         },
         payload: required(&f[3], "payload")?,
@@ -302,9 +310,13 @@ fn record(packed: &Value, now: SystemTime) -> Result<Record, StoreError> {
     let tool = r.take_text("tool")?;
     let body = r.take_optional_text("response")?;
     let resolution = r.take_optional_text("resolution")?;
-    if !r.0.is_empty() {
-        return Err(corrupt("a record has bytes after its last field"));
-    }
+    // The operation's tag; none on a record written before references had
+    // tags.
+    let tag = match r.0.len() {
+        0 => 0,
+        8 => u64::from_be_bytes(r.take_array()?),
+        _ => return Err(corrupt("a record has bytes after its last field")),
+    };
     let state = match (kind, body) {
         (RecordStateKind::InProgress, _) => RecordState::InProgress,
         (RecordStateKind::Completed, Some(response)) => RecordState::Completed { response },
@@ -318,8 +330,10 @@ fn record(packed: &Value, now: SystemTime) -> Result<Record, StoreError> {
             note: note.unwrap_or_default(),
         },
     };
+    let key = IdempotencyKey::from_parts(key, fingerprint);
     Ok(Record {
-        key: IdempotencyKey::from_parts(key, fingerprint),
+        key,
+        reference: Reference::with_tag(&key, tag),
         tenant,
         tool,
         attempt: Attempt::from_stored(

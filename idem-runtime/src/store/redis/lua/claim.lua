@@ -1,7 +1,9 @@
 -- claim. After the key: the fingerprint, the tenant, the tool, the attempt,
--- the lease, the window and the retention (µs, at least the window).
-local fingerprint, tenant, tool, attempt, lease, window, retention =
-  over(struct.unpack('<c32c64c32i4c0i4c0i4c0ddd', ARGV[1]))
+-- the lease, the window and the retention (µs, at least the window), and the
+-- tag of the reference a new operation gets (8 bytes). Answers CLAIMED and
+-- the tag the operation runs under, or the record found.
+local fingerprint, tenant, tool, attempt, lease, window, retention, tag =
+  over(struct.unpack('<c32c64c32i4c0i4c0i4c0dddc8', ARGV[1]))
 local now = clock()
 local rec, member, r, collided = KEYS[1], nil, nil, false
 local member2 = m2()
@@ -35,9 +37,14 @@ if r then
   if live then
     -- This very claim, sent again after its answer was lost: it owns the record.
     if state == IN_PROGRESS and r.a == attempt then
-      return {CLAIMED}
+      return {CLAIMED, r.g or NO_TAG}
     end
     return found(r, now)
+  end
+  -- Record::takeover_reference: a NOT_PERFORMED record within its window is
+  -- the same operation, tried again, and keeps its reference.
+  if state == NOT_PERFORMED and r.e > now then
+    tag = r.g or NO_TAG
   end
   -- Past its life (Redis has not deleted it yet), or resolved as not
   -- performed: the claim replaces it whole (the SET below).
@@ -45,6 +52,7 @@ if r then
 end
 local lease_until = now + lease
 save(rec, {k = KEY, f = fingerprint, t = tenant, o = tool, s = IN_PROGRESS, a = attempt,
-  c = now, u = now, l = lease_until, e = now + window, r = now + retention, n = now, x = 0}, collided)
+  c = now, u = now, l = lease_until, e = now + window, r = now + retention, n = now, x = 0,
+  g = tag ~= NO_TAG and tag or nil}, collided)
 redis.call('ZADD', lapsed(), int(lease_until), member)
-return {CLAIMED}
+return {CLAIMED, tag}

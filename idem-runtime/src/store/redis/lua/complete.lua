@@ -25,6 +25,6 @@ elseif state == UNKNOWN then
   redis.call('ZREM', unknown(), member)
 end
 if ARGV[3] then
-  write_jobs(ARGV[3], r.t, now, 4)
+  write_jobs(ARGV[3], r, now, 4)
 end
 return {OK}

@@ -13,7 +13,8 @@
 --                         scored by created_at, for listings
 --   B .. 'jobnames'       set: the names with live jobs in the shard, for
 --                         counting due jobs by name
--- The job's hash fields: t tenant, r reference (8 bytes), n name, p payload,
+-- The job's hash fields: t tenant, r reference (16 bytes: the operation's;
+-- 8 for a job written before references had tags), n name, p payload,
 -- a attempts, k token (decimal; absent when no lease holds it), d
 -- next_run_at, e last_error, z '1' when dead, c created_at, u updated_at.
 -- Jobs have no TTL: a job stays until it is finished, however long that is.
@@ -27,22 +28,24 @@ local function tohex(s)
 end
 
 -- Writes the jobs given as (name, payload) pairs from ARGV[from] on, for the
--- record of `tenant` whose key is KEY (set by `over`) and whose reference in
--- hex ends KEYS[1], due at `now`, under `base`. A job left by an earlier
--- operation with the same reference (after its window) is replaced whole.
-local function write_jobs(base, tenant, now, from)
-  local reference, ref_hex = string.sub(KEY, 1, 8), string.sub(KEYS[1], -16)
-  local id_prefix = ref_hex .. ':' .. tohex(tenant) .. ':'
+-- record `r` (its tenant and its operation's reference), due at `now`, under
+-- `base`. A job's identity is its operation's reference and its name: one
+-- completion per operation writes jobs, and a job already there is never
+-- replaced, live or dead.
+local function write_jobs(base, r, now, from)
+  local tenant, reference = r.t, reference_of(r)
+  local id_prefix = tohex(reference) .. ':' .. tohex(tenant) .. ':'
   for i = from, #ARGV, 2 do
     local name, payload = ARGV[i], ARGV[i + 1]
     local member = id_prefix .. name
     local job = base .. 'j:' .. member
-    redis.call('DEL', job)
-    redis.call('HSET', job, 't', tenant, 'r', reference, 'n', name, 'p', payload,
-      'a', '0', 'd', int(now), 'z', '0', 'c', int(now), 'u', int(now))
-    redis.call('ZADD', base .. 'jd:' .. name, int(now), member)
-    redis.call('ZADD', base .. 'jobs', int(now), member)
-    redis.call('SADD', base .. 'jobnames', name)
+    if redis.call('EXISTS', job) == 0 then
+      redis.call('HSET', job, 't', tenant, 'r', reference, 'n', name, 'p', payload,
+        'a', '0', 'd', int(now), 'z', '0', 'c', int(now), 'u', int(now))
+      redis.call('ZADD', base .. 'jd:' .. name, int(now), member)
+      redis.call('ZADD', base .. 'jobs', int(now), member)
+      redis.call('SADD', base .. 'jobnames', name)
+    end
   end
 end
 

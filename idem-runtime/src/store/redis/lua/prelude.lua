@@ -10,8 +10,10 @@
 -- lease_until, e expires_at, r retain_until, n next_check_at and x checks
 -- (7 doubles), then a attempt (decimal), t tenant and o tool (each a 4-byte
 -- length and the bytes), then b response or note and v resolution (each a
--- presence byte, a 4-byte length and the bytes). `scripts.rs` reads the same
--- layout. One string costs a script one GET and one SET, where a hash of 15
+-- presence byte, a 4-byte length and the bytes), then g the operation's tag
+-- (8 bytes, big-endian; absent from a record written before references had
+-- tags, whose reference is the key's first 8 bytes alone). `scripts.rs` reads
+-- the same layout. One string costs a script one GET and one SET, where a hash of 15
 -- fields cost an HMGET, an HSET and a PEXPIREAT: each call from a script is
 -- most of a script's time on the server.
 --
@@ -69,7 +71,16 @@ end
 local function packed(r)
   local b, v = r.b or '', r.v or ''
   return struct.pack(REC, r.k, r.f, r.s, r.c, r.u, r.l, r.e, r.r, r.n, r.x,
-    #r.a, r.a, #r.t, r.t, #r.o, r.o, r.b and 1 or 0, #b, b, r.v and 1 or 0, #v, v)
+    #r.a, r.a, #r.t, r.t, #r.o, r.o, r.b and 1 or 0, #b, b, r.v and 1 or 0, #v, v) .. (r.g or '')
+end
+
+-- The tag of a record written before references had tags.
+local NO_TAG = string.rep('\0', 8)
+
+-- The operation's reference as a job keeps it: the key's first 8 bytes and
+-- the tag (none for a record written before tags).
+local function reference_of(r)
+  return string.sub(r.k, 1, 8) .. (r.g or '')
 end
 
 -- The record stored at `rec`, as a table of the fields above (and `raw`, the
@@ -77,10 +88,12 @@ end
 local function load(rec)
   local raw = redis.pcall('GET', rec)
   if type(raw) == 'string' then
-    local k, f, s, c, u, l, e, rt, n, x, a, t, o, hb, b, hv, v = struct.unpack(REC, raw)
+    local k, f, s, c, u, l, e, rt, n, x, a, t, o, hb, b, hv, v, at = struct.unpack(REC, raw)
+    local g = string.sub(raw, at, at + 7)
     -- One constructor: the table is made at its size, not grown field by field.
     return {raw = raw, k = k, f = f, s = s, c = c, u = u, l = l, e = e, r = rt, n = n, x = x,
-      a = a, t = t, o = o, b = hb ~= 0 and b or nil, v = hv ~= 0 and v or nil}
+      a = a, t = t, o = o, b = hb ~= 0 and b or nil, v = hv ~= 0 and v or nil,
+      g = #g == 8 and g or nil}
   end
   if not raw then
     return nil

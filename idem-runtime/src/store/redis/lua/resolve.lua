@@ -34,6 +34,6 @@ end
 save(rec, r, collided)
 redis.call('ZREM', unknown(), member)
 if ARGV[2] == COMPLETED and ARGV[7] then
-  write_jobs(ARGV[7], r.t, now, 8)
+  write_jobs(ARGV[7], r, now, 8)
 end
 return {OK}
