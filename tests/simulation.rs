@@ -143,6 +143,11 @@ fn memory_seed(seed: u64, sabotage: Sabotage, trace: bool) -> Report {
             .build()
             .expect("a runtime");
         rt.block_on(async move {
+            // The references a schedule's operations get are drawn on this
+            // thread: from the seed, so that the schedule replays exactly.
+            idem_runtime::conformance::seed_this_thread(
+                seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
+            );
             let start = tokio::time::Instant::now();
             let base = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
             let clock: Arc<dyn Fn() -> SystemTime + Send + Sync> =

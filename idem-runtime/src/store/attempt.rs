@@ -28,9 +28,6 @@ impl Attempt {
     /// counter); across threads the seeds are independent random 64-bit
     /// values.
     pub fn random() -> Self {
-        thread_local! {
-            static STATE: std::cell::Cell<u64> = std::cell::Cell::new(seed());
-        }
         let x = STATE.with(|s| {
             let next = s.get().wrapping_add(0x9E37_79B9_7F4A_7C15);
             s.set(next);
@@ -43,6 +40,18 @@ impl Attempt {
         // Zero is kept free so that stores may use it as "no attempt".
         Attempt(z.max(1))
     }
+}
+
+thread_local! {
+    /// This thread's SplitMix64 counter: attempts and reference tags.
+    static STATE: std::cell::Cell<u64> = std::cell::Cell::new(seed());
+}
+
+/// Restarts this thread's sequence of attempts and reference tags from
+/// `seed`, so that a single-threaded simulation replays exactly. For tests
+/// only: two threads seeded alike draw the same tokens.
+pub(crate) fn seed_this_thread(seed: u64) {
+    STATE.with(|s| s.set(seed));
 }
 
 fn seed() -> u64 {

@@ -48,6 +48,14 @@ fn random32() -> [u8; 32] {
     b
 }
 
+/// Restarts this thread's sequence of attempts and reference tags from
+/// `seed`, so that a simulation on a single-threaded runtime draws the same
+/// tokens and references every time it replays a schedule. For tests only:
+/// two threads seeded alike draw the same values.
+pub fn seed_this_thread(seed: u64) {
+    super::seed_this_thread(seed);
+}
+
 /// A claim request for a fresh random key in a fresh tenant, as the executor
 /// makes one: a 30 s lease, `window`, and a retention of at least an hour.
 pub fn claim_request(window: Duration) -> ClaimRequest {

@@ -25,6 +25,8 @@ mod redis;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
+#[cfg(feature = "conformance")]
+pub(crate) use attempt::seed_this_thread;
 pub use attempt::Attempt;
 pub use memory::MemoryStore;
 pub use open::open_store;
