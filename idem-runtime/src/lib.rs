@@ -147,7 +147,7 @@ pub use mcp::{
 };
 pub use outbox::{
     follow_on, job_fn, DispatchReport, JobError, JobFn, JobHandler, JobHandlers, JobRun, Outbox,
-    OutboxConfig,
+    OutboxConfig, MAX_JOB_ERROR,
 };
 /// The store conformance suite, for a store of your own: see
 /// [`conformance_tests!`].
