@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use durable::PgSchema;
 use idem_runtime::{
-    job_fn, FollowOn, IdempotencyStore, JobFilter, JobHandlers, Outbox, OutboxConfig,
+    follow_on, job_fn, Answer, Caller, Executor, FollowOn, FollowOnError, IdempotencyStore,
+    JobFilter, JobHandlers, Operation, Outbox, OutboxConfig, RecordState, ScopeSpec, ToolError,
 };
 use serde_json::json;
 
@@ -107,4 +108,56 @@ async fn an_error_text_with_a_nul_byte_still_ends_in_the_dead_letter() {
         "the kept error is bounded: {} bytes",
         error.len()
     );
+}
+
+/// A job name with a NUL byte, declared by a handler on PostgreSQL, is
+/// refused at the declaration: the completion that would have carried it
+/// (after the side effect) is never refused, and the record is COMPLETED,
+/// not left IN_PROGRESS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_name_postgres_cannot_keep_is_refused_and_the_record_completes() {
+    let Some(pg) = PgSchema::new().await else {
+        return;
+    };
+    let store: Arc<dyn IdempotencyStore> = Arc::new(pg.store.clone());
+    let executor = Executor::new(store.clone());
+    let caller = Caller::new("acme", "alice");
+    let args = json!({"card": "4242"});
+    let op = Operation {
+        caller: &caller,
+        tool: "charge_card",
+        args: &args,
+        scope: ScopeSpec::Window(Duration::from_secs(900)),
+        status_tool: "get_operation_status",
+    };
+    let charges = AtomicUsize::new(0);
+    let declared = std::sync::Mutex::new(None);
+    let answer: Answer<String, ToolError> = executor
+        .run(op, |_| async {
+            charges.fetch_add(1, Ordering::SeqCst);
+            *declared.lock().unwrap() =
+                Some(follow_on("send\0receipt", &json!({"to": "a@example.com"})));
+            Ok("charged".to_owned())
+        })
+        .await;
+    assert_eq!(charges.load(Ordering::SeqCst), 1);
+    let reference = answer.reference().expect("the call was claimed");
+    let record = store.lookup("acme", &reference).await.unwrap().unwrap();
+    assert_eq!(
+        record.state,
+        RecordState::Completed {
+            response: "\"charged\"".to_owned()
+        },
+        "the answer was {answer:?}"
+    );
+    assert!(
+        matches!(answer, Answer::Executed { recorded: true, .. }),
+        "{answer:?}"
+    );
+    let declared = declared.into_inner().unwrap();
+    assert!(
+        matches!(declared, Some(Err(FollowOnError::BadName { .. }))),
+        "{declared:?}"
+    );
+    assert!(all_jobs(&*store, "acme").await.is_empty());
 }

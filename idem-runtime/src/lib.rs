@@ -156,9 +156,9 @@ pub use store::conformance;
 #[cfg(feature = "sqlite")]
 pub use store::SqliteStore;
 pub use store::{
-    open_store, Attempt, Claim, ClaimRequest, FollowOn, FollowOnError, IdempotencyStore, JobFilter,
-    JobId, MemoryStore, OutboxJob, Record, RecordFilter, RecordState, RecordStateKind, Resolution,
-    StateCounts, StoreError, DEFAULT_MAX_PAYLOAD, MAX_JOB_NAME,
+    is_valid_job_name, open_store, Attempt, Claim, ClaimRequest, FollowOn, FollowOnError,
+    IdempotencyStore, JobFilter, JobId, MemoryStore, OutboxJob, Record, RecordFilter, RecordState,
+    RecordStateKind, Resolution, StateCounts, StoreError, DEFAULT_MAX_PAYLOAD, MAX_JOB_NAME,
 };
 #[cfg(feature = "postgres")]
 pub use store::{PostgresStore, PostgresStoreBuilder};

@@ -30,7 +30,8 @@ pub use memory::MemoryStore;
 pub use open::open_store;
 pub(crate) use outbox::{check_distinct, listing_order};
 pub use outbox::{
-    FollowOn, FollowOnError, JobFilter, JobId, OutboxJob, DEFAULT_MAX_PAYLOAD, MAX_JOB_NAME,
+    is_valid_job_name, FollowOn, FollowOnError, JobFilter, JobId, OutboxJob, DEFAULT_MAX_PAYLOAD,
+    MAX_JOB_NAME,
 };
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, PostgresStoreBuilder};

@@ -24,6 +24,23 @@ pub const DEFAULT_MAX_PAYLOAD: usize = 64 * 1024;
 /// The longest job name, in bytes.
 pub const MAX_JOB_NAME: usize = 128;
 
+/// Whether every store can keep `name` as a job name: 1 to [`MAX_JOB_NAME`]
+/// characters, each an ASCII letter or digit, `_`, `-` or `.`.
+///
+/// Nothing else: a NUL byte is refused by PostgreSQL's text columns; the
+/// Redis store puts the name in key names and in set members whose parts
+/// are joined with `:` (and `{`…`}` picks a Cluster slot); the downstream
+/// key is `<reference>:<name>`; and a control character or a space would
+/// garble an operator's listing. A name is checked where it is declared, so
+/// a completion never fails on it after the side effect.
+pub fn is_valid_job_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_JOB_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
 /// A follow-on job as a handler (or a reconciler) declares it: a name that
 /// picks the dispatcher's handler, and a payload (JSON text). Its identity
 /// in the store is (tenant, reference, name), so one operation declares each
@@ -36,8 +53,9 @@ pub struct FollowOn {
 
 impl FollowOn {
     /// A job named `name` carrying `payload` serialized as JSON, refused if
-    /// the name is empty or longer than [`MAX_JOB_NAME`] bytes, if the payload
-    /// does not serialize, or if it is over [`DEFAULT_MAX_PAYLOAD`] bytes.
+    /// the name is not 1 to [`MAX_JOB_NAME`] characters from `A-Z a-z 0-9 _
+    /// - .` ([`is_valid_job_name`]), if the payload does not serialize, or
+    /// if it is over [`DEFAULT_MAX_PAYLOAD`] bytes.
     pub fn new<P: serde::Serialize + ?Sized>(
         name: &str,
         payload: &P,
@@ -82,7 +100,7 @@ impl FollowOn {
 }
 
 fn check_name(name: &str) -> Result<(), FollowOnError> {
-    if name.trim().is_empty() || name.len() > MAX_JOB_NAME {
+    if !is_valid_job_name(name) {
         return Err(FollowOnError::BadName {
             name: name.to_owned(),
         });
@@ -121,8 +139,13 @@ pub enum FollowOnError {
         /// The job's name.
         name: String,
     },
-    /// The name is empty or too long.
-    #[error("follow-on job name {name:?} is empty or longer than 128 bytes; give a short name")]
+    /// The name is empty, too long, or has a character outside the names'
+    /// alphabet ([`is_valid_job_name`]).
+    #[error(
+        "follow-on job name {name:?} cannot be kept: a job name is 1 to 128 characters, each \
+         one of A-Z a-z 0-9 _ - . (no spaces, colons, control characters or NUL bytes); \
+         rename the job, e.g. `send_receipt`"
+    )]
     BadName {
         /// The name given.
         name: String,
