@@ -204,8 +204,12 @@ async fn operate(url: &str, store: &dyn IdempotencyStore) {
     assert_eq!(
         record.state,
         RecordState::Completed {
-            response: r#"{"charge_id":"ch_42"}"#.to_owned()
-        }
+            response: idem_runtime::stored_response(rmcp::handler::server::wrapper::Json(
+                json!({"charge_id": "ch_42"})
+            ))
+            .unwrap()
+        },
+        "the tool's result, as the tool would have returned it"
     );
     assert_eq!(record.resolution.as_deref(), Some(note));
     let not_unknown = idem(
@@ -463,4 +467,167 @@ async fn dead_jobs_are_listed_and_redriven() {
         .unwrap();
     assert_eq!(due.len(), 1, "re-driven, the job is due");
     assert_eq!(due[0].attempts, 1, "from its first attempt");
+}
+
+/// A charge whose outcome the processor left unknown, through the executor
+/// as the rmcp glue runs it (the tool's result is a `CallToolResult`), on a
+/// SQLite file; returns its reference. `runs` counts the handler's runs.
+async fn unknown_charge(
+    executor: &idem_runtime::Executor,
+    caller: &idem_runtime::Caller,
+    cents: u64,
+    runs: &std::sync::atomic::AtomicUsize,
+) -> idem_runtime::Answer<rmcp::model::CallToolResult, idem_runtime::ToolError> {
+    use std::sync::atomic::Ordering;
+    let args = json!({"card": "4242", "cents": cents});
+    let op = idem_runtime::Operation {
+        caller,
+        tool: "charge_card",
+        args: &args,
+        scope: idem_runtime::ScopeSpec::Window(Duration::from_secs(900)),
+        status_tool: "get_operation_status",
+    };
+    executor
+        .run(op, |_| async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Err(idem_runtime::ToolError::unknown("the processor timed out"))
+        })
+        .await
+}
+
+/// `resolve --completed '{"charge_id":"ch_42"}'`, as the README writes it,
+/// stores what the tool would have returned: a repeat of the call replays
+/// that value as the tool's structured result, the handler does not run
+/// again, and the status tool answers the same result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resolution_by_hand_is_replayed_as_the_tools_result() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let dir = temp_dir("cli-replay");
+    let path = dir.join("idem.sqlite3");
+    let url = format!("sqlite:{}", path.display());
+    let store = Arc::new(SqliteStore::open(&path).await.unwrap());
+    let executor = idem_runtime::Executor::new(store.clone());
+    let caller = idem_runtime::Caller::new("acme", "alice");
+    let runs = AtomicUsize::new(0);
+    let first = unknown_charge(&executor, &caller, 500, &runs).await;
+    let reference = match &first {
+        idem_runtime::Answer::Failed { reference, .. }
+        | idem_runtime::Answer::Unknown { reference, .. } => reference.to_string(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    let resolved = idem(
+        &url,
+        &[
+            "resolve",
+            &reference,
+            "--tenant",
+            "acme",
+            "--completed",
+            r#"{"charge_id":"ch_42"}"#,
+            "--note",
+            "alice: the processor's dashboard shows ch_42",
+        ],
+    )
+    .await;
+    assert_eq!(resolved.code, EXIT_OK, "{resolved:?}");
+
+    let again = unknown_charge(&executor, &caller, 500, &runs).await;
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the handler did not run again"
+    );
+    match again {
+        idem_runtime::Answer::Replayed { value, .. } => {
+            assert_eq!(
+                value.structured_content,
+                Some(json!({"charge_id": "ch_42"}))
+            );
+            assert_eq!(value.is_error, Some(false));
+        }
+        other => panic!("a repeat is replayed with the resolution: {other:?}"),
+    }
+    let status = executor
+        .status(&caller, &reference)
+        .await
+        .unwrap()
+        .expect("the status tool finds it");
+    let response = status.response.expect("a completed status has a response");
+    assert_eq!(response["structuredContent"], json!({"charge_id": "ch_42"}));
+
+    // A text tool's whole result goes in --completed-result; what would not
+    // replay is refused, and the record stays UNKNOWN.
+    let other = unknown_charge(&executor, &caller, 700, &runs).await;
+    let other = other.reference().unwrap();
+    for (flag, given, says) in [
+        ("--completed", r#""charged""#, "not a JSON object"),
+        ("--completed", "[1, 2]", "not a JSON object"),
+        ("--completed", "{oops", "not JSON"),
+        (
+            "--completed",
+            r#"{"content":[{"type":"text","text":"charged"}]}"#,
+            "--completed-result",
+        ),
+        (
+            "--completed-result",
+            r#"{"charge_id":"ch_43"}"#,
+            "not a tool result",
+        ),
+    ] {
+        let refused = idem(
+            &url,
+            &[
+                "resolve",
+                &other.to_string(),
+                "--tenant",
+                "acme",
+                flag,
+                given,
+                "--note",
+                "ops",
+            ],
+        )
+        .await;
+        assert_eq!(refused.code, EXIT_USAGE, "{flag} {given}: {refused:?}");
+        assert!(
+            refused.err.contains(says),
+            "{flag} {given}: {}",
+            refused.err
+        );
+        assert!(
+            matches!(
+                store.lookup("acme", &other).await.unwrap().unwrap().state,
+                RecordState::Unknown { .. }
+            ),
+            "{flag} {given} changed the record"
+        );
+    }
+    let whole = idem(
+        &url,
+        &[
+            "resolve",
+            &other.to_string(),
+            "--tenant",
+            "acme",
+            "--completed-result",
+            r#"{"content":[{"type":"text","text":"charged ch_43"}]}"#,
+            "--note",
+            "ops: ch_43 on the dashboard",
+        ],
+    )
+    .await;
+    assert_eq!(whole.code, EXIT_OK, "{whole:?}");
+    match unknown_charge(&executor, &caller, 700, &runs).await {
+        idem_runtime::Answer::Replayed { value, .. } => {
+            assert_eq!(value.content.len(), 1);
+            assert_eq!(
+                value.content[0].as_text().map(|t| t.text.as_str()),
+                Some("charged ch_43")
+            );
+        }
+        other => panic!("a repeat is replayed with the resolution: {other:?}"),
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "one run per operation");
 }

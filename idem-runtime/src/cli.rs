@@ -5,7 +5,7 @@
 //! ```text
 //! idem --store URL list [--state unknown|in_progress|completed|not_performed] [--tenant T] [--tool X] [--limit N]
 //! idem --store URL show REF --tenant T [--response]
-//! idem --store URL resolve REF --tenant T (--completed RESPONSE_JSON | --not-performed) --note "who and why"
+//! idem --store URL resolve REF --tenant T (--completed VALUE_JSON | --completed-result RESULT_JSON | --not-performed) --note "who and why"
 //! idem --store URL purge
 //! idem --store URL stats
 //! idem --store URL jobs [--dead] [--tenant T] [--reference REF] [--name N] [--limit N]
@@ -37,11 +37,14 @@ use serde_json::{json, Value};
 
 use crate::key::Reference;
 use crate::maintenance::{purge, resolve_by_hand, ManualOutcome, ResolveError};
+use crate::mcp::stored_response;
 use crate::store::{
     open_store, IdempotencyStore, JobFilter, JobId, OutboxJob, Record, RecordFilter, RecordState,
     RecordStateKind, StoreError,
 };
 use crate::time::rfc3339;
+use rmcp::handler::server::wrapper::Json;
+use rmcp::model::CallToolResult;
 
 /// Done.
 pub const EXIT_OK: u8 = 0;
@@ -105,20 +108,27 @@ enum Command {
         response: bool,
     },
     /// Resolve an UNKNOWN operation by hand, with a note saying who and why.
+    #[command(group(
+        clap::ArgGroup::new("outcome")
+            .required(true)
+            .args(["completed", "completed_result", "not_performed"])
+    ))]
     Resolve {
         /// The operation's reference (16 hex digits).
         reference: String,
         /// The caller's tenant.
         #[arg(long)]
         tenant: String,
-        /// It happened: repeats replay this response (the tool's result as JSON).
-        #[arg(
-            long,
-            value_name = "RESPONSE_JSON",
-            conflicts_with = "not_performed",
-            required_unless_present = "not_performed"
-        )]
+        /// It happened, and the tool returned this value as its structured
+        /// result (a JSON object, what a tool returning `Json<T>` gives):
+        /// repeats replay it as that tool result.
+        #[arg(long, value_name = "VALUE_JSON")]
         completed: Option<String>,
+        /// It happened, and the tool returned this whole MCP tool result
+        /// (`{"content": [...], "structuredContent": ..., "isError": ...}`),
+        /// for a tool whose result is text or built by hand: repeats replay it.
+        #[arg(long, value_name = "RESULT_JSON")]
+        completed_result: Option<String>,
         /// It did not happen: the next identical call runs.
         #[arg(long)]
         not_performed: bool,
@@ -360,13 +370,19 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
             reference,
             tenant,
             completed,
+            completed_result,
             not_performed: _,
             note,
         } => {
             let reference = parse_reference(&reference)?;
-            let outcome = match completed {
-                Some(response) => ManualOutcome::Completed { response },
-                None => ManualOutcome::NotPerformed,
+            let outcome = match (completed, completed_result) {
+                (Some(value), _) => ManualOutcome::Completed {
+                    response: structured_response(&value)?,
+                },
+                (None, Some(result)) => ManualOutcome::Completed {
+                    response: whole_response(&result)?,
+                },
+                (None, None) => ManualOutcome::NotPerformed,
             };
             let record = resolve_by_hand(store, &tenant, &reference, &outcome, &note).await?;
             if args.json {
@@ -481,6 +497,58 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
     };
     out.write_all(text.as_bytes())
         .map_err(|e| Failure(EXIT_USAGE, format!("cannot write the output: {e}")))
+}
+
+/// What a tool that returned `text` (`--completed`: its structured result,
+/// a JSON object) would have stored: the tool result `Json(value)` makes,
+/// as [`stored_response`] writes it. A whole tool result given here is
+/// refused, as is anything that is not a JSON object: either would replay
+/// something the tool never returned.
+fn structured_response(text: &str) -> Result<String, Failure> {
+    let usage = |problem: String| {
+        Failure(
+            EXIT_USAGE,
+            format!(
+                "--completed {text:?} {problem}; nothing was changed. --completed takes the \
+                 value the tool returned as its structured result, a JSON object such as \
+                 '{{\"charge_id\":\"ch_42\"}}'; a tool whose result is text, or a whole \
+                 tool result, goes in --completed-result '{{\"content\":[{{\"type\":\"text\",\
+                 \"text\":\"...\"}}]}}'"
+            ),
+        )
+    };
+    let value: Value =
+        serde_json::from_str(text).map_err(|e| usage(format!("is not JSON ({e})")))?;
+    if !value.is_object() {
+        return Err(usage("is not a JSON object".to_owned()));
+    }
+    if serde_json::from_value::<CallToolResult>(value.clone()).is_ok() {
+        return Err(usage(
+            "is a whole tool result (it has content, structuredContent or isError), not the \
+             tool's structured value; to store it as given, pass it with --completed-result"
+                .to_owned(),
+        ));
+    }
+    stored_response(Json(value)).map_err(|e| usage(format!("cannot be stored ({e})")))
+}
+
+/// What a tool that returned the whole tool result `text`
+/// (`--completed-result`) would have stored, as [`stored_response`] writes
+/// it; refused unless MCP reads it as a tool result.
+fn whole_response(text: &str) -> Result<String, Failure> {
+    let usage = |problem: String| {
+        Failure(
+            EXIT_USAGE,
+            format!(
+                "--completed-result {text:?} {problem}; nothing was changed. Give the whole \
+                 MCP tool result, e.g. '{{\"content\":[{{\"type\":\"text\",\"text\":\
+                 \"charged ch_42\"}}]}}', or the tool's structured value with --completed"
+            ),
+        )
+    };
+    let result: CallToolResult =
+        serde_json::from_str(text).map_err(|e| usage(format!("is not a tool result ({e})")))?;
+    stored_response(result).map_err(|e| usage(format!("cannot be stored ({e})")))
 }
 
 /// The state, with a lapsed claim (its process presumably dead) said so.

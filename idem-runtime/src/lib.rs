@@ -142,8 +142,8 @@ pub use maintenance::{
 pub use mcp::private as __private;
 #[cfg(feature = "rmcp")]
 pub use mcp::{
-    audit_hints, current_cancellation, current_reference, request_caller, status_tool, tasks,
-    HintProblem, IdempotentServer, RESULT_META_KEY, TOOL_META_KEY,
+    audit_hints, current_cancellation, current_reference, request_caller, status_tool,
+    stored_response, tasks, HintProblem, IdempotentServer, RESULT_META_KEY, TOOL_META_KEY,
 };
 pub use outbox::{
     follow_on, job_fn, DispatchReport, JobError, JobFn, JobHandler, JobHandlers, JobRun, Outbox,
