@@ -631,3 +631,158 @@ async fn a_resolution_by_hand_is_replayed_as_the_tools_result() {
     }
     assert_eq!(runs.load(Ordering::SeqCst), 2, "one run per operation");
 }
+
+/// `resolve --completed ... --follow-on NAME=JSON` writes the jobs the
+/// handler would have declared, with the resolution; a dispatcher then runs
+/// each once. With `--not-performed`, or malformed, the option is refused
+/// and nothing is written: the record stays UNKNOWN and no job exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follow_ons_are_written_with_a_resolution_by_hand() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let dir = temp_dir("cli-follow-ons");
+    let path = dir.join("idem.sqlite3");
+    let url = format!("sqlite:{}", path.display());
+    let store = SqliteStore::open(&path).await.unwrap();
+    let req = claim_request(Duration::from_secs(900));
+    assert_eq!(store.claim(&req).await.unwrap(), Claim::Claimed);
+    store
+        .mark_unknown(&req.key, req.attempt, "the processor timed out")
+        .await
+        .unwrap();
+    let reference = req.key.reference().to_string();
+    let tenant = req.tenant.as_str();
+    let jobs = || async {
+        store
+            .list_jobs(&idem_runtime::JobFilter {
+                tenant: Some(tenant.to_owned()),
+                limit: 10,
+                ..idem_runtime::JobFilter::default()
+            })
+            .await
+            .unwrap()
+    };
+    let resolve = |extra: &'static [&'static str]| {
+        let mut args = vec![
+            "resolve",
+            reference.as_str(),
+            "--tenant",
+            tenant,
+            "--note",
+            "ops: ch_42 on the dashboard",
+        ];
+        args.extend_from_slice(extra);
+        let url = url.clone();
+        async move { idem(&url, &args).await }
+    };
+
+    for (extra, says) in [
+        (
+            &[
+                "--not-performed",
+                "--follow-on",
+                r#"send_receipt={"to":"a@example.com"}"#,
+            ][..],
+            "cannot be used with",
+        ),
+        (
+            &[
+                "--completed",
+                r#"{"charge_id":"ch_42"}"#,
+                "--follow-on",
+                "send_receipt",
+            ][..],
+            "NAME=JSON",
+        ),
+        (
+            &[
+                "--completed",
+                r#"{"charge_id":"ch_42"}"#,
+                "--follow-on",
+                "send_receipt={to",
+            ][..],
+            "not JSON",
+        ),
+        (
+            &[
+                "--completed",
+                r#"{"charge_id":"ch_42"}"#,
+                "--follow-on",
+                "send receipt=1",
+            ][..],
+            "A-Z a-z 0-9",
+        ),
+        (
+            &[
+                "--completed",
+                r#"{"charge_id":"ch_42"}"#,
+                "--follow-on",
+                "send_receipt=1",
+                "--follow-on",
+                "send_receipt=2",
+            ][..],
+            "twice",
+        ),
+    ] {
+        let refused = resolve(extra).await;
+        assert_ne!(refused.code, EXIT_OK, "{extra:?}: {refused:?}");
+        assert!(refused.err.contains(says), "{extra:?}: {}", refused.err);
+        let record = store.lookup(tenant, &req.key.reference()).await.unwrap();
+        assert!(
+            matches!(record.unwrap().state, RecordState::Unknown { .. }),
+            "{extra:?} changed the record"
+        );
+        assert!(jobs().await.is_empty(), "{extra:?} wrote a job");
+    }
+
+    let resolved = resolve(&[
+        "--completed",
+        r#"{"charge_id":"ch_42"}"#,
+        "--follow-on",
+        r#"send_receipt={"to":"a@example.com","charge_id":"ch_42"}"#,
+        "--follow-on",
+        r#"notify_warehouse=["w1"]"#,
+    ])
+    .await;
+    assert_eq!(resolved.code, EXIT_OK, "{resolved:?}");
+    assert!(resolved.out.contains("send_receipt"), "{}", resolved.out);
+    let written = jobs().await;
+    let mut payloads: Vec<(String, Value)> = written
+        .iter()
+        .map(|j| (j.id.name.clone(), serde_json::from_str(&j.payload).unwrap()))
+        .collect();
+    payloads.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        payloads,
+        [
+            ("notify_warehouse".to_owned(), json!(["w1"])),
+            (
+                "send_receipt".to_owned(),
+                json!({"to": "a@example.com", "charge_id": "ch_42"})
+            ),
+        ]
+    );
+
+    // The far side: a dispatcher runs each job once.
+    let sent = Arc::new(AtomicUsize::new(0));
+    let handler = || {
+        let counted = sent.clone();
+        idem_runtime::job_fn(move |_| {
+            let counted = counted.clone();
+            async move {
+                counted.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }
+        })
+    };
+    let handlers = idem_runtime::JobHandlers::new()
+        .on("send_receipt", handler())
+        .on("notify_warehouse", handler());
+    let config = idem_runtime::OutboxConfig::default();
+    for _ in 0..3 {
+        idem_runtime::Outbox::round(&store, &handlers, &config)
+            .await
+            .unwrap();
+    }
+    assert_eq!(sent.load(Ordering::SeqCst), 2);
+    assert!(jobs().await.is_empty(), "both delivered");
+}

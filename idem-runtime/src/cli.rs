@@ -5,7 +5,7 @@
 //! ```text
 //! idem --store URL list [--state unknown|in_progress|completed|not_performed] [--tenant T] [--tool X] [--limit N]
 //! idem --store URL show REF --tenant T [--response]
-//! idem --store URL resolve REF --tenant T (--completed VALUE_JSON | --completed-result RESULT_JSON | --not-performed) --note "who and why"
+//! idem --store URL resolve REF --tenant T (--completed VALUE_JSON | --completed-result RESULT_JSON | --not-performed) [--follow-on NAME=JSON]... --note "who and why"
 //! idem --store URL purge
 //! idem --store URL stats
 //! idem --store URL jobs [--dead] [--tenant T] [--reference REF] [--name N] [--limit N]
@@ -36,11 +36,11 @@ use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::{json, Value};
 
 use crate::key::Reference;
-use crate::maintenance::{purge, resolve_by_hand, ManualOutcome, ResolveError};
+use crate::maintenance::{purge, resolve_by_hand_with_follow_ons, ManualOutcome, ResolveError};
 use crate::mcp::stored_response;
 use crate::store::{
-    open_store, IdempotencyStore, JobFilter, JobId, OutboxJob, Record, RecordFilter, RecordState,
-    RecordStateKind, StoreError,
+    open_store, FollowOn, IdempotencyStore, JobFilter, JobId, OutboxJob, Record, RecordFilter,
+    RecordState, RecordStateKind, StoreError,
 };
 use crate::time::rfc3339;
 use rmcp::handler::server::wrapper::Json;
@@ -132,6 +132,16 @@ enum Command {
         /// It did not happen: the next identical call runs.
         #[arg(long)]
         not_performed: bool,
+        /// A follow-on job the handler would have declared (the receipt
+        /// that was never sent), written with the completion: its name, `=`,
+        /// and its payload as JSON, e.g. `send_receipt={"to":"a@example.com"}`.
+        /// Repeat it for several jobs; only with a completed outcome.
+        #[arg(
+            long = "follow-on",
+            value_name = "NAME=JSON",
+            conflicts_with = "not_performed"
+        )]
+        follow_on: Vec<String>,
         /// Who resolves it and why; the status tool shows it.
         #[arg(long)]
         note: String,
@@ -372,9 +382,26 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
             completed,
             completed_result,
             not_performed: _,
+            follow_on,
             note,
         } => {
             let reference = parse_reference(&reference)?;
+            let follow_ons = follow_on
+                .iter()
+                .map(|given| parse_follow_on(given))
+                .collect::<Result<Vec<_>, _>>()?;
+            for (i, job) in follow_ons.iter().enumerate() {
+                if follow_ons[..i].iter().any(|j| j.name() == job.name()) {
+                    return Err(Failure(
+                        EXIT_USAGE,
+                        format!(
+                            "--follow-on names the job `{}` twice; an operation has one job \
+                             of each name, so give each once; nothing was changed",
+                            job.name()
+                        ),
+                    ));
+                }
+            }
             let outcome = match (completed, completed_result) {
                 (Some(value), _) => ManualOutcome::Completed {
                     response: structured_response(&value)?,
@@ -384,15 +411,33 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
                 },
                 (None, None) => ManualOutcome::NotPerformed,
             };
-            let record = resolve_by_hand(store, &tenant, &reference, &outcome, &note).await?;
+            let record = resolve_by_hand_with_follow_ons(
+                store,
+                &tenant,
+                &reference,
+                &outcome,
+                &note,
+                &follow_ons,
+            )
+            .await?;
+            let names: Vec<&str> = follow_ons.iter().map(FollowOn::name).collect();
             if args.json {
-                json_text(&record_json(&record, false))
+                let mut value = record_json(&record, false);
+                value["follow_ons"] = json!(names);
+                json_text(&value)
             } else {
-                format!(
+                let mut text = format!(
                     "resolved {reference} in tenant {tenant:?}: {} ({})\n",
                     record.state.name(),
                     record.resolution.as_deref().unwrap_or_default()
-                )
+                );
+                if !names.is_empty() {
+                    text.push_str(&format!(
+                        "follow-on jobs written with it: {}\n",
+                        names.join(", ")
+                    ));
+                }
+                text
             }
         }
         Command::Purge { batch } => {
@@ -497,6 +542,24 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
     };
     out.write_all(text.as_bytes())
         .map_err(|e| Failure(EXIT_USAGE, format!("cannot write the output: {e}")))
+}
+
+/// One `--follow-on NAME=JSON`: the job, or why it is refused.
+fn parse_follow_on(given: &str) -> Result<FollowOn, Failure> {
+    let usage = |problem: String| Failure(EXIT_USAGE, format!("{problem}; nothing was changed"));
+    let (name, payload) = given.split_once('=').ok_or_else(|| {
+        usage(format!(
+            "--follow-on {given:?} is not NAME=JSON: write the job's name, `=`, and its \
+             payload as JSON, e.g. --follow-on 'send_receipt={{\"to\":\"a@example.com\"}}'"
+        ))
+    })?;
+    let payload: Value = serde_json::from_str(payload).map_err(|e| {
+        usage(format!(
+            "--follow-on {given:?}: the payload after `=` is not JSON ({e}); quote it for \
+             the shell, e.g. --follow-on '{name}={{\"to\":\"a@example.com\"}}'"
+        ))
+    })?;
+    FollowOn::new(name, &payload).map_err(|e| usage(format!("--follow-on {given:?}: {e}")))
 }
 
 /// What a tool that returned `text` (`--completed`: its structured result,
