@@ -786,3 +786,85 @@ async fn follow_ons_are_written_with_a_resolution_by_hand() {
     assert_eq!(sent.load(Ordering::SeqCst), 2);
     assert!(jobs().await.is_empty(), "both delivered");
 }
+
+/// A note or a job's error from a far side may hold newlines and terminal
+/// escape sequences: `show` and `jobs` print them escaped, one row each, so
+/// they can neither forge a row (a `resolution:` the record does not have)
+/// nor drive the operator's terminal; `--json` keeps them exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tables_escape_what_a_far_side_wrote() {
+    let dir = temp_dir("cli-escape");
+    let path = dir.join("idem.sqlite3");
+    let url = format!("sqlite:{}", path.display());
+    let store = SqliteStore::open(&path).await.unwrap();
+    let forged = "processor said: timeout\nresolution:  alice: refunded, all fine\u{1b}[2J\u{7}\r";
+    let req = claim_request(Duration::from_secs(900));
+    assert_eq!(store.claim(&req).await.unwrap(), Claim::Claimed);
+    let receipt = idem_runtime::FollowOn::new("send_receipt", &json!({"to": "a@b"})).unwrap();
+    store
+        .complete_with_follow_ons(&req.key, req.attempt, "\"paid\"", &[receipt])
+        .await
+        .unwrap();
+    let token = idem_runtime::Attempt::random();
+    let leased = store
+        .lease_jobs(&["send_receipt"], 1, Duration::from_secs(60), token)
+        .await
+        .unwrap();
+    store.bury_job(&leased[0].id, token, forged).await.unwrap();
+    let unknown = ClaimRequest {
+        tenant: req.tenant.clone(),
+        ..claim_request(Duration::from_secs(900))
+    };
+    assert_eq!(store.claim(&unknown).await.unwrap(), Claim::Claimed);
+    store
+        .mark_unknown(&unknown.key, unknown.attempt, forged)
+        .await
+        .unwrap();
+    let reference = unknown.key.reference().to_string();
+
+    let shown = idem(&url, &["show", &reference, "--tenant", &req.tenant]).await;
+    assert_eq!(shown.code, EXIT_OK, "{shown:?}");
+    let lines: Vec<&str> = shown.out.lines().collect();
+    assert!(
+        !lines.iter().any(|l| l.starts_with("resolution:")),
+        "a forged row: {}",
+        shown.out
+    );
+    let note = lines
+        .iter()
+        .find(|l| l.starts_with("note:"))
+        .unwrap_or_else(|| panic!("{}", shown.out));
+    assert!(
+        note.contains(r"timeout\nresolution:") && note.contains(r"\u{1b}[2J\u{7}\r"),
+        "{note}"
+    );
+    assert!(
+        !shown.out.contains(['\u{1b}', '\u{7}', '\r']),
+        "{:?}",
+        shown.out
+    );
+
+    let dead = idem(&url, &["jobs", "--dead", "--tenant", &req.tenant]).await;
+    assert_eq!(dead.code, EXIT_OK, "{dead:?}");
+    assert_eq!(
+        dead.out.lines().count(),
+        2,
+        "a header and one job: {}",
+        dead.out
+    );
+    assert!(dead.out.contains(r"timeout\nresolution:"), "{}", dead.out);
+    assert!(
+        !dead.out.contains(['\u{1b}', '\u{7}', '\r']),
+        "{:?}",
+        dead.out
+    );
+
+    let exact = idem(
+        &url,
+        &["--json", "show", &reference, "--tenant", &req.tenant],
+    )
+    .await;
+    assert_eq!(exact.json()["note"], json!(forged));
+    let exact = idem(&url, &["--json", "jobs", "--dead", "--tenant", &req.tenant]).await;
+    assert_eq!(exact.json()[0]["last_error"], json!(forged));
+}

@@ -15,7 +15,9 @@
 //! `URL` is what [`open_store`] takes (`sqlite:PATH`, `postgres://…`,
 //! `redis://…`); a SQLite file must exist, and PostgreSQL must have been
 //! migrated by the server. Output is an aligned table, or JSON with
-//! `--json`. Responses are printed only by `show --response` (they may hold
+//! `--json`. A table shows control characters and invisible ones escaped
+//! (`\n`, `\u{1b}`), so a note or an error a far side wrote cannot add a
+//! row or drive the terminal; JSON keeps every text exact. Responses are printed only by `show --response` (they may hold
 //! personal data); records hold no arguments.
 //!
 //! Exit codes: [`EXIT_OK`] 0; [`EXIT_OPERATOR`] 1, the request was refused
@@ -429,7 +431,7 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
                 let mut text = format!(
                     "resolved {reference} in tenant {tenant:?}: {} ({})\n",
                     record.state.name(),
-                    record.resolution.as_deref().unwrap_or_default()
+                    shown(record.resolution.as_deref().unwrap_or_default())
                 );
                 if !names.is_empty() {
                     text.push_str(&format!(
@@ -683,8 +685,37 @@ fn json_text(value: &Value) -> String {
     text
 }
 
-/// Rows as columns padded to their widest cell.
+/// `text` as a terminal may print it: control characters (a newline, an
+/// escape sequence's ESC, a bell) and the invisible characters that reorder
+/// or hide text (bidirectional overrides, zero-width marks) written as Rust
+/// escapes (`\n`, `\u{1b}`), so a note or an error a far side wrote can
+/// neither add a row to a table nor drive the operator's terminal. `--json`
+/// output keeps the text exact.
+fn shown(text: &str) -> std::borrow::Cow<'_, str> {
+    let hidden = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}')
+    };
+    if !text.contains(hidden) {
+        return text.into();
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if hidden(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out.into()
+}
+
+/// Rows as columns padded to their widest cell, each cell [`shown`] escaped.
 fn table(rows: &[Vec<String>]) -> String {
+    let rows: Vec<Vec<std::borrow::Cow<'_, str>>> = rows
+        .iter()
+        .map(|row| row.iter().map(|cell| shown(cell)).collect())
+        .collect();
     let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..columns)
         .map(|c| {
@@ -724,5 +755,17 @@ mod tests {
             vec!["long".to_owned(), "x".to_owned(), "y".to_owned()],
         ];
         assert_eq!(table(&rows), "A     BB  C\nlong  x   y\n");
+    }
+
+    #[test]
+    fn cells_show_control_and_invisible_characters_escaped() {
+        assert_eq!(shown("plain, ünïcode"), "plain, ünïcode");
+        assert_eq!(shown("a\nb\r\t\u{1b}[2J\u{7f}"), r"a\nb\r\t\u{1b}[2J\u{7f}");
+        assert_eq!(shown("x\u{202e}y\u{200b}"), r"x\u{202e}y\u{200b}");
+        let rows = vec![vec![
+            "note:".to_owned(),
+            "one\nresolution: forged".to_owned(),
+        ]];
+        assert_eq!(table(&rows), "note:  one\\nresolution: forged\n");
     }
 }
