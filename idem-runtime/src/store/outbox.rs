@@ -15,7 +15,7 @@
 use std::fmt;
 use std::time::SystemTime;
 
-use super::{Attempt, StoreError};
+use super::{Attempt, StoreError, DEFAULT_LIST_LIMIT};
 use crate::key::Reference;
 
 /// The default largest payload of one follow-on job, as JSON text: 64 KiB.
@@ -250,8 +250,10 @@ pub struct OutboxJob {
 
 /// Which jobs [`IdempotencyStore::list_jobs`](super::IdempotencyStore::list_jobs)
 /// returns: every field that is set must match; the oldest first (then by
-/// reference and name), at most `limit`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// reference and name), at most `limit`. `JobFilter::default()` matches
+/// every job and lists the oldest [`DEFAULT_LIST_LIMIT`]; the dead letter is
+/// `JobFilter { dead: Some(true), ..JobFilter::default() }`.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JobFilter {
     /// Only this tenant's jobs.
     pub tenant: Option<String>,
@@ -261,8 +263,22 @@ pub struct JobFilter {
     pub name: Option<String>,
     /// Only dead jobs (`Some(true)`) or only live ones (`Some(false)`).
     pub dead: Option<bool>,
-    /// The most jobs returned.
+    /// The most jobs returned: [`DEFAULT_LIST_LIMIT`] (100) by default; `0`
+    /// returns none.
     pub limit: usize,
+}
+
+impl Default for JobFilter {
+    /// Every job, the oldest [`DEFAULT_LIST_LIMIT`].
+    fn default() -> Self {
+        JobFilter {
+            tenant: None,
+            reference: None,
+            name: None,
+            dead: None,
+            limit: DEFAULT_LIST_LIMIT,
+        }
+    }
 }
 
 impl JobFilter {
