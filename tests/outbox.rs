@@ -344,6 +344,79 @@ async fn bad_declarations_are_refused_at_the_call() {
     ));
 }
 
+/// A job name a store cannot keep (a NUL byte, a control character, a
+/// separator of the Redis layout, a space, a non-ASCII letter, empty, too
+/// long) is refused where it is declared, with a message that gives the
+/// rule; the handler's outcome is its own, and the record completes with
+/// only the valid job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_names_a_store_cannot_keep_are_refused_at_the_declaration() {
+    let store = memory();
+    let executor = Executor::new(store.clone());
+    let caller = alice();
+    let args = json!({"card": "4242"});
+    let bad = [
+        "send\0receipt".to_owned(),
+        "send\nreceipt".to_owned(),
+        "send\u{1b}[2Jreceipt".to_owned(),
+        "send:receipt".to_owned(),
+        "send receipt".to_owned(),
+        "{send}receipt".to_owned(),
+        "send*".to_owned(),
+        "envoyer_reçu".to_owned(),
+        String::new(),
+        "x".repeat(129),
+    ];
+    let refusals = Arc::new(Mutex::new(Vec::new()));
+    let seen = refusals.clone();
+    let names = bad.clone();
+    let answer: Answer<String, ToolError> = executor
+        .run(operation(&caller, &args), |_| async move {
+            let mut refusals = Vec::new();
+            for name in &names {
+                refusals.push((name.clone(), follow_on(name, &json!({"n": 1}))));
+            }
+            follow_on("send_receipt.v2", &json!({"n": 2})).unwrap();
+            *seen.lock().unwrap() = refusals;
+            Ok("charged".to_owned())
+        })
+        .await;
+    let reference = match answer {
+        Answer::Executed {
+            recorded: true,
+            reference,
+            ..
+        } => reference,
+        other => panic!("the record completes: {other:?}"),
+    };
+    for (name, refused) in refusals.lock().unwrap().iter() {
+        match refused {
+            Err(e @ FollowOnError::BadName { name: given }) => {
+                assert_eq!(given, name);
+                let message = e.to_string();
+                assert!(
+                    message.contains("A-Z a-z 0-9"),
+                    "the message gives the rule: {message}"
+                );
+            }
+            other => panic!("{name:?} was not refused as a bad name: {other:?}"),
+        }
+    }
+    let record = store.lookup("acme", &reference).await.unwrap().unwrap();
+    assert!(
+        matches!(record.state, idem_runtime::RecordState::Completed { .. }),
+        "{record:?}"
+    );
+    let written = jobs(&*store).await;
+    assert_eq!(
+        written
+            .iter()
+            .map(|j| j.id.name.as_str())
+            .collect::<Vec<_>>(),
+        ["send_receipt.v2"]
+    );
+}
+
 /// A failing mailer is retried with a growing backoff until it takes the
 /// mail: three requests, one delivery, the same downstream key each time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

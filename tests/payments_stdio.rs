@@ -221,12 +221,9 @@ async fn a_resolution_by_hand_with_the_cli_shows_in_the_status_tool() {
     );
     let reference = operation(&first)["reference"].as_str().unwrap().to_owned();
 
-    let response = json!({
-        "content": [{ "type": "text", "text": "{\"charge_id\":\"ch_by_hand\"}" }],
-        "structuredContent": { "charge_id": "ch_by_hand" },
-        "isError": false
-    })
-    .to_string();
+    // As the README writes it: the value the tool returns (`Json<Receipt>`),
+    // which the command line stores as that tool's result.
+    let response = json!({ "charge_id": "ch_by_hand" }).to_string();
     let note = "ops: alice; the processor's dashboard shows ch_by_hand";
     let (mut out, mut err) = (Vec::new(), Vec::new());
     let argv = [

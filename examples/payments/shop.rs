@@ -16,11 +16,10 @@ use idem_runtime::{
     FollowOn, IdempotentServer, JobHandlers, JobRun, Reconciler, Reconciliation, Record, ToolError,
 };
 use rmcp::handler::server::router::tool::ToolRouter;
-use rmcp::handler::server::tool::IntoCallToolResult;
 use rmcp::handler::server::wrapper::{Json, Parameters};
 use rmcp::model::{
-    CallToolResponse, CancelTaskParams, GetTaskParams, GetTaskResult, Implementation,
-    ServerCapabilities, ServerConfig,
+    CancelTaskParams, GetTaskParams, GetTaskResult, Implementation, ServerCapabilities,
+    ServerConfig,
 };
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_handler, ErrorData, RoleServer, ServerHandler};
@@ -739,11 +738,8 @@ impl Reconciler for ProcessorReconciler {
     }
 }
 
-/// Exactly what `charge_card` returns for `receipt`, as idem stores it: the
-/// tool result serialized to JSON text.
+/// Exactly what `charge_card` stores for `receipt` (it returns
+/// `Json<Receipt>`), so a repeat replays the receipt as the tool would.
 fn tool_response(receipt: Receipt) -> Result<String, Box<dyn std::error::Error + Send + Sync>> {
-    match Json(receipt).into_call_tool_result()? {
-        CallToolResponse::Complete(result) => Ok(serde_json::to_string(&result)?),
-        _ => Err("the receipt did not make one tool result".into()),
-    }
+    Ok(idem_runtime::stored_response(Json(receipt))?)
 }

@@ -5,7 +5,7 @@
 //! ```text
 //! idem --store URL list [--state unknown|in_progress|completed|not_performed] [--tenant T] [--tool X] [--limit N]
 //! idem --store URL show REF --tenant T [--response]
-//! idem --store URL resolve REF --tenant T (--completed RESPONSE_JSON | --not-performed) --note "who and why"
+//! idem --store URL resolve REF --tenant T (--completed VALUE_JSON | --completed-result RESULT_JSON | --not-performed) [--follow-on NAME=JSON]... --note "who and why"
 //! idem --store URL purge
 //! idem --store URL stats
 //! idem --store URL jobs [--dead] [--tenant T] [--reference REF] [--name N] [--limit N]
@@ -15,7 +15,9 @@
 //! `URL` is what [`open_store`] takes (`sqlite:PATH`, `postgres://…`,
 //! `redis://…`); a SQLite file must exist, and PostgreSQL must have been
 //! migrated by the server. Output is an aligned table, or JSON with
-//! `--json`. Responses are printed only by `show --response` (they may hold
+//! `--json`. A table shows control characters and invisible ones escaped
+//! (`\n`, `\u{1b}`), so a note or an error a far side wrote cannot add a
+//! row or drive the terminal; JSON keeps every text exact. Responses are printed only by `show --response` (they may hold
 //! personal data); records hold no arguments.
 //!
 //! Exit codes: [`EXIT_OK`] 0; [`EXIT_OPERATOR`] 1, the request was refused
@@ -36,12 +38,15 @@ use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::{json, Value};
 
 use crate::key::Reference;
-use crate::maintenance::{purge, resolve_by_hand, ManualOutcome, ResolveError};
+use crate::maintenance::{purge, resolve_by_hand_with_follow_ons, ManualOutcome, ResolveError};
+use crate::mcp::stored_response;
 use crate::store::{
-    open_store, IdempotencyStore, JobFilter, JobId, OutboxJob, Record, RecordFilter, RecordState,
-    RecordStateKind, StoreError,
+    open_store, FollowOn, IdempotencyStore, JobFilter, JobId, OutboxJob, Record, RecordFilter,
+    RecordState, RecordStateKind, StoreError,
 };
 use crate::time::rfc3339;
+use rmcp::handler::server::wrapper::Json;
+use rmcp::model::CallToolResult;
 
 /// Done.
 pub const EXIT_OK: u8 = 0;
@@ -105,23 +110,40 @@ enum Command {
         response: bool,
     },
     /// Resolve an UNKNOWN operation by hand, with a note saying who and why.
+    #[command(group(
+        clap::ArgGroup::new("outcome")
+            .required(true)
+            .args(["completed", "completed_result", "not_performed"])
+    ))]
     Resolve {
         /// The operation's reference (16 hex digits).
         reference: String,
         /// The caller's tenant.
         #[arg(long)]
         tenant: String,
-        /// It happened: repeats replay this response (the tool's result as JSON).
-        #[arg(
-            long,
-            value_name = "RESPONSE_JSON",
-            conflicts_with = "not_performed",
-            required_unless_present = "not_performed"
-        )]
+        /// It happened, and the tool returned this value as its structured
+        /// result (a JSON object, what a tool returning `Json<T>` gives):
+        /// repeats replay it as that tool result.
+        #[arg(long, value_name = "VALUE_JSON")]
         completed: Option<String>,
+        /// It happened, and the tool returned this whole MCP tool result
+        /// (`{"content": [...], "structuredContent": ..., "isError": ...}`),
+        /// for a tool whose result is text or built by hand: repeats replay it.
+        #[arg(long, value_name = "RESULT_JSON")]
+        completed_result: Option<String>,
         /// It did not happen: the next identical call runs.
         #[arg(long)]
         not_performed: bool,
+        /// A follow-on job the handler would have declared (the receipt
+        /// that was never sent), written with the completion: its name, `=`,
+        /// and its payload as JSON, e.g. `send_receipt={"to":"a@example.com"}`.
+        /// Repeat it for several jobs; only with a completed outcome.
+        #[arg(
+            long = "follow-on",
+            value_name = "NAME=JSON",
+            conflicts_with = "not_performed"
+        )]
+        follow_on: Vec<String>,
         /// Who resolves it and why; the status tool shows it.
         #[arg(long)]
         note: String,
@@ -360,23 +382,64 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
             reference,
             tenant,
             completed,
+            completed_result,
             not_performed: _,
+            follow_on,
             note,
         } => {
             let reference = parse_reference(&reference)?;
-            let outcome = match completed {
-                Some(response) => ManualOutcome::Completed { response },
-                None => ManualOutcome::NotPerformed,
+            let follow_ons = follow_on
+                .iter()
+                .map(|given| parse_follow_on(given))
+                .collect::<Result<Vec<_>, _>>()?;
+            for (i, job) in follow_ons.iter().enumerate() {
+                if follow_ons[..i].iter().any(|j| j.name() == job.name()) {
+                    return Err(Failure(
+                        EXIT_USAGE,
+                        format!(
+                            "--follow-on names the job `{}` twice; an operation has one job \
+                             of each name, so give each once; nothing was changed",
+                            job.name()
+                        ),
+                    ));
+                }
+            }
+            let outcome = match (completed, completed_result) {
+                (Some(value), _) => ManualOutcome::Completed {
+                    response: structured_response(&value)?,
+                },
+                (None, Some(result)) => ManualOutcome::Completed {
+                    response: whole_response(&result)?,
+                },
+                (None, None) => ManualOutcome::NotPerformed,
             };
-            let record = resolve_by_hand(store, &tenant, &reference, &outcome, &note).await?;
+            let record = resolve_by_hand_with_follow_ons(
+                store,
+                &tenant,
+                &reference,
+                &outcome,
+                &note,
+                &follow_ons,
+            )
+            .await?;
+            let names: Vec<&str> = follow_ons.iter().map(FollowOn::name).collect();
             if args.json {
-                json_text(&record_json(&record, false))
+                let mut value = record_json(&record, false);
+                value["follow_ons"] = json!(names);
+                json_text(&value)
             } else {
-                format!(
+                let mut text = format!(
                     "resolved {reference} in tenant {tenant:?}: {} ({})\n",
                     record.state.name(),
-                    record.resolution.as_deref().unwrap_or_default()
-                )
+                    shown(record.resolution.as_deref().unwrap_or_default())
+                );
+                if !names.is_empty() {
+                    text.push_str(&format!(
+                        "follow-on jobs written with it: {}\n",
+                        names.join(", ")
+                    ));
+                }
+                text
             }
         }
         Command::Purge { batch } => {
@@ -483,6 +546,76 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
         .map_err(|e| Failure(EXIT_USAGE, format!("cannot write the output: {e}")))
 }
 
+/// One `--follow-on NAME=JSON`: the job, or why it is refused.
+fn parse_follow_on(given: &str) -> Result<FollowOn, Failure> {
+    let usage = |problem: String| Failure(EXIT_USAGE, format!("{problem}; nothing was changed"));
+    let (name, payload) = given.split_once('=').ok_or_else(|| {
+        usage(format!(
+            "--follow-on {given:?} is not NAME=JSON: write the job's name, `=`, and its \
+             payload as JSON, e.g. --follow-on 'send_receipt={{\"to\":\"a@example.com\"}}'"
+        ))
+    })?;
+    let payload: Value = serde_json::from_str(payload).map_err(|e| {
+        usage(format!(
+            "--follow-on {given:?}: the payload after `=` is not JSON ({e}); quote it for \
+             the shell, e.g. --follow-on '{name}={{\"to\":\"a@example.com\"}}'"
+        ))
+    })?;
+    FollowOn::new(name, &payload).map_err(|e| usage(format!("--follow-on {given:?}: {e}")))
+}
+
+/// What a tool that returned `text` (`--completed`: its structured result,
+/// a JSON object) would have stored: the tool result `Json(value)` makes,
+/// as [`stored_response`] writes it. A whole tool result given here is
+/// refused, as is anything that is not a JSON object: either would replay
+/// something the tool never returned.
+fn structured_response(text: &str) -> Result<String, Failure> {
+    let usage = |problem: String| {
+        Failure(
+            EXIT_USAGE,
+            format!(
+                "--completed {text:?} {problem}; nothing was changed. --completed takes the \
+                 value the tool returned as its structured result, a JSON object such as \
+                 '{{\"charge_id\":\"ch_42\"}}'; a tool whose result is text, or a whole \
+                 tool result, goes in --completed-result '{{\"content\":[{{\"type\":\"text\",\
+                 \"text\":\"...\"}}]}}'"
+            ),
+        )
+    };
+    let value: Value =
+        serde_json::from_str(text).map_err(|e| usage(format!("is not JSON ({e})")))?;
+    if !value.is_object() {
+        return Err(usage("is not a JSON object".to_owned()));
+    }
+    if serde_json::from_value::<CallToolResult>(value.clone()).is_ok() {
+        return Err(usage(
+            "is a whole tool result (it has content, structuredContent or isError), not the \
+             tool's structured value; to store it as given, pass it with --completed-result"
+                .to_owned(),
+        ));
+    }
+    stored_response(Json(value)).map_err(|e| usage(format!("cannot be stored ({e})")))
+}
+
+/// What a tool that returned the whole tool result `text`
+/// (`--completed-result`) would have stored, as [`stored_response`] writes
+/// it; refused unless MCP reads it as a tool result.
+fn whole_response(text: &str) -> Result<String, Failure> {
+    let usage = |problem: String| {
+        Failure(
+            EXIT_USAGE,
+            format!(
+                "--completed-result {text:?} {problem}; nothing was changed. Give the whole \
+                 MCP tool result, e.g. '{{\"content\":[{{\"type\":\"text\",\"text\":\
+                 \"charged ch_42\"}}]}}', or the tool's structured value with --completed"
+            ),
+        )
+    };
+    let result: CallToolResult =
+        serde_json::from_str(text).map_err(|e| usage(format!("is not a tool result ({e})")))?;
+    stored_response(result).map_err(|e| usage(format!("cannot be stored ({e})")))
+}
+
 /// The state, with a lapsed claim (its process presumably dead) said so.
 fn state_label(record: &Record) -> String {
     if record.is_lapsed() {
@@ -552,8 +685,37 @@ fn json_text(value: &Value) -> String {
     text
 }
 
-/// Rows as columns padded to their widest cell.
+/// `text` as a terminal may print it: control characters (a newline, an
+/// escape sequence's ESC, a bell) and the invisible characters that reorder
+/// or hide text (bidirectional overrides, zero-width marks) written as Rust
+/// escapes (`\n`, `\u{1b}`), so a note or an error a far side wrote can
+/// neither add a row to a table nor drive the operator's terminal. `--json`
+/// output keeps the text exact.
+fn shown(text: &str) -> std::borrow::Cow<'_, str> {
+    let hidden = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}')
+    };
+    if !text.contains(hidden) {
+        return text.into();
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if hidden(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out.into()
+}
+
+/// Rows as columns padded to their widest cell, each cell [`shown`] escaped.
 fn table(rows: &[Vec<String>]) -> String {
+    let rows: Vec<Vec<std::borrow::Cow<'_, str>>> = rows
+        .iter()
+        .map(|row| row.iter().map(|cell| shown(cell)).collect())
+        .collect();
     let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..columns)
         .map(|c| {
@@ -593,5 +755,17 @@ mod tests {
             vec!["long".to_owned(), "x".to_owned(), "y".to_owned()],
         ];
         assert_eq!(table(&rows), "A     BB  C\nlong  x   y\n");
+    }
+
+    #[test]
+    fn cells_show_control_and_invisible_characters_escaped() {
+        assert_eq!(shown("plain, ünïcode"), "plain, ünïcode");
+        assert_eq!(shown("a\nb\r\t\u{1b}[2J\u{7f}"), r"a\nb\r\t\u{1b}[2J\u{7f}");
+        assert_eq!(shown("x\u{202e}y\u{200b}"), r"x\u{202e}y\u{200b}");
+        let rows = vec![vec![
+            "note:".to_owned(),
+            "one\nresolution: forged".to_owned(),
+        ]];
+        assert_eq!(table(&rows), "note:  one\\nresolution: forged\n");
     }
 }

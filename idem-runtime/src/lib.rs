@@ -142,12 +142,12 @@ pub use maintenance::{
 pub use mcp::private as __private;
 #[cfg(feature = "rmcp")]
 pub use mcp::{
-    audit_hints, current_cancellation, current_reference, request_caller, status_tool, tasks,
-    HintProblem, IdempotentServer, RESULT_META_KEY, TOOL_META_KEY,
+    audit_hints, current_cancellation, current_reference, request_caller, status_tool,
+    stored_response, tasks, HintProblem, IdempotentServer, RESULT_META_KEY, TOOL_META_KEY,
 };
 pub use outbox::{
     follow_on, job_fn, DispatchReport, JobError, JobFn, JobHandler, JobHandlers, JobRun, Outbox,
-    OutboxConfig,
+    OutboxConfig, MAX_JOB_ERROR,
 };
 /// The store conformance suite, for a store of your own: see
 /// [`conformance_tests!`].
@@ -156,9 +156,10 @@ pub use store::conformance;
 #[cfg(feature = "sqlite")]
 pub use store::SqliteStore;
 pub use store::{
-    open_store, Attempt, Claim, ClaimRequest, FollowOn, FollowOnError, IdempotencyStore, JobFilter,
-    JobId, MemoryStore, OutboxJob, Record, RecordFilter, RecordState, RecordStateKind, Resolution,
-    StateCounts, StoreError, DEFAULT_MAX_PAYLOAD, MAX_JOB_NAME,
+    is_valid_job_name, open_store, Attempt, Claim, ClaimRequest, FollowOn, FollowOnError,
+    IdempotencyStore, JobFilter, JobId, MemoryStore, OutboxJob, Record, RecordFilter, RecordState,
+    RecordStateKind, Resolution, StateCounts, StoreError, DEFAULT_LIST_LIMIT, DEFAULT_MAX_PAYLOAD,
+    MAX_JOB_NAME,
 };
 #[cfg(feature = "postgres")]
 pub use store::{PostgresStore, PostgresStoreBuilder};

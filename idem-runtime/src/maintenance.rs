@@ -15,7 +15,9 @@ use crate::store::{
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reconciliation {
     /// It happened: store this response (JSON text, exactly what the tool
-    /// would have returned) so repeats replay it.
+    /// would have returned) so repeats replay it. For an rmcp tool, build it
+    /// with `stored_response` (`stored_response(Json(receipt))`): anything
+    /// else would not replay, and each repeat would answer "unknown".
     Completed {
         /// The response to store.
         response: String,
@@ -264,7 +266,8 @@ pub async fn reconcile(
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ManualOutcome {
     /// It happened: repeats replay `response` (JSON text, exactly what the
-    /// tool would have returned).
+    /// tool would have returned; for an rmcp tool, `stored_response` builds
+    /// it from the tool's return value).
     Completed {
         /// The response to store.
         response: String,

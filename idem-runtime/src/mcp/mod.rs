@@ -17,6 +17,7 @@ pub mod tasks;
 
 pub use audit::{audit_hints, HintProblem};
 pub use caller::{current_cancellation, current_reference, request_caller, IdempotentServer};
+pub use render::stored_response;
 pub use status_tool::status_tool;
 
 /// The `_meta` key of a tool result that describes its operation:

@@ -5,6 +5,7 @@ use std::fmt;
 
 use rmcp::handler::server::tool::IntoCallToolResult;
 use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock, MetaObject};
+use rmcp::ErrorData;
 use serde_json::{json, Map, Value};
 
 use super::RESULT_META_KEY;
@@ -99,6 +100,41 @@ pub(super) fn completed(value: impl IntoCallToolResult) -> Result<CallToolResult
         Ok(_) => Err(HandlerFailure::output(text::NOT_ONE_RESULT)),
         Err(error) => Err(HandlerFailure::output(error)),
     }
+}
+
+/// The text idem stores for a wrapped tool whose handler returned
+/// `returned`: what a repeat replays, the status tool shows as `response`
+/// and `tasks/get` answers, byte for byte what a handler's own completion
+/// stores. Build with it whatever stores a tool's result on the tool's
+/// behalf: a [`Reconciliation::Completed`](crate::Reconciliation::Completed)
+/// that found the operation performed, or a
+/// [`ManualOutcome::Completed`](crate::ManualOutcome::Completed) (the `idem
+/// resolve --completed` command line uses it). Stored text the tool could
+/// not have returned would not replay: each repeat would answer "unknown".
+///
+/// `returned` is what the handler returns on success: `Json(value)` for a
+/// tool with a structured result (`Result<Json<Receipt>, ToolError>`), a
+/// `String` for a text result, or a whole `CallToolResult`.
+///
+/// ```
+/// use rmcp::handler::server::wrapper::Json;
+/// use rmcp::model::CallToolResult;
+/// use serde_json::json;
+///
+/// let stored = idem_runtime::stored_response(Json(json!({ "charge_id": "ch_42" }))).unwrap();
+/// let replayed: CallToolResult = serde_json::from_str(&stored).unwrap();
+/// assert_eq!(replayed.structured_content, Some(json!({ "charge_id": "ch_42" })));
+/// ```
+///
+/// Errors (`internal_error`): the value does not serialize, or the handler's
+/// return is not one complete result (it asks for input or starts a task),
+/// which an `#[idempotent]` tool cannot record either.
+pub fn stored_response<R: IntoCallToolResult>(returned: R) -> Result<String, ErrorData> {
+    let result = completed(returned)
+        .map_err(|failure| ErrorData::internal_error(failure.to_string(), None))?;
+    serde_json::to_string(&result).map_err(|e| {
+        ErrorData::internal_error(format!("the tool result does not serialize: {e}"), None)
+    })
 }
 
 pub(super) fn render<E: fmt::Display>(answer: Answer<CallToolResult, E>) -> CallToolResult {

@@ -91,11 +91,22 @@ tokio::task_local! {
 /// Errors, each leaving the operation's outcome to the handler: the name
 /// declared already for this operation ([`FollowOnError::Duplicate`]), a
 /// payload that does not serialize or is over the executor's limit (64 KiB
-/// by default, [`Executor::with_max_follow_on_payload`]), a bad name, a
-/// store that keeps no follow-on jobs, or a call outside a wrapped handler
-/// (or from a task it spawned: the list is task-local).
+/// by default, [`Executor::with_max_follow_on_payload`]), a bad name
+/// ([`FollowOnError::BadName`]), a store that keeps no follow-on jobs, or a
+/// call outside a wrapped handler (or from a task it spawned: the list is
+/// task-local).
+///
+/// A name is 1 to 128 characters, each an ASCII letter or digit, `_`, `-`
+/// or `.` (`send_receipt`, `notify-warehouse.v2`): what every store can
+/// keep, in a PostgreSQL text column as in a Redis key name, and what reads
+/// cleanly in the downstream key `<reference>:<name>`. Anything else (a
+/// space, a `:`, a control character, a NUL byte, a non-ASCII letter) is
+/// refused here, before the completion that would carry it, so a name can
+/// never make the completion fail after the side effect
+/// ([`is_valid_job_name`] checks one ahead of time).
 ///
 /// [`Executor::with_max_follow_on_payload`]: crate::Executor::with_max_follow_on_payload
+/// [`is_valid_job_name`]: crate::is_valid_job_name
 pub fn follow_on<P: Serialize + ?Sized>(name: &str, payload: &P) -> Result<(), FollowOnError> {
     DECLARED
         .try_with(|declared| declared.borrow_mut().declare(name, payload))

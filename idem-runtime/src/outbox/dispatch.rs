@@ -16,8 +16,38 @@ use crate::store::{Attempt, IdempotencyStore, OutboxJob, StoreError};
 use crate::telemetry;
 
 /// What a job's handler failed with; the dispatcher keeps its text as the
-/// job's `last_error`.
+/// job's `last_error` (see [`MAX_JOB_ERROR`]).
 pub type JobError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The longest `last_error` the dispatcher keeps, in bytes. A longer error
+/// text is cut at a character boundary and ends with a mark that says how
+/// much was cut; a NUL byte (which a PostgreSQL text column refuses) is kept
+/// as the two characters `\0`. So whatever a far side answers, the failure
+/// is recorded and the job's attempt limit holds.
+pub const MAX_JOB_ERROR: usize = 2048;
+
+/// The text kept of a failed run's error: NUL bytes written as `\0`, and
+/// at most [`MAX_JOB_ERROR`] bytes.
+fn kept_error(error: &str) -> String {
+    let text = if error.contains('\0') {
+        error.replace('\0', "\\0")
+    } else {
+        error.to_owned()
+    };
+    if text.len() <= MAX_JOB_ERROR {
+        return text;
+    }
+    let mark = |cut: usize| format!(" [… {cut} more bytes]");
+    // The mark is at most this long for any cut a `usize` can count.
+    let room = MAX_JOB_ERROR - mark(usize::MAX).len();
+    let mut end = room;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut kept = text[..end].to_owned();
+    kept.push_str(&mark(text.len() - end));
+    kept
+}
 
 /// One run of a follow-on job, as its handler sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -343,11 +373,11 @@ async fn run_one(
     let work = std::pin::pin!(handler.run(&run));
     let failure = match tokio::time::timeout(config.run_timeout(), CatchUnwind(work)).await {
         Ok(Ok(Ok(()))) => None,
-        Ok(Ok(Err(error))) => Some(error.to_string()),
-        Ok(Err(panic)) => Some(format!(
+        Ok(Ok(Err(error))) => Some(kept_error(&error.to_string())),
+        Ok(Err(panic)) => Some(kept_error(&format!(
             "the job's handler panicked: {}",
             crate::executor::panic_message(&panic)
-        )),
+        ))),
         Err(_) => Some(format!(
             "the job's handler took longer than {:?} and was cancelled",
             config.run_timeout()
@@ -410,4 +440,22 @@ async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Out
     done.into_iter()
         .map(|o| o.expect("polled to completion"))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{kept_error, MAX_JOB_ERROR};
+
+    #[test]
+    fn a_kept_error_has_no_nul_and_is_bounded() {
+        assert_eq!(kept_error("plain"), "plain");
+        assert_eq!(kept_error("a\0b"), "a\\0b");
+        // Multi-byte characters across the cut: cut on a boundary.
+        for long in ["é".repeat(5000), "x".repeat(100_000), "\0".repeat(3000)] {
+            let kept = kept_error(&long);
+            assert!(kept.len() <= MAX_JOB_ERROR, "{}", kept.len());
+            assert!(!kept.contains('\0'));
+            assert!(kept.ends_with("more bytes]"), "{kept}");
+        }
+    }
 }

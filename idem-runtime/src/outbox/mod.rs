@@ -8,4 +8,5 @@ pub use declare::follow_on;
 pub(crate) use declare::{Declared, DECLARED};
 pub use dispatch::{
     job_fn, DispatchReport, JobError, JobFn, JobHandler, JobHandlers, JobRun, Outbox, OutboxConfig,
+    MAX_JOB_ERROR,
 };

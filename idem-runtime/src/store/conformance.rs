@@ -1670,6 +1670,75 @@ pub async fn jobs_are_listed_by_filter(store: &dyn IdempotencyStore) {
     assert!(elsewhere.is_empty(), "another tenant's jobs: {elsewhere:?}");
 }
 
+/// A default filter lists a page of jobs, not none: the dead-letter listing
+/// `JobFilter { dead: Some(true), ..JobFilter::default() }` finds a buried
+/// job, and the default filter a live one.
+pub async fn default_job_filter_lists_a_page(store: &dyn IdempotencyStore) {
+    require_outbox(store);
+    let (dead_name, live_name) = (job_name("bounced"), job_name("receipt"));
+    let req = completed_with_jobs(store, &[&dead_name, &live_name]).await;
+    let token = Attempt::random();
+    let leased = store
+        .lease_jobs(&[dead_name.as_str()], 1, Duration::from_secs(60), token)
+        .await
+        .unwrap();
+    assert_eq!(leased.len(), 1);
+    store
+        .bury_job(&job_id(&req, &dead_name), token, "bounced")
+        .await
+        .unwrap();
+    let dead = store
+        .list_jobs(&JobFilter {
+            dead: Some(true),
+            ..JobFilter::default()
+        })
+        .await
+        .unwrap();
+    assert!(!dead.is_empty(), "the default filter lists no dead job");
+    let dead_here = store
+        .list_jobs(&JobFilter {
+            tenant: Some(req.tenant.clone()),
+            dead: Some(true),
+            ..JobFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        dead_here.iter().map(|j| &j.id).collect::<Vec<_>>(),
+        [&job_id(&req, &dead_name)]
+    );
+    let all_here = store
+        .list_jobs(&JobFilter {
+            tenant: Some(req.tenant.clone()),
+            ..JobFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(all_here.len(), 2, "{all_here:?}");
+}
+
+/// A default filter lists a page of records, not none.
+pub async fn default_record_filter_lists_a_page(store: &dyn IdempotencyStore) {
+    let req = fresh(W);
+    claimed(store, &req).await;
+    assert!(
+        !store
+            .list_records(&RecordFilter::default())
+            .await
+            .unwrap()
+            .is_empty(),
+        "the default filter lists no record"
+    );
+    let mine = store
+        .list_records(&RecordFilter {
+            tenant: Some(req.tenant.clone()),
+            ..RecordFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(mine.iter().map(|r| r.key).collect::<Vec<_>>(), [req.key]);
+}
+
 /// One conformance case: a function over a borrowed store.
 pub type Case =
     for<'a> fn(&'a dyn IdempotencyStore) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
@@ -1709,6 +1778,7 @@ macro_rules! __idem_conformance_cases {
             late_completion_wins_over_not_performed,
             records_are_listed_by_filter_newest_first,
             records_are_counted_by_state,
+            default_record_filter_lists_a_page,
         );
     };
 }
@@ -1735,6 +1805,7 @@ macro_rules! __idem_outbox_cases {
             buried_job_is_listed_and_redriven,
             jobs_are_listed_by_filter,
             a_later_operation_never_touches_an_earlier_operations_jobs,
+            default_job_filter_lists_a_page,
         );
     };
 }

@@ -32,7 +32,8 @@ pub use memory::MemoryStore;
 pub use open::open_store;
 pub(crate) use outbox::{check_distinct, listing_order};
 pub use outbox::{
-    FollowOn, FollowOnError, JobFilter, JobId, OutboxJob, DEFAULT_MAX_PAYLOAD, MAX_JOB_NAME,
+    is_valid_job_name, FollowOn, FollowOnError, JobFilter, JobId, OutboxJob, DEFAULT_MAX_PAYLOAD,
+    MAX_JOB_NAME,
 };
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, PostgresStoreBuilder};
@@ -292,9 +293,14 @@ pub enum Resolution<'a> {
     },
 }
 
+/// The `limit` of a default [`RecordFilter`] or [`JobFilter`]: a page of 100.
+pub const DEFAULT_LIST_LIMIT: usize = 100;
+
 /// Which records [`IdempotencyStore::list_records`] returns: every field
 /// that is set must match; the newest claims come first, at most `limit`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// `RecordFilter::default()` matches every record and lists the newest
+/// [`DEFAULT_LIST_LIMIT`].
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecordFilter {
     /// Only records in this state, as stored (an IN_PROGRESS record whose
     /// lease ran out is still IN_PROGRESS here; [`Record::is_lapsed`] tells).
@@ -303,8 +309,21 @@ pub struct RecordFilter {
     pub tenant: Option<String>,
     /// Only this tool's records.
     pub tool: Option<String>,
-    /// The most records returned.
+    /// The most records returned: [`DEFAULT_LIST_LIMIT`] (100) by default;
+    /// `0` returns none.
     pub limit: usize,
+}
+
+impl Default for RecordFilter {
+    /// Every record, the newest [`DEFAULT_LIST_LIMIT`].
+    fn default() -> Self {
+        RecordFilter {
+            state: None,
+            tenant: None,
+            tool: None,
+            limit: DEFAULT_LIST_LIMIT,
+        }
+    }
 }
 
 /// How many records a store holds in each state

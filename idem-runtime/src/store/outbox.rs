@@ -15,7 +15,7 @@
 use std::fmt;
 use std::time::SystemTime;
 
-use super::{Attempt, StoreError};
+use super::{Attempt, StoreError, DEFAULT_LIST_LIMIT};
 use crate::key::Reference;
 
 /// The default largest payload of one follow-on job, as JSON text: 64 KiB.
@@ -23,6 +23,23 @@ pub const DEFAULT_MAX_PAYLOAD: usize = 64 * 1024;
 
 /// The longest job name, in bytes.
 pub const MAX_JOB_NAME: usize = 128;
+
+/// Whether every store can keep `name` as a job name: 1 to [`MAX_JOB_NAME`]
+/// characters, each an ASCII letter or digit, `_`, `-` or `.`.
+///
+/// Nothing else: a NUL byte is refused by PostgreSQL's text columns; the
+/// Redis store puts the name in key names and in set members whose parts
+/// are joined with `:` (and `{`…`}` picks a Cluster slot); the downstream
+/// key is `<reference>:<name>`; and a control character or a space would
+/// garble an operator's listing. A name is checked where it is declared, so
+/// a completion never fails on it after the side effect.
+pub fn is_valid_job_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_JOB_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
 
 /// A follow-on job as a handler (or a reconciler) declares it: a name that
 /// picks the dispatcher's handler, and a payload (JSON text). Its identity
@@ -36,8 +53,9 @@ pub struct FollowOn {
 
 impl FollowOn {
     /// A job named `name` carrying `payload` serialized as JSON, refused if
-    /// the name is empty or longer than [`MAX_JOB_NAME`] bytes, if the payload
-    /// does not serialize, or if it is over [`DEFAULT_MAX_PAYLOAD`] bytes.
+    /// the name is not 1 to [`MAX_JOB_NAME`] characters from `A-Z a-z 0-9 _
+    /// - .` ([`is_valid_job_name`]), if the payload does not serialize, or
+    /// if it is over [`DEFAULT_MAX_PAYLOAD`] bytes.
     pub fn new<P: serde::Serialize + ?Sized>(
         name: &str,
         payload: &P,
@@ -82,7 +100,7 @@ impl FollowOn {
 }
 
 fn check_name(name: &str) -> Result<(), FollowOnError> {
-    if name.trim().is_empty() || name.len() > MAX_JOB_NAME {
+    if !is_valid_job_name(name) {
         return Err(FollowOnError::BadName {
             name: name.to_owned(),
         });
@@ -121,8 +139,13 @@ pub enum FollowOnError {
         /// The job's name.
         name: String,
     },
-    /// The name is empty or too long.
-    #[error("follow-on job name {name:?} is empty or longer than 128 bytes; give a short name")]
+    /// The name is empty, too long, or has a character outside the names'
+    /// alphabet ([`is_valid_job_name`]).
+    #[error(
+        "follow-on job name {name:?} cannot be kept: a job name is 1 to 128 characters, each \
+         one of A-Z a-z 0-9 _ - . (no spaces, colons, control characters or NUL bytes); \
+         rename the job, e.g. `send_receipt`"
+    )]
     BadName {
         /// The name given.
         name: String,
@@ -227,8 +250,10 @@ pub struct OutboxJob {
 
 /// Which jobs [`IdempotencyStore::list_jobs`](super::IdempotencyStore::list_jobs)
 /// returns: every field that is set must match; the oldest first (then by
-/// reference and name), at most `limit`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// reference and name), at most `limit`. `JobFilter::default()` matches
+/// every job and lists the oldest [`DEFAULT_LIST_LIMIT`]; the dead letter is
+/// `JobFilter { dead: Some(true), ..JobFilter::default() }`.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JobFilter {
     /// Only this tenant's jobs.
     pub tenant: Option<String>,
@@ -238,8 +263,22 @@ pub struct JobFilter {
     pub name: Option<String>,
     /// Only dead jobs (`Some(true)`) or only live ones (`Some(false)`).
     pub dead: Option<bool>,
-    /// The most jobs returned.
+    /// The most jobs returned: [`DEFAULT_LIST_LIMIT`] (100) by default; `0`
+    /// returns none.
     pub limit: usize,
+}
+
+impl Default for JobFilter {
+    /// Every job, the oldest [`DEFAULT_LIST_LIMIT`].
+    fn default() -> Self {
+        JobFilter {
+            tenant: None,
+            reference: None,
+            name: None,
+            dead: None,
+            limit: DEFAULT_LIST_LIMIT,
+        }
+    }
 }
 
 impl JobFilter {
