@@ -71,7 +71,7 @@ async fn the_hint_is_on_exactly_the_wrapped_tools() {
         .map(|t| t.name.to_string())
         .collect();
     hinted.sort();
-    assert_eq!(hinted, ["charge_card", "create_shipment"]);
+    assert_eq!(hinted, ["charge_card", "create_shipment", "tap_to_pay"]);
     let mut all: Vec<String> = tools.iter().map(|t| t.name.to_string()).collect();
     all.sort();
     assert_eq!(
@@ -80,7 +80,8 @@ async fn the_hint_is_on_exactly_the_wrapped_tools() {
             "charge_card",
             "create_shipment",
             "get_operation_status",
-            "processor_ledger"
+            "processor_ledger",
+            "tap_to_pay"
         ]
     );
     client.cancel().await.ok();
@@ -134,6 +135,65 @@ async fn a_replay_is_byte_identical() {
     let ledger = ledger(&client).await;
     assert_eq!(ledger["carrier_requests"], json!(1), "{ledger}");
     assert_eq!(ledger["carrier_shipments"], json!(1), "{ledger}");
+    client.cancel().await.ok();
+}
+
+/// A double tap is one payment; a tap after the 5 s window is a new
+/// purchase, under a new reference: the stub processor, which keeps keys for
+/// a day, charges it, and the stub mailer, which dedupes by the downstream
+/// key, mails its receipt.
+#[tokio::test]
+async fn a_tap_after_the_window_is_a_new_purchase_under_its_own_reference() {
+    let client = start(&["--processor-delay-ms", "20", "--outbox-interval-ms", "20"]).await;
+    let args = json!({ "card": "4242", "amount_cents": 450 });
+    let first = call(&client, "tap_to_pay", args.clone()).await;
+    let double = call(&client, "tap_to_pay", args.clone()).await;
+    assert_eq!(operation(&first)["state"], json!("executed"), "{first:?}");
+    assert_eq!(operation(&double)["state"], json!("replayed"), "{double:?}");
+    assert_eq!(
+        operation(&double)["reference"],
+        operation(&first)["reference"]
+    );
+
+    tokio::time::sleep(Duration::from_millis(5500)).await;
+    let later = call(&client, "tap_to_pay", args.clone()).await;
+    assert_eq!(operation(&later)["state"], json!("executed"), "{later:?}");
+    assert_ne!(
+        operation(&later)["reference"],
+        operation(&first)["reference"],
+        "a new purchase must not carry the first one's reference"
+    );
+    let again = call(&client, "tap_to_pay", args).await;
+    assert_eq!(
+        operation(&again)["reference"],
+        operation(&later)["reference"]
+    );
+
+    let started = std::time::Instant::now();
+    let mut view = ledger(&client).await;
+    while view["mailer_deliveries"] != json!(2) {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the second receipt never went out: {view}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        view = ledger(&client).await;
+    }
+    assert_eq!(view["processor_requests"], json!(2), "{view}");
+    assert_eq!(view["processor_charges"], json!(2), "{view}");
+    for result in [&first, &later] {
+        let reference = operation(result)["reference"].as_str().unwrap();
+        assert_eq!(
+            view["processor"][reference],
+            json!({ "requests": 1, "charges": 1 }),
+            "{view}"
+        );
+        assert_eq!(
+            view["mailer"][reference],
+            json!({ "attempts": 1, "deliveries": 1 }),
+            "{view}"
+        );
+    }
     client.cancel().await.ok();
 }
 

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use idem_runtime::{
@@ -185,6 +185,9 @@ pub enum ChargeStatus {
 
 #[derive(Debug)]
 struct ChargeEntry {
+    /// When the first request with this key arrived: the key is kept for
+    /// [`KEYS_KEPT`] from then.
+    since: Instant,
     requests: u32,
     charges: u32,
     /// `None` while the charge is in flight; the receipt once it is made.
@@ -193,6 +196,7 @@ struct ChargeEntry {
 
 #[derive(Debug)]
 struct ShipmentEntry {
+    since: Instant,
     requests: u32,
     shipments: u32,
     shipment: Shipment,
@@ -211,8 +215,9 @@ struct Books {
     mailer_failures: u32,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Delivery {
+    since: Instant,
     reference: String,
     attempts: u32,
     deliveries: u32,
@@ -221,12 +226,17 @@ struct Delivery {
 /// A delivery by a stub that dedupes by the downstream key, counted from
 /// the moment the request arrives; `fail` makes this request fail.
 fn deliver(to: &mut BTreeMap<String, Delivery>, job: &JobRun, fail: bool) -> Result<(), String> {
-    let entry = to
-        .entry(job.downstream_key.clone())
-        .or_insert_with(|| Delivery {
-            reference: job.reference.to_string(),
-            ..Delivery::default()
-        });
+    let fresh = || Delivery {
+        since: Instant::now(),
+        reference: job.reference.to_string(),
+        attempts: 0,
+        deliveries: 0,
+    };
+    let entry = to.entry(job.downstream_key.clone()).or_insert_with(fresh);
+    if !kept(entry.since) {
+        // The key was forgotten: this is a new request to the far side.
+        *entry = fresh();
+    }
     entry.attempts += 1;
     if fail {
         return Err(format!(
@@ -255,8 +265,19 @@ fn delivery_counts(
     by_reference
 }
 
+/// How long the stubs keep an idempotency key, from the first request that
+/// carried it: a day, as Stripe does. A stub that kept keys forever would
+/// hide a reference reused by two operations a day apart.
+pub const KEYS_KEPT: Duration = Duration::from_secs(24 * 3600);
+
+/// Whether a key first seen at `since` is still kept.
+fn kept(since: Instant) -> bool {
+    since.elapsed() < KEYS_KEPT
+}
+
 /// The simulated processor and carrier. Both deduplicate by the reference
-/// they are given, as real ones do with an idempotency key: the processor
+/// they are given for [`KEYS_KEPT`], as real ones do with an idempotency
+/// key: the processor
 /// registers a reference the moment a request arrives (before its delay),
 /// and a later request with the same reference waits for the first one's
 /// outcome instead of charging again. Each counts the requests it received
@@ -301,7 +322,11 @@ impl Backends {
         let mut outcome = {
             let mut books = self.books();
             let books = &mut *books;
-            match books.charges.get_mut(&reference) {
+            match books
+                .charges
+                .get_mut(&reference)
+                .filter(|entry| kept(entry.since))
+            {
                 Some(entry) => {
                     entry.requests += 1;
                     entry.outcome.clone()
@@ -319,6 +344,7 @@ impl Backends {
                     books.charges.insert(
                         reference.clone(),
                         ChargeEntry {
+                            since: Instant::now(),
                             requests: 1,
                             charges: 0,
                             outcome: outcome.clone(),
@@ -365,7 +391,11 @@ impl Backends {
     pub async fn ship(&self, reference: String, args: &ShipmentArgs) -> Shipment {
         let mut books = self.books();
         let books = &mut *books;
-        if let Some(entry) = books.shipments.get_mut(&reference) {
+        if let Some(entry) = books
+            .shipments
+            .get_mut(&reference)
+            .filter(|entry| kept(entry.since))
+        {
             entry.requests += 1;
             return entry.shipment.clone();
         }
@@ -379,6 +409,7 @@ impl Backends {
         books.shipments.insert(
             reference,
             ShipmentEntry {
+                since: Instant::now(),
                 requests: 1,
                 shipments: 1,
                 shipment: shipment.clone(),
@@ -513,50 +544,10 @@ impl Payments {
         Self::tool_router()
     }
 
-    /// Declares a follow-on job of the running operation: written with its
-    /// completion, sent by the outbox. `what` says what happened before, for
-    /// the answer if the job cannot be declared (the effect is done, so the
-    /// outcome is reported unknown and the reconciler takes over).
-    fn queue<P: Serialize>(&self, name: &str, payload: &P, what: &str) -> Result<(), ToolError> {
-        if !self.outbox {
-            return Ok(());
-        }
-        follow_on(name, payload).map_err(|e| {
-            ToolError::unknown(format!(
-                "{what}, but the {name} job could not be queued ({e})."
-            ))
-        })
-    }
-}
-
-impl IdempotentServer for Payments {
-    fn executor(&self) -> &Executor {
-        &self.executor
-    }
-
-    fn default_caller(&self) -> Option<&Caller> {
-        self.default_caller.as_ref()
-    }
-}
-
-#[idem_runtime::tool_router]
-impl Payments {
-    /// Charges a card at most once per (caller, card, amount, currency) within
-    /// 15 minutes, however often the call is repeated. A client that declares
-    /// the MCP tasks extension gets a task at once and polls it.
-    #[idempotent(
-        window = "15m",
-        status_tool = "get_operation_status",
-        task = "optional"
-    )]
-    #[tool(
-        description = "Charge a card. Safe to retry: a repeat within 15 minutes returns the \
-                          first charge's receipt instead of charging again."
-    )]
-    async fn charge_card(
-        &self,
-        Parameters(args): Parameters<ChargeArgs>,
-    ) -> Result<Json<Receipt>, ToolError> {
+    /// What `charge_card` and `tap_to_pay` do under their operation: charge
+    /// the card at the processor, with the operation's reference as its
+    /// idempotency key, and queue the receipt.
+    async fn charge(&self, args: ChargeArgs) -> Result<Json<Receipt>, ToolError> {
         if args.amount_cents == 0 {
             return Err(ToolError::rejected(
                 "The amount must be at least 1 cent; nothing was charged.",
@@ -605,6 +596,69 @@ impl Payments {
                  not have gone through, and is being reconciled.",
             )),
         }
+    }
+
+    /// Declares a follow-on job of the running operation: written with its
+    /// completion, sent by the outbox. `what` says what happened before, for
+    /// the answer if the job cannot be declared (the effect is done, so the
+    /// outcome is reported unknown and the reconciler takes over).
+    fn queue<P: Serialize>(&self, name: &str, payload: &P, what: &str) -> Result<(), ToolError> {
+        if !self.outbox {
+            return Ok(());
+        }
+        follow_on(name, payload).map_err(|e| {
+            ToolError::unknown(format!(
+                "{what}, but the {name} job could not be queued ({e})."
+            ))
+        })
+    }
+}
+
+impl IdempotentServer for Payments {
+    fn executor(&self) -> &Executor {
+        &self.executor
+    }
+
+    fn default_caller(&self) -> Option<&Caller> {
+        self.default_caller.as_ref()
+    }
+}
+
+#[idem_runtime::tool_router]
+impl Payments {
+    /// Charges a card at most once per (caller, card, amount, currency) within
+    /// 15 minutes, however often the call is repeated. A client that declares
+    /// the MCP tasks extension gets a task at once and polls it.
+    #[idempotent(
+        window = "15m",
+        status_tool = "get_operation_status",
+        task = "optional"
+    )]
+    #[tool(
+        description = "Charge a card. Safe to retry: a repeat within 15 minutes returns the \
+                          first charge's receipt instead of charging again."
+    )]
+    async fn charge_card(
+        &self,
+        Parameters(args): Parameters<ChargeArgs>,
+    ) -> Result<Json<Receipt>, ToolError> {
+        self.charge(args).await
+    }
+
+    /// A card tapped at a till: a second tap of the same card for the same
+    /// amount within 5 seconds is the same payment (a double tap), and a tap
+    /// after that is a new purchase, under a new reference, charged again.
+    #[idempotent(window = "5s", status_tool = "get_operation_status")]
+    #[tool(
+        description = "Charge a card tapped at a till. A second tap of the same card for the \
+                          same amount within 5 seconds is the same payment; after that it is a \
+                          new purchase."
+    )]
+    async fn tap_to_pay(
+        &self,
+        Parameters(args): Parameters<ChargeArgs>,
+    ) -> Result<Json<Receipt>, ToolError> {
+        self.charge(args).await
     }
 
     /// Creates one shipment per order id: a repeat returns the same tracking
@@ -712,24 +766,26 @@ impl Reconciler for ProcessorReconciler {
         record: &Record,
     ) -> Result<Reconciliation, Box<dyn std::error::Error + Send + Sync>> {
         Ok(match record.tool.as_str() {
-            "charge_card" => match self.backends.charge_status(&record.reference.to_string()) {
-                // The handler's receipt job was lost with its outcome: the
-                // resolution writes it.
-                ChargeStatus::Charged(receipt) if self.outbox => {
-                    Reconciliation::CompletedWithFollowOns {
-                        follow_ons: vec![FollowOn::new(
-                            "send_receipt",
-                            &ReceiptMail::of(&receipt),
-                        )?],
-                        response: tool_response(receipt)?,
+            "charge_card" | "tap_to_pay" => {
+                match self.backends.charge_status(&record.reference.to_string()) {
+                    // The handler's receipt job was lost with its outcome: the
+                    // resolution writes it.
+                    ChargeStatus::Charged(receipt) if self.outbox => {
+                        Reconciliation::CompletedWithFollowOns {
+                            follow_ons: vec![FollowOn::new(
+                                "send_receipt",
+                                &ReceiptMail::of(&receipt),
+                            )?],
+                            response: tool_response(receipt)?,
+                        }
                     }
+                    ChargeStatus::Charged(receipt) => Reconciliation::Completed {
+                        response: tool_response(receipt)?,
+                    },
+                    ChargeStatus::InFlight => Reconciliation::StillUnknown,
+                    ChargeStatus::NotFound => Reconciliation::NotPerformed,
                 }
-                ChargeStatus::Charged(receipt) => Reconciliation::Completed {
-                    response: tool_response(receipt)?,
-                },
-                ChargeStatus::InFlight => Reconciliation::StillUnknown,
-                ChargeStatus::NotFound => Reconciliation::NotPerformed,
-            },
+            }
             // The carrier dedups by reference but offers no lookup: only an
             // operator can resolve a shipment (`resolve_by_hand`).
             "create_shipment" => Reconciliation::StillUnknown,

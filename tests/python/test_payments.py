@@ -29,7 +29,7 @@ pytestmark = pytest.mark.anyio
 
 TEST_TIMEOUT_S = 60
 CHARGE = {"card": "4242", "amount_cents": 1250, "currency": "usd"}
-WRAPPED_TOOLS = {"charge_card", "create_shipment"}
+WRAPPED_TOOLS = {"charge_card", "create_shipment", "tap_to_pay"}
 STATUS_TOOL = "get_operation_status"
 # One request and one charge under a reference: what the ledger must show
 # for an operation, however often it was called.
