@@ -100,7 +100,7 @@ enum Command {
     },
     /// One record, in full (its response only with --response).
     Show {
-        /// The operation's reference (16 hex digits).
+        /// The operation's reference (`idem_` and 32 hex digits, as the tool's answer gives it; the `idem_` may be left out).
         reference: String,
         /// The caller's tenant.
         #[arg(long)]
@@ -116,7 +116,7 @@ enum Command {
             .args(["completed", "completed_result", "not_performed"])
     ))]
     Resolve {
-        /// The operation's reference (16 hex digits).
+        /// The operation's reference (`idem_` and 32 hex digits, as the tool's answer gives it; the `idem_` may be left out).
         reference: String,
         /// The caller's tenant.
         #[arg(long)]
@@ -165,7 +165,7 @@ enum Command {
         /// Only this tenant's jobs.
         #[arg(long)]
         tenant: Option<String>,
-        /// Only the jobs of this operation (16 hex digits).
+        /// Only the jobs of this operation (`idem_` and 32 hex digits, as the tool's answer gives it; the `idem_` may be left out).
         #[arg(long)]
         reference: Option<String>,
         /// Only jobs with this name.
@@ -177,7 +177,7 @@ enum Command {
     },
     /// Take a job out of the dead letter: it runs again from its first attempt.
     Redrive {
-        /// The operation's reference (16 hex digits).
+        /// The operation's reference (`idem_` and 32 hex digits, as the tool's answer gives it; the `idem_` may be left out).
         reference: String,
         /// The job's name.
         name: String,
@@ -294,7 +294,8 @@ fn parse_reference(text: &str) -> Result<Reference, Failure> {
         Failure(
             EXIT_USAGE,
             format!(
-                "{text:?} is not a reference: it is 16 hex digits, as the tool's answer gives it"
+                "{text:?} is not a reference: a reference is idem_ and 32 hex digits (16 for one \
+                 written before 0.2), as the tool's answer gives it; the idem_ may be left out"
             ),
         )
     })

@@ -394,7 +394,7 @@ mod tests {
     #[test]
     fn a_signal_reaches_only_its_own_running_task() {
         let signals = Arc::new(TaskSignals::default());
-        let reference = Reference::parse("idem_3f9a0c1d2e4b5a69").unwrap();
+        let reference = Reference::parse("idem_3f9a0c1d2e4b5a69c07e51d2a8f4e913").unwrap();
         let guard = signals.register("acme", reference);
         let signal = guard.signal();
         assert!(!signals.cancel("globex", reference));

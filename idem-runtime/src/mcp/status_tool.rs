@@ -12,7 +12,7 @@ use crate::answer::text;
 /// The arguments of the status tool.
 #[derive(serde::Deserialize, schemars::JsonSchema)]
 struct StatusArgs {
-    /// The reference an answer gave, e.g. `idem_3f9a0c1d2e4b5a69`.
+    /// The reference an answer gave, e.g. `idem_3f9a0c1d2e4b5a69c07e51d2a8f4e913`.
     reference: String,
 }
 

@@ -207,9 +207,13 @@ pub struct JobId {
 
 impl JobId {
     /// The stable idempotency key a job's handler passes downstream (to the
-    /// mailer, the warehouse): the reference and the name,
-    /// `idem_3f9a0c1d2e4b5a69:send_receipt`. The same on every attempt and
-    /// after every restart, so the far side can drop a repeat.
+    /// mailer, the warehouse): its operation's reference and the job's name,
+    /// `idem_3f9a0c1d2e4b5a69c07e51d2a8f4e913:send_receipt`. The same on
+    /// every attempt and after every restart, so the far side can drop a
+    /// repeat; another operation of the same call (after its window) has
+    /// another reference, so its job is never dropped as a repeat. A job
+    /// written before references had tags keeps its 16-digit reference, and
+    /// so its key.
     pub fn downstream_key(&self) -> String {
         format!("{}:{}", self.reference, self.name)
     }
