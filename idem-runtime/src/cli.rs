@@ -294,8 +294,8 @@ fn parse_reference(text: &str) -> Result<Reference, Failure> {
         Failure(
             EXIT_USAGE,
             format!(
-                "{text:?} is not a reference: a reference is idem_ and 32 hex digits (16 for one \
-                 written before 0.2), as the tool's answer gives it; the idem_ may be left out"
+                "{text:?} is not a reference: a reference is idem_ and 32 hex digits (16 for one written \
+                 before references had tags), as the tool's answer gives it; the idem_ may be left out"
             ),
         )
     })
