@@ -354,3 +354,23 @@ async fn a_claim_that_waits_past_the_window_takes_the_record_over() {
         ),
     }
 }
+
+/// Rows written before migration 4 (no operation tag on the record, an
+/// 8-byte reference on the job) keep their references after the upgrade.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_and_jobs_written_before_tags_keep_their_references() {
+    let Some(pg) = PgSchema::new().await else {
+        return;
+    };
+    let (req, name) = durable::completed_with_a_job(&pg.store).await;
+    let client = durable::connect(&pg.url).await;
+    client
+        .batch_execute(&format!(
+            "UPDATE {0}.idem_records SET operation = NULL; \
+             UPDATE {0}.idem_jobs SET reference = substring(reference FROM 1 FOR 8);",
+            pg.store.schema()
+        ))
+        .await
+        .unwrap();
+    durable::legacy_rows_still_work(&pg.store, &req, &name).await;
+}

@@ -90,3 +90,24 @@ async fn two_stores_on_one_file_yield_one_winner() {
         assert_eq!(won, 1);
     }
 }
+
+/// Rows written before migration 4 (no operation tag on the record, an
+/// 8-byte reference on the job) keep their references after the upgrade.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_and_jobs_written_before_tags_keep_their_references() {
+    let dir = temp_dir("legacy");
+    let path = dir.join("idem.sqlite3");
+    let store = SqliteStore::open(&path).await.unwrap();
+    let (req, name) = durable::completed_with_a_job(&store).await;
+    drop(store);
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "UPDATE idem_records SET operation = NULL; \
+             UPDATE idem_jobs SET reference = substr(reference, 1, 8);",
+        )
+        .unwrap();
+    }
+    let store = SqliteStore::open(&path).await.unwrap();
+    durable::legacy_rows_still_work(&store, &req, &name).await;
+}

@@ -221,3 +221,67 @@ impl Proxy {
         self.link.send_replace(link);
     }
 }
+
+/// A record completed with a `send_receipt_<n>` job, as a store wrote it;
+/// the caller then rewrites its rows to what a store wrote before
+/// references had tags, and [`legacy_rows_still_work`] checks them.
+pub async fn completed_with_a_job(
+    store: &dyn idem_runtime::IdempotencyStore,
+) -> (ClaimRequest, String) {
+    let req = request(Duration::from_secs(30), Duration::from_secs(900));
+    let name = format!("send_receipt_{}", Attempt::random().get());
+    store.claim(&req).await.unwrap();
+    let job = idem_runtime::FollowOn::new(&name, &serde_json::json!({"to": "a@b"})).unwrap();
+    store
+        .complete_with_follow_ons(&req.key, req.attempt, "\"paid\"", &[job])
+        .await
+        .unwrap();
+    (req, name)
+}
+
+/// A record and a job written before references had tags keep their
+/// 16-digit reference: a lookup by it finds the record, a repeat answers
+/// with it, and the job keeps its downstream key and still runs.
+pub async fn legacy_rows_still_work(
+    store: &dyn idem_runtime::IdempotencyStore,
+    req: &ClaimRequest,
+    name: &str,
+) {
+    use idem_runtime::{Claim, JobFilter, Reference};
+    let legacy = Reference::with_tag(&req.key, 0);
+    let text = legacy.to_string();
+    assert_eq!(text.len(), "idem_".len() + 16, "{text}");
+    assert_eq!(Reference::parse(&text), Some(legacy));
+    let record = store
+        .lookup(&req.tenant, &legacy)
+        .await
+        .unwrap()
+        .expect("the record is found by its old reference");
+    assert_eq!(record.reference, legacy);
+    match store
+        .claim(&idem_runtime::conformance::new_operation(req))
+        .await
+        .unwrap()
+    {
+        Claim::Existing { record } => assert_eq!(record.reference, legacy),
+        other => panic!("a repeat of a completed record claimed it: {other:?}"),
+    }
+    let jobs = store
+        .list_jobs(&JobFilter {
+            tenant: Some(req.tenant.clone()),
+            reference: Some(legacy),
+            ..JobFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    assert_eq!(jobs[0].id.downstream_key(), format!("{text}:{name}"));
+    let token = Attempt::random();
+    let leased = store
+        .lease_jobs(&[name], 10, Duration::from_secs(30), token)
+        .await
+        .unwrap();
+    assert_eq!(leased.len(), 1);
+    assert_eq!(leased[0].id.reference, legacy);
+    store.finish_job(&leased[0].id, token).await.unwrap();
+}
