@@ -14,18 +14,20 @@ use crate::answer::{note, Answer, Classify, Disposition, StatusReport};
 use crate::key::{is_empty_business_key, Caller, IdempotencyKey, Reference, Scope};
 use crate::outbox::{Declared, DECLARED};
 use crate::store::{
-    Attempt, Claim, ClaimRequest, FollowOnError, IdempotencyStore, Record, RecordState, StoreError,
+    Attempt, ClaimRequest, FollowOnError, IdempotencyStore, Record, RecordState, StoreError,
     DEFAULT_MAX_PAYLOAD,
 };
 use crate::telemetry::{self, Step};
 
+mod claim;
 mod guard;
 mod in_flight;
 // Used by the rmcp glue only.
 #[cfg_attr(not(feature = "rmcp"), allow(dead_code, unused_imports))]
 mod task;
 
-use guard::{mark, ReleaseOnDrop, UnknownOnDrop};
+use claim::{Claimed, Won};
+use guard::{mark, UnknownOnDrop};
 pub(crate) use guard::{panic_message, CatchUnwind};
 use in_flight::InFlight;
 pub use task::TaskCancellation;
@@ -335,47 +337,25 @@ impl Executor {
                 retry_after,
             };
         }
-        // Armed while the claim is in flight: if its answer is lost (a
-        // timeout after the commit) or the call is dropped before it comes,
-        // the claim may have landed, and nothing will ever run under it.
-        let mut unconfirmed = ReleaseOnDrop::new(&self.store, key, request.attempt);
-        // Before the claim is sent, on the timer's clock: the store's lease
-        // cannot run out before this one.
-        let sent = tokio::time::Instant::now();
-        let held_until = sent + self.lease;
-        // The step's timer starts from the same reading (outside a paused
-        // test clock, tokio's instant is the standard one).
-        let started = sent.into_std();
-        let claimed = late_claim(self.backend().claim(&request).await, held_until);
-        self.steps.record(Step::Claim, started);
-        if claimed.is_ok() {
-            unconfirmed.disarm();
-        }
-        match claimed {
-            Err(error) => {
-                tracing::warn!(tool = op.tool, %error, "claim failed; not running");
-                // Dropping the guard releases the claim, fenced by this
-                // attempt, retrying in the background until the store answers.
-                drop(unconfirmed);
-                Answer::StoreUnavailable { error }
-            }
-            Ok(Claim::Existing { record }) => {
+        match self.claim(request, op.tool).await {
+            Claimed::Unavailable(error) => Answer::StoreUnavailable { error },
+            Claimed::Existing(record) => {
                 tracing::Span::current()
                     .record("reference", tracing::field::display(record.reference));
                 existing(record, &key, op.status_tool)
             }
-            Ok(Claim::Claimed { reference }) => {
+            Claimed::Won(won) => {
+                let reference = won.reference;
                 tracing::Span::current().record("reference", tracing::field::display(reference));
                 let context = OperationContext::new(reference, op.caller, op.tool);
                 let handler = self.in_flight.run(
                     key,
                     reference,
-                    request.attempt,
-                    held_until,
+                    won.request.attempt,
+                    won.held_until(),
                     handler(context),
                 );
-                let claimed = (&request, reference, sent);
-                self.execute(claimed, op.status_tool, OnRejected::Release, handler)
+                self.execute(&won, op.status_tool, OnRejected::Release, handler)
                     .await
             }
         }
@@ -421,12 +401,11 @@ impl Executor {
         })
     }
 
-    /// Runs `handler` under `claim`, which won the operation `reference` and
-    /// was sent at `sent` (the store's lease counts from no earlier),
-    /// heartbeating until it ends, and records its outcome.
+    /// Runs `handler` under the claim `won`, heartbeating until it ends,
+    /// and records its outcome: the execute step of every path.
     async fn execute<T, E, Fut>(
         &self,
-        (claim, reference, sent): (&ClaimRequest, Reference, tokio::time::Instant),
+        won: &Won,
         status_tool: &str,
         on_rejected: OnRejected,
         handler: Fut,
@@ -436,6 +415,7 @@ impl Executor {
         E: Classify + std::fmt::Display,
         Fut: Future<Output = Result<T, E>>,
     {
+        let (claim, reference) = (&won.request, won.reference);
         let mut guard = UnknownOnDrop {
             store: Some(&self.store),
             key: claim.key,
@@ -447,7 +427,7 @@ impl Executor {
         let declared = Declared::new(self.max_follow_on_payload, self.follow_ons_unsupported_by);
         let mut handler = std::pin::pin!(DECLARED.scope(RefCell::new(declared), handler));
         let outcome = self
-            .with_heartbeat(claim, reference, sent, CatchUnwind(handler.as_mut()))
+            .with_heartbeat(won, CatchUnwind(handler.as_mut()))
             .await;
         let store: &dyn IdempotencyStore = &**guard.disarm();
         let (key, attempt) = (&claim.key, claim.attempt);
@@ -541,13 +521,8 @@ impl Executor {
     /// The heartbeat runs beside the handler, not inside its turn: both are
     /// polled whenever the task wakes, so a store that is slow to answer a
     /// renewal never pauses the side effect.
-    async fn with_heartbeat<O>(
-        &self,
-        claim: &ClaimRequest,
-        reference: Reference,
-        sent: tokio::time::Instant,
-        work: impl Future<Output = O>,
-    ) -> O {
+    async fn with_heartbeat<O>(&self, won: &Won, work: impl Future<Output = O>) -> O {
+        let (claim, reference) = (&won.request, won.reference);
         let mut work = std::pin::pin!(work);
         // A handler that finishes on its first poll never needs a heartbeat;
         // not arming a timer for it keeps the timer wheel off the fast path.
@@ -562,7 +537,7 @@ impl Executor {
             // that came late must not push the first heartbeat past the
             // lease the store counts from the claim (a first tick already
             // due fires at once).
-            let mut ticks = tokio::time::interval_at(sent + period, period);
+            let mut ticks = tokio::time::interval_at(won.sent + period, period);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 ticks.tick().await;
@@ -603,27 +578,6 @@ impl Executor {
             .lookup(caller.tenant(), &reference)
             .await?
             .map(|r| StatusReport::from_record(&r)))
-    }
-}
-
-/// A claim that won but whose answer came after its lease ran out (on the
-/// timer's clock, counted from before the claim was sent) is treated as not
-/// confirmed: the record may already have been swept, reconciled and taken
-/// over by a repeat, so no handler starts under it. The caller releases it
-/// (fenced by its attempt: nothing ran) and answers that nothing ran.
-pub(super) fn late_claim(
-    claimed: Result<Claim, StoreError>,
-    held_until: tokio::time::Instant,
-) -> Result<Claim, StoreError> {
-    match claimed {
-        Ok(Claim::Claimed { .. }) if tokio::time::Instant::now() >= held_until => {
-            Err(StoreError::Unavailable(
-                "the store confirmed the claim only after its lease had run out (the store or \
-                 this server was too slow), so the tool was not run"
-                    .into(),
-            ))
-        }
-        other => other,
     }
 }
 

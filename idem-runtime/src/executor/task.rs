@@ -15,12 +15,12 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::guard::ReleaseOnDrop;
+use super::claim::{Claimed, Won};
 use super::{existing, timed, Executor, OnRejected, Operation, OperationContext};
 use crate::answer::{Answer, Classify};
 use crate::key::{IdempotencyKey, Reference};
-use crate::store::{Claim, ClaimRequest, IdempotencyStore, Record, RecordState, Resolution};
-use crate::telemetry::{self, Step};
+use crate::store::{IdempotencyStore, Record, RecordState, Resolution};
+use crate::telemetry;
 
 /// What a claim made for a task found.
 #[derive(Debug)]
@@ -38,11 +38,7 @@ pub(crate) enum TaskClaim<T, E> {
 /// An operation this call has claimed and must now run.
 #[derive(Debug)]
 pub(crate) struct ClaimedOperation {
-    request: ClaimRequest,
-    /// The operation's reference, as the store granted it.
-    reference: Reference,
-    /// When the claim was sent: its heartbeats count from here.
-    sent: tokio::time::Instant,
+    won: Won,
     context: OperationContext,
     status_tool: String,
 }
@@ -50,17 +46,17 @@ pub(crate) struct ClaimedOperation {
 impl ClaimedOperation {
     /// The operation's reference: the task id.
     pub(crate) fn reference(&self) -> Reference {
-        self.reference
+        self.won.reference
     }
 
     /// The claim's lease.
     pub(crate) fn lease(&self) -> Duration {
-        self.request.lease
+        self.won.lease()
     }
 
     /// How long a completed record answers (the window).
     pub(crate) fn window(&self) -> Duration {
-        self.request.window
+        self.won.request.window
     }
 }
 
@@ -85,26 +81,12 @@ impl Executor {
             Err(reason) => return TaskClaim::Answered(Answer::Refused { reason }),
         };
         let key = request.key;
-        let mut unconfirmed = ReleaseOnDrop::new(&self.store, key, request.attempt);
-        let sent = tokio::time::Instant::now();
-        let started = sent.into_std();
-        let claimed = super::late_claim(self.backend().claim(&request).await, sent + self.lease);
-        self.steps.record(Step::Claim, started);
-        if claimed.is_ok() {
-            unconfirmed.disarm();
-        }
-        match claimed {
-            Err(error) => {
-                tracing::warn!(tool = op.tool, %error, "claim failed; not running");
-                drop(unconfirmed);
-                TaskClaim::Answered(Answer::StoreUnavailable { error })
-            }
-            Ok(Claim::Existing { record }) => repeat(record, &key, op.status_tool),
-            Ok(Claim::Claimed { reference }) => TaskClaim::Claimed(ClaimedOperation {
-                context: OperationContext::new(reference, op.caller, op.tool),
-                request,
-                reference,
-                sent,
+        match self.claim(request, op.tool).await {
+            Claimed::Unavailable(error) => TaskClaim::Answered(Answer::StoreUnavailable { error }),
+            Claimed::Existing(record) => repeat(record, &key, op.status_tool),
+            Claimed::Won(won) => TaskClaim::Claimed(ClaimedOperation {
+                context: OperationContext::new(won.reference, op.caller, op.tool),
+                won,
                 status_tool: op.status_tool.to_owned(),
             }),
         }
@@ -129,7 +111,7 @@ impl Executor {
         let tool = claimed.context.tool().to_owned();
         let answer = self
             .execute(
-                (&claimed.request, claimed.reference, claimed.sent),
+                &claimed.won,
                 &claimed.status_tool,
                 OnRejected::Record,
                 handler,

@@ -1,0 +1,111 @@
+//! The claim step, written once for inline calls and MCP tasks: the claim
+//! sent under a guard that releases it if its answer never comes, the
+//! instant its lease counts from, and the late-claim check.
+
+use std::time::Duration;
+
+use super::guard::ReleaseOnDrop;
+use super::Executor;
+use crate::key::Reference;
+use crate::store::{Claim, ClaimRequest, Record, StoreError};
+use crate::telemetry::Step;
+
+/// A claim this call won: it must now run the operation.
+#[derive(Debug)]
+pub(crate) struct Won {
+    pub(crate) request: ClaimRequest,
+    /// The reference the operation runs under, as the store granted it.
+    pub(crate) reference: Reference,
+    /// When the claim was sent, on the timer's clock: the store's lease
+    /// cannot have started before, so the heartbeats and the in-flight
+    /// table count from here.
+    pub(crate) sent: tokio::time::Instant,
+}
+
+impl Won {
+    /// When the claim's lease runs out at the latest, without a heartbeat.
+    pub(crate) fn held_until(&self) -> tokio::time::Instant {
+        self.sent + self.request.lease
+    }
+
+    /// The claim's lease.
+    pub(crate) fn lease(&self) -> Duration {
+        self.request.lease
+    }
+}
+
+/// What claiming an operation found.
+#[derive(Debug)]
+pub(crate) enum Claimed {
+    /// This call owns the operation.
+    Won(Won),
+    /// A live record of the operation: the answer comes from it.
+    Existing(Record),
+    /// The store could not confirm the claim in time: nothing may run.
+    Unavailable(StoreError),
+}
+
+impl Executor {
+    /// Claims `request`'s operation: the one claim protocol of every path.
+    ///
+    /// - A guard is armed while the claim is in flight: if its answer is
+    ///   lost (a timeout after the commit) or the call is dropped before it
+    ///   comes, the claim may have landed and nothing would ever run under
+    ///   it, so dropping the guard releases it (fenced by its attempt,
+    ///   retrying in the background until the store answers).
+    /// - The send instant is read before the claim goes out: the store's
+    ///   lease cannot run out before one counted from it.
+    /// - A claim confirmed only after that lease ran out is not confirmed
+    ///   ([`late_claim`]): it may already have been swept, reconciled and
+    ///   taken over, so it is released and nothing runs.
+    pub(crate) async fn claim(&self, request: ClaimRequest, tool: &str) -> Claimed {
+        let mut unconfirmed = ReleaseOnDrop::new(&self.store, request.key, request.attempt);
+        let sent = tokio::time::Instant::now();
+        // The step's timer starts from the same reading (outside a paused
+        // test clock, tokio's instant is the standard one).
+        let started = sent.into_std();
+        let claimed = late_claim(self.backend().claim(&request).await, sent + request.lease);
+        self.steps.record(Step::Claim, started);
+        match claimed {
+            Err(error) => {
+                tracing::warn!(tool, %error, "claim failed; not running");
+                // Dropping the guard releases the claim.
+                drop(unconfirmed);
+                Claimed::Unavailable(error)
+            }
+            Ok(Claim::Existing { record }) => {
+                unconfirmed.disarm();
+                Claimed::Existing(record)
+            }
+            Ok(Claim::Claimed { reference }) => {
+                unconfirmed.disarm();
+                Claimed::Won(Won {
+                    request,
+                    reference,
+                    sent,
+                })
+            }
+        }
+    }
+}
+
+/// A claim that won but whose answer came after its lease ran out (on the
+/// timer's clock, counted from before the claim was sent) is treated as not
+/// confirmed: the record may already have been swept, reconciled and taken
+/// over by a repeat, so no handler starts under it. The caller releases it
+/// (fenced by its attempt: nothing ran) and answers that nothing ran.
+fn late_claim(
+    claimed: Result<Claim, StoreError>,
+    held_until: tokio::time::Instant,
+) -> Result<Claim, StoreError> {
+    match claimed {
+        Ok(Claim::Claimed { .. }) if tokio::time::Instant::now() >= held_until => {
+            Err(StoreError::Unavailable(
+                "the store confirmed the claim only after its lease had run out (the store or \
+                 this server was too slow), so the tool was not run"
+                    .into(),
+            ))
+        }
+        other => other,
+    }
+}
