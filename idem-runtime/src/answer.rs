@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 
 use crate::key::Reference;
-use crate::store::{Record, RecordState, RecordStateKind, StoreError};
+use crate::store::{Reading, Record, RecordStateKind, StoreError};
 
 /// How a failed handler ended, as far as the side effect goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -397,38 +397,32 @@ impl StatusReport {
             the processor. Do not submit it again; ask again later or tell the user it is under \
             review.";
         let mut state = record.state.kind();
-        let (response, note, next_step) = match &record.state {
-            RecordState::Completed { response } => (
+        let (response, note, next_step) = match record.reading() {
+            Reading::Completed { response } => (
                 Some(
                     serde_json::from_str(response)
-                        .unwrap_or_else(|_| serde_json::Value::String(response.clone())),
+                        .unwrap_or_else(|_| serde_json::Value::String(response.to_owned())),
                 ),
                 None,
                 "The operation completed; its result is in `response`. Do not submit it again."
                     .to_owned(),
             ),
-            // A claim whose lease ran out reads as outcome unknown, as a
-            // repeat call does: its process may have died mid-call, and
-            // "still running" would be said forever.
-            RecordState::InProgress if record.is_lapsed() => {
-                state = RecordStateKind::Unknown;
-                (
-                    None,
-                    Some(note::LEASE_LAPSED.to_owned()),
-                    UNDER_REVIEW.to_owned(),
-                )
-            }
-            RecordState::InProgress => (
+            Reading::Running { .. } => (
                 None,
                 None,
                 "The operation is still running. Ask again in a few seconds; do not submit it \
                  again."
                     .to_owned(),
             ),
-            RecordState::Unknown { note } => (None, Some(note.clone()), UNDER_REVIEW.to_owned()),
-            RecordState::NotPerformed { note } => (
+            // A claim whose lease ran out reads as outcome unknown, as a
+            // repeat call does.
+            Reading::Unknown { note, .. } => {
+                state = RecordStateKind::Unknown;
+                (None, Some(note.to_owned()), UNDER_REVIEW.to_owned())
+            }
+            Reading::NotPerformed { note } => (
                 None,
-                Some(note.clone()),
+                Some(note.to_owned()),
                 "The operation did not take effect. It is safe to submit it again.".to_owned(),
             ),
         };
@@ -449,9 +443,6 @@ impl StatusReport {
 /// The notes kept on an UNKNOWN record and read by models: why the outcome
 /// is unknown.
 pub(crate) mod note {
-    /// A lapsed IN_PROGRESS record, as a repeat or the status tool finds it.
-    pub(crate) const LEASE_LAPSED: &str = "the call that claimed it stopped renewing its lease; \
-                                           its process may have died mid-call";
     /// What the sweep writes on a lapsed record.
     pub(crate) const SWEPT: &str =
         "its lease ran out before it finished; the process may have died mid-call";

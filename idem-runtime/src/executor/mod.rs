@@ -14,7 +14,7 @@ use crate::answer::{note, Answer, Classify, Disposition, StatusReport};
 use crate::key::{is_empty_business_key, Caller, IdempotencyKey, Reference, Scope};
 use crate::outbox::{Declared, DECLARED};
 use crate::store::{
-    Attempt, ClaimRequest, FollowOnError, IdempotencyStore, Record, RecordState, StoreError,
+    Attempt, ClaimRequest, FollowOnError, IdempotencyStore, Reading, Record, StoreError,
     DEFAULT_MAX_PAYLOAD,
 };
 use crate::telemetry::{self, Step};
@@ -599,7 +599,6 @@ fn existing<T: DeserializeOwned, E>(
     key: &IdempotencyKey,
     status_tool: &str,
 ) -> Answer<T, E> {
-    let now = record.observed_at;
     let reference = record.reference;
     let status_tool = status_tool.to_owned();
     if record.key.fingerprint() != key.fingerprint() {
@@ -608,11 +607,11 @@ fn existing<T: DeserializeOwned, E>(
             status_tool,
         };
     }
-    match record.state {
-        RecordState::Completed { response } => match serde_json::from_str(&response) {
+    match record.reading() {
+        Reading::Completed { response } => match serde_json::from_str(response) {
             Ok(value) => Answer::Replayed {
                 value,
-                stored: response,
+                stored: response.to_owned(),
                 reference,
             },
             // It completed, so it must not run again; say so rather than guess.
@@ -622,24 +621,19 @@ fn existing<T: DeserializeOwned, E>(
                 note: note::unreadable(e),
             },
         },
-        RecordState::InProgress if now < record.lease_until => Answer::InFlight {
+        Reading::Running { retry_after } => Answer::InFlight {
             reference,
             status_tool,
-            retry_after: record.lease_until.duration_since(now).unwrap_or_default(),
+            retry_after,
         },
-        RecordState::InProgress => Answer::Unknown {
+        Reading::Unknown { note, .. } => Answer::Unknown {
             reference,
             status_tool,
-            note: note::LEASE_LAPSED.to_owned(),
-        },
-        RecordState::Unknown { note } => Answer::Unknown {
-            reference,
-            status_tool,
-            note,
+            note: note.to_owned(),
         },
         // The store takes a NOT_PERFORMED record over in the claim itself; a
         // store that hands one back answers honestly rather than guessing.
-        RecordState::NotPerformed { note } => Answer::Unknown {
+        Reading::NotPerformed { note } => Answer::Unknown {
             reference,
             status_tool,
             note: format!(

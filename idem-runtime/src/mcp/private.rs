@@ -386,10 +386,8 @@ where
             Ok(CallToolResponse::Complete(render(answer)))
         }
         TaskClaim::Running(record) => {
-            let state = match record.state {
-                crate::store::RecordState::InProgress if !record.is_lapsed() => {
-                    AnswerState::InProgress
-                }
+            let state = match record.reading() {
+                crate::store::Reading::Running { .. } => AnswerState::InProgress,
                 _ => AnswerState::Unknown,
             };
             crate::telemetry::call(spec.tool, state);

@@ -54,7 +54,7 @@ use super::RESULT_META_KEY;
 use crate::answer::text;
 use crate::executor::REJECTED_RESOLUTION;
 use crate::key::{Caller, Reference};
-use crate::store::{Record, RecordState};
+use crate::store::{Reading, Record};
 use crate::time::rfc3339;
 
 /// Whether the request declares the tasks extension in its capabilities
@@ -184,8 +184,8 @@ fn detailed(record: &Record, lease: Duration) -> DetailedTask {
         .with_ttl_ms(lifetime(ttl))
         .with_poll_interval_ms(millis(poll_interval(lease)))
     };
-    match &record.state {
-        RecordState::Completed { response } => {
+    match record.reading() {
+        Reading::Completed { response } => {
             let task = task(record.expires_at);
             match serde_json::from_str::<JsonObject>(response) {
                 Ok(mut result) => {
@@ -219,22 +219,16 @@ fn detailed(record: &Record, lease: Duration) -> DetailedTask {
                 }
             }
         }
-        RecordState::InProgress if !record.is_lapsed() => DetailedTask::new(
+        Reading::Running { .. } => DetailedTask::new(
             task(record.expires_at).with_status_message(text::task_running(&reference)),
             TaskPayload::Working,
         ),
-        RecordState::InProgress => DetailedTask::new(
-            task(record.retain_until).with_status_message(text::task_reconciling(
-                &reference,
-                crate::answer::note::LEASE_LAPSED,
-            )),
-            TaskPayload::Working,
-        ),
-        RecordState::Unknown { note } => DetailedTask::new(
+        // UNKNOWN, or a claim whose lease ran out: being reconciled.
+        Reading::Unknown { note, .. } => DetailedTask::new(
             task(record.retain_until).with_status_message(text::task_reconciling(&reference, note)),
             TaskPayload::Working,
         ),
-        RecordState::NotPerformed { note } => {
+        Reading::NotPerformed { note } => {
             let rejected = record.resolution.as_deref() == Some(REJECTED_RESOLUTION);
             let (code, message) = if rejected {
                 (

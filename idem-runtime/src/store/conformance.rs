@@ -35,8 +35,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    Attempt, Claim, ClaimRequest, FollowOn, IdempotencyStore, JobFilter, JobId, OutboxJob, Record,
-    RecordFilter, RecordState, RecordStateKind, Resolution, StateCounts, StoreError,
+    Attempt, Claim, ClaimRequest, FollowOn, IdempotencyStore, JobFilter, JobId, OutboxJob, Reading,
+    Record, RecordFilter, RecordState, RecordStateKind, Resolution, StateCounts, StoreError,
 };
 use crate::key::{IdempotencyKey, Reference};
 
@@ -453,6 +453,66 @@ pub async fn not_performed_after_the_window_is_a_new_operation(store: &dyn Idemp
     let later = new_operation(&first);
     assert_eq!(claimed(store, &later).await, later.reference);
     assert_eq!(record(store, &later).await.unwrap().attempt, later.attempt);
+}
+
+/// A record read back reads to a caller by its state and its lease, judged
+/// at the store's clock when it was read ([`Record::reading`]): running
+/// while its lease holds, unknown once it lapsed, then as it was resolved.
+pub async fn a_record_reads_by_its_state_and_lease(store: &dyn IdempotencyStore) {
+    let mut req = fresh(W);
+    req.lease = Duration::from_millis(200);
+    claimed(store, &req).await;
+    match record(store, &req).await.unwrap().reading() {
+        Reading::Running { retry_after } => assert!(retry_after <= req.lease),
+        other => panic!("a fresh claim reads as {other:?}"),
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = record(store, &req).await.unwrap();
+    assert_eq!(r.state, RecordState::InProgress, "not swept yet");
+    assert!(
+        matches!(r.reading(), Reading::Unknown { lapsed: true, .. }),
+        "a lapsed claim reads as unknown: {:?}",
+        r.reading()
+    );
+    assert!(r.is_lapsed());
+    store
+        .complete(&req.key, req.attempt, "\"late\"")
+        .await
+        .unwrap();
+    assert_eq!(
+        record(store, &req).await.unwrap().reading(),
+        Reading::Completed {
+            response: "\"late\""
+        }
+    );
+
+    let doubt = fresh(W);
+    claimed(store, &doubt).await;
+    store
+        .mark_unknown(&doubt.key, doubt.attempt, "timeout")
+        .await
+        .unwrap();
+    assert_eq!(
+        record(store, &doubt).await.unwrap().reading(),
+        Reading::Unknown {
+            note: "timeout",
+            lapsed: false
+        }
+    );
+    let not_performed = Resolution::NotPerformed {
+        note: "no such charge",
+        settle: Duration::ZERO,
+    };
+    store
+        .resolve(&doubt.key, doubt.attempt, not_performed, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        record(store, &doubt).await.unwrap().reading(),
+        Reading::NotPerformed {
+            note: "no such charge"
+        }
+    );
 }
 
 /// An UNKNOWN record is not taken over when its window ends: it must be
@@ -1764,6 +1824,7 @@ macro_rules! __idem_conformance_cases {
             a_claim_after_the_window_is_a_new_operation,
             not_performed_within_the_window_keeps_its_reference,
             not_performed_after_the_window_is_a_new_operation,
+            a_record_reads_by_its_state_and_lease,
             unknown_record_outlives_window,
             lapsed_lease_is_listed_not_taken_over,
             heartbeat_extends_lease,

@@ -239,16 +239,80 @@ impl Record {
         matches!(self.state, RecordState::NotPerformed { .. }) || self.is_expired(now)
     }
 
-    /// Whether the claim's lease ran out at `now` (store clock).
+    /// Whether the claim's lease ran out at `now` (store clock): the one
+    /// test of a lapse, for a store listing lapsed records at its own `now`
+    /// and for [`Record::reading`].
     pub fn lease_expired(&self, now: SystemTime) -> bool {
         self.lease_until <= now
     }
 
-    /// Whether the record, as read, is an IN_PROGRESS claim whose lease ran
-    /// out: its process may have died mid-call, so it reads as UNKNOWN.
-    pub fn is_lapsed(&self) -> bool {
-        self.state == RecordState::InProgress && self.lease_expired(self.observed_at)
+    /// How the record reads to a caller, judged at `observed_at` (the
+    /// store's clock when it was read): the one judgement behind a repeat's
+    /// answer, the status tool, `tasks/get` and the command line.
+    ///
+    /// An IN_PROGRESS record whose lease ran out reads as unknown: its
+    /// process stopped renewing the lease and may have died mid-call, and
+    /// "still running" would be said forever.
+    pub fn reading(&self) -> Reading<'_> {
+        match &self.state {
+            RecordState::InProgress if !self.lease_expired(self.observed_at) => Reading::Running {
+                retry_after: self
+                    .lease_until
+                    .duration_since(self.observed_at)
+                    .unwrap_or_default(),
+            },
+            RecordState::InProgress => Reading::Unknown {
+                note: LEASE_LAPSED,
+                lapsed: true,
+            },
+            RecordState::Completed { response } => Reading::Completed { response },
+            RecordState::Unknown { note } => Reading::Unknown {
+                note,
+                lapsed: false,
+            },
+            RecordState::NotPerformed { note } => Reading::NotPerformed { note },
+        }
     }
+
+    /// Whether the record, as read, is an IN_PROGRESS claim whose lease ran
+    /// out ([`Reading::Unknown`] with `lapsed`).
+    pub fn is_lapsed(&self) -> bool {
+        matches!(self.reading(), Reading::Unknown { lapsed: true, .. })
+    }
+}
+
+/// The note a lapsed IN_PROGRESS record reads with.
+pub(crate) const LEASE_LAPSED: &str = "the call that claimed it stopped renewing its lease; \
+                                       its process may have died mid-call";
+
+/// How a record reads to a caller ([`Record::reading`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reading<'r> {
+    /// Its handler is running, and its lease holds for `retry_after` more.
+    Running {
+        /// What remains of the lease.
+        retry_after: Duration,
+    },
+    /// It completed: repeats replay `response`.
+    Completed {
+        /// The response exactly as it was first returned (JSON text).
+        response: &'r str,
+    },
+    /// Nobody knows whether it took effect: it is UNKNOWN, or its claim's
+    /// lease ran out while it was IN_PROGRESS (`lapsed`). It must be
+    /// reconciled before it can run again.
+    Unknown {
+        /// Why the outcome is unknown.
+        note: &'r str,
+        /// Whether it is an IN_PROGRESS record whose lease ran out (not yet
+        /// marked UNKNOWN by the sweep).
+        lapsed: bool,
+    },
+    /// It did not take effect; the next claim runs it.
+    NotPerformed {
+        /// How it was found not performed.
+        note: &'r str,
+    },
 }
 
 /// What a claim found.
