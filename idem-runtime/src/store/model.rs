@@ -1,0 +1,408 @@
+//! The data model of the store contract: what a claim asks for and finds,
+//! a record and its states, how a record reads to a caller, and the
+//! filters and counts of the operator's reads.
+
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use super::Attempt;
+use crate::key::{IdempotencyKey, Reference};
+
+/// What a claim asks the store to create.
+#[derive(Clone, Debug)]
+pub struct ClaimRequest {
+    /// The operation's key and fingerprint.
+    pub key: IdempotencyKey,
+    /// The reference the operation gets if this claim starts a new one
+    /// (drawn by [`Reference::new_operation`]). A claim that takes over a
+    /// NOT_PERFORMED record within its window continues that operation and
+    /// keeps its reference instead ([`Record::takeover_reference`]).
+    pub reference: Reference,
+    /// The caller's tenant; lookups by reference are scoped to it.
+    pub tenant: String,
+    /// The tool's name, for status answers.
+    pub tool: String,
+    /// The fencing token this claim will own the record with.
+    pub attempt: Attempt,
+    /// How long the claim holds without a heartbeat.
+    pub lease: Duration,
+    /// How long a COMPLETED record answers repeats, counted from the claim.
+    pub window: Duration,
+    /// How long an IN_PROGRESS or UNKNOWN record is kept, counted from the
+    /// claim (at least `window`): a charge that may have happened is not
+    /// forgotten when the window ends.
+    pub retention: Duration,
+}
+
+/// The state of a record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RecordState {
+    /// Claimed; the handler is running (or died, once the lease ran out).
+    InProgress,
+    /// The handler finished; the response is kept for replays.
+    Completed {
+        /// The response exactly as it was first returned (JSON text).
+        response: String,
+    },
+    /// Nobody knows whether the side effect happened; it must be reconciled.
+    Unknown {
+        /// Why the outcome is unknown.
+        note: String,
+    },
+    /// Resolved as never having taken effect (by a reconciler or by hand):
+    /// the next claim of the operation takes the record over and runs. Kept
+    /// until its retention ends, so the status tool can say so.
+    NotPerformed {
+        /// How it was found not performed.
+        note: String,
+    },
+}
+
+impl RecordState {
+    /// Which of the three states this is, without its payload.
+    pub fn kind(&self) -> RecordStateKind {
+        match self {
+            RecordState::InProgress => RecordStateKind::InProgress,
+            RecordState::Completed { .. } => RecordStateKind::Completed,
+            RecordState::Unknown { .. } => RecordStateKind::Unknown,
+            RecordState::NotPerformed { .. } => RecordStateKind::NotPerformed,
+        }
+    }
+
+    /// `IN_PROGRESS`, `COMPLETED` or `UNKNOWN`.
+    pub fn name(&self) -> &'static str {
+        self.kind().as_str()
+    }
+}
+
+/// The state of a record without its payload: the one place the states'
+/// names and their codes in the SQL stores' `state` column are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RecordStateKind {
+    /// Claimed; the handler is running (or died, once the lease ran out).
+    InProgress,
+    /// The handler finished; the response is kept for replays.
+    Completed,
+    /// Nobody knows whether the side effect happened.
+    Unknown,
+    /// Resolved as never having taken effect; the next claim runs.
+    NotPerformed,
+}
+
+impl RecordStateKind {
+    /// Every kind, in code order.
+    pub const ALL: [RecordStateKind; 4] = [
+        RecordStateKind::InProgress,
+        RecordStateKind::Completed,
+        RecordStateKind::Unknown,
+        RecordStateKind::NotPerformed,
+    ];
+
+    /// The name the status tool and the docs use: `IN_PROGRESS`,
+    /// `COMPLETED`, `UNKNOWN` or `NOT_PERFORMED`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RecordStateKind::InProgress => "IN_PROGRESS",
+            RecordStateKind::Completed => "COMPLETED",
+            RecordStateKind::Unknown => "UNKNOWN",
+            RecordStateKind::NotPerformed => "NOT_PERFORMED",
+        }
+    }
+
+    /// The code a SQL store keeps in its `state` column (0, 1, 2, 3). Stored
+    /// data depends on these: they never change.
+    pub const fn code(self) -> i16 {
+        match self {
+            RecordStateKind::InProgress => 0,
+            RecordStateKind::Completed => 1,
+            RecordStateKind::Unknown => 2,
+            RecordStateKind::NotPerformed => 3,
+        }
+    }
+
+    /// The kind with this code, if any.
+    pub fn from_code(code: i64) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| i64::from(k.code()) == code)
+    }
+}
+
+impl fmt::Display for RecordStateKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One operation's record, as a store holds it. The raw arguments are never
+/// stored, only their fingerprint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// Key and fingerprint.
+    pub key: IdempotencyKey,
+    /// The operation's public reference: drawn when the operation started,
+    /// the same for every repeat within its life.
+    pub reference: Reference,
+    /// The caller's tenant.
+    pub tenant: String,
+    /// The tool's name.
+    pub tool: String,
+    /// The current claim's fencing token.
+    pub attempt: Attempt,
+    /// Where the record stands.
+    pub state: RecordState,
+    /// When the current claim was made (store clock).
+    pub claimed_at: SystemTime,
+    /// When the record last changed (store clock).
+    pub updated_at: SystemTime,
+    /// Until when the claim holds without a heartbeat.
+    pub lease_until: SystemTime,
+    /// When a COMPLETED record stops answering repeats.
+    pub expires_at: SystemTime,
+    /// When an IN_PROGRESS, UNKNOWN or NOT_PERFORMED record may be
+    /// forgotten.
+    pub retain_until: SystemTime,
+    /// When a reconciler looks at an UNKNOWN record next (set when it
+    /// becomes UNKNOWN, pushed back by [`IdempotencyStore::defer_check`](super::IdempotencyStore::defer_check)).
+    pub next_check_at: SystemTime,
+    /// How many times a reconciler looked at it without resolving it.
+    pub checks: u32,
+    /// Who resolved it by hand and why, when a person did.
+    pub resolution: Option<String>,
+    /// The store's clock when this copy was read: judge the lease against it.
+    pub observed_at: SystemTime,
+}
+
+impl Record {
+    /// The reference a claim that takes this record over at `now` runs
+    /// under, when the claim offered `offered` for a new operation.
+    ///
+    /// A NOT_PERFORMED record whose window has not ended is the same
+    /// operation, tried again: it keeps its reference, so a processor still
+    /// dedupes a request of the first try that lands late. Anything else
+    /// taken over (past its life) is a new operation with the new
+    /// reference. Every store applies this rule in its claim.
+    pub fn takeover_reference(&self, offered: Reference, now: SystemTime) -> Reference {
+        match self.state {
+            RecordState::NotPerformed { .. } if now < self.expires_at => self.reference,
+            _ => offered,
+        }
+    }
+
+    /// Whether a record is past its life at `now` (store clock), so that
+    /// purge may delete it (and a new claim take it over). A COMPLETED record
+    /// ends at `expires_at`; any other only at `retain_until` and once its
+    /// lease ran out, because its side effect may have happened (or, for
+    /// NOT_PERFORMED, so the status tool can still say it did not).
+    pub fn is_expired(&self, now: SystemTime) -> bool {
+        match self.state {
+            RecordState::Completed { .. } => self.expires_at <= now,
+            _ => self.retain_until <= now && self.lease_until <= now,
+        }
+    }
+
+    /// Whether a new claim may take the record over at `now`: it expired,
+    /// or it was resolved as not performed.
+    pub fn is_claimable(&self, now: SystemTime) -> bool {
+        matches!(self.state, RecordState::NotPerformed { .. }) || self.is_expired(now)
+    }
+
+    /// Whether the claim's lease ran out at `now` (store clock): the one
+    /// test of a lapse, for a store listing lapsed records at its own `now`
+    /// and for [`Record::reading`].
+    pub fn lease_expired(&self, now: SystemTime) -> bool {
+        self.lease_until <= now
+    }
+
+    /// How the record reads to a caller, judged at `observed_at` (the
+    /// store's clock when it was read): the one judgement behind a repeat's
+    /// answer, the status tool, `tasks/get` and the command line.
+    ///
+    /// An IN_PROGRESS record whose lease ran out reads as unknown: its
+    /// process stopped renewing the lease and may have died mid-call, and
+    /// "still running" would be said forever.
+    pub fn reading(&self) -> Reading<'_> {
+        match &self.state {
+            RecordState::InProgress if !self.lease_expired(self.observed_at) => Reading::Running {
+                retry_after: self
+                    .lease_until
+                    .duration_since(self.observed_at)
+                    .unwrap_or_default(),
+            },
+            RecordState::InProgress => Reading::Unknown {
+                note: LEASE_LAPSED,
+                lapsed: true,
+            },
+            RecordState::Completed { response } => Reading::Completed { response },
+            RecordState::Unknown { note } => Reading::Unknown {
+                note,
+                lapsed: false,
+            },
+            RecordState::NotPerformed { note } => Reading::NotPerformed { note },
+        }
+    }
+
+    /// Whether the record, as read, is an IN_PROGRESS claim whose lease ran
+    /// out ([`Reading::Unknown`] with `lapsed`).
+    pub fn is_lapsed(&self) -> bool {
+        matches!(self.reading(), Reading::Unknown { lapsed: true, .. })
+    }
+}
+
+/// The note a lapsed IN_PROGRESS record reads with.
+const LEASE_LAPSED: &str = "the call that claimed it stopped renewing its lease; \
+                                       its process may have died mid-call";
+
+/// How a record reads to a caller ([`Record::reading`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reading<'r> {
+    /// Its handler is running, and its lease holds for `retry_after` more.
+    Running {
+        /// What remains of the lease.
+        retry_after: Duration,
+    },
+    /// It completed: repeats replay `response`.
+    Completed {
+        /// The response exactly as it was first returned (JSON text).
+        response: &'r str,
+    },
+    /// Nobody knows whether it took effect: it is UNKNOWN, or its claim's
+    /// lease ran out while it was IN_PROGRESS (`lapsed`). It must be
+    /// reconciled before it can run again.
+    Unknown {
+        /// Why the outcome is unknown.
+        note: &'r str,
+        /// Whether it is an IN_PROGRESS record whose lease ran out (not yet
+        /// marked UNKNOWN by the sweep).
+        lapsed: bool,
+    },
+    /// It did not take effect; the next claim runs it.
+    NotPerformed {
+        /// How it was found not performed.
+        note: &'r str,
+    },
+}
+
+/// What a claim found.
+// A record is returned by value: a repeat is rarer than a first call and the
+// enum only ever lives on the stack of one claim.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// The record was created (or an expired one taken over): the caller owns
+    /// it with the request's attempt and must now run the operation, under
+    /// `reference`: the request's own for a new operation, the record's for
+    /// a NOT_PERFORMED one taken over within its window.
+    Claimed {
+        /// The reference the operation runs under.
+        reference: Reference,
+    },
+    /// A live record exists; nothing was changed. Its `observed_at` is the
+    /// store's clock at the time of the read, to judge the lease against.
+    Existing {
+        /// The record as found.
+        record: Record,
+    },
+}
+
+/// How an UNKNOWN record is resolved ([`IdempotencyStore::resolve`](super::IdempotencyStore::resolve)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resolution<'a> {
+    /// It happened: COMPLETED, and repeats replay `response` (JSON text,
+    /// exactly what the tool would have returned).
+    Completed {
+        /// The response to store.
+        response: &'a str,
+    },
+    /// It did not happen: NOT_PERFORMED with `note`, and the next claim of
+    /// the operation runs. Accepted only once the record has been unchanged
+    /// for `settle`.
+    NotPerformed {
+        /// How it was found not performed.
+        note: &'a str,
+        /// How long the record must have been unchanged.
+        settle: Duration,
+    },
+}
+
+/// The `limit` of a default [`RecordFilter`] or [`JobFilter`](super::JobFilter): a page of 100.
+pub const DEFAULT_LIST_LIMIT: usize = 100;
+
+/// Which records [`IdempotencyStore::list_records`](super::IdempotencyStore::list_records) returns: every field
+/// that is set must match; the newest claims come first, at most `limit`.
+/// `RecordFilter::default()` matches every record and lists the newest
+/// [`DEFAULT_LIST_LIMIT`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordFilter {
+    /// Only records in this state, as stored (an IN_PROGRESS record whose
+    /// lease ran out is still IN_PROGRESS here; [`Record::is_lapsed`] tells).
+    pub state: Option<RecordStateKind>,
+    /// Only this tenant's records.
+    pub tenant: Option<String>,
+    /// Only this tool's records.
+    pub tool: Option<String>,
+    /// The most records returned: [`DEFAULT_LIST_LIMIT`] (100) by default;
+    /// `0` returns none.
+    pub limit: usize,
+}
+
+impl Default for RecordFilter {
+    /// Every record, the newest [`DEFAULT_LIST_LIMIT`].
+    fn default() -> Self {
+        RecordFilter {
+            state: None,
+            tenant: None,
+            tool: None,
+            limit: DEFAULT_LIST_LIMIT,
+        }
+    }
+}
+
+/// How many records a store holds in each state
+/// ([`IdempotencyStore::count_records`](super::IdempotencyStore::count_records)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StateCounts {
+    /// IN_PROGRESS records (running, or lapsed).
+    pub in_progress: u64,
+    /// COMPLETED records.
+    pub completed: u64,
+    /// UNKNOWN records: each one waits for a reconciler or a person.
+    pub unknown: u64,
+    /// NOT_PERFORMED records.
+    pub not_performed: u64,
+}
+
+impl StateCounts {
+    /// The count of one state.
+    pub fn get(&self, kind: RecordStateKind) -> u64 {
+        match kind {
+            RecordStateKind::InProgress => self.in_progress,
+            RecordStateKind::Completed => self.completed,
+            RecordStateKind::Unknown => self.unknown,
+            RecordStateKind::NotPerformed => self.not_performed,
+        }
+    }
+
+    /// Adds `n` to the count of `kind`.
+    pub fn add(&mut self, kind: RecordStateKind, n: u64) {
+        match kind {
+            RecordStateKind::InProgress => self.in_progress += n,
+            RecordStateKind::Completed => self.completed += n,
+            RecordStateKind::Unknown => self.unknown += n,
+            RecordStateKind::NotPerformed => self.not_performed += n,
+        }
+    }
+
+    /// All records.
+    pub fn total(&self) -> u64 {
+        RecordStateKind::ALL.iter().map(|&k| self.get(k)).sum()
+    }
+}
+
+impl RecordFilter {
+    /// Whether `record` matches the filter's state, tenant and tool (not its
+    /// limit): for a store that filters after reading.
+    pub fn matches(&self, record: &Record) -> bool {
+        self.state.is_none_or(|s| record.state.kind() == s)
+            && self.tenant.as_deref().is_none_or(|t| record.tenant == t)
+            && self.tool.as_deref().is_none_or(|t| record.tool == t)
+    }
+}
