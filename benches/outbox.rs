@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_runtime::{
-    job_fn, Attempt, Claim, FollowOn, IdempotencyStore, JobHandlers, JobRun, Outbox, OutboxConfig,
-    PostgresStore, SqliteStore,
+    job_fn, Attempt, Claim, FollowOn, FollowOnStore, IdempotencyStore, JobHandlers, JobRun, Outbox,
+    OutboxConfig, PostgresStore, SqliteStore,
 };
 
 /// Calls per side in the completion comparison.
@@ -32,6 +32,8 @@ async fn completion(store: &dyn IdempotencyStore, jobs: &[FollowOn]) -> Duration
     ));
     let t = Instant::now();
     store
+        .follow_ons()
+        .expect("the store keeps jobs")
         .complete_with_follow_ons(&req.key, req.attempt, common::RESPONSE, jobs)
         .await
         .unwrap();
@@ -92,6 +94,8 @@ async fn backlog(store: &dyn IdempotencyStore, n: usize) {
         let req = common::request();
         store.claim(&req).await.unwrap();
         store
+            .follow_ons()
+            .expect("the store keeps jobs")
             .complete_with_follow_ons(&req.key, req.attempt, common::RESPONSE, &job)
             .await
             .unwrap();
@@ -132,6 +136,7 @@ async fn drain(url: &str, dispatchers: usize, n: usize, work: Duration) -> f64 {
                 }),
             );
             Outbox::spawn(Arc::new(store(url, schema)), handlers, config.clone())
+                .expect("the store keeps follow-on jobs")
         })
         .collect();
     while ran.load(Ordering::SeqCst) < n {

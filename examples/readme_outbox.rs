@@ -22,7 +22,9 @@ async fn main() {
             Ok(())
         }),
     );
-    let outbox = Outbox::spawn(store.clone(), handlers, OutboxConfig::default());
+    // A store that keeps no follow-on jobs is refused here, not at the first charge.
+    let outbox = Outbox::spawn(store.clone(), handlers, OutboxConfig::default())
+        .expect("MemoryStore keeps follow-on jobs");
 
     // A wrapped handler declares the job; in an #[idempotent] tool it is the same call.
     let executor = Executor::new(store);

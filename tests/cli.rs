@@ -11,7 +11,7 @@ use durable::{database_url, temp_dir};
 use idem_runtime::cli::{EXIT_OK, EXIT_OPERATOR, EXIT_UNREACHABLE, EXIT_USAGE};
 use idem_runtime::conformance::claim_request;
 use idem_runtime::{
-    Claim, ClaimRequest, IdempotencyStore, PostgresStore, RecordState, SqliteStore,
+    Claim, ClaimRequest, FollowOnStore, IdempotencyStore, PostgresStore, RecordState, SqliteStore,
 };
 use serde_json::{json, Value};
 

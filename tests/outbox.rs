@@ -127,6 +127,8 @@ fn memory() -> Arc<dyn IdempotencyStore> {
 
 async fn jobs(store: &dyn IdempotencyStore) -> Vec<idem_runtime::OutboxJob> {
     store
+        .follow_ons()
+        .expect("the store keeps jobs")
         .list_jobs(&JobFilter {
             limit: 1000,
             ..JobFilter::default()
@@ -426,7 +428,8 @@ async fn failed_job_is_retried_with_backoff_then_delivered() {
     let charges = AtomicUsize::new(0);
     charge(&executor, &json!({"card": "4242"}), &charges).await;
     let mailer = Mailer::new(Duration::ZERO, 2);
-    let outbox = Outbox::spawn(store.clone(), mailer.handlers(), config());
+    let outbox = Outbox::spawn(store.clone(), mailer.handlers(), config())
+        .expect("the store keeps follow-on jobs");
     wait_until("the receipt is delivered", Duration::from_secs(10), || {
         mailer.deliveries() == 1
     })
@@ -458,7 +461,8 @@ async fn dead_letter_then_redrive() {
         first_backoff: Duration::from_millis(10),
         ..config()
     };
-    let outbox = Outbox::spawn(store.clone(), mailer.handlers(), config.clone());
+    let outbox = Outbox::spawn(store.clone(), mailer.handlers(), config.clone())
+        .expect("the store keeps follow-on jobs");
     let dead = JobFilter {
         dead: Some(true),
         limit: 10,
@@ -466,13 +470,25 @@ async fn dead_letter_then_redrive() {
     };
     let started = Instant::now();
     loop {
-        if !store.list_jobs(&dead).await.unwrap().is_empty() {
+        if !store
+            .follow_ons()
+            .expect("the store keeps jobs")
+            .list_jobs(&dead)
+            .await
+            .unwrap()
+            .is_empty()
+        {
             break;
         }
         assert!(started.elapsed() < Duration::from_secs(10), "never buried");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let buried = store.list_jobs(&dead).await.unwrap();
+    let buried = store
+        .follow_ons()
+        .expect("the store keeps jobs")
+        .list_jobs(&dead)
+        .await
+        .unwrap();
     assert_eq!(buried[0].attempts, 2);
     assert!(buried[0]
         .last_error
@@ -484,7 +500,12 @@ async fn dead_letter_then_redrive() {
     assert_eq!(mailer.seen().values().next().unwrap().attempts, 2);
 
     mailer.fail_first.store(0, Ordering::SeqCst);
-    assert!(store.redrive_job(&buried[0].id).await.unwrap());
+    assert!(store
+        .follow_ons()
+        .expect("the store keeps jobs")
+        .redrive_job(&buried[0].id)
+        .await
+        .unwrap());
     wait_until(
         "the re-driven receipt is delivered",
         Duration::from_secs(10),
@@ -499,7 +520,13 @@ async fn dead_letter_then_redrive() {
         [1, 2, 1],
         "re-driven from its first attempt"
     );
-    assert!(store.list_jobs(&dead).await.unwrap().is_empty());
+    assert!(store
+        .follow_ons()
+        .expect("the store keeps jobs")
+        .list_jobs(&dead)
+        .await
+        .unwrap()
+        .is_empty());
 }
 
 /// A job whose name no handler runs waits, reported each round, and is
@@ -589,8 +616,10 @@ async fn two_dispatchers_share_no_job(
         first.clone(),
         handlers(by_dispatcher[0].clone()),
         config.clone(),
-    );
-    let b = Outbox::spawn(second, handlers(by_dispatcher[1].clone()), config);
+    )
+    .expect("the store keeps follow-on jobs");
+    let b = Outbox::spawn(second, handlers(by_dispatcher[1].clone()), config)
+        .expect("the store keeps follow-on jobs");
     wait_until(
         "every receipt is delivered",
         Duration::from_secs(20),
@@ -768,7 +797,8 @@ async fn store_down_during_dispatch_loses_nothing() {
         timeout: Duration::from_millis(150),
         ..config()
     };
-    let outbox = Outbox::spawn(store.clone(), mailer.handlers(), config);
+    let outbox = Outbox::spawn(store.clone(), mailer.handlers(), config)
+        .expect("the store keeps follow-on jobs");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         mailer.seen().is_empty(),

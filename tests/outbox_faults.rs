@@ -12,7 +12,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use durable::temp_dir;
-use idem_runtime::{IdempotencyStore, JobFilter, SqliteStore};
+use idem_runtime::{FollowOnStore, JobFilter, SqliteStore};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 

@@ -13,8 +13,9 @@ use std::time::{Duration, Instant};
 
 use durable::PgSchema;
 use idem_runtime::{
-    follow_on, job_fn, Answer, Caller, Executor, FollowOn, FollowOnError, IdempotencyStore,
-    JobFilter, JobHandlers, Operation, Outbox, OutboxConfig, RecordState, ScopeSpec, ToolError,
+    follow_on, job_fn, Answer, Caller, Executor, FollowOn, FollowOnError, FollowOnStore,
+    IdempotencyStore, JobFilter, JobHandlers, Operation, Outbox, OutboxConfig, RecordState,
+    ScopeSpec, ToolError,
 };
 use serde_json::json;
 
@@ -32,7 +33,7 @@ fn quick(max_attempts: u32) -> OutboxConfig {
     }
 }
 
-async fn all_jobs(store: &dyn IdempotencyStore, tenant: &str) -> Vec<idem_runtime::OutboxJob> {
+async fn all_jobs(store: &dyn FollowOnStore, tenant: &str) -> Vec<idem_runtime::OutboxJob> {
     store
         .list_jobs(&JobFilter {
             tenant: Some(tenant.to_owned()),
@@ -52,7 +53,7 @@ async fn an_error_text_with_a_nul_byte_still_ends_in_the_dead_letter() {
     let Some(pg) = PgSchema::new().await else {
         return;
     };
-    let store: &dyn IdempotencyStore = &pg.store;
+    let store: &dyn FollowOnStore = &pg.store;
     let req = durable::request(Duration::from_secs(60), Duration::from_secs(900));
     store.claim(&req).await.unwrap();
     let job = FollowOn::new("send_receipt", &json!({ "to": "a@example.com" })).unwrap();
@@ -159,5 +160,7 @@ async fn a_job_name_postgres_cannot_keep_is_refused_and_the_record_completes() {
         matches!(declared, Some(Err(FollowOnError::BadName { .. }))),
         "{declared:?}"
     );
-    assert!(all_jobs(&*store, "acme").await.is_empty());
+    assert!(all_jobs(store.follow_ons().unwrap(), "acme")
+        .await
+        .is_empty());
 }

@@ -34,6 +34,8 @@ async fn completed_with_receipts(store: &dyn IdempotencyStore, n: usize) -> Vec<
         store.claim(&req).await.unwrap();
         let job = FollowOn::new("send_receipt", &serde_json::json!({ "receipt": i })).unwrap();
         store
+            .follow_ons()
+            .expect("the store keeps jobs")
             .complete_with_follow_ons(&req.key, req.attempt, "\"paid\"", &[job])
             .await
             .unwrap();
@@ -65,6 +67,8 @@ async fn dispatcher(url: &str, schema: &str, mailer: &Path, hold_ms: u64) -> Chi
 /// Live and dead jobs left in the store.
 async fn jobs_left(store: &dyn IdempotencyStore) -> usize {
     store
+        .follow_ons()
+        .expect("the store keeps jobs")
         .list_jobs(&JobFilter {
             limit: 100_000,
             ..JobFilter::default()

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use idem_runtime::conformance::claim_request;
 use idem_runtime::{
-    conformance, Caller, Claim, Executor, IdempotencyStore, Operation, RedisStore, ScopeSpec,
+    conformance, Caller, Claim, Executor, FollowOnStore, IdempotencyStore, Operation, RedisStore,
+    ScopeSpec,
 };
 use redis_server::{command, free_port, fresh_prefix, Server};
 

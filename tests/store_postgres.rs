@@ -4,7 +4,7 @@
 mod durable;
 
 use durable::PgSchema;
-use idem_runtime::{conformance, IdempotencyStore};
+use idem_runtime::{conformance, FollowOnStore, IdempotencyStore};
 
 // Each case in a fresh schema of its own, dropped at the end.
 idem_runtime::conformance_tests!(PgSchema::new().await);

@@ -13,8 +13,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use idem_runtime::conformance::{again, claim_request};
 use idem_runtime::{
-    conformance, Answer, Caller, Claim, ClaimRequest, Executor, IdempotencyKey, IdempotencyStore,
-    Operation, RecordState, RedisStore, Resolution, ScopeSpec, StoreError, ToolError,
+    conformance, Answer, Caller, Claim, ClaimRequest, Executor, FollowOnStore, IdempotencyKey,
+    IdempotencyStore, Operation, RecordState, RedisStore, Resolution, ScopeSpec, StoreError,
+    ToolError,
 };
 use redis_server::{command, Prefixed, Server};
 

@@ -138,7 +138,7 @@ async fn main() {
     let maintenance = MaintenanceConfig {
         reconciler: Some(Arc::new(ProcessorReconciler {
             backends: backends.clone(),
-            outbox: store.supports_follow_ons(),
+            outbox: store.follow_ons().is_some(),
         })),
         reconcile: ReconcileConfig {
             first_backoff: Duration::ZERO,

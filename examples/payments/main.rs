@@ -283,16 +283,19 @@ async fn main() {
     backends.set_mailer_failures(flags.mailer_failures);
     // The follow-on jobs (receipts, warehouse notices), delivered at least
     // once; on a store that keeps none, the tools refuse to declare them.
-    let outbox = store.supports_follow_ons().then(|| {
-        Outbox::spawn(
-            store.clone(),
-            backends.job_handlers(),
-            OutboxConfig {
-                interval: flags.outbox_interval,
-                first_backoff: flags.outbox_backoff,
-                ..OutboxConfig::default()
-            },
-        )
+    // Every shipped store keeps them; `spawn` refuses a store that does not.
+    let outbox = Outbox::spawn(
+        store.clone(),
+        backends.job_handlers(),
+        OutboxConfig {
+            interval: flags.outbox_interval,
+            first_backoff: flags.outbox_backoff,
+            ..OutboxConfig::default()
+        },
+    )
+    .unwrap_or_else(|e| {
+        eprintln!("payments: the outbox cannot run on this store: {e}");
+        std::process::exit(2)
     });
     let maintenance = Maintenance::spawn(
         store.clone(),
@@ -300,7 +303,7 @@ async fn main() {
             interval: flags.maintenance_interval,
             reconciler: Some(Arc::new(ProcessorReconciler {
                 backends: backends.clone(),
-                outbox: store.supports_follow_ons(),
+                outbox: store.follow_ons().is_some(),
             })),
             reconcile: ReconcileConfig {
                 settle: flags.settle,
@@ -337,9 +340,7 @@ async fn main() {
         }
     }
     maintenance.stop().await;
-    if let Some(outbox) = outbox {
-        outbox.stop().await;
-    }
+    outbox.stop().await;
 }
 
 mod http {

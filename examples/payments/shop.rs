@@ -530,7 +530,7 @@ impl Payments {
         processor_timeout: Duration,
     ) -> Self {
         Payments {
-            outbox: executor.store().supports_follow_ons(),
+            outbox: executor.store().follow_ons().is_some(),
             executor,
             default_caller,
             backends,

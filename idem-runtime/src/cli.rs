@@ -41,8 +41,8 @@ use crate::key::Reference;
 use crate::maintenance::{purge, resolve_by_hand_with_follow_ons, ManualOutcome, ResolveError};
 use crate::mcp::stored_response;
 use crate::store::{
-    open_store, FollowOn, IdempotencyStore, JobFilter, JobId, OutboxJob, Record, RecordFilter,
-    RecordState, RecordStateKind, StoreError,
+    open_store, FollowOn, FollowOnStore, IdempotencyStore, JobFilter, JobId, OutboxJob, Record,
+    RecordFilter, RecordState, RecordStateKind, StoreError,
 };
 use crate::time::rfc3339;
 use rmcp::handler::server::wrapper::Json;
@@ -289,6 +289,20 @@ async fn open(url: &str) -> Result<Arc<dyn IdempotencyStore>, Failure> {
     Ok(open_store(url).await?)
 }
 
+/// The store's follow-on jobs, or why there are none to show.
+fn follow_ons(store: &dyn IdempotencyStore) -> Result<&dyn FollowOnStore, Failure> {
+    store.follow_ons().ok_or_else(|| {
+        Failure(
+            EXIT_USAGE,
+            format!(
+                "the {} store keeps no follow-on jobs; point --store at the store your servers \
+                 write their jobs to",
+                store.kind()
+            ),
+        )
+    })
+}
+
 fn parse_reference(text: &str) -> Result<Reference, Failure> {
     Reference::parse(text.trim()).ok_or_else(|| {
         Failure(
@@ -483,7 +497,7 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
                 dead: Some(dead),
                 limit,
             };
-            let jobs = store.list_jobs(&filter).await?;
+            let jobs = follow_ons(store)?.list_jobs(&filter).await?;
             if args.json {
                 json_text(&Value::Array(jobs.iter().map(job_json).collect()))
             } else {
@@ -524,7 +538,7 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
                 name,
                 tenant,
             };
-            if !store.redrive_job(&id).await? {
+            if !follow_ons(store)?.redrive_job(&id).await? {
                 return Err(Failure(
                     EXIT_OPERATOR,
                     format!(

@@ -157,9 +157,9 @@ pub use store::conformance;
 pub use store::SqliteStore;
 pub use store::{
     is_valid_job_name, open_store, Attempt, Claim, ClaimRequest, FollowOn, FollowOnError,
-    IdempotencyStore, JobFilter, JobId, MemoryStore, OutboxJob, Reading, Record, RecordFilter,
-    RecordState, RecordStateKind, Resolution, StateCounts, StoreError, DEFAULT_LIST_LIMIT,
-    DEFAULT_MAX_PAYLOAD, MAX_JOB_NAME,
+    FollowOnStore, IdempotencyStore, JobFilter, JobId, MemoryStore, OutboxJob, Reading, Record,
+    RecordFilter, RecordState, RecordStateKind, Resolution, StateCounts, StoreError,
+    DEFAULT_LIST_LIMIT, DEFAULT_MAX_PAYLOAD, MAX_JOB_NAME,
 };
 #[cfg(feature = "postgres")]
 pub use store::{PostgresStore, PostgresStoreBuilder};

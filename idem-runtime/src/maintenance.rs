@@ -8,7 +8,8 @@ use async_trait::async_trait;
 use crate::answer::note;
 use crate::key::Reference;
 use crate::store::{
-    FollowOn, IdempotencyStore, Record, RecordState, RecordStateKind, Resolution, StoreError,
+    resolve_completed_with_jobs, FollowOn, IdempotencyStore, Record, RecordState, RecordStateKind,
+    Resolution, StoreError,
 };
 
 /// What a processor says about an operation whose outcome was unknown.
@@ -185,25 +186,26 @@ pub async fn reconcile(
             Ok(Reconciliation::CompletedWithFollowOns {
                 response,
                 follow_ons,
-            }) => match store
-                .resolve_with_follow_ons(key, attempt, &response, None, &follow_ons)
-                .await
-            {
-                Ok(()) => {
-                    crate::telemetry::follow_ons_enqueued(follow_ons.len());
-                    Ok(&mut report.completed)
+            }) => {
+                match resolve_completed_with_jobs(store, key, attempt, &response, None, &follow_ons)
+                    .await
+                {
+                    Ok(()) => {
+                        crate::telemetry::follow_ons_enqueued(follow_ons.len());
+                        Ok(&mut report.completed)
+                    }
+                    Err(StoreError::Invalid(error)) => {
+                        // The reconciler's own mistake: nothing was written; ask
+                        // again later rather than resolve without the jobs.
+                        tracing::error!(%reference, %error, "reconciler declared invalid follow-ons; the record stays UNKNOWN");
+                        store
+                            .defer_check(key, attempt, backoff)
+                            .await
+                            .map(|()| &mut report.still_unknown)
+                    }
+                    Err(e) => Err(e),
                 }
-                Err(StoreError::Invalid(error)) => {
-                    // The reconciler's own mistake: nothing was written; ask
-                    // again later rather than resolve without the jobs.
-                    tracing::error!(%reference, %error, "reconciler declared invalid follow-ons; the record stays UNKNOWN");
-                    store
-                        .defer_check(key, attempt, backoff)
-                        .await
-                        .map(|()| &mut report.still_unknown)
-                }
-                Err(e) => Err(e),
-            },
+            }
             Ok(Reconciliation::NotPerformed) => {
                 let not_performed = Resolution::NotPerformed {
                     note: note::RECONCILED_NOT_PERFORMED,
@@ -424,15 +426,15 @@ pub async fn resolve_by_hand_with_follow_ons(
     if matches!(record.state, RecordState::Unknown { .. }) {
         let resolved = match resolution {
             Resolution::Completed { response } => {
-                store
-                    .resolve_with_follow_ons(
-                        &record.key,
-                        record.attempt,
-                        response,
-                        Some(note),
-                        follow_ons,
-                    )
-                    .await
+                resolve_completed_with_jobs(
+                    store,
+                    &record.key,
+                    record.attempt,
+                    response,
+                    Some(note),
+                    follow_ons,
+                )
+                .await
             }
             not_performed => {
                 store

@@ -93,7 +93,8 @@ async fn main() {
                 timeout: Duration::from_secs(1),
                 ..OutboxConfig::default()
             };
-            let _outbox = Outbox::spawn(store, handlers, config);
+            let _outbox =
+                Outbox::spawn(store, handlers, config).expect("the store keeps follow-on jobs");
             std::future::pending::<()>().await;
         }
         other => panic!("unknown role {other}"),

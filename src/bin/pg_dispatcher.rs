@@ -61,7 +61,8 @@ async fn main() {
         first_backoff: Duration::from_millis(100),
         ..OutboxConfig::default()
     };
-    let _outbox = Outbox::spawn(Arc::new(store), handlers, config);
+    let _outbox =
+        Outbox::spawn(Arc::new(store), handlers, config).expect("the store keeps follow-on jobs");
     println!("READY");
     std::io::stdout().flush().unwrap();
     std::future::pending::<()>().await;

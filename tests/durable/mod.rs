@@ -226,7 +226,7 @@ impl Proxy {
 /// the caller then rewrites its rows to what a store wrote before
 /// references had tags, and [`legacy_rows_still_work`] checks them.
 pub async fn completed_with_a_job(
-    store: &dyn idem_runtime::IdempotencyStore,
+    store: &dyn idem_runtime::FollowOnStore,
 ) -> (ClaimRequest, String) {
     let req = request(Duration::from_secs(30), Duration::from_secs(900));
     let name = format!("send_receipt_{}", Attempt::random().get());
@@ -243,7 +243,7 @@ pub async fn completed_with_a_job(
 /// 16-digit reference: a lookup by it finds the record, a repeat answers
 /// with it, and the job keeps its downstream key and still runs.
 pub async fn legacy_rows_still_work(
-    store: &dyn idem_runtime::IdempotencyStore,
+    store: &dyn idem_runtime::FollowOnStore,
     req: &ClaimRequest,
     name: &str,
 ) {

@@ -8,14 +8,16 @@
 //!   → the store under test
 //! ```
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use idem_runtime::conformance::{Call, Fault};
 use idem_runtime::{
-    Attempt, Claim, ClaimRequest, IdempotencyKey, IdempotencyStore, Record, RecordState, Reference,
-    Resolution, StoreError,
+    Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore, IdempotencyKey, IdempotencyStore,
+    JobFilter, JobId, OutboxJob, Record, RecordFilter, RecordState, Reference, Resolution,
+    StateCounts, StoreError,
 };
 use tokio::time::Instant;
 
@@ -407,6 +409,7 @@ impl Recorder {
     }
 }
 
+#[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl IdempotencyStore for Recorder {
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
@@ -592,8 +595,122 @@ impl IdempotencyStore for Recorder {
     async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
         self.inner.list_unknown(limit).await
     }
+
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+
+    async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
+        self.inner.list_records(filter).await
+    }
+
+    async fn count_records(&self) -> Result<StateCounts, StoreError> {
+        self.inner.count_records().await
+    }
+
+    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
+        // Completions with jobs are recorded as completions are.
+        self.inner.follow_ons().map(|_| self as &dyn FollowOnStore)
+    }
 }
 
+/// The inner store's jobs: only reached once `follow_ons()` said there are
+/// some.
+fn jobs_of(store: &dyn IdempotencyStore) -> &dyn FollowOnStore {
+    store
+        .follow_ons()
+        .expect("follow_ons() is Some only when the inner store keeps jobs")
+}
+
+#[deny(clippy::missing_trait_methods)]
+#[async_trait]
+impl FollowOnStore for Recorder {
+    async fn complete_with_follow_ons(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        jobs: &[FollowOn],
+    ) -> Result<(), StoreError> {
+        let (key, response, jobs) = (*key, response.to_owned(), jobs.to_vec());
+        self.write(|inner, sim| async move {
+            let out = jobs_of(&*inner)
+                .complete_with_follow_ons(&key, attempt, &response, &jobs)
+                .await;
+            if out.is_ok() {
+                Self::wrote(&*inner, &sim, &key, attempt, Write::Complete).await;
+            }
+            out
+        })
+        .await
+    }
+
+    async fn resolve_with_follow_ons(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        note: Option<&str>,
+        jobs: &[FollowOn],
+    ) -> Result<(), StoreError> {
+        if jobs.is_empty() {
+            let completed = Resolution::Completed { response };
+            return self.resolve(key, attempt, completed, note).await;
+        }
+        // The simulation's reconciler declares no jobs: a resolution with
+        // some is written as it is, and its record read back by the next
+        // write that checks it.
+        jobs_of(&*self.inner)
+            .resolve_with_follow_ons(key, attempt, response, note, jobs)
+            .await
+    }
+
+    async fn lease_jobs(
+        &self,
+        names: &[&str],
+        limit: usize,
+        lease: Duration,
+        token: Attempt,
+    ) -> Result<Vec<OutboxJob>, StoreError> {
+        jobs_of(&*self.inner)
+            .lease_jobs(names, limit, lease, token)
+            .await
+    }
+
+    async fn finish_job(&self, id: &JobId, token: Attempt) -> Result<(), StoreError> {
+        jobs_of(&*self.inner).finish_job(id, token).await
+    }
+
+    async fn retry_job(
+        &self,
+        id: &JobId,
+        token: Attempt,
+        delay: Duration,
+        error: &str,
+    ) -> Result<(), StoreError> {
+        jobs_of(&*self.inner)
+            .retry_job(id, token, delay, error)
+            .await
+    }
+
+    async fn bury_job(&self, id: &JobId, token: Attempt, error: &str) -> Result<(), StoreError> {
+        jobs_of(&*self.inner).bury_job(id, token, error).await
+    }
+
+    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<OutboxJob>, StoreError> {
+        jobs_of(&*self.inner).list_jobs(filter).await
+    }
+
+    async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
+        jobs_of(&*self.inner).redrive_job(id).await
+    }
+
+    async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
+        jobs_of(&*self.inner).count_due_jobs().await
+    }
+}
+
+#[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl<S: IdempotencyStore> IdempotencyStore for Observer<S> {
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
@@ -692,5 +809,82 @@ impl<S: IdempotencyStore> IdempotencyStore for Observer<S> {
     }
     async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
         self.inner.list_unknown(limit).await
+    }
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+    async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
+        self.inner.list_records(filter).await
+    }
+    async fn count_records(&self) -> Result<StateCounts, StoreError> {
+        self.inner.count_records().await
+    }
+    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
+        self.inner.follow_ons().map(|_| self as &dyn FollowOnStore)
+    }
+}
+
+#[deny(clippy::missing_trait_methods)]
+#[async_trait]
+impl<S: IdempotencyStore> FollowOnStore for Observer<S> {
+    async fn complete_with_follow_ons(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        jobs: &[FollowOn],
+    ) -> Result<(), StoreError> {
+        jobs_of(&self.inner)
+            .complete_with_follow_ons(key, attempt, response, jobs)
+            .await
+    }
+    async fn resolve_with_follow_ons(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        note: Option<&str>,
+        jobs: &[FollowOn],
+    ) -> Result<(), StoreError> {
+        jobs_of(&self.inner)
+            .resolve_with_follow_ons(key, attempt, response, note, jobs)
+            .await
+    }
+    async fn lease_jobs(
+        &self,
+        names: &[&str],
+        limit: usize,
+        lease: Duration,
+        token: Attempt,
+    ) -> Result<Vec<OutboxJob>, StoreError> {
+        jobs_of(&self.inner)
+            .lease_jobs(names, limit, lease, token)
+            .await
+    }
+    async fn finish_job(&self, id: &JobId, token: Attempt) -> Result<(), StoreError> {
+        jobs_of(&self.inner).finish_job(id, token).await
+    }
+    async fn retry_job(
+        &self,
+        id: &JobId,
+        token: Attempt,
+        delay: Duration,
+        error: &str,
+    ) -> Result<(), StoreError> {
+        jobs_of(&self.inner)
+            .retry_job(id, token, delay, error)
+            .await
+    }
+    async fn bury_job(&self, id: &JobId, token: Attempt, error: &str) -> Result<(), StoreError> {
+        jobs_of(&self.inner).bury_job(id, token, error).await
+    }
+    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<OutboxJob>, StoreError> {
+        jobs_of(&self.inner).list_jobs(filter).await
+    }
+    async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
+        jobs_of(&self.inner).redrive_job(id).await
+    }
+    async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
+        jobs_of(&self.inner).count_due_jobs().await
     }
 }

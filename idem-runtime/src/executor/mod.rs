@@ -14,8 +14,8 @@ use crate::answer::{note, Answer, Classify, Disposition, StatusReport};
 use crate::key::{is_empty_business_key, Caller, IdempotencyKey, Reference, Scope};
 use crate::outbox::{Declared, DECLARED};
 use crate::store::{
-    Attempt, ClaimRequest, FollowOnError, IdempotencyStore, Reading, Record, StoreError,
-    DEFAULT_MAX_PAYLOAD,
+    complete_with_jobs, Attempt, ClaimRequest, FollowOnError, IdempotencyStore, Reading, Record,
+    StoreError, DEFAULT_MAX_PAYLOAD,
 };
 use crate::telemetry::{self, Step};
 
@@ -191,7 +191,7 @@ enum OnRejected {
 impl Executor {
     /// An executor over `store`, with a 30 s lease and 48 h retention.
     pub fn new(store: Arc<dyn IdempotencyStore>) -> Self {
-        let follow_ons_unsupported_by = (!store.supports_follow_ons()).then(|| store.kind());
+        let follow_ons_unsupported_by = store.follow_ons().is_none().then(|| store.kind());
         let steps = Arc::new(telemetry::StoreSteps::new(store.kind()));
         Executor {
             store,
@@ -445,18 +445,11 @@ impl Executor {
                         // IN_PROGRESS for the sweep, and a reconciler that
                         // finds the operation performed declares them again.
                         let started = Instant::now();
-                        let completed = if jobs.is_empty() {
-                            store.complete(key, attempt, &text).await
-                        } else {
-                            let n = jobs.len();
-                            let written = store
-                                .complete_with_follow_ons(key, attempt, &text, &jobs)
-                                .await;
-                            if written.is_ok() {
-                                telemetry::follow_ons_enqueued(n);
-                            }
-                            written
-                        };
+                        let n = jobs.len();
+                        let completed = complete_with_jobs(store, key, attempt, &text, &jobs).await;
+                        if n > 0 && completed.is_ok() {
+                            telemetry::follow_ons_enqueued(n);
+                        }
                         self.steps.record(Step::Complete, started);
                         match completed {
                             Ok(()) => true,

@@ -12,7 +12,7 @@ use async_trait::async_trait;
 
 use crate::executor::CatchUnwind;
 use crate::key::Reference;
-use crate::store::{Attempt, IdempotencyStore, OutboxJob, StoreError};
+use crate::store::{Attempt, FollowOnStore, IdempotencyStore, OutboxJob, StoreError};
 use crate::telemetry;
 
 /// What a job's handler failed with; the dispatcher keeps its text as the
@@ -260,11 +260,17 @@ pub struct Outbox {
 
 impl Outbox {
     /// Starts the dispatcher on the current tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unsupported`] when the store keeps no follow-on jobs
+    /// ([`IdempotencyStore::follow_ons`] is `None`): nothing is started.
     pub fn spawn(
         store: Arc<dyn IdempotencyStore>,
         handlers: JobHandlers,
         config: OutboxConfig,
-    ) -> Self {
+    ) -> Result<Self, StoreError> {
+        jobs_of(&*store)?;
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let task = tokio::spawn(async move {
             let mut reported = BTreeSet::new();
@@ -290,7 +296,7 @@ impl Outbox {
                 }
             }
         });
-        Outbox { stop, task }
+        Ok(Outbox { stop, task })
     }
 
     /// One round: leases up to a batch of due jobs whose names have a
@@ -299,11 +305,14 @@ impl Outbox {
     /// warning and the `idem_outbox_unhandled_jobs` gauge). A store error on
     /// leasing ends the round (nothing was run); one on finishing a job
     /// leaves it leased until its lease runs out, and then it runs again.
+    /// A store that keeps no follow-on jobs answers
+    /// [`StoreError::Unsupported`] at once.
     pub async fn round(
         store: &dyn IdempotencyStore,
         handlers: &JobHandlers,
         config: &OutboxConfig,
     ) -> Result<DispatchReport, StoreError> {
+        let store = jobs_of(store)?;
         let names: Vec<&str> = handlers.names().collect();
         let mut report = DispatchReport::default();
         if !names.is_empty() {
@@ -343,6 +352,13 @@ impl Outbox {
     }
 }
 
+/// The store's follow-on jobs, or `Unsupported` when it keeps none.
+fn jobs_of(store: &dyn IdempotencyStore) -> Result<&dyn FollowOnStore, StoreError> {
+    store.follow_ons().ok_or(StoreError::Unsupported(
+        "keep follow-on jobs (no outbox can run on it)",
+    ))
+}
+
 /// Sets the gauge of a name that waited in an earlier round and no longer
 /// does back to zero ([`Outbox::round`] reports the ones that wait).
 fn report_unhandled(reported: &mut BTreeSet<String>, unhandled: &BTreeMap<String, u64>) {
@@ -361,7 +377,7 @@ enum Ran {
 /// Runs one leased job and records how it went; `None` when the store could
 /// not be told (the lease runs out and the job runs again).
 async fn run_one(
-    store: &dyn IdempotencyStore,
+    store: &dyn FollowOnStore,
     handlers: &JobHandlers,
     config: &OutboxConfig,
     job: &OutboxJob,

@@ -35,8 +35,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    Attempt, Claim, ClaimRequest, FollowOn, IdempotencyStore, JobFilter, JobId, OutboxJob, Reading,
-    Record, RecordFilter, RecordState, RecordStateKind, Resolution, StateCounts, StoreError,
+    Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore, IdempotencyStore, JobFilter, JobId,
+    OutboxJob, Reading, Record, RecordFilter, RecordState, RecordStateKind, Resolution,
+    StateCounts, StoreError,
 };
 use crate::key::{IdempotencyKey, Reference};
 
@@ -1082,13 +1083,14 @@ pub async fn records_are_counted_by_state(store: &dyn IdempotencyStore) {
 
 /// Every outbox case starts here: a store that does not keep follow-on
 /// jobs fails it at once, with `Unsupported` in the message.
-fn require_outbox(store: &dyn IdempotencyStore) {
-    assert!(
-        store.supports_follow_ons(),
-        "StoreError::Unsupported: the {} store does not keep follow-on jobs \
-         (supports_follow_ons() is false)",
-        store.kind()
-    );
+fn require_outbox(store: &dyn IdempotencyStore) -> &dyn FollowOnStore {
+    store.follow_ons().unwrap_or_else(|| {
+        panic!(
+            "StoreError::Unsupported: the {} store does not keep follow-on jobs \
+             (follow_ons() is None)",
+            store.kind()
+        )
+    })
 }
 
 /// A job name of this case only: cases share a store, and a lease takes
@@ -1101,7 +1103,7 @@ fn follow_on(name: &str, payload: serde_json::Value) -> FollowOn {
     FollowOn::new(name, &payload).expect("a valid follow-on")
 }
 
-async fn jobs_of(store: &dyn IdempotencyStore, req: &ClaimRequest) -> Vec<OutboxJob> {
+async fn jobs_of(store: &dyn FollowOnStore, req: &ClaimRequest) -> Vec<OutboxJob> {
     store
         .list_jobs(&JobFilter {
             tenant: Some(req.tenant.clone()),
@@ -1122,7 +1124,7 @@ fn job_id(req: &ClaimRequest, name: &str) -> JobId {
 }
 
 /// A record completed with follow-ons and its jobs, due at once, not run.
-async fn completed_with_jobs(store: &dyn IdempotencyStore, names: &[&str]) -> ClaimRequest {
+async fn completed_with_jobs(store: &dyn FollowOnStore, names: &[&str]) -> ClaimRequest {
     let req = fresh(W);
     claimed(store, &req).await;
     let jobs: Vec<FollowOn> = names
@@ -1139,11 +1141,7 @@ async fn completed_with_jobs(store: &dyn IdempotencyStore, names: &[&str]) -> Cl
 /// The completion and its follow-on jobs are written together: the record is
 /// COMPLETED and every job waits, due, unleased, with its payload.
 pub async fn follow_ons_are_written_with_the_completion(store: &dyn IdempotencyStore) {
-    require_outbox(store);
-    assert!(
-        store.supports_follow_ons(),
-        "the store says it keeps follow-on jobs"
-    );
+    let store = require_outbox(store);
     let (receipt, notify) = (job_name("receipt"), job_name("notify"));
     let req = fresh(W);
     claimed(store, &req).await;
@@ -1196,7 +1194,7 @@ pub async fn follow_ons_are_written_with_the_completion(store: &dyn IdempotencyS
 /// A completion that is refused (another attempt owns the record, or it is
 /// already COMPLETED) writes none of its jobs.
 pub async fn refused_completion_writes_no_follow_ons(store: &dyn IdempotencyStore) {
-    require_outbox(store);
+    let store = require_outbox(store);
     let name = job_name("receipt");
     let req = fresh(W);
     claimed(store, &req).await;
@@ -1238,7 +1236,7 @@ pub async fn refused_completion_writes_no_follow_ons(store: &dyn IdempotencyStor
 /// Two jobs with one name in one completion are refused, and nothing is
 /// written: the record stays IN_PROGRESS and no job exists.
 pub async fn repeated_follow_on_name_writes_nothing(store: &dyn IdempotencyStore) {
-    require_outbox(store);
+    let store = require_outbox(store);
     let name = job_name("receipt");
     let req = fresh(W);
     claimed(store, &req).await;
@@ -1263,7 +1261,7 @@ pub async fn repeated_follow_on_name_writes_nothing(store: &dyn IdempotencyStore
 /// A COMPLETED resolution of an UNKNOWN record writes its follow-ons with it
 /// (and keeps the note); on a record that is not UNKNOWN it writes nothing.
 pub async fn resolution_writes_its_follow_ons(store: &dyn IdempotencyStore) {
-    require_outbox(store);
+    let store = require_outbox(store);
     let name = job_name("receipt");
     let jobs = [follow_on(&name, serde_json::json!({"late": true}))];
     let running = fresh(W);
@@ -1311,7 +1309,7 @@ pub async fn resolution_writes_its_follow_ons(store: &dyn IdempotencyStore) {
 /// lease's token and its first attempt, and no later lease returns it while
 /// the lease holds.
 pub async fn concurrent_leases_share_no_job(store: &dyn IdempotencyStore) {
-    require_outbox(store);
+    let store = require_outbox(store);
     let name = job_name("receipt");
     let req = completed_with_jobs(store, &[&name]).await;
     let tokens: Vec<Attempt> = (0..16).map(|_| Attempt::random()).collect();
@@ -1352,7 +1350,7 @@ pub async fn concurrent_leases_share_no_job(store: &dyn IdempotencyStore) {
 /// name waits, counted by `count_due_jobs`, and is leased by a dispatcher
 /// that handles it.
 pub async fn lease_takes_only_its_names(store: &dyn IdempotencyStore) {
-    require_outbox(store);
+    let store = require_outbox(store);
     let (mine, other) = (job_name("receipt"), job_name("nobody_handles"));
     let req = completed_with_jobs(store, &[&mine, &other]).await;
     let leased = store
@@ -1395,7 +1393,7 @@ pub async fn lease_takes_only_its_names(store: &dyn IdempotencyStore) {
 
 /// `limit` bounds a lease, and the longest due go first.
 pub async fn lease_respects_its_limit(store: &dyn IdempotencyStore) {
-    require_outbox(store);
+    let store = require_outbox(store);
     let name = job_name("receipt");
     let mut reqs = Vec::new();
     for _ in 0..3 {
@@ -1420,7 +1418,7 @@ pub async fn lease_respects_its_limit(store: &dyn IdempotencyStore) {
 /// finish, retry and bury act only for the token that holds the lease; a
 /// finished job is gone.
 pub async fn job_changes_are_fenced_by_the_token(store: &dyn IdempotencyStore) {
-    require_outbox(store);
+    let store = require_outbox(store);
     let name = job_name("receipt");
     let req = completed_with_jobs(store, &[&name]).await;
     let id = job_id(&req, &name);
@@ -1465,7 +1463,7 @@ pub async fn job_changes_are_fenced_by_the_token(store: &dyn IdempotencyStore) {
 /// A retried job gives up its lease, keeps its error, waits its delay, and
 /// is then leased again with its next attempt; the old token is fenced.
 pub async fn retried_job_runs_again_after_its_delay(store: &dyn IdempotencyStore) {
-    require_outbox(store);
+    let store = require_outbox(store);
     let name = job_name("receipt");
     let req = completed_with_jobs(store, &[&name]).await;
     let id = job_id(&req, &name);
@@ -1509,7 +1507,7 @@ pub async fn retried_job_runs_again_after_its_delay(store: &dyn IdempotencyStore
 /// A lease that ran out (its dispatcher died) lets another dispatcher take
 /// the job; the first one's token is then fenced.
 pub async fn lapsed_job_lease_is_taken_over(store: &dyn IdempotencyStore) {
-    require_outbox(store);
+    let store = require_outbox(store);
     let name = job_name("receipt");
     let req = completed_with_jobs(store, &[&name]).await;
     let id = job_id(&req, &name);
@@ -1539,7 +1537,7 @@ pub async fn lapsed_job_lease_is_taken_over(store: &dyn IdempotencyStore) {
 /// it runs again from its first attempt. Re-driving a live or absent job
 /// changes nothing.
 pub async fn buried_job_is_listed_and_redriven(store: &dyn IdempotencyStore) {
-    require_outbox(store);
+    let store = require_outbox(store);
     let name = job_name("receipt");
     let req = completed_with_jobs(store, &[&name]).await;
     let id = job_id(&req, &name);
@@ -1612,7 +1610,7 @@ pub async fn buried_job_is_listed_and_redriven(store: &dyn IdempotencyStore) {
 pub async fn a_later_operation_never_touches_an_earlier_operations_jobs(
     store: &dyn IdempotencyStore,
 ) {
-    require_outbox(store);
+    let store = require_outbox(store);
     let (dead_name, running_name) = (job_name("receipt"), job_name("ship"));
     let names = [dead_name.as_str(), running_name.as_str()];
     let first = fresh(Duration::from_millis(300));
@@ -1689,7 +1687,7 @@ pub async fn a_later_operation_never_touches_an_earlier_operations_jobs(
 /// `list_jobs` filters by tenant, reference, name and dead, the oldest
 /// first, at most `limit`; another tenant's jobs are not listed under it.
 pub async fn jobs_are_listed_by_filter(store: &dyn IdempotencyStore) {
-    require_outbox(store);
+    let store = require_outbox(store);
     let (a, b) = (job_name("a"), job_name("b"));
     let first = completed_with_jobs(store, &[&a, &b]).await;
     tokio::time::sleep(Duration::from_millis(5)).await;
@@ -1734,7 +1732,7 @@ pub async fn jobs_are_listed_by_filter(store: &dyn IdempotencyStore) {
 /// `JobFilter { dead: Some(true), ..JobFilter::default() }` finds a buried
 /// job, and the default filter a live one.
 pub async fn default_job_filter_lists_a_page(store: &dyn IdempotencyStore) {
-    require_outbox(store);
+    let store = require_outbox(store);
     let (dead_name, live_name) = (job_name("bounced"), job_name("receipt"));
     let req = completed_with_jobs(store, &[&dead_name, &live_name]).await;
     let token = Attempt::random();
@@ -2152,11 +2150,13 @@ impl<S: IdempotencyStore> FaultyStore<S> {
     }
 }
 
+#[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl<S: IdempotencyStore> IdempotencyStore for FaultyStore<S> {
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         self.run(Call::Claim, self.inner.claim(req)).await
     }
+
     async fn complete(
         &self,
         key: &IdempotencyKey,
@@ -2166,10 +2166,12 @@ impl<S: IdempotencyStore> IdempotencyStore for FaultyStore<S> {
         self.run(Call::Complete, self.inner.complete(key, attempt, response))
             .await
     }
+
     async fn release(&self, key: &IdempotencyKey, attempt: Attempt) -> Result<(), StoreError> {
         self.run(Call::Release, self.inner.release(key, attempt))
             .await
     }
+
     async fn mark_unknown(
         &self,
         key: &IdempotencyKey,
@@ -2182,6 +2184,7 @@ impl<S: IdempotencyStore> IdempotencyStore for FaultyStore<S> {
         )
         .await
     }
+
     async fn mark_lapsed(
         &self,
         key: &IdempotencyKey,
@@ -2191,6 +2194,7 @@ impl<S: IdempotencyStore> IdempotencyStore for FaultyStore<S> {
         self.run(Call::MarkLapsed, self.inner.mark_lapsed(key, attempt, note))
             .await
     }
+
     async fn resolve(
         &self,
         key: &IdempotencyKey,
@@ -2204,6 +2208,7 @@ impl<S: IdempotencyStore> IdempotencyStore for FaultyStore<S> {
         )
         .await
     }
+
     async fn defer_check(
         &self,
         key: &IdempotencyKey,
@@ -2216,6 +2221,7 @@ impl<S: IdempotencyStore> IdempotencyStore for FaultyStore<S> {
         )
         .await
     }
+
     async fn heartbeat(
         &self,
         key: &IdempotencyKey,
@@ -2225,6 +2231,7 @@ impl<S: IdempotencyStore> IdempotencyStore for FaultyStore<S> {
         self.run(Call::Heartbeat, self.inner.heartbeat(key, attempt, lease))
             .await
     }
+
     async fn lookup(
         &self,
         tenant: &str,
@@ -2233,31 +2240,54 @@ impl<S: IdempotencyStore> IdempotencyStore for FaultyStore<S> {
         self.run(Call::Lookup, self.inner.lookup(tenant, reference))
             .await
     }
+
     async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
         self.run(Call::Purge, self.inner.purge_expired(batch)).await
     }
+
     async fn list_lapsed(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
         self.run(Call::ListLapsed, self.inner.list_lapsed(limit))
             .await
     }
+
     async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
         self.run(Call::ListUnknown, self.inner.list_unknown(limit))
             .await
     }
+
     fn kind(&self) -> &'static str {
         self.inner.kind()
     }
+
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
         self.run(Call::ListRecords, self.inner.list_records(filter))
             .await
     }
+
     async fn count_records(&self) -> Result<StateCounts, StoreError> {
         self.run(Call::CountRecords, self.inner.count_records())
             .await
     }
-    fn supports_follow_ons(&self) -> bool {
-        self.inner.supports_follow_ons()
+
+    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
+        // Faults reach the jobs too, when the store keeps them.
+        self.inner.follow_ons().map(|_| self as &dyn FollowOnStore)
     }
+}
+
+impl<S: IdempotencyStore> FaultyStore<S> {
+    /// The wrapped store's jobs: only reached once `follow_ons()` said
+    /// there are some.
+    fn jobs(&self) -> &dyn FollowOnStore {
+        self.inner
+            .follow_ons()
+            .expect("FaultyStore::follow_ons() is Some only when the store keeps jobs")
+    }
+}
+
+#[deny(clippy::missing_trait_methods)]
+#[async_trait]
+impl<S: IdempotencyStore> FollowOnStore for FaultyStore<S> {
     async fn complete_with_follow_ons(
         &self,
         key: &IdempotencyKey,
@@ -2272,11 +2302,12 @@ impl<S: IdempotencyStore> IdempotencyStore for FaultyStore<S> {
         };
         self.run(
             call,
-            self.inner
+            self.jobs()
                 .complete_with_follow_ons(key, attempt, response, jobs),
         )
         .await
     }
+
     async fn resolve_with_follow_ons(
         &self,
         key: &IdempotencyKey,
@@ -2292,11 +2323,12 @@ impl<S: IdempotencyStore> IdempotencyStore for FaultyStore<S> {
         };
         self.run(
             call,
-            self.inner
+            self.jobs()
                 .resolve_with_follow_ons(key, attempt, response, note, jobs),
         )
         .await
     }
+
     async fn lease_jobs(
         &self,
         names: &[&str],
@@ -2306,14 +2338,16 @@ impl<S: IdempotencyStore> IdempotencyStore for FaultyStore<S> {
     ) -> Result<Vec<OutboxJob>, StoreError> {
         self.run(
             Call::LeaseJobs,
-            self.inner.lease_jobs(names, limit, lease, token),
+            self.jobs().lease_jobs(names, limit, lease, token),
         )
         .await
     }
+
     async fn finish_job(&self, id: &JobId, token: Attempt) -> Result<(), StoreError> {
-        self.run(Call::FinishJob, self.inner.finish_job(id, token))
+        self.run(Call::FinishJob, self.jobs().finish_job(id, token))
             .await
     }
+
     async fn retry_job(
         &self,
         id: &JobId,
@@ -2323,22 +2357,28 @@ impl<S: IdempotencyStore> IdempotencyStore for FaultyStore<S> {
     ) -> Result<(), StoreError> {
         self.run(
             Call::RetryJob,
-            self.inner.retry_job(id, token, delay, error),
+            self.jobs().retry_job(id, token, delay, error),
         )
         .await
     }
+
     async fn bury_job(&self, id: &JobId, token: Attempt, error: &str) -> Result<(), StoreError> {
-        self.run(Call::BuryJob, self.inner.bury_job(id, token, error))
+        self.run(Call::BuryJob, self.jobs().bury_job(id, token, error))
             .await
     }
+
     async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<OutboxJob>, StoreError> {
-        self.run(Call::ListJobs, self.inner.list_jobs(filter)).await
+        self.run(Call::ListJobs, self.jobs().list_jobs(filter))
+            .await
     }
+
     async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
-        self.run(Call::RedriveJob, self.inner.redrive_job(id)).await
+        self.run(Call::RedriveJob, self.jobs().redrive_job(id))
+            .await
     }
+
     async fn count_due_jobs(&self) -> Result<std::collections::BTreeMap<String, u64>, StoreError> {
-        self.run(Call::CountDueJobs, self.inner.count_due_jobs())
+        self.run(Call::CountDueJobs, self.jobs().count_due_jobs())
             .await
     }
 }

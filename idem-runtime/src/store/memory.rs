@@ -8,9 +8,9 @@ use async_trait::async_trait;
 use hashbrown::hash_table::{Entry, HashTable};
 
 use super::{
-    check_distinct, listing_order, Attempt, Claim, ClaimRequest, FollowOn, IdempotencyStore,
-    JobFilter, JobId, OutboxJob, Record, RecordFilter, RecordState, RecordStateKind, Resolution,
-    StateCounts, StoreError,
+    check_distinct, listing_order, Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore,
+    IdempotencyStore, JobFilter, JobId, OutboxJob, Record, RecordFilter, RecordState,
+    RecordStateKind, Resolution, StateCounts, StoreError,
 };
 use crate::key::{IdempotencyKey, Reference};
 
@@ -357,166 +357,6 @@ impl IdempotencyStore for MemoryStore {
         "memory"
     }
 
-    fn supports_follow_ons(&self) -> bool {
-        true
-    }
-
-    async fn complete_with_follow_ons(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        response: &str,
-        jobs: &[FollowOn],
-    ) -> Result<(), StoreError> {
-        check_distinct(jobs)?;
-        self.completed(key, attempt, response, jobs)
-    }
-
-    async fn resolve_with_follow_ons(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        response: &str,
-        note: Option<&str>,
-        jobs: &[FollowOn],
-    ) -> Result<(), StoreError> {
-        check_distinct(jobs)?;
-        self.fenced(key, attempt, |shard, now| {
-            let record = shard.records.get_mut(&key.key).expect("checked by fenced");
-            if record.state.kind() != RecordStateKind::Unknown {
-                return Err(StoreError::WrongState {
-                    found: record.state.kind(),
-                });
-            }
-            settle_late_completion(record);
-            record.state = RecordState::Completed {
-                response: response.to_owned(),
-            };
-            record.resolution = note.map(str::to_owned);
-            record.updated_at = now;
-            write_jobs(shard, key, jobs, now);
-            Ok(())
-        })
-    }
-
-    async fn lease_jobs(
-        &self,
-        names: &[&str],
-        limit: usize,
-        lease: Duration,
-        token: Attempt,
-    ) -> Result<Vec<OutboxJob>, StoreError> {
-        let now = self.now();
-        // The due candidates, the longest due first, then each leased under
-        // its shard's lock after a re-check: another dispatcher may have
-        // leased it since the listing.
-        let mut due: Vec<(SystemTime, JobKey)> = Vec::new();
-        for shard in self.shards.iter() {
-            due.extend(
-                lock(shard)
-                    .jobs
-                    .iter()
-                    .filter(|(_, j)| is_due(j, now) && names.contains(&j.id.name.as_str()))
-                    .map(|(k, j)| (j.next_run_at, k.clone())),
-            );
-        }
-        due.sort();
-        let mut leased = Vec::new();
-        for (_, job_key) in due {
-            if leased.len() >= limit {
-                break;
-            }
-            let mut shard = self.shard(job_key.0.as_bytes()[0]);
-            let Some(job) = shard.jobs.get_mut(&job_key) else {
-                continue;
-            };
-            if !is_due(job, now) {
-                continue;
-            }
-            job.token = Some(token);
-            job.attempts = job.attempts.saturating_add(1);
-            job.next_run_at = now + lease;
-            job.updated_at = now;
-            leased.push(job.clone());
-        }
-        Ok(leased)
-    }
-
-    async fn finish_job(&self, id: &JobId, token: Attempt) -> Result<(), StoreError> {
-        self.fenced_job(id, token, |jobs, key, _| {
-            jobs.remove(key);
-        })
-    }
-
-    async fn retry_job(
-        &self,
-        id: &JobId,
-        token: Attempt,
-        delay: Duration,
-        error: &str,
-    ) -> Result<(), StoreError> {
-        self.fenced_job(id, token, |jobs, key, now| {
-            let job = jobs.get_mut(key).expect("checked by fenced_job");
-            job.token = None;
-            job.next_run_at = now + delay;
-            job.last_error = Some(error.to_owned());
-            job.updated_at = now;
-        })
-    }
-
-    async fn bury_job(&self, id: &JobId, token: Attempt, error: &str) -> Result<(), StoreError> {
-        self.fenced_job(id, token, |jobs, key, now| {
-            let job = jobs.get_mut(key).expect("checked by fenced_job");
-            job.token = None;
-            job.dead = true;
-            job.last_error = Some(error.to_owned());
-            job.updated_at = now;
-        })
-    }
-
-    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<OutboxJob>, StoreError> {
-        let mut found: Vec<OutboxJob> = Vec::new();
-        for shard in self.shards.iter() {
-            found.extend(
-                lock(shard)
-                    .jobs
-                    .values()
-                    .filter(|j| filter.matches(j))
-                    .cloned(),
-            );
-        }
-        found.sort_by_key(listing_order);
-        found.truncate(filter.limit);
-        Ok(found)
-    }
-
-    async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
-        let now = self.now();
-        let mut shard = self.shard(id.reference.as_bytes()[0]);
-        match shard.jobs.get_mut(&job_key(id)) {
-            Some(job) if job.dead => {
-                job.dead = false;
-                job.attempts = 0;
-                job.token = None;
-                job.next_run_at = now;
-                job.updated_at = now;
-                Ok(true)
-            }
-            _ => Ok(false),
-        }
-    }
-
-    async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
-        let now = self.now();
-        let mut counts = BTreeMap::new();
-        for shard in self.shards.iter() {
-            for job in lock(shard).jobs.values().filter(|j| is_due(j, now)) {
-                *counts.entry(job.id.name.clone()).or_insert(0) += 1;
-            }
-        }
-        Ok(counts)
-    }
-
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
         let newest_first = |r: &Record| std::cmp::Reverse(r.claimed_at);
         Ok(self.collect(filter.limit, |r| filter.matches(r), newest_first))
@@ -737,5 +577,168 @@ impl IdempotencyStore for MemoryStore {
             |r| matches!(r.state, RecordState::Unknown { .. }) && r.next_check_at <= now,
             |r| r.next_check_at,
         ))
+    }
+
+    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl FollowOnStore for MemoryStore {
+    async fn complete_with_follow_ons(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        jobs: &[FollowOn],
+    ) -> Result<(), StoreError> {
+        check_distinct(jobs)?;
+        self.completed(key, attempt, response, jobs)
+    }
+
+    async fn resolve_with_follow_ons(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        note: Option<&str>,
+        jobs: &[FollowOn],
+    ) -> Result<(), StoreError> {
+        check_distinct(jobs)?;
+        self.fenced(key, attempt, |shard, now| {
+            let record = shard.records.get_mut(&key.key).expect("checked by fenced");
+            if record.state.kind() != RecordStateKind::Unknown {
+                return Err(StoreError::WrongState {
+                    found: record.state.kind(),
+                });
+            }
+            settle_late_completion(record);
+            record.state = RecordState::Completed {
+                response: response.to_owned(),
+            };
+            record.resolution = note.map(str::to_owned);
+            record.updated_at = now;
+            write_jobs(shard, key, jobs, now);
+            Ok(())
+        })
+    }
+
+    async fn lease_jobs(
+        &self,
+        names: &[&str],
+        limit: usize,
+        lease: Duration,
+        token: Attempt,
+    ) -> Result<Vec<OutboxJob>, StoreError> {
+        let now = self.now();
+        // The due candidates, the longest due first, then each leased under
+        // its shard's lock after a re-check: another dispatcher may have
+        // leased it since the listing.
+        let mut due: Vec<(SystemTime, JobKey)> = Vec::new();
+        for shard in self.shards.iter() {
+            due.extend(
+                lock(shard)
+                    .jobs
+                    .iter()
+                    .filter(|(_, j)| is_due(j, now) && names.contains(&j.id.name.as_str()))
+                    .map(|(k, j)| (j.next_run_at, k.clone())),
+            );
+        }
+        due.sort();
+        let mut leased = Vec::new();
+        for (_, job_key) in due {
+            if leased.len() >= limit {
+                break;
+            }
+            let mut shard = self.shard(job_key.0.as_bytes()[0]);
+            let Some(job) = shard.jobs.get_mut(&job_key) else {
+                continue;
+            };
+            if !is_due(job, now) {
+                continue;
+            }
+            job.token = Some(token);
+            job.attempts = job.attempts.saturating_add(1);
+            job.next_run_at = now + lease;
+            job.updated_at = now;
+            leased.push(job.clone());
+        }
+        Ok(leased)
+    }
+
+    async fn finish_job(&self, id: &JobId, token: Attempt) -> Result<(), StoreError> {
+        self.fenced_job(id, token, |jobs, key, _| {
+            jobs.remove(key);
+        })
+    }
+
+    async fn retry_job(
+        &self,
+        id: &JobId,
+        token: Attempt,
+        delay: Duration,
+        error: &str,
+    ) -> Result<(), StoreError> {
+        self.fenced_job(id, token, |jobs, key, now| {
+            let job = jobs.get_mut(key).expect("checked by fenced_job");
+            job.token = None;
+            job.next_run_at = now + delay;
+            job.last_error = Some(error.to_owned());
+            job.updated_at = now;
+        })
+    }
+
+    async fn bury_job(&self, id: &JobId, token: Attempt, error: &str) -> Result<(), StoreError> {
+        self.fenced_job(id, token, |jobs, key, now| {
+            let job = jobs.get_mut(key).expect("checked by fenced_job");
+            job.token = None;
+            job.dead = true;
+            job.last_error = Some(error.to_owned());
+            job.updated_at = now;
+        })
+    }
+
+    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<OutboxJob>, StoreError> {
+        let mut found: Vec<OutboxJob> = Vec::new();
+        for shard in self.shards.iter() {
+            found.extend(
+                lock(shard)
+                    .jobs
+                    .values()
+                    .filter(|j| filter.matches(j))
+                    .cloned(),
+            );
+        }
+        found.sort_by_key(listing_order);
+        found.truncate(filter.limit);
+        Ok(found)
+    }
+
+    async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
+        let now = self.now();
+        let mut shard = self.shard(id.reference.as_bytes()[0]);
+        match shard.jobs.get_mut(&job_key(id)) {
+            Some(job) if job.dead => {
+                job.dead = false;
+                job.attempts = 0;
+                job.token = None;
+                job.next_run_at = now;
+                job.updated_at = now;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
+        let now = self.now();
+        let mut counts = BTreeMap::new();
+        for shard in self.shards.iter() {
+            for job in lock(shard).jobs.values().filter(|j| is_due(j, now)) {
+                *counts.entry(job.id.name.clone()).or_insert(0) += 1;
+            }
+        }
+        Ok(counts)
     }
 }

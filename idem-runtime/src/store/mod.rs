@@ -91,19 +91,17 @@ pub enum StoreError {
     },
 }
 
-/// Where idempotency records live, and the follow-on jobs written with them.
+/// Where idempotency records live.
 ///
 /// Every method is one atomic step against the store; none of them ever runs
 /// the operation or calls back into user code. Times are the store's own clock
 /// (a database's `now()` where there is one), so several processes with skewed
 /// clocks agree on expiry and leases.
 ///
-/// The follow-on jobs' methods (from [`supports_follow_ons`] on) are
-/// provided, answering `Unsupported`, so a store written before them still
-/// compiles; a store that keeps jobs implements all of them and passes the
-/// outbox's conformance cases.
-///
-/// [`supports_follow_ons`]: IdempotencyStore::supports_follow_ons
+/// A store that also keeps follow-on jobs implements [`FollowOnStore`] and
+/// returns itself from [`follow_ons`](IdempotencyStore::follow_ons): the
+/// executor, the maintenance loop and the outbox find out there, when they
+/// are built, never at the first completion.
 #[async_trait]
 pub trait IdempotencyStore: Send + Sync + std::fmt::Debug {
     /// A short, constant name of the backend (`memory`, `sqlite`,
@@ -231,67 +229,62 @@ pub trait IdempotencyStore: Send + Sync + std::fmt::Debug {
     ///
     /// A snapshot read that changes nothing; not on the calls' path, and it
     /// may read the whole store (an index helps only the state filter).
-    /// Provided so existing stores compile: the default answers
-    /// `Unsupported`. Errors: `Unavailable`.
-    async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
-        let _ = filter;
-        Err(StoreError::Unsupported("list its records"))
-    }
+    /// Errors: `Unavailable`.
+    async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError>;
 
     /// How many records the store holds in each state, expired ones that
     /// purge has not deleted yet included. A snapshot read that changes
-    /// nothing, not on the calls' path; it may read the whole store. The
-    /// default answers `Unsupported`. Errors: `Unavailable`.
-    async fn count_records(&self) -> Result<StateCounts, StoreError> {
-        Err(StoreError::Unsupported("count its records"))
-    }
+    /// nothing, not on the calls' path; it may read the whole store.
+    /// Errors: `Unavailable`.
+    async fn count_records(&self) -> Result<StateCounts, StoreError>;
 
-    /// Whether the store keeps follow-on jobs (implements
-    /// [`complete_with_follow_ons`] and the dispatcher's methods below). The
-    /// executor refuses a declaration at once when it does not, so a handler
-    /// learns it while it can still act. The default answers `false`.
-    ///
-    /// [`complete_with_follow_ons`]: IdempotencyStore::complete_with_follow_ons
-    fn supports_follow_ons(&self) -> bool {
-        false
+    /// The store's follow-on jobs, when it keeps them: itself, as a
+    /// [`FollowOnStore`]. `None` (the default) for a store that keeps no
+    /// jobs: the executor then refuses a handler's declaration at once,
+    /// while the handler can still act, and the outbox refuses to start.
+    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
+        None
     }
+}
 
+/// The follow-on jobs a store keeps beside its records (the outbox): written
+/// with a completion in the same atomic step, leased to dispatchers with a
+/// fencing token, retried, buried and re-driven. A capability of its own,
+/// as object_store's `MultipartStore` is beside `ObjectStore`: a store that
+/// keeps jobs implements every method and passes the outbox's conformance
+/// cases, and says so from [`IdempotencyStore::follow_ons`].
+#[async_trait]
+pub trait FollowOnStore: IdempotencyStore {
     /// [`complete`](IdempotencyStore::complete) and, in the same atomic step
     /// (one transaction, one lock), one follow-on job per entry of `jobs`,
     /// in the record's tenant under its reference, due at once with no
     /// attempts. Either the record is COMPLETED and every job is written, or
     /// nothing changed. Same fencing and states as `complete`.
     ///
-    /// A job whose (tenant, reference, name) already exists (left by an
-    /// earlier operation with the same reference, after its window) is
-    /// replaced whole: a new operation starts its jobs afresh.
+    /// A job's identity is (tenant, the operation's reference, name): one
+    /// completion per operation writes jobs, and a job that already exists
+    /// under the same identity is never replaced, live or dead (a later
+    /// operation of the same call has its own reference).
     ///
     /// Errors: `Invalid` when two jobs share a name (nothing written),
-    /// `Fenced`, `WrongState`, `Unavailable`. The default completes when
-    /// `jobs` is empty and otherwise answers `Unsupported` without writing.
+    /// `Fenced`, `WrongState`, `Unavailable`.
     async fn complete_with_follow_ons(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
         response: &str,
         jobs: &[FollowOn],
-    ) -> Result<(), StoreError> {
-        if jobs.is_empty() {
-            return self.complete(key, attempt, response).await;
-        }
-        Err(StoreError::Unsupported("write follow-on jobs"))
-    }
+    ) -> Result<(), StoreError>;
 
     /// [`resolve`](IdempotencyStore::resolve) to COMPLETED with `response`
     /// (a reconciler or an operator found the operation performed) and, in
     /// the same atomic step, the follow-on `jobs`, as
-    /// [`complete_with_follow_ons`](IdempotencyStore::complete_with_follow_ons)
+    /// [`complete_with_follow_ons`](FollowOnStore::complete_with_follow_ons)
     /// writes them. Same fencing and states as `resolve`: only an UNKNOWN
     /// record, only for its attempt.
     ///
     /// Errors: `Invalid` (a repeated name), `Fenced`, `WrongState`,
-    /// `Unavailable`. The default resolves when `jobs` is empty and otherwise
-    /// answers `Unsupported` without writing.
+    /// `Unavailable`.
     async fn resolve_with_follow_ons(
         &self,
         key: &IdempotencyKey,
@@ -299,13 +292,7 @@ pub trait IdempotencyStore: Send + Sync + std::fmt::Debug {
         response: &str,
         note: Option<&str>,
         jobs: &[FollowOn],
-    ) -> Result<(), StoreError> {
-        if jobs.is_empty() {
-            let completed = Resolution::Completed { response };
-            return self.resolve(key, attempt, completed, note).await;
-        }
-        Err(StoreError::Unsupported("write follow-on jobs"))
-    }
+    ) -> Result<(), StoreError>;
 
     /// Leases at most `limit` due jobs whose name is in `names`, the longest
     /// due first: live (not dead) jobs with `next_run_at <= now` (store
@@ -318,84 +305,109 @@ pub trait IdempotencyStore: Send + Sync + std::fmt::Debug {
     /// given job, and until its lease runs out no other lease returns it (on
     /// PostgreSQL, `FOR UPDATE SKIP LOCKED`). A job whose name is not in
     /// `names` is never leased: it waits for a dispatcher that handles it.
-    /// Errors: `Unavailable` (nothing leased). The default answers
-    /// `Unsupported`.
+    /// Errors: `Unavailable` (nothing leased).
     async fn lease_jobs(
         &self,
         names: &[&str],
         limit: usize,
         lease: Duration,
         token: Attempt,
-    ) -> Result<Vec<OutboxJob>, StoreError> {
-        let _ = (names, limit, lease, token);
-        Err(StoreError::Unsupported("lease follow-on jobs"))
-    }
+    ) -> Result<Vec<OutboxJob>, StoreError>;
 
     /// The job ran: deletes it, only if `token` still holds its lease (or
     /// held the last one and nobody leased it since). Errors: `Fenced` when
     /// another lease took it or it is gone (nothing changed), `Unavailable`.
-    /// The default answers `Unsupported`.
-    async fn finish_job(&self, id: &JobId, token: Attempt) -> Result<(), StoreError> {
-        let _ = (id, token);
-        Err(StoreError::Unsupported("finish follow-on jobs"))
-    }
+    async fn finish_job(&self, id: &JobId, token: Attempt) -> Result<(), StoreError>;
 
     /// The job failed and runs again later: its lease is given up, its
     /// `next_run_at` becomes now + `delay` (store clock) and `error` is kept
     /// as its `last_error`; fenced by `token` as
-    /// [`finish_job`](IdempotencyStore::finish_job). Errors: `Fenced`,
-    /// `Unavailable`. The default answers `Unsupported`.
+    /// [`finish_job`](FollowOnStore::finish_job). Errors: `Fenced`,
+    /// `Unavailable`.
     async fn retry_job(
         &self,
         id: &JobId,
         token: Attempt,
         delay: Duration,
         error: &str,
-    ) -> Result<(), StoreError> {
-        let _ = (id, token, delay, error);
-        Err(StoreError::Unsupported("retry follow-on jobs"))
-    }
+    ) -> Result<(), StoreError>;
 
     /// The job failed too often: into the dead letter (`dead`, its lease
     /// given up, `error` kept), where no lease finds it until it is
     /// re-driven; fenced by `token` as
-    /// [`finish_job`](IdempotencyStore::finish_job). Errors: `Fenced`,
-    /// `Unavailable`. The default answers `Unsupported`.
-    async fn bury_job(&self, id: &JobId, token: Attempt, error: &str) -> Result<(), StoreError> {
-        let _ = (id, token, error);
-        Err(StoreError::Unsupported("bury follow-on jobs"))
-    }
+    /// [`finish_job`](FollowOnStore::finish_job). Errors: `Fenced`,
+    /// `Unavailable`.
+    async fn bury_job(&self, id: &JobId, token: Attempt, error: &str) -> Result<(), StoreError>;
 
     /// At most `filter.limit` jobs matching `filter`, the oldest first (then
     /// by reference and name), for an operator: live and dead ones. A
     /// snapshot read that changes nothing; it may read every job. Errors:
-    /// `Unavailable`. The default answers `Unsupported`.
-    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<OutboxJob>, StoreError> {
-        let _ = filter;
-        Err(StoreError::Unsupported("list follow-on jobs"))
-    }
+    /// `Unavailable`.
+    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<OutboxJob>, StoreError>;
 
     /// Takes a dead job out of the dead letter: live again, due now, with
     /// no attempts (its `last_error` kept). `Ok(false)` when no dead job has
-    /// this id (a live one is left as it is). Errors: `Unavailable`. The
-    /// default answers `Unsupported`.
-    async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
-        let _ = id;
-        Err(StoreError::Unsupported("re-drive follow-on jobs"))
-    }
+    /// this id (a live one is left as it is). Errors: `Unavailable`.
+    async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError>;
 
     /// How many live jobs are due now (as [`lease_jobs`] would find them,
     /// whatever their name), by name: a dispatcher reports the names it has
     /// no handler for, whose jobs wait. A snapshot read. Errors:
-    /// `Unavailable`. The default answers `Unsupported`.
+    /// `Unavailable`.
     ///
-    /// [`lease_jobs`]: IdempotencyStore::lease_jobs
-    async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
-        Err(StoreError::Unsupported("count follow-on jobs"))
+    /// [`lease_jobs`]: FollowOnStore::lease_jobs
+    async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError>;
+}
+
+/// [`IdempotencyStore::complete`], with the follow-on `jobs` in the same
+/// step when there are any: on a store that keeps none, a completion with
+/// jobs answers `Unsupported` and writes nothing.
+pub(crate) async fn complete_with_jobs(
+    store: &dyn IdempotencyStore,
+    key: &IdempotencyKey,
+    attempt: Attempt,
+    response: &str,
+    jobs: &[FollowOn],
+) -> Result<(), StoreError> {
+    match (jobs.is_empty(), store.follow_ons()) {
+        (true, _) => store.complete(key, attempt, response).await,
+        (false, Some(store)) => {
+            store
+                .complete_with_follow_ons(key, attempt, response, jobs)
+                .await
+        }
+        (false, None) => Err(StoreError::Unsupported("write follow-on jobs")),
+    }
+}
+
+/// [`IdempotencyStore::resolve`] to COMPLETED, with the follow-on `jobs` in
+/// the same step when there are any, as [`complete_with_jobs`] writes them.
+pub(crate) async fn resolve_completed_with_jobs(
+    store: &dyn IdempotencyStore,
+    key: &IdempotencyKey,
+    attempt: Attempt,
+    response: &str,
+    note: Option<&str>,
+    jobs: &[FollowOn],
+) -> Result<(), StoreError> {
+    match (jobs.is_empty(), store.follow_ons()) {
+        (true, _) => {
+            let completed = Resolution::Completed { response };
+            store.resolve(key, attempt, completed, note).await
+        }
+        (false, Some(store)) => {
+            store
+                .resolve_with_follow_ons(key, attempt, response, note, jobs)
+                .await
+        }
+        (false, None) => Err(StoreError::Unsupported("write follow-on jobs")),
     }
 }
 
 /// A shared store is a store: `Arc<MemoryStore>`, `Arc<dyn IdempotencyStore>`.
+// Every method forwarded: a provided one left out would silently answer
+// its default instead of the store's.
+#[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl<S: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<S> {
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
@@ -478,9 +490,16 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<S> {
     async fn count_records(&self) -> Result<StateCounts, StoreError> {
         (**self).count_records().await
     }
-    fn supports_follow_ons(&self) -> bool {
-        (**self).supports_follow_ons()
+    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
+        (**self).follow_ons()
     }
+}
+
+/// A shared store that keeps follow-on jobs keeps them:
+/// `Arc<MemoryStore>`, `Arc<dyn FollowOnStore>`.
+#[deny(clippy::missing_trait_methods)]
+#[async_trait]
+impl<S: FollowOnStore + ?Sized> FollowOnStore for std::sync::Arc<S> {
     async fn complete_with_follow_ons(
         &self,
         key: &IdempotencyKey,

@@ -13,8 +13,9 @@ use super::sql::{
     takeover_operation, COLUMNS, COMPLETED, IN_PROGRESS, JOB_COLUMNS, NOT_PERFORMED, UNKNOWN,
 };
 use super::{
-    check_distinct, Attempt, Claim, ClaimRequest, FollowOn, IdempotencyStore, JobFilter, JobId,
-    OutboxJob, Record, RecordFilter, RecordStateKind, Resolution, StateCounts, StoreError,
+    check_distinct, Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore, IdempotencyStore,
+    JobFilter, JobId, OutboxJob, Record, RecordFilter, RecordStateKind, Resolution, StateCounts,
+    StoreError,
 };
 use crate::key::{IdempotencyKey, Reference};
 use std::collections::BTreeMap;
@@ -690,149 +691,6 @@ impl IdempotencyStore for SqliteStore {
         "sqlite"
     }
 
-    fn supports_follow_ons(&self) -> bool {
-        true
-    }
-
-    async fn complete_with_follow_ons(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        response: &str,
-        jobs: &[FollowOn],
-    ) -> Result<(), StoreError> {
-        check_distinct(jobs)?;
-        self.completed(key, attempt, response, jobs.to_vec()).await
-    }
-
-    async fn resolve_with_follow_ons(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        response: &str,
-        note: Option<&str>,
-        jobs: &[FollowOn],
-    ) -> Result<(), StoreError> {
-        check_distinct(jobs)?;
-        let (key, body, jobs) = (*key.as_bytes(), response.to_owned(), jobs.to_vec());
-        let note = note.map(str::to_owned);
-        self.run(move |conn, now| {
-            fenced(
-                conn,
-                &key,
-                attempt,
-                &SQL.resolve_completed,
-                &[&&key[..], &(attempt.get() as i64), &body, &note, &now],
-            )?;
-            insert_jobs(conn, &key, &jobs, now)
-        })
-        .await
-    }
-
-    async fn lease_jobs(
-        &self,
-        names: &[&str],
-        limit: usize,
-        lease: Duration,
-        token: Attempt,
-    ) -> Result<Vec<OutboxJob>, StoreError> {
-        if names.is_empty() || limit == 0 {
-            return Ok(Vec::new());
-        }
-        let names = serde_json::to_string(names)
-            .map_err(|e| StoreError::Invalid(format!("job names: {e}")))?;
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        self.run(move |conn, now| {
-            let mut leased = read_jobs(
-                conn,
-                &SQL.lease_jobs,
-                params![
-                    token.get() as i64,
-                    now.saturating_add(nanos(lease)),
-                    now,
-                    names,
-                    limit
-                ],
-            )?;
-            // RETURNING has no order of its own.
-            leased.sort_by_key(|j| (j.created_at, j.id.reference, j.id.name.clone()));
-            Ok(leased)
-        })
-        .await
-    }
-
-    async fn finish_job(&self, id: &JobId, token: Attempt) -> Result<(), StoreError> {
-        let id = id.clone();
-        self.run(move |conn, _| fenced_job(conn, &SQL.finish_job, &id, token, &[]))
-            .await
-    }
-
-    async fn retry_job(
-        &self,
-        id: &JobId,
-        token: Attempt,
-        delay: Duration,
-        error: &str,
-    ) -> Result<(), StoreError> {
-        let (id, error) = (id.clone(), error.to_owned());
-        self.run(move |conn, now| {
-            let at = now.saturating_add(nanos(delay));
-            fenced_job(conn, &SQL.retry_job, &id, token, &[&at, &error, &now])
-        })
-        .await
-    }
-
-    async fn bury_job(&self, id: &JobId, token: Attempt, error: &str) -> Result<(), StoreError> {
-        let (id, error) = (id.clone(), error.to_owned());
-        self.run(move |conn, now| fenced_job(conn, &SQL.bury_job, &id, token, &[&error, &now]))
-            .await
-    }
-
-    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<OutboxJob>, StoreError> {
-        let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
-        let (tenant, name) = (filter.tenant.clone(), filter.name.clone());
-        let reference = filter.reference.map(|r| r.as_bytes().to_vec());
-        let dead = filter.dead.map(i64::from);
-        self.run(move |conn, _| {
-            read_jobs(
-                conn,
-                &SQL.jobs_filtered,
-                params![tenant, reference, name, dead, limit],
-            )
-        })
-        .await
-    }
-
-    async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
-        let id = id.clone();
-        self.run(move |conn, now| {
-            let changed = change(
-                conn,
-                &SQL.redrive_job,
-                &[&id.tenant, &id.reference.as_bytes(), &id.name, &now],
-            )?;
-            Ok(changed == 1)
-        })
-        .await
-    }
-
-    async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
-        self.run(|conn, now| {
-            let mut stmt = conn
-                .prepare_cached(&SQL.count_due_jobs)
-                .map_err(|e| unavailable(&e))?;
-            let rows = stmt
-                .query_map([now], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
-                .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-                .map_err(|e| unavailable(&e))?;
-            Ok(rows
-                .into_iter()
-                .map(|(name, n)| (name, u64::try_from(n).unwrap_or(0)))
-                .collect())
-        })
-        .await
-    }
-
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
         let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
         let state = filter.state.map(|s| s.code());
@@ -1119,6 +977,152 @@ impl IdempotencyStore for SqliteStore {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.run(move |conn, now| read_many(conn, &SQL.unknown, params![now, limit], now))
             .await
+    }
+
+    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl FollowOnStore for SqliteStore {
+    async fn complete_with_follow_ons(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        jobs: &[FollowOn],
+    ) -> Result<(), StoreError> {
+        check_distinct(jobs)?;
+        self.completed(key, attempt, response, jobs.to_vec()).await
+    }
+
+    async fn resolve_with_follow_ons(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        note: Option<&str>,
+        jobs: &[FollowOn],
+    ) -> Result<(), StoreError> {
+        check_distinct(jobs)?;
+        let (key, body, jobs) = (*key.as_bytes(), response.to_owned(), jobs.to_vec());
+        let note = note.map(str::to_owned);
+        self.run(move |conn, now| {
+            fenced(
+                conn,
+                &key,
+                attempt,
+                &SQL.resolve_completed,
+                &[&&key[..], &(attempt.get() as i64), &body, &note, &now],
+            )?;
+            insert_jobs(conn, &key, &jobs, now)
+        })
+        .await
+    }
+
+    async fn lease_jobs(
+        &self,
+        names: &[&str],
+        limit: usize,
+        lease: Duration,
+        token: Attempt,
+    ) -> Result<Vec<OutboxJob>, StoreError> {
+        if names.is_empty() || limit == 0 {
+            return Ok(Vec::new());
+        }
+        let names = serde_json::to_string(names)
+            .map_err(|e| StoreError::Invalid(format!("job names: {e}")))?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.run(move |conn, now| {
+            let mut leased = read_jobs(
+                conn,
+                &SQL.lease_jobs,
+                params![
+                    token.get() as i64,
+                    now.saturating_add(nanos(lease)),
+                    now,
+                    names,
+                    limit
+                ],
+            )?;
+            // RETURNING has no order of its own.
+            leased.sort_by_key(|j| (j.created_at, j.id.reference, j.id.name.clone()));
+            Ok(leased)
+        })
+        .await
+    }
+
+    async fn finish_job(&self, id: &JobId, token: Attempt) -> Result<(), StoreError> {
+        let id = id.clone();
+        self.run(move |conn, _| fenced_job(conn, &SQL.finish_job, &id, token, &[]))
+            .await
+    }
+
+    async fn retry_job(
+        &self,
+        id: &JobId,
+        token: Attempt,
+        delay: Duration,
+        error: &str,
+    ) -> Result<(), StoreError> {
+        let (id, error) = (id.clone(), error.to_owned());
+        self.run(move |conn, now| {
+            let at = now.saturating_add(nanos(delay));
+            fenced_job(conn, &SQL.retry_job, &id, token, &[&at, &error, &now])
+        })
+        .await
+    }
+
+    async fn bury_job(&self, id: &JobId, token: Attempt, error: &str) -> Result<(), StoreError> {
+        let (id, error) = (id.clone(), error.to_owned());
+        self.run(move |conn, now| fenced_job(conn, &SQL.bury_job, &id, token, &[&error, &now]))
+            .await
+    }
+
+    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<OutboxJob>, StoreError> {
+        let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
+        let (tenant, name) = (filter.tenant.clone(), filter.name.clone());
+        let reference = filter.reference.map(|r| r.as_bytes().to_vec());
+        let dead = filter.dead.map(i64::from);
+        self.run(move |conn, _| {
+            read_jobs(
+                conn,
+                &SQL.jobs_filtered,
+                params![tenant, reference, name, dead, limit],
+            )
+        })
+        .await
+    }
+
+    async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
+        let id = id.clone();
+        self.run(move |conn, now| {
+            let changed = change(
+                conn,
+                &SQL.redrive_job,
+                &[&id.tenant, &id.reference.as_bytes(), &id.name, &now],
+            )?;
+            Ok(changed == 1)
+        })
+        .await
+    }
+
+    async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
+        self.run(|conn, now| {
+            let mut stmt = conn
+                .prepare_cached(&SQL.count_due_jobs)
+                .map_err(|e| unavailable(&e))?;
+            let rows = stmt
+                .query_map([now], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
+                .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| unavailable(&e))?;
+            Ok(rows
+                .into_iter()
+                .map(|(name, n)| (name, u64::try_from(n).unwrap_or(0)))
+                .collect())
+        })
+        .await
     }
 }
 

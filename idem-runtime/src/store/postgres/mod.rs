@@ -12,8 +12,9 @@ use tokio_postgres::Row;
 use crate::key::{IdempotencyKey, Reference};
 use crate::store::sql::{counts, key_range, state_from, tag_to_column};
 use crate::store::{
-    check_distinct, Attempt, Claim, ClaimRequest, FollowOn, IdempotencyStore, JobFilter, JobId,
-    OutboxJob, Record, RecordFilter, RecordStateKind, Resolution, StateCounts, StoreError,
+    check_distinct, Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore, IdempotencyStore,
+    JobFilter, JobId, OutboxJob, Record, RecordFilter, RecordStateKind, Resolution, StateCounts,
+    StoreError,
 };
 
 mod builder;
@@ -373,179 +374,6 @@ impl IdempotencyStore for PostgresStore {
         "postgres"
     }
 
-    fn supports_follow_ons(&self) -> bool {
-        true
-    }
-
-    async fn complete_with_follow_ons(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        response: &str,
-        jobs: &[FollowOn],
-    ) -> Result<(), StoreError> {
-        check_distinct(jobs)?;
-        if jobs.is_empty() {
-            return self.complete(key, attempt, response).await;
-        }
-        let (names, payloads) = job_columns(jobs);
-        let key = &key.as_bytes()[..];
-        self.with(async |client, sql| {
-            with_jobs(
-                client,
-                sql,
-                &sql.complete_with_jobs,
-                key,
-                attempt,
-                &[
-                    &key,
-                    &(attempt.get() as i64),
-                    &response.as_bytes(),
-                    &names,
-                    &payloads,
-                ],
-            )
-            .await
-        })
-        .await
-    }
-
-    async fn resolve_with_follow_ons(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        response: &str,
-        note: Option<&str>,
-        jobs: &[FollowOn],
-    ) -> Result<(), StoreError> {
-        check_distinct(jobs)?;
-        if jobs.is_empty() {
-            let completed = Resolution::Completed { response };
-            return self.resolve(key, attempt, completed, note).await;
-        }
-        let (names, payloads) = job_columns(jobs);
-        let key = &key.as_bytes()[..];
-        let note = note.map(str::as_bytes);
-        self.with(async |client, sql| {
-            with_jobs(
-                client,
-                sql,
-                &sql.resolve_with_jobs,
-                key,
-                attempt,
-                &[
-                    &key,
-                    &(attempt.get() as i64),
-                    &response.as_bytes(),
-                    &note,
-                    &names,
-                    &payloads,
-                ],
-            )
-            .await
-        })
-        .await
-    }
-
-    async fn lease_jobs(
-        &self,
-        names: &[&str],
-        limit: usize,
-        lease: Duration,
-        token: Attempt,
-    ) -> Result<Vec<OutboxJob>, StoreError> {
-        if names.is_empty() || limit == 0 {
-            return Ok(Vec::new());
-        }
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let mut leased = self
-            .with(async |client, sql| {
-                let stmt = client.prepare_cached(&sql.lease_jobs).await?;
-                let rows = client
-                    .query(
-                        &stmt,
-                        &[&(token.get() as i64), &micros(lease), &names, &limit],
-                    )
-                    .await?;
-                Ok(rows.iter().map(row_to_job).collect::<Result<Vec<_>, _>>()?)
-            })
-            .await?;
-        // RETURNING has no order of its own.
-        leased.sort_by_key(|j| (j.created_at, j.id.reference, j.id.name.clone()));
-        Ok(leased)
-    }
-
-    async fn finish_job(&self, id: &JobId, token: Attempt) -> Result<(), StoreError> {
-        self.with(async |client, sql| fenced_job(client, &sql.finish_job, id, token, &[]).await)
-            .await
-    }
-
-    async fn retry_job(
-        &self,
-        id: &JobId,
-        token: Attempt,
-        delay: Duration,
-        error: &str,
-    ) -> Result<(), StoreError> {
-        self.with(async |client, sql| {
-            fenced_job(client, &sql.retry_job, id, token, &[&micros(delay), &error]).await
-        })
-        .await
-    }
-
-    async fn bury_job(&self, id: &JobId, token: Attempt, error: &str) -> Result<(), StoreError> {
-        self.with(async |client, sql| fenced_job(client, &sql.bury_job, id, token, &[&error]).await)
-            .await
-    }
-
-    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<OutboxJob>, StoreError> {
-        let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
-        let reference = filter.reference.map(|r| r.as_bytes().to_vec());
-        self.with(async |client, sql| {
-            let stmt = client.prepare_cached(&sql.jobs_filtered).await?;
-            let rows = client
-                .query(
-                    &stmt,
-                    &[
-                        &filter.tenant,
-                        &reference,
-                        &filter.name,
-                        &filter.dead,
-                        &limit,
-                    ],
-                )
-                .await?;
-            Ok(rows.iter().map(row_to_job).collect::<Result<Vec<_>, _>>()?)
-        })
-        .await
-    }
-
-    async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
-        let reference = id.reference.as_bytes();
-        self.with(async |client, sql| {
-            let stmt = client.prepare_cached(&sql.redrive_job).await?;
-            let changed = client
-                .execute(&stmt, &[&id.tenant, &reference, &id.name])
-                .await?;
-            Ok(changed == 1)
-        })
-        .await
-    }
-
-    async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
-        self.with(async |client, sql| {
-            let stmt = client.prepare_cached(&sql.count_due_jobs).await?;
-            let rows = client.query(&stmt, &[]).await?;
-            let mut due = BTreeMap::new();
-            for row in rows {
-                let (name, n): (String, i64) = (row.try_get(0)?, row.try_get(1)?);
-                due.insert(name, u64::try_from(n).unwrap_or(0));
-            }
-            Ok(due)
-        })
-        .await
-    }
-
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
         let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
         let state = filter.state.map(|s| s.code());
@@ -802,6 +630,182 @@ impl IdempotencyStore for PostgresStore {
 
     async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
         self.list(|s| &s.unknown, limit).await
+    }
+
+    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl FollowOnStore for PostgresStore {
+    async fn complete_with_follow_ons(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        jobs: &[FollowOn],
+    ) -> Result<(), StoreError> {
+        check_distinct(jobs)?;
+        if jobs.is_empty() {
+            return self.complete(key, attempt, response).await;
+        }
+        let (names, payloads) = job_columns(jobs);
+        let key = &key.as_bytes()[..];
+        self.with(async |client, sql| {
+            with_jobs(
+                client,
+                sql,
+                &sql.complete_with_jobs,
+                key,
+                attempt,
+                &[
+                    &key,
+                    &(attempt.get() as i64),
+                    &response.as_bytes(),
+                    &names,
+                    &payloads,
+                ],
+            )
+            .await
+        })
+        .await
+    }
+
+    async fn resolve_with_follow_ons(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        note: Option<&str>,
+        jobs: &[FollowOn],
+    ) -> Result<(), StoreError> {
+        check_distinct(jobs)?;
+        if jobs.is_empty() {
+            let completed = Resolution::Completed { response };
+            return self.resolve(key, attempt, completed, note).await;
+        }
+        let (names, payloads) = job_columns(jobs);
+        let key = &key.as_bytes()[..];
+        let note = note.map(str::as_bytes);
+        self.with(async |client, sql| {
+            with_jobs(
+                client,
+                sql,
+                &sql.resolve_with_jobs,
+                key,
+                attempt,
+                &[
+                    &key,
+                    &(attempt.get() as i64),
+                    &response.as_bytes(),
+                    &note,
+                    &names,
+                    &payloads,
+                ],
+            )
+            .await
+        })
+        .await
+    }
+
+    async fn lease_jobs(
+        &self,
+        names: &[&str],
+        limit: usize,
+        lease: Duration,
+        token: Attempt,
+    ) -> Result<Vec<OutboxJob>, StoreError> {
+        if names.is_empty() || limit == 0 {
+            return Ok(Vec::new());
+        }
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut leased = self
+            .with(async |client, sql| {
+                let stmt = client.prepare_cached(&sql.lease_jobs).await?;
+                let rows = client
+                    .query(
+                        &stmt,
+                        &[&(token.get() as i64), &micros(lease), &names, &limit],
+                    )
+                    .await?;
+                Ok(rows.iter().map(row_to_job).collect::<Result<Vec<_>, _>>()?)
+            })
+            .await?;
+        // RETURNING has no order of its own.
+        leased.sort_by_key(|j| (j.created_at, j.id.reference, j.id.name.clone()));
+        Ok(leased)
+    }
+
+    async fn finish_job(&self, id: &JobId, token: Attempt) -> Result<(), StoreError> {
+        self.with(async |client, sql| fenced_job(client, &sql.finish_job, id, token, &[]).await)
+            .await
+    }
+
+    async fn retry_job(
+        &self,
+        id: &JobId,
+        token: Attempt,
+        delay: Duration,
+        error: &str,
+    ) -> Result<(), StoreError> {
+        self.with(async |client, sql| {
+            fenced_job(client, &sql.retry_job, id, token, &[&micros(delay), &error]).await
+        })
+        .await
+    }
+
+    async fn bury_job(&self, id: &JobId, token: Attempt, error: &str) -> Result<(), StoreError> {
+        self.with(async |client, sql| fenced_job(client, &sql.bury_job, id, token, &[&error]).await)
+            .await
+    }
+
+    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<OutboxJob>, StoreError> {
+        let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
+        let reference = filter.reference.map(|r| r.as_bytes().to_vec());
+        self.with(async |client, sql| {
+            let stmt = client.prepare_cached(&sql.jobs_filtered).await?;
+            let rows = client
+                .query(
+                    &stmt,
+                    &[
+                        &filter.tenant,
+                        &reference,
+                        &filter.name,
+                        &filter.dead,
+                        &limit,
+                    ],
+                )
+                .await?;
+            Ok(rows.iter().map(row_to_job).collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
+        let reference = id.reference.as_bytes();
+        self.with(async |client, sql| {
+            let stmt = client.prepare_cached(&sql.redrive_job).await?;
+            let changed = client
+                .execute(&stmt, &[&id.tenant, &reference, &id.name])
+                .await?;
+            Ok(changed == 1)
+        })
+        .await
+    }
+
+    async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
+        self.with(async |client, sql| {
+            let stmt = client.prepare_cached(&sql.count_due_jobs).await?;
+            let rows = client.query(&stmt, &[]).await?;
+            let mut due = BTreeMap::new();
+            for row in rows {
+                let (name, n): (String, i64) = (row.try_get(0)?, row.try_get(1)?);
+                due.insert(name, u64::try_from(n).unwrap_or(0));
+            }
+            Ok(due)
+        })
+        .await
     }
 }
 

@@ -9,9 +9,9 @@ use redis::Cmd;
 
 use crate::key::{IdempotencyKey, Reference};
 use crate::store::{
-    check_distinct, listing_order, Attempt, Claim, ClaimRequest, FollowOn, IdempotencyStore,
-    JobFilter, JobId, OutboxJob, Record, RecordFilter, RecordStateKind, Resolution, StateCounts,
-    StoreError,
+    check_distinct, listing_order, Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore,
+    IdempotencyStore, JobFilter, JobId, OutboxJob, Record, RecordFilter, RecordStateKind,
+    Resolution, StateCounts, StoreError,
 };
 
 mod builder;
@@ -375,208 +375,6 @@ impl IdempotencyStore for RedisStore {
         "redis"
     }
 
-    fn supports_follow_ons(&self) -> bool {
-        true
-    }
-
-    async fn complete_with_follow_ons(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        response: &str,
-        jobs: &[FollowOn],
-    ) -> Result<(), StoreError> {
-        check_distinct(jobs)?;
-        done(
-            self.fenced(&SCRIPTS.complete, key, attempt, |cmd| {
-                cmd.arg(response);
-                self.job_args(cmd, key, jobs);
-            })
-            .await?,
-        )
-    }
-
-    async fn resolve_with_follow_ons(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        response: &str,
-        note: Option<&str>,
-        jobs: &[FollowOn],
-    ) -> Result<(), StoreError> {
-        check_distinct(jobs)?;
-        let completed = RecordStateKind::Completed.code();
-        done(
-            self.fenced(&SCRIPTS.resolve, key, attempt, |cmd| {
-                cmd.arg(completed).arg(response).arg(0);
-                match note {
-                    Some(note) => cmd.arg("1").arg(note),
-                    None => cmd.arg("0").arg(""),
-                };
-                self.job_args(cmd, key, jobs);
-            })
-            .await?,
-        )
-    }
-
-    async fn lease_jobs(
-        &self,
-        names: &[&str],
-        limit: usize,
-        lease: Duration,
-        token: Attempt,
-    ) -> Result<Vec<OutboxJob>, StoreError> {
-        let mut names = names.to_vec();
-        names.sort_unstable();
-        names.dedup();
-        if names.is_empty() || limit == 0 {
-            return Ok(Vec::new());
-        }
-        // Which shards hold the `limit` longest due jobs: every shard at once,
-        // each a read-only script.
-        let peek = &SCRIPTS.peek_jobs;
-        let calls = (0..SHARDS).map(|shard| {
-            let [list, _] = self.layout.job_sets(shard);
-            let mut cmd = evalsha(peek, &[&list]);
-            cmd.arg(self.layout.shard(shard)).arg(limit).arg(&names);
-            async move { (shard, self.link.run(peek, &cmd).await) }
-        });
-        let mut due = Vec::new();
-        for (shard, reply) in join_all(calls).await {
-            due.extend(scores(reply?)?.into_iter().map(|score| (score, shard)));
-        }
-        due.sort_unstable();
-        due.truncate(limit);
-        let mut per_shard = BTreeMap::<u8, usize>::new();
-        for (_, shard) in due {
-            *per_shard.entry(shard).or_default() += 1;
-        }
-        // Then lease them, one script on each of those shards. A job another
-        // dispatcher leased in between is not due any more: this lease then
-        // returns fewer jobs, never one that is held.
-        let script = &SCRIPTS.lease_jobs;
-        let calls = per_shard.into_iter().map(|(shard, count)| {
-            let [list, _] = self.layout.job_sets(shard);
-            let mut cmd = evalsha(script, &[&list]);
-            cmd.arg(self.layout.shard(shard))
-                .arg(count)
-                .arg(micros(lease))
-                .arg(token.get())
-                .arg(&names);
-            async move { self.link.run(script, &cmd).await }
-        });
-        let (mut leased, mut failed) = (Vec::new(), None);
-        for reply in join_all(calls).await {
-            // A shard that failed leased nothing; one that answered did, and
-            // its jobs are returned (or they would wait out their lease).
-            match reply.and_then(jobs) {
-                Ok(found) => leased.extend(found),
-                Err(e) => failed = Some(e),
-            }
-        }
-        if let (true, Some(e)) = (leased.is_empty(), failed) {
-            return Err(e);
-        }
-        leased.sort_by_key(|j| (j.created_at, j.id.reference, j.id.name.clone()));
-        Ok(leased)
-    }
-
-    async fn finish_job(&self, id: &JobId, token: Attempt) -> Result<(), StoreError> {
-        self.job_change(&SCRIPTS.finish_job, id, |cmd| {
-            cmd.arg(token.get());
-        })
-        .await
-    }
-
-    async fn retry_job(
-        &self,
-        id: &JobId,
-        token: Attempt,
-        delay: Duration,
-        error: &str,
-    ) -> Result<(), StoreError> {
-        self.job_change(&SCRIPTS.retry_job, id, |cmd| {
-            cmd.arg(token.get()).arg(micros(delay)).arg(error);
-        })
-        .await
-    }
-
-    async fn bury_job(&self, id: &JobId, token: Attempt, error: &str) -> Result<(), StoreError> {
-        self.job_change(&SCRIPTS.bury_job, id, |cmd| {
-            cmd.arg(token.get()).arg(error);
-        })
-        .await
-    }
-
-    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<OutboxJob>, StoreError> {
-        if filter.limit == 0 {
-            return Ok(Vec::new());
-        }
-        let want = |v: Option<&[u8]>| v.map_or_else(Vec::new, |v| [b"=", v].concat());
-        let dead = filter.dead.map(|d| if d { &b"1"[..] } else { &b"0"[..] });
-        let (tenant, reference, name, dead) = (
-            want(filter.tenant.as_deref().map(str::as_bytes)),
-            want(filter.reference.as_ref().map(|r| r.as_bytes())),
-            want(filter.name.as_deref().map(str::as_bytes)),
-            want(dead),
-        );
-        // An operation's jobs are on its shard; any other filter reads every
-        // shard.
-        let shards: Vec<u8> = match &filter.reference {
-            Some(r) => vec![self.layout.shard_of(r)],
-            None => (0..SHARDS).collect(),
-        };
-        let script = &SCRIPTS.list_jobs;
-        let calls = shards.into_iter().map(|shard| {
-            let [list, _] = self.layout.job_sets(shard);
-            let mut cmd = evalsha(script, &[&list]);
-            cmd.arg(self.layout.shard(shard))
-                .arg(filter.limit)
-                .arg(&tenant)
-                .arg(&reference)
-                .arg(&name)
-                .arg(&dead);
-            async move { self.link.run(script, &cmd).await }
-        });
-        let mut found = Vec::new();
-        for reply in join_all(calls).await {
-            found.extend(jobs(reply?)?);
-        }
-        found.sort_by_key(listing_order);
-        found.truncate(filter.limit);
-        Ok(found)
-    }
-
-    async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
-        let script = &SCRIPTS.redrive_job;
-        let ([job, due, _, names], member) = self.layout.job(id);
-        let mut cmd = evalsha(script, &[&job, &due, &names]);
-        cmd.arg(&member).arg(&id.name);
-        match self.link.run(script, &cmd).await? {
-            redis::Value::Int(n) => Ok(n == 1),
-            other => Err(StoreError::Corrupt(format!(
-                "Redis: redrive_job answered {other:?}"
-            ))),
-        }
-    }
-
-    async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
-        let script = &SCRIPTS.count_due_jobs;
-        let calls = (0..SHARDS).map(|shard| {
-            let [_, names] = self.layout.job_sets(shard);
-            let mut cmd = evalsha(script, &[&names]);
-            cmd.arg(self.layout.shard(shard));
-            async move { self.link.run(script, &cmd).await }
-        });
-        let mut due = BTreeMap::new();
-        for reply in join_all(calls).await {
-            for (name, n) in name_counts(reply?)? {
-                *due.entry(name).or_default() += n;
-            }
-        }
-        Ok(due)
-    }
-
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
         let mut seen = std::collections::HashSet::new();
         let mut found: Vec<Record> = Vec::new();
@@ -817,6 +615,211 @@ impl IdempotencyStore for RedisStore {
     async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
         self.list(1, RecordStateKind::Unknown, limit, |r| r.next_check_at)
             .await
+    }
+
+    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl FollowOnStore for RedisStore {
+    async fn complete_with_follow_ons(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        jobs: &[FollowOn],
+    ) -> Result<(), StoreError> {
+        check_distinct(jobs)?;
+        done(
+            self.fenced(&SCRIPTS.complete, key, attempt, |cmd| {
+                cmd.arg(response);
+                self.job_args(cmd, key, jobs);
+            })
+            .await?,
+        )
+    }
+
+    async fn resolve_with_follow_ons(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        note: Option<&str>,
+        jobs: &[FollowOn],
+    ) -> Result<(), StoreError> {
+        check_distinct(jobs)?;
+        let completed = RecordStateKind::Completed.code();
+        done(
+            self.fenced(&SCRIPTS.resolve, key, attempt, |cmd| {
+                cmd.arg(completed).arg(response).arg(0);
+                match note {
+                    Some(note) => cmd.arg("1").arg(note),
+                    None => cmd.arg("0").arg(""),
+                };
+                self.job_args(cmd, key, jobs);
+            })
+            .await?,
+        )
+    }
+
+    async fn lease_jobs(
+        &self,
+        names: &[&str],
+        limit: usize,
+        lease: Duration,
+        token: Attempt,
+    ) -> Result<Vec<OutboxJob>, StoreError> {
+        let mut names = names.to_vec();
+        names.sort_unstable();
+        names.dedup();
+        if names.is_empty() || limit == 0 {
+            return Ok(Vec::new());
+        }
+        // Which shards hold the `limit` longest due jobs: every shard at once,
+        // each a read-only script.
+        let peek = &SCRIPTS.peek_jobs;
+        let calls = (0..SHARDS).map(|shard| {
+            let [list, _] = self.layout.job_sets(shard);
+            let mut cmd = evalsha(peek, &[&list]);
+            cmd.arg(self.layout.shard(shard)).arg(limit).arg(&names);
+            async move { (shard, self.link.run(peek, &cmd).await) }
+        });
+        let mut due = Vec::new();
+        for (shard, reply) in join_all(calls).await {
+            due.extend(scores(reply?)?.into_iter().map(|score| (score, shard)));
+        }
+        due.sort_unstable();
+        due.truncate(limit);
+        let mut per_shard = BTreeMap::<u8, usize>::new();
+        for (_, shard) in due {
+            *per_shard.entry(shard).or_default() += 1;
+        }
+        // Then lease them, one script on each of those shards. A job another
+        // dispatcher leased in between is not due any more: this lease then
+        // returns fewer jobs, never one that is held.
+        let script = &SCRIPTS.lease_jobs;
+        let calls = per_shard.into_iter().map(|(shard, count)| {
+            let [list, _] = self.layout.job_sets(shard);
+            let mut cmd = evalsha(script, &[&list]);
+            cmd.arg(self.layout.shard(shard))
+                .arg(count)
+                .arg(micros(lease))
+                .arg(token.get())
+                .arg(&names);
+            async move { self.link.run(script, &cmd).await }
+        });
+        let (mut leased, mut failed) = (Vec::new(), None);
+        for reply in join_all(calls).await {
+            // A shard that failed leased nothing; one that answered did, and
+            // its jobs are returned (or they would wait out their lease).
+            match reply.and_then(jobs) {
+                Ok(found) => leased.extend(found),
+                Err(e) => failed = Some(e),
+            }
+        }
+        if let (true, Some(e)) = (leased.is_empty(), failed) {
+            return Err(e);
+        }
+        leased.sort_by_key(|j| (j.created_at, j.id.reference, j.id.name.clone()));
+        Ok(leased)
+    }
+
+    async fn finish_job(&self, id: &JobId, token: Attempt) -> Result<(), StoreError> {
+        self.job_change(&SCRIPTS.finish_job, id, |cmd| {
+            cmd.arg(token.get());
+        })
+        .await
+    }
+
+    async fn retry_job(
+        &self,
+        id: &JobId,
+        token: Attempt,
+        delay: Duration,
+        error: &str,
+    ) -> Result<(), StoreError> {
+        self.job_change(&SCRIPTS.retry_job, id, |cmd| {
+            cmd.arg(token.get()).arg(micros(delay)).arg(error);
+        })
+        .await
+    }
+
+    async fn bury_job(&self, id: &JobId, token: Attempt, error: &str) -> Result<(), StoreError> {
+        self.job_change(&SCRIPTS.bury_job, id, |cmd| {
+            cmd.arg(token.get()).arg(error);
+        })
+        .await
+    }
+
+    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<OutboxJob>, StoreError> {
+        if filter.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let want = |v: Option<&[u8]>| v.map_or_else(Vec::new, |v| [b"=", v].concat());
+        let dead = filter.dead.map(|d| if d { &b"1"[..] } else { &b"0"[..] });
+        let (tenant, reference, name, dead) = (
+            want(filter.tenant.as_deref().map(str::as_bytes)),
+            want(filter.reference.as_ref().map(|r| r.as_bytes())),
+            want(filter.name.as_deref().map(str::as_bytes)),
+            want(dead),
+        );
+        // An operation's jobs are on its shard; any other filter reads every
+        // shard.
+        let shards: Vec<u8> = match &filter.reference {
+            Some(r) => vec![self.layout.shard_of(r)],
+            None => (0..SHARDS).collect(),
+        };
+        let script = &SCRIPTS.list_jobs;
+        let calls = shards.into_iter().map(|shard| {
+            let [list, _] = self.layout.job_sets(shard);
+            let mut cmd = evalsha(script, &[&list]);
+            cmd.arg(self.layout.shard(shard))
+                .arg(filter.limit)
+                .arg(&tenant)
+                .arg(&reference)
+                .arg(&name)
+                .arg(&dead);
+            async move { self.link.run(script, &cmd).await }
+        });
+        let mut found = Vec::new();
+        for reply in join_all(calls).await {
+            found.extend(jobs(reply?)?);
+        }
+        found.sort_by_key(listing_order);
+        found.truncate(filter.limit);
+        Ok(found)
+    }
+
+    async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
+        let script = &SCRIPTS.redrive_job;
+        let ([job, due, _, names], member) = self.layout.job(id);
+        let mut cmd = evalsha(script, &[&job, &due, &names]);
+        cmd.arg(&member).arg(&id.name);
+        match self.link.run(script, &cmd).await? {
+            redis::Value::Int(n) => Ok(n == 1),
+            other => Err(StoreError::Corrupt(format!(
+                "Redis: redrive_job answered {other:?}"
+            ))),
+        }
+    }
+
+    async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
+        let script = &SCRIPTS.count_due_jobs;
+        let calls = (0..SHARDS).map(|shard| {
+            let [_, names] = self.layout.job_sets(shard);
+            let mut cmd = evalsha(script, &[&names]);
+            cmd.arg(self.layout.shard(shard));
+            async move { self.link.run(script, &cmd).await }
+        });
+        let mut due = BTreeMap::new();
+        for reply in join_all(calls).await {
+            for (name, n) in name_counts(reply?)? {
+                *due.entry(name).or_default() += n;
+            }
+        }
+        Ok(due)
     }
 }
 
