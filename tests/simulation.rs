@@ -2,9 +2,9 @@
 //! callers repeating calls at random times, a store that delays, fails and
 //! loses answers, handlers that time out, panic, are dropped mid-call or
 //! outlive their lease while heartbeats fail, a processor that deduplicates
-//! by reference, lands requests late and shows them later still, and the
-//! maintenance jobs (sweep, reconcile with settle and backoff, purge) and an
-//! operator resolving by hand, on their timers.
+//! by reference for a day (like Stripe), lands requests late and shows them
+//! later still, and the maintenance jobs (sweep, reconcile with settle and
+//! backoff, purge) and an operator resolving by hand, on their timers.
 //!
 //! One seed drives one schedule: on MemoryStore, a single-threaded tokio
 //! runtime on a paused clock (simulated minutes cost nothing) with every
@@ -300,6 +300,69 @@ fn simulation_oracles_catch_sabotage() {
             ),
         }
     }
+}
+
+/// The processor keeps an idempotency key for a day from the arrival of the
+/// request that created it, like Stripe: a request arriving while the first
+/// is processed, or up to 24 h after it arrived, gets the first charge back;
+/// one arriving 24 h after is charged anew, and later ones get that charge.
+#[test]
+fn simulation_processor_keeps_keys_for_a_day() {
+    let _serial = serial();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a runtime");
+    rt.block_on(async {
+        let start = tokio::time::Instant::now();
+        let base = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let clock: Arc<dyn Fn() -> SystemTime + Send + Sync> =
+            Arc::new(move || base + start.elapsed());
+        let store_clock = clock.clone();
+        let store: Arc<dyn IdempotencyStore> =
+            Arc::new(MemoryStore::with_clock(move || store_clock()));
+        let sim = Arc::new(simulation::world::Sim::new(
+            0,
+            Timing::paused(),
+            Sabotage::None,
+            true,
+            store,
+            clock,
+        ));
+        // Any reference will do (16 or 32 hex digits, whichever this
+        // version prints).
+        let reference = [8, 16]
+            .iter()
+            .find_map(|n| idem_runtime::Reference::parse(&format!("idem_{}", "ab".repeat(*n))))
+            .expect("a reference");
+        let ms = Duration::from_millis;
+        let day = Duration::from_secs(24 * 3600);
+        assert_eq!(Timing::paused().processor_keeps_keys, day);
+        // (sent at, network delay): the first arrives at 0.1 s and lands at
+        // 2.1 s.
+        let ids = simulation::processor::ledger_over_a_day(
+            &sim,
+            reference,
+            &[
+                (Duration::ZERO, ms(100)),
+                (ms(500), Duration::ZERO),
+                (day, ms(99)),
+                (day, ms(100)),
+                (day + ms(1_000), Duration::ZERO),
+            ],
+        )
+        .await;
+        let w = sim.world();
+        assert_eq!(
+            ids,
+            ["ch_1", "ch_1", "ch_1", "ch_2", "ch_2"],
+            "{:#?}",
+            w.log
+        );
+        assert_eq!(w.charges.len(), 2);
+        assert!(w.violations.is_empty(), "{:?}", w.violations);
+    });
 }
 
 #[test]

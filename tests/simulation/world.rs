@@ -173,8 +173,19 @@ pub struct Charge {
     pub tenant: String,
     pub amount: u64,
     pub run: usize,
+    /// When the request that made it arrived.
+    pub arrived: Instant,
     pub lands_at: Instant,
     pub visible_at: Instant,
+}
+
+/// The processor's idempotency entry for one reference: its charge, and
+/// when the request that created the key arrived (the key is forgotten
+/// `processor_keeps_keys` later).
+#[derive(Clone, Copy, Debug)]
+pub struct Entry {
+    pub charge: usize,
+    pub since: Instant,
 }
 
 impl Charge {
@@ -250,8 +261,9 @@ pub struct World {
     pub runs: Vec<RunRec>,
     pub requests: Vec<RequestRec>,
     pub charges: Vec<Charge>,
-    /// The processor's idempotency: reference → charge.
-    pub entries: BTreeMap<Reference, usize>,
+    /// The processor's idempotency: reference → its latest charge, and
+    /// since when it holds the key.
+    pub entries: BTreeMap<Reference, Entry>,
     /// Which runs' requests took effect, per operation instance.
     pub accepted: BTreeMap<(Reference, u32), BTreeSet<usize>>,
     pub pending_tasks: usize,
@@ -388,10 +400,14 @@ impl Sim {
             (r.reference, r.epoch, r.run)
         };
         if new {
+            // Charges under one reference a day apart are two: the
+            // processor had forgotten the first one's key.
+            let arrived = w.charges[charge].arrived;
+            let keeps = self.timing.processor_keeps_keys;
             let held = w
                 .charges
                 .iter()
-                .filter(|c| c.reference == reference)
+                .filter(|c| c.reference == reference && arrived.duration_since(c.arrived) < keeps)
                 .count();
             if held > 1 {
                 self.violation(
@@ -414,7 +430,6 @@ impl Sim {
                 ),
             );
         }
-        let _ = charge;
     }
 
     // ---- oracle 4: a live handler's record is never UNKNOWN ----
@@ -551,6 +566,8 @@ impl Sim {
 
     /// The processor's charge for a reference, if any.
     pub fn charge_of(&self, w: &World, reference: &Reference) -> Option<Charge> {
-        w.entries.get(reference).map(|i| w.charges[*i].clone())
+        w.entries
+            .get(reference)
+            .map(|e| w.charges[e.charge].clone())
     }
 }
