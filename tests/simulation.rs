@@ -3,7 +3,8 @@
 //! loses answers, handlers that time out, panic, are dropped mid-call or
 //! outlive their lease while heartbeats fail, a processor that deduplicates
 //! by reference for a day (like Stripe), lands requests late and shows them
-//! later still, and the maintenance jobs (sweep, reconcile with settle and
+//! later still, purchases repeated after their window (a new operation the
+//! user wants), and the maintenance jobs (sweep, reconcile with settle and
 //! backoff, purge) and an operator resolving by hand, on their timers.
 //!
 //! One seed drives one schedule: on MemoryStore, a single-threaded tokio

@@ -121,6 +121,29 @@ async fn schedule(sim: Arc<Sim>, inner: Arc<dyn IdempotencyStore>) {
                 planned.push(call_plan(&mut rng, &t, sim.sabotage, op, at, 0));
             }
         }
+        // Purchases repeated after their window: the same call again once
+        // the first one's window has ended, a new operation the user wants,
+        // within the day the processor keeps the first one's key.
+        let fits = |op: &OpSpec| {
+            op.tool
+                .window()
+                .is_some_and(|w| w + t.repeat_gap.0 < t.horizon)
+        };
+        let windowed: Vec<usize> = (0..ops.len()).filter(|i| fits(&ops[*i])).collect();
+        if !windowed.is_empty() {
+            for _ in 0..rng.range(t.repeats.0, t.repeats.1) {
+                let op = *rng.pick(&windowed);
+                let window = ops[op].tool.window().unwrap_or_default();
+                let room = t.horizon - window - t.repeat_gap.0;
+                let at = rng.between(Duration::ZERO, room);
+                let most = t.repeat_gap.1.min(t.horizon - window - at);
+                let gap = rng.between(t.repeat_gap.0, most);
+                planned.push(call_plan(&mut rng, &t, sim.sabotage, op, at, 0));
+                let mut again = call_plan(&mut rng, &t, sim.sabotage, op, at + window + gap, 0);
+                again.repeat = true;
+                planned.push(again);
+            }
+        }
         let outage = rng.chance(0.4).then(|| {
             let from = sim.t0 + rng.between(Duration::ZERO, t.horizon);
             (from, from + rng.between(t.outage.0, t.outage.1))
@@ -392,6 +415,7 @@ fn call_plan(
             decline: rng.chance(0.1),
         },
         retry_depth,
+        repeat: false,
     }
 }
 
@@ -431,6 +455,12 @@ fn spawn_call(sim: &Arc<Sim>, callers: &Callers, plan: CallPlan) -> tokio::task:
 }
 
 async fn make_call(sim: &Arc<Sim>, callers: &Callers, call: usize) {
+    {
+        let mut w = sim.world();
+        if w.calls[call].plan.repeat {
+            w.stats.bump("purchases repeated after their window");
+        }
+    }
     // A live replica serves the call; one that dies takes its calls along.
     let last = callers.replicas.len() - 1;
     let replica = {

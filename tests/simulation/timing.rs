@@ -63,6 +63,11 @@ pub struct Timing {
     pub horizon: Duration,
     /// How many calls a schedule plans (retries come on top).
     pub calls: (u64, u64),
+    /// How many purchases a schedule repeats after their window (the same
+    /// arguments again, a new operation the user wants).
+    pub repeats: (u64, u64),
+    /// How long after the first call's window a repeat comes.
+    pub repeat_gap: (Duration, Duration),
     /// How long the processor keeps an idempotency key, from the arrival of
     /// the request that created it (Stripe: 24 hours).
     pub processor_keeps_keys: Duration,
@@ -106,6 +111,8 @@ impl Timing {
             cancel_max: ms(4_000),
             horizon: ms(60_000),
             calls: (20, 40),
+            repeats: (1, 3),
+            repeat_gap: (ms(500), ms(8_000)),
             processor_keeps_keys: Duration::from_secs(24 * 3600),
             store_delay_max: ms(300),
             outage: (ms(3_000), ms(10_000)),
@@ -140,6 +147,8 @@ impl Timing {
             cancel_max: ms(500),
             horizon: ms(3_500),
             calls: (12, 20),
+            repeats: (1, 3),
+            repeat_gap: (ms(150), ms(700)),
             processor_keeps_keys: Duration::from_secs(24 * 3600),
             store_delay_max: ms(40),
             outage: (ms(500), ms(1_200)),

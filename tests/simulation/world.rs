@@ -81,6 +81,15 @@ impl Tool {
     pub fn reconcilable(name: &str) -> bool {
         name != "legacy_refund"
     }
+
+    /// The window of a window-scoped tool (a business key has none: its
+    /// reference stays the business key's).
+    pub fn window(&self) -> Option<Duration> {
+        match self {
+            Tool::Charge { window } | Tool::Legacy { window } => Some(*window),
+            Tool::Ship { .. } => None,
+        }
+    }
 }
 
 /// One operation a caller may ask for, again and again.
@@ -124,6 +133,8 @@ pub struct CallPlan {
     pub request: RequestPlan,
     /// A retry made by the harness (after an answer), not planned.
     pub retry_depth: u32,
+    /// A purchase repeated after its window: a new operation the user wants.
+    pub repeat: bool,
 }
 
 #[derive(Debug)]
