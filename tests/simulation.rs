@@ -26,7 +26,13 @@
 //! 5. every UNKNOWN record a reconciler can resolve is resolved within its
 //!    bound once the processor is consistent;
 //! 6. nothing of one tenant is readable by another;
-//! 7. a record resolved NOT_PERFORMED had no effect (and none on its way).
+//! 7. a record resolved NOT_PERFORMED had no effect (and none on its way);
+//! 8. a wanted operation gets its own effect, none is suppressed: every
+//!    instance of a window-scoped operation that is answered as executed or
+//!    stored as COMPLETED holds a charge made by its own handler runs (so no
+//!    two operations are credited with one charge), and a call made after
+//!    its operation's COMPLETED record expired (by the store's clock, with a
+//!    margin) is not answered with that operation's charge or an earlier one.
 //!
 //! Beside them, the recording store checks every write that takes effect
 //! against a model of the record (a claim takes over only an expired or
@@ -202,6 +208,22 @@ pub fn summarize(
         }
     }
     say!("simulation: {store}: {schedules} schedules, {violations} violations");
+    if violations > 0 {
+        // Which oracles failed, over every violation (not only those shown).
+        let mut by: std::collections::BTreeMap<&str, usize> = Default::default();
+        for v in results.iter().flat_map(|(_, r)| &r.violations) {
+            let oracle = v
+                .find("oracle ")
+                .and_then(|i| v[i..].find(" (").map(|j| &v[i..i + j]))
+                .unwrap_or("other");
+            *by.entry(oracle).or_default() += 1;
+        }
+        let line: Vec<String> = by.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+        say!(
+            "simulation: {store}: violations by oracle: {}",
+            line.join(", ")
+        );
+    }
     if env_flag("IDEM_SIM_STATS") || single {
         let line: Vec<String> = stats
             .counts
@@ -273,6 +295,7 @@ fn simulation_oracles_catch_sabotage() {
             Sabotage::ReconcilerStuck => &["oracle 5"],
             Sabotage::LeakyLookup => &["oracle 6"],
             Sabotage::HideHeartbeatFailures => &["oracle 4"],
+            Sabotage::StaleReference => &["oracle 8"],
         }
     };
     // IDEM_SIM_SABOTAGE_SCAN=n: how many of n schedules catch each one.

@@ -17,8 +17,8 @@ use super::processor::{ProcAnswer, Processor, SimReconciler};
 use super::stores::{plan, Observer, Recorder};
 use super::timing::Timing;
 use super::world::{
-    CallPlan, CallRec, OpSpec, Outcome, PanicAt, Receipt, RequestPlan, RunRec, Sabotage, Sim,
-    Stats, Tool,
+    AfterWindow, CallPlan, CallRec, OpSpec, Outcome, PanicAt, Receipt, RequestPlan, RunRec,
+    Sabotage, Sim, Stats, Tool, World,
 };
 
 const STATUS_TOOL: &str = "get_operation_status";
@@ -441,6 +441,7 @@ fn spawn_call(sim: &Arc<Sim>, callers: &Callers, plan: CallPlan) -> tokio::task:
             plan,
             run: None,
             answer: None,
+            after: None,
         });
         w.calls.len() - 1
     };
@@ -457,9 +458,14 @@ fn spawn_call(sim: &Arc<Sim>, callers: &Callers, plan: CallPlan) -> tokio::task:
 async fn make_call(sim: &Arc<Sim>, callers: &Callers, call: usize) {
     {
         let mut w = sim.world();
+        let after = after_window(sim, &w, call);
+        if after.is_some() {
+            w.stats.bump("calls after their operation's window");
+        }
         if w.calls[call].plan.repeat {
             w.stats.bump("purchases repeated after their window");
         }
+        w.calls[call].after = after;
     }
     // A live replica serves the call; one that dies takes its calls along.
     let last = callers.replicas.len() - 1;
@@ -629,7 +635,15 @@ async fn handler(
     if plan.invalid {
         return Err(ToolError::rejected("the card number is not valid"));
     }
-    let answer = sim.send(run, ctx.reference(), amount, plan.request);
+    let reference = if sim.sabotage == Sabotage::StaleReference {
+        *sim.world()
+            .first_refs
+            .entry(plan.op)
+            .or_insert(ctx.reference())
+    } else {
+        ctx.reference()
+    };
+    let answer = sim.send(run, reference, amount, plan.request);
     match tokio::time::timeout(plan.handler_timeout, answer).await {
         Ok(Ok(ProcAnswer::Charged(receipt))) => {
             if sim.sabotage == Sabotage::RejectAfterEffect && sim.rng().chance(0.5) {
@@ -663,6 +677,8 @@ fn start_run(sim: &Arc<Sim>, call: usize, ctx: &OperationContext) -> usize {
         }
     };
     let (epoch, attempt) = w.keys.get(&key).map_or((0, None), |m| (m.epoch, m.attempt));
+    let op = w.calls[call].plan.op;
+    w.op_keys.insert(op, key);
     if let Some(other) = w
         .runs
         .iter()
@@ -692,6 +708,70 @@ fn start_run(sim: &Arc<Sim>, call: usize, ctx: &OperationContext) -> usize {
         format!("run {run} of call {call} starts: {reference} instance {epoch}")
     });
     run
+}
+
+/// Oracle 8: whether `call`, made now, comes after the window of its
+/// operation's latest instance, which ended COMPLETED: its record expired
+/// more than the margin ago by the store's clock, so the call is a new
+/// operation whatever the clocks' grain. The record's own `expires_at` is
+/// the end: `claimed_at + window`, or the end of the retention for a
+/// completion that came after the window (a late handler, a reconciler, an
+/// operator), which answers repeats that long. A call nearer the edge may
+/// legitimately be either, and is not judged; nor is one after an UNKNOWN
+/// or IN_PROGRESS instance (kept past its window until resolved) or of a
+/// business key (its reference stays the business key's).
+fn after_window(sim: &Sim, w: &World, call: usize) -> Option<AfterWindow> {
+    let op = w.calls[call].plan.op;
+    w.ops[op].tool.window()?;
+    let key = *w.op_keys.get(&op)?;
+    let m = w.keys.get(&key)?;
+    let record = m.snapshot.as_ref()?;
+    let RecordState::Completed { response } = &record.state else {
+        return None;
+    };
+    let late_by = (sim.clock)().duration_since(record.expires_at).ok()?;
+    if late_by < sim.timing.window_margin {
+        return None;
+    }
+    let charge = serde_json::from_str::<Receipt>(response)
+        .ok()
+        .map(|r| r.charge_id);
+    Some(AfterWindow {
+        key,
+        epoch: m.epoch,
+        charge,
+        late_by,
+    })
+}
+
+/// Oracle 8, from the caller's side: a call made after its operation's
+/// window, answered with a charge, got a charge of a later instance than
+/// the one whose window had ended, not that one's again.
+fn judge_after_window(
+    sim: &Sim,
+    w: &mut World,
+    call: usize,
+    kind: &str,
+    id: &str,
+) -> Option<String> {
+    let after = w.calls[call].after.clone()?;
+    w.stats
+        .bump("calls after their operation's window, answered with a charge");
+    let (_, key, epoch) = sim.charge_by_id(w, id)?;
+    if key == after.key && epoch > after.epoch {
+        return None;
+    }
+    Some(format!(
+        "oracle 8 (no wanted operation is suppressed): the call was made {:?} after instance {} of its operation (COMPLETED with {}) had expired: a new operation the user wanted; it was answered {kind} with {id}, a charge of {}",
+        after.late_by,
+        after.epoch,
+        after.charge.as_deref().unwrap_or("?"),
+        if key == after.key {
+            format!("instance {epoch}")
+        } else {
+            "another operation".to_owned()
+        },
+    ))
 }
 
 /// Oracles 2 and 3: what the caller was told against what happened.
@@ -803,6 +883,20 @@ fn judge(sim: &Sim, call: usize, answer: Option<&Answer<Receipt, ToolError>>) {
             }
         }
         _ => problems.push(format!("an answer the simulation does not know: {kind}")),
+    }
+    // Oracle 8: an operation answered as executed got its own charge, and
+    // a call after its operation's window got a new operation's.
+    let charged = match answer {
+        Answer::Executed { value, .. } | Answer::Replayed { value, .. } => Some(&value.charge_id),
+        _ => None,
+    };
+    if let Some(id) = charged {
+        problems.extend(judge_after_window(sim, &mut w, call, kind, id));
+    }
+    if let (Answer::Executed { value, .. }, Some(r)) = (answer, run) {
+        let (key, epoch) = (w.runs[r].key, w.runs[r].epoch);
+        let how = format!("answered executed to call {call}");
+        sim.credit(&mut w, &value.charge_id, key, epoch, &how);
     }
     for p in problems {
         sim.violation(&mut w, format!("call {call}: {p}"));
