@@ -1,6 +1,7 @@
 //! A deterministic simulation of the whole lifecycle of an operation: many
 //! callers repeating calls at random times, a store that delays, fails and
-//! loses answers, handlers that time out, panic, are dropped mid-call or
+//! loses answers, handlers that time out (their client sending the request
+//! again under the same reference first), panic, are dropped mid-call or
 //! outlive their lease while heartbeats fail, a processor that deduplicates
 //! by reference for a day (like Stripe), lands requests late and shows them
 //! later still, purchases repeated after their window (a new operation the

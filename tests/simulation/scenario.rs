@@ -399,6 +399,7 @@ fn call_plan(
         },
         invalid: rng.chance(0.04),
         handler_timeout: rng.between(t.handler_timeout.0, t.handler_timeout.1),
+        resend: rng.chance(0.3),
         postwork: if rng.chance(0.2) {
             rng.between(t.postwork.0, t.postwork.1)
         } else {
@@ -643,8 +644,25 @@ async fn handler(
     } else {
         ctx.reference()
     };
-    let answer = sim.send(run, reference, amount, plan.request);
-    match tokio::time::timeout(plan.handler_timeout, answer).await {
+    // Like a payment SDK, the client sends the request again, once and under
+    // the same reference, when the processor has not answered within half
+    // the timeout; the processor must deduplicate it (`Sabotage::NoDedupe`).
+    // The whole wait stays within the handler's timeout.
+    let mut first = sim.send(run, reference, amount, plan.request);
+    let answer = if plan.resend {
+        let half = plan.handler_timeout / 2;
+        match tokio::time::timeout(half, &mut first).await {
+            Ok(answer) => Ok(answer),
+            Err(_) => {
+                sim.world().stats.bump("requests sent again");
+                let again = sim.send(run, reference, amount, plan.request);
+                tokio::time::timeout(plan.handler_timeout - half, again).await
+            }
+        }
+    } else {
+        tokio::time::timeout(plan.handler_timeout, first).await
+    };
+    match answer {
         Ok(Ok(ProcAnswer::Charged(receipt))) => {
             if sim.sabotage == Sabotage::RejectAfterEffect && sim.rng().chance(0.5) {
                 return Err(ToolError::rejected("declined (but it was charged)"));

@@ -139,6 +139,9 @@ pub struct CallPlan {
     /// The handler refuses the input before sending anything.
     pub invalid: bool,
     pub handler_timeout: Duration,
+    /// The handler's client resends its request, under the same reference,
+    /// when the processor has not answered within half the timeout.
+    pub resend: bool,
     pub postwork: Duration,
     pub request: RequestPlan,
     /// A retry made by the harness (after an answer), not planned.
