@@ -1,10 +1,12 @@
 //! A deterministic simulation of the whole lifecycle of an operation: many
 //! callers repeating calls at random times, a store that delays, fails and
-//! loses answers, handlers that time out, panic, are dropped mid-call or
+//! loses answers, handlers that time out (their client sending the request
+//! again under the same reference first), panic, are dropped mid-call or
 //! outlive their lease while heartbeats fail, a processor that deduplicates
-//! by reference, lands requests late and shows them later still, and the
-//! maintenance jobs (sweep, reconcile with settle and backoff, purge) and an
-//! operator resolving by hand, on their timers.
+//! by reference for a day (like Stripe), lands requests late and shows them
+//! later still, purchases repeated after their window (a new operation the
+//! user wants), and the maintenance jobs (sweep, reconcile with settle and
+//! backoff, purge) and an operator resolving by hand, on their timers.
 //!
 //! One seed drives one schedule: on MemoryStore, a single-threaded tokio
 //! runtime on a paused clock (simulated minutes cost nothing) with every
@@ -25,7 +27,13 @@
 //! 5. every UNKNOWN record a reconciler can resolve is resolved within its
 //!    bound once the processor is consistent;
 //! 6. nothing of one tenant is readable by another;
-//! 7. a record resolved NOT_PERFORMED had no effect (and none on its way).
+//! 7. a record resolved NOT_PERFORMED had no effect (and none on its way);
+//! 8. a wanted operation gets its own effect, none is suppressed: every
+//!    instance of a window-scoped operation that is answered as executed or
+//!    stored as COMPLETED holds a charge made by its own handler runs (so no
+//!    two operations are credited with one charge), and a call made after
+//!    its operation's COMPLETED record expired (by the store's clock, with a
+//!    margin) is not answered with that operation's charge or an earlier one.
 //!
 //! Beside them, the recording store checks every write that takes effect
 //! against a model of the record (a claim takes over only an expired or
@@ -206,6 +214,22 @@ pub fn summarize(
         }
     }
     say!("simulation: {store}: {schedules} schedules, {violations} violations");
+    if violations > 0 {
+        // Which oracles failed, over every violation (not only those shown).
+        let mut by: std::collections::BTreeMap<&str, usize> = Default::default();
+        for v in results.iter().flat_map(|(_, r)| &r.violations) {
+            let oracle = v
+                .find("oracle ")
+                .and_then(|i| v[i..].find(" (").map(|j| &v[i..i + j]))
+                .unwrap_or("other");
+            *by.entry(oracle).or_default() += 1;
+        }
+        let line: Vec<String> = by.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+        say!(
+            "simulation: {store}: violations by oracle: {}",
+            line.join(", ")
+        );
+    }
     if env_flag("IDEM_SIM_STATS") || single {
         let line: Vec<String> = stats
             .counts
@@ -277,6 +301,7 @@ fn simulation_oracles_catch_sabotage() {
             Sabotage::ReconcilerStuck => &["oracle 5"],
             Sabotage::LeakyLookup => &["oracle 6"],
             Sabotage::HideHeartbeatFailures => &["oracle 4"],
+            Sabotage::StaleReference => &["oracle 8"],
         }
     };
     // IDEM_SIM_SABOTAGE_SCAN=n: how many of n schedules catch each one.
@@ -305,6 +330,69 @@ fn simulation_oracles_catch_sabotage() {
             ),
         }
     }
+}
+
+/// The processor keeps an idempotency key for a day from the arrival of the
+/// request that created it, like Stripe: a request arriving while the first
+/// is processed, or up to 24 h after it arrived, gets the first charge back;
+/// one arriving 24 h after is charged anew, and later ones get that charge.
+#[test]
+fn simulation_processor_keeps_keys_for_a_day() {
+    let _serial = serial();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a runtime");
+    rt.block_on(async {
+        let start = tokio::time::Instant::now();
+        let base = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let clock: Arc<dyn Fn() -> SystemTime + Send + Sync> =
+            Arc::new(move || base + start.elapsed());
+        let store_clock = clock.clone();
+        let store: Arc<dyn IdempotencyStore> =
+            Arc::new(MemoryStore::with_clock(move || store_clock()));
+        let sim = Arc::new(simulation::world::Sim::new(
+            0,
+            Timing::paused(),
+            Sabotage::None,
+            true,
+            store,
+            clock,
+        ));
+        // Any reference will do (16 or 32 hex digits, whichever this
+        // version prints).
+        let reference = [8, 16]
+            .iter()
+            .find_map(|n| idem_runtime::Reference::parse(&format!("idem_{}", "ab".repeat(*n))))
+            .expect("a reference");
+        let ms = Duration::from_millis;
+        let day = Duration::from_secs(24 * 3600);
+        assert_eq!(Timing::paused().processor_keeps_keys, day);
+        // (sent at, network delay): the first arrives at 0.1 s and lands at
+        // 2.1 s.
+        let ids = simulation::processor::ledger_over_a_day(
+            &sim,
+            reference,
+            &[
+                (Duration::ZERO, ms(100)),
+                (ms(500), Duration::ZERO),
+                (day, ms(99)),
+                (day, ms(100)),
+                (day + ms(1_000), Duration::ZERO),
+            ],
+        )
+        .await;
+        let w = sim.world();
+        assert_eq!(
+            ids,
+            ["ch_1", "ch_1", "ch_1", "ch_2", "ch_2"],
+            "{:#?}",
+            w.log
+        );
+        assert_eq!(w.charges.len(), 2);
+        assert!(w.violations.is_empty(), "{:?}", w.violations);
+    });
 }
 
 #[test]

@@ -1,9 +1,12 @@
 //! A payment processor with a real one's semantics, and the reconciler that
 //! asks it about UNKNOWN records.
 //!
-//! - Idempotent by the reference the handler passes: a request whose
-//!   reference the processor already holds gets that charge (once it has
-//!   landed), never a second one.
+//! - Idempotent by the reference the handler passes, for a day, like
+//!   Stripe: a request whose reference the processor took in less than
+//!   `processor_keeps_keys` (24 h) before gets that charge (once it has
+//!   landed), never a second one. The key is held from the moment the
+//!   first request arrives, and forgotten 24 h later: a request after that
+//!   is charged anew.
 //! - A request reaches the processor after a network delay, lands after a
 //!   processing latency and shows in the lookup some time after landing
 //!   (eventual consistency). It lands whether or not the handler still
@@ -21,7 +24,9 @@ use idem_runtime::{Reconciler, Reconciliation, Record, Reference};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::world::{Charge, Outcome, Receipt, RequestPlan, RequestRec, Sabotage, Sim, World};
+use super::world::{
+    Charge, Entry, Outcome, Receipt, RequestPlan, RequestRec, Sabotage, Sim, World,
+};
 
 #[derive(Debug)]
 pub enum ProcAnswer {
@@ -93,8 +98,14 @@ impl Sim {
             let r = &w.requests[request];
             (r.reference, r.tenant.clone(), r.amount, r.plan, r.run)
         };
+        // The key, if the processor still holds it.
+        let held = w
+            .entries
+            .get(&reference)
+            .filter(|e| now < e.since + self.timing.processor_keeps_keys)
+            .map(|e| e.charge);
         if self.sabotage != Sabotage::NoDedupe {
-            if let Some(&c) = w.entries.get(&reference) {
+            if let Some(c) = held {
                 w.requests[request].outcome = Outcome::Charged {
                     charge: c,
                     new: false,
@@ -124,12 +135,21 @@ impl Sim {
             tenant,
             amount,
             run,
+            arrived: now,
             lands_at: now + plan.latency,
             visible_at: now + plan.latency + plan.lag,
         };
         let (receipt, at) = (charge.receipt(), charge.lands_at);
         w.charges.push(charge);
-        w.entries.entry(reference).or_insert(c);
+        if held.is_none() {
+            w.entries.insert(
+                reference,
+                Entry {
+                    charge: c,
+                    since: now,
+                },
+            );
+        }
         w.requests[request].outcome = Outcome::Charged {
             charge: c,
             new: true,
@@ -241,7 +261,7 @@ impl Reconciler for SimReconciler {
         }
         let now = Instant::now();
         let reference = record.reference;
-        let answer = match w.entries.get(&reference).map(|c| &w.charges[*c]) {
+        let answer = match w.entries.get(&reference).map(|e| &w.charges[e.charge]) {
             Some(c) if c.tenant != record.tenant => Reconciliation::NotPerformed,
             Some(c) if now < c.lands_at => {
                 if sim.sabotage == Sabotage::InFlightNotPerformed {
@@ -270,4 +290,50 @@ impl Reconciler for SimReconciler {
         });
         Ok(answer)
     }
+}
+
+/// The processor's idempotency over a day and a bit: requests under one
+/// reference, sent by one run at `at` (from the schedule's start), each
+/// arriving after `arrive`; the charge id or "declined" each got, in order.
+pub async fn ledger_over_a_day(
+    sim: &Arc<Sim>,
+    reference: Reference,
+    requests: &[(std::time::Duration, std::time::Duration)],
+) -> Vec<String> {
+    use super::world::RunRec;
+    {
+        let mut w = sim.world();
+        w.runs.push(RunRec {
+            call: 0,
+            key: [0; 32],
+            reference,
+            tenant: "acme".to_owned(),
+            epoch: 1,
+            attempt: None,
+            started: Instant::now(),
+            live: false,
+            request: None,
+            panicked: false,
+        });
+    }
+    let mut answers = Vec::new();
+    for &(at, arrive) in requests {
+        tokio::time::sleep_until(sim.t0 + at).await;
+        let plan = RequestPlan {
+            arrive,
+            latency: std::time::Duration::from_secs(2),
+            lag: std::time::Duration::ZERO,
+            decline: false,
+        };
+        answers.push(sim.send(0, reference, 700, plan));
+    }
+    let mut ids = Vec::new();
+    for answer in answers {
+        ids.push(match answer.await {
+            Ok(ProcAnswer::Charged(receipt)) => receipt.charge_id,
+            Ok(ProcAnswer::Declined) => "declined".to_owned(),
+            Err(_) => "dropped".to_owned(),
+        });
+    }
+    ids
 }

@@ -17,8 +17,8 @@ use super::processor::{ProcAnswer, Processor, SimReconciler};
 use super::stores::{plan, Observer, Recorder};
 use super::timing::Timing;
 use super::world::{
-    CallPlan, CallRec, OpSpec, Outcome, PanicAt, Receipt, RequestPlan, RunRec, Sabotage, Sim,
-    Stats, Tool,
+    AfterWindow, CallPlan, CallRec, OpSpec, Outcome, PanicAt, Receipt, RequestPlan, RunRec,
+    Sabotage, Sim, Stats, Tool, World,
 };
 
 const STATUS_TOOL: &str = "get_operation_status";
@@ -119,6 +119,29 @@ async fn schedule(sim: Arc<Sim>, inner: Arc<dyn IdempotencyStore>) {
             for c in 0..copies {
                 let at = at + Duration::from_millis(c * rng.below(50));
                 planned.push(call_plan(&mut rng, &t, sim.sabotage, op, at, 0));
+            }
+        }
+        // Purchases repeated after their window: the same call again once
+        // the first one's window has ended, a new operation the user wants,
+        // within the day the processor keeps the first one's key.
+        let fits = |op: &OpSpec| {
+            op.tool
+                .window()
+                .is_some_and(|w| w + t.repeat_gap.0 < t.horizon)
+        };
+        let windowed: Vec<usize> = (0..ops.len()).filter(|i| fits(&ops[*i])).collect();
+        if !windowed.is_empty() {
+            for _ in 0..rng.range(t.repeats.0, t.repeats.1) {
+                let op = *rng.pick(&windowed);
+                let window = ops[op].tool.window().unwrap_or_default();
+                let room = t.horizon - window - t.repeat_gap.0;
+                let at = rng.between(Duration::ZERO, room);
+                let most = t.repeat_gap.1.min(t.horizon - window - at);
+                let gap = rng.between(t.repeat_gap.0, most);
+                planned.push(call_plan(&mut rng, &t, sim.sabotage, op, at, 0));
+                let mut again = call_plan(&mut rng, &t, sim.sabotage, op, at + window + gap, 0);
+                again.repeat = true;
+                planned.push(again);
             }
         }
         let outage = rng.chance(0.4).then(|| {
@@ -376,6 +399,7 @@ fn call_plan(
         },
         invalid: rng.chance(0.04),
         handler_timeout: rng.between(t.handler_timeout.0, t.handler_timeout.1),
+        resend: rng.chance(0.3),
         postwork: if rng.chance(0.2) {
             rng.between(t.postwork.0, t.postwork.1)
         } else {
@@ -392,6 +416,7 @@ fn call_plan(
             decline: rng.chance(0.1),
         },
         retry_depth,
+        repeat: false,
     }
 }
 
@@ -417,6 +442,7 @@ fn spawn_call(sim: &Arc<Sim>, callers: &Callers, plan: CallPlan) -> tokio::task:
             plan,
             run: None,
             answer: None,
+            after: None,
         });
         w.calls.len() - 1
     };
@@ -431,6 +457,17 @@ fn spawn_call(sim: &Arc<Sim>, callers: &Callers, plan: CallPlan) -> tokio::task:
 }
 
 async fn make_call(sim: &Arc<Sim>, callers: &Callers, call: usize) {
+    {
+        let mut w = sim.world();
+        let after = after_window(sim, &w, call);
+        if after.is_some() {
+            w.stats.bump("calls after their operation's window");
+        }
+        if w.calls[call].plan.repeat {
+            w.stats.bump("purchases repeated after their window");
+        }
+        w.calls[call].after = after;
+    }
     // A live replica serves the call; one that dies takes its calls along.
     let last = callers.replicas.len() - 1;
     let replica = {
@@ -599,8 +636,33 @@ async fn handler(
     if plan.invalid {
         return Err(ToolError::rejected("the card number is not valid"));
     }
-    let answer = sim.send(run, ctx.reference(), amount, plan.request);
-    match tokio::time::timeout(plan.handler_timeout, answer).await {
+    let reference = if sim.sabotage == Sabotage::StaleReference {
+        *sim.world()
+            .first_refs
+            .entry(plan.op)
+            .or_insert(ctx.reference())
+    } else {
+        ctx.reference()
+    };
+    // Like a payment SDK, the client sends the request again, once and under
+    // the same reference, when the processor has not answered within half
+    // the timeout; the processor must deduplicate it (`Sabotage::NoDedupe`).
+    // The whole wait stays within the handler's timeout.
+    let mut first = sim.send(run, reference, amount, plan.request);
+    let answer = if plan.resend {
+        let half = plan.handler_timeout / 2;
+        match tokio::time::timeout(half, &mut first).await {
+            Ok(answer) => Ok(answer),
+            Err(_) => {
+                sim.world().stats.bump("requests sent again");
+                let again = sim.send(run, reference, amount, plan.request);
+                tokio::time::timeout(plan.handler_timeout - half, again).await
+            }
+        }
+    } else {
+        tokio::time::timeout(plan.handler_timeout, first).await
+    };
+    match answer {
         Ok(Ok(ProcAnswer::Charged(receipt))) => {
             if sim.sabotage == Sabotage::RejectAfterEffect && sim.rng().chance(0.5) {
                 return Err(ToolError::rejected("declined (but it was charged)"));
@@ -633,6 +695,8 @@ fn start_run(sim: &Arc<Sim>, call: usize, ctx: &OperationContext) -> usize {
         }
     };
     let (epoch, attempt) = w.keys.get(&key).map_or((0, None), |m| (m.epoch, m.attempt));
+    let op = w.calls[call].plan.op;
+    w.op_keys.insert(op, key);
     if let Some(other) = w
         .runs
         .iter()
@@ -662,6 +726,70 @@ fn start_run(sim: &Arc<Sim>, call: usize, ctx: &OperationContext) -> usize {
         format!("run {run} of call {call} starts: {reference} instance {epoch}")
     });
     run
+}
+
+/// Oracle 8: whether `call`, made now, comes after the window of its
+/// operation's latest instance, which ended COMPLETED: its record expired
+/// more than the margin ago by the store's clock, so the call is a new
+/// operation whatever the clocks' grain. The record's own `expires_at` is
+/// the end: `claimed_at + window`, or the end of the retention for a
+/// completion that came after the window (a late handler, a reconciler, an
+/// operator), which answers repeats that long. A call nearer the edge may
+/// legitimately be either, and is not judged; nor is one after an UNKNOWN
+/// or IN_PROGRESS instance (kept past its window until resolved) or of a
+/// business key (its reference stays the business key's).
+fn after_window(sim: &Sim, w: &World, call: usize) -> Option<AfterWindow> {
+    let op = w.calls[call].plan.op;
+    w.ops[op].tool.window()?;
+    let key = *w.op_keys.get(&op)?;
+    let m = w.keys.get(&key)?;
+    let record = m.snapshot.as_ref()?;
+    let RecordState::Completed { response } = &record.state else {
+        return None;
+    };
+    let late_by = (sim.clock)().duration_since(record.expires_at).ok()?;
+    if late_by < sim.timing.window_margin {
+        return None;
+    }
+    let charge = serde_json::from_str::<Receipt>(response)
+        .ok()
+        .map(|r| r.charge_id);
+    Some(AfterWindow {
+        key,
+        epoch: m.epoch,
+        charge,
+        late_by,
+    })
+}
+
+/// Oracle 8, from the caller's side: a call made after its operation's
+/// window, answered with a charge, got a charge of a later instance than
+/// the one whose window had ended, not that one's again.
+fn judge_after_window(
+    sim: &Sim,
+    w: &mut World,
+    call: usize,
+    kind: &str,
+    id: &str,
+) -> Option<String> {
+    let after = w.calls[call].after.clone()?;
+    w.stats
+        .bump("calls after their operation's window, answered with a charge");
+    let (_, key, epoch) = sim.charge_by_id(w, id)?;
+    if key == after.key && epoch > after.epoch {
+        return None;
+    }
+    Some(format!(
+        "oracle 8 (no wanted operation is suppressed): the call was made {:?} after instance {} of its operation (COMPLETED with {}) had expired: a new operation the user wanted; it was answered {kind} with {id}, a charge of {}",
+        after.late_by,
+        after.epoch,
+        after.charge.as_deref().unwrap_or("?"),
+        if key == after.key {
+            format!("instance {epoch}")
+        } else {
+            "another operation".to_owned()
+        },
+    ))
 }
 
 /// Oracles 2 and 3: what the caller was told against what happened.
@@ -773,6 +901,20 @@ fn judge(sim: &Sim, call: usize, answer: Option<&Answer<Receipt, ToolError>>) {
             }
         }
         _ => problems.push(format!("an answer the simulation does not know: {kind}")),
+    }
+    // Oracle 8: an operation answered as executed got its own charge, and
+    // a call after its operation's window got a new operation's.
+    let charged = match answer {
+        Answer::Executed { value, .. } | Answer::Replayed { value, .. } => Some(&value.charge_id),
+        _ => None,
+    };
+    if let Some(id) = charged {
+        problems.extend(judge_after_window(sim, &mut w, call, kind, id));
+    }
+    if let (Answer::Executed { value, .. }, Some(r)) = (answer, run) {
+        let (key, epoch) = (w.runs[r].key, w.runs[r].epoch);
+        let how = format!("answered executed to call {call}");
+        sim.credit(&mut w, &value.charge_id, key, epoch, &how);
     }
     for p in problems {
         sim.violation(&mut w, format!("call {call}: {p}"));

@@ -22,7 +22,7 @@ use idem_runtime::{
 use tokio::time::Instant;
 
 use super::timing::Mode;
-use super::world::{KeyModel, ResolutionRec, Sim};
+use super::world::{KeyModel, Receipt, ResolutionRec, Sim, Tool};
 
 /// The fault plan of one replica's connection to the store: only while
 /// faults are on, drawn from the schedule's generator; nothing gets through
@@ -270,6 +270,19 @@ impl Recorder {
             }
             _ => {}
         }
+        // Oracle 8: the charge an instance is COMPLETED with is its own.
+        if let (Some(r), Write::Complete | Write::Resolve { .. }) = (&after, what) {
+            if let RecordState::Completed { response } = &r.state {
+                if let Ok(receipt) = serde_json::from_str::<Receipt>(response) {
+                    let how = if matches!(what, Write::Complete) {
+                        "completed by its handler"
+                    } else {
+                        "resolved COMPLETED"
+                    };
+                    sim.credit(&mut w, &receipt.charge_id, *key.as_bytes(), epoch, how);
+                }
+            }
+        }
         if let (Some(r), Write::MarkLapsed, Some(b)) = (&after, what, &before) {
             if b.lease_until > r.updated_at + tol {
                 problems.push("the sweep marked a record whose lease had not run out".to_owned());
@@ -368,6 +381,9 @@ impl Recorder {
         w.by_ref.insert(reference, *req.key.as_bytes());
         if new_epoch && epoch > 1 {
             w.stats.bump("expired record taken over");
+            if prev_state == Some("COMPLETED") && Tool::windowed(&req.tool) {
+                w.stats.bump("new operation after a completed one's window");
+            }
         }
         if prev_state == Some("NOT_PERFORMED") {
             w.stats.bump("not-performed record claimed again");

@@ -63,6 +63,18 @@ pub struct Timing {
     pub horizon: Duration,
     /// How many calls a schedule plans (retries come on top).
     pub calls: (u64, u64),
+    /// How many purchases a schedule repeats after their window (the same
+    /// arguments again, a new operation the user wants).
+    pub repeats: (u64, u64),
+    /// How long after the first call's window a repeat comes.
+    pub repeat_gap: (Duration, Duration),
+    /// Oracle 8's margin: a call counts as made after its operation's window
+    /// only this long after the window ended by the store's clock (a call
+    /// at the edge may legitimately be either).
+    pub window_margin: Duration,
+    /// How long the processor keeps an idempotency key, from the arrival of
+    /// the request that created it (Stripe: 24 hours).
+    pub processor_keeps_keys: Duration,
     /// How long a delayed store call waits.
     pub store_delay_max: Duration,
     /// A period during which every heartbeat fails.
@@ -103,6 +115,10 @@ impl Timing {
             cancel_max: ms(4_000),
             horizon: ms(60_000),
             calls: (20, 40),
+            repeats: (1, 3),
+            repeat_gap: (ms(500), ms(8_000)),
+            window_margin: ms(250),
+            processor_keeps_keys: Duration::from_secs(24 * 3600),
             store_delay_max: ms(300),
             outage: (ms(3_000), ms(10_000)),
             store_outage: (ms(1_000), ms(6_000)),
@@ -136,6 +152,10 @@ impl Timing {
             cancel_max: ms(500),
             horizon: ms(3_500),
             calls: (12, 20),
+            repeats: (1, 3),
+            repeat_gap: (ms(150), ms(700)),
+            window_margin: ms(100),
+            processor_keeps_keys: Duration::from_secs(24 * 3600),
             store_delay_max: ms(40),
             outage: (ms(500), ms(1_200)),
             store_outage: (ms(100), ms(600)),
@@ -162,6 +182,15 @@ impl Timing {
         assert!(
             self.store_delay_max * 3 < self.lease,
             "a delayed heartbeat still lands in time"
+        );
+        assert!(
+            self.windows.iter().all(|w| *w < self.processor_keeps_keys)
+                && self.horizon + self.retention < self.processor_keeps_keys,
+            "a repeat after its window reaches the processor while it still holds the first request's key"
+        );
+        assert!(
+            self.window_margin > self.tolerance * 2,
+            "oracle 8's margin covers the clocks' disagreement"
         );
     }
 

@@ -42,10 +42,14 @@ pub enum Sabotage {
     LeakyLookup,
     /// The heartbeat outage is not reported to the live-handler oracle.
     HideHeartbeatFailures,
+    /// The handler passes the processor the reference its operation's first
+    /// run got, whatever operation it runs for now: the processor replays
+    /// the first purchase for a later one.
+    StaleReference,
 }
 
 impl Sabotage {
-    pub const ALL: [Sabotage; 8] = [
+    pub const ALL: [Sabotage; 9] = [
         Sabotage::NoDedupe,
         Sabotage::LateVisibility,
         Sabotage::InFlightNotPerformed,
@@ -54,6 +58,7 @@ impl Sabotage {
         Sabotage::ReconcilerStuck,
         Sabotage::LeakyLookup,
         Sabotage::HideHeartbeatFailures,
+        Sabotage::StaleReference,
     ];
 }
 
@@ -80,6 +85,20 @@ impl Tool {
 
     pub fn reconcilable(name: &str) -> bool {
         name != "legacy_refund"
+    }
+
+    /// The window of a window-scoped tool (a business key has none: its
+    /// reference stays the business key's).
+    pub fn window(&self) -> Option<Duration> {
+        match self {
+            Tool::Charge { window } | Tool::Legacy { window } => Some(*window),
+            Tool::Ship { .. } => None,
+        }
+    }
+
+    /// Whether the tool of this name is window-scoped.
+    pub fn windowed(name: &str) -> bool {
+        name != "ship"
     }
 }
 
@@ -120,10 +139,15 @@ pub struct CallPlan {
     /// The handler refuses the input before sending anything.
     pub invalid: bool,
     pub handler_timeout: Duration,
+    /// The handler's client resends its request, under the same reference,
+    /// when the processor has not answered within half the timeout.
+    pub resend: bool,
     pub postwork: Duration,
     pub request: RequestPlan,
     /// A retry made by the harness (after an answer), not planned.
     pub retry_depth: u32,
+    /// A purchase repeated after its window: a new operation the user wants.
+    pub repeat: bool,
 }
 
 #[derive(Debug)]
@@ -131,6 +155,21 @@ pub struct CallRec {
     pub plan: CallPlan,
     pub run: Option<usize>,
     pub answer: Option<&'static str>,
+    /// Made after the window of its operation's COMPLETED instance had ended
+    /// by more than the margin (oracle 8): a new operation.
+    pub after: Option<AfterWindow>,
+}
+
+/// A call made after its operation's window: which instance it follows.
+#[derive(Clone, Debug)]
+pub struct AfterWindow {
+    pub key: [u8; 32],
+    /// The COMPLETED instance whose window had ended.
+    pub epoch: u32,
+    /// Its charge, as its record holds it.
+    pub charge: Option<String>,
+    /// How long after that instance's record expired the call was made.
+    pub late_by: Duration,
 }
 
 #[derive(Debug)]
@@ -173,8 +212,19 @@ pub struct Charge {
     pub tenant: String,
     pub amount: u64,
     pub run: usize,
+    /// When the request that made it arrived.
+    pub arrived: Instant,
     pub lands_at: Instant,
     pub visible_at: Instant,
+}
+
+/// The processor's idempotency entry for one reference: its charge, and
+/// when the request that created the key arrived (the key is forgotten
+/// `processor_keeps_keys` later).
+#[derive(Clone, Copy, Debug)]
+pub struct Entry {
+    pub charge: usize,
+    pub since: Instant,
 }
 
 impl Charge {
@@ -250,8 +300,19 @@ pub struct World {
     pub runs: Vec<RunRec>,
     pub requests: Vec<RequestRec>,
     pub charges: Vec<Charge>,
-    /// The processor's idempotency: reference → charge.
-    pub entries: BTreeMap<Reference, usize>,
+    /// The processor's idempotency: reference → its latest charge, and
+    /// since when it holds the key.
+    pub entries: BTreeMap<Reference, Entry>,
+    /// Oracle 8: charge → the operation instance (key, epoch) it was
+    /// credited to (answered as executed, or stored as COMPLETED).
+    pub credits: BTreeMap<usize, ([u8; 32], u32)>,
+    /// Instances oracle 8 found without their own effect (reported once).
+    pub suppressed: BTreeSet<([u8; 32], u32)>,
+    /// The key of each operation spec, once one of its handlers ran.
+    pub op_keys: BTreeMap<usize, [u8; 32]>,
+    /// The reference each operation spec's first run got
+    /// (`Sabotage::StaleReference`).
+    pub first_refs: BTreeMap<usize, Reference>,
     /// Which runs' requests took effect, per operation instance.
     pub accepted: BTreeMap<(Reference, u32), BTreeSet<usize>>,
     pub pending_tasks: usize,
@@ -388,10 +449,14 @@ impl Sim {
             (r.reference, r.epoch, r.run)
         };
         if new {
+            // Charges under one reference a day apart are two: the
+            // processor had forgotten the first one's key.
+            let arrived = w.charges[charge].arrived;
+            let keeps = self.timing.processor_keeps_keys;
             let held = w
                 .charges
                 .iter()
-                .filter(|c| c.reference == reference)
+                .filter(|c| c.reference == reference && arrived.duration_since(c.arrived) < keeps)
                 .count();
             if held > 1 {
                 self.violation(
@@ -414,7 +479,6 @@ impl Sim {
                 ),
             );
         }
-        let _ = charge;
     }
 
     // ---- oracle 4: a live handler's record is never UNKNOWN ----
@@ -551,6 +615,60 @@ impl Sim {
 
     /// The processor's charge for a reference, if any.
     pub fn charge_of(&self, w: &World, reference: &Reference) -> Option<Charge> {
-        w.entries.get(reference).map(|i| w.charges[*i].clone())
+        w.entries
+            .get(reference)
+            .map(|e| w.charges[e.charge].clone())
+    }
+
+    // ---- oracle 8: a wanted operation gets its own effect ----
+
+    /// The charge with this id, and the operation instance (key, epoch)
+    /// whose handler run's request created it.
+    pub fn charge_by_id(&self, w: &World, id: &str) -> Option<(usize, [u8; 32], u32)> {
+        let c = w.charges.iter().position(|c| c.id == id)?;
+        let run = &w.runs[w.charges[c].run];
+        Some((c, run.key, run.epoch))
+    }
+
+    /// Instance `epoch` of the window-scoped operation `key` was credited
+    /// with charge `id` (`how`: answered as executed, or stored as its
+    /// COMPLETED response). The charge must be its own: created by a
+    /// request of one of its own handler runs, not an earlier operation's
+    /// charge the processor replayed. Since each charge has one creator, no
+    /// two operations are then credited with one charge.
+    pub fn credit(&self, w: &mut World, id: &str, key: [u8; 32], epoch: u32, how: &str) {
+        let Some(m) = w.keys.get(&key) else { return };
+        if !Tool::windowed(&m.tool) {
+            return;
+        }
+        let reference = m.reference;
+        // An id the processor never issued is oracle 2's.
+        let Some((c, ck, ce)) = self.charge_by_id(w, id) else {
+            return;
+        };
+        let earlier = w.credits.get(&c).copied();
+        if (ck, ce) != (key, epoch) {
+            if !w.suppressed.insert((key, epoch)) {
+                return;
+            }
+            let creator = if ck == key {
+                format!("instance {ce} of the same operation")
+            } else {
+                "another operation".to_owned()
+            };
+            let also = match earlier {
+                Some((k, e)) if k == key => format!(", already credited to instance {e}"),
+                Some(_) => ", already credited to another operation".to_owned(),
+                None => String::new(),
+            };
+            self.violation(
+                w,
+                format!(
+                    "oracle 8 (a wanted operation gets its own effect): instance {epoch} of {reference} ({how}) got {id}, a charge made by {creator}{also}: the processor replayed it, and the purchase wanted after the window never happened"
+                ),
+            );
+            return;
+        }
+        w.credits.entry(c).or_insert((key, epoch));
     }
 }
