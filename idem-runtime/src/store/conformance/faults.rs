@@ -1,0 +1,367 @@
+//! [`FaultyStore`]: a store wrapped to inject faults call by call.
+
+use super::*;
+
+/// A store call, as [`FaultyStore`]'s plan sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Call {
+    /// [`IdempotencyStore::claim`].
+    Claim,
+    /// [`IdempotencyStore::complete`].
+    Complete,
+    /// [`IdempotencyStore::release`].
+    Release,
+    /// [`IdempotencyStore::mark_unknown`].
+    MarkUnknown,
+    /// [`IdempotencyStore::mark_lapsed`].
+    MarkLapsed,
+    /// [`IdempotencyStore::resolve`].
+    Resolve,
+    /// [`IdempotencyStore::defer_check`].
+    DeferCheck,
+    /// [`IdempotencyStore::heartbeat`].
+    Heartbeat,
+    /// [`IdempotencyStore::lookup`].
+    Lookup,
+    /// [`IdempotencyStore::purge_expired`].
+    Purge,
+    /// [`IdempotencyStore::list_lapsed`].
+    ListLapsed,
+    /// [`IdempotencyStore::list_unknown`].
+    ListUnknown,
+    /// [`IdempotencyStore::list_records`].
+    ListRecords,
+    /// [`IdempotencyStore::count_records`].
+    CountRecords,
+    /// [`IdempotencyStore::complete_with_follow_ons`] (with jobs; with none
+    /// it is [`Call::Complete`]).
+    CompleteWithFollowOns,
+    /// [`IdempotencyStore::resolve_with_follow_ons`] (with jobs).
+    ResolveWithFollowOns,
+    /// [`IdempotencyStore::lease_jobs`].
+    LeaseJobs,
+    /// [`IdempotencyStore::finish_job`].
+    FinishJob,
+    /// [`IdempotencyStore::retry_job`].
+    RetryJob,
+    /// [`IdempotencyStore::bury_job`].
+    BuryJob,
+    /// [`IdempotencyStore::list_jobs`].
+    ListJobs,
+    /// [`IdempotencyStore::redrive_job`].
+    RedriveJob,
+    /// [`IdempotencyStore::count_due_jobs`].
+    CountDueJobs,
+}
+
+/// What [`FaultyStore`] does to one call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fault {
+    /// Pass it through.
+    None,
+    /// Fail with `Unavailable` before reaching the store: nothing changed.
+    Unreachable,
+    /// Run it, then fail with `Unavailable` anyway: the change took effect
+    /// but its answer was lost (a timeout after the commit).
+    AnswerLost,
+    /// Wait this long, then pass it through.
+    Delay(Duration),
+    /// Pass it through, then wait this long before answering: the change
+    /// took effect while the caller still waits (and may give up).
+    SlowAnswer(Duration),
+}
+
+/// Decides the fault of each call.
+pub type FaultPlan = Arc<dyn Fn(Call) -> Fault + Send + Sync>;
+
+/// A store that forwards to `inner`, with faults injected by a plan: the one
+/// fault-injecting wrapper of the tests, the benches and the simulation.
+#[derive(Clone)]
+pub struct FaultyStore<S> {
+    inner: S,
+    plan: FaultPlan,
+}
+
+impl<S> std::fmt::Debug for FaultyStore<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FaultyStore").finish_non_exhaustive()
+    }
+}
+
+impl<S: IdempotencyStore> FaultyStore<S> {
+    /// `inner` with the faults `plan` picks for each call.
+    pub fn new(inner: S, plan: impl Fn(Call) -> Fault + Send + Sync + 'static) -> Self {
+        FaultyStore {
+            inner,
+            plan: Arc::new(plan),
+        }
+    }
+
+    /// The wrapped store.
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    async fn run<T>(
+        &self,
+        call: Call,
+        work: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match (self.plan)(call) {
+            Fault::None => work.await,
+            Fault::Unreachable => Err(StoreError::Unavailable(format!(
+                "injected: {call:?} did not reach the store"
+            ))),
+            Fault::AnswerLost => {
+                let _ = work.await;
+                Err(StoreError::Unavailable(format!(
+                    "injected: the answer to {call:?} was lost after it took effect"
+                )))
+            }
+            Fault::Delay(d) => {
+                tokio::time::sleep(d).await;
+                work.await
+            }
+            Fault::SlowAnswer(d) => {
+                let out = work.await;
+                tokio::time::sleep(d).await;
+                out
+            }
+        }
+    }
+}
+
+#[deny(clippy::missing_trait_methods)]
+#[async_trait]
+impl<S: IdempotencyStore> IdempotencyStore for FaultyStore<S> {
+    async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        self.run(Call::Claim, self.inner.claim(req)).await
+    }
+
+    async fn complete(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+    ) -> Result<(), StoreError> {
+        self.run(Call::Complete, self.inner.complete(key, attempt, response))
+            .await
+    }
+
+    async fn release(&self, key: &IdempotencyKey, attempt: Attempt) -> Result<(), StoreError> {
+        self.run(Call::Release, self.inner.release(key, attempt))
+            .await
+    }
+
+    async fn mark_unknown(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        note: &str,
+    ) -> Result<(), StoreError> {
+        self.run(
+            Call::MarkUnknown,
+            self.inner.mark_unknown(key, attempt, note),
+        )
+        .await
+    }
+
+    async fn mark_lapsed(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        note: &str,
+    ) -> Result<bool, StoreError> {
+        self.run(Call::MarkLapsed, self.inner.mark_lapsed(key, attempt, note))
+            .await
+    }
+
+    async fn resolve(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        resolution: Resolution<'_>,
+        note: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.run(
+            Call::Resolve,
+            self.inner.resolve(key, attempt, resolution, note),
+        )
+        .await
+    }
+
+    async fn defer_check(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        delay: Duration,
+    ) -> Result<(), StoreError> {
+        self.run(
+            Call::DeferCheck,
+            self.inner.defer_check(key, attempt, delay),
+        )
+        .await
+    }
+
+    async fn heartbeat(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        self.run(Call::Heartbeat, self.inner.heartbeat(key, attempt, lease))
+            .await
+    }
+
+    async fn lookup(
+        &self,
+        tenant: &str,
+        reference: &Reference,
+    ) -> Result<Option<Record>, StoreError> {
+        self.run(Call::Lookup, self.inner.lookup(tenant, reference))
+            .await
+    }
+
+    async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
+        self.run(Call::Purge, self.inner.purge_expired(batch)).await
+    }
+
+    async fn list_lapsed(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
+        self.run(Call::ListLapsed, self.inner.list_lapsed(limit))
+            .await
+    }
+
+    async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
+        self.run(Call::ListUnknown, self.inner.list_unknown(limit))
+            .await
+    }
+
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+
+    async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
+        self.run(Call::ListRecords, self.inner.list_records(filter))
+            .await
+    }
+
+    async fn count_records(&self) -> Result<StateCounts, StoreError> {
+        self.run(Call::CountRecords, self.inner.count_records())
+            .await
+    }
+
+    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
+        // Faults reach the jobs too, when the store keeps them.
+        self.inner.follow_ons().map(|_| self as &dyn FollowOnStore)
+    }
+}
+
+impl<S: IdempotencyStore> FaultyStore<S> {
+    /// The wrapped store's jobs: only reached once `follow_ons()` said
+    /// there are some.
+    fn jobs(&self) -> &dyn FollowOnStore {
+        self.inner
+            .follow_ons()
+            .expect("FaultyStore::follow_ons() is Some only when the store keeps jobs")
+    }
+}
+
+#[deny(clippy::missing_trait_methods)]
+#[async_trait]
+impl<S: IdempotencyStore> FollowOnStore for FaultyStore<S> {
+    async fn complete_with_follow_ons(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        jobs: &[FollowOn],
+    ) -> Result<(), StoreError> {
+        let call = if jobs.is_empty() {
+            Call::Complete
+        } else {
+            Call::CompleteWithFollowOns
+        };
+        self.run(
+            call,
+            self.jobs()
+                .complete_with_follow_ons(key, attempt, response, jobs),
+        )
+        .await
+    }
+
+    async fn resolve_with_follow_ons(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        note: Option<&str>,
+        jobs: &[FollowOn],
+    ) -> Result<(), StoreError> {
+        let call = if jobs.is_empty() {
+            Call::Resolve
+        } else {
+            Call::ResolveWithFollowOns
+        };
+        self.run(
+            call,
+            self.jobs()
+                .resolve_with_follow_ons(key, attempt, response, note, jobs),
+        )
+        .await
+    }
+
+    async fn lease_jobs(
+        &self,
+        names: &[&str],
+        limit: usize,
+        lease: Duration,
+        token: Attempt,
+    ) -> Result<Vec<OutboxJob>, StoreError> {
+        self.run(
+            Call::LeaseJobs,
+            self.jobs().lease_jobs(names, limit, lease, token),
+        )
+        .await
+    }
+
+    async fn finish_job(&self, id: &JobId, token: Attempt) -> Result<(), StoreError> {
+        self.run(Call::FinishJob, self.jobs().finish_job(id, token))
+            .await
+    }
+
+    async fn retry_job(
+        &self,
+        id: &JobId,
+        token: Attempt,
+        delay: Duration,
+        error: &str,
+    ) -> Result<(), StoreError> {
+        self.run(
+            Call::RetryJob,
+            self.jobs().retry_job(id, token, delay, error),
+        )
+        .await
+    }
+
+    async fn bury_job(&self, id: &JobId, token: Attempt, error: &str) -> Result<(), StoreError> {
+        self.run(Call::BuryJob, self.jobs().bury_job(id, token, error))
+            .await
+    }
+
+    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<OutboxJob>, StoreError> {
+        self.run(Call::ListJobs, self.jobs().list_jobs(filter))
+            .await
+    }
+
+    async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
+        self.run(Call::RedriveJob, self.jobs().redrive_job(id))
+            .await
+    }
+
+    async fn count_due_jobs(&self) -> Result<std::collections::BTreeMap<String, u64>, StoreError> {
+        self.run(Call::CountDueJobs, self.jobs().count_due_jobs())
+            .await
+    }
+}

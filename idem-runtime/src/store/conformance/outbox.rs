@@ -1,0 +1,720 @@
+//! The outbox's cases: follow-on jobs written with a completion, leased,
+//! retried, buried, re-driven and listed.
+
+use super::*;
+
+/// Every outbox case starts here: a store that does not keep follow-on
+/// jobs fails it at once, with `Unsupported` in the message.
+fn require_outbox(store: &dyn IdempotencyStore) -> &dyn FollowOnStore {
+    store.follow_ons().unwrap_or_else(|| {
+        panic!(
+            "StoreError::Unsupported: the {} store does not keep follow-on jobs \
+             (follow_ons() is None)",
+            store.kind()
+        )
+    })
+}
+
+/// A job name of this case only: cases share a store, and a lease takes
+/// every due job of the names it is given.
+fn job_name(what: &str) -> String {
+    format!("{what}_{}", Attempt::random().get())
+}
+
+fn follow_on(name: &str, payload: serde_json::Value) -> FollowOn {
+    FollowOn::new(name, &payload).expect("a valid follow-on")
+}
+
+async fn jobs_of(store: &dyn FollowOnStore, req: &ClaimRequest) -> Vec<OutboxJob> {
+    store
+        .list_jobs(&JobFilter {
+            tenant: Some(req.tenant.clone()),
+            reference: Some(req.reference),
+            limit: 100,
+            ..JobFilter::default()
+        })
+        .await
+        .expect("list_jobs")
+}
+
+fn job_id(req: &ClaimRequest, name: &str) -> JobId {
+    JobId {
+        tenant: req.tenant.clone(),
+        reference: req.reference,
+        name: name.to_owned(),
+    }
+}
+
+/// A record completed with follow-ons and its jobs, due at once, not run.
+async fn completed_with_jobs(store: &dyn FollowOnStore, names: &[&str]) -> ClaimRequest {
+    let req = fresh(W);
+    claimed(store, &req).await;
+    let jobs: Vec<FollowOn> = names
+        .iter()
+        .map(|n| follow_on(n, serde_json::json!({ "to": "a@example.com" })))
+        .collect();
+    store
+        .complete_with_follow_ons(&req.key, req.attempt, "\"paid\"", &jobs)
+        .await
+        .expect("complete_with_follow_ons");
+    req
+}
+
+/// The completion and its follow-on jobs are written together: the record is
+/// COMPLETED and every job waits, due, unleased, with its payload.
+pub async fn follow_ons_are_written_with_the_completion(store: &dyn IdempotencyStore) {
+    let store = require_outbox(store);
+    let (receipt, notify) = (job_name("receipt"), job_name("notify"));
+    let req = fresh(W);
+    claimed(store, &req).await;
+    let jobs = [
+        follow_on(
+            &receipt,
+            serde_json::json!({"to": "a@example.com", "cents": 500}),
+        ),
+        follow_on(&notify, serde_json::json!(["w1"])),
+    ];
+    store
+        .complete_with_follow_ons(&req.key, req.attempt, "\"paid\"", &jobs)
+        .await
+        .unwrap();
+    let r = record(store, &req).await.unwrap();
+    assert_eq!(
+        r.state,
+        RecordState::Completed {
+            response: "\"paid\"".into()
+        }
+    );
+    let mut written = jobs_of(store, &req).await;
+    written.sort_by(|a, b| a.id.name.cmp(&b.id.name));
+    let mut expected = jobs.to_vec();
+    expected.sort_by(|a, b| a.name().cmp(b.name()));
+    assert_eq!(written.len(), 2, "{written:?}");
+    for (job, declared) in written.iter().zip(&expected) {
+        assert_eq!(job.id, job_id(&req, declared.name()));
+        let (got, want): (serde_json::Value, serde_json::Value) = (
+            serde_json::from_str(&job.payload).unwrap(),
+            serde_json::from_str(declared.payload()).unwrap(),
+        );
+        assert_eq!(got, want);
+        assert_eq!(job.attempts, 0);
+        assert_eq!(job.token, None);
+        assert!(!job.dead);
+        assert_eq!(job.last_error, None);
+        assert!(job.next_run_at <= job.created_at + Duration::from_secs(1));
+    }
+    // The empty list is a plain completion, on any record.
+    let plain = fresh(W);
+    claimed(store, &plain).await;
+    store
+        .complete_with_follow_ons(&plain.key, plain.attempt, "1", &[])
+        .await
+        .unwrap();
+    assert!(jobs_of(store, &plain).await.is_empty());
+}
+
+/// A completion that is refused (another attempt owns the record, or it is
+/// already COMPLETED) writes none of its jobs.
+pub async fn refused_completion_writes_no_follow_ons(store: &dyn IdempotencyStore) {
+    let store = require_outbox(store);
+    let name = job_name("receipt");
+    let req = fresh(W);
+    claimed(store, &req).await;
+    let jobs = [follow_on(&name, serde_json::json!(1))];
+    let stale = again(&req).attempt;
+    assert!(matches!(
+        store
+            .complete_with_follow_ons(&req.key, stale, "\"x\"", &jobs)
+            .await,
+        Err(StoreError::Fenced)
+    ));
+    assert!(
+        jobs_of(store, &req).await.is_empty(),
+        "a fenced completion wrote jobs"
+    );
+    assert_eq!(
+        record(store, &req).await.unwrap().state,
+        RecordState::InProgress
+    );
+
+    store
+        .complete(&req.key, req.attempt, "\"done\"")
+        .await
+        .unwrap();
+    assert!(matches!(
+        store
+            .complete_with_follow_ons(&req.key, req.attempt, "\"again\"", &jobs)
+            .await,
+        Err(StoreError::WrongState {
+            found: RecordStateKind::Completed
+        })
+    ));
+    assert!(
+        jobs_of(store, &req).await.is_empty(),
+        "a second completion wrote jobs"
+    );
+}
+
+/// Two jobs with one name in one completion are refused, and nothing is
+/// written: the record stays IN_PROGRESS and no job exists.
+pub async fn repeated_follow_on_name_writes_nothing(store: &dyn IdempotencyStore) {
+    let store = require_outbox(store);
+    let name = job_name("receipt");
+    let req = fresh(W);
+    claimed(store, &req).await;
+    let jobs = [
+        follow_on(&name, serde_json::json!(1)),
+        follow_on(&name, serde_json::json!(2)),
+    ];
+    match store
+        .complete_with_follow_ons(&req.key, req.attempt, "\"x\"", &jobs)
+        .await
+    {
+        Err(StoreError::Invalid(message)) => assert!(message.contains(&name), "{message}"),
+        other => panic!("expected Invalid, got {other:?}"),
+    }
+    assert_eq!(
+        record(store, &req).await.unwrap().state,
+        RecordState::InProgress
+    );
+    assert!(jobs_of(store, &req).await.is_empty());
+}
+
+/// A COMPLETED resolution of an UNKNOWN record writes its follow-ons with it
+/// (and keeps the note); on a record that is not UNKNOWN it writes nothing.
+pub async fn resolution_writes_its_follow_ons(store: &dyn IdempotencyStore) {
+    let store = require_outbox(store);
+    let name = job_name("receipt");
+    let jobs = [follow_on(&name, serde_json::json!({"late": true}))];
+    let running = fresh(W);
+    claimed(store, &running).await;
+    assert!(matches!(
+        store
+            .resolve_with_follow_ons(&running.key, running.attempt, "1", None, &jobs)
+            .await,
+        Err(StoreError::WrongState {
+            found: RecordStateKind::InProgress
+        })
+    ));
+    assert!(jobs_of(store, &running).await.is_empty());
+
+    let doubt = fresh(W);
+    claimed(store, &doubt).await;
+    store
+        .mark_unknown(&doubt.key, doubt.attempt, "timed out")
+        .await
+        .unwrap();
+    store
+        .resolve_with_follow_ons(
+            &doubt.key,
+            doubt.attempt,
+            "\"found\"",
+            Some("ops: seen"),
+            &jobs,
+        )
+        .await
+        .unwrap();
+    let r = record(store, &doubt).await.unwrap();
+    assert_eq!(
+        r.state,
+        RecordState::Completed {
+            response: "\"found\"".into()
+        }
+    );
+    assert_eq!(r.resolution.as_deref(), Some("ops: seen"));
+    let written = jobs_of(store, &doubt).await;
+    assert_eq!(written.len(), 1);
+    assert_eq!(written[0].id, job_id(&doubt, &name));
+}
+
+/// Of 16 concurrent leases, exactly one gets a due job; it carries that
+/// lease's token and its first attempt, and no later lease returns it while
+/// the lease holds.
+pub async fn concurrent_leases_share_no_job(store: &dyn IdempotencyStore) {
+    let store = require_outbox(store);
+    let name = job_name("receipt");
+    let req = completed_with_jobs(store, &[&name]).await;
+    let tokens: Vec<Attempt> = (0..16).map(|_| Attempt::random()).collect();
+    let names = [name.as_str()];
+    let leases = join_all(
+        tokens
+            .iter()
+            .map(|t| store.lease_jobs(&names, 10, Duration::from_secs(60), *t)),
+    )
+    .await;
+    let mut winners = Vec::new();
+    for (lease, token) in leases.into_iter().zip(&tokens) {
+        for job in lease.expect("lease_jobs") {
+            winners.push((job, *token));
+        }
+    }
+    assert_eq!(
+        winners.len(),
+        1,
+        "exactly one lease gets the job: {winners:?}"
+    );
+    let (job, token) = &winners[0];
+    assert_eq!(job.id, job_id(&req, &name));
+    assert_eq!(job.token, Some(*token));
+    assert_eq!(job.attempts, 1);
+    assert!(job.next_run_at > job.created_at, "leased until later");
+    let later = store
+        .lease_jobs(&names, 10, Duration::from_secs(60), Attempt::random())
+        .await
+        .unwrap();
+    assert!(
+        later.is_empty(),
+        "a held lease is not leased again: {later:?}"
+    );
+}
+
+/// A lease returns only due jobs whose names it handles; a job of another
+/// name waits, counted by `count_due_jobs`, and is leased by a dispatcher
+/// that handles it.
+pub async fn lease_takes_only_its_names(store: &dyn IdempotencyStore) {
+    let store = require_outbox(store);
+    let (mine, other) = (job_name("receipt"), job_name("nobody_handles"));
+    let req = completed_with_jobs(store, &[&mine, &other]).await;
+    let leased = store
+        .lease_jobs(
+            &[mine.as_str()],
+            10,
+            Duration::from_secs(60),
+            Attempt::random(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(leased.len(), 1, "{leased:?}");
+    assert_eq!(leased[0].id, job_id(&req, &mine));
+    let due = store.count_due_jobs().await.unwrap();
+    assert_eq!(
+        due.get(&other),
+        Some(&1),
+        "the waiting job is counted: {due:?}"
+    );
+    assert_eq!(due.get(&mine), None, "a leased job is not due: {due:?}");
+    let waiting = jobs_of(store, &req).await;
+    let unleased = waiting.iter().find(|j| j.id.name == other).unwrap();
+    assert_eq!((unleased.attempts, unleased.token), (0, None));
+    let taken = store
+        .lease_jobs(
+            &[other.as_str()],
+            10,
+            Duration::from_secs(60),
+            Attempt::random(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(taken.len(), 1);
+    assert!(store
+        .lease_jobs(&[], 10, Duration::from_secs(60), Attempt::random())
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+/// `limit` bounds a lease, and the longest due go first.
+pub async fn lease_respects_its_limit(store: &dyn IdempotencyStore) {
+    let store = require_outbox(store);
+    let name = job_name("receipt");
+    let mut reqs = Vec::new();
+    for _ in 0..3 {
+        reqs.push(completed_with_jobs(store, &[&name]).await);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let names = [name.as_str()];
+    let first = store
+        .lease_jobs(&names, 2, Duration::from_secs(60), Attempt::random())
+        .await
+        .unwrap();
+    assert_eq!(first.len(), 2);
+    assert_eq!(first[0].id.reference, reqs[0].reference, "oldest first");
+    let rest = store
+        .lease_jobs(&names, 2, Duration::from_secs(60), Attempt::random())
+        .await
+        .unwrap();
+    assert_eq!(rest.len(), 1);
+    assert_eq!(rest[0].id.reference, reqs[2].reference);
+}
+
+/// finish, retry and bury act only for the token that holds the lease; a
+/// finished job is gone.
+pub async fn job_changes_are_fenced_by_the_token(store: &dyn IdempotencyStore) {
+    let store = require_outbox(store);
+    let name = job_name("receipt");
+    let req = completed_with_jobs(store, &[&name]).await;
+    let id = job_id(&req, &name);
+    let token = Attempt::random();
+    let leased = store
+        .lease_jobs(&[name.as_str()], 1, Duration::from_secs(60), token)
+        .await
+        .unwrap();
+    assert_eq!(leased.len(), 1);
+    let stranger = Attempt::random();
+    assert!(matches!(
+        store.finish_job(&id, stranger).await,
+        Err(StoreError::Fenced)
+    ));
+    assert!(matches!(
+        store.retry_job(&id, stranger, Duration::ZERO, "boom").await,
+        Err(StoreError::Fenced)
+    ));
+    assert!(matches!(
+        store.bury_job(&id, stranger, "boom").await,
+        Err(StoreError::Fenced)
+    ));
+    let still = jobs_of(store, &req).await;
+    assert_eq!(still[0].token, Some(token), "the stranger changed nothing");
+    assert!(!still[0].dead);
+    store.finish_job(&id, token).await.unwrap();
+    assert!(
+        jobs_of(store, &req).await.is_empty(),
+        "a finished job is gone"
+    );
+    assert!(matches!(
+        store.finish_job(&id, token).await,
+        Err(StoreError::Fenced)
+    ));
+    let missing = job_id(&req, "never_declared");
+    assert!(matches!(
+        store.finish_job(&missing, token).await,
+        Err(StoreError::Fenced)
+    ));
+}
+
+/// A retried job gives up its lease, keeps its error, waits its delay, and
+/// is then leased again with its next attempt; the old token is fenced.
+pub async fn retried_job_runs_again_after_its_delay(store: &dyn IdempotencyStore) {
+    let store = require_outbox(store);
+    let name = job_name("receipt");
+    let req = completed_with_jobs(store, &[&name]).await;
+    let id = job_id(&req, &name);
+    let names = [name.as_str()];
+    let first = Attempt::random();
+    store
+        .lease_jobs(&names, 1, Duration::from_secs(60), first)
+        .await
+        .unwrap();
+    store
+        .retry_job(&id, first, Duration::from_millis(300), "mailer down")
+        .await
+        .unwrap();
+    let waiting = jobs_of(store, &req).await;
+    assert_eq!(waiting[0].token, None);
+    assert_eq!(waiting[0].last_error.as_deref(), Some("mailer down"));
+    assert!(
+        store
+            .lease_jobs(&names, 1, Duration::from_secs(60), Attempt::random())
+            .await
+            .unwrap()
+            .is_empty(),
+        "not before its delay"
+    );
+    assert!(
+        matches!(store.finish_job(&id, first).await, Err(StoreError::Fenced)),
+        "a retry gives the lease up"
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let second = Attempt::random();
+    let again = store
+        .lease_jobs(&names, 1, Duration::from_secs(60), second)
+        .await
+        .unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].attempts, 2);
+    assert_eq!(again[0].last_error.as_deref(), Some("mailer down"));
+    store.finish_job(&id, second).await.unwrap();
+}
+
+/// A lease that ran out (its dispatcher died) lets another dispatcher take
+/// the job; the first one's token is then fenced.
+pub async fn lapsed_job_lease_is_taken_over(store: &dyn IdempotencyStore) {
+    let store = require_outbox(store);
+    let name = job_name("receipt");
+    let req = completed_with_jobs(store, &[&name]).await;
+    let id = job_id(&req, &name);
+    let names = [name.as_str()];
+    let dead = Attempt::random();
+    store
+        .lease_jobs(&names, 1, Duration::from_millis(100), dead)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(store.count_due_jobs().await.unwrap().get(&name), Some(&1));
+    let live = Attempt::random();
+    let taken = store
+        .lease_jobs(&names, 1, Duration::from_secs(60), live)
+        .await
+        .unwrap();
+    assert_eq!(taken.len(), 1);
+    assert_eq!(taken[0].attempts, 2);
+    assert!(matches!(
+        store.finish_job(&id, dead).await,
+        Err(StoreError::Fenced)
+    ));
+    store.finish_job(&id, live).await.unwrap();
+}
+
+/// A buried job is dead: listed, never leased, until re-driven, after which
+/// it runs again from its first attempt. Re-driving a live or absent job
+/// changes nothing.
+pub async fn buried_job_is_listed_and_redriven(store: &dyn IdempotencyStore) {
+    let store = require_outbox(store);
+    let name = job_name("receipt");
+    let req = completed_with_jobs(store, &[&name]).await;
+    let id = job_id(&req, &name);
+    let names = [name.as_str()];
+    assert!(
+        !store.redrive_job(&id).await.unwrap(),
+        "a live job is not re-driven"
+    );
+    let token = Attempt::random();
+    store
+        .lease_jobs(&names, 1, Duration::from_secs(60), token)
+        .await
+        .unwrap();
+    store.bury_job(&id, token, "bounced").await.unwrap();
+    let dead = store
+        .list_jobs(&JobFilter {
+            tenant: Some(req.tenant.clone()),
+            dead: Some(true),
+            limit: 10,
+            ..JobFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].id, id);
+    assert!(dead[0].dead);
+    assert_eq!(dead[0].token, None);
+    assert_eq!(dead[0].last_error.as_deref(), Some("bounced"));
+    let live = store
+        .list_jobs(&JobFilter {
+            tenant: Some(req.tenant.clone()),
+            dead: Some(false),
+            limit: 10,
+            ..JobFilter::default()
+        })
+        .await
+        .unwrap();
+    assert!(live.is_empty());
+    assert!(
+        store
+            .lease_jobs(&names, 1, Duration::from_secs(60), Attempt::random())
+            .await
+            .unwrap()
+            .is_empty(),
+        "a dead job is not leased"
+    );
+    assert_eq!(store.count_due_jobs().await.unwrap().get(&name), None);
+    assert!(
+        matches!(store.finish_job(&id, token).await, Err(StoreError::Fenced)),
+        "burial gives the lease up"
+    );
+
+    assert!(store.redrive_job(&id).await.unwrap());
+    assert!(!store.redrive_job(&id).await.unwrap(), "already live");
+    let back = store
+        .lease_jobs(&names, 1, Duration::from_secs(60), Attempt::random())
+        .await
+        .unwrap();
+    assert_eq!(back.len(), 1);
+    assert_eq!(back[0].attempts, 1, "re-driven from its first attempt");
+    assert!(!back[0].dead);
+    let absent = job_id(&req, "never_declared");
+    assert!(!store.redrive_job(&absent).await.unwrap());
+}
+
+/// A job belongs to its operation: the same call completed again after its
+/// window writes its jobs under its own reference, and never replaces,
+/// re-dues or revives the earlier operation's jobs, dead or running. Each
+/// keeps its own downstream key.
+pub async fn a_later_operation_never_touches_an_earlier_operations_jobs(
+    store: &dyn IdempotencyStore,
+) {
+    let store = require_outbox(store);
+    let (dead_name, running_name) = (job_name("receipt"), job_name("ship"));
+    let names = [dead_name.as_str(), running_name.as_str()];
+    let first = fresh(Duration::from_millis(300));
+    claimed(store, &first).await;
+    let jobs = [
+        follow_on(&dead_name, serde_json::json!({"n": 1})),
+        follow_on(&running_name, serde_json::json!({"n": 1})),
+    ];
+    store
+        .complete_with_follow_ons(&first.key, first.attempt, "\"one\"", &jobs)
+        .await
+        .unwrap();
+    // The first operation's receipt goes to the dead letter; its shipment
+    // is leased and still running.
+    let token = Attempt::random();
+    let leased = store
+        .lease_jobs(&names, 10, Duration::from_secs(60), token)
+        .await
+        .unwrap();
+    assert_eq!(leased.len(), 2, "{leased:?}");
+    store
+        .bury_job(&job_id(&first, &dead_name), token, "mailbox full")
+        .await
+        .unwrap();
+
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let second = new_operation(&first);
+    assert_eq!(claimed(store, &second).await, second.reference);
+    let jobs = [
+        follow_on(&dead_name, serde_json::json!({"n": 2})),
+        follow_on(&running_name, serde_json::json!({"n": 2})),
+    ];
+    store
+        .complete_with_follow_ons(&second.key, second.attempt, "\"two\"", &jobs)
+        .await
+        .unwrap();
+
+    // Only the second operation's jobs are due: the running one of the first
+    // is not handed to a second dispatcher under the same key.
+    let other = Attempt::random();
+    let due = store
+        .lease_jobs(&names, 10, Duration::from_secs(60), other)
+        .await
+        .unwrap();
+    assert_eq!(due.len(), 2, "{due:?}");
+    assert!(due.iter().all(|j| j.id.reference == second.reference));
+    assert!(due.iter().all(|j| j.payload.contains('2')));
+    // The first operation's jobs are as they were: the dead one dead (and
+    // re-drivable), the running one still held by its lease.
+    let kept = jobs_of(store, &first).await;
+    assert_eq!(kept.len(), 2, "{kept:?}");
+    let dead = kept.iter().find(|j| j.id.name == dead_name).unwrap();
+    assert!(dead.dead);
+    assert_eq!(dead.last_error.as_deref(), Some("mailbox full"));
+    assert!(dead.payload.contains('1'));
+    let running = kept.iter().find(|j| j.id.name == running_name).unwrap();
+    assert_eq!(running.token, Some(token));
+    assert!(!running.dead);
+    store
+        .finish_job(&job_id(&first, &running_name), token)
+        .await
+        .expect("the first operation's lease still holds its job");
+    assert!(store
+        .redrive_job(&job_id(&first, &dead_name))
+        .await
+        .unwrap());
+    assert_ne!(
+        job_id(&first, &dead_name).downstream_key(),
+        job_id(&second, &dead_name).downstream_key(),
+        "each operation's job has its own downstream key"
+    );
+}
+
+/// `list_jobs` filters by tenant, reference, name and dead, the oldest
+/// first, at most `limit`; another tenant's jobs are not listed under it.
+pub async fn jobs_are_listed_by_filter(store: &dyn IdempotencyStore) {
+    let store = require_outbox(store);
+    let (a, b) = (job_name("a"), job_name("b"));
+    let first = completed_with_jobs(store, &[&a, &b]).await;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let second = completed_with_jobs(store, &[&a]).await;
+    let by_name = store
+        .list_jobs(&JobFilter {
+            name: Some(a.clone()),
+            limit: 10,
+            ..JobFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        by_name.iter().map(|j| j.id.reference).collect::<Vec<_>>(),
+        [first.reference, second.reference],
+        "oldest first"
+    );
+    let one = store
+        .list_jobs(&JobFilter {
+            name: Some(a.clone()),
+            limit: 1,
+            ..JobFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(one.len(), 1);
+    let of_first = jobs_of(store, &first).await;
+    assert_eq!(of_first.len(), 2);
+    let elsewhere = store
+        .list_jobs(&JobFilter {
+            tenant: Some(second.tenant.clone()),
+            reference: Some(first.reference),
+            limit: 10,
+            ..JobFilter::default()
+        })
+        .await
+        .unwrap();
+    assert!(elsewhere.is_empty(), "another tenant's jobs: {elsewhere:?}");
+}
+
+/// A default filter lists a page of jobs, not none: the dead-letter listing
+/// `JobFilter { dead: Some(true), ..JobFilter::default() }` finds a buried
+/// job, and the default filter a live one.
+pub async fn default_job_filter_lists_a_page(store: &dyn IdempotencyStore) {
+    let store = require_outbox(store);
+    let (dead_name, live_name) = (job_name("bounced"), job_name("receipt"));
+    let req = completed_with_jobs(store, &[&dead_name, &live_name]).await;
+    let token = Attempt::random();
+    let leased = store
+        .lease_jobs(&[dead_name.as_str()], 1, Duration::from_secs(60), token)
+        .await
+        .unwrap();
+    assert_eq!(leased.len(), 1);
+    store
+        .bury_job(&job_id(&req, &dead_name), token, "bounced")
+        .await
+        .unwrap();
+    let dead = store
+        .list_jobs(&JobFilter {
+            dead: Some(true),
+            ..JobFilter::default()
+        })
+        .await
+        .unwrap();
+    assert!(!dead.is_empty(), "the default filter lists no dead job");
+    let dead_here = store
+        .list_jobs(&JobFilter {
+            tenant: Some(req.tenant.clone()),
+            dead: Some(true),
+            ..JobFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        dead_here.iter().map(|j| &j.id).collect::<Vec<_>>(),
+        [&job_id(&req, &dead_name)]
+    );
+    let all_here = store
+        .list_jobs(&JobFilter {
+            tenant: Some(req.tenant.clone()),
+            ..JobFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(all_here.len(), 2, "{all_here:?}");
+}
+
+/// A default filter lists a page of records, not none.
+pub async fn default_record_filter_lists_a_page(store: &dyn IdempotencyStore) {
+    let req = fresh(W);
+    claimed(store, &req).await;
+    assert!(
+        !store
+            .list_records(&RecordFilter::default())
+            .await
+            .unwrap()
+            .is_empty(),
+        "the default filter lists no record"
+    );
+    let mine = store
+        .list_records(&RecordFilter {
+            tenant: Some(req.tenant.clone()),
+            ..RecordFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(mine.iter().map(|r| r.key).collect::<Vec<_>>(), [req.key]);
+}
