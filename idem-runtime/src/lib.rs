@@ -109,6 +109,7 @@ mod answer;
 #[cfg(feature = "cli")]
 pub mod cli;
 mod executor;
+mod future;
 mod key;
 mod maintenance;
 #[cfg(feature = "rmcp")]

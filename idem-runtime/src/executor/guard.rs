@@ -1,11 +1,7 @@
-//! What guards a running handler: a panic caught, a dropped call marked
-//! UNKNOWN.
+//! What guards a claim and its handler: an unconfirmed claim released, a
+//! dropped call marked UNKNOWN.
 
-use std::future::Future;
-use std::panic::AssertUnwindSafe;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::answer::note;
@@ -125,31 +121,5 @@ impl Drop for ReleaseOnDrop<'_> {
                 }
             }
         });
-    }
-}
-
-/// Turns a panic inside a pinned future (a handler's, a job's) into an `Err`.
-pub(crate) struct CatchUnwind<'a, F>(pub(crate) Pin<&'a mut F>);
-
-impl<F: Future> Future for CatchUnwind<'_, F> {
-    type Output = Result<F::Output, Box<dyn std::any::Any + Send>>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let fut = self.0.as_mut();
-        match std::panic::catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {
-            Ok(Poll::Pending) => Poll::Pending,
-            Ok(Poll::Ready(out)) => Poll::Ready(Ok(out)),
-            Err(panic) => Poll::Ready(Err(panic)),
-        }
-    }
-}
-
-pub(crate) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
-    if let Some(s) = panic.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = panic.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a non-text panic".to_owned()
     }
 }

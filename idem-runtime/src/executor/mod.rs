@@ -28,7 +28,7 @@ mod task;
 
 use claim::{Claimed, Won};
 use guard::{mark, UnknownOnDrop};
-pub(crate) use guard::{panic_message, CatchUnwind};
+use crate::future::{panic_message, CatchUnwind};
 use in_flight::InFlight;
 pub use task::TaskCancellation;
 #[cfg(feature = "rmcp")]

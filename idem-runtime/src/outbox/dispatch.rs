@@ -3,14 +3,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::executor::CatchUnwind;
+use crate::future::{join_all, panic_message, CatchUnwind};
 use crate::key::Reference;
 use crate::store::{Attempt, FollowOnStore, IdempotencyStore, OutboxJob, StoreError};
 use crate::telemetry;
@@ -392,7 +390,7 @@ async fn run_one(
         Ok(Ok(Err(error))) => Some(kept_error(&error.to_string())),
         Ok(Err(panic)) => Some(kept_error(&format!(
             "the job's handler panicked: {}",
-            crate::executor::panic_message(&panic)
+            panic_message(&panic)
         ))),
         Err(_) => Some(format!(
             "the job's handler took longer than {:?} and was cancelled",
@@ -429,33 +427,6 @@ async fn run_one(
             None
         }
     }
-}
-
-/// Polls every future to completion on the current task (the runs borrow
-/// the store and the handlers, so they cannot be spawned).
-async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
-    let mut pending: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
-    let mut done: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut all = true;
-        for (fut, out) in pending.iter_mut().zip(done.iter_mut()) {
-            if out.is_none() {
-                match fut.as_mut().poll(cx) {
-                    Poll::Ready(v) => *out = Some(v),
-                    Poll::Pending => all = false,
-                }
-            }
-        }
-        if all {
-            Poll::Ready(())
-        } else {
-            Poll::Pending
-        }
-    })
-    .await;
-    done.into_iter()
-        .map(|o| o.expect("polled to completion"))
-        .collect()
 }
 
 #[cfg(test)]

@@ -29,7 +29,6 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -106,33 +105,7 @@ fn fresh(window: Duration) -> ClaimRequest {
     claim_request(window)
 }
 
-/// Polls every future to completion on the current task, as
-/// `futures::future::join_all` does (the cases borrow the store, so they
-/// cannot be spawned).
-async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
-    let mut pending: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
-    let mut done: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut all = true;
-        for (fut, out) in pending.iter_mut().zip(done.iter_mut()) {
-            if out.is_none() {
-                match fut.as_mut().poll(cx) {
-                    Poll::Ready(v) => *out = Some(v),
-                    Poll::Pending => all = false,
-                }
-            }
-        }
-        if all {
-            Poll::Ready(())
-        } else {
-            Poll::Pending
-        }
-    })
-    .await;
-    done.into_iter()
-        .map(|o| o.expect("polled to completion"))
-        .collect()
-}
+use crate::future::join_all;
 
 async fn record(store: &dyn IdempotencyStore, req: &ClaimRequest) -> Option<Record> {
     store

@@ -7,6 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use redis::Cmd;
 
+use crate::future::join_all;
 use crate::key::{IdempotencyKey, Reference};
 use crate::store::{
     check_distinct, listing_order, Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore,
@@ -323,32 +324,6 @@ impl RedisStore {
         }
         Ok(())
     }
-}
-
-/// Polls every future to completion on the current task.
-async fn join_all<F: std::future::Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
-    let mut pending: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
-    let mut done: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut all = true;
-        for (fut, out) in pending.iter_mut().zip(done.iter_mut()) {
-            if out.is_none() {
-                match fut.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => *out = Some(v),
-                    std::task::Poll::Pending => all = false,
-                }
-            }
-        }
-        if all {
-            std::task::Poll::Ready(())
-        } else {
-            std::task::Poll::Pending
-        }
-    })
-    .await;
-    done.into_iter()
-        .map(|o| o.expect("polled to completion"))
-        .collect()
 }
 
 /// The refusals every fenced change shares; anything else is not a reply
