@@ -26,9 +26,9 @@ mod in_flight;
 #[cfg_attr(not(feature = "rmcp"), allow(dead_code, unused_imports))]
 mod task;
 
+use crate::future::{panic_message, CatchUnwind};
 use claim::{Claimed, Won};
 use guard::{mark, UnknownOnDrop};
-use crate::future::{panic_message, CatchUnwind};
 use in_flight::InFlight;
 pub use task::TaskCancellation;
 #[cfg(feature = "rmcp")]

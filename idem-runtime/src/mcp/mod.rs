@@ -8,6 +8,7 @@ use rmcp::ErrorData;
 use crate::answer::{Classify, Disposition, ToolError};
 
 mod audit;
+mod call;
 mod caller;
 #[doc(hidden)]
 pub mod private;

@@ -1,0 +1,208 @@
+//! The runtime bodies of a wrapped tool, which the generated code calls
+//! through `__private`: [`call`] (answered inline) and [`call_task`] (an
+//! MCP task when the request declares the extension).
+
+use std::future::Future;
+
+use rmcp::model::{CallToolResponse, CallToolResult};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer};
+use serde_json::Value;
+use tracing::Instrument;
+
+use super::caller::{resolve_caller, IdempotentServer, CURRENT_CANCELLATION, CURRENT_REFERENCE};
+use super::private::{ToolSpec, WrappedServer};
+use super::render::{no_caller, render, HandlerFailure};
+use super::tasks;
+use crate::answer::{Answer, AnswerState};
+use crate::executor::{Operation, ScopeSpec, TaskClaim};
+use crate::key::Caller;
+
+/// The body of a wrapped tool: find the caller, run the handler through
+/// the server's executor, and turn the answer into a tool result.
+/// `business_key` is `(field as written in the attribute, its value)` for
+/// each field of a business key, taken from the typed arguments; empty for
+/// a window.
+pub async fn call<'k, S, P, F, Fut>(
+    server: &S,
+    request: RequestContext<RoleServer>,
+    spec: ToolSpec<'_>,
+    args: Result<Value, serde_json::Error>,
+    business_key: impl IntoIterator<Item = (&'k str, Result<Value, serde_json::Error>)>,
+    params: P,
+    handler: F,
+) -> Result<CallToolResult, ErrorData>
+where
+    S: WrappedServer + ?Sized,
+    F: FnOnce(P) -> Fut,
+    Fut: Future<Output = Result<CallToolResult, HandlerFailure>>,
+{
+    let (caller, args, values) = match prepare(server, &request, spec.tool, args, business_key) {
+        Ok(prepared) => prepared,
+        Err(refused) => return Ok(refused),
+    };
+    drop(request);
+    // The business key comes from the typed fields, not from the JSON
+    // object: a field serde renames would not be found there by its name.
+    let scope = match spec.scope {
+        ScopeSpec::BusinessKey { retention, .. } => ScopeSpec::BusinessKeyValues {
+            values: &values,
+            retention,
+        },
+        scope => scope,
+    };
+    let operation = Operation {
+        caller: &caller,
+        tool: spec.tool,
+        args: &args,
+        scope,
+        status_tool: spec.status_tool,
+    };
+    let answer = server
+        .executor()
+        .run_json(operation, move |context| {
+            CURRENT_REFERENCE.scope(context.reference(), handler(params))
+        })
+        .await;
+    Ok(render(answer))
+}
+
+/// The caller, the arguments and the business key's values of a call, or
+/// the answer that refuses it (no caller, arguments that cannot be written).
+#[allow(clippy::type_complexity)]
+fn prepare<'k, S: IdempotentServer + ?Sized>(
+    server: &S,
+    request: &RequestContext<RoleServer>,
+    tool: &str,
+    args: Result<Value, serde_json::Error>,
+    business_key: impl IntoIterator<Item = (&'k str, Result<Value, serde_json::Error>)>,
+) -> Result<(Caller, Value, Vec<(&'k str, Value)>), CallToolResult> {
+    let Some(caller) = resolve_caller(server, request) else {
+        crate::telemetry::call(tool, crate::AnswerState::NoCaller);
+        return Err(no_caller());
+    };
+    let args = match args {
+        Ok(args) => args,
+        Err(error) => {
+            let answer: Answer<CallToolResult, HandlerFailure> = Answer::Refused {
+                reason: format!("the arguments cannot be serialized ({error})"),
+            };
+            crate::telemetry::call(tool, answer.state());
+            return Err(render(answer));
+        }
+    };
+    let values = business_key
+        .into_iter()
+        .map(|(field, value)| value.map(|value| (field, value)).map_err(|e| (field, e)))
+        .collect::<Result<Vec<_>, _>>();
+    match values {
+        Ok(values) => Ok((caller, args, values)),
+        Err((field, error)) => {
+            let answer: Answer<CallToolResult, HandlerFailure> = Answer::Refused {
+                reason: format!("the business key field `{field}` cannot be serialized ({error})"),
+            };
+            crate::telemetry::call(tool, answer.state());
+            Err(render(answer))
+        }
+    }
+}
+
+/// The body of a wrapped tool with `task = "optional"`. A request that does
+/// not declare the tasks extension is served by [`call`] with `inline`,
+/// exactly as a tool without the option. One that declares it gets, once
+/// the claim is durable, a task whose id is the operation's reference, and
+/// the handler (`spawned`, on a clone of the server) runs on in the
+/// background of this process, with its heartbeat. A repeat of a running or
+/// unknown operation gets the same task; a completed one its stored result;
+/// anything refused before the claim the same answer as without a task.
+#[allow(clippy::too_many_arguments)]
+pub async fn call_task<'k, S, P, F, Fut, G, Spawned>(
+    server: &S,
+    request: RequestContext<RoleServer>,
+    spec: ToolSpec<'_>,
+    args: Result<Value, serde_json::Error>,
+    business_key: impl IntoIterator<Item = (&'k str, Result<Value, serde_json::Error>)>,
+    params: P,
+    inline: F,
+    spawned: G,
+) -> Result<CallToolResponse, ErrorData>
+where
+    S: WrappedServer + ?Sized,
+    F: FnOnce(P) -> Fut,
+    Fut: Future<Output = Result<CallToolResult, HandlerFailure>>,
+    G: FnOnce(P) -> Spawned,
+    Spawned: Future<Output = Result<CallToolResult, HandlerFailure>> + Send + 'static,
+{
+    if !tasks::declared(&request) {
+        return call(server, request, spec, args, business_key, params, inline)
+            .await
+            .map(CallToolResponse::Complete);
+    }
+    let (caller, args, values) = match prepare(server, &request, spec.tool, args, business_key) {
+        Ok(prepared) => prepared,
+        Err(refused) => return Ok(CallToolResponse::Complete(refused)),
+    };
+    drop(request);
+    let scope = match spec.scope {
+        ScopeSpec::BusinessKey { retention, .. } => ScopeSpec::BusinessKeyValues {
+            values: &values,
+            retention,
+        },
+        scope => scope,
+    };
+    let operation = Operation {
+        caller: &caller,
+        tool: spec.tool,
+        args: &args,
+        scope,
+        status_tool: spec.status_tool,
+    };
+    let executor = server.executor();
+    match executor
+        .claim_task::<CallToolResult, HandlerFailure>(operation)
+        .await
+    {
+        TaskClaim::Answered(answer) => {
+            crate::telemetry::call(spec.tool, answer.state());
+            Ok(CallToolResponse::Complete(render(answer)))
+        }
+        TaskClaim::Running(record) => {
+            let state = match record.reading() {
+                crate::store::Reading::Running { .. } => AnswerState::InProgress,
+                _ => AnswerState::Unknown,
+            };
+            crate::telemetry::call(spec.tool, state);
+            Ok(CallToolResponse::Task(tasks::repeated(
+                &record,
+                executor.lease(),
+            )))
+        }
+        TaskClaim::Claimed(claimed) => {
+            let reference = claimed.reference();
+            let created = tasks::created(reference, claimed.window(), claimed.lease());
+            let signal = executor.task_signals().register(caller.tenant(), reference);
+            let cancellation = signal.signal();
+            let handler = CURRENT_REFERENCE.scope(
+                reference,
+                CURRENT_CANCELLATION.scope(cancellation, spawned(params)),
+            );
+            let executor = executor.clone();
+            let span = tracing::info_span!(
+                "idem.task",
+                tool = spec.tool,
+                tenant = caller.tenant(),
+                reference = %reference,
+            );
+            tokio::spawn(
+                async move {
+                    let answer: Answer<CallToolResult, HandlerFailure> =
+                        executor.run_claimed(claimed, handler).await;
+                    drop(signal);
+                    tracing::debug!(state = answer.state().as_str(), "task finished");
+                }
+                .instrument(span),
+            );
+            Ok(CallToolResponse::Task(created))
+        }
+    }
+}
