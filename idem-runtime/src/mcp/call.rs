@@ -37,46 +37,60 @@ where
     F: FnOnce(P) -> Fut,
     Fut: Future<Output = Result<CallToolResult, HandlerFailure>>,
 {
-    let (caller, args, values) = match prepare(server, &request, spec.tool, args, business_key) {
+    let prepared = match prepare(server, &request, spec.tool, args, business_key) {
         Ok(prepared) => prepared,
         Err(refused) => return Ok(refused),
     };
     drop(request);
-    // The business key comes from the typed fields, not from the JSON
-    // object: a field serde renames would not be found there by its name.
-    let scope = match spec.scope {
-        ScopeSpec::BusinessKey { retention, .. } => ScopeSpec::BusinessKeyValues {
-            values: &values,
-            retention,
-        },
-        scope => scope,
-    };
-    let operation = Operation {
-        caller: &caller,
-        tool: spec.tool,
-        args: &args,
-        scope,
-        status_tool: spec.status_tool,
-    };
     let answer = server
         .executor()
-        .run_json(operation, move |context| {
+        .run_json(prepared.operation(spec), move |context| {
             CURRENT_REFERENCE.scope(context.reference(), handler(params))
         })
         .await;
     Ok(render(answer))
 }
 
+/// What a call runs as: its caller, its arguments and its business key's
+/// values, taken from the request before the operation is claimed.
+struct Prepared<'k> {
+    caller: Caller,
+    args: Value,
+    values: Vec<(&'k str, Value)>,
+}
+
+impl Prepared<'_> {
+    /// The operation `spec`'s tool runs for this call: the one way both
+    /// bodies build it.
+    fn operation<'a>(&'a self, spec: ToolSpec<'a>) -> Operation<'a, Value> {
+        // The business key comes from the typed fields, not from the JSON
+        // object: a field serde renames would not be found there by its name.
+        let scope = match spec.scope {
+            ScopeSpec::BusinessKey { retention, .. } => ScopeSpec::BusinessKeyValues {
+                values: &self.values,
+                retention,
+            },
+            scope => scope,
+        };
+        Operation {
+            caller: &self.caller,
+            tool: spec.tool,
+            args: &self.args,
+            scope,
+            status_tool: spec.status_tool,
+        }
+    }
+}
+
 /// The caller, the arguments and the business key's values of a call, or
 /// the answer that refuses it (no caller, arguments that cannot be written).
-#[allow(clippy::type_complexity)]
 fn prepare<'k, S: IdempotentServer + ?Sized>(
     server: &S,
     request: &RequestContext<RoleServer>,
     tool: &str,
     args: Result<Value, serde_json::Error>,
     business_key: impl IntoIterator<Item = (&'k str, Result<Value, serde_json::Error>)>,
-) -> Result<(Caller, Value, Vec<(&'k str, Value)>), CallToolResult> {
+) -> Result<Prepared<'k>, CallToolResult> {
     let Some(caller) = resolve_caller(server, request) else {
         crate::telemetry::call(tool, crate::AnswerState::NoCaller);
         return Err(no_caller());
@@ -96,7 +110,11 @@ fn prepare<'k, S: IdempotentServer + ?Sized>(
         .map(|(field, value)| value.map(|value| (field, value)).map_err(|e| (field, e)))
         .collect::<Result<Vec<_>, _>>();
     match values {
-        Ok(values) => Ok((caller, args, values)),
+        Ok(values) => Ok(Prepared {
+            caller,
+            args,
+            values,
+        }),
         Err((field, error)) => {
             let answer: Answer<CallToolResult, HandlerFailure> = Answer::Refused {
                 reason: format!("the business key field `{field}` cannot be serialized ({error})"),
@@ -138,28 +156,15 @@ where
             .await
             .map(CallToolResponse::Complete);
     }
-    let (caller, args, values) = match prepare(server, &request, spec.tool, args, business_key) {
+    let prepared = match prepare(server, &request, spec.tool, args, business_key) {
         Ok(prepared) => prepared,
         Err(refused) => return Ok(CallToolResponse::Complete(refused)),
     };
     drop(request);
-    let scope = match spec.scope {
-        ScopeSpec::BusinessKey { retention, .. } => ScopeSpec::BusinessKeyValues {
-            values: &values,
-            retention,
-        },
-        scope => scope,
-    };
-    let operation = Operation {
-        caller: &caller,
-        tool: spec.tool,
-        args: &args,
-        scope,
-        status_tool: spec.status_tool,
-    };
+    let caller = &prepared.caller;
     let executor = server.executor();
     match executor
-        .claim_task::<CallToolResult, HandlerFailure>(operation)
+        .claim_task::<CallToolResult, HandlerFailure>(prepared.operation(spec))
         .await
     {
         TaskClaim::Answered(answer) => {
