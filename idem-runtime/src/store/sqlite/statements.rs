@@ -1,0 +1,176 @@
+//! The SQLite store's SQL, written once from the state codes of
+//! [`RecordStateKind`].
+
+use super::*;
+
+/// The store's SQL, written once from the state codes of
+/// [`RecordStateKind`].
+pub(super) struct Statements {
+    pub(super) claim: String,
+    pub(super) read: String,
+    pub(super) refusal: String,
+    pub(super) complete: String,
+    pub(super) release: String,
+    pub(super) mark_unknown: String,
+    pub(super) mark_lapsed: String,
+    pub(super) resolve_completed: String,
+    pub(super) resolve_not_performed: String,
+    pub(super) defer_check: String,
+    pub(super) heartbeat: String,
+    pub(super) lookup: String,
+    pub(super) purge: String,
+    pub(super) lapsed: String,
+    pub(super) unknown: String,
+    pub(super) filtered: String,
+    pub(super) counted: String,
+    pub(super) record_tenant: String,
+    pub(super) insert_job: String,
+    pub(super) lease_jobs: String,
+    pub(super) finish_job: String,
+    pub(super) retry_job: String,
+    pub(super) bury_job: String,
+    pub(super) redrive_job: String,
+    pub(super) jobs_filtered: String,
+    pub(super) count_due_jobs: String,
+}
+
+pub(super) static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::new(|| Statements {
+    // One statement: insert, or take over a record that Record::is_claimable
+    // says is past its life or resolved as not performed. It returns the
+    // operation the claim runs under (Record::takeover_reference).
+    claim: format!(
+        "INSERT INTO idem_records (key, fingerprint, tenant, tool, state, attempt, \
+           claimed_at, updated_at, lease_until, expires_at, retain_until, body, \
+           next_check_at, checks, resolution, operation) \
+         VALUES (?1, ?2, ?3, ?4, {IN_PROGRESS}, ?5, ?6, ?6, ?7, ?8, ?9, NULL, ?6, 0, NULL, ?10) \
+         ON CONFLICT (key) DO UPDATE SET operation = {}, fingerprint = excluded.fingerprint, \
+           tenant = excluded.tenant, tool = excluded.tool, state = {IN_PROGRESS}, \
+           attempt = excluded.attempt, claimed_at = excluded.claimed_at, \
+           updated_at = excluded.updated_at, lease_until = excluded.lease_until, \
+           expires_at = excluded.expires_at, retain_until = excluded.retain_until, \
+           body = NULL, next_check_at = excluded.next_check_at, checks = 0, \
+           resolution = NULL \
+         WHERE ({}) OR idem_records.state = {NOT_PERFORMED} \
+         RETURNING operation",
+        takeover_operation("idem_records.", "excluded.operation", "?6"),
+        expired("idem_records.", "?6")
+    ),
+    read: format!("SELECT {COLUMNS} FROM idem_records WHERE key = ?1"),
+    refusal: "SELECT attempt, state, updated_at FROM idem_records WHERE key = ?1".to_owned(),
+    // Every fenced change carries `attempt = ?2`: a worker whose claim was
+    // taken over must not overwrite, delete or extend the new owner's record.
+    // A completion after the sweep or a reconciler gave up on the record
+    // answers repeats until the retention ends: found after its window, it
+    // would otherwise expire the moment it is written.
+    complete: format!(
+        "UPDATE idem_records SET state = {COMPLETED}, body = ?3, updated_at = ?4, \
+           expires_at = CASE WHEN state = {IN_PROGRESS} THEN expires_at \
+             ELSE MAX(expires_at, retain_until) END \
+         WHERE key = ?1 AND attempt = ?2 AND state <> {COMPLETED}"
+    ),
+    release: format!(
+        "DELETE FROM idem_records WHERE key = ?1 AND attempt = ?2 \
+         AND state IN ({IN_PROGRESS}, {UNKNOWN})"
+    ),
+    mark_unknown: format!(
+        "UPDATE idem_records SET state = {UNKNOWN}, body = ?3, updated_at = ?4, \
+           next_check_at = ?4, checks = 0 \
+         WHERE key = ?1 AND attempt = ?2 AND state = {IN_PROGRESS}"
+    ),
+    // `lease_until <= ?4` in the same statement: a heartbeat that landed
+    // after the sweep listed the record keeps it alive.
+    mark_lapsed: format!(
+        "UPDATE idem_records SET state = {UNKNOWN}, body = ?3, updated_at = ?4, \
+           next_check_at = ?4, checks = 0 \
+         WHERE key = ?1 AND attempt = ?2 AND state = {IN_PROGRESS} AND lease_until <= ?4"
+    ),
+    resolve_completed: format!(
+        "UPDATE idem_records SET state = {COMPLETED}, body = ?3, resolution = ?4, \
+           updated_at = ?5, expires_at = MAX(expires_at, retain_until) \
+         WHERE key = ?1 AND attempt = ?2 AND state = {UNKNOWN}"
+    ),
+    // `updated_at <= ?6`: "not performed" is trusted only for a record
+    // unchanged for the settle period (?6 = now - settle).
+    resolve_not_performed: format!(
+        "UPDATE idem_records SET state = {NOT_PERFORMED}, body = ?3, resolution = ?4, \
+           updated_at = ?5 \
+         WHERE key = ?1 AND attempt = ?2 AND state = {UNKNOWN} AND updated_at <= ?6"
+    ),
+    defer_check: format!(
+        "UPDATE idem_records SET next_check_at = ?3, checks = checks + 1 \
+         WHERE key = ?1 AND attempt = ?2 AND state = {UNKNOWN}"
+    ),
+    heartbeat: format!(
+        "UPDATE idem_records SET lease_until = ?3, updated_at = ?4 \
+         WHERE key = ?1 AND attempt = ?2 AND state = {IN_PROGRESS}"
+    ),
+    // A reference starts with the key's first eight bytes: a range over the
+    // primary key finds it without an index of its own. The tag then tells
+    // this operation from a later one of the same key (NULL: a record
+    // written before tags, whose reference has none).
+    lookup: format!(
+        "SELECT {COLUMNS} FROM idem_records \
+         WHERE key BETWEEN ?1 AND ?2 AND tenant = ?3 AND coalesce(operation, 0) = ?4 \
+         ORDER BY key LIMIT 1"
+    ),
+    purge: format!(
+        "DELETE FROM idem_records WHERE key IN ( \
+           SELECT key FROM idem_records WHERE {} LIMIT ?2)",
+        expired("", "?1")
+    ),
+    // The partial indexes of migration 2 serve these two: `state = …` is
+    // written as a literal so the planner can match the index's WHERE.
+    lapsed: format!(
+        "SELECT {COLUMNS} FROM idem_records \
+         WHERE state = {IN_PROGRESS} AND lease_until <= ?1 ORDER BY lease_until LIMIT ?2"
+    ),
+    unknown: format!(
+        "SELECT {COLUMNS} FROM idem_records \
+         WHERE state = {UNKNOWN} AND next_check_at <= ?1 ORDER BY next_check_at LIMIT ?2"
+    ),
+    filtered: filtered("idem_records", "", |n| format!("?{n}")),
+    counted: counted("idem_records"),
+    record_tenant: "SELECT tenant, operation FROM idem_records WHERE key = ?1".to_owned(),
+    // A job's identity is its operation's reference and its name: one
+    // completion per operation writes jobs, and a job already there is
+    // never replaced, live or dead.
+    insert_job: "INSERT INTO idem_jobs (tenant, reference, name, payload, attempts, token, \
+           next_run_at, last_error, dead, created_at, updated_at) \
+         VALUES (?1, ?2, ?3, ?4, 0, NULL, ?5, NULL, 0, ?5, ?5) \
+         ON CONFLICT (tenant, reference, name) DO NOTHING"
+        .to_owned(),
+    // One statement under the writer's lock: the selection and the lease
+    // cannot be split by another process's lease. `dead = 0` is a literal
+    // so the planner can use the partial index.
+    lease_jobs: format!(
+        "UPDATE idem_jobs SET token = ?1, attempts = attempts + 1, next_run_at = ?2, \
+           updated_at = ?3 \
+         WHERE (tenant, reference, name) IN ( \
+           SELECT tenant, reference, name FROM idem_jobs \
+           WHERE dead = 0 AND next_run_at <= ?3 \
+             AND name IN (SELECT value FROM json_each(?4)) \
+           ORDER BY next_run_at LIMIT ?5) \
+         RETURNING {JOB_COLUMNS}"
+    ),
+    // Every change of a leased job carries `token = ?4`: a dispatcher whose
+    // lease ran out (and was taken by another) must not finish, retry or
+    // bury the new holder's run.
+    finish_job: "DELETE FROM idem_jobs \
+         WHERE tenant = ?1 AND reference = ?2 AND name = ?3 AND token = ?4"
+        .to_owned(),
+    retry_job: "UPDATE idem_jobs SET token = NULL, next_run_at = ?5, last_error = ?6, \
+           updated_at = ?7 \
+         WHERE tenant = ?1 AND reference = ?2 AND name = ?3 AND token = ?4"
+        .to_owned(),
+    bury_job: "UPDATE idem_jobs SET token = NULL, dead = 1, last_error = ?5, updated_at = ?6 \
+         WHERE tenant = ?1 AND reference = ?2 AND name = ?3 AND token = ?4"
+        .to_owned(),
+    redrive_job: "UPDATE idem_jobs SET dead = 0, attempts = 0, token = NULL, next_run_at = ?4, \
+           updated_at = ?4 \
+         WHERE tenant = ?1 AND reference = ?2 AND name = ?3 AND dead = 1"
+        .to_owned(),
+    jobs_filtered: jobs_filtered("idem_jobs", |n| format!("?{n}")),
+    count_due_jobs: "SELECT name, count(*) FROM idem_jobs \
+         WHERE dead = 0 AND next_run_at <= ?1 GROUP BY name"
+        .to_owned(),
+});

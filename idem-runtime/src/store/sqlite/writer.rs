@@ -1,0 +1,120 @@
+//! The writer thread: one connection, batches of jobs in one transaction
+//! each (a group commit), and the pragmas and migrations it applies first.
+
+use super::*;
+
+/// One unit of work for the writer: runs its statements inside the batch's
+/// transaction (or learns that the batch failed before its turn, and runs
+/// nothing), and returns what to do once the batch's commit succeeded or
+/// failed, and whether SQLite itself failed one of its statements.
+pub(super) type Job = Box<dyn FnOnce(Result<&Connection, &str>) -> (Finish, bool) + Send>;
+pub(super) type Finish = Box<dyn FnOnce(Result<(), &str>) + Send>;
+
+/// At most this many jobs share one transaction: bounds how long one batch
+/// holds the file lock against other processes.
+pub(super) const MAX_BATCH: usize = 256;
+
+/// How long a statement waits for another process's lock before the call
+/// fails as `Unavailable`.
+pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The schema, one entry per version; `PRAGMA user_version` says how many ran.
+pub(super) const MIGRATIONS: &[&str] = &[
+    include_str!("../../../migrations/sqlite/0001_records.sql"),
+    include_str!("../../../migrations/sqlite/0002_lifecycle.sql"),
+    include_str!("../../../migrations/sqlite/0003_outbox.sql"),
+    include_str!("../../../migrations/sqlite/0004_operations.sql"),
+];
+
+pub(super) fn stopped() -> StoreError {
+    StoreError::Unavailable("the SQLite writer thread has stopped".into())
+}
+
+pub(super) fn unavailable(e: &rusqlite::Error) -> StoreError {
+    StoreError::Unavailable(format!("SQLite: {e}"))
+}
+
+/// Pragmas and migrations, on the writer thread before it serves.
+pub(super) fn init(conn: &Connection) -> rusqlite::Result<()> {
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    // WAL: readers of other processes never block the writer, and a commit
+    // appends to one file. In-memory databases answer "memory"; that is fine.
+    let _mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    let migrated = (|| {
+        let done: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        for (i, sql) in MIGRATIONS.iter().enumerate().skip(done.max(0) as usize) {
+            conn.execute_batch(sql)?;
+            conn.pragma_update(None, "user_version", (i + 1) as i64)?;
+        }
+        Ok(())
+    })();
+    match migrated {
+        Ok(()) => conn.execute_batch("COMMIT"),
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}
+
+/// The writer loop: one batch of waiting jobs per transaction, answers after
+/// the commit. Ends when every [`SqliteStore`] clone is dropped.
+///
+/// A batch is all or nothing. A statement that SQLite fails (disk full, an
+/// I/O error) may have made SQLite roll the transaction back on its own, after
+/// which later statements would each commit by themselves; so once one job
+/// fails, the jobs after it run nothing, the batch is rolled back, and every
+/// job of it is answered `Unavailable`.
+pub(super) fn writer(conn: Connection, rx: mpsc::Receiver<Job>) {
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let mut failed = conn
+            .execute_batch("BEGIN IMMEDIATE")
+            .err()
+            .map(|e| format!("SQLite: cannot begin a transaction: {e}"));
+        let began = failed.is_none();
+        let mut finishes: Vec<Finish> = Vec::with_capacity(batch.len());
+        for job in batch {
+            let turn = match &failed {
+                None => Ok(&conn),
+                Some(reason) => Err(reason.as_str()),
+            };
+            // A panicking job must not take the thread (and the store) down
+            // with it: the batch fails instead.
+            let (finish, sqlite_failed) =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(turn)))
+                    .unwrap_or_else(|_| (Box::new(|_| ()), true));
+            finishes.push(finish);
+            if failed.is_none() && (sqlite_failed || conn.is_autocommit()) {
+                failed = Some(
+                    "SQLite failed a statement of this batch; the batch was rolled back and \
+                     nothing of it was written"
+                        .to_owned(),
+                );
+            }
+        }
+        let committed = match failed {
+            Some(reason) => {
+                if began && !conn.is_autocommit() {
+                    let _ = conn.execute_batch("ROLLBACK");
+                }
+                Err(reason)
+            }
+            None => conn.execute_batch("COMMIT").map_err(|e| {
+                let _ = conn.execute_batch("ROLLBACK");
+                format!("SQLite: the commit failed, nothing was written: {e}")
+            }),
+        };
+        for finish in finishes {
+            finish(committed.as_ref().map(|_| ()).map_err(String::as_str));
+        }
+    }
+}
