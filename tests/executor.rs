@@ -270,7 +270,7 @@ async fn a_failed_completion_write_still_returns_the_real_result() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(status.state, "IN_PROGRESS");
+    assert_eq!(status.state, idem_runtime::RecordStateKind::InProgress);
 }
 
 async fn run_with(
@@ -341,7 +341,7 @@ async fn an_unknown_outcome_is_never_run_again() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(status.state, "UNKNOWN");
+    assert_eq!(status.state, idem_runtime::RecordStateKind::Unknown);
 }
 
 #[tokio::test]
@@ -619,7 +619,7 @@ async fn status_answers_from_the_record_within_the_tenant_only() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(status.state, "COMPLETED");
+    assert_eq!(status.state, idem_runtime::RecordStateKind::Completed);
     assert_eq!(status.tool, "charge_card");
     assert_eq!(
         status.response.unwrap(),

@@ -413,7 +413,7 @@ async fn an_operator_resolves_an_unknown_operation_by_hand() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(status.state, "COMPLETED");
+    assert_eq!(status.state, idem_runtime::RecordStateKind::Completed);
     assert_eq!(status.resolution.as_deref(), Some(note));
     assert_eq!(status.response, Some(serde_json::json!("1Z999")));
     let repeat = ship(runs.clone(), Ok("never".into())).await;

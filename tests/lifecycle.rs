@@ -113,11 +113,15 @@ async fn a_lapsed_claim_reads_as_unknown_in_the_status_report() {
         .expect("the handler started")
         .to_string();
     let live = exec.status(&alice(), &reference).await.unwrap().unwrap();
-    assert_eq!(live.state, "IN_PROGRESS");
+    assert_eq!(live.state, idem_runtime::RecordStateKind::InProgress);
 
     tokio::time::sleep(Duration::from_millis(200)).await;
     let status = exec.status(&alice(), &reference).await.unwrap().unwrap();
-    assert_eq!(status.state, "UNKNOWN", "{status:?}");
+    assert_eq!(
+        status.state,
+        idem_runtime::RecordStateKind::Unknown,
+        "{status:?}"
+    );
     assert!(
         status.next_step.contains("Do not submit it again"),
         "{status:?}"

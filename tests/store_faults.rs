@@ -242,13 +242,13 @@ async fn killed_mid_handler(
     assert_eq!(sweep(&*store, 100).await.unwrap(), 1);
     let caller = Caller::new("acme", "alice");
     let status = executor.status(&caller, &reference).await.unwrap().unwrap();
-    assert_eq!(status.state, "UNKNOWN");
+    assert_eq!(status.state, idem_runtime::RecordStateKind::Unknown);
     let report = reconcile(&*store, &LogReconciler(log.to_owned()), &Default::default())
         .await
         .unwrap();
     assert_eq!(report.completed, 1, "{report:?}");
     let status = executor.status(&caller, &reference).await.unwrap().unwrap();
-    assert_eq!(status.state, "COMPLETED");
+    assert_eq!(status.state, idem_runtime::RecordStateKind::Completed);
     let pid = &invocations(log)[0].1;
     let expected = Receipt {
         charge_id: format!("ch_{pid}"),
@@ -455,7 +455,7 @@ async fn completion_write_fails(store: Arc<dyn IdempotencyStore>, dir: &Path) {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(status.state, "IN_PROGRESS");
+    assert_eq!(status.state, idem_runtime::RecordStateKind::InProgress);
     assert_eq!(charge_again(&executor, &runs).await.kind(), "in_progress");
 
     tokio::time::sleep(lease + Duration::from_millis(100)).await;
@@ -469,7 +469,7 @@ async fn completion_write_fails(store: Arc<dyn IdempotencyStore>, dir: &Path) {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(status.state, "COMPLETED");
+    assert_eq!(status.state, idem_runtime::RecordStateKind::Completed);
     match charge_again(&executor, &runs).await {
         Answer::Replayed { value, .. } => assert_eq!(value, expected),
         other => panic!("expected the replay, got {other:?}"),

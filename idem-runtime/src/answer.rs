@@ -365,9 +365,10 @@ pub struct StatusReport {
     pub reference: String,
     /// The tool the operation belongs to.
     pub tool: String,
-    /// `IN_PROGRESS`, `COMPLETED`, `UNKNOWN` (also for a claim whose lease
-    /// ran out) or `NOT_PERFORMED`.
-    pub state: String,
+    /// The record's state as it reads to a caller: `UNKNOWN` also for a
+    /// claim whose lease ran out. Serialized as its name (`IN_PROGRESS`,
+    /// `COMPLETED`, `UNKNOWN`, `NOT_PERFORMED`).
+    pub state: RecordStateKind,
     /// When the operation was claimed, in milliseconds since the Unix epoch.
     pub claimed_at_ms: u64,
     /// When it last changed, in milliseconds since the Unix epoch.
@@ -429,7 +430,7 @@ impl StatusReport {
         StatusReport {
             reference: record.reference.to_string(),
             tool: record.tool.clone(),
-            state: state.as_str().to_owned(),
+            state,
             claimed_at_ms: ms(record.claimed_at),
             updated_at_ms: ms(record.updated_at),
             response,

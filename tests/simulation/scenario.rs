@@ -550,7 +550,7 @@ async fn make_call(sim: &Arc<Sim>, callers: &Callers, call: usize) {
             }
             // And from its own: a completed operation shows that effect.
             if let Ok(Some(status)) = exec.status(&caller, &r.to_string()).await {
-                if status.state == "COMPLETED" {
+                if status.state == idem_runtime::RecordStateKind::Completed {
                     let shown: Option<Receipt> =
                         status.response.and_then(|v| serde_json::from_value(v).ok());
                     let w = sim.world();

@@ -54,18 +54,11 @@ pub enum ScopeSpec<'a> {
         /// How long the record is kept.
         retention: Option<Duration>,
     },
-    /// A business key whose values the caller took from the typed arguments
-    /// itself (what `#[idempotent]` does, so a field renamed by serde is
-    /// still found): each field's name, as the tool declares it, and its
-    /// value. Keyed exactly as [`ScopeSpec::BusinessKey`] with the same
-    /// names and values, and refused on the same missing or empty values.
-    BusinessKeyValues {
-        /// `(field, value)` for each field of the business key.
-        values: &'a [(&'a str, serde_json::Value)],
-        /// How long the record is kept.
-        retention: Option<Duration>,
-    },
 }
+
+/// A business key's `(field, value)` pairs, taken by the caller from the
+/// typed arguments, or `None` to read the fields from the JSON arguments.
+pub(crate) type Keyed<'a> = Option<&'a [(&'a str, serde_json::Value)]>;
 
 /// One call to run as an operation.
 #[derive(Debug)]
@@ -270,7 +263,7 @@ impl Executor {
             scope: op.scope,
             status_tool: op.status_tool,
         };
-        self.run_json(op, handler).await
+        self.run_json(op, None, handler).await
     }
 
     /// [`Executor::run`] for arguments already written as JSON (the rmcp
@@ -282,6 +275,7 @@ impl Executor {
     pub(crate) async fn run_json<T, E, F, Fut>(
         &self,
         op: Operation<'_, serde_json::Value>,
+        keyed: Keyed<'_>,
         handler: F,
     ) -> Answer<T, E>
     where
@@ -300,9 +294,11 @@ impl Executor {
         let tool = op.tool;
         // Without a subscriber that wants it, the call is not wrapped at all.
         let answer = if span.is_disabled() {
-            self.answer(op, handler).await
+            self.answer(op, keyed, handler).await
         } else {
-            self.answer(op, handler).instrument(span.clone()).await
+            self.answer(op, keyed, handler)
+                .instrument(span.clone())
+                .await
         };
         let state = answer.state();
         span.record("state", state.as_str());
@@ -314,6 +310,7 @@ impl Executor {
     async fn answer<T, E, F, Fut>(
         &self,
         op: Operation<'_, serde_json::Value>,
+        keyed: Keyed<'_>,
         handler: F,
     ) -> Answer<T, E>
     where
@@ -322,7 +319,7 @@ impl Executor {
         F: FnOnce(OperationContext) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let request = match self.claim_request(&op) {
+        let request = match self.claim_request(&op, keyed) {
             Ok(request) => request,
             Err(reason) => return Answer::Refused { reason },
         };
@@ -364,23 +361,35 @@ impl Executor {
     /// What a claim of `op` asks the store for: the key derived from the
     /// scope, the lease, the window and the retention. `Err` is why the call
     /// is refused (a business key missing or empty, a key not derivable).
-    fn claim_request(&self, op: &Operation<'_, serde_json::Value>) -> Result<ClaimRequest, String> {
+    ///
+    /// `keyed` is a business key's `(field, value)` pairs when the caller
+    /// took them from the typed arguments (the rmcp glue does); `None` reads
+    /// the fields from the JSON arguments.
+    fn claim_request(
+        &self,
+        op: &Operation<'_, serde_json::Value>,
+        keyed: Keyed<'_>,
+    ) -> Result<ClaimRequest, String> {
         let args = op.args;
         // `window` ends a COMPLETED record; an IN_PROGRESS or UNKNOWN one is
         // kept for the executor's retention whatever the scope, because its
         // side effect may have happened (a business key's `window` shortens
         // how long its result answers, never how long a doubt is kept).
-        let (scope, window) = match op.scope {
-            ScopeSpec::Window(window) => (Scope::Window(window), window),
-            ScopeSpec::BusinessKey { fields, retention } => {
-                let found = fields.iter().map(|&field| (field, args.get(field)));
+        let (scope, window) = match (op.scope, keyed) {
+            (ScopeSpec::Window(window), _) => (Scope::Window(window), window),
+            // The values the caller took from the typed arguments itself
+            // (what `#[idempotent]` does, so a field renamed by serde is
+            // still found), keyed exactly as the same names and values
+            // found in the JSON arguments.
+            (ScopeSpec::BusinessKey { retention, .. }, Some(values)) => {
+                let found = values.iter().map(|(field, value)| (*field, Some(value)));
                 (
                     Scope::BusinessKey(business_key(found)?),
                     retention.unwrap_or(self.retention),
                 )
             }
-            ScopeSpec::BusinessKeyValues { values, retention } => {
-                let found = values.iter().map(|(field, value)| (*field, Some(value)));
+            (ScopeSpec::BusinessKey { fields, retention }, None) => {
+                let found = fields.iter().map(|&field| (field, args.get(field)));
                 (
                     Scope::BusinessKey(business_key(found)?),
                     retention.unwrap_or(self.retention),

@@ -72,11 +72,12 @@ impl Executor {
     pub(crate) async fn claim_task<T, E>(
         &self,
         op: Operation<'_, serde_json::Value>,
+        keyed: super::Keyed<'_>,
     ) -> TaskClaim<T, E>
     where
         T: DeserializeOwned,
     {
-        let request = match self.claim_request(&op) {
+        let request = match self.claim_request(&op, keyed) {
             Ok(request) => request,
             Err(reason) => return TaskClaim::Answered(Answer::Refused { reason }),
         };
@@ -311,13 +312,13 @@ mod tests {
         let caller = Caller::new("acme", "alice");
         let args = serde_json::json!({ "cents": 500 });
         let TaskClaim::<String, ToolError>::Claimed(claimed) =
-            executor.claim_task(op(&caller, &args)).await
+            executor.claim_task(op(&caller, &args), None).await
         else {
             panic!("the first claim owns the operation");
         };
         let reference = claimed.reference();
         match executor
-            .claim_task::<String, ToolError>(op(&caller, &args))
+            .claim_task::<String, ToolError>(op(&caller, &args), None)
             .await
         {
             TaskClaim::Running(record) => assert_eq!(record.reference, reference),
@@ -328,7 +329,7 @@ mod tests {
             .await;
         assert!(matches!(answer, Answer::Executed { .. }), "{answer:?}");
         match executor
-            .claim_task::<String, ToolError>(op(&caller, &args))
+            .claim_task::<String, ToolError>(op(&caller, &args), None)
             .await
         {
             TaskClaim::Answered(Answer::Replayed { value, .. }) => assert_eq!(value, "ch_1"),
@@ -343,7 +344,7 @@ mod tests {
         let caller = Caller::new("acme", "alice");
         let args = serde_json::json!({ "cents": 0 });
         let TaskClaim::<String, ToolError>::Claimed(claimed) =
-            executor.claim_task(op(&caller, &args)).await
+            executor.claim_task(op(&caller, &args), None).await
         else {
             panic!("the first claim owns the operation");
         };
@@ -367,7 +368,7 @@ mod tests {
         assert_eq!(record.resolution.as_deref(), Some(REJECTED_RESOLUTION));
         assert!(matches!(
             executor
-                .claim_task::<String, ToolError>(op(&caller, &args))
+                .claim_task::<String, ToolError>(op(&caller, &args), None)
                 .await,
             TaskClaim::Claimed(_)
         ));

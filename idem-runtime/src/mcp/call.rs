@@ -15,7 +15,7 @@ use super::private::{ToolSpec, WrappedServer};
 use super::render::{no_caller, render, HandlerFailure};
 use super::tasks;
 use crate::answer::{Answer, AnswerState};
-use crate::executor::{Operation, ScopeSpec, TaskClaim};
+use crate::executor::{Keyed, Operation, TaskClaim};
 use crate::key::Caller;
 
 /// The body of a wrapped tool: find the caller, run the handler through
@@ -44,7 +44,7 @@ where
     drop(request);
     let answer = server
         .executor()
-        .run_json(prepared.operation(spec), move |context| {
+        .run_json(prepared.operation(spec), prepared.keyed(), move |context| {
             CURRENT_REFERENCE.scope(context.reference(), handler(params))
         })
         .await;
@@ -63,22 +63,19 @@ impl Prepared<'_> {
     /// The operation `spec`'s tool runs for this call: the one way both
     /// bodies build it.
     fn operation<'a>(&'a self, spec: ToolSpec<'a>) -> Operation<'a, Value> {
-        // The business key comes from the typed fields, not from the JSON
-        // object: a field serde renames would not be found there by its name.
-        let scope = match spec.scope {
-            ScopeSpec::BusinessKey { retention, .. } => ScopeSpec::BusinessKeyValues {
-                values: &self.values,
-                retention,
-            },
-            scope => scope,
-        };
         Operation {
             caller: &self.caller,
             tool: spec.tool,
             args: &self.args,
-            scope,
+            scope: spec.scope,
             status_tool: spec.status_tool,
         }
+    }
+
+    /// The business key's values, from the typed fields, not from the JSON
+    /// object: a field serde renames would not be found there by its name.
+    fn keyed(&self) -> Keyed<'_> {
+        Some(&self.values)
     }
 }
 
@@ -164,7 +161,7 @@ where
     let caller = &prepared.caller;
     let executor = server.executor();
     match executor
-        .claim_task::<CallToolResult, HandlerFailure>(prepared.operation(spec))
+        .claim_task::<CallToolResult, HandlerFailure>(prepared.operation(spec), prepared.keyed())
         .await
     {
         TaskClaim::Answered(answer) => {

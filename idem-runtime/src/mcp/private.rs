@@ -190,10 +190,6 @@ pub fn tool_meta(user: Option<MetaObject>, scope: ScopeSpec<'_>, status_tool: &s
             "businessKey": fields,
             "retentionSeconds": retention.unwrap_or(DEFAULT_RETENTION).as_secs(),
         }),
-        ScopeSpec::BusinessKeyValues { values, retention } => json!({
-            "businessKey": values.iter().map(|(field, _)| *field).collect::<Vec<_>>(),
-            "retentionSeconds": retention.unwrap_or(DEFAULT_RETENTION).as_secs(),
-        }),
     };
     let mut marker = json!({ "statusTool": status_tool });
     if let (Some(marker), Some(scope)) = (marker.as_object_mut(), scope.as_object()) {

@@ -126,6 +126,13 @@ impl RecordStateKind {
     }
 }
 
+/// A state is written as its name: `"COMPLETED"`.
+impl serde::Serialize for RecordStateKind {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
 impl fmt::Display for RecordStateKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
