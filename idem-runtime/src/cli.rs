@@ -2,6 +2,8 @@
 //! by hand, purge and count the records of a store; list follow-on jobs and
 //! re-drive a dead one.
 //!
+//! One job, the command line: its commands, their tables and their JSON.
+//!
 //! ```text
 //! idem --store URL list [--state unknown|in_progress|completed|not_performed] [--tenant T] [--tool X] [--limit N]
 //! idem --store URL show REF --tenant T [--response]

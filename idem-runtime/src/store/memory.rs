@@ -1,4 +1,7 @@
 //! An in-process store for tests and single-process servers.
+//!
+//! One job, the store: its sharded records and jobs and the contract over
+//! them.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

@@ -59,7 +59,7 @@ pub enum RecordState {
 }
 
 impl RecordState {
-    /// Which of the three states this is, without its payload.
+    /// Which of the four states this is, without its payload.
     pub fn kind(&self) -> RecordStateKind {
         match self {
             RecordState::InProgress => RecordStateKind::InProgress,
@@ -69,7 +69,7 @@ impl RecordState {
         }
     }
 
-    /// `IN_PROGRESS`, `COMPLETED` or `UNKNOWN`.
+    /// `IN_PROGRESS`, `COMPLETED`, `UNKNOWN` or `NOT_PERFORMED`.
     pub fn name(&self) -> &'static str {
         self.kind().as_str()
     }

@@ -1,5 +1,6 @@
 //! The outbox's cases: follow-on jobs written with a completion, leased,
-//! retried, buried, re-driven and listed.
+//! retried, buried, re-driven and listed. One job: the cases, one function
+//! each.
 
 use super::*;
 

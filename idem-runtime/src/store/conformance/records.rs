@@ -1,5 +1,5 @@
 //! The records' cases: claims, completions, leases, the sweep, resolutions,
-//! purge, and how a record reads.
+//! purge, and how a record reads. One job: the cases, one function each.
 
 use super::*;
 

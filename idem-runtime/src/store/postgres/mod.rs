@@ -1,4 +1,7 @@
 //! [`PostgresStore`]: records in PostgreSQL, shared by several replicas.
+//!
+//! One job, the store and its contract; its SQL is in `statements.rs`, its
+//! schema in `migrate.rs`, its configuration in `builder.rs`.
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -1,4 +1,8 @@
 //! [`RedisStore`]: records in Redis or Valkey, standalone or Cluster.
+//!
+//! One job, the store and its contract; the key names are in `layout.rs`,
+//! the scripts and their replies in `scripts.rs`, the connection in
+//! `link.rs`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
