@@ -21,7 +21,7 @@ use crate::telemetry::{self, Step};
 
 mod claim;
 mod guard;
-mod in_flight;
+mod running;
 // Used by the rmcp glue only.
 #[cfg_attr(not(feature = "rmcp"), allow(dead_code, unused_imports))]
 mod task;
@@ -29,7 +29,7 @@ mod task;
 use crate::future::{panic_message, CatchUnwind};
 use claim::{Claimed, Won};
 use guard::{mark, UnknownOnDrop};
-use in_flight::InFlight;
+use running::InFlight;
 pub use task::TaskCancellation;
 #[cfg(feature = "rmcp")]
 pub(crate) use task::{TaskClaim, REJECTED_RESOLUTION};
