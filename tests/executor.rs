@@ -131,7 +131,7 @@ async fn two_concurrent_identical_calls_charge_once() {
     assert!(recorded);
     assert_eq!(value.processor_reference, reference.to_string());
     match &second {
-        Answer::InFlight {
+        Answer::InProgress {
             reference: r,
             status_tool,
             retry_after,
@@ -186,7 +186,7 @@ async fn a_hundred_concurrent_identical_calls_charge_once() {
     for call in calls {
         match call.await.unwrap() {
             Answer::Executed { .. } => executed += 1,
-            Answer::InFlight { .. } => in_flight += 1,
+            Answer::InProgress { .. } => in_flight += 1,
             other => panic!("unexpected answer {other:?}"),
         }
     }
@@ -263,7 +263,7 @@ async fn a_failed_completion_write_still_returns_the_real_result() {
     assert_eq!(value.amount_cents, 500);
     // The record stays claimed: a repeat does not charge again.
     let again = charge(&exec, &alice(), &visa(500), &processor).await;
-    assert!(matches!(again, Answer::InFlight { .. }), "{again:?}");
+    assert!(matches!(again, Answer::InProgress { .. }), "{again:?}");
     assert_eq!(processor.count(), 1);
     let status = exec
         .status(&alice(), &reference.to_string())
@@ -435,7 +435,7 @@ async fn a_long_handler_renews_its_lease() {
     tokio::time::sleep(Duration::from_millis(1000)).await;
     // Well past the first lease: without a heartbeat this would say UNKNOWN.
     let repeat = charge(&exec, &alice(), &visa(42), &processor).await;
-    assert!(matches!(repeat, Answer::InFlight { .. }), "{repeat:?}");
+    assert!(matches!(repeat, Answer::InProgress { .. }), "{repeat:?}");
     assert!(matches!(
         first.await.unwrap(),
         Answer::Executed { recorded: true, .. }

@@ -139,7 +139,7 @@ async fn repeats_of_a_running_call_are_answered_in_progress_without_the_store() 
     for repeat in repeats {
         let answer = repeat.await.unwrap();
         match &answer {
-            Answer::InFlight {
+            Answer::InProgress {
                 status_tool,
                 retry_after,
                 ..

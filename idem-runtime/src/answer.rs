@@ -111,7 +111,7 @@ pub enum Answer<T, E> {
         reference: Reference,
     },
     /// The same operation is running now; nothing was run.
-    InFlight {
+    InProgress {
         /// The operation's reference.
         reference: Reference,
         /// The tool to call with the reference.
@@ -167,7 +167,7 @@ impl<T, E> Answer<T, E> {
         match self {
             Answer::Executed { reference, .. }
             | Answer::Replayed { reference, .. }
-            | Answer::InFlight { reference, .. }
+            | Answer::InProgress { reference, .. }
             | Answer::Unknown { reference, .. }
             | Answer::Conflict { reference, .. }
             | Answer::Failed { reference, .. } => Some(*reference),
@@ -180,7 +180,7 @@ impl<T, E> Answer<T, E> {
         match self {
             Answer::Executed { .. } => AnswerState::Executed,
             Answer::Replayed { .. } => AnswerState::Replayed,
-            Answer::InFlight { .. } => AnswerState::InProgress,
+            Answer::InProgress { .. } => AnswerState::InProgress,
             Answer::Unknown { .. } => AnswerState::Unknown,
             Answer::Conflict { .. } => AnswerState::Conflict,
             Answer::Failed {
@@ -292,7 +292,7 @@ impl<T, E: fmt::Display> Answer<T, E> {
     pub fn message(&self) -> Option<String> {
         Some(match self {
             Answer::Executed { .. } | Answer::Replayed { .. } => return None,
-            Answer::InFlight {
+            Answer::InProgress {
                 reference,
                 status_tool,
                 retry_after,

@@ -584,7 +584,7 @@ fn retry(
     let next = {
         let mut rng = sim.rng();
         let later = match answer {
-            Some(Answer::InFlight { retry_after, .. }) => rng
+            Some(Answer::InProgress { retry_after, .. }) => rng
                 .chance(0.5)
                 .then(|| *retry_after + Duration::from_millis(100)),
             None
@@ -852,7 +852,7 @@ fn judge(sim: &Sim, call: usize, answer: Option<&Answer<Receipt, ToolError>>) {
                 ));
             }
         }
-        Answer::InFlight { .. } => nothing_ran("it is in progress", &mut problems),
+        Answer::InProgress { .. } => nothing_ran("it is in progress", &mut problems),
         Answer::Conflict { .. } => {
             nothing_ran("of a conflict", &mut problems);
             // Only a business key taken by other arguments is a conflict.

@@ -29,7 +29,7 @@ mod task;
 use crate::future::{panic_message, CatchUnwind};
 use claim::{Claimed, Won};
 use guard::{mark, UnknownOnDrop};
-use running::InFlight;
+use running::RunningClaims;
 pub use task::TaskCancellation;
 #[cfg(feature = "rmcp")]
 pub(crate) use task::{TaskClaim, REJECTED_RESOLUTION};
@@ -166,7 +166,7 @@ pub struct Executor {
     follow_ons_unsupported_by: Option<&'static str>,
     /// The claims this executor's handlers are running under, shared by its
     /// clones: a repeat of one is answered in progress without the store.
-    in_flight: Arc<InFlight>,
+    running: Arc<RunningClaims>,
     /// The store steps' metric keys, built once.
     steps: Arc<telemetry::StoreSteps>,
 }
@@ -193,7 +193,7 @@ impl Executor {
             tasks: Arc::default(),
             max_follow_on_payload: DEFAULT_MAX_PAYLOAD,
             follow_ons_unsupported_by,
-            in_flight: Arc::default(),
+            running: Arc::default(),
             steps,
         }
     }
@@ -325,10 +325,10 @@ impl Executor {
         };
         let key = request.key;
         // A repeat of a call this executor is running: the store would
-        // answer the same (see `in_flight`), so it is not asked.
-        if let Some((reference, retry_after)) = self.in_flight.running(&key) {
+        // answer the same (see `running`), so it is not asked.
+        if let Some((reference, retry_after)) = self.running.running(&key) {
             tracing::Span::current().record("reference", tracing::field::display(reference));
-            return Answer::InFlight {
+            return Answer::InProgress {
                 reference,
                 status_tool: op.status_tool.to_owned(),
                 retry_after,
@@ -345,7 +345,7 @@ impl Executor {
                 let reference = won.reference;
                 tracing::Span::current().record("reference", tracing::field::display(reference));
                 let context = OperationContext::new(reference, op.caller, op.tool);
-                let handler = self.in_flight.run(
+                let handler = self.running.run(
                     key,
                     reference,
                     won.request.attempt,
@@ -623,7 +623,7 @@ fn existing<T: DeserializeOwned, E>(
                 note: note::unreadable(e),
             },
         },
-        Reading::Running { retry_after } => Answer::InFlight {
+        Reading::Running { retry_after } => Answer::InProgress {
             reference,
             status_tool,
             retry_after,

@@ -35,7 +35,7 @@ const SHARDS: usize = 16;
 
 /// The running claims, by key.
 #[derive(Debug, Default)]
-pub(super) struct InFlight {
+pub(super) struct RunningClaims {
     /// How many entries may exist: a lookup with none is one atomic load.
     held: AtomicUsize,
     shards: [Mutex<HashMap<[u8; 32], Held>>; SHARDS],
@@ -52,7 +52,7 @@ struct Held {
     until: Instant,
 }
 
-impl InFlight {
+impl RunningClaims {
     fn shard(&self, key: &IdempotencyKey) -> MutexGuard<'_, HashMap<[u8; 32], Held>> {
         self.shards[key.key[0] as usize % SHARDS]
             .lock()
@@ -126,7 +126,7 @@ impl InFlight {
 
 /// A running claim's place in the table, removed when dropped.
 struct Entry<'a> {
-    table: &'a InFlight,
+    table: &'a RunningClaims,
     key: IdempotencyKey,
     attempt: Attempt,
 }
@@ -169,7 +169,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_waiting_handler_is_held_until_it_ends_and_only_for_its_arguments() {
-        let table = Arc::new(InFlight::default());
+        let table = Arc::new(RunningClaims::default());
         let k = key(serde_json::json!({"amount": 1}));
         let other = key(serde_json::json!({"amount": 2}));
         assert_eq!(k.key, other.key, "one business key");
@@ -207,7 +207,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_handler_done_at_once_is_never_entered_and_a_dropped_one_leaves() {
-        let table = InFlight::default();
+        let table = RunningClaims::default();
         let k = key(serde_json::json!({"amount": 1}));
         let until = Instant::now() + Duration::from_secs(30);
         assert_eq!(

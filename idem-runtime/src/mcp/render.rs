@@ -159,7 +159,7 @@ pub(super) fn render<E: fmt::Display>(answer: Answer<CallToolResult, E>) -> Call
         other => {
             let mut meta = operation(reference, state, false);
             match &other {
-                Answer::InFlight {
+                Answer::InProgress {
                     status_tool,
                     retry_after,
                     ..
