@@ -50,6 +50,7 @@ thread_local! {
 /// Restarts this thread's sequence of attempts and reference tags from
 /// `seed`, so that a single-threaded simulation replays exactly. For tests
 /// only: two threads seeded alike draw the same tokens.
+#[cfg(feature = "conformance")]
 pub(crate) fn seed_this_thread(seed: u64) {
     STATE.with(|s| s.set(seed));
 }
