@@ -3,14 +3,14 @@
 //! identity ([`JobId`]) and the operator's filter ([`JobFilter`]).
 //!
 //! A job is written in the same atomic step as the COMPLETED record it
-//! follows (see [`IdempotencyStore::complete_with_follow_ons`]), so a crash
+//! follows (see [`FollowOnStore::complete_with_follow_ons`]), so a crash
 //! can never leave a completed charge without its receipt job, nor a receipt
 //! job without its charge. A dispatcher leases due jobs with a fencing token
-//! ([`IdempotencyStore::lease_jobs`]), runs them, and finishes, retries or
+//! ([`FollowOnStore::lease_jobs`]), runs them, and finishes, retries or
 //! buries them, each fenced by that token.
 //!
-//! [`IdempotencyStore::complete_with_follow_ons`]: super::IdempotencyStore::complete_with_follow_ons
-//! [`IdempotencyStore::lease_jobs`]: super::IdempotencyStore::lease_jobs
+//! [`FollowOnStore::complete_with_follow_ons`]: super::FollowOnStore::complete_with_follow_ons
+//! [`FollowOnStore::lease_jobs`]: super::FollowOnStore::lease_jobs
 
 use std::fmt;
 use std::time::SystemTime;
@@ -244,7 +244,7 @@ pub struct OutboxJob {
     /// Why its last run failed.
     pub last_error: Option<String>,
     /// In the dead letter: it failed too often and waits for a person
-    /// ([`IdempotencyStore::redrive_job`](super::IdempotencyStore::redrive_job)).
+    /// ([`FollowOnStore::redrive_job`](super::FollowOnStore::redrive_job)).
     pub dead: bool,
     /// When it was written, with its operation's completion (store clock).
     pub created_at: SystemTime,
@@ -252,7 +252,7 @@ pub struct OutboxJob {
     pub updated_at: SystemTime,
 }
 
-/// Which jobs [`IdempotencyStore::list_jobs`](super::IdempotencyStore::list_jobs)
+/// Which jobs [`FollowOnStore::list_jobs`](super::FollowOnStore::list_jobs)
 /// returns: every field that is set must match; the oldest first (then by
 /// reference and name), at most `limit`. `JobFilter::default()` matches
 /// every job and lists the oldest [`DEFAULT_LIST_LIMIT`]; the dead letter is

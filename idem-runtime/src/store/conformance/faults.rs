@@ -34,24 +34,24 @@ pub enum Call {
     ListRecords,
     /// [`IdempotencyStore::count_records`].
     CountRecords,
-    /// [`IdempotencyStore::complete_with_follow_ons`] (with jobs; with none
+    /// [`FollowOnStore::complete_with_follow_ons`] (with jobs; with none
     /// it is [`Call::Complete`]).
     CompleteWithFollowOns,
-    /// [`IdempotencyStore::resolve_with_follow_ons`] (with jobs).
+    /// [`FollowOnStore::resolve_with_follow_ons`] (with jobs).
     ResolveWithFollowOns,
-    /// [`IdempotencyStore::lease_jobs`].
+    /// [`FollowOnStore::lease_jobs`].
     LeaseJobs,
-    /// [`IdempotencyStore::finish_job`].
+    /// [`FollowOnStore::finish_job`].
     FinishJob,
-    /// [`IdempotencyStore::retry_job`].
+    /// [`FollowOnStore::retry_job`].
     RetryJob,
-    /// [`IdempotencyStore::bury_job`].
+    /// [`FollowOnStore::bury_job`].
     BuryJob,
-    /// [`IdempotencyStore::list_jobs`].
+    /// [`FollowOnStore::list_jobs`].
     ListJobs,
-    /// [`IdempotencyStore::redrive_job`].
+    /// [`FollowOnStore::redrive_job`].
     RedriveJob,
-    /// [`IdempotencyStore::count_due_jobs`].
+    /// [`FollowOnStore::count_due_jobs`].
     CountDueJobs,
 }
 

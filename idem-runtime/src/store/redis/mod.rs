@@ -46,7 +46,7 @@ use scripts::{jobs, micros, name_counts, records, scanned, scores, Reply, Scanne
 /// # Follow-on jobs
 ///
 /// A job is a hash on the slot of the record it follows (its shard's hash
-/// tag), so [`complete_with_follow_ons`](IdempotencyStore::complete_with_follow_ons)
+/// tag), so [`complete_with_follow_ons`](FollowOnStore::complete_with_follow_ons)
 /// writes the completion and its jobs in the one script that completes, even
 /// on a Cluster. Each shard keeps its live jobs in one sorted set per name,
 /// scored by when they may run next (a leased job: when its lease runs out),
