@@ -17,7 +17,7 @@ async fn main() {
         job_fn(|job| async move {
             println!(
                 "mail {} (run {}, key {})",
-                job.payload, job.attempt, job.downstream_key
+                job.payload, job.run, job.downstream_key
             );
             Ok(())
         }),

@@ -164,7 +164,7 @@ fn the_outbox_counts_enqueued_delivered_retried_buried_and_unhandled() {
             .on("send_receipt", job_fn(|_| async { Ok(()) }))
             .on("flaky", job_fn(|_| async { Err("down".into()) }));
         let config = OutboxConfig {
-            max_attempts: 2,
+            max_runs: 2,
             first_backoff: Duration::ZERO,
             ..OutboxConfig::default()
         };

@@ -27,7 +27,7 @@ const STATUS_TOOL: &str = "get_operation_status";
 #[derive(Clone, Debug, Default)]
 struct Seen {
     /// Requests that arrived, failed ones included.
-    attempts: usize,
+    runs: usize,
     /// Mails actually sent: at most one per key, whatever arrives.
     deliveries: usize,
     /// Runs of this key in flight right now, and the most ever at once.
@@ -67,7 +67,7 @@ impl Mailer {
             s.in_flight += 1;
             s.max_in_flight = s.max_in_flight.max(s.in_flight);
             s.arrivals.push(Instant::now());
-            s.attempt_numbers.push(job.attempt);
+            s.attempt_numbers.push(job.run);
             s.attempts
         };
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
@@ -125,7 +125,7 @@ fn memory() -> Arc<dyn IdempotencyStore> {
     Arc::new(MemoryStore::new())
 }
 
-async fn jobs(store: &dyn IdempotencyStore) -> Vec<idem_runtime::OutboxJob> {
+async fn jobs(store: &dyn IdempotencyStore) -> Vec<idem_runtime::Job> {
     store
         .follow_ons()
         .expect("the store keeps jobs")
@@ -162,7 +162,7 @@ fn config() -> OutboxConfig {
         interval: Duration::from_millis(20),
         batch: 8,
         timeout: Duration::from_secs(5),
-        max_attempts: 5,
+        max_runs: 5,
         first_backoff: Duration::from_millis(100),
         max_backoff: Duration::from_secs(2),
     }
@@ -457,7 +457,7 @@ async fn dead_letter_then_redrive() {
     charge(&executor, &json!({"card": "4242"}), &charges).await;
     let mailer = Mailer::new(Duration::ZERO, usize::MAX);
     let config = OutboxConfig {
-        max_attempts: 2,
+        max_runs: 2,
         first_backoff: Duration::from_millis(10),
         ..config()
     };

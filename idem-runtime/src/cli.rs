@@ -43,7 +43,7 @@ use crate::key::Reference;
 use crate::maintenance::{purge, resolve_by_hand_with_follow_ons, ManualOutcome, ResolveError};
 use crate::mcp::stored_response;
 use crate::store::{
-    open_store, FollowOn, FollowOnStore, IdempotencyStore, JobFilter, JobId, OutboxJob, Record,
+    open_store, FollowOn, FollowOnStore, IdempotencyStore, JobFilter, JobId, Job, Record,
     RecordFilter, RecordState, RecordStateKind, StoreError,
 };
 use crate::time::rfc3339;
@@ -299,7 +299,7 @@ fn follow_ons(store: &dyn IdempotencyStore) -> Result<&dyn FollowOnStore, Failur
             format!(
                 "the {} store keeps no follow-on jobs; point --store at the store your servers \
                  write their jobs to",
-                store.kind()
+                store.backend()
             ),
         )
     })
@@ -507,7 +507,7 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
                     "REFERENCE",
                     "NAME",
                     "TENANT",
-                    "ATTEMPTS",
+                    "RUNS",
                     "NEXT RUN",
                     "LAST ERROR",
                 ]
@@ -518,7 +518,7 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
                         j.id.reference.to_string(),
                         j.id.name.clone(),
                         j.id.tenant.clone(),
-                        j.attempts.to_string(),
+                        j.runs.to_string(),
                         if j.dead {
                             "dead".to_owned()
                         } else {
@@ -678,15 +678,15 @@ fn record_json(r: &Record, response: bool) -> Value {
 
 /// A job as JSON, its payload included (a job's payload is what its handler
 /// needs, declared by the tool's own code).
-fn job_json(j: &OutboxJob) -> Value {
+fn job_json(j: &Job) -> Value {
     json!({
         "reference": j.id.reference.to_string(),
         "name": j.id.name,
         "tenant": j.id.tenant,
         "downstream_key": j.id.downstream_key(),
-        "attempts": j.attempts,
+        "runs": j.runs,
         "dead": j.dead,
-        "leased": j.token.is_some(),
+        "leased": j.attempt.is_some(),
         "next_run_at": rfc3339(j.next_run_at),
         "last_error": j.last_error,
         "created_at": rfc3339(j.created_at),

@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use idem_runtime::conformance::{Call, Fault};
 use idem_runtime::{
     Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore, IdempotencyKey, IdempotencyStore,
-    JobFilter, JobId, OutboxJob, Record, RecordFilter, RecordState, Reference, Resolution,
+    JobFilter, JobId, Job, Record, RecordFilter, RecordState, Reference, Resolution,
     StateCounts, StoreError,
 };
 use tokio::time::Instant;
@@ -612,7 +612,7 @@ impl IdempotencyStore for Recorder {
         self.inner.list_unknown(limit).await
     }
 
-    fn kind(&self) -> &'static str {
+    fn backend(&self) -> &'static str {
         self.inner.kind()
     }
 
@@ -687,7 +687,7 @@ impl FollowOnStore for Recorder {
         limit: usize,
         lease: Duration,
         token: Attempt,
-    ) -> Result<Vec<OutboxJob>, StoreError> {
+    ) -> Result<Vec<Job>, StoreError> {
         jobs_of(&*self.inner)
             .lease_jobs(names, limit, lease, token)
             .await
@@ -713,7 +713,7 @@ impl FollowOnStore for Recorder {
         jobs_of(&*self.inner).bury_job(id, token, error).await
     }
 
-    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<OutboxJob>, StoreError> {
+    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
         jobs_of(&*self.inner).list_jobs(filter).await
     }
 
@@ -826,7 +826,7 @@ impl<S: IdempotencyStore> IdempotencyStore for Observer<S> {
     async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
         self.inner.list_unknown(limit).await
     }
-    fn kind(&self) -> &'static str {
+    fn backend(&self) -> &'static str {
         self.inner.kind()
     }
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
@@ -872,7 +872,7 @@ impl<S: IdempotencyStore> FollowOnStore for Observer<S> {
         limit: usize,
         lease: Duration,
         token: Attempt,
-    ) -> Result<Vec<OutboxJob>, StoreError> {
+    ) -> Result<Vec<Job>, StoreError> {
         jobs_of(&self.inner)
             .lease_jobs(names, limit, lease, token)
             .await
@@ -894,7 +894,7 @@ impl<S: IdempotencyStore> FollowOnStore for Observer<S> {
     async fn bury_job(&self, id: &JobId, token: Attempt, error: &str) -> Result<(), StoreError> {
         jobs_of(&self.inner).bury_job(id, token, error).await
     }
-    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<OutboxJob>, StoreError> {
+    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
         jobs_of(&self.inner).list_jobs(filter).await
     }
     async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {

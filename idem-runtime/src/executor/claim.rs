@@ -64,7 +64,7 @@ impl Executor {
         // The step's timer starts from the same reading (outside a paused
         // test clock, tokio's instant is the standard one).
         let started = sent.into_std();
-        let claimed = late_claim(self.backend().claim(&request).await, sent + request.lease);
+        let claimed = late_claim(self.dyn_store().claim(&request).await, sent + request.lease);
         self.steps.record(Step::Claim, started);
         match claimed {
             Err(error) => {

@@ -35,7 +35,7 @@ use async_trait::async_trait;
 
 use super::{
     Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore, IdempotencyStore, JobFilter, JobId,
-    OutboxJob, Reading, Record, RecordFilter, RecordState, RecordStateKind, Resolution,
+    Job, Reading, Record, RecordFilter, RecordState, RecordStateKind, Resolution,
     StateCounts, StoreError,
 };
 use crate::key::{IdempotencyKey, Reference};
