@@ -94,7 +94,7 @@ impl Idem {
             .await;
         let took = t.elapsed();
         assert!(
-            ["executed", "replayed"].contains(&answer.kind()),
+            ["executed", "replayed"].contains(&answer.name()),
             "{answer:?}"
         );
         took

@@ -472,7 +472,7 @@ async fn dead_jobs_are_listed_and_redriven() {
         .await
         .unwrap();
     assert_eq!(due.len(), 1, "re-driven, the job is due");
-    assert_eq!(due[0].attempts, 1, "from its first attempt");
+    assert_eq!(due[0].runs, 1, "from its first attempt");
 }
 
 /// A charge whose outcome the processor left unknown, through the executor

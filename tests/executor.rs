@@ -304,7 +304,7 @@ async fn a_rejected_call_releases_so_a_corrected_call_runs() {
         Err(ToolError::rejected("The card was declined.")),
     )
     .await;
-    assert_eq!(first.kind(), "rejected");
+    assert_eq!(first.name(), "rejected");
     let message = first.message().unwrap();
     assert!(message.contains("The card was declined.") && message.contains("Nothing was executed"));
     let second = run_with(&exec, &processor, Ok(())).await;
@@ -322,7 +322,7 @@ async fn an_unknown_outcome_is_never_run_again() {
         Err(ToolError::unknown("The processor timed out.")),
     )
     .await;
-    assert_eq!(first.kind(), "failed_unknown");
+    assert_eq!(first.name(), "failed_unknown");
     let reference = first.reference().unwrap();
     let again = run_with(&exec, &processor, Ok(())).await;
     match &again {
@@ -598,7 +598,7 @@ async fn a_missing_business_key_is_refused_before_anything_runs() {
             Ok(String::new())
         })
         .await;
-    assert_eq!(answer.kind(), "refused");
+    assert_eq!(answer.name(), "refused");
     assert!(answer.message().unwrap().contains("order_id"));
     assert_eq!(carrier.load(Ordering::SeqCst), 0);
 }
@@ -643,7 +643,7 @@ async fn a_claim_whose_answer_was_lost_does_not_block_the_retry() {
     let exec = Executor::new(Arc::new(faulty(Call::Claim, Fault::AnswerLost, true)));
     let processor = Processor::sleeping(Duration::ZERO);
     let first = charge(&exec, &alice(), &visa(500), &processor).await;
-    assert_eq!(first.kind(), "store_unavailable");
+    assert_eq!(first.name(), "store_unavailable");
     assert_eq!(processor.count(), 0);
     // The background release of the orphaned claim.
     tokio::time::sleep(Duration::from_millis(100)).await;

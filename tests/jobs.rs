@@ -121,7 +121,7 @@ async fn reconcile_releases_what_never_happened_so_it_can_run() {
     tokio::time::sleep(Duration::from_millis(250)).await;
 
     let repeat = run(calls.clone(), false).await;
-    assert_eq!(repeat.kind(), "unknown", "{repeat:?}");
+    assert_eq!(repeat.name(), "unknown", "{repeat:?}");
     assert_eq!(sweep(&*store, 100).await.unwrap(), 1);
     let ledger = Ledger {
         answer: Reconciliation::NotPerformed,
@@ -135,7 +135,7 @@ async fn reconcile_releases_what_never_happened_so_it_can_run() {
         1
     );
     let after = run(calls.clone(), false).await;
-    assert_eq!(after.kind(), "executed", "{after:?}");
+    assert_eq!(after.name(), "executed", "{after:?}");
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
 
@@ -417,7 +417,7 @@ async fn an_operator_resolves_an_unknown_operation_by_hand() {
     assert_eq!(status.resolution.as_deref(), Some(note));
     assert_eq!(status.response, Some(serde_json::json!("1Z999")));
     let repeat = ship(runs.clone(), Ok("never".into())).await;
-    assert_eq!(repeat.kind(), "replayed", "{repeat:?}");
+    assert_eq!(repeat.name(), "replayed", "{repeat:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the carrier was asked once");
 }
 

@@ -27,7 +27,7 @@ const STATUS_TOOL: &str = "get_operation_status";
 #[derive(Clone, Debug, Default)]
 struct Seen {
     /// Requests that arrived, failed ones included.
-    runs: usize,
+    attempts: usize,
     /// Mails actually sent: at most one per key, whatever arrives.
     deliveries: usize,
     /// Runs of this key in flight right now, and the most ever at once.
@@ -489,7 +489,7 @@ async fn dead_letter_then_redrive() {
         .list_jobs(&dead)
         .await
         .unwrap();
-    assert_eq!(buried[0].attempts, 2);
+    assert_eq!(buried[0].runs, 2);
     assert!(buried[0]
         .last_error
         .as_deref()
@@ -556,7 +556,7 @@ async fn job_without_a_handler_waits_and_is_reported() {
     let waiting = jobs(&*store).await;
     assert_eq!(waiting.len(), 1);
     assert_eq!(
-        (waiting[0].id.name.as_str(), waiting[0].attempts),
+        (waiting[0].id.name.as_str(), waiting[0].runs),
         ("send_fax", 0)
     );
 

@@ -227,14 +227,14 @@ async fn killed_mid_handler(
     // The dead process's lease may still run: in flight or unknown, never run.
     let answer = charge_again(&executor, &runs).await;
     assert!(
-        matches!(answer.kind(), "in_progress" | "unknown"),
+        matches!(answer.name(), "in_progress" | "unknown"),
         "{answer:?}"
     );
     assert_eq!(answer.reference().unwrap().to_string(), reference);
     tokio::time::sleep((lease + Duration::from_millis(200)).saturating_sub(killed_at.elapsed()))
         .await;
     let answer = charge_again(&executor, &runs).await;
-    assert_eq!(answer.kind(), "unknown", "{answer:?}");
+    assert_eq!(answer.name(), "unknown", "{answer:?}");
     assert_eq!(answer.reference().unwrap().to_string(), reference);
     let message = answer.message().unwrap();
     assert!(message.contains(&reference), "{message}");
@@ -365,14 +365,14 @@ async fn postgres_cut_off_fails_closed_and_recovers() {
     let executor = Executor::new(Arc::new(store));
     let runs = AtomicUsize::new(0);
 
-    assert_eq!(charge_counted(&executor, 1, &runs).await.kind(), "executed");
+    assert_eq!(charge_counted(&executor, 1, &runs).await.name(), "executed");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 
     for link in [Link::Silent, Link::Down] {
         proxy.set(link);
         let started = Instant::now();
         let answer = charge_counted(&executor, 2, &runs).await;
-        assert_eq!(answer.kind(), "store_unavailable", "{link:?}: {answer:?}");
+        assert_eq!(answer.name(), "store_unavailable", "{link:?}: {answer:?}");
         assert!(
             started.elapsed() < timeout * 3,
             "{link:?}: failing took {:?}",
@@ -390,8 +390,8 @@ async fn postgres_cut_off_fails_closed_and_recovers() {
     // Connections that broke during the cut were dropped from the pool (or
     // are found closed when recycled): the first call after it is served.
     let answer = charge_counted(&executor, 2, &runs).await;
-    assert_eq!(answer.kind(), "executed", "{answer:?}");
-    assert_eq!(charge_counted(&executor, 1, &runs).await.kind(), "replayed");
+    assert_eq!(answer.name(), "executed", "{answer:?}");
+    assert_eq!(charge_counted(&executor, 1, &runs).await.name(), "replayed");
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
@@ -456,7 +456,7 @@ async fn completion_write_fails(store: Arc<dyn IdempotencyStore>, dir: &Path) {
         .unwrap()
         .unwrap();
     assert_eq!(status.state, idem_runtime::RecordStateKind::InProgress);
-    assert_eq!(charge_again(&executor, &runs).await.kind(), "in_progress");
+    assert_eq!(charge_again(&executor, &runs).await.name(), "in_progress");
 
     tokio::time::sleep(lease + Duration::from_millis(100)).await;
     assert_eq!(sweep(&*store, 100).await.unwrap(), 1);

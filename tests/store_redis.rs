@@ -479,10 +479,10 @@ async fn claims_wait_for_replicas() {
     let started = Instant::now();
     loop {
         let answer = charge(&executor, 2, &runs).await;
-        if answer.kind() == "executed" {
+        if answer.name() == "executed" {
             break;
         }
-        assert_eq!(answer.kind(), "store_unavailable", "{answer:?}");
+        assert_eq!(answer.name(), "store_unavailable", "{answer:?}");
         assert!(started.elapsed() < Duration::from_secs(10));
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -502,7 +502,7 @@ async fn until_executed(
     let started = Instant::now();
     loop {
         let answer = charge(executor, amount_cents, runs).await;
-        match answer.kind() {
+        match answer.name() {
             "executed" => return,
             "store_unavailable" | "in_progress" => {}
             _ => panic!("{answer:?}"),
@@ -539,7 +539,7 @@ async fn restarted_redis_fails_closed_and_recovers() {
     for _ in 0..3 {
         let started = Instant::now();
         let answer = charge(&executor, 2, &runs).await;
-        assert_eq!(answer.kind(), "store_unavailable", "{answer:?}");
+        assert_eq!(answer.name(), "store_unavailable", "{answer:?}");
         assert!(started.elapsed() < timeout * 3, "{:?}", started.elapsed());
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler never ran");
@@ -581,7 +581,7 @@ async fn client_pause_fails_closed_then_serves() {
     .await;
     let started = Instant::now();
     let answer = charge(&executor, 2, &runs).await;
-    assert_eq!(answer.kind(), "store_unavailable", "{answer:?}");
+    assert_eq!(answer.name(), "store_unavailable", "{answer:?}");
     assert!(started.elapsed() < timeout * 3, "{:?}", started.elapsed());
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler did not run");
 

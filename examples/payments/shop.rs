@@ -103,7 +103,7 @@ pub struct ShipmentCounts {
 pub struct DeliveryCounts {
     /// Requests that arrived (the outbox's runs of the job, failed ones
     /// included).
-    pub runs: u32,
+    pub attempts: u32,
     /// What was actually delivered: the stub dedupes by the downstream key,
     /// so at most 1.
     pub deliveries: u32,
@@ -219,7 +219,7 @@ struct Books {
 struct Delivery {
     since: Instant,
     reference: String,
-    runs: u32,
+    attempts: u32,
     deliveries: u32,
 }
 
@@ -229,7 +229,7 @@ fn deliver(to: &mut BTreeMap<String, Delivery>, job: &JobRun, fail: bool) -> Res
     let fresh = || Delivery {
         since: Instant::now(),
         reference: job.reference.to_string(),
-        runs: 0,
+        attempts: 0,
         deliveries: 0,
     };
     let entry = to.entry(job.downstream_key.clone()).or_insert_with(fresh);

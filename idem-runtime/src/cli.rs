@@ -43,7 +43,7 @@ use crate::key::Reference;
 use crate::maintenance::{purge, resolve_by_hand_with_follow_ons, ManualOutcome, ResolveError};
 use crate::mcp::stored_response;
 use crate::store::{
-    open_store, FollowOn, FollowOnStore, IdempotencyStore, JobFilter, JobId, Job, Record,
+    open_store, FollowOn, FollowOnStore, IdempotencyStore, Job, JobFilter, JobId, Record,
     RecordFilter, RecordState, RecordStateKind, StoreError,
 };
 use crate::time::rfc3339;

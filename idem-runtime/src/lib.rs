@@ -158,7 +158,7 @@ pub use store::conformance;
 pub use store::SqliteStore;
 pub use store::{
     is_valid_job_name, open_store, Attempt, Claim, ClaimRequest, FollowOn, FollowOnError,
-    FollowOnStore, IdempotencyStore, JobFilter, JobId, MemoryStore, Job, Reading, Record,
+    FollowOnStore, IdempotencyStore, Job, JobFilter, JobId, MemoryStore, Reading, Record,
     RecordFilter, RecordState, RecordStateKind, Resolution, StateCounts, StoreError,
     DEFAULT_LIST_LIMIT, DEFAULT_MAX_PAYLOAD, MAX_JOB_NAME,
 };

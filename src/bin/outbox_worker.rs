@@ -54,7 +54,7 @@ async fn main() {
                 )
                 .await;
             let reference = answer.reference().expect("a reference");
-            println!("COMPLETED {reference} {}", answer.kind());
+            println!("COMPLETED {reference} {}", answer.name());
             std::io::stdout().flush().unwrap();
             std::future::pending::<()>().await;
         }
@@ -73,7 +73,7 @@ async fn main() {
                             f,
                             "{} {} {}",
                             job.downstream_key,
-                            job.attempt,
+                            job.run,
                             std::process::id()
                         )?;
                         f.sync_all()?;

@@ -795,7 +795,7 @@ fn judge_after_window(
 /// Oracles 2 and 3: what the caller was told against what happened.
 fn judge(sim: &Sim, call: usize, answer: Option<&Answer<Receipt, ToolError>>) {
     let mut w = sim.world();
-    let kind = answer.map_or("dropped", |a| a.kind());
+    let kind = answer.map_or("dropped", |a| a.name());
     w.calls[call].answer = Some(kind);
     w.stats.bump(kind);
     let run = w.calls[call].run;

@@ -15,9 +15,9 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use idem_runtime::conformance::{Call, Fault};
 use idem_runtime::{
-    Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore, IdempotencyKey, IdempotencyStore,
-    JobFilter, JobId, Job, Record, RecordFilter, RecordState, Reference, Resolution,
-    StateCounts, StoreError,
+    Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore, IdempotencyKey, IdempotencyStore, Job,
+    JobFilter, JobId, Record, RecordFilter, RecordState, Reference, Resolution, StateCounts,
+    StoreError,
 };
 use tokio::time::Instant;
 
@@ -613,7 +613,7 @@ impl IdempotencyStore for Recorder {
     }
 
     fn backend(&self) -> &'static str {
-        self.inner.kind()
+        self.inner.backend()
     }
 
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
@@ -827,7 +827,7 @@ impl<S: IdempotencyStore> IdempotencyStore for Observer<S> {
         self.inner.list_unknown(limit).await
     }
     fn backend(&self) -> &'static str {
-        self.inner.kind()
+        self.inner.backend()
     }
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
         self.inner.list_records(filter).await

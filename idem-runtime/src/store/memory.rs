@@ -12,8 +12,8 @@ use hashbrown::hash_table::{Entry, HashTable};
 
 use super::{
     check_distinct, listing_order, Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore,
-    IdempotencyStore, JobFilter, JobId, Job, Record, RecordFilter, RecordState,
-    RecordStateKind, Resolution, StateCounts, StoreError,
+    IdempotencyStore, Job, JobFilter, JobId, Record, RecordFilter, RecordState, RecordStateKind,
+    Resolution, StateCounts, StoreError,
 };
 use crate::key::{IdempotencyKey, Reference};
 

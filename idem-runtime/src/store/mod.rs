@@ -36,7 +36,7 @@ pub use model::{
 pub use open::open_store;
 pub(crate) use outbox::{check_distinct, listing_order};
 pub use outbox::{
-    is_valid_job_name, FollowOn, FollowOnError, JobFilter, JobId, Job, DEFAULT_MAX_PAYLOAD,
+    is_valid_job_name, FollowOn, FollowOnError, Job, JobFilter, JobId, DEFAULT_MAX_PAYLOAD,
     MAX_JOB_NAME,
 };
 #[cfg(feature = "postgres")]

@@ -365,7 +365,11 @@ pub async fn job_changes_are_fenced_by_the_token(store: &dyn IdempotencyStore) {
         Err(StoreError::Fenced)
     ));
     let still = jobs_of(store, &req).await;
-    assert_eq!(still[0].attempt, Some(attempt), "the stranger changed nothing");
+    assert_eq!(
+        still[0].attempt,
+        Some(attempt),
+        "the stranger changed nothing"
+    );
     assert!(!still[0].dead);
     store.finish_job(&id, attempt).await.unwrap();
     assert!(
@@ -509,7 +513,10 @@ pub async fn buried_job_is_listed_and_redriven(store: &dyn IdempotencyStore) {
     );
     assert_eq!(store.count_due_jobs().await.unwrap().get(&name), None);
     assert!(
-        matches!(store.finish_job(&id, attempt).await, Err(StoreError::Fenced)),
+        matches!(
+            store.finish_job(&id, attempt).await,
+            Err(StoreError::Fenced)
+        ),
         "burial gives the lease up"
     );
 

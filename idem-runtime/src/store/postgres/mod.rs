@@ -15,9 +15,8 @@ use tokio_postgres::Row;
 use crate::key::{IdempotencyKey, Reference};
 use crate::store::sql::{counts, key_range, state_from, tag_to_column};
 use crate::store::{
-    check_distinct, Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore, IdempotencyStore,
-    JobFilter, JobId, Job, Record, RecordFilter, RecordStateKind, Resolution, StateCounts,
-    StoreError,
+    check_distinct, Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore, IdempotencyStore, Job,
+    JobFilter, JobId, Record, RecordFilter, RecordStateKind, Resolution, StateCounts, StoreError,
 };
 
 mod builder;
@@ -753,14 +752,23 @@ impl FollowOnStore for PostgresStore {
         error: &str,
     ) -> Result<(), StoreError> {
         self.with(async |client, sql| {
-            fenced_job(client, &sql.retry_job, id, attempt, &[&micros(delay), &error]).await
+            fenced_job(
+                client,
+                &sql.retry_job,
+                id,
+                attempt,
+                &[&micros(delay), &error],
+            )
+            .await
         })
         .await
     }
 
     async fn bury_job(&self, id: &JobId, attempt: Attempt, error: &str) -> Result<(), StoreError> {
-        self.with(async |client, sql| fenced_job(client, &sql.bury_job, id, attempt, &[&error]).await)
-            .await
+        self.with(async |client, sql| {
+            fenced_job(client, &sql.bury_job, id, attempt, &[&error]).await
+        })
+        .await
     }
 
     async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {

@@ -15,8 +15,8 @@ use crate::future::join_all;
 use crate::key::{IdempotencyKey, Reference};
 use crate::store::{
     check_distinct, listing_order, Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore,
-    IdempotencyStore, JobFilter, JobId, Job, Record, RecordFilter, RecordStateKind,
-    Resolution, StateCounts, StoreError,
+    IdempotencyStore, Job, JobFilter, JobId, Record, RecordFilter, RecordStateKind, Resolution,
+    StateCounts, StoreError,
 };
 
 mod builder;

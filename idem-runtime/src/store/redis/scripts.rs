@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use redis::{Script, Value};
 
 use crate::key::{IdempotencyKey, Reference};
-use crate::store::{Attempt, JobId, Job, Record, RecordState, RecordStateKind, StoreError};
+use crate::store::{Attempt, Job, JobId, Record, RecordState, RecordStateKind, StoreError};
 
 /// What a script answers first.
 pub(super) mod code {

@@ -146,9 +146,7 @@ pub(super) fn fenced(
     }
 }
 
-pub(super) fn row_to_job(
-    row: &rusqlite::Row<'_>,
-) -> rusqlite::Result<Result<Job, StoreError>> {
+pub(super) fn row_to_job(row: &rusqlite::Row<'_>) -> rusqlite::Result<Result<Job, StoreError>> {
     let reference: Vec<u8> = row.get(1)?;
     let Some(reference) = Reference::from_bytes(&reference) else {
         return Ok(Err(StoreError::Corrupt(
