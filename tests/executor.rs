@@ -568,7 +568,7 @@ async fn a_business_key_reused_with_other_arguments_is_a_conflict() {
         panic!("{first:?} / {same:?}")
     };
     assert_eq!(a, b, "the same tracking number");
-    assert_eq!(conflict.kind(), "conflict");
+    assert_eq!(conflict.name(), "conflict");
     assert_eq!(conflict.reference(), first.reference());
     assert!(conflict.message().unwrap().contains("Nothing was executed"));
     // Another tenant has its own order namespace.

@@ -189,7 +189,7 @@ async fn redis_cluster() {
                             },
                         )
                         .await
-                        .kind()
+                        .name()
                 })
             })
             .collect();

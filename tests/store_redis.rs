@@ -403,7 +403,7 @@ async fn separate_clients_racing_charge_once() {
             let (executor, runs) = (executors[i % 4].clone(), runs.clone());
             tokio::spawn(async move {
                 tokio::time::sleep_until(start).await;
-                charge(&executor, 1999, &runs).await.kind()
+                charge(&executor, 1999, &runs).await.name()
             })
         })
         .collect();
@@ -448,7 +448,7 @@ async fn claims_wait_for_replicas() {
         .unwrap();
     let executor = Executor::new(Arc::new(store.clone()));
     let runs = AtomicUsize::new(0);
-    assert_eq!(charge(&executor, 1, &runs).await.kind(), "executed");
+    assert_eq!(charge(&executor, 1, &runs).await.name(), "executed");
     let req = claim_request(Duration::from_secs(900));
     assert!(matches!(
         store.claim(&req).await.unwrap(),
@@ -470,7 +470,7 @@ async fn claims_wait_for_replicas() {
         "the unacknowledged claim was released"
     );
     assert_eq!(
-        charge(&executor, 2, &runs).await.kind(),
+        charge(&executor, 2, &runs).await.name(),
         "store_unavailable"
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler did not run");
@@ -486,7 +486,7 @@ async fn claims_wait_for_replicas() {
         assert!(started.elapsed() < Duration::from_secs(10));
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(charge(&executor, 2, &runs).await.kind(), "replayed");
+    assert_eq!(charge(&executor, 2, &runs).await.name(), "replayed");
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
@@ -533,7 +533,7 @@ async fn restarted_redis_fails_closed_and_recovers() {
         .unwrap();
     let executor = Executor::new(Arc::new(store));
     let runs = AtomicUsize::new(0);
-    assert_eq!(charge(&executor, 1, &runs).await.kind(), "executed");
+    assert_eq!(charge(&executor, 1, &runs).await.name(), "executed");
 
     server.kill();
     for _ in 0..3 {
@@ -546,9 +546,9 @@ async fn restarted_redis_fails_closed_and_recovers() {
 
     server.restart();
     until_executed(&executor, 2, &runs, Duration::from_secs(10)).await;
-    assert_eq!(charge(&executor, 2, &runs).await.kind(), "replayed");
+    assert_eq!(charge(&executor, 2, &runs).await.name(), "replayed");
     assert_eq!(
-        charge(&executor, 1, &runs).await.kind(),
+        charge(&executor, 1, &runs).await.name(),
         "replayed",
         "the first charge's record survived the restart"
     );
@@ -572,7 +572,7 @@ async fn client_pause_fails_closed_then_serves() {
         .unwrap();
     let executor = Executor::new(Arc::new(store));
     let runs = AtomicUsize::new(0);
-    assert_eq!(charge(&executor, 1, &runs).await.kind(), "executed");
+    assert_eq!(charge(&executor, 1, &runs).await.name(), "executed");
 
     let _: () = command(
         &server.url(),
@@ -586,9 +586,9 @@ async fn client_pause_fails_closed_then_serves() {
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler did not run");
 
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert_eq!(charge(&executor, 3, &runs).await.kind(), "executed");
+    assert_eq!(charge(&executor, 3, &runs).await.name(), "executed");
     until_executed(&executor, 2, &runs, Duration::from_secs(10)).await;
-    assert_eq!(charge(&executor, 2, &runs).await.kind(), "replayed");
+    assert_eq!(charge(&executor, 2, &runs).await.name(), "replayed");
     assert_eq!(runs.load(Ordering::SeqCst), 3);
 }
 
@@ -609,7 +609,7 @@ async fn killed_connections_reconnect() {
     let runs = AtomicUsize::new(0);
     for round in 1..=3u64 {
         assert_eq!(
-            charge(&executor, round * 10, &runs).await.kind(),
+            charge(&executor, round * 10, &runs).await.name(),
             "executed"
         );
         let killed: i64 = command(
@@ -625,11 +625,11 @@ async fn killed_connections_reconnect() {
         assert!(killed >= 1, "the store's connection was killed");
         until_executed(&executor, round * 10 + 1, &runs, Duration::from_secs(5)).await;
         assert_eq!(
-            charge(&executor, round * 10, &runs).await.kind(),
+            charge(&executor, round * 10, &runs).await.name(),
             "replayed"
         );
         assert_eq!(
-            charge(&executor, round * 10 + 1, &runs).await.kind(),
+            charge(&executor, round * 10 + 1, &runs).await.name(),
             "replayed"
         );
         assert_eq!(runs.load(Ordering::SeqCst), 2 * round as usize);
