@@ -2,8 +2,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_runtime::{
-    follow_on, job_fn, Caller, Executor, JobHandlers, MemoryStore, Operation, Outbox, OutboxConfig,
-    ScopeSpec, ToolError,
+    follow_on,
+    outbox::{job_fn, JobHandlers, Outbox, OutboxConfig},
+    Caller, Executor, MemoryStore, Operation, ScopeSpec, ToolError,
 };
 use serde_json::json;
 

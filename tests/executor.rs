@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_runtime::conformance::{Call, Fault, FaultyStore};
+use idem_runtime::store::conformance::{Call, Fault, FaultyStore};
 use idem_runtime::{
     Answer, Caller, Executor, IdempotencyStore, MemoryStore, Operation, OperationContext,
     ScopeSpec, ToolError,
@@ -270,7 +270,10 @@ async fn a_failed_completion_write_still_returns_the_real_result() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(status.state, idem_runtime::RecordStateKind::InProgress);
+    assert_eq!(
+        status.state,
+        idem_runtime::store::RecordStateKind::InProgress
+    );
 }
 
 async fn run_with(
@@ -341,7 +344,7 @@ async fn an_unknown_outcome_is_never_run_again() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(status.state, idem_runtime::RecordStateKind::Unknown);
+    assert_eq!(status.state, idem_runtime::store::RecordStateKind::Unknown);
 }
 
 #[tokio::test]
@@ -619,7 +622,10 @@ async fn status_answers_from_the_record_within_the_tenant_only() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(status.state, idem_runtime::RecordStateKind::Completed);
+    assert_eq!(
+        status.state,
+        idem_runtime::store::RecordStateKind::Completed
+    );
     assert_eq!(status.tool, "charge_card");
     assert_eq!(
         status.response.unwrap(),

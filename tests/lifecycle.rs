@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use idem_runtime::conformance::{Call, Fault, FaultyStore};
+use idem_runtime::store::conformance::{Call, Fault, FaultyStore};
 use idem_runtime::{
     Answer, Caller, Executor, IdempotencyStore, MemoryStore, Operation, OperationContext,
     ScopeSpec, ToolError,
@@ -113,13 +113,13 @@ async fn a_lapsed_claim_reads_as_unknown_in_the_status_report() {
         .expect("the handler started")
         .to_string();
     let live = exec.status(&alice(), &reference).await.unwrap().unwrap();
-    assert_eq!(live.state, idem_runtime::RecordStateKind::InProgress);
+    assert_eq!(live.state, idem_runtime::store::RecordStateKind::InProgress);
 
     tokio::time::sleep(Duration::from_millis(200)).await;
     let status = exec.status(&alice(), &reference).await.unwrap().unwrap();
     assert_eq!(
         status.state,
-        idem_runtime::RecordStateKind::Unknown,
+        idem_runtime::store::RecordStateKind::Unknown,
         "{status:?}"
     );
     assert!(

@@ -6,11 +6,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem_runtime::conformance::claim_request;
+use idem_runtime::store::conformance::claim_request;
 use idem_runtime::{
-    job_fn, purge, reconcile, resolve_by_hand, sweep, Answer, Caller, Claim, Executor,
-    IdempotencyStore, JobHandlers, ManualOutcome, MemoryStore, Operation, Outbox, OutboxConfig,
-    ReconcileConfig, Reconciler, Reconciliation, Record, ScopeSpec, ToolError,
+    maintenance::{
+        purge, reconcile, resolve_by_hand, sweep, Outcome, ReconcileConfig, Reconciler,
+        Reconciliation,
+    },
+    outbox::{job_fn, JobHandlers, Outbox, OutboxConfig},
+    store::{Claim, Record},
+    Answer, Caller, Executor, IdempotencyStore, MemoryStore, Operation, ScopeSpec, ToolError,
 };
 use metrics::{SharedString, Unit};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
@@ -198,9 +202,7 @@ impl Reconciler for Happened {
         &self,
         _: &Record,
     ) -> Result<Reconciliation, Box<dyn std::error::Error + Send + Sync>> {
-        Ok(Reconciliation::Completed {
-            response: "{\"charge_id\":\"ch_r\"}".to_owned(),
-        })
+        Ok(Reconciliation::completed("{\"charge_id\":\"ch_r\"}"))
     }
 }
 
@@ -229,7 +231,7 @@ fn maintenance_counts_what_it_swept_reconciled_resolved_and_purged() {
             &store,
             &by_hand.tenant,
             &by_hand.reference,
-            &ManualOutcome::NotPerformed,
+            &Outcome::NotPerformed,
             "ops: bob, the processor has no such charge",
         )
         .await

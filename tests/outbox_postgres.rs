@@ -13,9 +13,10 @@ use std::time::{Duration, Instant};
 
 use durable::PgSchema;
 use idem_runtime::{
-    follow_on, job_fn, Answer, Caller, Executor, FollowOn, FollowOnError, FollowOnStore,
-    IdempotencyStore, JobFilter, JobHandlers, Operation, Outbox, OutboxConfig, RecordState,
-    ScopeSpec, ToolError,
+    follow_on,
+    outbox::{job_fn, FollowOn, FollowOnError, JobHandlers, Outbox, OutboxConfig},
+    store::{FollowOnStore, JobFilter, RecordState},
+    Answer, Caller, Executor, IdempotencyStore, Operation, ScopeSpec, ToolError,
 };
 use serde_json::json;
 
@@ -33,7 +34,7 @@ fn quick(max_runs: u32) -> OutboxConfig {
     }
 }
 
-async fn all_jobs(store: &dyn FollowOnStore, tenant: &str) -> Vec<idem_runtime::Job> {
+async fn all_jobs(store: &dyn FollowOnStore, tenant: &str) -> Vec<idem_runtime::store::Job> {
     store
         .list_jobs(&JobFilter {
             tenant: Some(tenant.to_owned()),
@@ -105,7 +106,7 @@ async fn an_error_text_with_a_nul_byte_still_ends_in_the_dead_letter() {
     assert!(!error.contains('\0'), "{error:?}");
     assert!(error.starts_with("mailer said: bad"), "{error:?}");
     assert!(
-        error.len() <= idem_runtime::MAX_JOB_ERROR,
+        error.len() <= idem_runtime::outbox::MAX_JOB_ERROR,
         "the kept error is bounded: {} bytes",
         error.len()
     );

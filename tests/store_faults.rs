@@ -17,10 +17,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use durable::{temp_dir, Link, PgSchema, Proxy};
-use idem_runtime::conformance::{Call, Fault, FaultyStore};
+use idem_runtime::store::conformance::{Call, Fault, FaultyStore};
 use idem_runtime::{
-    reconcile, sweep, Answer, Caller, Executor, IdempotencyStore, Operation, OperationContext,
-    PostgresStore, Reconciler, Reconciliation, Record, ScopeSpec, SqliteStore, ToolError,
+    maintenance::{reconcile, sweep, Reconciler, Reconciliation},
+    store::Record,
+    Answer, Caller, Executor, IdempotencyStore, Operation, OperationContext, PostgresStore,
+    ScopeSpec, SqliteStore, ToolError,
 };
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -71,13 +73,11 @@ impl Reconciler for LogReconciler {
                 .into_iter()
                 .find(|(r, _)| *r == reference)
             {
-                Some((r, pid)) => Reconciliation::Completed {
-                    response: serde_json::to_string(&Receipt {
-                        charge_id: format!("ch_{pid}"),
-                        processor_reference: r,
-                    })?,
-                },
-                None => Reconciliation::NotPerformed,
+                Some((r, pid)) => Reconciliation::completed(serde_json::to_string(&Receipt {
+                    charge_id: format!("ch_{pid}"),
+                    processor_reference: r,
+                })?),
+                None => Reconciliation::not_performed(),
             },
         )
     }
@@ -242,13 +242,16 @@ async fn killed_mid_handler(
     assert_eq!(sweep(&*store, 100).await.unwrap(), 1);
     let caller = Caller::new("acme", "alice");
     let status = executor.status(&caller, &reference).await.unwrap().unwrap();
-    assert_eq!(status.state, idem_runtime::RecordStateKind::Unknown);
+    assert_eq!(status.state, idem_runtime::store::RecordStateKind::Unknown);
     let report = reconcile(&*store, &LogReconciler(log.to_owned()), &Default::default())
         .await
         .unwrap();
     assert_eq!(report.completed, 1, "{report:?}");
     let status = executor.status(&caller, &reference).await.unwrap().unwrap();
-    assert_eq!(status.state, idem_runtime::RecordStateKind::Completed);
+    assert_eq!(
+        status.state,
+        idem_runtime::store::RecordStateKind::Completed
+    );
     let pid = &invocations(log)[0].1;
     let expected = Receipt {
         charge_id: format!("ch_{pid}"),
@@ -455,7 +458,10 @@ async fn completion_write_fails(store: Arc<dyn IdempotencyStore>, dir: &Path) {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(status.state, idem_runtime::RecordStateKind::InProgress);
+    assert_eq!(
+        status.state,
+        idem_runtime::store::RecordStateKind::InProgress
+    );
     assert_eq!(charge_again(&executor, &runs).await.name(), "in_progress");
 
     tokio::time::sleep(lease + Duration::from_millis(100)).await;
@@ -469,7 +475,10 @@ async fn completion_write_fails(store: Arc<dyn IdempotencyStore>, dir: &Path) {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(status.state, idem_runtime::RecordStateKind::Completed);
+    assert_eq!(
+        status.state,
+        idem_runtime::store::RecordStateKind::Completed
+    );
     match charge_again(&executor, &runs).await {
         Answer::Replayed { value, .. } => assert_eq!(value, expected),
         other => panic!("expected the replay, got {other:?}"),

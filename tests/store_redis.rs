@@ -11,11 +11,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use idem_runtime::conformance::{again, claim_request};
+use idem_runtime::store::conformance::{again, claim_request};
 use idem_runtime::{
-    conformance, Answer, Caller, Claim, ClaimRequest, Executor, FollowOnStore, IdempotencyKey,
-    IdempotencyStore, Operation, RecordState, RedisStore, Resolution, ScopeSpec, StoreError,
-    ToolError,
+    store::{conformance, Claim, ClaimRequest, FollowOnStore, RecordState, Resolution},
+    Answer, Caller, Executor, IdempotencyKey, IdempotencyStore, Operation, RedisStore, ScopeSpec,
+    StoreError, ToolError,
 };
 use redis_server::{command, Prefixed, Server};
 
@@ -651,9 +651,10 @@ async fn jobs_outlive_their_record() {
         retention: short,
         ..claim_request(short)
     };
-    let name = format!("receipt_{}", idem_runtime::Attempt::random().get());
+    let name = format!("receipt_{}", idem_runtime::store::Attempt::random().get());
     redis.claim(&req).await.unwrap();
-    let job = idem_runtime::FollowOn::new(&name, &serde_json::json!({ "to": "a@b" })).unwrap();
+    let job =
+        idem_runtime::outbox::FollowOn::new(&name, &serde_json::json!({ "to": "a@b" })).unwrap();
     redis
         .complete_with_follow_ons(&req.key, req.attempt, "1", &[job])
         .await
@@ -690,7 +691,7 @@ async fn jobs_outlive_their_record() {
             &[name.as_str()],
             10,
             Duration::from_secs(60),
-            idem_runtime::Attempt::random(),
+            idem_runtime::store::Attempt::random(),
         )
         .await
         .unwrap();

@@ -40,7 +40,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::{json, Value};
 
 use crate::key::Reference;
-use crate::maintenance::{purge, resolve_by_hand_with_follow_ons, ManualOutcome, ResolveError};
+use crate::maintenance::{purge, resolve_by_hand, Outcome, ResolveError};
 use crate::mcp::stored_response;
 use crate::store::{
     open_store, FollowOn, FollowOnStore, IdempotencyStore, Job, JobFilter, JobId, Record,
@@ -421,25 +421,26 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
                     ));
                 }
             }
+            let names: Vec<String> = follow_ons.iter().map(|j| j.name().to_owned()).collect();
             let outcome = match (completed, completed_result) {
-                (Some(value), _) => ManualOutcome::Completed {
-                    response: structured_response(&value)?,
-                },
-                (None, Some(result)) => ManualOutcome::Completed {
-                    response: whole_response(&result)?,
-                },
-                (None, None) => ManualOutcome::NotPerformed,
+                (Some(value), _) => {
+                    Outcome::completed_with(structured_response(&value)?, follow_ons)
+                }
+                (None, Some(result)) => {
+                    Outcome::completed_with(whole_response(&result)?, follow_ons)
+                }
+                (None, None) if !follow_ons.is_empty() => {
+                    return Err(Failure(
+                        EXIT_USAGE,
+                        "--follow-on jobs follow only a completed operation: resolve it with \
+                         --completed or --completed-result, or give no --follow-on; nothing \
+                         was changed"
+                            .to_owned(),
+                    ))
+                }
+                (None, None) => Outcome::NotPerformed,
             };
-            let record = resolve_by_hand_with_follow_ons(
-                store,
-                &tenant,
-                &reference,
-                &outcome,
-                &note,
-                &follow_ons,
-            )
-            .await?;
-            let names: Vec<&str> = follow_ons.iter().map(FollowOn::name).collect();
+            let record = resolve_by_hand(store, &tenant, &reference, &outcome, &note).await?;
             if args.json {
                 let mut value = record_json(&record, false);
                 value["follow_ons"] = json!(names);

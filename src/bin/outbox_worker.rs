@@ -21,8 +21,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_runtime::{
-    follow_on, job_fn, Caller, Executor, IdempotencyStore, JobHandlers, Operation, Outbox,
-    OutboxConfig, ScopeSpec, SqliteStore, ToolError,
+    follow_on,
+    outbox::{job_fn, JobHandlers, Outbox, OutboxConfig},
+    Caller, Executor, IdempotencyStore, Operation, ScopeSpec, SqliteStore, ToolError,
 };
 
 #[tokio::main]

@@ -5,11 +5,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use idem_runtime::conformance::FaultyStore;
+use idem_runtime::store::conformance::FaultyStore;
 use idem_runtime::{
-    purge, reconcile, resolve_by_hand, sweep, Answer, Caller, Disposition, Executor,
-    IdempotencyStore, ManualOutcome, Operation, OperationContext, ReconcileConfig, RecordState,
-    ResolveError, ScopeSpec, ToolError,
+    maintenance::{
+        purge, reconcile, resolve_by_hand, sweep, Outcome as Found, ReconcileConfig, ResolveError,
+    },
+    store::RecordState,
+    Answer, Caller, Disposition, Executor, IdempotencyStore, Operation, OperationContext,
+    ScopeSpec, ToolError,
 };
 use tokio::time::Instant;
 
@@ -550,7 +553,7 @@ async fn make_call(sim: &Arc<Sim>, callers: &Callers, call: usize) {
             }
             // And from its own: a completed operation shows that effect.
             if let Ok(Some(status)) = exec.status(&caller, &r.to_string()).await {
-                if status.state == idem_runtime::RecordStateKind::Completed {
+                if status.state == idem_runtime::store::RecordStateKind::Completed {
                     let shown: Option<Receipt> =
                         status.response.and_then(|v| serde_json::from_value(v).ok());
                     let w = sim.world();
@@ -956,13 +959,13 @@ async fn maintain(
 
 /// The truth about a legacy record, as an operator finds it at the
 /// processor: performed, not performed, or not known yet.
-fn truth(sim: &Sim, key: &[u8; 32]) -> Option<ManualOutcome> {
+fn truth(sim: &Sim, key: &[u8; 32]) -> Option<Found> {
     let w = sim.world();
     let m = w.keys.get(key)?;
     let now = Instant::now();
     if let Some(c) = sim.charge_of(&w, &m.reference) {
-        return (now >= c.lands_at).then(|| ManualOutcome::Completed {
-            response: serde_json::to_string(&c.receipt()).expect("a receipt serializes"),
+        return (now >= c.lands_at).then(|| {
+            Found::completed(serde_json::to_string(&c.receipt()).expect("a receipt serializes"))
         });
     }
     let pending = w
@@ -970,7 +973,7 @@ fn truth(sim: &Sim, key: &[u8; 32]) -> Option<ManualOutcome> {
         .iter()
         .any(|r| r.reference == m.reference && r.outcome == Outcome::Pending);
     let live = w.runs.iter().any(|r| r.key == *key && r.live);
-    (!pending && !live).then_some(ManualOutcome::NotPerformed)
+    (!pending && !live).then_some(Found::NotPerformed)
 }
 
 /// Resolves, by hand and from the truth, legacy records in doubt; returns
@@ -1013,8 +1016,8 @@ async fn resolve_legacy(sim: &Arc<Sim>, store: &Stack, all: bool) -> Vec<[u8; 32
         match answer {
             Ok(record) => {
                 let ok = match (&record.state, &outcome) {
-                    (RecordState::Completed { response }, ManualOutcome::Completed { response: r }) => response == r,
-                    (RecordState::NotPerformed { .. }, ManualOutcome::NotPerformed) => true,
+                    (RecordState::Completed { response }, Found::Completed { response: r, .. }) => response == r,
+                    (RecordState::NotPerformed { .. }, Found::NotPerformed) => true,
                     _ => false,
                 } && record.resolution.as_deref() == Some(note.as_str());
                 if !ok {

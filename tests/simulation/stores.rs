@@ -13,11 +13,14 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use idem_runtime::conformance::{Call, Fault};
+use idem_runtime::store::conformance::{Call, Fault};
 use idem_runtime::{
-    Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore, IdempotencyKey, IdempotencyStore, Job,
-    JobFilter, JobId, Record, RecordFilter, RecordState, Reference, Resolution, StateCounts,
-    StoreError,
+    outbox::FollowOn,
+    store::{
+        Attempt, Claim, ClaimRequest, FollowOnStore, Job, JobFilter, JobId, Record, RecordFilter,
+        RecordState, Resolution, StateCounts,
+    },
+    IdempotencyKey, IdempotencyStore, Reference, StoreError,
 };
 use tokio::time::Instant;
 

@@ -17,7 +17,7 @@ pub(crate) struct Won {
     /// The reference the operation runs under, as the store granted it.
     pub(crate) reference: Reference,
     /// When the claim was sent, on the timer's clock: the store's lease
-    /// cannot have started before, so the heartbeats and the in-flight
+    /// cannot have started before, so the heartbeats and the running-claims
     /// table count from here.
     pub(crate) sent: tokio::time::Instant,
 }

@@ -107,11 +107,11 @@ impl<F> std::fmt::Debug for JobFn<F> {
 /// A [`JobHandler`] that calls `f` with each run.
 ///
 /// ```
-/// let handler = idem_runtime::job_fn(|job: idem_runtime::JobRun| async move {
+/// let handler = idem_runtime::outbox::job_fn(|job: idem_runtime::outbox::JobRun| async move {
 ///     println!("mail {} with key {}", job.payload, job.downstream_key);
 ///     Ok(())
 /// });
-/// let handlers = idem_runtime::JobHandlers::new().on("send_receipt", handler);
+/// let handlers = idem_runtime::outbox::JobHandlers::new().on("send_receipt", handler);
 /// # let _ = handlers;
 /// ```
 pub fn job_fn<F, Fut>(f: F) -> JobFn<F>
@@ -248,7 +248,7 @@ pub struct DispatchReport {
 }
 
 /// A tokio task that drains due follow-on jobs, at least once each, beside
-/// [`Maintenance`](crate::Maintenance). Several may run against one store
+/// [`Maintenance`](crate::maintenance::Maintenance). Several may run against one store
 /// (in one process or many): each job is leased to one of them at a time.
 #[derive(Debug)]
 pub struct Outbox {

@@ -12,7 +12,7 @@ mod attempt;
 mod memory;
 mod model;
 mod open;
-mod outbox;
+pub(crate) mod outbox;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod sql;
 
@@ -35,10 +35,8 @@ pub use model::{
 };
 pub use open::open_store;
 pub(crate) use outbox::{check_distinct, listing_order};
-pub use outbox::{
-    is_valid_job_name, FollowOn, FollowOnError, Job, JobFilter, JobId, DEFAULT_MAX_PAYLOAD,
-    MAX_JOB_NAME,
-};
+pub(crate) use outbox::{FollowOn, FollowOnError, DEFAULT_MAX_PAYLOAD};
+pub use outbox::{Job, JobFilter, JobId};
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, PostgresStoreBuilder};
 #[cfg(feature = "redis")]

@@ -282,13 +282,13 @@ macro_rules! __idem_conformance_pending_fns {
             #[test]
             fn $case() {
                 let ran = ::std::panic::catch_unwind(|| {
-                    $crate::conformance::block_on(async {
+                    $crate::store::conformance::block_on(async {
                         let Some(store) = $make else { return false };
-                        $crate::conformance::$case(&*store).await;
+                        $crate::store::conformance::$case(&*store).await;
                         true
                     })
                 });
-                $crate::conformance::pending(stringify!($case), ran);
+                $crate::store::conformance::pending(stringify!($case), ran);
             }
         )*
     };
@@ -334,9 +334,9 @@ macro_rules! __idem_conformance_test_fns {
         $(
             #[test]
             fn $case() {
-                $crate::conformance::block_on(async {
+                $crate::store::conformance::block_on(async {
                     let Some(store) = $make else { return };
-                    $crate::conformance::$case(&*store).await;
+                    $crate::store::conformance::$case(&*store).await;
                 });
             }
         )*
