@@ -1,6 +1,8 @@
 //! The operator's command line (`idem_runtime::cli`, the `idem` binary)
 //! against stores a test fills: SQLite always, PostgreSQL when
 //! `IDEM_TEST_DATABASE_URL` is set (see `durable::database_url`).
+//!
+//! One job, over 700 lines: the command line's cases, one function each.
 
 mod durable;
 

@@ -6,6 +6,8 @@
 //! assertion is about what a mailer stub saw: it counts attempts, dedupes by
 //! the downstream key from the moment a request arrives, and counts how many
 //! runs of one key overlap.
+//!
+//! One job, over 700 lines: the in-process outbox cases, one function each.
 
 mod durable;
 

@@ -3,6 +3,8 @@
 //! separate clients, and faults on servers of the tests' own: a restart
 //! mid-run, CLIENT PAUSE, connections killed. The shared-server cases need
 //! `IDEM_TEST_REDIS_URL`; the fault cases start `redis-server` themselves.
+//!
+//! One job, over 700 lines: what only the Redis store has, one case each.
 
 mod durable;
 mod redis_server;

@@ -1,5 +1,7 @@
 //! One schedule: callers, maintenance and an operator against a store,
 //! driven by one seed, with the oracles checked after every event.
+//!
+//! One job, over 700 lines: running a schedule and checking its oracles.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -7,6 +7,8 @@
 //!   → Recorder      sees every write that took effect: the model of each record
 //!   → the store under test
 //! ```
+//!
+//! One job, over 700 lines: the stack of wrappers and the model they keep.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

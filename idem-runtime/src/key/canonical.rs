@@ -3,6 +3,8 @@
 //! Two JSON texts that mean the same value have one canonical form, so an
 //! operation's arguments hash to one key however the client spelled them.
 //! The rules are documented on [`canonical_json`].
+//!
+//! One job, over 700 lines: RFC 8785 text and its tests (most of the file).
 
 use std::cmp::Ordering;
 use std::collections::HashSet;
