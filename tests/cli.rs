@@ -427,7 +427,7 @@ async fn dead_jobs_are_listed_and_redriven() {
         listed[0]["downstream_key"],
         json!(format!("{reference}:send_receipt"))
     );
-    assert_eq!(listed[0]["attempts"], json!(1));
+    assert_eq!(listed[0]["runs"], json!(1));
     assert_eq!(listed[0]["payload"], json!({"to": "a@example.com"}));
 
     let ran = idem(

@@ -550,13 +550,19 @@ pub async fn unknown_records_are_listed_when_due(store: &dyn IdempotencyStore) {
         .defer_check(&far.key, far.attempt, Duration::from_secs(3600))
         .await
         .unwrap();
+    // `soon` is deferred by a second: long enough that the listing right
+    // after it comes first on a loaded machine, and checked only if it did.
+    let deferred = std::time::Instant::now();
     store
-        .defer_check(&soon.key, soon.attempt, Duration::from_millis(150))
+        .defer_check(&soon.key, soon.attempt, Duration::from_secs(1))
         .await
         .unwrap();
     let listed = store.list_unknown(100_000).await.unwrap();
-    assert!(!listed.iter().any(|l| l.key == far.key || l.key == soon.key));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!listed.iter().any(|l| l.key == far.key));
+    if deferred.elapsed() < Duration::from_millis(900) {
+        assert!(!listed.iter().any(|l| l.key == soon.key), "deferred");
+    }
+    tokio::time::sleep(Duration::from_millis(1200).saturating_sub(deferred.elapsed())).await;
     let listed = store.list_unknown(100_000).await.unwrap();
     assert!(!listed.iter().any(|l| l.key == far.key), "still deferred");
     let r = listed
