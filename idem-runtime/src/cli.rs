@@ -5,7 +5,7 @@
 //! One job, the command line: its commands, their tables and their JSON.
 //!
 //! ```text
-//! idem --store URL list [--state unknown|in_progress|completed|not_performed] [--tenant T] [--tool X] [--limit N]
+//! idem --store URL [--schema NAME] list [--state unknown|in_progress|completed|not_performed] [--tenant T] [--tool X] [--limit N]
 //! idem --store URL show REF --tenant T [--response]
 //! idem --store URL resolve REF --tenant T (--completed VALUE_JSON | --completed-result RESULT_JSON | --not-performed) [--follow-on NAME=JSON]... --note "who and why"
 //! idem --store URL purge
@@ -16,7 +16,9 @@
 //!
 //! `URL` is what [`open_store`] takes (`sqlite:PATH`, `postgres://…`,
 //! `redis://…`); a SQLite file must exist, and PostgreSQL must have been
-//! migrated by the server. Output is an aligned table, or JSON with
+//! migrated by the server. A PostgreSQL store in a schema other than
+//! `public` (`PostgresStore::builder(url)?.schema("nc2")`) is read with
+//! `--schema nc2` (or `?schema=nc2` on the URL). Output is an aligned table, or JSON with
 //! `--json`. A table shows control characters and invisible ones escaped
 //! (`\n`, `\u{1b}`), so a note or an error a far side wrote cannot add a
 //! row or drive the terminal; JSON keeps every text exact. Responses are printed only by `show --response` (they may hold
@@ -75,6 +77,11 @@ struct Args {
     /// The store: sqlite:PATH, postgres://USER@HOST/DB or redis://HOST:PORT.
     #[arg(long, value_name = "URL")]
     store: String,
+    /// PostgreSQL: the schema that holds the store's tables, the one the
+    /// servers name with PostgresStore's builder (`.schema(NAME)`); default
+    /// public. The same as `?schema=NAME` on the URL.
+    #[arg(long, global = true, value_name = "NAME")]
+    schema: Option<String>,
     /// Print JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
@@ -269,7 +276,29 @@ where
     }
 }
 
-async fn open(url: &str) -> Result<Arc<dyn IdempotencyStore>, Failure> {
+async fn open(url: &str, schema: Option<&str>) -> Result<Arc<dyn IdempotencyStore>, Failure> {
+    if let Some(schema) = schema {
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            return Err(Failure(
+                EXIT_USAGE,
+                format!(
+                    "--schema {schema:?} names a PostgreSQL schema, and {url:?} is not a \
+                     PostgreSQL store; leave --schema out, or give the postgres:// URL"
+                ),
+            ));
+        }
+        if url.contains("?schema=") || url.contains("&schema=") {
+            return Err(Failure(
+                EXIT_USAGE,
+                format!(
+                    "{url:?} names a schema already; give it once, with --schema or with \
+                     ?schema= on the URL"
+                ),
+            ));
+        }
+        let joiner = if url.contains('?') { '&' } else { '?' };
+        return Ok(open_store(&format!("{url}{joiner}schema={schema}")).await?);
+    }
     if url == "memory" {
         return Err(Failure(
             EXIT_USAGE,
@@ -318,7 +347,7 @@ fn parse_reference(text: &str) -> Result<Reference, Failure> {
 }
 
 async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
-    let store = open(&args.store).await?;
+    let store = open(&args.store, args.schema.as_deref()).await?;
     let store = &*store;
     let text = match args.command {
         Command::List {
