@@ -121,6 +121,10 @@ mod telemetry;
 mod time;
 
 pub use answer::{Answer, AnswerState, Classify, Disposition, StatusReport, ToolError};
+/// The attribute a [`Reconciler`] implementation needs (its method is
+/// `async`), re-exported so that implementing it takes no dependency of your
+/// own: `#[idem_runtime::async_trait]` on the `impl` block.
+pub use async_trait::async_trait;
 pub use executor::{
     Executor, Operation, OperationContext, ScopeSpec, TaskCancellation, DEFAULT_LEASE,
     DEFAULT_RETENTION,

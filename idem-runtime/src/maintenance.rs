@@ -49,6 +49,63 @@ pub enum Reconciliation {
 
 /// Looks an operation up at the processor by its reference (the one the
 /// handler passed on as the processor's own idempotency reference).
+///
+/// Give it to [`Maintenance`] in [`MaintenanceConfig::reconciler`]. The
+/// method is `async`: implement it in an `impl` block under
+/// [`#[idem_runtime::async_trait]`](crate::async_trait) (the `async-trait`
+/// crate's attribute, re-exported; no dependency of your own needed). A
+/// "performed" answer carries the tool's result as the tool would have
+/// returned it: build it with `idem_runtime::stored_response`, from the
+/// value the handler returns on success (`Json(receipt)` for a tool that
+/// returns `Result<Json<Receipt>, _>`).
+///
+/// ```
+/// use idem_runtime::{async_trait, stored_response, Reconciler, Reconciliation, Record};
+/// use rmcp::handler::server::wrapper::Json;
+///
+/// #[derive(serde::Serialize, schemars::JsonSchema)]
+/// struct Receipt {
+///     charge_id: String,
+/// }
+///
+/// /// Your processor's client.
+/// #[derive(Debug)]
+/// struct Processor;
+///
+/// impl Processor {
+///     /// The charge made under this idempotency key, if any.
+///     async fn charge_by_key(&self, _key: &str) -> Result<Option<String>, std::io::Error> {
+///         Ok(Some("ch_42".to_owned()))
+///     }
+/// }
+///
+/// #[async_trait]
+/// impl Reconciler for Processor {
+///     async fn reconcile(
+///         &self,
+///         record: &Record,
+///     ) -> Result<Reconciliation, Box<dyn std::error::Error + Send + Sync>> {
+///         if record.tool != "charge_card" {
+///             return Ok(Reconciliation::NotMine);
+///         }
+///         // The handler gave the processor current_reference() as its key.
+///         Ok(match self.charge_by_key(&record.reference.to_string()).await? {
+///             Some(charge_id) => Reconciliation::Completed {
+///                 // Exactly what charge_card stores when it returns Json(receipt).
+///                 response: stored_response(Json(Receipt { charge_id }))?,
+///             },
+///             // Trusted only once the record has settled (ReconcileConfig::settle).
+///             None => Reconciliation::NotPerformed,
+///         })
+///     }
+/// }
+///
+/// let config = idem_runtime::MaintenanceConfig {
+///     reconciler: Some(std::sync::Arc::new(Processor)),
+///     ..Default::default()
+/// };
+/// # let _ = config;
+/// ```
 #[async_trait]
 pub trait Reconciler: Send + Sync + std::fmt::Debug {
     /// What became of `record`'s operation. An error leaves it UNKNOWN.
