@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idem_runtime::{
-    idempotent, Attempt, Caller, Executor, IdempotencyStore, IdempotentServer, MemoryStore,
+    idempotent, store::Attempt, Caller, Executor, IdempotencyStore, IdempotentServer, MemoryStore,
     PostgresStore, SqliteStore, ToolError,
 };
 use rmcp::handler::server::tool::ToolCallContext;

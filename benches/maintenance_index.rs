@@ -19,7 +19,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem_runtime::{Attempt, Claim, IdempotencyStore, PostgresStore, SqliteStore};
+use idem_runtime::{
+    store::{Attempt, Claim},
+    IdempotencyStore, PostgresStore, SqliteStore,
+};
 
 const ROWS: i64 = 200_000;
 

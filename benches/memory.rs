@@ -7,7 +7,10 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::Duration;
 
-use idem_runtime::{Attempt, ClaimRequest, IdempotencyKey, IdempotencyStore, MemoryStore};
+use idem_runtime::{
+    store::{Attempt, ClaimRequest},
+    IdempotencyKey, IdempotencyStore, MemoryStore,
+};
 
 struct Counting;
 
@@ -84,6 +87,6 @@ fn main() {
     }
     println!(
         "\nsize_of::<Record>() = {} bytes (inline part; tenant and tool strings add their heap copies)",
-        std::mem::size_of::<idem_runtime::Record>()
+        std::mem::size_of::<idem_runtime::store::Record>()
     );
 }

@@ -16,8 +16,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_runtime::{
-    job_fn, Attempt, Claim, FollowOn, FollowOnStore, IdempotencyStore, JobHandlers, JobRun, Outbox,
-    OutboxConfig, PostgresStore, SqliteStore,
+    outbox::{job_fn, FollowOn, JobHandlers, JobRun, Outbox, OutboxConfig},
+    store::{Attempt, Claim, FollowOnStore},
+    IdempotencyStore, PostgresStore, SqliteStore,
 };
 
 /// Calls per side in the completion comparison.

@@ -38,7 +38,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem_runtime::{Attempt, Caller, Executor, Operation, RedisStore, ScopeSpec, ToolError};
+use idem_runtime::{store::Attempt, Caller, Executor, Operation, RedisStore, ScopeSpec, ToolError};
 use serde::{Deserialize, Serialize};
 
 /// Calls of each kind per round and runtime, and rounds.
@@ -94,7 +94,7 @@ impl Idem {
             .await;
         let took = t.elapsed();
         assert!(
-            ["executed", "replayed"].contains(&answer.kind()),
+            ["executed", "replayed"].contains(&answer.name()),
             "{answer:?}"
         );
         took

@@ -13,7 +13,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem_runtime::{Attempt, Claim, ClaimRequest, IdempotencyStore, PostgresStore};
+use idem_runtime::{
+    store::{Attempt, Claim, ClaimRequest},
+    IdempotencyStore, PostgresStore,
+};
 
 /// One call through the store: claim, then complete.
 async fn via_store(store: &PostgresStore, req: &ClaimRequest) {
@@ -201,10 +204,10 @@ async fn insert_expired(url: &str, t: &str) -> Duration {
 
 #[derive(Clone, Copy, Debug)]
 enum Pace {
-    /// Batch after batch, with no pause (what `idem_runtime::purge` did first).
+    /// Batch after batch, with no pause (what `idem_runtime::maintenance::purge` did first).
     BackToBack,
     /// After each batch, a pause as long as the batch took (at most half the
-    /// time purging), as `idem_runtime::purge` runs them.
+    /// time purging), as `idem_runtime::maintenance::purge` runs them.
     Paced,
 }
 

@@ -8,7 +8,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem_runtime::{Claim, IdempotencyStore, SqliteStore};
+use idem_runtime::{store::Claim, IdempotencyStore, SqliteStore};
 
 async fn run(store: Arc<SqliteStore>, concurrency: usize, per_task: usize) -> (f64, f64, f64) {
     let started = Instant::now();

@@ -6,9 +6,10 @@ use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
+use idem_runtime::maintenance::{Maintenance, MaintenanceConfig};
+use idem_runtime::outbox::{job_fn, JobHandlers, Outbox, OutboxConfig};
 use idem_runtime::{
-    audit_hints, follow_on, idempotent, job_fn, Caller, Executor, IdempotentServer, JobHandlers,
-    Maintenance, MaintenanceConfig, Outbox, OutboxConfig, SqliteStore, ToolError,
+    audit_hints, follow_on, idempotent, Caller, Executor, IdempotentServer, SqliteStore, ToolError,
 };
 use rmcp::handler::server::wrapper::{Json, Parameters};
 use rmcp::tool;

@@ -2,8 +2,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_runtime::{
-    follow_on, job_fn, Caller, Executor, JobHandlers, MemoryStore, Operation, Outbox, OutboxConfig,
-    ScopeSpec, ToolError,
+    follow_on,
+    outbox::{job_fn, JobHandlers, Outbox, OutboxConfig},
+    Caller, Executor, MemoryStore, Operation, ScopeSpec, ToolError,
 };
 use serde_json::json;
 
@@ -17,7 +18,7 @@ async fn main() {
         job_fn(|job| async move {
             println!(
                 "mail {} (run {}, key {})",
-                job.payload, job.attempt, job.downstream_key
+                job.payload, job.run, job.downstream_key
             );
             Ok(())
         }),

@@ -5,8 +5,8 @@
 use std::fs;
 use std::path::PathBuf;
 
-use idem_runtime::{
-    canonical_json, canonicalize_str, format_number_es6, CanonicalError, CANONICAL_MAX_DEPTH,
+use idem_runtime::canonical::{
+    canonical_json, canonicalize_str, format_number_es6, CanonicalError, MAX_DEPTH,
 };
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -233,18 +233,18 @@ fn nested(depth: usize) -> Value {
 
 #[test]
 fn nesting_up_to_the_limit_is_accepted_and_one_more_level_refused() {
-    assert_eq!(CANONICAL_MAX_DEPTH, 128);
+    assert_eq!(MAX_DEPTH, 128);
     // 128 nested arrays/objects around a scalar pass ...
-    let text = canonical_json(&nested(CANONICAL_MAX_DEPTH)).unwrap();
+    let text = canonical_json(&nested(MAX_DEPTH)).unwrap();
     assert_eq!(text.matches('[').count() + text.matches('{').count(), 128);
     // ... 129 do not.
-    match canonical_json(&nested(CANONICAL_MAX_DEPTH + 1)) {
+    match canonical_json(&nested(MAX_DEPTH + 1)) {
         Err(CanonicalError::TooDeep { limit }) => assert_eq!(limit, 128),
         other => panic!("expected TooDeep, got {other:?}"),
     }
     // An empty container counts as a level too.
     let mut value = json!([]);
-    for _ in 1..=CANONICAL_MAX_DEPTH {
+    for _ in 1..=MAX_DEPTH {
         value = json!([value]);
     }
     assert!(matches!(
@@ -255,7 +255,7 @@ fn nesting_up_to_the_limit_is_accepted_and_one_more_level_refused() {
 
 #[test]
 fn the_text_entry_point_reads_127_levels() {
-    // serde_json's parser stops one level below CANONICAL_MAX_DEPTH.
+    // serde_json's parser stops one level below MAX_DEPTH.
     let text = |depth: usize| format!("{}{}", "[".repeat(depth), "]".repeat(depth));
     assert!(canonicalize_str(&text(127)).is_ok());
     assert!(matches!(

@@ -1,6 +1,8 @@
 //! The operator's command line (`idem_runtime::cli`, the `idem` binary)
 //! against stores a test fills: SQLite always, PostgreSQL when
 //! `IDEM_TEST_DATABASE_URL` is set (see `durable::database_url`).
+//!
+//! One job, over 700 lines: the command line's cases, one function each.
 
 mod durable;
 
@@ -9,9 +11,10 @@ use std::time::Duration;
 
 use durable::{database_url, temp_dir};
 use idem_runtime::cli::{EXIT_OK, EXIT_OPERATOR, EXIT_UNREACHABLE, EXIT_USAGE};
-use idem_runtime::conformance::claim_request;
+use idem_runtime::store::conformance::claim_request;
 use idem_runtime::{
-    Claim, ClaimRequest, FollowOnStore, IdempotencyStore, PostgresStore, RecordState, SqliteStore,
+    store::{Claim, ClaimRequest, FollowOnStore, RecordState},
+    IdempotencyStore, PostgresStore, SqliteStore,
 };
 use serde_json::{json, Value};
 
@@ -289,7 +292,10 @@ async fn an_operator_works_on_a_sqlite_store() {
 async fn an_operator_works_on_a_postgres_store() {
     let Some(url) = database_url() else { return };
     // A database of its own: the command line reads the default schema.
-    let db = format!("idem_cli_{:016x}", idem_runtime::Attempt::random().get());
+    let db = format!(
+        "idem_cli_{:016x}",
+        idem_runtime::store::Attempt::random().get()
+    );
     let admin = durable::connect(&url).await;
     admin
         .batch_execute(&format!("CREATE DATABASE {db}"))
@@ -322,7 +328,7 @@ async fn an_operator_reads_a_postgres_store_in_its_own_schema() {
     let Some(url) = database_url() else { return };
     let schema = format!(
         "idem_cli_schema_{:016x}",
-        idem_runtime::Attempt::random().get()
+        idem_runtime::store::Attempt::random().get()
     );
     let store = PostgresStore::builder(&url)
         .unwrap()
@@ -455,12 +461,13 @@ async fn dead_jobs_are_listed_and_redriven() {
         Claim::Claimed { .. }
     ));
     let receipt =
-        idem_runtime::FollowOn::new("send_receipt", &json!({"to": "a@example.com"})).unwrap();
+        idem_runtime::outbox::FollowOn::new("send_receipt", &json!({"to": "a@example.com"}))
+            .unwrap();
     store
         .complete_with_follow_ons(&req.key, req.attempt, "\"paid\"", &[receipt])
         .await
         .unwrap();
-    let token = idem_runtime::Attempt::random();
+    let token = idem_runtime::store::Attempt::random();
     let leased = store
         .lease_jobs(&["send_receipt"], 1, Duration::from_secs(60), token)
         .await
@@ -491,7 +498,7 @@ async fn dead_jobs_are_listed_and_redriven() {
         listed[0]["downstream_key"],
         json!(format!("{reference}:send_receipt"))
     );
-    assert_eq!(listed[0]["attempts"], json!(1));
+    assert_eq!(listed[0]["runs"], json!(1));
     assert_eq!(listed[0]["payload"], json!({"to": "a@example.com"}));
 
     let ran = idem(
@@ -538,12 +545,12 @@ async fn dead_jobs_are_listed_and_redriven() {
             &["send_receipt"],
             1,
             Duration::from_secs(60),
-            idem_runtime::Attempt::random(),
+            idem_runtime::store::Attempt::random(),
         )
         .await
         .unwrap();
     assert_eq!(due.len(), 1, "re-driven, the job is due");
-    assert_eq!(due[0].attempts, 1, "from its first attempt");
+    assert_eq!(due[0].runs, 1, "from its first attempt");
 }
 
 /// A charge whose outcome the processor left unknown, through the executor
@@ -733,10 +740,10 @@ async fn follow_ons_are_written_with_a_resolution_by_hand() {
     let tenant = req.tenant.as_str();
     let jobs = || async {
         store
-            .list_jobs(&idem_runtime::JobFilter {
+            .list_jobs(&idem_runtime::store::JobFilter {
                 tenant: Some(tenant.to_owned()),
                 limit: 10,
-                ..idem_runtime::JobFilter::default()
+                ..idem_runtime::store::JobFilter::default()
             })
             .await
             .unwrap()
@@ -846,7 +853,7 @@ async fn follow_ons_are_written_with_a_resolution_by_hand() {
     let sent = Arc::new(AtomicUsize::new(0));
     let handler = || {
         let counted = sent.clone();
-        idem_runtime::job_fn(move |_| {
+        idem_runtime::outbox::job_fn(move |_| {
             let counted = counted.clone();
             async move {
                 counted.fetch_add(1, Ordering::SeqCst);
@@ -854,12 +861,12 @@ async fn follow_ons_are_written_with_a_resolution_by_hand() {
             }
         })
     };
-    let handlers = idem_runtime::JobHandlers::new()
+    let handlers = idem_runtime::outbox::JobHandlers::new()
         .on("send_receipt", handler())
         .on("notify_warehouse", handler());
-    let config = idem_runtime::OutboxConfig::default();
+    let config = idem_runtime::outbox::OutboxConfig::default();
     for _ in 0..3 {
-        idem_runtime::Outbox::round(&store, &handlers, &config)
+        idem_runtime::outbox::Outbox::round(&store, &handlers, &config)
             .await
             .unwrap();
     }
@@ -883,12 +890,13 @@ async fn tables_escape_what_a_far_side_wrote() {
         store.claim(&req).await.unwrap(),
         Claim::Claimed { .. }
     ));
-    let receipt = idem_runtime::FollowOn::new("send_receipt", &json!({"to": "a@b"})).unwrap();
+    let receipt =
+        idem_runtime::outbox::FollowOn::new("send_receipt", &json!({"to": "a@b"})).unwrap();
     store
         .complete_with_follow_ons(&req.key, req.attempt, "\"paid\"", &[receipt])
         .await
         .unwrap();
-    let token = idem_runtime::Attempt::random();
+    let token = idem_runtime::store::Attempt::random();
     let leased = store
         .lease_jobs(&["send_receipt"], 1, Duration::from_secs(60), token)
         .await

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_runtime::conformance::{Call, Fault, FaultyStore};
+use idem_runtime::store::conformance::{Call, Fault, FaultyStore};
 use idem_runtime::{
     Answer, Caller, Executor, IdempotencyStore, MemoryStore, Operation, OperationContext,
     ScopeSpec, ToolError,
@@ -170,7 +170,7 @@ async fn a_repeat_is_told_to_ask_again_when_the_call_should_be_done() {
     let processor = Processor::sleeping(Duration::from_millis(400));
     for amount in 1..=3 {
         let ran = charge(&exec, &alice(), &visa(amount), &processor).await;
-        assert_eq!(ran.kind(), "executed", "{ran:?}");
+        assert_eq!(ran.name(), "executed", "{ran:?}");
     }
     let first = spawn_charge(&exec, visa(500), &processor);
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -182,7 +182,7 @@ async fn a_repeat_is_told_to_ask_again_when_the_call_should_be_done() {
         here.message().unwrap().contains("ask again within 1 s"),
         "{here:?}"
     );
-    assert_eq!(first.await.unwrap().kind(), "executed");
+    assert_eq!(first.await.unwrap().name(), "executed");
     assert_eq!(processor.count(), 4, "the repeats ran nothing");
 }
 
@@ -211,7 +211,7 @@ async fn a_repeat_of_a_tool_without_history_waits_as_long_again() {
             "{who}: {hint:?}"
         );
     }
-    assert_eq!(first.await.unwrap().kind(), "executed");
+    assert_eq!(first.await.unwrap().name(), "executed");
     assert_eq!(processor.count(), 1);
 }
 
@@ -335,7 +335,10 @@ async fn a_failed_completion_write_still_returns_the_real_result() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(status.state, idem_runtime::RecordStateKind::InProgress);
+    assert_eq!(
+        status.state,
+        idem_runtime::store::RecordStateKind::InProgress
+    );
 }
 
 async fn run_with(
@@ -369,7 +372,7 @@ async fn a_rejected_call_releases_so_a_corrected_call_runs() {
         Err(ToolError::rejected("The card was declined.")),
     )
     .await;
-    assert_eq!(first.kind(), "rejected");
+    assert_eq!(first.name(), "rejected");
     let message = first.message().unwrap();
     assert!(message.contains("The card was declined.") && message.contains("Nothing was executed"));
     let second = run_with(&exec, &processor, Ok(())).await;
@@ -387,7 +390,7 @@ async fn an_unknown_outcome_is_never_run_again() {
         Err(ToolError::unknown("The processor timed out.")),
     )
     .await;
-    assert_eq!(first.kind(), "failed_unknown");
+    assert_eq!(first.name(), "failed_unknown");
     let reference = first.reference().unwrap();
     let again = run_with(&exec, &processor, Ok(())).await;
     match &again {
@@ -406,7 +409,7 @@ async fn an_unknown_outcome_is_never_run_again() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(status.state, idem_runtime::RecordStateKind::Unknown);
+    assert_eq!(status.state, idem_runtime::store::RecordStateKind::Unknown);
 }
 
 #[tokio::test]
@@ -633,7 +636,7 @@ async fn a_business_key_reused_with_other_arguments_is_a_conflict() {
         panic!("{first:?} / {same:?}")
     };
     assert_eq!(a, b, "the same tracking number");
-    assert_eq!(conflict.kind(), "conflict");
+    assert_eq!(conflict.name(), "conflict");
     assert_eq!(conflict.reference(), first.reference());
     assert!(conflict.message().unwrap().contains("Nothing was executed"));
     // Another tenant has its own order namespace.
@@ -663,7 +666,7 @@ async fn a_missing_business_key_is_refused_before_anything_runs() {
             Ok(String::new())
         })
         .await;
-    assert_eq!(answer.kind(), "refused");
+    assert_eq!(answer.name(), "refused");
     assert!(answer.message().unwrap().contains("order_id"));
     assert_eq!(carrier.load(Ordering::SeqCst), 0);
 }
@@ -684,7 +687,10 @@ async fn status_answers_from_the_record_within_the_tenant_only() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(status.state, idem_runtime::RecordStateKind::Completed);
+    assert_eq!(
+        status.state,
+        idem_runtime::store::RecordStateKind::Completed
+    );
     assert_eq!(status.tool, "charge_card");
     assert_eq!(
         status.response.unwrap(),
@@ -708,7 +714,7 @@ async fn a_claim_whose_answer_was_lost_does_not_block_the_retry() {
     let exec = Executor::new(Arc::new(faulty(Call::Claim, Fault::AnswerLost, true)));
     let processor = Processor::sleeping(Duration::ZERO);
     let first = charge(&exec, &alice(), &visa(500), &processor).await;
-    assert_eq!(first.kind(), "store_unavailable");
+    assert_eq!(first.name(), "store_unavailable");
     assert_eq!(processor.count(), 0);
     // The background release of the orphaned claim.
     tokio::time::sleep(Duration::from_millis(100)).await;

@@ -6,10 +6,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_runtime::{
-    purge, reconcile, resolve_by_hand, sweep, Answer, Caller, Claim, ClaimRequest, Executor,
-    IdempotencyStore, Maintenance, MaintenanceConfig, ManualOutcome, MemoryStore, Operation,
-    ReconcileConfig, Reconciler, Reconciliation, Record, RecordState, ResolveError, ScopeSpec,
-    ToolError,
+    maintenance::{
+        purge, reconcile, resolve_by_hand, sweep, Maintenance, MaintenanceConfig, Outcome,
+        ReconcileConfig, Reconciler, Reconciliation, ResolveError,
+    },
+    store::{Claim, ClaimRequest, Record, RecordState},
+    Answer, Caller, Executor, IdempotencyStore, MemoryStore, Operation, ScopeSpec, ToolError,
 };
 
 /// A processor's view: which references it has charged.
@@ -32,7 +34,7 @@ impl Reconciler for Ledger {
 
 /// Claims like a process that then dies: no heartbeat, short lease.
 async fn abandoned_claim(store: &dyn IdempotencyStore) -> ClaimRequest {
-    let mut req = idem_runtime::conformance::claim_request(Duration::from_secs(900));
+    let mut req = idem_runtime::store::conformance::claim_request(Duration::from_secs(900));
     req.lease = Duration::from_millis(100);
     assert!(matches!(
         store.claim(&req).await.unwrap(),
@@ -69,9 +71,7 @@ async fn sweep_then_reconcile_completes_a_dead_call() {
         Some(RecordState::Unknown { .. })
     ));
     let ledger = Ledger {
-        answer: Reconciliation::Completed {
-            response: "{\"charge_id\":\"ch_9\"}".into(),
-        },
+        answer: Reconciliation::completed("{\"charge_id\":\"ch_9\"}"),
         asked: AtomicUsize::new(0),
     };
     let report = reconcile(&store, &ledger, &trusting()).await.unwrap();
@@ -121,10 +121,10 @@ async fn reconcile_releases_what_never_happened_so_it_can_run() {
     tokio::time::sleep(Duration::from_millis(250)).await;
 
     let repeat = run(calls.clone(), false).await;
-    assert_eq!(repeat.kind(), "unknown", "{repeat:?}");
+    assert_eq!(repeat.name(), "unknown", "{repeat:?}");
     assert_eq!(sweep(&*store, 100).await.unwrap(), 1);
     let ledger = Ledger {
-        answer: Reconciliation::NotPerformed,
+        answer: Reconciliation::not_performed(),
         asked: AtomicUsize::new(0),
     };
     assert_eq!(
@@ -135,14 +135,14 @@ async fn reconcile_releases_what_never_happened_so_it_can_run() {
         1
     );
     let after = run(calls.clone(), false).await;
-    assert_eq!(after.kind(), "executed", "{after:?}");
+    assert_eq!(after.name(), "executed", "{after:?}");
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
 
 #[tokio::test]
 async fn sweep_leaves_live_and_finished_records_alone() {
     let store = MemoryStore::new();
-    let live = idem_runtime::conformance::claim_request(Duration::from_secs(900));
+    let live = idem_runtime::store::conformance::claim_request(Duration::from_secs(900));
     store.claim(&live).await.unwrap();
     let done = abandoned_claim(&store).await;
     store.complete(&done.key, done.attempt, "1").await.unwrap();
@@ -154,11 +154,11 @@ async fn sweep_leaves_live_and_finished_records_alone() {
 async fn purge_removes_every_expired_record() {
     let store = MemoryStore::new();
     for _ in 0..25 {
-        let req = idem_runtime::conformance::claim_request(Duration::from_millis(50));
+        let req = idem_runtime::store::conformance::claim_request(Duration::from_millis(50));
         store.claim(&req).await.unwrap();
         store.complete(&req.key, req.attempt, "1").await.unwrap();
     }
-    let keep = idem_runtime::conformance::claim_request(Duration::from_secs(900));
+    let keep = idem_runtime::store::conformance::claim_request(Duration::from_secs(900));
     store.claim(&keep).await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(purge(&store, 4).await.unwrap(), 25);
@@ -170,9 +170,7 @@ async fn maintenance_runs_in_the_background_and_stops() {
     let store = Arc::new(MemoryStore::new());
     let req = abandoned_claim(&*store).await;
     let ledger = Arc::new(Ledger {
-        answer: Reconciliation::Completed {
-            response: "\"ok\"".into(),
-        },
+        answer: Reconciliation::completed("\"ok\""),
         asked: AtomicUsize::new(0),
     });
     let task = Maintenance::spawn(
@@ -221,7 +219,7 @@ impl Reconciler for ByTool {
 async fn unknown_record(store: &dyn IdempotencyStore, tool: &str) -> ClaimRequest {
     let req = ClaimRequest {
         tool: tool.to_owned(),
-        ..idem_runtime::conformance::claim_request(Duration::from_secs(900))
+        ..idem_runtime::store::conformance::claim_request(Duration::from_secs(900))
     };
     assert!(matches!(
         store.claim(&req).await.unwrap(),
@@ -242,7 +240,7 @@ async fn not_performed_waits_for_the_settle_period() {
     let store = MemoryStore::new();
     let req = unknown_record(&store, "charge_card").await;
     let ledger = Ledger {
-        answer: Reconciliation::NotPerformed,
+        answer: Reconciliation::not_performed(),
         asked: AtomicUsize::new(0),
     };
     let config = ReconcileConfig {
@@ -286,9 +284,7 @@ async fn unresolvable_records_do_not_starve_the_others() {
         tokio::time::sleep(Duration::from_millis(5)).await;
         let charge = unknown_record(&store, "charge_card").await;
         let reconciler = ByTool {
-            answer: Reconciliation::Completed {
-                response: "\"ch_1\"".into(),
-            },
+            answer: Reconciliation::completed("\"ch_1\""),
             shipment: shipment.clone(),
             asked: Default::default(),
         };
@@ -366,18 +362,14 @@ async fn an_operator_resolves_an_unknown_operation_by_hand() {
     .await;
     let reference = first.reference().unwrap();
 
-    let completed = ManualOutcome::Completed {
-        response: "\"1Z999\"".into(),
-    };
+    let completed = Outcome::completed("\"1Z999\"");
     let note = "ops/ana: the carrier's portal shows 1Z999";
     // Bad input changes nothing.
     assert!(matches!(
         resolve_by_hand(&*store, "acme", &reference, &completed, "  ").await,
         Err(ResolveError::EmptyNote)
     ));
-    let not_json = ManualOutcome::Completed {
-        response: "1Z999".into(),
-    };
+    let not_json = Outcome::completed("1Z999");
     assert!(matches!(
         resolve_by_hand(&*store, "acme", &reference, &not_json, note).await,
         Err(ResolveError::InvalidResponse(_))
@@ -396,15 +388,9 @@ async fn an_operator_resolves_an_unknown_operation_by_hand() {
         .await
         .unwrap();
     // Another resolution of a resolved record is refused, and changes nothing.
-    let err = resolve_by_hand(
-        &*store,
-        "acme",
-        &reference,
-        &ManualOutcome::NotPerformed,
-        note,
-    )
-    .await
-    .unwrap_err();
+    let err = resolve_by_hand(&*store, "acme", &reference, &Outcome::NotPerformed, note)
+        .await
+        .unwrap_err();
     assert!(matches!(err, ResolveError::NotUnknown { .. }), "{err}");
     assert!(err.to_string().contains("left as it was"), "{err}");
 
@@ -413,11 +399,14 @@ async fn an_operator_resolves_an_unknown_operation_by_hand() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(status.state, idem_runtime::RecordStateKind::Completed);
+    assert_eq!(
+        status.state,
+        idem_runtime::store::RecordStateKind::Completed
+    );
     assert_eq!(status.resolution.as_deref(), Some(note));
     assert_eq!(status.response, Some(serde_json::json!("1Z999")));
     let repeat = ship(runs.clone(), Ok("never".into())).await;
-    assert_eq!(repeat.kind(), "replayed", "{repeat:?}");
+    assert_eq!(repeat.name(), "replayed", "{repeat:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the carrier was asked once");
 }
 
@@ -433,7 +422,7 @@ async fn an_operation_resolved_as_not_performed_runs_again() {
         &*store,
         &req.tenant,
         &reference,
-        &ManualOutcome::NotPerformed,
+        &Outcome::NotPerformed,
         note,
     )
     .await
@@ -442,7 +431,7 @@ async fn an_operation_resolved_as_not_performed_runs_again() {
     // The takeover within the window continues the same operation.
     assert_eq!(
         store
-            .claim(&idem_runtime::conformance::new_operation(&req))
+            .claim(&idem_runtime::store::conformance::new_operation(&req))
             .await
             .unwrap(),
         Claim::Claimed { reference }

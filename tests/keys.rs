@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use idem_runtime::{
-    canonical_json, Caller, CanonicalError, IdempotencyKey, KeyError, Reference, Scope,
+    canonical::{canonical_json, CanonicalError},
+    Caller, IdempotencyKey, KeyError, Reference, Scope,
 };
 use proptest::prelude::*;
 use serde_json::{json, Value};

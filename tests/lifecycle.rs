@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use idem_runtime::conformance::{Call, Fault, FaultyStore};
+use idem_runtime::store::conformance::{Call, Fault, FaultyStore};
 use idem_runtime::{
     Answer, Caller, Executor, IdempotencyStore, MemoryStore, Operation, OperationContext,
     ScopeSpec, ToolError,
@@ -113,13 +113,13 @@ async fn a_lapsed_claim_reads_as_unknown_in_the_status_report() {
         .expect("the handler started")
         .to_string();
     let live = exec.status(&alice(), &reference).await.unwrap().unwrap();
-    assert_eq!(live.state, idem_runtime::RecordStateKind::InProgress);
+    assert_eq!(live.state, idem_runtime::store::RecordStateKind::InProgress);
 
     tokio::time::sleep(Duration::from_millis(200)).await;
     let status = exec.status(&alice(), &reference).await.unwrap().unwrap();
     assert_eq!(
         status.state,
-        idem_runtime::RecordStateKind::Unknown,
+        idem_runtime::store::RecordStateKind::Unknown,
         "{status:?}"
     );
     assert!(
@@ -157,7 +157,7 @@ async fn a_business_key_unknown_outlives_its_window() {
             Err(ToolError::unknown("the carrier did not answer in time"))
         })
         .await;
-    assert_eq!(first.kind(), "failed_unknown", "{first:?}");
+    assert_eq!(first.name(), "failed_unknown", "{first:?}");
 
     tokio::time::sleep(Duration::from_millis(400)).await;
     let p = timed_out.clone();
@@ -171,7 +171,7 @@ async fn a_business_key_unknown_outlives_its_window() {
     let again: Answer<Receipt, ToolError> = exec
         .run(op, move |ctx| async move { p.charge(ctx).await })
         .await;
-    assert_eq!(again.kind(), "unknown", "{again:?}");
+    assert_eq!(again.name(), "unknown", "{again:?}");
     assert_eq!(timed_out.requests(), 1, "the carrier was asked once");
 }
 
@@ -214,7 +214,7 @@ async fn every_business_key_field_must_be_non_empty() {
     assert_eq!(processor.requests(), 0, "nothing ran");
     let whole = serde_json::json!({"warehouse": "w1", "order_id": "o-1"});
     assert_eq!(
-        charge(&exec, scope, &whole, &processor).await.kind(),
+        charge(&exec, scope, &whole, &processor).await.name(),
         "executed"
     );
 }
@@ -245,7 +245,7 @@ async fn a_claim_whose_caller_gave_up_is_released_for_the_retry() {
     );
     tokio::time::sleep(Duration::from_millis(100)).await;
     let retry = charge(&exec, WINDOW, &args, &processor).await;
-    assert_eq!(retry.kind(), "executed", "{retry:?}");
+    assert_eq!(retry.name(), "executed", "{retry:?}");
     assert_eq!(processor.charges(), 1);
 }
 
@@ -265,7 +265,7 @@ async fn a_lost_claim_answer_is_released_once_the_store_is_back() {
     let processor = Processor::default();
     let args = serde_json::json!({"amount_cents": 500});
     let first = charge(&exec, WINDOW, &args, &processor).await;
-    assert_eq!(first.kind(), "store_unavailable");
+    assert_eq!(first.name(), "store_unavailable");
     let message = first.message().unwrap();
     assert!(message.starts_with("Nothing was executed"), "{message}");
     assert_eq!(processor.requests(), 0);
@@ -273,12 +273,12 @@ async fn a_lost_claim_answer_is_released_once_the_store_is_back() {
     let started = Instant::now();
     let retry = loop {
         let answer = charge(&exec, WINDOW, &args, &processor).await;
-        if answer.kind() != "in_progress" || started.elapsed() > Duration::from_secs(5) {
+        if answer.name() != "in_progress" || started.elapsed() > Duration::from_secs(5) {
             break answer;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    assert_eq!(retry.kind(), "executed", "{retry:?}");
+    assert_eq!(retry.name(), "executed", "{retry:?}");
     assert_eq!(processor.charges(), 1);
 }
 
@@ -309,7 +309,7 @@ async fn a_slow_heartbeat_never_pauses_the_handler() {
             Ok(1)
         })
         .await;
-    assert_eq!(answer.kind(), "executed");
+    assert_eq!(answer.name(), "executed");
     assert!(
         started.elapsed() < Duration::from_millis(1500),
         "the handler was paused by a heartbeat: {:?}",

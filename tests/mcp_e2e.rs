@@ -1,5 +1,7 @@
 //! `#[idempotent]` end to end through rmcp, in process: a server and a client
 //! over a duplex pipe, counting stubs standing in for the processor.
+//!
+//! One job, over 700 lines: the in-process MCP cases, one function each.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

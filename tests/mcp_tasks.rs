@@ -345,20 +345,20 @@ async fn an_unknown_outcome_stays_working_until_resolved_then_completes_or_fails
         "isError": false,
     })
     .to_string();
-    idem_runtime::resolve_by_hand(
+    idem_runtime::maintenance::resolve_by_hand(
         &*store,
         "acme",
         &reference(&tasks[0]),
-        &idem_runtime::ManualOutcome::Completed { response },
+        &idem_runtime::maintenance::Outcome::completed(response),
         "ops: the processor shows ch_by_hand",
     )
     .await
     .unwrap();
-    idem_runtime::resolve_by_hand(
+    idem_runtime::maintenance::resolve_by_hand(
         &*store,
         "acme",
         &reference(&tasks[1]),
-        &idem_runtime::ManualOutcome::NotPerformed,
+        &idem_runtime::maintenance::Outcome::NotPerformed,
         "ops: the processor has no such charge",
     )
     .await
@@ -394,7 +394,7 @@ async fn an_unknown_outcome_stays_working_until_resolved_then_completes_or_fails
 /// the claim is released, and the next request makes the task that runs.
 #[tokio::test]
 async fn a_task_claim_confirmed_after_its_lease_ran_out_starts_nothing() {
-    use idem_runtime::conformance::{Call, Fault, FaultyStore};
+    use idem_runtime::store::conformance::{Call, Fault, FaultyStore};
     let claims = Arc::new(AtomicUsize::new(0));
     let store = {
         let claims = claims.clone();

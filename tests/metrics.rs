@@ -10,11 +10,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem_runtime::conformance::claim_request;
+use idem_runtime::store::conformance::claim_request;
 use idem_runtime::{
-    job_fn, purge, reconcile, resolve_by_hand, sweep, Answer, Caller, Claim, Executor,
-    IdempotencyStore, JobHandlers, ManualOutcome, MemoryStore, Operation, Outbox, OutboxConfig,
-    ReconcileConfig, Reconciler, Reconciliation, Record, ScopeSpec, ToolError,
+    maintenance::{
+        purge, reconcile, resolve_by_hand, sweep, Outcome, ReconcileConfig, Reconciler,
+        Reconciliation,
+    },
+    outbox::{job_fn, FollowOn, JobHandlers, Outbox, OutboxConfig},
+    store::{Claim, Record},
+    Answer, Caller, Executor, IdempotencyStore, MemoryStore, Operation, ScopeSpec, ToolError,
 };
 use metrics::{SharedString, Unit};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
@@ -168,7 +172,7 @@ fn the_outbox_counts_enqueued_delivered_retried_buried_and_unhandled() {
             .on("send_receipt", job_fn(|_| async { Ok(()) }))
             .on("flaky", job_fn(|_| async { Err("down".into()) }));
         let config = OutboxConfig {
-            max_attempts: 2,
+            max_runs: 2,
             first_backoff: Duration::ZERO,
             ..OutboxConfig::default()
         };
@@ -202,9 +206,7 @@ impl Reconciler for Happened {
         &self,
         _: &Record,
     ) -> Result<Reconciliation, Box<dyn std::error::Error + Send + Sync>> {
-        Ok(Reconciliation::Completed {
-            response: "{\"charge_id\":\"ch_r\"}".to_owned(),
-        })
+        Ok(Reconciliation::completed("{\"charge_id\":\"ch_r\"}"))
     }
 }
 
@@ -233,7 +235,7 @@ fn maintenance_counts_what_it_swept_reconciled_resolved_and_purged() {
             &store,
             &by_hand.tenant,
             &by_hand.reference,
-            &ManualOutcome::NotPerformed,
+            &Outcome::NotPerformed,
             "ops: bob, the processor has no such charge",
         )
         .await
@@ -348,11 +350,11 @@ impl Reconciler for CountingProcessor {
         tokio::time::sleep(Duration::from_millis(3)).await;
         let made = self.made.lock().unwrap().get(&reference).copied();
         Ok(match made {
-            Some(true) => Reconciliation::CompletedWithFollowOns {
-                response: r#"{"charge_id":"ch_1"}"#.to_owned(),
-                follow_ons: vec![idem_runtime::FollowOn::new("send_receipt", &reference)?],
-            },
-            Some(false) => Reconciliation::NotPerformed,
+            Some(true) => Reconciliation::Found(Outcome::completed_with(
+                r#"{"charge_id":"ch_1"}"#,
+                vec![FollowOn::new("send_receipt", &reference)?],
+            )),
+            Some(false) => Reconciliation::not_performed(),
             None => Reconciliation::NotMine,
         })
     }
@@ -364,12 +366,16 @@ impl Reconciler for CountingProcessor {
 /// took), its receipt job written once, and a lookup is asked at most once
 /// per loop.
 async fn two_maintenance_loops_resolve_each_record_once(store: Arc<dyn IdempotencyStore>) {
-    use idem_runtime::{JobFilter, Maintenance, MaintenanceConfig, RecordStateKind};
+    use idem_runtime::maintenance::{Maintenance, MaintenanceConfig};
+    use idem_runtime::store::{JobFilter, RecordStateKind};
     const N: usize = 40;
     let processor = Arc::new(CountingProcessor::default());
-    let tenant = format!("replicas-{:016x}", idem_runtime::Attempt::random().get());
+    let tenant = format!(
+        "replicas-{:016x}",
+        idem_runtime::store::Attempt::random().get()
+    );
     for i in 0..N {
-        let req = idem_runtime::ClaimRequest {
+        let req = idem_runtime::store::ClaimRequest {
             tenant: tenant.clone(),
             lease: Duration::from_millis(50),
             ..claim_request(Duration::from_secs(900))

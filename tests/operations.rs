@@ -14,9 +14,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idem_runtime::{
-    follow_on, job_fn, Answer, Caller, Executor, IdempotencyStore, JobHandlers, JobRun,
-    MemoryStore, Operation, OperationContext, Outbox, OutboxConfig, Reference, ScopeSpec,
-    SqliteStore, ToolError,
+    follow_on,
+    outbox::{job_fn, JobHandlers, JobRun, Outbox, OutboxConfig},
+    Answer, Caller, Executor, IdempotencyStore, MemoryStore, Operation, OperationContext,
+    Reference, ScopeSpec, SqliteStore, ToolError,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -214,7 +215,7 @@ struct Mailer {
 }
 
 impl Mailer {
-    async fn send(&self, job: JobRun) -> Result<(), idem_runtime::JobError> {
+    async fn send(&self, job: JobRun) -> Result<(), idem_runtime::outbox::JobError> {
         let now = Instant::now();
         let mut keys = self.keys.lock().unwrap();
         let fresh = keys

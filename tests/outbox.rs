@@ -6,6 +6,8 @@
 //! assertion is about what a mailer stub saw: it counts attempts, dedupes by
 //! the downstream key from the moment a request arrives, and counts how many
 //! runs of one key overlap.
+//!
+//! One job, over 700 lines: the in-process outbox cases, one function each.
 
 mod durable;
 
@@ -15,8 +17,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idem_runtime::{
-    follow_on, job_fn, Answer, Caller, Executor, FollowOnError, IdempotencyStore, JobFilter,
-    JobHandlers, JobRun, MemoryStore, Operation, Outbox, OutboxConfig, ScopeSpec, SqliteStore,
+    follow_on,
+    outbox::{job_fn, FollowOnError, JobHandlers, JobRun, Outbox, OutboxConfig},
+    store::JobFilter,
+    Answer, Caller, Executor, IdempotencyStore, MemoryStore, Operation, ScopeSpec, SqliteStore,
     ToolError,
 };
 use serde_json::{json, Value};
@@ -59,7 +63,7 @@ impl Mailer {
         }
     }
 
-    async fn send(&self, job: JobRun) -> Result<(), idem_runtime::JobError> {
+    async fn send(&self, job: JobRun) -> Result<(), idem_runtime::outbox::JobError> {
         let attempts = {
             let mut seen = self.seen.lock().unwrap();
             let s = seen.entry(job.downstream_key.clone()).or_default();
@@ -67,7 +71,7 @@ impl Mailer {
             s.in_flight += 1;
             s.max_in_flight = s.max_in_flight.max(s.in_flight);
             s.arrivals.push(Instant::now());
-            s.attempt_numbers.push(job.attempt);
+            s.attempt_numbers.push(job.run);
             s.attempts
         };
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
@@ -125,7 +129,7 @@ fn memory() -> Arc<dyn IdempotencyStore> {
     Arc::new(MemoryStore::new())
 }
 
-async fn jobs(store: &dyn IdempotencyStore) -> Vec<idem_runtime::OutboxJob> {
+async fn jobs(store: &dyn IdempotencyStore) -> Vec<idem_runtime::store::Job> {
     store
         .follow_ons()
         .expect("the store keeps jobs")
@@ -162,7 +166,7 @@ fn config() -> OutboxConfig {
         interval: Duration::from_millis(20),
         batch: 8,
         timeout: Duration::from_secs(5),
-        max_attempts: 5,
+        max_runs: 5,
         first_backoff: Duration::from_millis(100),
         max_backoff: Duration::from_secs(2),
     }
@@ -406,7 +410,10 @@ async fn job_names_a_store_cannot_keep_are_refused_at_the_declaration() {
     }
     let record = store.lookup("acme", &reference).await.unwrap().unwrap();
     assert!(
-        matches!(record.state, idem_runtime::RecordState::Completed { .. }),
+        matches!(
+            record.state,
+            idem_runtime::store::RecordState::Completed { .. }
+        ),
         "{record:?}"
     );
     let written = jobs(&*store).await;
@@ -457,7 +464,7 @@ async fn dead_letter_then_redrive() {
     charge(&executor, &json!({"card": "4242"}), &charges).await;
     let mailer = Mailer::new(Duration::ZERO, usize::MAX);
     let config = OutboxConfig {
-        max_attempts: 2,
+        max_runs: 2,
         first_backoff: Duration::from_millis(10),
         ..config()
     };
@@ -489,7 +496,7 @@ async fn dead_letter_then_redrive() {
         .list_jobs(&dead)
         .await
         .unwrap();
-    assert_eq!(buried[0].attempts, 2);
+    assert_eq!(buried[0].runs, 2);
     assert!(buried[0]
         .last_error
         .as_deref()
@@ -556,7 +563,7 @@ async fn job_without_a_handler_waits_and_is_reported() {
     let waiting = jobs(&*store).await;
     assert_eq!(waiting.len(), 1);
     assert_eq!(
-        (waiting[0].id.name.as_str(), waiting[0].attempts),
+        (waiting[0].id.name.as_str(), waiting[0].runs),
         ("send_fax", 0)
     );
 
@@ -726,29 +733,16 @@ async fn resolution_by_hand_writes_follow_ons() {
     };
     assert!(jobs(&*store).await.is_empty());
     let receipt =
-        idem_runtime::FollowOn::new("send_receipt", &json!({"to": "a@example.com"})).unwrap();
-    let refused = idem_runtime::resolve_by_hand_with_follow_ons(
+        idem_runtime::outbox::FollowOn::new("send_receipt", &json!({"to": "a@example.com"}))
+            .unwrap();
+    // Jobs follow only a completed outcome: a not-performed one has none
+    // to give (the type says so), and the completed one writes them.
+    idem_runtime::maintenance::resolve_by_hand(
         &*store,
         "acme",
         &reference,
-        &idem_runtime::ManualOutcome::NotPerformed,
-        "ops: checked",
-        std::slice::from_ref(&receipt),
-    )
-    .await;
-    assert!(matches!(
-        refused,
-        Err(idem_runtime::ResolveError::FollowOnsNotCompleted)
-    ));
-    idem_runtime::resolve_by_hand_with_follow_ons(
-        &*store,
-        "acme",
-        &reference,
-        &idem_runtime::ManualOutcome::Completed {
-            response: "\"charged\"".into(),
-        },
+        &idem_runtime::maintenance::Outcome::completed_with("\"charged\"", vec![receipt]),
         "ops: seen at the processor",
-        &[receipt],
     )
     .await
     .unwrap();
@@ -769,7 +763,7 @@ async fn resolution_by_hand_writes_follow_ons() {
 /// keeps it to one delivery.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_down_during_dispatch_loses_nothing() {
-    use idem_runtime::conformance::{Call, Fault, FaultyStore};
+    use idem_runtime::store::conformance::{Call, Fault, FaultyStore};
     use std::sync::atomic::AtomicBool;
 
     let inner = Arc::new(MemoryStore::new());
@@ -825,7 +819,11 @@ async fn store_down_during_dispatch_loses_nothing() {
 /// (the record stays UNKNOWN, asked again later) and writes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reconciler_writes_follow_ons_with_its_resolution() {
-    use idem_runtime::{reconcile, FollowOn, ReconcileConfig, Reconciler, Reconciliation, Record};
+    use idem_runtime::{
+        maintenance::{reconcile, Outcome, ReconcileConfig, Reconciler, Reconciliation},
+        outbox::FollowOn,
+        store::Record,
+    };
 
     #[derive(Debug)]
     struct Found(Vec<FollowOn>);
@@ -836,10 +834,10 @@ async fn a_reconciler_writes_follow_ons_with_its_resolution() {
             &self,
             _: &Record,
         ) -> Result<Reconciliation, Box<dyn std::error::Error + Send + Sync>> {
-            Ok(Reconciliation::CompletedWithFollowOns {
-                response: "\"charged\"".to_owned(),
-                follow_ons: self.0.clone(),
-            })
+            Ok(Reconciliation::Found(Outcome::completed_with(
+                "\"charged\"".to_owned(),
+                self.0.clone(),
+            )))
         }
     }
 

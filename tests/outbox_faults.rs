@@ -12,7 +12,10 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use durable::temp_dir;
-use idem_runtime::{FollowOnStore, JobFilter, SqliteStore};
+use idem_runtime::{
+    store::{FollowOnStore, JobFilter},
+    SqliteStore,
+};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 

@@ -13,27 +13,28 @@ use std::time::{Duration, Instant};
 
 use durable::PgSchema;
 use idem_runtime::{
-    follow_on, job_fn, Answer, Caller, Executor, FollowOn, FollowOnError, FollowOnStore,
-    IdempotencyStore, JobFilter, JobHandlers, Operation, Outbox, OutboxConfig, RecordState,
-    ScopeSpec, ToolError,
+    follow_on,
+    outbox::{job_fn, FollowOn, FollowOnError, JobHandlers, Outbox, OutboxConfig},
+    store::{FollowOnStore, JobFilter, RecordState},
+    Answer, Caller, Executor, IdempotencyStore, Operation, ScopeSpec, ToolError,
 };
 use serde_json::json;
 
 /// Dispatch settings that run a job's attempts in quick succession: a
 /// failed run is retried after a millisecond, and a lease runs out after
 /// half a second.
-fn quick(max_attempts: u32) -> OutboxConfig {
+fn quick(max_runs: u32) -> OutboxConfig {
     OutboxConfig {
         interval: Duration::from_millis(10),
         batch: 8,
         timeout: Duration::from_millis(250),
-        max_attempts,
+        max_runs,
         first_backoff: Duration::from_millis(1),
         max_backoff: Duration::from_millis(1),
     }
 }
 
-async fn all_jobs(store: &dyn FollowOnStore, tenant: &str) -> Vec<idem_runtime::OutboxJob> {
+async fn all_jobs(store: &dyn FollowOnStore, tenant: &str) -> Vec<idem_runtime::store::Job> {
     store
         .list_jobs(&JobFilter {
             tenant: Some(tenant.to_owned()),
@@ -46,7 +47,7 @@ async fn all_jobs(store: &dyn FollowOnStore, tenant: &str) -> Vec<idem_runtime::
 
 /// A mailer whose error text carries a NUL byte (and is long): PostgreSQL
 /// cannot keep it in a text column as given. The dispatcher still records
-/// every failure, so the mailer is called exactly `max_attempts` times and
+/// every failure, so the mailer is called exactly `max_runs` times and
 /// the job lands in the dead letter, with a readable, bounded error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_error_text_with_a_nul_byte_still_ends_in_the_dead_letter() {
@@ -97,7 +98,7 @@ async fn an_error_text_with_a_nul_byte_still_ends_in_the_dead_letter() {
     assert_eq!(
         calls.load(Ordering::SeqCst),
         3,
-        "the mailer is called exactly max_attempts times; jobs: {jobs:?}"
+        "the mailer is called exactly max_runs times; jobs: {jobs:?}"
     );
     assert_eq!(jobs.len(), 1, "{jobs:?}");
     assert!(jobs[0].dead, "the job is in the dead letter: {:?}", jobs[0]);
@@ -105,7 +106,7 @@ async fn an_error_text_with_a_nul_byte_still_ends_in_the_dead_letter() {
     assert!(!error.contains('\0'), "{error:?}");
     assert!(error.starts_with("mailer said: bad"), "{error:?}");
     assert!(
-        error.len() <= idem_runtime::MAX_JOB_ERROR,
+        error.len() <= idem_runtime::outbox::MAX_JOB_ERROR,
         "the kept error is bounded: {} bytes",
         error.len()
     );

@@ -19,7 +19,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use durable::{temp_dir, Link, PgSchema, Proxy};
-use idem_runtime::{FollowOn, IdempotencyStore, JobFilter};
+use idem_runtime::{outbox::FollowOn, store::JobFilter, IdempotencyStore};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 

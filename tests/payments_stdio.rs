@@ -247,7 +247,7 @@ async fn a_receipt_is_delivered_once_across_retries_and_replays() {
 async fn a_resolution_by_hand_with_the_cli_shows_in_the_status_tool() {
     let dir = std::env::temp_dir().join(format!(
         "idem-cli-e2e-{:016x}",
-        idem_runtime::Attempt::random().get()
+        idem_runtime::store::Attempt::random().get()
     ));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("payments.sqlite3");

@@ -156,7 +156,10 @@ struct Database {
 
 impl Database {
     async fn create(admin_url: &str) -> Database {
-        let name = format!("idem_tasks_{:016x}", idem_runtime::Attempt::random().get());
+        let name = format!(
+            "idem_tasks_{:016x}",
+            idem_runtime::store::Attempt::random().get()
+        );
         let admin = durable::connect(admin_url).await;
         admin
             .batch_execute(&format!("CREATE DATABASE {name}"))

@@ -11,10 +11,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem_runtime::conformance::claim_request;
+use idem_runtime::store::conformance::claim_request;
 use idem_runtime::{
-    conformance, Caller, Claim, Executor, FollowOnStore, IdempotencyStore, Operation, RedisStore,
-    ScopeSpec,
+    store::{conformance, Claim, FollowOnStore},
+    Caller, Executor, IdempotencyStore, Operation, RedisStore, ScopeSpec,
 };
 use redis_server::{command, free_port, fresh_prefix, Server};
 
@@ -189,7 +189,7 @@ async fn redis_cluster() {
                             },
                         )
                         .await
-                        .kind()
+                        .name()
                 })
             })
             .collect();
@@ -213,7 +213,7 @@ async fn redis_cluster() {
     // together, and each job is leased once.
     let prefix = fresh_prefix();
     let (one, two) = (cluster.store(&prefix), cluster.store(&prefix));
-    let name = format!("receipt_{}", idem_runtime::Attempt::random().get());
+    let name = format!("receipt_{}", idem_runtime::store::Attempt::random().get());
     let requests: Vec<_> = (0..120)
         .map(|_| claim_request(Duration::from_secs(900)))
         .collect();
@@ -222,7 +222,8 @@ async fn redis_cluster() {
             one.claim(req).await.unwrap(),
             Claim::Claimed { .. }
         ));
-        let job = idem_runtime::FollowOn::new(&name, &serde_json::json!({ "to": "a@b" })).unwrap();
+        let job = idem_runtime::outbox::FollowOn::new(&name, &serde_json::json!({ "to": "a@b" }))
+            .unwrap();
         one.complete_with_follow_ons(&req.key, req.attempt, "\"paid\"", &[job])
             .await
             .unwrap();
@@ -256,7 +257,7 @@ async fn redis_cluster() {
     let drain = async |store: &RedisStore| {
         let mut got = Vec::new();
         loop {
-            let token = idem_runtime::Attempt::random();
+            let token = idem_runtime::store::Attempt::random();
             let leased = store
                 .lease_jobs(&[name.as_str()], 7, Duration::from_secs(60), token)
                 .await

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_runtime::conformance::{Call, Fault, FaultyStore};
+use idem_runtime::store::conformance::{Call, Fault, FaultyStore};
 use idem_runtime::{
     Answer, Caller, Executor, MemoryStore, Operation, OperationContext, ScopeSpec, ToolError,
 };
@@ -158,14 +158,14 @@ async fn repeats_of_a_running_call_are_answered_in_progress_without_the_store() 
     );
 
     let first = first.await.unwrap();
-    assert_eq!(first.kind(), "executed", "{first:?}");
+    assert_eq!(first.name(), "executed", "{first:?}");
     let reference = first.reference().unwrap();
     assert_eq!(processor.requests(), 1, "the processor was called once");
     assert_eq!(processor.performed(), 1);
 
     // Once it is done, the store answers: a replay of the recorded result.
     let after = charge(&exec, WINDOW, &args, &processor).await;
-    assert_eq!(after.kind(), "replayed", "{after:?}");
+    assert_eq!(after.name(), "replayed", "{after:?}");
     assert_eq!(after.reference(), Some(reference));
     assert_eq!(
         claims.load(Ordering::SeqCst),
@@ -198,13 +198,13 @@ async fn other_arguments_under_a_running_business_key_are_a_conflict_from_the_st
         &processor,
     )
     .await;
-    assert_eq!(other.kind(), "conflict", "{other:?}");
+    assert_eq!(other.name(), "conflict", "{other:?}");
     assert_eq!(
         claims.load(Ordering::SeqCst),
         2,
         "the conflict came from the store"
     );
-    assert_eq!(first.await.unwrap().kind(), "executed");
+    assert_eq!(first.await.unwrap().name(), "executed");
     assert_eq!(processor.requests(), 1);
 }
 
@@ -228,7 +228,7 @@ async fn a_cancelled_call_leaves_the_table_and_the_store_answers_its_repeat() {
     // The call was dropped inside the processor: its outcome is unknown, and
     // it never runs again.
     assert!(
-        matches!(repeat.kind(), "unknown" | "in_progress"),
+        matches!(repeat.name(), "unknown" | "in_progress"),
         "{repeat:?}"
     );
     assert_eq!(processor.requests(), 1);
@@ -245,9 +245,9 @@ async fn a_panicking_handler_leaves_the_table_and_the_store_answers_its_repeat()
     };
     let args = json!({"card": "4242", "amount_cents": 500});
     let first = charge(&exec, WINDOW, &args, &processor).await;
-    assert_eq!(first.kind(), "unknown", "{first:?}");
+    assert_eq!(first.name(), "unknown", "{first:?}");
     let repeat = charge(&exec, WINDOW, &args, &processor).await;
-    assert_eq!(repeat.kind(), "unknown", "{repeat:?}");
+    assert_eq!(repeat.name(), "unknown", "{repeat:?}");
     assert_eq!(
         claims.load(Ordering::SeqCst),
         3,

@@ -153,7 +153,7 @@ fn memory_seed(seed: u64, sabotage: Sabotage, trace: bool) -> Report {
         rt.block_on(async move {
             // The references a schedule's operations get are drawn on this
             // thread: from the seed, so that the schedule replays exactly.
-            idem_runtime::conformance::seed_this_thread(
+            idem_runtime::store::conformance::seed_this_thread(
                 seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
             );
             let start = tokio::time::Instant::now();

@@ -17,10 +17,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use durable::{temp_dir, Link, PgSchema, Proxy};
-use idem_runtime::conformance::{Call, Fault, FaultyStore};
+use idem_runtime::store::conformance::{Call, Fault, FaultyStore};
 use idem_runtime::{
-    reconcile, sweep, Answer, Caller, Executor, IdempotencyStore, Operation, OperationContext,
-    PostgresStore, Reconciler, Reconciliation, Record, ScopeSpec, SqliteStore, ToolError,
+    maintenance::{reconcile, sweep, Reconciler, Reconciliation},
+    store::Record,
+    Answer, Caller, Executor, IdempotencyStore, Operation, OperationContext, PostgresStore,
+    ScopeSpec, SqliteStore, ToolError,
 };
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -71,13 +73,11 @@ impl Reconciler for LogReconciler {
                 .into_iter()
                 .find(|(r, _)| *r == reference)
             {
-                Some((r, pid)) => Reconciliation::Completed {
-                    response: serde_json::to_string(&Receipt {
-                        charge_id: format!("ch_{pid}"),
-                        processor_reference: r,
-                    })?,
-                },
-                None => Reconciliation::NotPerformed,
+                Some((r, pid)) => Reconciliation::completed(serde_json::to_string(&Receipt {
+                    charge_id: format!("ch_{pid}"),
+                    processor_reference: r,
+                })?),
+                None => Reconciliation::not_performed(),
             },
         )
     }
@@ -227,14 +227,14 @@ async fn killed_mid_handler(
     // The dead process's lease may still run: in flight or unknown, never run.
     let answer = charge_again(&executor, &runs).await;
     assert!(
-        matches!(answer.kind(), "in_progress" | "unknown"),
+        matches!(answer.name(), "in_progress" | "unknown"),
         "{answer:?}"
     );
     assert_eq!(answer.reference().unwrap().to_string(), reference);
     tokio::time::sleep((lease + Duration::from_millis(200)).saturating_sub(killed_at.elapsed()))
         .await;
     let answer = charge_again(&executor, &runs).await;
-    assert_eq!(answer.kind(), "unknown", "{answer:?}");
+    assert_eq!(answer.name(), "unknown", "{answer:?}");
     assert_eq!(answer.reference().unwrap().to_string(), reference);
     let message = answer.message().unwrap();
     assert!(message.contains(&reference), "{message}");
@@ -242,13 +242,16 @@ async fn killed_mid_handler(
     assert_eq!(sweep(&*store, 100).await.unwrap(), 1);
     let caller = Caller::new("acme", "alice");
     let status = executor.status(&caller, &reference).await.unwrap().unwrap();
-    assert_eq!(status.state, idem_runtime::RecordStateKind::Unknown);
+    assert_eq!(status.state, idem_runtime::store::RecordStateKind::Unknown);
     let report = reconcile(&*store, &LogReconciler(log.to_owned()), &Default::default())
         .await
         .unwrap();
     assert_eq!(report.completed, 1, "{report:?}");
     let status = executor.status(&caller, &reference).await.unwrap().unwrap();
-    assert_eq!(status.state, idem_runtime::RecordStateKind::Completed);
+    assert_eq!(
+        status.state,
+        idem_runtime::store::RecordStateKind::Completed
+    );
     let pid = &invocations(log)[0].1;
     let expected = Receipt {
         charge_id: format!("ch_{pid}"),
@@ -365,14 +368,14 @@ async fn postgres_cut_off_fails_closed_and_recovers() {
     let executor = Executor::new(Arc::new(store));
     let runs = AtomicUsize::new(0);
 
-    assert_eq!(charge_counted(&executor, 1, &runs).await.kind(), "executed");
+    assert_eq!(charge_counted(&executor, 1, &runs).await.name(), "executed");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 
     for link in [Link::Silent, Link::Down] {
         proxy.set(link);
         let started = Instant::now();
         let answer = charge_counted(&executor, 2, &runs).await;
-        assert_eq!(answer.kind(), "store_unavailable", "{link:?}: {answer:?}");
+        assert_eq!(answer.name(), "store_unavailable", "{link:?}: {answer:?}");
         assert!(
             started.elapsed() < timeout * 3,
             "{link:?}: failing took {:?}",
@@ -390,8 +393,8 @@ async fn postgres_cut_off_fails_closed_and_recovers() {
     // Connections that broke during the cut were dropped from the pool (or
     // are found closed when recycled): the first call after it is served.
     let answer = charge_counted(&executor, 2, &runs).await;
-    assert_eq!(answer.kind(), "executed", "{answer:?}");
-    assert_eq!(charge_counted(&executor, 1, &runs).await.kind(), "replayed");
+    assert_eq!(answer.name(), "executed", "{answer:?}");
+    assert_eq!(charge_counted(&executor, 1, &runs).await.name(), "replayed");
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
@@ -455,8 +458,11 @@ async fn completion_write_fails(store: Arc<dyn IdempotencyStore>, dir: &Path) {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(status.state, idem_runtime::RecordStateKind::InProgress);
-    assert_eq!(charge_again(&executor, &runs).await.kind(), "in_progress");
+    assert_eq!(
+        status.state,
+        idem_runtime::store::RecordStateKind::InProgress
+    );
+    assert_eq!(charge_again(&executor, &runs).await.name(), "in_progress");
 
     tokio::time::sleep(lease + Duration::from_millis(100)).await;
     assert_eq!(sweep(&*store, 100).await.unwrap(), 1);
@@ -469,7 +475,10 @@ async fn completion_write_fails(store: Arc<dyn IdempotencyStore>, dir: &Path) {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(status.state, idem_runtime::RecordStateKind::Completed);
+    assert_eq!(
+        status.state,
+        idem_runtime::store::RecordStateKind::Completed
+    );
     match charge_again(&executor, &runs).await {
         Answer::Replayed { value, .. } => assert_eq!(value, expected),
         other => panic!("expected the replay, got {other:?}"),

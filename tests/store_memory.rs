@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use idem_runtime::{conformance, MemoryStore};
+use idem_runtime::{store::conformance, MemoryStore};
 
 idem_runtime::conformance_tests!(Some(Arc::new(MemoryStore::new())));
 

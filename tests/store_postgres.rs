@@ -4,7 +4,10 @@
 mod durable;
 
 use durable::PgSchema;
-use idem_runtime::{conformance, FollowOnStore, IdempotencyStore};
+use idem_runtime::{
+    store::{conformance, FollowOnStore},
+    IdempotencyStore,
+};
 
 // Each case in a fresh schema of its own, dropped at the end.
 idem_runtime::conformance_tests!(PgSchema::new().await);
@@ -224,7 +227,7 @@ async fn lease_skips_locked_jobs() {
     let server_now = async || -> std::time::SystemTime {
         client.query_one("SELECT now()", &[]).await.unwrap().get(0)
     };
-    let name = format!("receipt_{}", idem_runtime::Attempt::random().get());
+    let name = format!("receipt_{}", idem_runtime::store::Attempt::random().get());
     let window = std::time::Duration::from_secs(60);
     let (held, free) = (
         durable::request(window, window),
@@ -233,7 +236,8 @@ async fn lease_skips_locked_jobs() {
     let before = server_now().await;
     for req in [&held, &free] {
         pg.store.claim(req).await.unwrap();
-        let job = idem_runtime::FollowOn::new(&name, &serde_json::json!({ "n": 1 })).unwrap();
+        let job =
+            idem_runtime::outbox::FollowOn::new(&name, &serde_json::json!({ "n": 1 })).unwrap();
         pg.store
             .complete_with_follow_ons(&req.key, req.attempt, "1", &[job])
             .await
@@ -242,7 +246,7 @@ async fn lease_skips_locked_jobs() {
     let after = server_now().await;
     let written = pg
         .store
-        .list_jobs(&idem_runtime::JobFilter {
+        .list_jobs(&idem_runtime::store::JobFilter {
             name: Some(name.clone()),
             limit: 10,
             ..Default::default()
@@ -275,7 +279,7 @@ async fn lease_skips_locked_jobs() {
     .unwrap();
 
     let lease = std::time::Duration::from_secs(60);
-    let token = idem_runtime::Attempt::random();
+    let token = idem_runtime::store::Attempt::random();
     let leased = tokio::time::timeout(
         std::time::Duration::from_secs(2),
         pg.store.lease_jobs(&[name.as_str()], 10, lease, token),
@@ -294,7 +298,12 @@ async fn lease_skips_locked_jobs() {
     tx.rollback().await.unwrap();
     let rest = pg
         .store
-        .lease_jobs(&[name.as_str()], 10, lease, idem_runtime::Attempt::random())
+        .lease_jobs(
+            &[name.as_str()],
+            10,
+            lease,
+            idem_runtime::store::Attempt::random(),
+        )
         .await
         .unwrap();
     assert_eq!(rest.len(), 1);
@@ -330,8 +339,8 @@ async fn a_claim_that_waits_past_the_window_takes_the_record_over() {
     // after it, as a concurrent claim or a reconciler may.
     let locker = lock_record(&pg, &first.key).await;
 
-    let second = idem_runtime::ClaimRequest {
-        attempt: idem_runtime::Attempt::random(),
+    let second = idem_runtime::store::ClaimRequest {
+        attempt: idem_runtime::store::Attempt::random(),
         ..first.clone()
     };
     let store = pg.store.clone();
@@ -346,8 +355,8 @@ async fn a_claim_that_waits_past_the_window_takes_the_record_over() {
     locker.batch_execute("COMMIT").await.unwrap();
 
     match repeat.await.unwrap().unwrap() {
-        idem_runtime::Claim::Claimed { .. } => {}
-        idem_runtime::Claim::Existing { record } => panic!(
+        idem_runtime::store::Claim::Claimed { .. } => {}
+        idem_runtime::store::Claim::Existing { record } => panic!(
             "the repeat was answered with a record it could take over (claimable at its \
              observed_at: {}): {record:?}",
             record.is_claimable(record.observed_at)

@@ -3,6 +3,8 @@
 //! separate clients, and faults on servers of the tests' own: a restart
 //! mid-run, CLIENT PAUSE, connections killed. The shared-server cases need
 //! `IDEM_TEST_REDIS_URL`; the fault cases start `redis-server` themselves.
+//!
+//! One job, over 700 lines: what only the Redis store has, one case each.
 
 mod durable;
 mod redis_server;
@@ -11,11 +13,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use idem_runtime::conformance::{again, claim_request};
+use idem_runtime::store::conformance::{again, claim_request};
 use idem_runtime::{
-    conformance, Answer, Caller, Claim, ClaimRequest, Executor, FollowOnStore, IdempotencyKey,
-    IdempotencyStore, Operation, RecordState, RedisStore, Resolution, ScopeSpec, StoreError,
-    ToolError,
+    store::{conformance, Claim, ClaimRequest, FollowOnStore, RecordState, Resolution},
+    Answer, Caller, Executor, IdempotencyKey, IdempotencyStore, Operation, RedisStore, ScopeSpec,
+    StoreError, ToolError,
 };
 use redis_server::{command, Prefixed, Server};
 
@@ -403,7 +405,7 @@ async fn separate_clients_racing_charge_once() {
             let (executor, runs) = (executors[i % 4].clone(), runs.clone());
             tokio::spawn(async move {
                 tokio::time::sleep_until(start).await;
-                charge(&executor, 1999, &runs).await.kind()
+                charge(&executor, 1999, &runs).await.name()
             })
         })
         .collect();
@@ -448,7 +450,7 @@ async fn claims_wait_for_replicas() {
         .unwrap();
     let executor = Executor::new(Arc::new(store.clone()));
     let runs = AtomicUsize::new(0);
-    assert_eq!(charge(&executor, 1, &runs).await.kind(), "executed");
+    assert_eq!(charge(&executor, 1, &runs).await.name(), "executed");
     let req = claim_request(Duration::from_secs(900));
     assert!(matches!(
         store.claim(&req).await.unwrap(),
@@ -470,7 +472,7 @@ async fn claims_wait_for_replicas() {
         "the unacknowledged claim was released"
     );
     assert_eq!(
-        charge(&executor, 2, &runs).await.kind(),
+        charge(&executor, 2, &runs).await.name(),
         "store_unavailable"
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler did not run");
@@ -479,14 +481,14 @@ async fn claims_wait_for_replicas() {
     let started = Instant::now();
     loop {
         let answer = charge(&executor, 2, &runs).await;
-        if answer.kind() == "executed" {
+        if answer.name() == "executed" {
             break;
         }
-        assert_eq!(answer.kind(), "store_unavailable", "{answer:?}");
+        assert_eq!(answer.name(), "store_unavailable", "{answer:?}");
         assert!(started.elapsed() < Duration::from_secs(10));
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(charge(&executor, 2, &runs).await.kind(), "replayed");
+    assert_eq!(charge(&executor, 2, &runs).await.name(), "replayed");
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
@@ -502,7 +504,7 @@ async fn until_executed(
     let started = Instant::now();
     loop {
         let answer = charge(executor, amount_cents, runs).await;
-        match answer.kind() {
+        match answer.name() {
             "executed" => return,
             "store_unavailable" | "in_progress" => {}
             _ => panic!("{answer:?}"),
@@ -533,22 +535,22 @@ async fn restarted_redis_fails_closed_and_recovers() {
         .unwrap();
     let executor = Executor::new(Arc::new(store));
     let runs = AtomicUsize::new(0);
-    assert_eq!(charge(&executor, 1, &runs).await.kind(), "executed");
+    assert_eq!(charge(&executor, 1, &runs).await.name(), "executed");
 
     server.kill();
     for _ in 0..3 {
         let started = Instant::now();
         let answer = charge(&executor, 2, &runs).await;
-        assert_eq!(answer.kind(), "store_unavailable", "{answer:?}");
+        assert_eq!(answer.name(), "store_unavailable", "{answer:?}");
         assert!(started.elapsed() < timeout * 3, "{:?}", started.elapsed());
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler never ran");
 
     server.restart();
     until_executed(&executor, 2, &runs, Duration::from_secs(10)).await;
-    assert_eq!(charge(&executor, 2, &runs).await.kind(), "replayed");
+    assert_eq!(charge(&executor, 2, &runs).await.name(), "replayed");
     assert_eq!(
-        charge(&executor, 1, &runs).await.kind(),
+        charge(&executor, 1, &runs).await.name(),
         "replayed",
         "the first charge's record survived the restart"
     );
@@ -572,7 +574,7 @@ async fn client_pause_fails_closed_then_serves() {
         .unwrap();
     let executor = Executor::new(Arc::new(store));
     let runs = AtomicUsize::new(0);
-    assert_eq!(charge(&executor, 1, &runs).await.kind(), "executed");
+    assert_eq!(charge(&executor, 1, &runs).await.name(), "executed");
 
     let _: () = command(
         &server.url(),
@@ -581,14 +583,14 @@ async fn client_pause_fails_closed_then_serves() {
     .await;
     let started = Instant::now();
     let answer = charge(&executor, 2, &runs).await;
-    assert_eq!(answer.kind(), "store_unavailable", "{answer:?}");
+    assert_eq!(answer.name(), "store_unavailable", "{answer:?}");
     assert!(started.elapsed() < timeout * 3, "{:?}", started.elapsed());
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler did not run");
 
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert_eq!(charge(&executor, 3, &runs).await.kind(), "executed");
+    assert_eq!(charge(&executor, 3, &runs).await.name(), "executed");
     until_executed(&executor, 2, &runs, Duration::from_secs(10)).await;
-    assert_eq!(charge(&executor, 2, &runs).await.kind(), "replayed");
+    assert_eq!(charge(&executor, 2, &runs).await.name(), "replayed");
     assert_eq!(runs.load(Ordering::SeqCst), 3);
 }
 
@@ -609,7 +611,7 @@ async fn killed_connections_reconnect() {
     let runs = AtomicUsize::new(0);
     for round in 1..=3u64 {
         assert_eq!(
-            charge(&executor, round * 10, &runs).await.kind(),
+            charge(&executor, round * 10, &runs).await.name(),
             "executed"
         );
         let killed: i64 = command(
@@ -625,11 +627,11 @@ async fn killed_connections_reconnect() {
         assert!(killed >= 1, "the store's connection was killed");
         until_executed(&executor, round * 10 + 1, &runs, Duration::from_secs(5)).await;
         assert_eq!(
-            charge(&executor, round * 10, &runs).await.kind(),
+            charge(&executor, round * 10, &runs).await.name(),
             "replayed"
         );
         assert_eq!(
-            charge(&executor, round * 10 + 1, &runs).await.kind(),
+            charge(&executor, round * 10 + 1, &runs).await.name(),
             "replayed"
         );
         assert_eq!(runs.load(Ordering::SeqCst), 2 * round as usize);
@@ -651,9 +653,10 @@ async fn jobs_outlive_their_record() {
         retention: short,
         ..claim_request(short)
     };
-    let name = format!("receipt_{}", idem_runtime::Attempt::random().get());
+    let name = format!("receipt_{}", idem_runtime::store::Attempt::random().get());
     redis.claim(&req).await.unwrap();
-    let job = idem_runtime::FollowOn::new(&name, &serde_json::json!({ "to": "a@b" })).unwrap();
+    let job =
+        idem_runtime::outbox::FollowOn::new(&name, &serde_json::json!({ "to": "a@b" })).unwrap();
     redis
         .complete_with_follow_ons(&req.key, req.attempt, "1", &[job])
         .await
@@ -690,7 +693,7 @@ async fn jobs_outlive_their_record() {
             &[name.as_str()],
             10,
             Duration::from_secs(60),
-            idem_runtime::Attempt::random(),
+            idem_runtime::store::Attempt::random(),
         )
         .await
         .unwrap();

@@ -5,8 +5,11 @@ mod durable;
 use std::time::Duration;
 
 use durable::{request, temp_dir};
-use idem_runtime::conformance::{self, again};
-use idem_runtime::{Claim, IdempotencyStore, RecordState, SqliteStore};
+use idem_runtime::store::conformance::{self, again};
+use idem_runtime::{
+    store::{Claim, RecordState},
+    IdempotencyStore, SqliteStore,
+};
 
 /// A store on a file in a directory of its own, removed after the test.
 struct TempSqlite {

@@ -3,13 +3,13 @@
 
 use std::time::Duration;
 
-use idem_runtime::ClaimRequest;
+use idem_runtime::store::ClaimRequest;
 
 /// A claim of a fresh random key, as the executor would make it.
 pub fn request() -> ClaimRequest {
     ClaimRequest {
         retention: Duration::from_secs(48 * 3600),
-        ..idem_runtime::conformance::claim_request(Duration::from_secs(900))
+        ..idem_runtime::store::conformance::claim_request(Duration::from_secs(900))
     }
 }
 

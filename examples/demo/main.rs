@@ -13,8 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_runtime::{
-    Caller, Executor, IdempotencyStore, Maintenance, MaintenanceConfig, Outbox, OutboxConfig,
-    ReconcileConfig, SqliteStore,
+    maintenance::{Maintenance, MaintenanceConfig, ReconcileConfig},
+    outbox::{Outbox, OutboxConfig},
+    Caller, Executor, IdempotencyStore, SqliteStore,
 };
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::service::RunningService;

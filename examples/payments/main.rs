@@ -39,8 +39,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_runtime::{
-    audit_hints, Caller, Executor, IdempotencyStore, Maintenance, MaintenanceConfig, MemoryStore,
-    Outbox, OutboxConfig, PostgresStore, ReconcileConfig, RedisStore, SqliteStore,
+    audit_hints,
+    maintenance::{Maintenance, MaintenanceConfig, ReconcileConfig},
+    outbox::{Outbox, OutboxConfig},
+    Caller, Executor, IdempotencyStore, MemoryStore, PostgresStore, RedisStore, SqliteStore,
 };
 use rmcp::ServiceExt;
 use shop::{Backends, Payments, ProcessorReconciler};

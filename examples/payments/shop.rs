@@ -12,8 +12,11 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use idem_runtime::{
-    current_cancellation, current_reference, follow_on, idempotent, job_fn, Caller, Executor,
-    FollowOn, IdempotentServer, JobHandlers, JobRun, Reconciler, Reconciliation, Record, ToolError,
+    current_cancellation, current_reference, follow_on, idempotent,
+    maintenance::{Outcome, Reconciler, Reconciliation},
+    outbox::{job_fn, FollowOn, JobHandlers, JobRun},
+    store::Record,
+    Caller, Executor, IdempotentServer, ToolError,
 };
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::{Json, Parameters};
@@ -761,15 +764,15 @@ impl Reconciler for ProcessorReconciler {
                 match self.backends.charge_status(&record.reference.to_string()) {
                     // The handler's receipt job was lost with its outcome: the
                     // resolution writes it.
-                    ChargeStatus::Charged(receipt) => Reconciliation::CompletedWithFollowOns {
-                        follow_ons: vec![FollowOn::new(
-                            "send_receipt",
-                            &ReceiptMail::of(&receipt),
-                        )?],
-                        response: tool_response(receipt)?,
-                    },
+                    ChargeStatus::Charged(receipt) => {
+                        let mail = FollowOn::new("send_receipt", &ReceiptMail::of(&receipt))?;
+                        Reconciliation::Found(Outcome::completed_with(
+                            tool_response(receipt)?,
+                            vec![mail],
+                        ))
+                    }
                     ChargeStatus::InFlight => Reconciliation::StillUnknown,
-                    ChargeStatus::NotFound => Reconciliation::NotPerformed,
+                    ChargeStatus::NotFound => Reconciliation::not_performed(),
                 }
             }
             // The carrier dedups by reference but offers no lookup: only an

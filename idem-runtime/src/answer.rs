@@ -196,7 +196,7 @@ impl<T, E> Answer<T, E> {
     }
 
     /// The answer's wire name, [`AnswerState::as_str`].
-    pub fn kind(&self) -> &'static str {
+    pub fn name(&self) -> &'static str {
         self.state().as_str()
     }
 }

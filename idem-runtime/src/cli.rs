@@ -42,10 +42,10 @@ use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::{json, Value};
 
 use crate::key::Reference;
-use crate::maintenance::{purge, resolve_by_hand_with_follow_ons, ManualOutcome, ResolveError};
+use crate::maintenance::{purge, resolve_by_hand, Outcome, ResolveError};
 use crate::mcp::stored_response;
 use crate::store::{
-    open_store, FollowOn, FollowOnStore, IdempotencyStore, JobFilter, JobId, OutboxJob, Record,
+    open_store, FollowOn, FollowOnStore, IdempotencyStore, Job, JobFilter, JobId, Record,
     RecordFilter, RecordState, RecordStateKind, StoreError,
 };
 use crate::time::rfc3339;
@@ -328,7 +328,7 @@ fn follow_ons(store: &dyn IdempotencyStore) -> Result<&dyn FollowOnStore, Failur
             format!(
                 "the {} store keeps no follow-on jobs; point --store at the store your servers \
                  write their jobs to",
-                store.kind()
+                store.backend()
             ),
         )
     })
@@ -450,25 +450,26 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
                     ));
                 }
             }
+            let names: Vec<String> = follow_ons.iter().map(|j| j.name().to_owned()).collect();
             let outcome = match (completed, completed_result) {
-                (Some(value), _) => ManualOutcome::Completed {
-                    response: structured_response(&value)?,
-                },
-                (None, Some(result)) => ManualOutcome::Completed {
-                    response: whole_response(&result)?,
-                },
-                (None, None) => ManualOutcome::NotPerformed,
+                (Some(value), _) => {
+                    Outcome::completed_with(structured_response(&value)?, follow_ons)
+                }
+                (None, Some(result)) => {
+                    Outcome::completed_with(whole_response(&result)?, follow_ons)
+                }
+                (None, None) if !follow_ons.is_empty() => {
+                    return Err(Failure(
+                        EXIT_USAGE,
+                        "--follow-on jobs follow only a completed operation: resolve it with \
+                         --completed or --completed-result, or give no --follow-on; nothing \
+                         was changed"
+                            .to_owned(),
+                    ))
+                }
+                (None, None) => Outcome::NotPerformed,
             };
-            let record = resolve_by_hand_with_follow_ons(
-                store,
-                &tenant,
-                &reference,
-                &outcome,
-                &note,
-                &follow_ons,
-            )
-            .await?;
-            let names: Vec<&str> = follow_ons.iter().map(FollowOn::name).collect();
+            let record = resolve_by_hand(store, &tenant, &reference, &outcome, &note).await?;
             if args.json {
                 let mut value = record_json(&record, false);
                 value["follow_ons"] = json!(names);
@@ -536,7 +537,7 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
                     "REFERENCE",
                     "NAME",
                     "TENANT",
-                    "ATTEMPTS",
+                    "RUNS",
                     "NEXT RUN",
                     "LAST ERROR",
                 ]
@@ -547,7 +548,7 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
                         j.id.reference.to_string(),
                         j.id.name.clone(),
                         j.id.tenant.clone(),
-                        j.attempts.to_string(),
+                        j.runs.to_string(),
                         if j.dead {
                             "dead".to_owned()
                         } else {
@@ -707,15 +708,15 @@ fn record_json(r: &Record, response: bool) -> Value {
 
 /// A job as JSON, its payload included (a job's payload is what its handler
 /// needs, declared by the tool's own code).
-fn job_json(j: &OutboxJob) -> Value {
+fn job_json(j: &Job) -> Value {
     json!({
         "reference": j.id.reference.to_string(),
         "name": j.id.name,
         "tenant": j.id.tenant,
         "downstream_key": j.id.downstream_key(),
-        "attempts": j.attempts,
+        "runs": j.runs,
         "dead": j.dead,
-        "leased": j.token.is_some(),
+        "leased": j.attempt.is_some(),
         "next_run_at": rfc3339(j.next_run_at),
         "last_error": j.last_error,
         "created_at": rfc3339(j.created_at),

@@ -73,31 +73,42 @@
 //!
 //! # The parts
 //!
+//! The root holds what an application needs to write and serve a tool.
+//!
 //! - [`macro@idempotent`] wraps an rmcp tool in the [`Executor`] and gives it
 //!   `idempotentHint: true`; [`macro@tool_router`] on the impl refuses a hint
 //!   no wrapper backs and adds the status tool ([`status_tool`]);
 //!   [`audit_hints`] checks the served router at start-up.
 //! - The [`Executor`] derives the operation's [`IdempotencyKey`] (canonical
-//!   JSON, [`canonical_json`]), claims a record in an [`IdempotencyStore`]
+//!   JSON, [`canonical`]), claims a record in an [`IdempotencyStore`]
 //!   before the side effect, records the outcome after it, and answers every
-//!   repeat from the record: in flight, replayed, unknown or conflict (see
+//!   repeat from the record: in progress, replayed, unknown or conflict (see
 //!   [`Answer`] and [`AnswerState`]).
 //! - Stores: [`MemoryStore`], `SqliteStore` (feature `sqlite`, default),
-//!   `PostgresStore` (`postgres`), `RedisStore` (`redis`); a store of your
-//!   own runs the same conformance suite (`conformance`).
-//! - [`Maintenance`] purges, sweeps dead calls to UNKNOWN and reconciles them
-//!   through your [`Reconciler`]; [`resolve_by_hand`] is for what nobody can
+//!   `PostgresStore` (`postgres`), `RedisStore` (`redis`); [`open_store`]
+//!   opens one from its URL.
+//!
+//! The rest lives in a module of its own:
+//!
+//! - [`maintenance`]: the loop that purges, sweeps dead calls to UNKNOWN and
+//!   reconciles them through your
+//!   [`Reconciler`](maintenance::Reconciler); an operator's
+//!   [`resolve_by_hand`](maintenance::resolve_by_hand) for what nobody can
 //!   reconcile.
-//! - Follow-on work: a handler declares jobs with [`follow_on`] (a receipt
-//!   after a charge), written with its completion; an [`Outbox`] dispatcher
-//!   runs each at least once through your [`JobHandlers`], with a stable
-//!   downstream key, retries with backoff, and a dead letter.
+//! - [`outbox`]: follow-on work. A handler declares jobs with [`follow_on`]
+//!   (a receipt after a charge), written with its completion; an
+//!   [`Outbox`](outbox::Outbox) dispatcher runs each at least once through
+//!   your [`JobHandlers`](outbox::JobHandlers), with a stable downstream
+//!   key, retries with backoff, and a dead letter.
+//! - [`store`]: the contract a store implements ([`IdempotencyStore`],
+//!   [`FollowOnStore`](store::FollowOnStore)), the records and jobs it
+//!   keeps, and (feature `conformance`) the suite a store of your own runs.
+//! - [`canonical`]: the RFC 8785 canonical JSON the keys hash.
 //! - Operating it: calls, store latencies and maintenance are counted
 //!   through the `metrics` facade (feature `metrics`, default; the names are
 //!   in the README's "Operating it"), each call runs in an `idem.call`
 //!   tracing span, and the `idem` command line (feature `cli`, module
-//!   `cli`) lists, shows, resolves by hand, purges and counts records;
-//!   [`open_store`] opens a store from its URL.
+//!   `cli`) lists, shows, resolves by hand, purges and counts records.
 #![warn(
     missing_docs,
     missing_debug_implementations,
@@ -106,22 +117,26 @@
 )]
 
 mod answer;
+pub mod canonical;
 #[cfg(feature = "cli")]
 pub mod cli;
 mod executor;
 mod future;
 mod key;
-mod maintenance;
+pub mod maintenance;
 #[cfg(feature = "rmcp")]
 mod mcp;
-mod outbox;
-mod store;
+pub mod outbox;
+pub mod store;
 mod telemetry;
 #[cfg(any(feature = "cli", feature = "rmcp"))]
 mod time;
 
+// The root holds what an application needs to write and serve a tool; a
+// store author's, an operator's and the background loops' names live in
+// `store`, `maintenance`, `outbox` and `canonical`.
 pub use answer::{Answer, AnswerState, Classify, Disposition, StatusReport, ToolError};
-/// The attribute a [`Reconciler`] implementation needs (its method is
+/// The attribute a [`Reconciler`](maintenance::Reconciler) implementation needs (its method is
 /// `async`), re-exported so that implementing it takes no dependency of your
 /// own: `#[idem_runtime::async_trait]` on the `impl` block.
 pub use async_trait::async_trait;
@@ -132,16 +147,7 @@ pub use executor::{
 /// The attribute that makes an rmcp tool safe to repeat.
 #[cfg(feature = "rmcp")]
 pub use idem_macros::{idempotent, tool_router};
-pub use key::canonical::{
-    canonical_json, canonicalize_str, format_number_es6, CanonicalError,
-    MAX_DEPTH as CANONICAL_MAX_DEPTH,
-};
 pub use key::{Caller, IdempotencyKey, KeyError, Reference, Scope};
-pub use maintenance::{
-    purge, reconcile, resolve_by_hand, resolve_by_hand_with_follow_ons, sweep, Maintenance,
-    MaintenanceConfig, ManualOutcome, ReconcileConfig, ReconcileReport, Reconciler, Reconciliation,
-    ResolveError,
-};
 #[cfg(feature = "rmcp")]
 #[doc(hidden)]
 pub use mcp::private as __private;
@@ -150,22 +156,10 @@ pub use mcp::{
     audit_hints, current_cancellation, current_reference, request_caller, status_tool,
     stored_response, tasks, HintProblem, IdempotentServer, RESULT_META_KEY, TOOL_META_KEY,
 };
-pub use outbox::{
-    follow_on, job_fn, DispatchReport, JobError, JobFn, JobHandler, JobHandlers, JobRun, Outbox,
-    OutboxConfig, MAX_JOB_ERROR,
-};
-/// The store conformance suite, for a store of your own: see
-/// [`conformance_tests!`].
-#[cfg(feature = "conformance")]
-pub use store::conformance;
+pub use outbox::follow_on;
 #[cfg(feature = "sqlite")]
 pub use store::SqliteStore;
-pub use store::{
-    is_valid_job_name, open_store, Attempt, Claim, ClaimRequest, FollowOn, FollowOnError,
-    FollowOnStore, IdempotencyStore, JobFilter, JobId, MemoryStore, OutboxJob, Reading, Record,
-    RecordFilter, RecordState, RecordStateKind, Resolution, StateCounts, StoreError,
-    DEFAULT_LIST_LIMIT, DEFAULT_MAX_PAYLOAD, MAX_JOB_NAME,
-};
+pub use store::{open_store, IdempotencyStore, MemoryStore, StoreError};
 #[cfg(feature = "postgres")]
 pub use store::{PostgresStore, PostgresStoreBuilder};
 #[cfg(feature = "redis")]

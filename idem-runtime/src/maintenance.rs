@@ -12,32 +12,63 @@ use crate::store::{
     Resolution, StoreError,
 };
 
-/// What a processor says about an operation whose outcome was unknown.
+/// What became of an operation whose outcome was unknown, whoever found it
+/// out: a [`Reconciler`] ([`Reconciliation::Found`]) or an operator
+/// ([`resolve_by_hand`]). The store writes it as a
+/// [`Resolution`].
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Reconciliation {
-    /// It happened: store this response (JSON text, exactly what the tool
-    /// would have returned) so repeats replay it. For an rmcp tool, build it
-    /// with `stored_response` (`stored_response(Json(receipt))`): anything
-    /// else would not replay, and each repeat would answer "unknown".
+pub enum Outcome {
+    /// It happened: store `response` so repeats replay it, and write
+    /// `follow_ons` (the jobs the handler would have declared after it, lost
+    /// with its outcome: the receipt never sent) in the same atomic step.
     Completed {
-        /// The response to store.
+        /// The response to store: JSON text, exactly what the tool would
+        /// have returned. For an rmcp tool, build it with `stored_response`
+        /// (`stored_response(Json(receipt))`): anything else would not
+        /// replay, and each repeat would answer "unknown".
         response: String,
-    },
-    /// It happened, and what the handler would have declared after it is
-    /// still to do: store the response and write these follow-on jobs in
-    /// the same atomic step (the handler's own declarations were lost with
-    /// its outcome). Build each with [`FollowOn::new`].
-    CompletedWithFollowOns {
-        /// The response to store.
-        response: String,
-        /// The follow-on jobs, each name once.
+        /// The follow-on jobs, each name once (usually none). Build each
+        /// with [`FollowOn::new`].
         follow_ons: Vec<FollowOn>,
     },
-    /// It did not happen: the record becomes NOT_PERFORMED, so the call can
-    /// run again. Trusted only once the record has been unchanged for the
-    /// settle period ([`ReconcileConfig::settle`]); until then the record is
-    /// asked about again.
+    /// It did not happen: the record becomes NOT_PERFORMED, so the next
+    /// call of the operation runs.
     NotPerformed,
+}
+
+impl Outcome {
+    /// It happened, with `response` and no follow-on jobs.
+    pub fn completed(response: impl Into<String>) -> Self {
+        Outcome::Completed {
+            response: response.into(),
+            follow_ons: Vec::new(),
+        }
+    }
+
+    /// It happened, with `response` and the follow-on jobs still to do.
+    pub fn completed_with(response: impl Into<String>, follow_ons: Vec<FollowOn>) -> Self {
+        Outcome::Completed {
+            response: response.into(),
+            follow_ons,
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Outcome::Completed { .. } => "completed",
+            Outcome::NotPerformed => "not_performed",
+        }
+    }
+}
+
+/// What a [`Reconciler`] says about an operation whose outcome was unknown.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reconciliation {
+    /// The processor knows: resolve the record with this outcome. A
+    /// [`Outcome::NotPerformed`] is trusted only once the record has been
+    /// unchanged for the settle period ([`ReconcileConfig::settle`]); until
+    /// then the record is asked about again.
+    Found(Outcome),
     /// The processor does not know yet (or the request is still in flight
     /// there); ask again after a backoff.
     StillUnknown,
@@ -45,6 +76,18 @@ pub enum Reconciliation {
     /// record is put off for the longest backoff, so it never holds up the
     /// records this reconciler can resolve.
     NotMine,
+}
+
+impl Reconciliation {
+    /// Found completed, with `response` ([`Outcome::completed`]).
+    pub fn completed(response: impl Into<String>) -> Self {
+        Reconciliation::Found(Outcome::completed(response))
+    }
+
+    /// Found not performed.
+    pub fn not_performed() -> Self {
+        Reconciliation::Found(Outcome::NotPerformed)
+    }
 }
 
 /// Looks an operation up at the processor by its reference (the one the
@@ -60,7 +103,9 @@ pub enum Reconciliation {
 /// returns `Result<Json<Receipt>, _>`).
 ///
 /// ```
-/// use idem_runtime::{async_trait, stored_response, Reconciler, Reconciliation, Record};
+/// use idem_runtime::maintenance::{MaintenanceConfig, Reconciler, Reconciliation};
+/// use idem_runtime::store::Record;
+/// use idem_runtime::{async_trait, stored_response};
 /// use rmcp::handler::server::wrapper::Json;
 ///
 /// #[derive(serde::Serialize, schemars::JsonSchema)]
@@ -90,17 +135,17 @@ pub enum Reconciliation {
 ///         }
 ///         // The handler gave the processor current_reference() as its key.
 ///         Ok(match self.charge_by_key(&record.reference.to_string()).await? {
-///             Some(charge_id) => Reconciliation::Completed {
-///                 // Exactly what charge_card stores when it returns Json(receipt).
-///                 response: stored_response(Json(Receipt { charge_id }))?,
-///             },
+///             // Exactly what charge_card stores when it returns Json(receipt).
+///             Some(charge_id) => {
+///                 Reconciliation::completed(stored_response(Json(Receipt { charge_id }))?)
+///             }
 ///             // Trusted only once the record has settled (ReconcileConfig::settle).
-///             None => Reconciliation::NotPerformed,
+///             None => Reconciliation::not_performed(),
 ///         })
 ///     }
 /// }
 ///
-/// let config = idem_runtime::MaintenanceConfig {
+/// let config = MaintenanceConfig {
 ///     reconciler: Some(std::sync::Arc::new(Processor)),
 ///     ..Default::default()
 /// };
@@ -231,24 +276,17 @@ pub async fn reconcile(
         let (key, attempt) = (&record.key, record.attempt);
         let backoff = config.backoff(record.checks);
         let outcome = match reconciler.reconcile(&record).await {
-            Ok(Reconciliation::Completed { response }) => {
-                let completed = Resolution::Completed {
-                    response: &response,
-                };
-                store
-                    .resolve(key, attempt, completed, None)
-                    .await
-                    .map(|()| &mut report.completed)
-            }
-            Ok(Reconciliation::CompletedWithFollowOns {
+            Ok(Reconciliation::Found(Outcome::Completed {
                 response,
                 follow_ons,
-            }) => {
+            })) => {
                 match resolve_completed_with_jobs(store, key, attempt, &response, None, &follow_ons)
                     .await
                 {
                     Ok(()) => {
-                        crate::telemetry::follow_ons_enqueued(follow_ons.len());
+                        if !follow_ons.is_empty() {
+                            crate::telemetry::follow_ons_enqueued(follow_ons.len());
+                        }
                         Ok(&mut report.completed)
                     }
                     Err(StoreError::Invalid(error)) => {
@@ -263,7 +301,7 @@ pub async fn reconcile(
                     Err(e) => Err(e),
                 }
             }
-            Ok(Reconciliation::NotPerformed) => {
+            Ok(Reconciliation::Found(Outcome::NotPerformed)) => {
                 let not_performed = Resolution::NotPerformed {
                     note: note::RECONCILED_NOT_PERFORMED,
                     settle: config.settle,
@@ -321,20 +359,6 @@ pub async fn reconcile(
     Ok(report)
 }
 
-/// What an operator found out about an operation whose outcome was unknown.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ManualOutcome {
-    /// It happened: repeats replay `response` (JSON text, exactly what the
-    /// tool would have returned; for an rmcp tool, `stored_response` builds
-    /// it from the tool's return value).
-    Completed {
-        /// The response to store.
-        response: String,
-    },
-    /// It did not happen: the next identical call runs.
-    NotPerformed,
-}
-
 /// Why a resolution by hand was refused. Nothing was changed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -365,12 +389,6 @@ pub enum ResolveError {
     /// The completed response is not JSON.
     #[error("the response is not JSON ({0}): give the tool's result as JSON text")]
     InvalidResponse(String),
-    /// Follow-on jobs were given with a not-performed outcome: they follow
-    /// only an operation that happened.
-    #[error(
-        "follow-on jobs follow only a completed operation; resolve it as completed, or give no jobs"
-    )]
-    FollowOnsNotCompleted,
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -384,17 +402,17 @@ async fn resolved_as(
     tenant: &str,
     reference: &Reference,
     record: Record,
-    outcome: &ManualOutcome,
+    outcome: &Outcome,
     note: &str,
 ) -> Record {
     match store.lookup(tenant, reference).await {
         Ok(Some(read)) if read.attempt == record.attempt => read,
         _ => Record {
             state: match outcome {
-                ManualOutcome::Completed { response } => RecordState::Completed {
+                Outcome::Completed { response, .. } => RecordState::Completed {
                     response: response.clone(),
                 },
-                ManualOutcome::NotPerformed => RecordState::NotPerformed {
+                Outcome::NotPerformed => RecordState::NotPerformed {
                     note: note::RESOLVED_BY_HAND_NOT_PERFORMED.to_owned(),
                 },
             },
@@ -404,49 +422,36 @@ async fn resolved_as(
     }
 }
 
-/// Resolves an UNKNOWN operation by hand: completed with `response`, or not
-/// performed, with `note` (who and why) kept on the record, where the status
-/// tool shows it. An IN_PROGRESS record whose lease ran out counts as
-/// UNKNOWN (its process is presumed dead, as the sweep would conclude).
+/// Resolves an UNKNOWN operation by hand: completed (with its response,
+/// and the follow-on jobs the handler would have declared, written in the
+/// same atomic step: the receipt that was never sent), or not performed,
+/// with `note` (who and why) kept on the record, where the status tool shows
+/// it. An IN_PROGRESS record whose lease ran out counts as UNKNOWN (its
+/// process is presumed dead, as the sweep would conclude).
 ///
 /// Fenced by the record's attempt, so it cannot overwrite a resolution or a
 /// late completion that lands at the same moment; and idempotent: resolving
 /// again the same way with the same note answers the resolved record. Any
 /// other record is refused with [`ResolveError::NotUnknown`] and left as it
-/// was. Returns the record as resolved.
+/// was; a repeated job name is refused with a store error `Invalid`, and
+/// nothing is changed. Returns the record as resolved.
 pub async fn resolve_by_hand(
     store: &dyn IdempotencyStore,
     tenant: &str,
     reference: &Reference,
-    outcome: &ManualOutcome,
+    outcome: &Outcome,
     note: &str,
 ) -> Result<Record, ResolveError> {
-    resolve_by_hand_with_follow_ons(store, tenant, reference, outcome, note, &[]).await
-}
-
-/// [`resolve_by_hand`], writing `follow_ons` (the jobs the handler would
-/// have declared: the receipt that was never sent) with a COMPLETED
-/// resolution, in the same atomic step. Refused with
-/// [`ResolveError::FollowOnsNotCompleted`] for a not-performed outcome, and
-/// with a store error `Invalid` for a repeated job name; nothing is changed
-/// then.
-pub async fn resolve_by_hand_with_follow_ons(
-    store: &dyn IdempotencyStore,
-    tenant: &str,
-    reference: &Reference,
-    outcome: &ManualOutcome,
-    note: &str,
-    follow_ons: &[FollowOn],
-) -> Result<Record, ResolveError> {
-    if !follow_ons.is_empty() && *outcome == ManualOutcome::NotPerformed {
-        return Err(ResolveError::FollowOnsNotCompleted);
-    }
+    let follow_ons: &[FollowOn] = match outcome {
+        Outcome::Completed { follow_ons, .. } => follow_ons,
+        Outcome::NotPerformed => &[],
+    };
     crate::store::check_distinct(follow_ons)?;
     let note = note.trim();
     if note.is_empty() {
         return Err(ResolveError::EmptyNote);
     }
-    if let ManualOutcome::Completed { response } = outcome {
+    if let Outcome::Completed { response, .. } = outcome {
         serde_json::from_str::<serde_json::Value>(response)
             .map_err(|e| ResolveError::InvalidResponse(e.to_string()))?;
     }
@@ -474,8 +479,8 @@ pub async fn resolve_by_hand_with_follow_ons(
         .await?
         .ok_or_else(not_found)?;
     let resolution = match outcome {
-        ManualOutcome::Completed { response } => Resolution::Completed { response },
-        ManualOutcome::NotPerformed => Resolution::NotPerformed {
+        Outcome::Completed { response, .. } => Resolution::Completed { response },
+        Outcome::NotPerformed => Resolution::NotPerformed {
             note: note::RESOLVED_BY_HAND_NOT_PERFORMED,
             settle: Duration::ZERO,
         },
@@ -505,10 +510,7 @@ pub async fn resolve_by_hand_with_follow_ons(
                     crate::telemetry::follow_ons_enqueued(follow_ons.len());
                 }
                 tracing::info!(%reference, tool = %record.tool, "resolved by hand");
-                crate::telemetry::resolved_by_hand(match outcome {
-                    ManualOutcome::Completed { .. } => "completed",
-                    ManualOutcome::NotPerformed => "not_performed",
-                });
+                crate::telemetry::resolved_by_hand(outcome.name());
                 return Ok(resolved_as(store, tenant, reference, record, outcome, note).await);
             }
             Err(StoreError::Fenced | StoreError::WrongState { .. }) => {}
@@ -521,10 +523,10 @@ pub async fn resolve_by_hand_with_follow_ons(
         .ok_or_else(not_found)?;
     let same = resolved.resolution.as_deref() == Some(note)
         && match (&resolved.state, outcome) {
-            (RecordState::Completed { response }, ManualOutcome::Completed { response: r }) => {
+            (RecordState::Completed { response }, Outcome::Completed { response: r, .. }) => {
                 response == r
             }
-            (RecordState::NotPerformed { .. }, ManualOutcome::NotPerformed) => true,
+            (RecordState::NotPerformed { .. }, Outcome::NotPerformed) => true,
             _ => false,
         };
     if same {
@@ -572,7 +574,7 @@ impl Default for MaintenanceConfig {
 /// attempt in one atomic step, so when two replicas' rounds meet on a
 /// record, one change lands and the other finds it done: each lapsed claim
 /// is swept once, each UNKNOWN record resolved once (a response stored once,
-/// a `CompletedWithFollowOns`'s jobs written once), each expired record
+/// an [`Outcome::Completed`]'s follow-on jobs written once), each expired record
 /// purged once. (Two loops on one PostgreSQL or SQLite store with 40 lapsed
 /// claims are tested so.) What is not shared is the question: a record due
 /// when two replicas run their rounds is asked about by both, so the

@@ -21,8 +21,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_runtime::{
-    follow_on, job_fn, Caller, Executor, IdempotencyStore, JobHandlers, Operation, Outbox,
-    OutboxConfig, ScopeSpec, SqliteStore, ToolError,
+    follow_on,
+    outbox::{job_fn, JobHandlers, Outbox, OutboxConfig},
+    Caller, Executor, IdempotencyStore, Operation, ScopeSpec, SqliteStore, ToolError,
 };
 
 #[tokio::main]
@@ -54,7 +55,7 @@ async fn main() {
                 )
                 .await;
             let reference = answer.reference().expect("a reference");
-            println!("COMPLETED {reference} {}", answer.kind());
+            println!("COMPLETED {reference} {}", answer.name());
             std::io::stdout().flush().unwrap();
             std::future::pending::<()>().await;
         }
@@ -73,7 +74,7 @@ async fn main() {
                             f,
                             "{} {} {}",
                             job.downstream_key,
-                            job.attempt,
+                            job.run,
                             std::process::id()
                         )?;
                         f.sync_all()?;

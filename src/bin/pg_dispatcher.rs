@@ -26,7 +26,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idem_runtime::{job_fn, JobHandlers, JobRun, Outbox, OutboxConfig, PostgresStore};
+use idem_runtime::{
+    outbox::{job_fn, JobHandlers, JobRun, Outbox, OutboxConfig},
+    PostgresStore,
+};
 
 #[tokio::main]
 async fn main() {

@@ -134,7 +134,7 @@ where
         .reference()
         .map(|r| r.to_string())
         .unwrap_or_default();
-    format!("{} {reference}", answer.kind())
+    format!("{} {reference}", answer.name())
 }
 
 /// The processor's own durable log: one line per charge, appended and synced

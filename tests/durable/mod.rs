@@ -7,8 +7,11 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use idem_runtime::conformance::claim_request;
-use idem_runtime::{Attempt, ClaimRequest, PostgresStore};
+use idem_runtime::store::conformance::claim_request;
+use idem_runtime::{
+    store::{Attempt, ClaimRequest},
+    PostgresStore,
+};
 
 /// A claim of a fresh key in a fresh tenant with this lease and window
 /// (retention = window).
@@ -226,12 +229,13 @@ impl Proxy {
 /// the caller then rewrites its rows to what a store wrote before
 /// references had tags, and [`legacy_rows_still_work`] checks them.
 pub async fn completed_with_a_job(
-    store: &dyn idem_runtime::FollowOnStore,
+    store: &dyn idem_runtime::store::FollowOnStore,
 ) -> (ClaimRequest, String) {
     let req = request(Duration::from_secs(30), Duration::from_secs(900));
     let name = format!("send_receipt_{}", Attempt::random().get());
     store.claim(&req).await.unwrap();
-    let job = idem_runtime::FollowOn::new(&name, &serde_json::json!({"to": "a@b"})).unwrap();
+    let job =
+        idem_runtime::outbox::FollowOn::new(&name, &serde_json::json!({"to": "a@b"})).unwrap();
     store
         .complete_with_follow_ons(&req.key, req.attempt, "\"paid\"", &[job])
         .await
@@ -243,11 +247,14 @@ pub async fn completed_with_a_job(
 /// 16-digit reference: a lookup by it finds the record, a repeat answers
 /// with it, and the job keeps its downstream key and still runs.
 pub async fn legacy_rows_still_work(
-    store: &dyn idem_runtime::FollowOnStore,
+    store: &dyn idem_runtime::store::FollowOnStore,
     req: &ClaimRequest,
     name: &str,
 ) {
-    use idem_runtime::{Claim, JobFilter, Reference};
+    use idem_runtime::{
+        store::{Claim, JobFilter},
+        Reference,
+    };
     let legacy = Reference::with_tag(&req.key, 0);
     let text = legacy.to_string();
     assert_eq!(text.len(), "idem_".len() + 16, "{text}");
@@ -259,7 +266,7 @@ pub async fn legacy_rows_still_work(
         .expect("the record is found by its old reference");
     assert_eq!(record.reference, legacy);
     match store
-        .claim(&idem_runtime::conformance::new_operation(req))
+        .claim(&idem_runtime::store::conformance::new_operation(req))
         .await
         .unwrap()
     {

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use idem_runtime::{Attempt, RedisStore};
+use idem_runtime::{store::Attempt, RedisStore};
 
 /// Whether this run is CI's, where a missing service fails instead of skipping.
 fn under_ci() -> bool {

@@ -20,7 +20,11 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use idem_runtime::{Reconciler, Reconciliation, Record, Reference};
+use idem_runtime::{
+    maintenance::{Reconciler, Reconciliation},
+    store::Record,
+    Reference,
+};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -262,10 +266,10 @@ impl Reconciler for SimReconciler {
         let now = Instant::now();
         let reference = record.reference;
         let answer = match w.entries.get(&reference).map(|e| &w.charges[e.charge]) {
-            Some(c) if c.tenant != record.tenant => Reconciliation::NotPerformed,
+            Some(c) if c.tenant != record.tenant => Reconciliation::not_performed(),
             Some(c) if now < c.lands_at => {
                 if sim.sabotage == Sabotage::InFlightNotPerformed {
-                    Reconciliation::NotPerformed
+                    Reconciliation::not_performed()
                 } else {
                     Reconciliation::StillUnknown
                 }
@@ -275,12 +279,12 @@ impl Reconciler for SimReconciler {
                 if sim.sabotage == Sabotage::WrongCompletion {
                     receipt.charge_id.push_str("_other");
                 }
-                Reconciliation::Completed {
-                    response: serde_json::to_string(&receipt).expect("a receipt serializes"),
-                }
+                Reconciliation::completed(
+                    serde_json::to_string(&receipt).expect("a receipt serializes"),
+                )
             }
             // Landed, not visible yet; or unknown; or still on the wire.
-            _ => Reconciliation::NotPerformed,
+            _ => Reconciliation::not_performed(),
         };
         sim.log(&mut w, || {
             format!(

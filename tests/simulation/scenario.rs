@@ -1,15 +1,20 @@
 //! One schedule: callers, maintenance and an operator against a store,
 //! driven by one seed, with the oracles checked after every event.
+//!
+//! One job, over 700 lines: running a schedule and checking its oracles.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use idem_runtime::conformance::FaultyStore;
+use idem_runtime::store::conformance::FaultyStore;
 use idem_runtime::{
-    purge, reconcile, resolve_by_hand, sweep, Answer, Caller, Disposition, Executor,
-    IdempotencyStore, ManualOutcome, Operation, OperationContext, ReconcileConfig, RecordState,
-    ResolveError, ScopeSpec, ToolError,
+    maintenance::{
+        purge, reconcile, resolve_by_hand, sweep, Outcome as Found, ReconcileConfig, ResolveError,
+    },
+    store::RecordState,
+    Answer, Caller, Disposition, Executor, IdempotencyStore, Operation, OperationContext,
+    ScopeSpec, ToolError,
 };
 use tokio::time::Instant;
 
@@ -550,7 +555,7 @@ async fn make_call(sim: &Arc<Sim>, callers: &Callers, call: usize) {
             }
             // And from its own: a completed operation shows that effect.
             if let Ok(Some(status)) = exec.status(&caller, &r.to_string()).await {
-                if status.state == idem_runtime::RecordStateKind::Completed {
+                if status.state == idem_runtime::store::RecordStateKind::Completed {
                     let shown: Option<Receipt> =
                         status.response.and_then(|v| serde_json::from_value(v).ok());
                     let w = sim.world();
@@ -795,7 +800,7 @@ fn judge_after_window(
 /// Oracles 2 and 3: what the caller was told against what happened.
 fn judge(sim: &Sim, call: usize, answer: Option<&Answer<Receipt, ToolError>>) {
     let mut w = sim.world();
-    let kind = answer.map_or("dropped", |a| a.kind());
+    let kind = answer.map_or("dropped", |a| a.name());
     w.calls[call].answer = Some(kind);
     w.stats.bump(kind);
     let run = w.calls[call].run;
@@ -956,13 +961,13 @@ async fn maintain(
 
 /// The truth about a legacy record, as an operator finds it at the
 /// processor: performed, not performed, or not known yet.
-fn truth(sim: &Sim, key: &[u8; 32]) -> Option<ManualOutcome> {
+fn truth(sim: &Sim, key: &[u8; 32]) -> Option<Found> {
     let w = sim.world();
     let m = w.keys.get(key)?;
     let now = Instant::now();
     if let Some(c) = sim.charge_of(&w, &m.reference) {
-        return (now >= c.lands_at).then(|| ManualOutcome::Completed {
-            response: serde_json::to_string(&c.receipt()).expect("a receipt serializes"),
+        return (now >= c.lands_at).then(|| {
+            Found::completed(serde_json::to_string(&c.receipt()).expect("a receipt serializes"))
         });
     }
     let pending = w
@@ -970,7 +975,7 @@ fn truth(sim: &Sim, key: &[u8; 32]) -> Option<ManualOutcome> {
         .iter()
         .any(|r| r.reference == m.reference && r.outcome == Outcome::Pending);
     let live = w.runs.iter().any(|r| r.key == *key && r.live);
-    (!pending && !live).then_some(ManualOutcome::NotPerformed)
+    (!pending && !live).then_some(Found::NotPerformed)
 }
 
 /// Resolves, by hand and from the truth, legacy records in doubt; returns
@@ -1013,8 +1018,8 @@ async fn resolve_legacy(sim: &Arc<Sim>, store: &Stack, all: bool) -> Vec<[u8; 32
         match answer {
             Ok(record) => {
                 let ok = match (&record.state, &outcome) {
-                    (RecordState::Completed { response }, ManualOutcome::Completed { response: r }) => response == r,
-                    (RecordState::NotPerformed { .. }, ManualOutcome::NotPerformed) => true,
+                    (RecordState::Completed { response }, Found::Completed { response: r, .. }) => response == r,
+                    (RecordState::NotPerformed { .. }, Found::NotPerformed) => true,
                     _ => false,
                 } && record.resolution.as_deref() == Some(note.as_str());
                 if !ok {

@@ -7,17 +7,22 @@
 //!   → Recorder      sees every write that took effect: the model of each record
 //!   → the store under test
 //! ```
+//!
+//! One job, over 700 lines: the stack of wrappers and the model they keep.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use idem_runtime::conformance::{Call, Fault};
+use idem_runtime::store::conformance::{Call, Fault};
 use idem_runtime::{
-    Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore, IdempotencyKey, IdempotencyStore,
-    JobFilter, JobId, OutboxJob, Record, RecordFilter, RecordState, Reference, Resolution,
-    StateCounts, StoreError,
+    outbox::FollowOn,
+    store::{
+        Attempt, Claim, ClaimRequest, FollowOnStore, Job, JobFilter, JobId, Record, RecordFilter,
+        RecordState, Resolution, StateCounts,
+    },
+    IdempotencyKey, IdempotencyStore, Reference, StoreError,
 };
 use tokio::time::Instant;
 
@@ -612,8 +617,8 @@ impl IdempotencyStore for Recorder {
         self.inner.list_unknown(limit).await
     }
 
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
     }
 
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
@@ -687,7 +692,7 @@ impl FollowOnStore for Recorder {
         limit: usize,
         lease: Duration,
         token: Attempt,
-    ) -> Result<Vec<OutboxJob>, StoreError> {
+    ) -> Result<Vec<Job>, StoreError> {
         jobs_of(&*self.inner)
             .lease_jobs(names, limit, lease, token)
             .await
@@ -713,7 +718,7 @@ impl FollowOnStore for Recorder {
         jobs_of(&*self.inner).bury_job(id, token, error).await
     }
 
-    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<OutboxJob>, StoreError> {
+    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
         jobs_of(&*self.inner).list_jobs(filter).await
     }
 
@@ -826,8 +831,8 @@ impl<S: IdempotencyStore> IdempotencyStore for Observer<S> {
     async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
         self.inner.list_unknown(limit).await
     }
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
     }
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
         self.inner.list_records(filter).await
@@ -872,7 +877,7 @@ impl<S: IdempotencyStore> FollowOnStore for Observer<S> {
         limit: usize,
         lease: Duration,
         token: Attempt,
-    ) -> Result<Vec<OutboxJob>, StoreError> {
+    ) -> Result<Vec<Job>, StoreError> {
         jobs_of(&self.inner)
             .lease_jobs(names, limit, lease, token)
             .await
@@ -894,7 +899,7 @@ impl<S: IdempotencyStore> FollowOnStore for Observer<S> {
     async fn bury_job(&self, id: &JobId, token: Attempt, error: &str) -> Result<(), StoreError> {
         jobs_of(&self.inner).bury_job(id, token, error).await
     }
-    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<OutboxJob>, StoreError> {
+    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
         jobs_of(&self.inner).list_jobs(filter).await
     }
     async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {

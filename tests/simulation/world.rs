@@ -6,7 +6,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
-use idem_runtime::{Attempt, IdempotencyStore, Record, RecordState, Reference};
+use idem_runtime::{
+    store::{Attempt, Record, RecordState},
+    IdempotencyStore, Reference,
+};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 

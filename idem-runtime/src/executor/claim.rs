@@ -17,7 +17,7 @@ pub(crate) struct Won {
     /// The reference the operation runs under, as the store granted it.
     pub(crate) reference: Reference,
     /// When the claim was sent, on the timer's clock: the store's lease
-    /// cannot have started before, so the heartbeats and the in-flight
+    /// cannot have started before, so the heartbeats and the running-claims
     /// table count from here.
     pub(crate) sent: tokio::time::Instant,
 }
@@ -64,7 +64,7 @@ impl Executor {
         // The step's timer starts from the same reading (outside a paused
         // test clock, tokio's instant is the standard one).
         let started = sent.into_std();
-        let claimed = late_claim(self.backend().claim(&request).await, sent + request.lease);
+        let claimed = late_claim(self.dyn_store().claim(&request).await, sent + request.lease);
         self.steps.record(Step::Claim, started);
         match claimed {
             Err(error) => {

@@ -189,8 +189,8 @@ enum OnRejected {
 impl Executor {
     /// An executor over `store`, with a 30 s lease and 48 h retention.
     pub fn new(store: Arc<dyn IdempotencyStore>) -> Self {
-        let follow_ons_unsupported_by = store.follow_ons().is_none().then(|| store.kind());
-        let steps = Arc::new(telemetry::StoreSteps::new(store.kind()));
+        let follow_ons_unsupported_by = store.follow_ons().is_none().then(|| store.backend());
+        let steps = Arc::new(telemetry::StoreSteps::new(store.backend()));
         Executor {
             store,
             lease: DEFAULT_LEASE,
@@ -239,7 +239,7 @@ impl Executor {
     /// The store, called through its `dyn` rather than through `Arc`'s own
     /// implementation of the trait, which would box a second future around
     /// the store's on every call.
-    fn backend(&self) -> &dyn IdempotencyStore {
+    fn dyn_store(&self) -> &dyn IdempotencyStore {
         &*self.store
     }
 
@@ -556,7 +556,7 @@ impl Executor {
             loop {
                 ticks.tick().await;
                 if let Err(error) = self
-                    .backend()
+                    .dyn_store()
                     .heartbeat(&claim.key, claim.attempt, self.lease)
                     .await
                 {
@@ -588,7 +588,7 @@ impl Executor {
             return Ok(None);
         };
         Ok(self
-            .backend()
+            .dyn_store()
             .lookup(caller.tenant(), &reference)
             .await?
             .map(|r| StatusReport::from_record(&r)))
@@ -603,7 +603,7 @@ async fn timed<O>(
 ) -> O {
     let started = Instant::now();
     let out = step.await;
-    telemetry::store_step(store.kind(), op, started);
+    telemetry::store_step(store.backend(), op, started);
     out
 }
 

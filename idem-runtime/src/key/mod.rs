@@ -119,7 +119,7 @@ impl IdempotencyKey {
     /// # Errors
     ///
     /// - [`KeyError::Canonical`] if the arguments or the business key nest
-    ///   deeper than [`CANONICAL_MAX_DEPTH`](crate::CANONICAL_MAX_DEPTH).
+    ///   deeper than [`canonical::MAX_DEPTH`](crate::canonical::MAX_DEPTH).
     /// - [`KeyError::EmptyBusinessKey`] if the business key is `null`, `""`,
     ///   or an array or object holding only such empty values (`[]`, `{}`,
     ///   `{"order_id": null}`): every call without a value would otherwise be

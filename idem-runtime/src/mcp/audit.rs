@@ -20,7 +20,7 @@ pub enum HintProblem {
         tool: String,
     },
     /// A wrapped tool names a status tool the router does not have, so its
-    /// in-flight and unknown answers send the model to a tool that is not there.
+    /// in-progress and unknown answers send the model to a tool that is not there.
     MissingStatusTool {
         /// The wrapped tool.
         tool: String,

@@ -106,10 +106,10 @@ pub(super) fn completed(value: impl IntoCallToolResult) -> Result<CallToolResult
 /// `returned`: what a repeat replays, the status tool shows as `response`
 /// and `tasks/get` answers, byte for byte what a handler's own completion
 /// stores. Build with it whatever stores a tool's result on the tool's
-/// behalf: a [`Reconciliation::Completed`](crate::Reconciliation::Completed)
-/// that found the operation performed, or a
-/// [`ManualOutcome::Completed`](crate::ManualOutcome::Completed) (the `idem
-/// resolve --completed` command line uses it). Stored text the tool could
+/// behalf: an
+/// [`Outcome::Completed`](crate::maintenance::Outcome::Completed), found by a
+/// reconciler or resolved by hand (the `idem resolve --completed` command
+/// line uses it). Stored text the tool could
 /// not have returned would not replay: each repeat would answer "unknown".
 ///
 /// `returned` is what the handler returns on success: `Json(value)` for a

@@ -61,7 +61,7 @@ tokio::task_local! {
 
 /// Declares a follow-on job of the operation whose handler is running: it is
 /// written with the operation's COMPLETED record, in the same transaction,
-/// and a dispatcher ([`Outbox`](crate::Outbox)) runs it afterwards, at least
+/// and a dispatcher ([`Outbox`](crate::outbox::Outbox)) runs it afterwards, at least
 /// once, with a stable downstream key (reference and name). Nothing runs
 /// here, and nothing is written unless the handler returns `Ok`: a rejected
 /// or unknown outcome, a panic or a cancellation drops the declarations, and
@@ -106,7 +106,7 @@ tokio::task_local! {
 /// ([`is_valid_job_name`] checks one ahead of time).
 ///
 /// [`Executor::with_max_follow_on_payload`]: crate::Executor::with_max_follow_on_payload
-/// [`is_valid_job_name`]: crate::is_valid_job_name
+/// [`is_valid_job_name`]: crate::outbox::is_valid_job_name
 pub fn follow_on<P: Serialize + ?Sized>(name: &str, payload: &P) -> Result<(), FollowOnError> {
     DECLARED
         .try_with(|declared| declared.borrow_mut().declare(name, payload))

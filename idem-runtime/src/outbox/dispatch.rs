@@ -1,5 +1,5 @@
 //! The dispatcher: leases due follow-on jobs, runs their handlers, and
-//! finishes, retries or buries each one, fenced by its lease's token.
+//! finishes, retries or buries each one, fenced by its lease's attempt.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -10,7 +10,7 @@ use async_trait::async_trait;
 
 use crate::future::{join_all, panic_message, CatchUnwind};
 use crate::key::Reference;
-use crate::store::{Attempt, FollowOnStore, IdempotencyStore, OutboxJob, StoreError};
+use crate::store::{Attempt, FollowOnStore, IdempotencyStore, Job, StoreError};
 use crate::telemetry;
 
 /// What a job's handler failed with; the dispatcher keeps its text as the
@@ -59,7 +59,7 @@ pub struct JobRun {
     /// The payload the handler declared, as JSON text.
     pub payload: String,
     /// Which run this is: 1 for the first (again 1 after a re-drive).
-    pub attempt: u32,
+    pub run: u32,
     /// The idempotency key to give the far side (the mailer, the
     /// warehouse): the reference and the name, the same on every run, so a
     /// repeat after a crash or a lost answer is dropped there.
@@ -67,13 +67,13 @@ pub struct JobRun {
 }
 
 impl JobRun {
-    fn of(job: &OutboxJob) -> Self {
+    fn of(job: &Job) -> Self {
         JobRun {
             tenant: job.id.tenant.clone(),
             reference: job.id.reference,
             name: job.id.name.clone(),
             payload: job.payload.clone(),
-            attempt: job.attempts,
+            run: job.runs,
             downstream_key: job.id.downstream_key(),
         }
     }
@@ -107,11 +107,11 @@ impl<F> std::fmt::Debug for JobFn<F> {
 /// A [`JobHandler`] that calls `f` with each run.
 ///
 /// ```
-/// let handler = idem_runtime::job_fn(|job: idem_runtime::JobRun| async move {
+/// let handler = idem_runtime::outbox::job_fn(|job: idem_runtime::outbox::JobRun| async move {
 ///     println!("mail {} with key {}", job.payload, job.downstream_key);
 ///     Ok(())
 /// });
-/// let handlers = idem_runtime::JobHandlers::new().on("send_receipt", handler);
+/// let handlers = idem_runtime::outbox::JobHandlers::new().on("send_receipt", handler);
 /// # let _ = handlers;
 /// ```
 pub fn job_fn<F, Fut>(f: F) -> JobFn<F>
@@ -177,7 +177,7 @@ pub struct OutboxConfig {
     /// no other dispatcher runs the job meanwhile.
     pub timeout: Duration,
     /// After this many failed runs a job goes to the dead letter (default 8).
-    pub max_attempts: u32,
+    pub max_runs: u32,
     /// The pause after the first failure; it doubles with each further one
     /// (default 1 s), with jitter.
     pub first_backoff: Duration,
@@ -191,7 +191,7 @@ impl Default for OutboxConfig {
             interval: Duration::from_secs(1),
             batch: 32,
             timeout: Duration::from_secs(30),
-            max_attempts: 8,
+            max_runs: 8,
             first_backoff: Duration::from_secs(1),
             max_backoff: Duration::from_secs(600),
         }
@@ -248,7 +248,7 @@ pub struct DispatchReport {
 }
 
 /// A tokio task that drains due follow-on jobs, at least once each, beside
-/// [`Maintenance`](crate::Maintenance). Several may run against one store
+/// [`Maintenance`](crate::maintenance::Maintenance). Several may run against one store
 /// (in one process or many): each job is leased to one of them at a time.
 #[derive(Debug)]
 pub struct Outbox {
@@ -314,14 +314,14 @@ impl Outbox {
         let names: Vec<&str> = handlers.names().collect();
         let mut report = DispatchReport::default();
         if !names.is_empty() {
-            let token = Attempt::random();
+            let attempt = Attempt::random();
             let jobs = store
-                .lease_jobs(&names, config.batch.max(1), config.lease(), token)
+                .lease_jobs(&names, config.batch.max(1), config.lease(), attempt)
                 .await?;
             report.leased = jobs.len();
             let runs = jobs
                 .iter()
-                .map(|job| run_one(store, handlers, config, job, token));
+                .map(|job| run_one(store, handlers, config, job, attempt));
             for outcome in join_all(runs).await {
                 match outcome {
                     Some(Ran::Delivered) => report.delivered += 1,
@@ -378,12 +378,12 @@ async fn run_one(
     store: &dyn FollowOnStore,
     handlers: &JobHandlers,
     config: &OutboxConfig,
-    job: &OutboxJob,
-    token: Attempt,
+    job: &Job,
+    attempt: Attempt,
 ) -> Option<Ran> {
     let handler = handlers.get(&job.id.name)?;
     let run = JobRun::of(job);
-    let (name, reference, attempt) = (&job.id.name, job.id.reference, job.attempts);
+    let (name, reference, run_number) = (&job.id.name, job.id.reference, job.runs);
     let work = std::pin::pin!(handler.run(&run));
     let failure = match tokio::time::timeout(config.run_timeout(), CatchUnwind(work)).await {
         Ok(Ok(Ok(()))) => None,
@@ -398,17 +398,17 @@ async fn run_one(
         )),
     };
     let (ran, written) = match failure {
-        None => (Ran::Delivered, store.finish_job(&job.id, token).await),
-        Some(error) if job.attempts >= config.max_attempts => {
-            tracing::error!(job = %name, %reference, attempt, %error, "follow-on job failed its last attempt: dead letter");
-            (Ran::Buried, store.bury_job(&job.id, token, &error).await)
+        None => (Ran::Delivered, store.finish_job(&job.id, attempt).await),
+        Some(error) if job.runs >= config.max_runs => {
+            tracing::error!(job = %name, %reference, run = run_number, %error, "follow-on job failed its last attempt: dead letter");
+            (Ran::Buried, store.bury_job(&job.id, attempt, &error).await)
         }
         Some(error) => {
-            let delay = config.backoff(job.attempts);
-            tracing::warn!(job = %name, %reference, attempt, %error, ?delay, "follow-on job failed; retrying");
+            let delay = config.backoff(job.runs);
+            tracing::warn!(job = %name, %reference, run = run_number, %error, ?delay, "follow-on job failed; retrying");
             (
                 Ran::Retried,
-                store.retry_job(&job.id, token, delay, &error).await,
+                store.retry_job(&job.id, attempt, delay, &error).await,
             )
         }
     };

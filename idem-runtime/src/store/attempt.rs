@@ -2,7 +2,7 @@
 
 use std::time::SystemTime;
 
-/// The fencing token of one claim. Every claim draws a fresh random token, so
+/// The fencing token of one claim. Every claim draws a fresh random one, so
 /// a worker that lost its claim (its lease ran out, the record was taken over
 /// or purged and claimed again) can never complete, release or mark the new
 /// owner's record.
@@ -10,19 +10,19 @@ use std::time::SystemTime;
 pub struct Attempt(u64);
 
 impl Attempt {
-    /// The token as a store keeps it (an unsigned 64-bit value, never zero
-    /// for a drawn token).
+    /// The attempt as a store keeps it (an unsigned 64-bit value, never zero
+    /// for a drawn attempt).
     pub fn get(self) -> u64 {
         self.0
     }
 
-    /// The token a store read back from where it kept it; only a store
+    /// The attempt a store read back from where it kept it; only a store
     /// should build one this way.
     pub fn from_stored(value: u64) -> Self {
         Attempt(value)
     }
 
-    /// A new random token: a per-thread SplitMix64 sequence seeded from the
+    /// A new random attempt: a per-thread SplitMix64 sequence seeded from the
     /// OS once, so drawing one costs no system call. Within a thread the
     /// sequence never repeats a value (SplitMix64 is a bijection of its
     /// counter); across threads the seeds are independent random 64-bit

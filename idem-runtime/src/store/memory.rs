@@ -12,8 +12,8 @@ use hashbrown::hash_table::{Entry, HashTable};
 
 use super::{
     check_distinct, listing_order, Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore,
-    IdempotencyStore, JobFilter, JobId, OutboxJob, Record, RecordFilter, RecordState,
-    RecordStateKind, Resolution, StateCounts, StoreError,
+    IdempotencyStore, Job, JobFilter, JobId, Record, RecordFilter, RecordState, RecordStateKind,
+    Resolution, StateCounts, StoreError,
 };
 use crate::key::{IdempotencyKey, Reference};
 
@@ -26,7 +26,7 @@ const SHARDS: usize = 64;
 #[derive(Default)]
 struct ShardData {
     records: Records,
-    jobs: BTreeMap<JobKey, OutboxJob>,
+    jobs: BTreeMap<JobKey, Job>,
 }
 
 /// A shard's records in a hash table hashed by the key's first eight bytes
@@ -209,19 +209,19 @@ impl MemoryStore {
         })
     }
 
-    /// Applies `change` to the job if `token` holds its lease; otherwise
+    /// Applies `change` to the job if `attempt` holds its lease; otherwise
     /// `Fenced`.
     fn fenced_job(
         &self,
         id: &JobId,
-        token: Attempt,
-        change: impl FnOnce(&mut BTreeMap<JobKey, OutboxJob>, &JobKey, SystemTime),
+        attempt: Attempt,
+        change: impl FnOnce(&mut BTreeMap<JobKey, Job>, &JobKey, SystemTime),
     ) -> Result<(), StoreError> {
         let now = self.now();
         let key = job_key(id);
         let mut shard = self.shard(id.reference.as_bytes()[0]);
         match shard.jobs.get(&key) {
-            Some(job) if job.token == Some(token) => {
+            Some(job) if job.attempt == Some(attempt) => {
                 change(&mut shard.jobs, &key, now);
                 Ok(())
             }
@@ -331,11 +331,11 @@ fn write_jobs(shard: &mut ShardData, key: &IdempotencyKey, jobs: &[FollowOn], no
             reference,
             name: job.name().to_owned(),
         };
-        shard.jobs.entry(job_key(&id)).or_insert(OutboxJob {
+        shard.jobs.entry(job_key(&id)).or_insert(Job {
             id,
             payload: job.payload().to_owned(),
-            attempts: 0,
-            token: None,
+            runs: 0,
+            attempt: None,
             next_run_at: now,
             last_error: None,
             dead: false,
@@ -350,13 +350,13 @@ fn job_key(id: &JobId) -> JobKey {
 }
 
 /// Whether a lease would find `job` at `now`.
-fn is_due(job: &OutboxJob, now: SystemTime) -> bool {
+fn is_due(job: &Job, now: SystemTime) -> bool {
     !job.dead && job.next_run_at <= now
 }
 
 #[async_trait]
 impl IdempotencyStore for MemoryStore {
-    fn kind(&self) -> &'static str {
+    fn backend(&self) -> &'static str {
         "memory"
     }
 
@@ -632,8 +632,8 @@ impl FollowOnStore for MemoryStore {
         names: &[&str],
         limit: usize,
         lease: Duration,
-        token: Attempt,
-    ) -> Result<Vec<OutboxJob>, StoreError> {
+        attempt: Attempt,
+    ) -> Result<Vec<Job>, StoreError> {
         let now = self.now();
         // The due candidates, the longest due first, then each leased under
         // its shard's lock after a re-check: another dispatcher may have
@@ -661,8 +661,8 @@ impl FollowOnStore for MemoryStore {
             if !is_due(job, now) {
                 continue;
             }
-            job.token = Some(token);
-            job.attempts = job.attempts.saturating_add(1);
+            job.attempt = Some(attempt);
+            job.runs = job.runs.saturating_add(1);
             job.next_run_at = now + lease;
             job.updated_at = now;
             leased.push(job.clone());
@@ -670,8 +670,8 @@ impl FollowOnStore for MemoryStore {
         Ok(leased)
     }
 
-    async fn finish_job(&self, id: &JobId, token: Attempt) -> Result<(), StoreError> {
-        self.fenced_job(id, token, |jobs, key, _| {
+    async fn finish_job(&self, id: &JobId, attempt: Attempt) -> Result<(), StoreError> {
+        self.fenced_job(id, attempt, |jobs, key, _| {
             jobs.remove(key);
         })
     }
@@ -679,31 +679,31 @@ impl FollowOnStore for MemoryStore {
     async fn retry_job(
         &self,
         id: &JobId,
-        token: Attempt,
+        attempt: Attempt,
         delay: Duration,
         error: &str,
     ) -> Result<(), StoreError> {
-        self.fenced_job(id, token, |jobs, key, now| {
+        self.fenced_job(id, attempt, |jobs, key, now| {
             let job = jobs.get_mut(key).expect("checked by fenced_job");
-            job.token = None;
+            job.attempt = None;
             job.next_run_at = now + delay;
             job.last_error = Some(error.to_owned());
             job.updated_at = now;
         })
     }
 
-    async fn bury_job(&self, id: &JobId, token: Attempt, error: &str) -> Result<(), StoreError> {
-        self.fenced_job(id, token, |jobs, key, now| {
+    async fn bury_job(&self, id: &JobId, attempt: Attempt, error: &str) -> Result<(), StoreError> {
+        self.fenced_job(id, attempt, |jobs, key, now| {
             let job = jobs.get_mut(key).expect("checked by fenced_job");
-            job.token = None;
+            job.attempt = None;
             job.dead = true;
             job.last_error = Some(error.to_owned());
             job.updated_at = now;
         })
     }
 
-    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<OutboxJob>, StoreError> {
-        let mut found: Vec<OutboxJob> = Vec::new();
+    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
+        let mut found: Vec<Job> = Vec::new();
         for shard in self.shards.iter() {
             found.extend(
                 lock(shard)
@@ -724,8 +724,8 @@ impl FollowOnStore for MemoryStore {
         match shard.jobs.get_mut(&job_key(id)) {
             Some(job) if job.dead => {
                 job.dead = false;
-                job.attempts = 0;
-                job.token = None;
+                job.runs = 0;
+                job.attempt = None;
                 job.next_run_at = now;
                 job.updated_at = now;
                 Ok(true)

@@ -12,7 +12,7 @@ mod attempt;
 mod memory;
 mod model;
 mod open;
-mod outbox;
+pub(crate) mod outbox;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod sql;
 
@@ -35,10 +35,8 @@ pub use model::{
 };
 pub use open::open_store;
 pub(crate) use outbox::{check_distinct, listing_order};
-pub use outbox::{
-    is_valid_job_name, FollowOn, FollowOnError, JobFilter, JobId, OutboxJob, DEFAULT_MAX_PAYLOAD,
-    MAX_JOB_NAME,
-};
+pub(crate) use outbox::{FollowOn, FollowOnError, DEFAULT_MAX_PAYLOAD};
+pub use outbox::{Job, JobFilter, JobId};
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, PostgresStoreBuilder};
 #[cfg(feature = "redis")]
@@ -106,7 +104,7 @@ pub enum StoreError {
 pub trait IdempotencyStore: Send + Sync + std::fmt::Debug {
     /// A short, constant name of the backend (`memory`, `sqlite`,
     /// `postgres`, `redis`), the `store` label of the latency metrics.
-    fn kind(&self) -> &'static str {
+    fn backend(&self) -> &'static str {
         "custom"
     }
 
@@ -298,7 +296,7 @@ pub trait FollowOnStore: IdempotencyStore {
     /// due first: live (not dead) jobs with `next_run_at <= now` (store
     /// clock), which covers a job never run, a retry whose delay is over, and
     /// a job whose last lease ran out (its dispatcher died or overran). Each
-    /// leased job gets `token`, `attempts + 1`, and `next_run_at = now +
+    /// leased job gets `attempt`, `attempts + 1`, and `next_run_at = now +
     /// lease`, and is returned as changed.
     ///
     /// Atomic per job: of two dispatchers leasing at once, exactly one gets a
@@ -311,39 +309,39 @@ pub trait FollowOnStore: IdempotencyStore {
         names: &[&str],
         limit: usize,
         lease: Duration,
-        token: Attempt,
-    ) -> Result<Vec<OutboxJob>, StoreError>;
+        attempt: Attempt,
+    ) -> Result<Vec<Job>, StoreError>;
 
-    /// The job ran: deletes it, only if `token` still holds its lease (or
+    /// The job ran: deletes it, only if `attempt` still holds its lease (or
     /// held the last one and nobody leased it since). Errors: `Fenced` when
     /// another lease took it or it is gone (nothing changed), `Unavailable`.
-    async fn finish_job(&self, id: &JobId, token: Attempt) -> Result<(), StoreError>;
+    async fn finish_job(&self, id: &JobId, attempt: Attempt) -> Result<(), StoreError>;
 
     /// The job failed and runs again later: its lease is given up, its
     /// `next_run_at` becomes now + `delay` (store clock) and `error` is kept
-    /// as its `last_error`; fenced by `token` as
+    /// as its `last_error`; fenced by `attempt` as
     /// [`finish_job`](FollowOnStore::finish_job). Errors: `Fenced`,
     /// `Unavailable`.
     async fn retry_job(
         &self,
         id: &JobId,
-        token: Attempt,
+        attempt: Attempt,
         delay: Duration,
         error: &str,
     ) -> Result<(), StoreError>;
 
     /// The job failed too often: into the dead letter (`dead`, its lease
     /// given up, `error` kept), where no lease finds it until it is
-    /// re-driven; fenced by `token` as
+    /// re-driven; fenced by `attempt` as
     /// [`finish_job`](FollowOnStore::finish_job). Errors: `Fenced`,
     /// `Unavailable`.
-    async fn bury_job(&self, id: &JobId, token: Attempt, error: &str) -> Result<(), StoreError>;
+    async fn bury_job(&self, id: &JobId, attempt: Attempt, error: &str) -> Result<(), StoreError>;
 
     /// At most `filter.limit` jobs matching `filter`, the oldest first (then
     /// by reference and name), for an operator: live and dead ones. A
     /// snapshot read that changes nothing; it may read every job. Errors:
     /// `Unavailable`.
-    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<OutboxJob>, StoreError>;
+    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>, StoreError>;
 
     /// Takes a dead job out of the dead letter: live again, due now, with
     /// no attempts (its `last_error` kept). `Ok(false)` when no dead job has
@@ -481,8 +479,8 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<S> {
     async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
         (**self).list_unknown(limit).await
     }
-    fn kind(&self) -> &'static str {
-        (**self).kind()
+    fn backend(&self) -> &'static str {
+        (**self).backend()
     }
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
         (**self).list_records(filter).await
@@ -528,26 +526,26 @@ impl<S: FollowOnStore + ?Sized> FollowOnStore for std::sync::Arc<S> {
         names: &[&str],
         limit: usize,
         lease: Duration,
-        token: Attempt,
-    ) -> Result<Vec<OutboxJob>, StoreError> {
-        (**self).lease_jobs(names, limit, lease, token).await
+        attempt: Attempt,
+    ) -> Result<Vec<Job>, StoreError> {
+        (**self).lease_jobs(names, limit, lease, attempt).await
     }
-    async fn finish_job(&self, id: &JobId, token: Attempt) -> Result<(), StoreError> {
-        (**self).finish_job(id, token).await
+    async fn finish_job(&self, id: &JobId, attempt: Attempt) -> Result<(), StoreError> {
+        (**self).finish_job(id, attempt).await
     }
     async fn retry_job(
         &self,
         id: &JobId,
-        token: Attempt,
+        attempt: Attempt,
         delay: Duration,
         error: &str,
     ) -> Result<(), StoreError> {
-        (**self).retry_job(id, token, delay, error).await
+        (**self).retry_job(id, attempt, delay, error).await
     }
-    async fn bury_job(&self, id: &JobId, token: Attempt, error: &str) -> Result<(), StoreError> {
-        (**self).bury_job(id, token, error).await
+    async fn bury_job(&self, id: &JobId, attempt: Attempt, error: &str) -> Result<(), StoreError> {
+        (**self).bury_job(id, attempt, error).await
     }
-    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<OutboxJob>, StoreError> {
+    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
         (**self).list_jobs(filter).await
     }
     async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {

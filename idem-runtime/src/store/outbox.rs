@@ -1,5 +1,5 @@
 //! Follow-on jobs as a store keeps them: what a handler declares
-//! ([`FollowOn`]), the job written with the completion ([`OutboxJob`]), its
+//! ([`FollowOn`]), the job written with the completion ([`Job`]), its
 //! identity ([`JobId`]) and the operator's filter ([`JobFilter`]).
 //!
 //! A job is written in the same atomic step as the COMPLETED record it
@@ -7,7 +7,7 @@
 //! can never leave a completed charge without its receipt job, nor a receipt
 //! job without its charge. A dispatcher leases due jobs with a fencing token
 //! ([`FollowOnStore::lease_jobs`]), runs them, and finishes, retries or
-//! buries them, each fenced by that token.
+//! buries them, each fenced by that attempt.
 //!
 //! [`FollowOnStore::complete_with_follow_ons`]: super::FollowOnStore::complete_with_follow_ons
 //! [`FollowOnStore::lease_jobs`]: super::FollowOnStore::lease_jobs
@@ -227,16 +227,16 @@ impl fmt::Display for JobId {
 
 /// A follow-on job as a store holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OutboxJob {
+pub struct Job {
     /// Tenant, reference and name.
     pub id: JobId,
     /// The payload, as JSON text.
     pub payload: String,
     /// How many times it was leased to run (1 while its first run is under
     /// way); back to 0 when re-driven.
-    pub attempts: u32,
+    pub runs: u32,
     /// The fencing token of the dispatcher that leased it, while one does.
-    pub token: Option<Attempt>,
+    pub attempt: Option<Attempt>,
     /// When it may run next (store clock): when it was written, or when its
     /// retry is due; for a leased job, when its lease runs out and another
     /// dispatcher may take it.
@@ -288,7 +288,7 @@ impl Default for JobFilter {
 impl JobFilter {
     /// Whether `job` matches the filter (not its limit): for a store that
     /// filters after reading.
-    pub fn matches(&self, job: &OutboxJob) -> bool {
+    pub fn matches(&self, job: &Job) -> bool {
         self.tenant.as_deref().is_none_or(|t| job.id.tenant == t)
             && self.reference.is_none_or(|r| job.id.reference == r)
             && self.name.as_deref().is_none_or(|n| job.id.name == n)
@@ -297,7 +297,7 @@ impl JobFilter {
 }
 
 /// The order of [`JobFilter`]'s listing: oldest first, then reference, name.
-pub(crate) fn listing_order(job: &OutboxJob) -> (SystemTime, Reference, String, String) {
+pub(crate) fn listing_order(job: &Job) -> (SystemTime, Reference, String, String) {
     (
         job.created_at,
         job.id.reference,

@@ -238,8 +238,8 @@ impl<S: IdempotencyStore> IdempotencyStore for FaultyStore<S> {
             .await
     }
 
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
     }
 
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
@@ -317,40 +317,40 @@ impl<S: IdempotencyStore> FollowOnStore for FaultyStore<S> {
         names: &[&str],
         limit: usize,
         lease: Duration,
-        token: Attempt,
-    ) -> Result<Vec<OutboxJob>, StoreError> {
+        attempt: Attempt,
+    ) -> Result<Vec<Job>, StoreError> {
         self.run(
             Call::LeaseJobs,
-            self.jobs().lease_jobs(names, limit, lease, token),
+            self.jobs().lease_jobs(names, limit, lease, attempt),
         )
         .await
     }
 
-    async fn finish_job(&self, id: &JobId, token: Attempt) -> Result<(), StoreError> {
-        self.run(Call::FinishJob, self.jobs().finish_job(id, token))
+    async fn finish_job(&self, id: &JobId, attempt: Attempt) -> Result<(), StoreError> {
+        self.run(Call::FinishJob, self.jobs().finish_job(id, attempt))
             .await
     }
 
     async fn retry_job(
         &self,
         id: &JobId,
-        token: Attempt,
+        attempt: Attempt,
         delay: Duration,
         error: &str,
     ) -> Result<(), StoreError> {
         self.run(
             Call::RetryJob,
-            self.jobs().retry_job(id, token, delay, error),
+            self.jobs().retry_job(id, attempt, delay, error),
         )
         .await
     }
 
-    async fn bury_job(&self, id: &JobId, token: Attempt, error: &str) -> Result<(), StoreError> {
-        self.run(Call::BuryJob, self.jobs().bury_job(id, token, error))
+    async fn bury_job(&self, id: &JobId, attempt: Attempt, error: &str) -> Result<(), StoreError> {
+        self.run(Call::BuryJob, self.jobs().bury_job(id, attempt, error))
             .await
     }
 
-    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<OutboxJob>, StoreError> {
+    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
         self.run(Call::ListJobs, self.jobs().list_jobs(filter))
             .await
     }

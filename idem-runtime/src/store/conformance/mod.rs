@@ -34,9 +34,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore, IdempotencyStore, JobFilter, JobId,
-    OutboxJob, Reading, Record, RecordFilter, RecordState, RecordStateKind, Resolution,
-    StateCounts, StoreError,
+    Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore, IdempotencyStore, Job, JobFilter, JobId,
+    Reading, Record, RecordFilter, RecordState, RecordStateKind, Resolution, StateCounts,
+    StoreError,
 };
 use crate::key::{IdempotencyKey, Reference};
 
@@ -282,13 +282,13 @@ macro_rules! __idem_conformance_pending_fns {
             #[test]
             fn $case() {
                 let ran = ::std::panic::catch_unwind(|| {
-                    $crate::conformance::block_on(async {
+                    $crate::store::conformance::block_on(async {
                         let Some(store) = $make else { return false };
-                        $crate::conformance::$case(&*store).await;
+                        $crate::store::conformance::$case(&*store).await;
                         true
                     })
                 });
-                $crate::conformance::pending(stringify!($case), ran);
+                $crate::store::conformance::pending(stringify!($case), ran);
             }
         )*
     };
@@ -334,9 +334,9 @@ macro_rules! __idem_conformance_test_fns {
         $(
             #[test]
             fn $case() {
-                $crate::conformance::block_on(async {
+                $crate::store::conformance::block_on(async {
                     let Some(store) = $make else { return };
-                    $crate::conformance::$case(&*store).await;
+                    $crate::store::conformance::$case(&*store).await;
                 });
             }
         )*

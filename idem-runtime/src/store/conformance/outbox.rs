@@ -11,7 +11,7 @@ fn require_outbox(store: &dyn IdempotencyStore) -> &dyn FollowOnStore {
         panic!(
             "StoreError::Unsupported: the {} store does not keep follow-on jobs \
              (follow_ons() is None)",
-            store.kind()
+            store.backend()
         )
     })
 }
@@ -26,7 +26,7 @@ fn follow_on(name: &str, payload: serde_json::Value) -> FollowOn {
     FollowOn::new(name, &payload).expect("a valid follow-on")
 }
 
-async fn jobs_of(store: &dyn FollowOnStore, req: &ClaimRequest) -> Vec<OutboxJob> {
+async fn jobs_of(store: &dyn FollowOnStore, req: &ClaimRequest) -> Vec<Job> {
     store
         .list_jobs(&JobFilter {
             tenant: Some(req.tenant.clone()),
@@ -98,8 +98,8 @@ pub async fn follow_ons_are_written_with_the_completion(store: &dyn IdempotencyS
             serde_json::from_str(declared.payload()).unwrap(),
         );
         assert_eq!(got, want);
-        assert_eq!(job.attempts, 0);
-        assert_eq!(job.token, None);
+        assert_eq!(job.runs, 0);
+        assert_eq!(job.attempt, None);
         assert!(!job.dead);
         assert_eq!(job.last_error, None);
         assert!(job.next_run_at <= job.created_at + Duration::from_secs(1));
@@ -229,7 +229,7 @@ pub async fn resolution_writes_its_follow_ons(store: &dyn IdempotencyStore) {
 }
 
 /// Of 16 concurrent leases, exactly one gets a due job; it carries that
-/// lease's token and its first attempt, and no later lease returns it while
+/// lease's attempt and its first attempt, and no later lease returns it while
 /// the lease holds.
 pub async fn concurrent_leases_share_no_job(store: &dyn IdempotencyStore) {
     let store = require_outbox(store);
@@ -244,9 +244,9 @@ pub async fn concurrent_leases_share_no_job(store: &dyn IdempotencyStore) {
     )
     .await;
     let mut winners = Vec::new();
-    for (lease, token) in leases.into_iter().zip(&tokens) {
+    for (lease, attempt) in leases.into_iter().zip(&tokens) {
         for job in lease.expect("lease_jobs") {
-            winners.push((job, *token));
+            winners.push((job, *attempt));
         }
     }
     assert_eq!(
@@ -254,10 +254,10 @@ pub async fn concurrent_leases_share_no_job(store: &dyn IdempotencyStore) {
         1,
         "exactly one lease gets the job: {winners:?}"
     );
-    let (job, token) = &winners[0];
+    let (job, attempt) = &winners[0];
     assert_eq!(job.id, job_id(&req, &name));
-    assert_eq!(job.token, Some(*token));
-    assert_eq!(job.attempts, 1);
+    assert_eq!(job.attempt, Some(*attempt));
+    assert_eq!(job.runs, 1);
     assert!(job.next_run_at > job.created_at, "leased until later");
     let later = store
         .lease_jobs(&names, 10, Duration::from_secs(60), Attempt::random())
@@ -296,7 +296,7 @@ pub async fn lease_takes_only_its_names(store: &dyn IdempotencyStore) {
     assert_eq!(due.get(&mine), None, "a leased job is not due: {due:?}");
     let waiting = jobs_of(store, &req).await;
     let unleased = waiting.iter().find(|j| j.id.name == other).unwrap();
-    assert_eq!((unleased.attempts, unleased.token), (0, None));
+    assert_eq!((unleased.runs, unleased.attempt), (0, None));
     let taken = store
         .lease_jobs(
             &[other.as_str()],
@@ -338,16 +338,16 @@ pub async fn lease_respects_its_limit(store: &dyn IdempotencyStore) {
     assert_eq!(rest[0].id.reference, reqs[2].reference);
 }
 
-/// finish, retry and bury act only for the token that holds the lease; a
+/// finish, retry and bury act only for the attempt that holds the lease; a
 /// finished job is gone.
 pub async fn job_changes_are_fenced_by_the_token(store: &dyn IdempotencyStore) {
     let store = require_outbox(store);
     let name = job_name("receipt");
     let req = completed_with_jobs(store, &[&name]).await;
     let id = job_id(&req, &name);
-    let token = Attempt::random();
+    let attempt = Attempt::random();
     let leased = store
-        .lease_jobs(&[name.as_str()], 1, Duration::from_secs(60), token)
+        .lease_jobs(&[name.as_str()], 1, Duration::from_secs(60), attempt)
         .await
         .unwrap();
     assert_eq!(leased.len(), 1);
@@ -365,26 +365,30 @@ pub async fn job_changes_are_fenced_by_the_token(store: &dyn IdempotencyStore) {
         Err(StoreError::Fenced)
     ));
     let still = jobs_of(store, &req).await;
-    assert_eq!(still[0].token, Some(token), "the stranger changed nothing");
+    assert_eq!(
+        still[0].attempt,
+        Some(attempt),
+        "the stranger changed nothing"
+    );
     assert!(!still[0].dead);
-    store.finish_job(&id, token).await.unwrap();
+    store.finish_job(&id, attempt).await.unwrap();
     assert!(
         jobs_of(store, &req).await.is_empty(),
         "a finished job is gone"
     );
     assert!(matches!(
-        store.finish_job(&id, token).await,
+        store.finish_job(&id, attempt).await,
         Err(StoreError::Fenced)
     ));
     let missing = job_id(&req, "never_declared");
     assert!(matches!(
-        store.finish_job(&missing, token).await,
+        store.finish_job(&missing, attempt).await,
         Err(StoreError::Fenced)
     ));
 }
 
 /// A retried job gives up its lease, keeps its error, waits its delay, and
-/// is then leased again with its next attempt; the old token is fenced.
+/// is then leased again with its next attempt; the old attempt is fenced.
 pub async fn retried_job_runs_again_after_its_delay(store: &dyn IdempotencyStore) {
     let store = require_outbox(store);
     let name = job_name("receipt");
@@ -401,7 +405,7 @@ pub async fn retried_job_runs_again_after_its_delay(store: &dyn IdempotencyStore
         .await
         .unwrap();
     let waiting = jobs_of(store, &req).await;
-    assert_eq!(waiting[0].token, None);
+    assert_eq!(waiting[0].attempt, None);
     assert_eq!(waiting[0].last_error.as_deref(), Some("mailer down"));
     assert!(
         store
@@ -422,13 +426,13 @@ pub async fn retried_job_runs_again_after_its_delay(store: &dyn IdempotencyStore
         .await
         .unwrap();
     assert_eq!(again.len(), 1);
-    assert_eq!(again[0].attempts, 2);
+    assert_eq!(again[0].runs, 2);
     assert_eq!(again[0].last_error.as_deref(), Some("mailer down"));
     store.finish_job(&id, second).await.unwrap();
 }
 
 /// A lease that ran out (its dispatcher died) lets another dispatcher take
-/// the job; the first one's token is then fenced.
+/// the job; the first one's attempt is then fenced.
 pub async fn lapsed_job_lease_is_taken_over(store: &dyn IdempotencyStore) {
     let store = require_outbox(store);
     let name = job_name("receipt");
@@ -448,7 +452,7 @@ pub async fn lapsed_job_lease_is_taken_over(store: &dyn IdempotencyStore) {
         .await
         .unwrap();
     assert_eq!(taken.len(), 1);
-    assert_eq!(taken[0].attempts, 2);
+    assert_eq!(taken[0].runs, 2);
     assert!(matches!(
         store.finish_job(&id, dead).await,
         Err(StoreError::Fenced)
@@ -469,12 +473,12 @@ pub async fn buried_job_is_listed_and_redriven(store: &dyn IdempotencyStore) {
         !store.redrive_job(&id).await.unwrap(),
         "a live job is not re-driven"
     );
-    let token = Attempt::random();
+    let attempt = Attempt::random();
     store
-        .lease_jobs(&names, 1, Duration::from_secs(60), token)
+        .lease_jobs(&names, 1, Duration::from_secs(60), attempt)
         .await
         .unwrap();
-    store.bury_job(&id, token, "bounced").await.unwrap();
+    store.bury_job(&id, attempt, "bounced").await.unwrap();
     let dead = store
         .list_jobs(&JobFilter {
             tenant: Some(req.tenant.clone()),
@@ -487,7 +491,7 @@ pub async fn buried_job_is_listed_and_redriven(store: &dyn IdempotencyStore) {
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].id, id);
     assert!(dead[0].dead);
-    assert_eq!(dead[0].token, None);
+    assert_eq!(dead[0].attempt, None);
     assert_eq!(dead[0].last_error.as_deref(), Some("bounced"));
     let live = store
         .list_jobs(&JobFilter {
@@ -509,7 +513,10 @@ pub async fn buried_job_is_listed_and_redriven(store: &dyn IdempotencyStore) {
     );
     assert_eq!(store.count_due_jobs().await.unwrap().get(&name), None);
     assert!(
-        matches!(store.finish_job(&id, token).await, Err(StoreError::Fenced)),
+        matches!(
+            store.finish_job(&id, attempt).await,
+            Err(StoreError::Fenced)
+        ),
         "burial gives the lease up"
     );
 
@@ -520,7 +527,7 @@ pub async fn buried_job_is_listed_and_redriven(store: &dyn IdempotencyStore) {
         .await
         .unwrap();
     assert_eq!(back.len(), 1);
-    assert_eq!(back[0].attempts, 1, "re-driven from its first attempt");
+    assert_eq!(back[0].runs, 1, "re-driven from its first attempt");
     assert!(!back[0].dead);
     let absent = job_id(&req, "never_declared");
     assert!(!store.redrive_job(&absent).await.unwrap());
@@ -548,14 +555,14 @@ pub async fn a_later_operation_never_touches_an_earlier_operations_jobs(
         .unwrap();
     // The first operation's receipt goes to the dead letter; its shipment
     // is leased and still running.
-    let token = Attempt::random();
+    let attempt = Attempt::random();
     let leased = store
-        .lease_jobs(&names, 10, Duration::from_secs(60), token)
+        .lease_jobs(&names, 10, Duration::from_secs(60), attempt)
         .await
         .unwrap();
     assert_eq!(leased.len(), 2, "{leased:?}");
     store
-        .bury_job(&job_id(&first, &dead_name), token, "mailbox full")
+        .bury_job(&job_id(&first, &dead_name), attempt, "mailbox full")
         .await
         .unwrap();
 
@@ -590,10 +597,10 @@ pub async fn a_later_operation_never_touches_an_earlier_operations_jobs(
     assert_eq!(dead.last_error.as_deref(), Some("mailbox full"));
     assert!(dead.payload.contains('1'));
     let running = kept.iter().find(|j| j.id.name == running_name).unwrap();
-    assert_eq!(running.token, Some(token));
+    assert_eq!(running.attempt, Some(attempt));
     assert!(!running.dead);
     store
-        .finish_job(&job_id(&first, &running_name), token)
+        .finish_job(&job_id(&first, &running_name), attempt)
         .await
         .expect("the first operation's lease still holds its job");
     assert!(store
@@ -658,14 +665,14 @@ pub async fn default_job_filter_lists_a_page(store: &dyn IdempotencyStore) {
     let store = require_outbox(store);
     let (dead_name, live_name) = (job_name("bounced"), job_name("receipt"));
     let req = completed_with_jobs(store, &[&dead_name, &live_name]).await;
-    let token = Attempt::random();
+    let attempt = Attempt::random();
     let leased = store
-        .lease_jobs(&[dead_name.as_str()], 1, Duration::from_secs(60), token)
+        .lease_jobs(&[dead_name.as_str()], 1, Duration::from_secs(60), attempt)
         .await
         .unwrap();
     assert_eq!(leased.len(), 1);
     store
-        .bury_job(&job_id(&req, &dead_name), token, "bounced")
+        .bury_job(&job_id(&req, &dead_name), attempt, "bounced")
         .await
         .unwrap();
     let dead = store

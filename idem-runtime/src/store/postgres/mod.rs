@@ -15,9 +15,8 @@ use tokio_postgres::Row;
 use crate::key::{IdempotencyKey, Reference};
 use crate::store::sql::{counts, key_range, state_from, tag_to_column};
 use crate::store::{
-    check_distinct, Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore, IdempotencyStore,
-    JobFilter, JobId, OutboxJob, Record, RecordFilter, RecordStateKind, Resolution, StateCounts,
-    StoreError,
+    check_distinct, Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore, IdempotencyStore, Job,
+    JobFilter, JobId, Record, RecordFilter, RecordStateKind, Resolution, StateCounts, StoreError,
 };
 
 mod builder;
@@ -296,7 +295,7 @@ async fn fenced(
 }
 
 /// A follow-on job from a row of `{JOB_COLUMNS}`.
-fn row_to_job(row: &Row) -> Result<OutboxJob, StoreError> {
+fn row_to_job(row: &Row) -> Result<Job, StoreError> {
     let reference: &[u8] = row.try_get(1).map_err(corrupt)?;
     let reference = Reference::from_bytes(reference)
         .ok_or_else(|| StoreError::Corrupt("a job's reference is not 8 or 16 bytes".into()))?;
@@ -304,15 +303,15 @@ fn row_to_job(row: &Row) -> Result<OutboxJob, StoreError> {
     let payload = String::from_utf8(payload)
         .map_err(|_| StoreError::Corrupt("a job's payload is not UTF-8".into()))?;
     let time = |i: usize| row.try_get::<_, SystemTime>(i).map_err(corrupt);
-    Ok(OutboxJob {
+    Ok(Job {
         id: JobId {
             tenant: row.try_get(0).map_err(corrupt)?,
             reference,
             name: row.try_get(2).map_err(corrupt)?,
         },
         payload,
-        attempts: row.try_get::<_, i32>(4).map_err(corrupt)?.max(0) as u32,
-        token: row
+        runs: row.try_get::<_, i32>(4).map_err(corrupt)?.max(0) as u32,
+        attempt: row
             .try_get::<_, Option<i64>>(5)
             .map_err(corrupt)?
             .map(|t| Attempt::from_stored(t as u64)),
@@ -324,19 +323,19 @@ fn row_to_job(row: &Row) -> Result<OutboxJob, StoreError> {
     })
 }
 
-/// A change of a leased job, fenced by its token: `stmt` with `$1`..`$4` =
-/// tenant, reference, name, token, then `rest`. `Fenced` when no row
+/// A change of a leased job, fenced by its attempt: `stmt` with `$1`..`$4` =
+/// tenant, reference, name, attempt, then `rest`. `Fenced` when no row
 /// changed: another lease holds the job, or it is gone.
 async fn fenced_job(
     client: &Object,
     stmt: &str,
     id: &JobId,
-    token: Attempt,
+    attempt: Attempt,
     rest: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> Result<(), CallError> {
-    let (reference, token) = (id.reference.as_bytes(), token.get() as i64);
+    let (reference, attempt) = (id.reference.as_bytes(), attempt.get() as i64);
     let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
-        vec![&id.tenant, &reference, &id.name, &token];
+        vec![&id.tenant, &reference, &id.name, &attempt];
     params.extend_from_slice(rest);
     let stmt = client.prepare_cached(stmt).await?;
     match client.execute(&stmt, &params).await? {
@@ -382,7 +381,7 @@ const CLAIM_ROUNDS: usize = 16;
 
 #[async_trait]
 impl IdempotencyStore for PostgresStore {
-    fn kind(&self) -> &'static str {
+    fn backend(&self) -> &'static str {
         "postgres"
     }
 
@@ -726,8 +725,8 @@ impl FollowOnStore for PostgresStore {
         names: &[&str],
         limit: usize,
         lease: Duration,
-        token: Attempt,
-    ) -> Result<Vec<OutboxJob>, StoreError> {
+        attempt: Attempt,
+    ) -> Result<Vec<Job>, StoreError> {
         if names.is_empty() || limit == 0 {
             return Ok(Vec::new());
         }
@@ -738,7 +737,7 @@ impl FollowOnStore for PostgresStore {
                 let rows = client
                     .query(
                         &stmt,
-                        &[&(token.get() as i64), &micros(lease), &names, &limit],
+                        &[&(attempt.get() as i64), &micros(lease), &names, &limit],
                     )
                     .await?;
                 Ok(rows.iter().map(row_to_job).collect::<Result<Vec<_>, _>>()?)
@@ -749,30 +748,39 @@ impl FollowOnStore for PostgresStore {
         Ok(leased)
     }
 
-    async fn finish_job(&self, id: &JobId, token: Attempt) -> Result<(), StoreError> {
-        self.with(async |client, sql| fenced_job(client, &sql.finish_job, id, token, &[]).await)
+    async fn finish_job(&self, id: &JobId, attempt: Attempt) -> Result<(), StoreError> {
+        self.with(async |client, sql| fenced_job(client, &sql.finish_job, id, attempt, &[]).await)
             .await
     }
 
     async fn retry_job(
         &self,
         id: &JobId,
-        token: Attempt,
+        attempt: Attempt,
         delay: Duration,
         error: &str,
     ) -> Result<(), StoreError> {
         self.with(async |client, sql| {
-            fenced_job(client, &sql.retry_job, id, token, &[&micros(delay), &error]).await
+            fenced_job(
+                client,
+                &sql.retry_job,
+                id,
+                attempt,
+                &[&micros(delay), &error],
+            )
+            .await
         })
         .await
     }
 
-    async fn bury_job(&self, id: &JobId, token: Attempt, error: &str) -> Result<(), StoreError> {
-        self.with(async |client, sql| fenced_job(client, &sql.bury_job, id, token, &[&error]).await)
-            .await
+    async fn bury_job(&self, id: &JobId, attempt: Attempt, error: &str) -> Result<(), StoreError> {
+        self.with(async |client, sql| {
+            fenced_job(client, &sql.bury_job, id, attempt, &[&error]).await
+        })
+        .await
     }
 
-    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<OutboxJob>, StoreError> {
+    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
         let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
         let reference = filter.reference.map(|r| r.as_bytes().to_vec());
         self.with(async |client, sql| {

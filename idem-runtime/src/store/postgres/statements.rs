@@ -221,7 +221,7 @@ impl Statements {
                  RETURNING {JOB_COLUMNS}",
                 micros(2)
             ),
-            // Every change of a leased job carries `token = $4`: a dispatcher
+            // Every change of a leased job carries `attempt = $4`: a dispatcher
             // whose lease ran out (and was taken by another) must not finish,
             // retry or bury the new holder's run.
             finish_job: format!(

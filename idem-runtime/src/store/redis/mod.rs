@@ -15,8 +15,8 @@ use crate::future::join_all;
 use crate::key::{IdempotencyKey, Reference};
 use crate::store::{
     check_distinct, listing_order, Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore,
-    IdempotencyStore, JobFilter, JobId, OutboxJob, Record, RecordFilter, RecordStateKind,
-    Resolution, StateCounts, StoreError,
+    IdempotencyStore, Job, JobFilter, JobId, Record, RecordFilter, RecordStateKind, Resolution,
+    StateCounts, StoreError,
 };
 
 mod builder;
@@ -56,7 +56,7 @@ use scripts::{jobs, micros, name_counts, records, scanned, scores, Reply, Scanne
 /// each shard that has some; a job another dispatcher took in between is not
 /// due any more, and that lease returns fewer. Every change of a job (lease,
 /// finish, retry, bury, re-drive) is one script, fenced by the lease's
-/// token, with times from the server's `TIME`. Jobs have no TTL: a job stays
+/// attempt, with times from the server's `TIME`. Jobs have no TTL: a job stays
 /// until it is finished.
 ///
 /// # The clock
@@ -278,7 +278,7 @@ impl RedisStore {
         }
     }
 
-    /// A change of one job fenced by its lease's token: `script` over the
+    /// A change of one job fenced by its lease's attempt: `script` over the
     /// job's hash, its name's due set and the shard's job list, with the
     /// job's member and `args`.
     async fn job_change(
@@ -350,7 +350,7 @@ fn done(reply: Reply) -> Result<(), StoreError> {
 
 #[async_trait]
 impl IdempotencyStore for RedisStore {
-    fn kind(&self) -> &'static str {
+    fn backend(&self) -> &'static str {
         "redis"
     }
 
@@ -648,8 +648,8 @@ impl FollowOnStore for RedisStore {
         names: &[&str],
         limit: usize,
         lease: Duration,
-        token: Attempt,
-    ) -> Result<Vec<OutboxJob>, StoreError> {
+        attempt: Attempt,
+    ) -> Result<Vec<Job>, StoreError> {
         let mut names = names.to_vec();
         names.sort_unstable();
         names.dedup();
@@ -685,7 +685,7 @@ impl FollowOnStore for RedisStore {
             cmd.arg(self.layout.shard(shard))
                 .arg(count)
                 .arg(micros(lease))
-                .arg(token.get())
+                .arg(attempt.get())
                 .arg(&names);
             async move { self.link.run(script, &cmd).await }
         });
@@ -705,9 +705,9 @@ impl FollowOnStore for RedisStore {
         Ok(leased)
     }
 
-    async fn finish_job(&self, id: &JobId, token: Attempt) -> Result<(), StoreError> {
+    async fn finish_job(&self, id: &JobId, attempt: Attempt) -> Result<(), StoreError> {
         self.job_change(&SCRIPTS.finish_job, id, |cmd| {
-            cmd.arg(token.get());
+            cmd.arg(attempt.get());
         })
         .await
     }
@@ -715,24 +715,24 @@ impl FollowOnStore for RedisStore {
     async fn retry_job(
         &self,
         id: &JobId,
-        token: Attempt,
+        attempt: Attempt,
         delay: Duration,
         error: &str,
     ) -> Result<(), StoreError> {
         self.job_change(&SCRIPTS.retry_job, id, |cmd| {
-            cmd.arg(token.get()).arg(micros(delay)).arg(error);
+            cmd.arg(attempt.get()).arg(micros(delay)).arg(error);
         })
         .await
     }
 
-    async fn bury_job(&self, id: &JobId, token: Attempt, error: &str) -> Result<(), StoreError> {
+    async fn bury_job(&self, id: &JobId, attempt: Attempt, error: &str) -> Result<(), StoreError> {
         self.job_change(&SCRIPTS.bury_job, id, |cmd| {
-            cmd.arg(token.get()).arg(error);
+            cmd.arg(attempt.get()).arg(error);
         })
         .await
     }
 
-    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<OutboxJob>, StoreError> {
+    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
         if filter.limit == 0 {
             return Ok(Vec::new());
         }

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use redis::{Script, Value};
 
 use crate::key::{IdempotencyKey, Reference};
-use crate::store::{Attempt, JobId, OutboxJob, Record, RecordState, RecordStateKind, StoreError};
+use crate::store::{Attempt, Job, JobId, Record, RecordState, RecordStateKind, StoreError};
 
 /// What a script answers first.
 pub(super) mod code {
@@ -222,7 +222,7 @@ pub(super) const JOB_FIELDS: usize = 11;
 
 /// The jobs of a reply: the server's time (µs), then [`JOB_FIELDS`] values
 /// per job.
-pub(super) fn jobs(value: Value) -> Result<Vec<OutboxJob>, StoreError> {
+pub(super) fn jobs(value: Value) -> Result<Vec<Job>, StoreError> {
     let Value::Array(items) = value else {
         return Err(corrupt("a job listing's reply is not an array"));
     };
@@ -236,28 +236,28 @@ pub(super) fn jobs(value: Value) -> Result<Vec<OutboxJob>, StoreError> {
 }
 
 /// A job from its fields (`JOB_FIELDS` order in `jobs.lua`).
-fn job(f: &[Value]) -> Result<OutboxJob, StoreError> {
+fn job(f: &[Value]) -> Result<Job, StoreError> {
     let required =
         |v: &Value, what: &str| text(v)?.ok_or_else(|| corrupt(&format!("a job has no {what}")));
     let reference = bytes(&f[1])
         .and_then(Reference::from_bytes)
         .ok_or_else(|| corrupt("a job's reference is not 8 or 16 bytes"))?;
-    let token = text(&f[5])?
+    let attempt = text(&f[5])?
         .map(|t| {
             t.parse::<u64>()
                 .map(Attempt::from_stored)
                 .map_err(|_| corrupt("a job's token is not a number"))
         })
         .transpose()?;
-    Ok(OutboxJob {
+    Ok(Job {
         id: JobId {
             tenant: required(&f[0], "tenant")?,
             reference,
             name: required(&f[2], "name")?,
         },
         payload: required(&f[3], "payload")?,
-        attempts: u32::try_from(int(&f[4])?.max(0)).unwrap_or(u32::MAX),
-        token,
+        runs: u32::try_from(int(&f[4])?.max(0)).unwrap_or(u32::MAX),
+        attempt,
         next_run_at: time(Some(&f[6]))?,
         last_error: text(&f[7])?,
         dead: text(&f[8])?.as_deref() == Some("1"),

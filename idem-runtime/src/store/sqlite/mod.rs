@@ -17,9 +17,8 @@ use super::sql::{
     takeover_operation, COLUMNS, COMPLETED, IN_PROGRESS, JOB_COLUMNS, NOT_PERFORMED, UNKNOWN,
 };
 use super::{
-    check_distinct, Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore, IdempotencyStore,
-    JobFilter, JobId, OutboxJob, Record, RecordFilter, RecordStateKind, Resolution, StateCounts,
-    StoreError,
+    check_distinct, Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore, IdempotencyStore, Job,
+    JobFilter, JobId, Record, RecordFilter, RecordStateKind, Resolution, StateCounts, StoreError,
 };
 use crate::key::{IdempotencyKey, Reference};
 use std::collections::BTreeMap;
@@ -70,7 +69,7 @@ use writer::*;
 /// and its connection close when the last clone is dropped.
 #[derive(Clone, Debug)]
 pub struct SqliteStore {
-    jobs: mpsc::Sender<Job>,
+    jobs: mpsc::Sender<Work>,
     path: Option<PathBuf>,
 }
 
@@ -99,7 +98,7 @@ impl SqliteStore {
         open: impl FnOnce() -> rusqlite::Result<Connection> + Send + 'static,
         path: Option<PathBuf>,
     ) -> Result<Self, StoreError> {
-        let (jobs, rx) = mpsc::channel::<Job>();
+        let (jobs, rx) = mpsc::channel::<Work>();
         let (ready, ready_rx) = oneshot::channel();
         std::thread::Builder::new()
             .name("idem-sqlite".into())
@@ -130,7 +129,7 @@ impl SqliteStore {
         f: impl FnOnce(&Connection, i64) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
         let (reply, answer) = oneshot::channel();
-        let job: Job = Box::new(move |conn| {
+        let job: Work = Box::new(move |conn| {
             let out = match conn {
                 Ok(conn) => f(conn, to_nanos(SystemTime::now())),
                 Err(e) => Err(StoreError::Unavailable(e.to_owned())),
@@ -180,7 +179,7 @@ impl SqliteStore {
 
 #[async_trait]
 impl IdempotencyStore for SqliteStore {
-    fn kind(&self) -> &'static str {
+    fn backend(&self) -> &'static str {
         "sqlite"
     }
 
@@ -519,8 +518,8 @@ impl FollowOnStore for SqliteStore {
         names: &[&str],
         limit: usize,
         lease: Duration,
-        token: Attempt,
-    ) -> Result<Vec<OutboxJob>, StoreError> {
+        attempt: Attempt,
+    ) -> Result<Vec<Job>, StoreError> {
         if names.is_empty() || limit == 0 {
             return Ok(Vec::new());
         }
@@ -532,7 +531,7 @@ impl FollowOnStore for SqliteStore {
                 conn,
                 &SQL.lease_jobs,
                 params![
-                    token.get() as i64,
+                    attempt.get() as i64,
                     now.saturating_add(nanos(lease)),
                     now,
                     names,
@@ -546,34 +545,34 @@ impl FollowOnStore for SqliteStore {
         .await
     }
 
-    async fn finish_job(&self, id: &JobId, token: Attempt) -> Result<(), StoreError> {
+    async fn finish_job(&self, id: &JobId, attempt: Attempt) -> Result<(), StoreError> {
         let id = id.clone();
-        self.run(move |conn, _| fenced_job(conn, &SQL.finish_job, &id, token, &[]))
+        self.run(move |conn, _| fenced_job(conn, &SQL.finish_job, &id, attempt, &[]))
             .await
     }
 
     async fn retry_job(
         &self,
         id: &JobId,
-        token: Attempt,
+        attempt: Attempt,
         delay: Duration,
         error: &str,
     ) -> Result<(), StoreError> {
         let (id, error) = (id.clone(), error.to_owned());
         self.run(move |conn, now| {
             let at = now.saturating_add(nanos(delay));
-            fenced_job(conn, &SQL.retry_job, &id, token, &[&at, &error, &now])
+            fenced_job(conn, &SQL.retry_job, &id, attempt, &[&at, &error, &now])
         })
         .await
     }
 
-    async fn bury_job(&self, id: &JobId, token: Attempt, error: &str) -> Result<(), StoreError> {
+    async fn bury_job(&self, id: &JobId, attempt: Attempt, error: &str) -> Result<(), StoreError> {
         let (id, error) = (id.clone(), error.to_owned());
-        self.run(move |conn, now| fenced_job(conn, &SQL.bury_job, &id, token, &[&error, &now]))
+        self.run(move |conn, now| fenced_job(conn, &SQL.bury_job, &id, attempt, &[&error, &now]))
             .await
     }
 
-    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<OutboxJob>, StoreError> {
+    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
         let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
         let (tenant, name) = (filter.tenant.clone(), filter.name.clone());
         let reference = filter.reference.map(|r| r.as_bytes().to_vec());

@@ -146,24 +146,22 @@ pub(super) fn fenced(
     }
 }
 
-pub(super) fn row_to_job(
-    row: &rusqlite::Row<'_>,
-) -> rusqlite::Result<Result<OutboxJob, StoreError>> {
+pub(super) fn row_to_job(row: &rusqlite::Row<'_>) -> rusqlite::Result<Result<Job, StoreError>> {
     let reference: Vec<u8> = row.get(1)?;
     let Some(reference) = Reference::from_bytes(&reference) else {
         return Ok(Err(StoreError::Corrupt(
             "a job's reference is not 8 or 16 bytes".into(),
         )));
     };
-    Ok(Ok(OutboxJob {
+    Ok(Ok(Job {
         id: JobId {
             tenant: row.get(0)?,
             reference,
             name: row.get(2)?,
         },
         payload: row.get(3)?,
-        attempts: row.get::<_, i64>(4)?.clamp(0, u32::MAX.into()) as u32,
-        token: row
+        runs: row.get::<_, i64>(4)?.clamp(0, u32::MAX.into()) as u32,
+        attempt: row
             .get::<_, Option<i64>>(5)?
             .map(|t| Attempt::from_stored(t as u64)),
         next_run_at: from_nanos(row.get(6)?),
@@ -178,7 +176,7 @@ pub(super) fn read_jobs(
     conn: &Connection,
     sql: &str,
     params: impl rusqlite::Params,
-) -> Result<Vec<OutboxJob>, StoreError> {
+) -> Result<Vec<Job>, StoreError> {
     let mut stmt = conn.prepare_cached(sql).map_err(|e| unavailable(&e))?;
     let rows = stmt
         .query_map(params, row_to_job)
@@ -222,17 +220,17 @@ pub(super) fn insert_jobs(
     Ok(())
 }
 
-/// A change of a leased job, fenced by its token: `sql` with `?1`..`?4` =
-/// tenant, reference, name, token, then `rest`. `Fenced` when no row changed.
+/// A change of a leased job, fenced by its attempt: `sql` with `?1`..`?4` =
+/// tenant, reference, name, attempt, then `rest`. `Fenced` when no row changed.
 pub(super) fn fenced_job(
     conn: &Connection,
     sql: &str,
     id: &JobId,
-    token: Attempt,
+    attempt: Attempt,
     rest: &[&dyn rusqlite::ToSql],
 ) -> Result<(), StoreError> {
-    let (token, reference) = (token.get() as i64, id.reference.as_bytes());
-    let mut params: Vec<&dyn rusqlite::ToSql> = vec![&id.tenant, &reference, &id.name, &token];
+    let (attempt, reference) = (attempt.get() as i64, id.reference.as_bytes());
+    let mut params: Vec<&dyn rusqlite::ToSql> = vec![&id.tenant, &reference, &id.name, &attempt];
     params.extend_from_slice(rest);
     match change(conn, sql, &params)? {
         0 => Err(StoreError::Fenced),

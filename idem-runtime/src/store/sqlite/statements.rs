@@ -152,7 +152,7 @@ pub(super) static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::ne
            ORDER BY next_run_at LIMIT ?5) \
          RETURNING {JOB_COLUMNS}"
     ),
-    // Every change of a leased job carries `token = ?4`: a dispatcher whose
+    // Every change of a leased job carries `attempt = ?4`: a dispatcher whose
     // lease ran out (and was taken by another) must not finish, retry or
     // bury the new holder's run.
     finish_job: "DELETE FROM idem_jobs \

@@ -7,7 +7,7 @@ use super::*;
 /// transaction (or learns that the batch failed before its turn, and runs
 /// nothing), and returns what to do once the batch's commit succeeded or
 /// failed, and whether SQLite itself failed one of its statements.
-pub(super) type Job = Box<dyn FnOnce(Result<&Connection, &str>) -> (Finish, bool) + Send>;
+pub(super) type Work = Box<dyn FnOnce(Result<&Connection, &str>) -> (Finish, bool) + Send>;
 pub(super) type Finish = Box<dyn FnOnce(Result<(), &str>) + Send>;
 
 /// At most this many jobs share one transaction: bounds how long one batch
@@ -67,7 +67,7 @@ pub(super) fn init(conn: &Connection) -> rusqlite::Result<()> {
 /// which later statements would each commit by themselves; so once one job
 /// fails, the jobs after it run nothing, the batch is rolled back, and every
 /// job of it is answered `Unavailable`.
-pub(super) fn writer(conn: Connection, rx: mpsc::Receiver<Job>) {
+pub(super) fn writer(conn: Connection, rx: mpsc::Receiver<Work>) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
