@@ -500,6 +500,28 @@ async fn dead_jobs_are_listed_and_redriven() {
     );
     assert_eq!(listed[0]["runs"], json!(1));
     assert_eq!(listed[0]["payload"], json!({"to": "a@example.com"}));
+    assert_eq!(listed[0]["state"], json!("dead"));
+
+    // `show` lists the operation's jobs with their state.
+    let shown = idem(&url, &["show", &reference, "--tenant", &req.tenant]).await;
+    assert_eq!(shown.code, EXIT_OK, "{shown:?}");
+    let job_line = shown
+        .out
+        .lines()
+        .find(|l| l.starts_with("send_receipt"))
+        .unwrap_or_else(|| panic!("show lists the job: {}", shown.out));
+    assert!(
+        job_line.contains("dead") && job_line.contains("mailer bounced"),
+        "{job_line}"
+    );
+    let shown = idem(
+        &url,
+        &["--json", "show", &reference, "--tenant", &req.tenant],
+    )
+    .await
+    .json();
+    assert_eq!(shown["jobs"][0]["name"], json!("send_receipt"), "{shown}");
+    assert_eq!(shown["jobs"][0]["state"], json!("dead"), "{shown}");
 
     let ran = idem(
         &url,

@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! idem --store URL [--schema NAME] list [--state unknown|in_progress|completed|not_performed] [--tenant T] [--tool X] [--limit N]
-//! idem --store URL show REF --tenant T [--response]
+//! idem --store URL show REF --tenant T [--response]     (the record and its jobs)
 //! idem --store URL resolve REF --tenant T (--completed VALUE_JSON | --completed-result RESULT_JSON | --not-performed) [--follow-on NAME=JSON]... --note "who and why"
 //! idem --store URL purge
 //! idem --store URL stats
@@ -107,7 +107,8 @@ enum Command {
         #[arg(long, default_value_t = 50)]
         limit: usize,
     },
-    /// One record, in full (its response only with --response).
+    /// One record, in full (its response only with --response), and its
+    /// follow-on jobs waiting, running or dead.
     Show {
         /// The operation's reference (`idem_` and 32 hex digits, as the tool's answer gives it; the `idem_` may be left out).
         reference: String,
@@ -400,8 +401,24 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
                     ),
                 )
             })?;
+            // The operation's follow-on jobs still waiting, running or dead.
+            let jobs = match store.follow_ons() {
+                Some(follow_ons) => {
+                    follow_ons
+                        .list_jobs(&JobFilter {
+                            tenant: Some(tenant.clone()),
+                            reference: Some(reference),
+                            limit: 1000,
+                            ..JobFilter::default()
+                        })
+                        .await?
+                }
+                None => Vec::new(),
+            };
             if args.json {
-                json_text(&record_json(&record, response))
+                let mut value = record_json(&record, response);
+                value["jobs"] = Value::Array(jobs.iter().map(job_json).collect());
+                json_text(&value)
             } else {
                 let value = record_json(&record, response);
                 let rows: Vec<Vec<String>> = value
@@ -420,6 +437,29 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
                 let mut text = table(&rows);
                 if !response && matches!(record.state, RecordState::Completed { .. }) {
                     text.push_str("(the response is not shown; --response prints it)\n");
+                }
+                if jobs.is_empty() {
+                    text.push_str(
+                        "jobs: none waiting, running or dead (a delivered job is not kept)\n",
+                    );
+                } else {
+                    let mut rows = vec![["JOB", "STATE", "RUNS", "NEXT RUN", "LAST ERROR"]
+                        .map(str::to_owned)
+                        .to_vec()];
+                    rows.extend(jobs.iter().map(|j| {
+                        vec![
+                            j.id.name.clone(),
+                            job_state(j).to_owned(),
+                            j.runs.to_string(),
+                            if j.dead {
+                                String::new()
+                            } else {
+                                rfc3339(j.next_run_at)
+                            },
+                            j.last_error.clone().unwrap_or_default(),
+                        ]
+                    }));
+                    text.push_str(&table(&rows));
                 }
                 text
             }
@@ -708,10 +748,24 @@ fn record_json(r: &Record, response: bool) -> Value {
 
 /// A job as JSON, its payload included (a job's payload is what its handler
 /// needs, declared by the tool's own code).
+/// A job's state as the command line says it: `dead` (in the dead letter),
+/// `running` (a dispatcher holds its lease) or `waiting` (due at
+/// `next_run_at`).
+fn job_state(j: &Job) -> &'static str {
+    if j.dead {
+        "dead"
+    } else if j.attempt.is_some() {
+        "running"
+    } else {
+        "waiting"
+    }
+}
+
 fn job_json(j: &Job) -> Value {
     json!({
         "reference": j.id.reference.to_string(),
         "name": j.id.name,
+        "state": job_state(j),
         "tenant": j.id.tenant,
         "downstream_key": j.id.downstream_key(),
         "runs": j.runs,
