@@ -320,6 +320,77 @@ async fn an_operator_works_on_a_postgres_store() {
         .unwrap();
 }
 
+/// A server whose store is in a schema of its own
+/// (`PostgresStore::builder(url)?.schema(..)`): the command line reads it
+/// with `--schema` or `?schema=` on the URL, and without either says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_reads_a_postgres_store_in_its_own_schema() {
+    let Some(url) = database_url() else { return };
+    let schema = format!(
+        "idem_cli_schema_{:016x}",
+        idem_runtime::store::Attempt::random().get()
+    );
+    let store = PostgresStore::builder(&url)
+        .unwrap()
+        .schema(&schema)
+        .build()
+        .unwrap();
+    store.migrate().await.unwrap();
+    let reqs = fill(&store).await;
+    let tenant = reqs[0].tenant.as_str();
+    let unknown = reqs[1].reference.to_string();
+
+    // In another database `public` may hold idem's tables: point the
+    // default at a schema that cannot exist here, as `public` did not.
+    let elsewhere = idem(&url, &["--schema", "idem_no_such_schema", "list"]).await;
+    assert_eq!(elsewhere.code, EXIT_UNREACHABLE, "{elsewhere:?}");
+    assert!(
+        elsewhere.err.contains("\"idem_no_such_schema\"")
+            && elsewhere.err.contains("--schema NAME"),
+        "the error names the schema it read and how to name another: {}",
+        elsewhere.err
+    );
+
+    let flag = idem(
+        &url,
+        &["--schema", &schema, "--json", "list", "--tenant", tenant],
+    )
+    .await;
+    assert_eq!(flag.code, EXIT_OK, "{flag:?}");
+    assert_eq!(flag.json().as_array().unwrap().len(), 3, "{}", flag.out);
+    // After the command too (a global flag), and as the URL's parameter.
+    let shown = idem(
+        &url,
+        &["show", &unknown, "--tenant", tenant, "--schema", &schema],
+    )
+    .await;
+    assert_eq!(shown.code, EXIT_OK, "{shown:?}");
+    assert!(shown.out.contains("UNKNOWN"), "{}", shown.out);
+    let joiner = if url.contains('?') { '&' } else { '?' };
+    let in_url = format!("{url}{joiner}schema={schema}");
+    let stats = idem(&in_url, &["--json", "stats"]).await;
+    assert_eq!(stats.code, EXIT_OK, "{stats:?}");
+    assert_eq!(stats.json()["total"], json!(3), "{}", stats.out);
+
+    // Given twice, or to a store without schemas: refused, saying why.
+    let twice = idem(&in_url, &["--schema", &schema, "stats"]).await;
+    assert_eq!(twice.code, EXIT_USAGE, "{twice:?}");
+    assert!(twice.err.contains("give it once"), "{}", twice.err);
+    let sqlite = idem("sqlite:/tmp/x.sqlite3", &["--schema", "nc2", "stats"]).await;
+    assert_eq!(sqlite.code, EXIT_USAGE, "{sqlite:?}");
+    assert!(
+        sqlite.err.contains("not a PostgreSQL store"),
+        "{}",
+        sqlite.err
+    );
+
+    durable::connect(&url)
+        .await
+        .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn configuration_mistakes_say_what_to_do() {
     let missing = idem("sqlite:/nonexistent/idem.sqlite3", &["stats"]).await;
@@ -429,6 +500,28 @@ async fn dead_jobs_are_listed_and_redriven() {
     );
     assert_eq!(listed[0]["runs"], json!(1));
     assert_eq!(listed[0]["payload"], json!({"to": "a@example.com"}));
+    assert_eq!(listed[0]["state"], json!("dead"));
+
+    // `show` lists the operation's jobs with their state.
+    let shown = idem(&url, &["show", &reference, "--tenant", &req.tenant]).await;
+    assert_eq!(shown.code, EXIT_OK, "{shown:?}");
+    let job_line = shown
+        .out
+        .lines()
+        .find(|l| l.starts_with("send_receipt"))
+        .unwrap_or_else(|| panic!("show lists the job: {}", shown.out));
+    assert!(
+        job_line.contains("dead") && job_line.contains("mailer bounced"),
+        "{job_line}"
+    );
+    let shown = idem(
+        &url,
+        &["--json", "show", &reference, "--tenant", &req.tenant],
+    )
+    .await
+    .json();
+    assert_eq!(shown["jobs"][0]["name"], json!("send_receipt"), "{shown}");
+    assert_eq!(shown["jobs"][0]["state"], json!("dead"), "{shown}");
 
     let ran = idem(
         &url,

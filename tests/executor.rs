@@ -138,7 +138,8 @@ async fn two_concurrent_identical_calls_charge_once() {
         } => {
             assert_eq!(r, reference);
             assert_eq!(status_tool, STATUS_TOOL);
-            assert!(*retry_after > Duration::from_secs(20), "{retry_after:?}");
+            // 200 ms into a tool with no history: the shortest hint.
+            assert_eq!(*retry_after, Duration::from_secs(1));
         }
         other => panic!("the repeat should be told it is in flight, got {other:?}"),
     }
@@ -148,6 +149,70 @@ async fn two_concurrent_identical_calls_charge_once() {
         message.contains("do not submit it again") || message.contains("Do not submit it again")
     );
     assert!(message.contains(STATUS_TOOL), "{message}");
+}
+
+fn retry_after(answer: &Answer<Receipt, ToolError>) -> Duration {
+    match answer {
+        Answer::InProgress { retry_after, .. } => *retry_after,
+        other => panic!("a repeat while it runs is in progress, not {other:?}"),
+    }
+}
+
+/// An in-progress answer tells a repeat to ask again when the call should
+/// be done, not when its 30 s lease would run out (a model waits as told):
+/// 300 ms into a call of a tool whose recent calls took 400 ms, 1 s, on the
+/// replica that runs it and on another that shares the store (which knows
+/// the call's claim time from the record, and no history).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeat_is_told_to_ask_again_when_the_call_should_be_done() {
+    let store: Arc<dyn IdempotencyStore> = Arc::new(MemoryStore::new());
+    let (exec, replica) = (Executor::new(store.clone()), Executor::new(store));
+    let processor = Processor::sleeping(Duration::from_millis(400));
+    for amount in 1..=3 {
+        let ran = charge(&exec, &alice(), &visa(amount), &processor).await;
+        assert_eq!(ran.name(), "executed", "{ran:?}");
+    }
+    let first = spawn_charge(&exec, visa(500), &processor);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let here = charge(&exec, &alice(), &visa(500), &processor).await;
+    let there = charge(&replica, &alice(), &visa(500), &processor).await;
+    assert_eq!(retry_after(&here), Duration::from_secs(1), "{here:?}");
+    assert_eq!(retry_after(&there), Duration::from_secs(1), "{there:?}");
+    assert!(
+        here.message().unwrap().contains("ask again within 1 s"),
+        "{here:?}"
+    );
+    assert_eq!(first.await.unwrap().name(), "executed");
+    assert_eq!(processor.count(), 4, "the repeats ran nothing");
+}
+
+/// A tool with no history: the hint is as long again as the call has run
+/// (2.2 s into a 3 s call, 2.2 s), never the lease's remainder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeat_of_a_tool_without_history_waits_as_long_again() {
+    let store: Arc<dyn IdempotencyStore> = Arc::new(MemoryStore::new());
+    let (exec, replica) = (Executor::new(store.clone()), Executor::new(store));
+    let processor = Processor::sleeping(Duration::from_secs(3));
+    let first = spawn_charge(&exec, visa(500), &processor);
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    for (who, answer) in [
+        (
+            "here",
+            charge(&exec, &alice(), &visa(500), &processor).await,
+        ),
+        (
+            "there",
+            charge(&replica, &alice(), &visa(500), &processor).await,
+        ),
+    ] {
+        let hint = retry_after(&answer);
+        assert!(
+            hint >= Duration::from_millis(2200) && hint < Duration::from_millis(2900),
+            "{who}: {hint:?}"
+        );
+    }
+    assert_eq!(first.await.unwrap().name(), "executed");
+    assert_eq!(processor.count(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,6 +1,10 @@
 //! What idem emits through the `metrics` facade, counted by a test recorder
 //! (metrics-util's `DebuggingRecorder`, installed for this thread only, on a
-//! current-thread runtime so every task runs under it).
+//! current-thread runtime so every task runs under it); and, counted so,
+//! two replicas' maintenance loops on one store (SQLite; PostgreSQL when
+//! `IDEM_TEST_DATABASE_URL` is set).
+
+mod durable;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +16,7 @@ use idem_runtime::{
         purge, reconcile, resolve_by_hand, sweep, Outcome, ReconcileConfig, Reconciler,
         Reconciliation,
     },
-    outbox::{job_fn, JobHandlers, Outbox, OutboxConfig},
+    outbox::{job_fn, FollowOn, JobHandlers, Outbox, OutboxConfig},
     store::{Claim, Record},
     Answer, Caller, Executor, IdempotencyStore, MemoryStore, Operation, ScopeSpec, ToolError,
 };
@@ -318,4 +322,171 @@ fn each_call_has_a_span_with_its_reference_and_state() {
     }
     assert!(!log.contains("987654321"), "no arguments: {log}");
     assert!(!log.contains("ch_1"), "no response: {log}");
+}
+
+/// A processor's lookup, counted per reference: even-numbered charges were
+/// made (their receipt job is written with the resolution), odd ones never
+/// arrived. Each lookup takes a few milliseconds, so two loops' batches
+/// overlap.
+#[derive(Debug, Default)]
+struct CountingProcessor {
+    made: std::sync::Mutex<std::collections::HashMap<String, bool>>,
+    lookups: std::sync::Mutex<std::collections::HashMap<String, usize>>,
+}
+
+#[async_trait]
+impl Reconciler for CountingProcessor {
+    async fn reconcile(
+        &self,
+        record: &Record,
+    ) -> Result<Reconciliation, Box<dyn std::error::Error + Send + Sync>> {
+        let reference = record.reference.to_string();
+        *self
+            .lookups
+            .lock()
+            .unwrap()
+            .entry(reference.clone())
+            .or_default() += 1;
+        tokio::time::sleep(Duration::from_millis(3)).await;
+        let made = self.made.lock().unwrap().get(&reference).copied();
+        Ok(match made {
+            Some(true) => Reconciliation::Found(Outcome::completed_with(
+                r#"{"charge_id":"ch_1"}"#,
+                vec![FollowOn::new("send_receipt", &reference)?],
+            )),
+            Some(false) => Reconciliation::not_performed(),
+            None => Reconciliation::NotMine,
+        })
+    }
+}
+
+/// Two replicas' `Maintenance` loops, running at once on one store with
+/// lapsed claims to sweep and reconcile: each record is swept once and
+/// resolved once (the counters count only the marks and resolutions that
+/// took), its receipt job written once, and a lookup is asked at most once
+/// per loop.
+async fn two_maintenance_loops_resolve_each_record_once(store: Arc<dyn IdempotencyStore>) {
+    use idem_runtime::maintenance::{Maintenance, MaintenanceConfig};
+    use idem_runtime::store::{JobFilter, RecordStateKind};
+    const N: usize = 40;
+    let processor = Arc::new(CountingProcessor::default());
+    let tenant = format!(
+        "replicas-{:016x}",
+        idem_runtime::store::Attempt::random().get()
+    );
+    for i in 0..N {
+        let req = idem_runtime::store::ClaimRequest {
+            tenant: tenant.clone(),
+            lease: Duration::from_millis(50),
+            ..claim_request(Duration::from_secs(900))
+        };
+        assert!(matches!(
+            store.claim(&req).await.unwrap(),
+            Claim::Claimed { .. }
+        ));
+        processor
+            .made
+            .lock()
+            .unwrap()
+            .insert(req.reference.to_string(), i % 2 == 0);
+    }
+    // The claims' process "died": their leases run out unrenewed.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let config = MaintenanceConfig {
+        interval: Duration::from_millis(20),
+        reconciler: Some(processor.clone()),
+        reconcile: ReconcileConfig {
+            settle: Duration::ZERO,
+            first_backoff: Duration::from_millis(10),
+            ..ReconcileConfig::default()
+        },
+        ..MaintenanceConfig::default()
+    };
+    let replicas = [
+        Maintenance::spawn(store.clone(), config.clone()),
+        Maintenance::spawn(store.clone(), config),
+    ];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let counts = store.count_records().await.unwrap();
+        let open = counts.get(RecordStateKind::InProgress) + counts.get(RecordStateKind::Unknown);
+        if open == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{open} records still open after 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for replica in replicas {
+        replica.stop().await;
+    }
+
+    let counts = store.count_records().await.unwrap();
+    assert_eq!(counts.get(RecordStateKind::Completed), (N / 2) as u64);
+    assert_eq!(counts.get(RecordStateKind::NotPerformed), (N / 2) as u64);
+    let jobs = store
+        .follow_ons()
+        .expect("the store keeps jobs")
+        .list_jobs(&JobFilter {
+            tenant: Some(tenant),
+            limit: 1000,
+            ..JobFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(jobs.len(), N / 2, "one receipt per charge made: {jobs:?}");
+    let lookups = processor.lookups.lock().unwrap();
+    assert_eq!(lookups.len(), N, "every record was looked up");
+    assert!(
+        lookups.values().all(|&n| (1..=2).contains(&n)),
+        "at most once per loop: {lookups:?}"
+    );
+}
+
+fn check_two_replicas(seen: &Seen) {
+    const N: u64 = 40;
+    assert_eq!(counter(seen, "idem_swept_total", &[]), N, "each swept once");
+    assert_eq!(
+        counter(seen, "idem_reconciled_total", &[("outcome", "completed")]),
+        N / 2,
+        "each charge made resolved once"
+    );
+    assert_eq!(
+        counter(
+            seen,
+            "idem_reconciled_total",
+            &[("outcome", "not_performed")]
+        ),
+        N / 2,
+        "each charge never made resolved once"
+    );
+}
+
+#[test]
+fn two_maintenance_loops_on_one_sqlite_store_resolve_each_record_once() {
+    let _serial = one_at_a_time();
+    let dir = durable::temp_dir("replicas-sqlite");
+    let path = dir.join("idem.sqlite3");
+    let seen = recorded(|| async move {
+        let store = idem_runtime::SqliteStore::open(&path).await.unwrap();
+        two_maintenance_loops_resolve_each_record_once(Arc::new(store)).await;
+    });
+    check_two_replicas(&seen);
+}
+
+#[test]
+fn two_maintenance_loops_on_one_postgres_store_resolve_each_record_once() {
+    let _serial = one_at_a_time();
+    let seen = recorded(|| async move {
+        let Some(schema) = durable::PgSchema::new().await else {
+            return;
+        };
+        two_maintenance_loops_resolve_each_record_once(Arc::new(schema.store.clone())).await;
+    });
+    if durable::database_url().is_some() {
+        check_two_replicas(&seen);
+    }
 }

@@ -139,7 +139,6 @@ async fn main() {
     let maintenance = MaintenanceConfig {
         reconciler: Some(Arc::new(ProcessorReconciler {
             backends: backends.clone(),
-            outbox: store.follow_ons().is_some(),
         })),
         reconcile: ReconcileConfig {
             first_backoff: Duration::ZERO,

@@ -284,8 +284,8 @@ async fn main() {
     let backends = Backends::new(flags.processor_delay);
     backends.set_mailer_failures(flags.mailer_failures);
     // The follow-on jobs (receipts, warehouse notices), delivered at least
-    // once; on a store that keeps none, the tools refuse to declare them.
-    // Every shipped store keeps them; `spawn` refuses a store that does not.
+    // once. Every store idem ships keeps them; `spawn` refuses a store that
+    // does not, so the tools never declare a job nothing would run.
     let outbox = Outbox::spawn(
         store.clone(),
         backends.job_handlers(),
@@ -305,7 +305,6 @@ async fn main() {
             interval: flags.maintenance_interval,
             reconciler: Some(Arc::new(ProcessorReconciler {
                 backends: backends.clone(),
-                outbox: store.follow_ons().is_some(),
             })),
             reconcile: ReconcileConfig {
                 settle: flags.settle,

@@ -513,9 +513,6 @@ impl Backends {
 #[derive(Clone, Debug)]
 pub struct Payments {
     executor: Executor,
-    /// Whether the store keeps follow-on jobs (every shipped store will;
-    /// until then, receipts and notices are not sent on the others).
-    outbox: bool,
     default_caller: Option<Caller>,
     backends: Backends,
     processor_timeout: Duration,
@@ -533,7 +530,6 @@ impl Payments {
         processor_timeout: Duration,
     ) -> Self {
         Payments {
-            outbox: executor.store().follow_ons().is_some(),
             executor,
             default_caller,
             backends,
@@ -606,9 +602,6 @@ impl Payments {
     /// the answer if the job cannot be declared (the effect is done, so the
     /// outcome is reported unknown and the reconciler takes over).
     fn queue<P: Serialize>(&self, name: &str, payload: &P, what: &str) -> Result<(), ToolError> {
-        if !self.outbox {
-            return Ok(());
-        }
         follow_on(name, payload).map_err(|e| {
             ToolError::unknown(format!(
                 "{what}, but the {name} job could not be queued ({e})."
@@ -752,14 +745,12 @@ impl ServerHandler for Payments {
 /// other tool is not this reconciler's.
 ///
 /// A charge found made gets its receipt job written with the resolution
-/// (the handler's declaration was lost with its outcome), when the store
-/// keeps follow-on jobs (`outbox`).
+/// (the handler's declaration was lost with its outcome): every store idem
+/// ships keeps follow-on jobs.
 #[derive(Debug)]
 pub struct ProcessorReconciler {
     /// The processor to ask.
     pub backends: Backends,
-    /// Whether the store keeps follow-on jobs.
-    pub outbox: bool,
 }
 
 #[async_trait]
@@ -773,15 +764,12 @@ impl Reconciler for ProcessorReconciler {
                 match self.backends.charge_status(&record.reference.to_string()) {
                     // The handler's receipt job was lost with its outcome: the
                     // resolution writes it.
-                    ChargeStatus::Charged(receipt) if self.outbox => {
+                    ChargeStatus::Charged(receipt) => {
                         let mail = FollowOn::new("send_receipt", &ReceiptMail::of(&receipt))?;
                         Reconciliation::Found(Outcome::completed_with(
                             tool_response(receipt)?,
                             vec![mail],
                         ))
-                    }
-                    ChargeStatus::Charged(receipt) => {
-                        Reconciliation::completed(tool_response(receipt)?)
                     }
                     ChargeStatus::InFlight => Reconciliation::StillUnknown,
                     ChargeStatus::NotFound => Reconciliation::not_performed(),

@@ -470,7 +470,27 @@ pub(crate) fn parse_duration(text: &str) -> Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{check_field_path, parse_duration, RouterArgs};
+    use super::{check_field_path, parse_duration, RouterArgs, ACCEPTED};
+
+    /// The attribute's reference page (its doc comment in lib.rs) has a
+    /// section for every option the attribute accepts.
+    #[test]
+    fn every_option_is_documented_on_the_attribute() {
+        let docs = include_str!("lib.rs");
+        let options: Vec<&str> = ACCEPTED
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .filter_map(|code| code.split_once(" = ").map(|(name, _)| name))
+            .collect();
+        assert_eq!(options.len(), 5, "{options:?}");
+        for option in options {
+            assert!(
+                docs.contains(&format!("/// ## `{option} = ")),
+                "the docs of #[idempotent] have no section `## `{option} = ...``"
+            );
+        }
+    }
     use proc_macro2::Span;
     use syn::LitStr;
 

@@ -98,6 +98,12 @@ use proc_macro::TokenStream;
 ///
 /// One field is keyed by its value; several by an object of them under
 /// their names as written here (`{"warehouse": .., "customer.id": ..}`).
+/// With several fields the operation is the *combination*: with
+/// `business_key = ["charge_id", "refund_no"]`, a refund is one operation
+/// per charge and refund number, and the same pair with another amount is a
+/// conflict. Every field must have a value. The names are part of the key:
+/// renaming one here (not in serde) makes new operations of keys already
+/// recorded.
 ///
 /// With a business key, `window` sets how long the record is kept. Without
 /// it the record is kept for the executor's retention: 48 h
@@ -141,6 +147,60 @@ use proc_macro::TokenStream;
 /// async fn refund(&self, Parameters(args): Parameters<RefundArgs>) -> Result<Json<Refund>, ToolError> { .. }
 /// ```
 ///
+/// ## `task = "optional"` (or `task = "never"`, the default)
+///
+/// Lets a call be answered with an MCP task (the extension
+/// `io.modelcontextprotocol/tasks`, protocol 2026-07-28) instead of waiting
+/// for the handler, when the request asks for one; a request that does not
+/// gets exactly what it gets without this option (the result inline,
+/// `in_progress` answers and the status tool). `task = "required"` is not
+/// offered: idem can always answer inline, so refusing a client without the
+/// extension would only make its call fail.
+///
+/// - **The client declares the extension** in each request's `_meta`, under
+///   protocol 2026-07-28 or later (an earlier protocol is served as if it
+///   declared nothing):
+///   `"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+///   "io.modelcontextprotocol/clientCapabilities": {"extensions":
+///   {"io.modelcontextprotocol/tasks": {}}}}`. rmcp's client does this with
+///   `ClientCapabilities::builder().enable_tasks()` and the lifecycle
+///   `ClientLifecycleMode::Discover { preferred_versions:
+///   vec![ProtocolVersion::V_2026_07_28] }`.
+/// - **The answer**, once the claim is stored (so `tasks/get` already finds
+///   it): `resultType: "task"`, `taskId` (the operation's reference,
+///   `idem_…`), `status: "working"`, `ttlMs` (the window; 48 h once the
+///   outcome is unknown) and `pollIntervalMs` (a tenth of the lease, 100 ms
+///   to 5 s). A repeat of the call gets the same task while it runs, and
+///   the stored result once it completed; nothing runs twice.
+/// - **`tasks/get`** with the `taskId`, on any replica sharing the store:
+///   `status: "working"` while the handler runs (and, with a message saying
+///   so, while an unknown outcome is reconciled); `"completed"` with the
+///   tool result inline in the field **`result`** (the whole
+///   `CallToolResult`: `content`, `structuredContent`, `isError`, and
+///   `_meta["idem/operation"]`); `"failed"` with a JSON-RPC error object in
+///   the field `error` when the handler rejected the call or the operation
+///   was resolved as not performed. Another tenant's task id is not found.
+/// - **`tasks/cancel`** is acknowledged and signals the handler, if it runs
+///   in this process: `idem_runtime::current_cancellation()` is `Some` inside
+///   a handler running as a task. The record is never deleted; the task ends
+///   with what the handler really did.
+///
+/// The server type must be `Clone` (the handler runs on after the answer,
+/// on a clone of the server), advertise the extension
+/// (`ServerCapabilities::builder().enable_tools().enable_tasks()` in
+/// `get_info`) and answer `tasks/get` and `tasks/cancel` with
+/// `idem_runtime::tasks::get_task` and `idem_runtime::tasks::cancel_task`
+/// in its `ServerHandler` (the module `idem_runtime::tasks` shows the impl).
+///
+/// ```rust,ignore
+/// #[idempotent(window = "24h", task = "optional")]
+/// #[tool(description = "Export the account's history as CSV (minutes)")]
+/// async fn export_history(&self, Parameters(args): Parameters<ExportArgs>) -> Result<Json<Export>, ToolError> {
+///     let cancel = idem_runtime::current_cancellation(); // Some(..) when run as a task
+///     ..
+/// }
+/// ```
+///
 /// ## `crate = "path"`
 ///
 /// The path idem-runtime is reachable at, when it is renamed or re-exported:
@@ -182,7 +242,7 @@ use proc_macro::TokenStream;
 /// # The reference
 ///
 /// Inside the body, `idem_runtime::current_reference()` returns the
-/// operation's reference (`idem_` and 16 hex digits). Pass it to the
+/// operation's reference (`idem_` and 32 hex digits). Pass it to the
 /// processor as its idempotency key. It is a task-local: a task the body
 /// spawns does not see it, so read it first and move it in.
 ///

@@ -116,7 +116,9 @@ pub enum Answer<T, E> {
         reference: Reference,
         /// The tool to call with the reference.
         status_tool: String,
-        /// When to ask again: what remains of the running call's lease.
+        /// When to ask again: what remains of the tool's usual duration
+        /// (its recent calls in this process), or as long again as the call
+        /// has run so far; at least 1 s, at most what remains of its lease.
         retry_after: Duration,
     },
     /// Nobody knows whether the operation took effect; nothing was run.

@@ -5,8 +5,8 @@
 //! One job, the command line: its commands, their tables and their JSON.
 //!
 //! ```text
-//! idem --store URL list [--state unknown|in_progress|completed|not_performed] [--tenant T] [--tool X] [--limit N]
-//! idem --store URL show REF --tenant T [--response]
+//! idem --store URL [--schema NAME] list [--state unknown|in_progress|completed|not_performed] [--tenant T] [--tool X] [--limit N]
+//! idem --store URL show REF --tenant T [--response]     (the record and its jobs)
 //! idem --store URL resolve REF --tenant T (--completed VALUE_JSON | --completed-result RESULT_JSON | --not-performed) [--follow-on NAME=JSON]... --note "who and why"
 //! idem --store URL purge
 //! idem --store URL stats
@@ -16,7 +16,9 @@
 //!
 //! `URL` is what [`open_store`] takes (`sqlite:PATH`, `postgres://…`,
 //! `redis://…`); a SQLite file must exist, and PostgreSQL must have been
-//! migrated by the server. Output is an aligned table, or JSON with
+//! migrated by the server. A PostgreSQL store in a schema other than
+//! `public` (`PostgresStore::builder(url)?.schema("nc2")`) is read with
+//! `--schema nc2` (or `?schema=nc2` on the URL). Output is an aligned table, or JSON with
 //! `--json`. A table shows control characters and invisible ones escaped
 //! (`\n`, `\u{1b}`), so a note or an error a far side wrote cannot add a
 //! row or drive the terminal; JSON keeps every text exact. Responses are printed only by `show --response` (they may hold
@@ -75,6 +77,11 @@ struct Args {
     /// The store: sqlite:PATH, postgres://USER@HOST/DB or redis://HOST:PORT.
     #[arg(long, value_name = "URL")]
     store: String,
+    /// PostgreSQL: the schema that holds the store's tables, the one the
+    /// servers name with PostgresStore's builder (`.schema(NAME)`); default
+    /// public. The same as `?schema=NAME` on the URL.
+    #[arg(long, global = true, value_name = "NAME")]
+    schema: Option<String>,
     /// Print JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
@@ -100,7 +107,8 @@ enum Command {
         #[arg(long, default_value_t = 50)]
         limit: usize,
     },
-    /// One record, in full (its response only with --response).
+    /// One record, in full (its response only with --response), and its
+    /// follow-on jobs waiting, running or dead.
     Show {
         /// The operation's reference (`idem_` and 32 hex digits, as the tool's answer gives it; the `idem_` may be left out).
         reference: String,
@@ -269,7 +277,29 @@ where
     }
 }
 
-async fn open(url: &str) -> Result<Arc<dyn IdempotencyStore>, Failure> {
+async fn open(url: &str, schema: Option<&str>) -> Result<Arc<dyn IdempotencyStore>, Failure> {
+    if let Some(schema) = schema {
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            return Err(Failure(
+                EXIT_USAGE,
+                format!(
+                    "--schema {schema:?} names a PostgreSQL schema, and {url:?} is not a \
+                     PostgreSQL store; leave --schema out, or give the postgres:// URL"
+                ),
+            ));
+        }
+        if url.contains("?schema=") || url.contains("&schema=") {
+            return Err(Failure(
+                EXIT_USAGE,
+                format!(
+                    "{url:?} names a schema already; give it once, with --schema or with \
+                     ?schema= on the URL"
+                ),
+            ));
+        }
+        let joiner = if url.contains('?') { '&' } else { '?' };
+        return Ok(open_store(&format!("{url}{joiner}schema={schema}")).await?);
+    }
     if url == "memory" {
         return Err(Failure(
             EXIT_USAGE,
@@ -318,7 +348,7 @@ fn parse_reference(text: &str) -> Result<Reference, Failure> {
 }
 
 async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
-    let store = open(&args.store).await?;
+    let store = open(&args.store, args.schema.as_deref()).await?;
     let store = &*store;
     let text = match args.command {
         Command::List {
@@ -371,8 +401,24 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
                     ),
                 )
             })?;
+            // The operation's follow-on jobs still waiting, running or dead.
+            let jobs = match store.follow_ons() {
+                Some(follow_ons) => {
+                    follow_ons
+                        .list_jobs(&JobFilter {
+                            tenant: Some(tenant.clone()),
+                            reference: Some(reference),
+                            limit: 1000,
+                            ..JobFilter::default()
+                        })
+                        .await?
+                }
+                None => Vec::new(),
+            };
             if args.json {
-                json_text(&record_json(&record, response))
+                let mut value = record_json(&record, response);
+                value["jobs"] = Value::Array(jobs.iter().map(job_json).collect());
+                json_text(&value)
             } else {
                 let value = record_json(&record, response);
                 let rows: Vec<Vec<String>> = value
@@ -391,6 +437,29 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
                 let mut text = table(&rows);
                 if !response && matches!(record.state, RecordState::Completed { .. }) {
                     text.push_str("(the response is not shown; --response prints it)\n");
+                }
+                if jobs.is_empty() {
+                    text.push_str(
+                        "jobs: none waiting, running or dead (a delivered job is not kept)\n",
+                    );
+                } else {
+                    let mut rows = vec![["JOB", "STATE", "RUNS", "NEXT RUN", "LAST ERROR"]
+                        .map(str::to_owned)
+                        .to_vec()];
+                    rows.extend(jobs.iter().map(|j| {
+                        vec![
+                            j.id.name.clone(),
+                            job_state(j).to_owned(),
+                            j.runs.to_string(),
+                            if j.dead {
+                                String::new()
+                            } else {
+                                rfc3339(j.next_run_at)
+                            },
+                            j.last_error.clone().unwrap_or_default(),
+                        ]
+                    }));
+                    text.push_str(&table(&rows));
                 }
                 text
             }
@@ -679,10 +748,24 @@ fn record_json(r: &Record, response: bool) -> Value {
 
 /// A job as JSON, its payload included (a job's payload is what its handler
 /// needs, declared by the tool's own code).
+/// A job's state as the command line says it: `dead` (in the dead letter),
+/// `running` (a dispatcher holds its lease) or `waiting` (due at
+/// `next_run_at`).
+fn job_state(j: &Job) -> &'static str {
+    if j.dead {
+        "dead"
+    } else if j.attempt.is_some() {
+        "running"
+    } else {
+        "waiting"
+    }
+}
+
 fn job_json(j: &Job) -> Value {
     json!({
         "reference": j.id.reference.to_string(),
         "name": j.id.name,
+        "state": job_state(j),
         "tenant": j.id.tenant,
         "downstream_key": j.id.downstream_key(),
         "runs": j.runs,

@@ -136,6 +136,10 @@ mod time;
 // store author's, an operator's and the background loops' names live in
 // `store`, `maintenance`, `outbox` and `canonical`.
 pub use answer::{Answer, AnswerState, Classify, Disposition, StatusReport, ToolError};
+/// The attribute a [`Reconciler`](maintenance::Reconciler) implementation needs (its method is
+/// `async`), re-exported so that implementing it takes no dependency of your
+/// own: `#[idem_runtime::async_trait]` on the `impl` block.
+pub use async_trait::async_trait;
 pub use executor::{
     Executor, Operation, OperationContext, ScopeSpec, TaskCancellation, DEFAULT_LEASE,
     DEFAULT_RETENTION,

@@ -92,6 +92,65 @@ impl Reconciliation {
 
 /// Looks an operation up at the processor by its reference (the one the
 /// handler passed on as the processor's own idempotency reference).
+///
+/// Give it to [`Maintenance`] in [`MaintenanceConfig::reconciler`]. The
+/// method is `async`: implement it in an `impl` block under
+/// [`#[idem_runtime::async_trait]`](crate::async_trait) (the `async-trait`
+/// crate's attribute, re-exported; no dependency of your own needed). A
+/// "performed" answer carries the tool's result as the tool would have
+/// returned it: build it with `idem_runtime::stored_response`, from the
+/// value the handler returns on success (`Json(receipt)` for a tool that
+/// returns `Result<Json<Receipt>, _>`).
+///
+/// ```
+/// use idem_runtime::maintenance::{MaintenanceConfig, Reconciler, Reconciliation};
+/// use idem_runtime::store::Record;
+/// use idem_runtime::{async_trait, stored_response};
+/// use rmcp::handler::server::wrapper::Json;
+///
+/// #[derive(serde::Serialize, schemars::JsonSchema)]
+/// struct Receipt {
+///     charge_id: String,
+/// }
+///
+/// /// Your processor's client.
+/// #[derive(Debug)]
+/// struct Processor;
+///
+/// impl Processor {
+///     /// The charge made under this idempotency key, if any.
+///     async fn charge_by_key(&self, _key: &str) -> Result<Option<String>, std::io::Error> {
+///         Ok(Some("ch_42".to_owned()))
+///     }
+/// }
+///
+/// #[async_trait]
+/// impl Reconciler for Processor {
+///     async fn reconcile(
+///         &self,
+///         record: &Record,
+///     ) -> Result<Reconciliation, Box<dyn std::error::Error + Send + Sync>> {
+///         if record.tool != "charge_card" {
+///             return Ok(Reconciliation::NotMine);
+///         }
+///         // The handler gave the processor current_reference() as its key.
+///         Ok(match self.charge_by_key(&record.reference.to_string()).await? {
+///             // Exactly what charge_card stores when it returns Json(receipt).
+///             Some(charge_id) => {
+///                 Reconciliation::completed(stored_response(Json(Receipt { charge_id }))?)
+///             }
+///             // Trusted only once the record has settled (ReconcileConfig::settle).
+///             None => Reconciliation::not_performed(),
+///         })
+///     }
+/// }
+///
+/// let config = MaintenanceConfig {
+///     reconciler: Some(std::sync::Arc::new(Processor)),
+///     ..Default::default()
+/// };
+/// # let _ = config;
+/// ```
 #[async_trait]
 pub trait Reconciler: Send + Sync + std::fmt::Debug {
     /// What became of `record`'s operation. An error leaves it UNKNOWN.
@@ -507,6 +566,22 @@ impl Default for MaintenanceConfig {
 
 /// A tokio task that runs sweep, reconcile and purge every interval, and
 /// stops cleanly (between rounds, never in the middle of a write).
+///
+/// # Several replicas
+///
+/// Run it in every replica, beside the server, on the store they share:
+/// nothing needs electing. Every change it makes is fenced by the record's
+/// attempt in one atomic step, so when two replicas' rounds meet on a
+/// record, one change lands and the other finds it done: each lapsed claim
+/// is swept once, each UNKNOWN record resolved once (a response stored once,
+/// an [`Outcome::Completed`]'s follow-on jobs written once), each expired record
+/// purged once. (Two loops on one PostgreSQL or SQLite store with 40 lapsed
+/// claims are tested so.) What is not shared is the question: a record due
+/// when two replicas run their rounds is asked about by both, so the
+/// reconciler's lookups (read-only, as its contract says) can be as many as
+/// the replicas. To ask the processor once, give the reconciler to one
+/// replica and `reconciler: None` to the others; their sweeps and purges
+/// still help.
 #[derive(Debug)]
 pub struct Maintenance {
     stop: tokio::sync::watch::Sender<bool>,

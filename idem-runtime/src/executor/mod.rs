@@ -21,6 +21,7 @@ use crate::telemetry::{self, Step};
 
 mod claim;
 mod guard;
+mod pace;
 mod running;
 // Used by the rmcp glue only.
 #[cfg_attr(not(feature = "rmcp"), allow(dead_code, unused_imports))]
@@ -29,6 +30,7 @@ mod task;
 use crate::future::{panic_message, CatchUnwind};
 use claim::{Claimed, Won};
 use guard::{mark, UnknownOnDrop};
+use pace::ToolDurations;
 use running::RunningClaims;
 pub use task::TaskCancellation;
 #[cfg(feature = "rmcp")]
@@ -167,6 +169,9 @@ pub struct Executor {
     /// The claims this executor's handlers are running under, shared by its
     /// clones: a repeat of one is answered in progress without the store.
     running: Arc<RunningClaims>,
+    /// How long each tool's handler usually runs, shared by its clones: an
+    /// in-progress answer's hint of when to ask again.
+    durations: Arc<ToolDurations>,
     /// The store steps' metric keys, built once.
     steps: Arc<telemetry::StoreSteps>,
 }
@@ -194,6 +199,7 @@ impl Executor {
             max_follow_on_payload: DEFAULT_MAX_PAYLOAD,
             follow_ons_unsupported_by,
             running: Arc::default(),
+            durations: Arc::default(),
             steps,
         }
     }
@@ -326,12 +332,14 @@ impl Executor {
         let key = request.key;
         // A repeat of a call this executor is running: the store would
         // answer the same (see `running`), so it is not asked.
-        if let Some((reference, retry_after)) = self.running.running(&key) {
+        if let Some((reference, lease_left)) = self.running.running(&key) {
             tracing::Span::current().record("reference", tracing::field::display(reference));
+            // The table's lease is this executor's, counted from the claim.
+            let elapsed = self.lease.saturating_sub(lease_left);
             return Answer::InProgress {
                 reference,
                 status_tool: op.status_tool.to_owned(),
-                retry_after,
+                retry_after: self.durations.retry_hint(op.tool, elapsed, lease_left),
             };
         }
         match self.claim(request, op.tool).await {
@@ -339,7 +347,7 @@ impl Executor {
             Claimed::Existing(record) => {
                 tracing::Span::current()
                     .record("reference", tracing::field::display(record.reference));
-                existing(record, &key, op.status_tool)
+                existing(record, &key, op.status_tool, &self.durations)
             }
             Claimed::Won(won) => {
                 let reference = won.reference;
@@ -435,9 +443,13 @@ impl Executor {
         // empty list allocates nothing.
         let declared = Declared::new(self.max_follow_on_payload, self.follow_ons_unsupported_by);
         let mut handler = std::pin::pin!(DECLARED.scope(RefCell::new(declared), handler));
+        let started = Instant::now();
         let outcome = self
             .with_heartbeat(won, CatchUnwind(handler.as_mut()))
             .await;
+        if outcome.is_ok() {
+            self.durations.record(&claim.tool, started.elapsed());
+        }
         let store: &dyn IdempotencyStore = &**guard.disarm();
         let (key, attempt) = (&claim.key, claim.attempt);
         match outcome {
@@ -595,11 +607,13 @@ async fn timed<O>(
     out
 }
 
-/// The answer to a repeat that found a live record.
+/// The answer to a repeat that found a live record; a running one is told
+/// when to ask again from `durations`.
 fn existing<T: DeserializeOwned, E>(
     record: Record,
     key: &IdempotencyKey,
     status_tool: &str,
+    durations: &ToolDurations,
 ) -> Answer<T, E> {
     let reference = record.reference;
     let status_tool = status_tool.to_owned();
@@ -626,7 +640,15 @@ fn existing<T: DeserializeOwned, E>(
         Reading::Running { retry_after } => Answer::InProgress {
             reference,
             status_tool,
-            retry_after,
+            // Both times on the store's clock.
+            retry_after: durations.retry_hint(
+                &record.tool,
+                record
+                    .observed_at
+                    .duration_since(record.claimed_at)
+                    .unwrap_or_default(),
+                retry_after,
+            ),
         },
         Reading::Unknown { note, .. } => Answer::Unknown {
             reference,

@@ -16,6 +16,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::claim::{Claimed, Won};
+use super::pace::ToolDurations;
 use super::{existing, timed, Executor, OnRejected, Operation, OperationContext};
 use crate::answer::{Answer, Classify};
 use crate::key::{IdempotencyKey, Reference};
@@ -84,7 +85,7 @@ impl Executor {
         let key = request.key;
         match self.claim(request, op.tool).await {
             Claimed::Unavailable(error) => TaskClaim::Answered(Answer::StoreUnavailable { error }),
-            Claimed::Existing(record) => repeat(record, &key, op.status_tool),
+            Claimed::Existing(record) => repeat(record, &key, op.status_tool, &self.durations),
             Claimed::Won(won) => TaskClaim::Claimed(ClaimedOperation {
                 context: OperationContext::new(won.reference, op.caller, op.tool),
                 won,
@@ -135,10 +136,11 @@ fn repeat<T: DeserializeOwned, E>(
     record: Record,
     key: &IdempotencyKey,
     status_tool: &str,
+    durations: &ToolDurations,
 ) -> TaskClaim<T, E> {
     let completed = matches!(record.state, RecordState::Completed { .. });
     if completed || record.key.fingerprint() != key.fingerprint() {
-        TaskClaim::Answered(existing(record, key, status_tool))
+        TaskClaim::Answered(existing(record, key, status_tool, durations))
     } else {
         TaskClaim::Running(record)
     }

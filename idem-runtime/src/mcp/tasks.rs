@@ -17,22 +17,78 @@
 //! 3. `get_task` and `cancel_task` of its `ServerHandler` answered by
 //!    [`get_task`] and [`cancel_task`]:
 //!
-//! ```ignore
+//! ```no_run
+//! use idem_runtime::{idempotent, Executor, IdempotentServer, ToolError};
+//! use rmcp::handler::server::router::tool::ToolRouter;
+//! use rmcp::handler::server::wrapper::{Json, Parameters};
+//! use rmcp::model::{
+//!     CancelTaskParams, GetTaskParams, GetTaskResult, ServerCapabilities, ServerConfig,
+//! };
+//! use rmcp::service::RequestContext;
+//! use rmcp::{tool, tool_handler, ErrorData, RoleServer, ServerHandler};
+//!
+//! #[derive(serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+//! struct ExportArgs {
+//!     customer_id: String,
+//! }
+//!
+//! #[derive(serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+//! struct Export {
+//!     rows: u64,
+//! }
+//!
+//! #[derive(Clone)] // the handler runs on after the answer, on a clone
+//! struct Exports {
+//!     executor: Executor,
+//!     tool_router: ToolRouter<Self>, // Self::tool_router(), built once
+//! }
+//!
+//! impl IdempotentServer for Exports {
+//!     fn executor(&self) -> &Executor {
+//!         &self.executor
+//!     }
+//! }
+//!
+//! // Without `server_handler`: the impl below is the server's handler.
+//! #[idem_runtime::tool_router]
+//! impl Exports {
+//!     #[idempotent(window = "1h", task = "optional")]
+//!     #[tool(description = "Export a customer's history (takes minutes)")]
+//!     async fn export_history(
+//!         &self,
+//!         Parameters(args): Parameters<ExportArgs>,
+//!     ) -> Result<Json<Export>, ToolError> {
+//!         // Some(..) when the call runs as a task: tasks/cancel signals it.
+//!         let _cancel = idem_runtime::current_cancellation();
+//!         Ok(Json(Export { rows: args.customer_id.len() as u64 }))
+//!     }
+//! }
+//!
 //! #[tool_handler(router = self.tool_router)]
-//! impl ServerHandler for Payments {
+//! impl ServerHandler for Exports {
 //!     fn get_info(&self) -> ServerConfig {
 //!         ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_tasks().build())
 //!     }
-//!     async fn get_task(&self, request: GetTaskParams, context: RequestContext<RoleServer>)
-//!         -> Result<GetTaskResult, ErrorData> {
+//!     async fn get_task(
+//!         &self,
+//!         request: GetTaskParams,
+//!         context: RequestContext<RoleServer>,
+//!     ) -> Result<GetTaskResult, ErrorData> {
 //!         idem_runtime::tasks::get_task(self, request, context).await
 //!     }
-//!     async fn cancel_task(&self, request: CancelTaskParams, context: RequestContext<RoleServer>)
-//!         -> Result<(), ErrorData> {
+//!     async fn cancel_task(
+//!         &self,
+//!         request: CancelTaskParams,
+//!         context: RequestContext<RoleServer>,
+//!     ) -> Result<(), ErrorData> {
 //!         idem_runtime::tasks::cancel_task(self, request, context).await
 //!     }
 //! }
 //! ```
+//!
+//! A client declares the extension in each request's `_meta` (see the
+//! `task` option of [`macro@crate::idempotent`]); `tasks/get` answers a
+//! completed task with the tool result inline in its field `result`.
 //!
 //! A request that does not declare the extension gets exactly what it got
 //! before: the result inline, and the status tool for an operation still

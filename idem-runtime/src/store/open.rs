@@ -10,7 +10,12 @@ use super::{IdempotencyStore, MemoryStore, StoreError};
 /// - `sqlite:PATH`: the SQLite database at `PATH`, created (and migrated)
 ///   if absent (feature `sqlite`);
 /// - `postgres://…` or `postgresql://…`: a PostgreSQL database, connected
-///   and checked to answer; not migrated (feature `postgres`);
+///   and checked to answer; not migrated (feature `postgres`). The tables
+///   are in the schema `public` unless the URL names another with the
+///   parameter `schema` (`postgres://app@db/app?schema=idem`, what
+///   [`PostgresStoreBuilder::schema`](crate::PostgresStoreBuilder::schema)
+///   sets); the parameter is taken out before the rest is parsed as a
+///   PostgreSQL connection string;
 /// - `redis://…`, `rediss://…` or `redis+unix://…`: one Redis or Valkey
 ///   server, keys under the prefix `idem` (feature `redis`).
 ///
@@ -37,7 +42,14 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn IdempotencyStore>, StoreErr
     }
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         #[cfg(feature = "postgres")]
-        return Ok(Arc::new(super::PostgresStore::connect(url).await?));
+        {
+            let (url, schema) = take_schema(url);
+            let mut builder = super::PostgresStore::builder(&url)?;
+            if let Some(schema) = schema {
+                builder = builder.schema(schema);
+            }
+            return Ok(Arc::new(super::PostgresStore::connect_with(builder).await?));
+        }
         #[cfg(not(feature = "postgres"))]
         return Err(missing("postgres"));
     }
@@ -55,4 +67,65 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn IdempotencyStore>, StoreErr
         "{url:?} is not a store URL: use sqlite:PATH, postgres://USER@HOST/DB, \
          redis://HOST:PORT or memory"
     )))
+}
+
+/// `url` without its `schema=NAME` query parameter, and the name: the
+/// schema is idem's setting, which tokio-postgres would refuse as an unknown
+/// option. The last `schema` given wins, as for the other parameters.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+fn take_schema(url: &str) -> (String, Option<String>) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url.to_owned(), None);
+    };
+    let mut schema = None;
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|pair| match pair.strip_prefix("schema=") {
+            Some(name) => {
+                schema = Some(name.to_owned());
+                false
+            }
+            None => !pair.is_empty(),
+        })
+        .collect();
+    let url = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    (url, schema)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::take_schema;
+
+    #[test]
+    fn the_schema_parameter_is_taken_out_of_the_url() {
+        let cases = [
+            ("postgres://a@h/db", "postgres://a@h/db", None),
+            (
+                "postgres://a@h/db?schema=nc2",
+                "postgres://a@h/db",
+                Some("nc2"),
+            ),
+            (
+                "postgres://a@h/db?sslmode=disable&schema=nc2&connect_timeout=3",
+                "postgres://a@h/db?sslmode=disable&connect_timeout=3",
+                Some("nc2"),
+            ),
+            (
+                "postgres://a@h/db?sslmode=disable",
+                "postgres://a@h/db?sslmode=disable",
+                None,
+            ),
+        ];
+        for (given, url, schema) in cases {
+            assert_eq!(
+                take_schema(given),
+                (url.to_owned(), schema.map(str::to_owned)),
+                "{given}"
+            );
+        }
+    }
 }

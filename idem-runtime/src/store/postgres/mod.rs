@@ -90,7 +90,12 @@ impl PostgresStore {
     /// A store with the default settings, after checking that the server
     /// answers. Errors: `Unavailable`.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let store = Self::builder(url)?.build()?;
+        Self::connect_with(Self::builder(url)?).await
+    }
+
+    /// The store `builder` builds, after checking that the server answers.
+    pub(crate) async fn connect_with(builder: PostgresStoreBuilder) -> Result<Self, StoreError> {
+        let store = builder.build()?;
         let client = store.client().await?;
         let out = tokio::time::timeout(store.timeout, client.simple_query("SELECT 1")).await;
         store.settle(client, out).map(|_| store)
@@ -139,7 +144,7 @@ impl PostgresStore {
                 }
                 Err(StoreError::Unavailable(format!(
                     "PostgreSQL: {}",
-                    describe(&e)
+                    describe(&e, &self.sql.schema)
                 )))
             }
             Err(_) => {
@@ -154,11 +159,15 @@ impl PostgresStore {
 }
 
 /// The error text with its cause (tokio-postgres puts the server's message in
-/// the source, not in `Display`).
-fn describe(e: &tokio_postgres::Error) -> String {
+/// the source, not in `Display`). A missing table or schema names the schema
+/// looked in (`schema`, quoted) and how to name another.
+fn describe(e: &tokio_postgres::Error, schema: &str) -> String {
     match e.as_db_error() {
         Some(db) if ["42P01", "3F000"].contains(&db.code().code()) => format!(
-            "{} ({}); has PostgresStore::migrate() run for this schema?",
+            "{} ({}); this store reads the schema {schema}: has PostgresStore::migrate() run \
+             for it? If the servers keep their tables in another schema \
+             (PostgresStore::builder(url)?.schema(NAME)), name it: ?schema=NAME on the store \
+             URL, or `idem --schema NAME`",
             db.message(),
             db.code().code()
         ),

@@ -1,0 +1,137 @@
+//! When a repeat of a running call should ask again: the hint an
+//! in-progress answer gives (`retryAfterSeconds`), from how long the call
+//! has run and how long the tool's recent calls took.
+//!
+//! A model obeys the hint. What remains of the lease (up to 30 s) says only
+//! when the claim would be given up for dead, so a repeat of a 400 ms tool
+//! waited 29 s for a result that was ready at once. The estimate is per
+//! process (each [`Executor`](super::Executor) and its clones keep their
+//! own) and costs nothing in the store; another replica, without history of
+//! the tool, still knows how long the call has run (the record's claim
+//! time).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{PoisonError, RwLock};
+use std::time::Duration;
+
+/// The shortest hint: a hint is in whole seconds, and zero would invite a
+/// repeat at once.
+const SHORTEST: Duration = Duration::from_secs(1);
+
+/// The most tools whose durations are kept: tools are few, and a caller of
+/// `Executor::run` with made-up names must not grow the table without end.
+const MOST_TOOLS: usize = 1024;
+
+/// Each tool's recent handler durations, as a moving estimate.
+#[derive(Debug, Default)]
+pub(super) struct ToolDurations {
+    /// Microseconds, an exponentially weighted average of the tool's
+    /// handler runs (each new run weighs a quarter).
+    tools: RwLock<HashMap<Box<str>, AtomicU64>>,
+}
+
+impl ToolDurations {
+    /// Notes that a run of `tool`'s handler took `took`.
+    pub(super) fn record(&self, tool: &str, took: Duration) {
+        let sample = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        {
+            let tools = self.tools.read().unwrap_or_else(PoisonError::into_inner);
+            if let Some(average) = tools.get(tool) {
+                // Two runs ending at once may each overwrite the other's
+                // step: an estimate, not a count.
+                let old = average.load(Ordering::Relaxed);
+                let new = old - old / 4 + sample / 4;
+                average.store(new, Ordering::Relaxed);
+                return;
+            }
+        }
+        let mut tools = self.tools.write().unwrap_or_else(PoisonError::into_inner);
+        if tools.len() < MOST_TOOLS {
+            tools
+                .entry(tool.into())
+                .or_insert_with(|| AtomicU64::new(sample));
+        }
+    }
+
+    /// How long `tool`'s handler usually takes, if it ran here before.
+    pub(super) fn expected(&self, tool: &str) -> Option<Duration> {
+        let tools = self.tools.read().unwrap_or_else(PoisonError::into_inner);
+        tools
+            .get(tool)
+            .map(|average| Duration::from_micros(average.load(Ordering::Relaxed)))
+    }
+
+    /// The hint for a repeat of `tool`'s call that has run for `elapsed`,
+    /// with `lease_left` of its lease to go: see [`retry_hint`].
+    pub(super) fn retry_hint(
+        &self,
+        tool: &str,
+        elapsed: Duration,
+        lease_left: Duration,
+    ) -> Duration {
+        retry_hint(elapsed, self.expected(tool), lease_left)
+    }
+}
+
+/// When to ask again about a call that has run for `elapsed`, of a tool
+/// whose runs take `expected` (if known), whose lease holds `lease_left`
+/// more:
+///
+/// - with history, what remains of the usual duration;
+/// - with none, or once the call has outrun it, as long again as it has run
+///   so far: a model then asks at most about twice the true duration, and
+///   a long call is asked about a number of times that grows with the
+///   logarithm of its duration, never once a second;
+///
+/// never under 1 s, and never past the lease (after it, the record reads
+/// as unknown, and the status tool says so).
+pub(super) fn retry_hint(
+    elapsed: Duration,
+    expected: Option<Duration>,
+    lease_left: Duration,
+) -> Duration {
+    let guess = match expected {
+        Some(expected) if expected > elapsed => expected - elapsed,
+        _ => elapsed,
+    };
+    guess.max(SHORTEST).min(lease_left.max(SHORTEST))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    #[test]
+    fn the_hint_is_what_remains_of_the_usual_duration_or_as_long_again() {
+        let lease = MS(29_700);
+        // 300 ms into a tool whose runs take 400 ms: ask again at once.
+        assert_eq!(retry_hint(MS(300), Some(MS(400)), lease), MS(1000));
+        // 1 s into a tool whose runs take 10 s: 9 s more.
+        assert_eq!(retry_hint(MS(1000), Some(MS(10_000)), lease), MS(9000));
+        // No history: as long again as it has run, at least 1 s.
+        assert_eq!(retry_hint(MS(300), None, lease), MS(1000));
+        assert_eq!(retry_hint(MS(5000), None, lease), MS(5000));
+        // Past its usual duration: as long again.
+        assert_eq!(retry_hint(MS(6000), Some(MS(400)), lease), MS(6000));
+        // Never past the lease, never under 1 s.
+        assert_eq!(retry_hint(MS(20_000), None, MS(4000)), MS(4000));
+        assert_eq!(retry_hint(MS(20_000), None, MS(200)), MS(1000));
+    }
+
+    #[test]
+    fn the_estimate_follows_the_recent_runs() {
+        let durations = ToolDurations::default();
+        assert_eq!(durations.expected("charge"), None);
+        durations.record("charge", MS(400));
+        assert_eq!(durations.expected("charge"), Some(MS(400)));
+        for _ in 0..20 {
+            durations.record("charge", MS(2000));
+        }
+        let now = durations.expected("charge").unwrap();
+        assert!(now > MS(1950) && now <= MS(2000), "{now:?}");
+        assert_eq!(durations.expected("refund"), None, "per tool");
+    }
+}
