@@ -20,10 +20,11 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use idem_runtime::{Reconciler, Reconciliation, Record, Reference};
+use idem_runtime::{FollowOn, Reconciler, Reconciliation, Record, Reference};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use super::buggify::Point;
 use super::world::{
     Charge, Entry, Outcome, Receipt, RequestPlan, RequestRec, Sabotage, Sim, World,
 };
@@ -244,50 +245,76 @@ impl Reconciler for SimReconciler {
         record: &Record,
     ) -> Result<Reconciliation, Box<dyn std::error::Error + Send + Sync>> {
         let sim = &self.sim;
-        let mut w = sim.world();
-        w.stats.bump("reconciler asked");
-        if record.tool == "legacy_refund" {
-            return Ok(if self.legacy_not_mine {
-                Reconciliation::NotMine
-            } else {
-                Reconciliation::StillUnknown
-            });
-        }
-        if sim.sabotage == Sabotage::ReconcilerStuck {
-            return Ok(Reconciliation::StillUnknown);
-        }
-        if w.faults_on && sim.rng().chance(0.05) {
-            return Err("the processor's lookup timed out".into());
-        }
-        let now = Instant::now();
-        let reference = record.reference;
-        let answer = match w.entries.get(&reference).map(|e| &w.charges[e.charge]) {
-            Some(c) if c.tenant != record.tenant => Reconciliation::NotPerformed,
-            Some(c) if now < c.lands_at => {
-                if sim.sabotage == Sabotage::InFlightNotPerformed {
-                    Reconciliation::NotPerformed
+        let (answer, delay) = {
+            let mut w = sim.world();
+            w.stats.bump("reconciler asked");
+            if record.tool == "legacy_refund" {
+                return Ok(if self.legacy_not_mine {
+                    Reconciliation::NotMine
                 } else {
                     Reconciliation::StillUnknown
-                }
+                });
             }
-            Some(c) if now >= c.visible_at => {
-                let mut receipt = c.receipt();
-                if sim.sabotage == Sabotage::WrongCompletion {
-                    receipt.charge_id.push_str("_other");
-                }
-                Reconciliation::Completed {
-                    response: serde_json::to_string(&receipt).expect("a receipt serializes"),
-                }
+            if sim.sabotage == Sabotage::ReconcilerStuck {
+                return Ok(Reconciliation::StillUnknown);
             }
-            // Landed, not visible yet; or unknown; or still on the wire.
-            _ => Reconciliation::NotPerformed,
+            if w.faults_on && sim.rng().chance(0.05) {
+                return Err("the processor's lookup timed out".into());
+            }
+            let now = Instant::now();
+            let reference = record.reference;
+            let answer = match w.entries.get(&reference).map(|e| &w.charges[e.charge]) {
+                Some(c) if c.tenant != record.tenant => Reconciliation::NotPerformed,
+                Some(c) if now < c.lands_at => {
+                    if sim.sabotage == Sabotage::InFlightNotPerformed {
+                        Reconciliation::NotPerformed
+                    } else {
+                        Reconciliation::StillUnknown
+                    }
+                }
+                Some(c) if now >= c.visible_at => {
+                    let mut receipt = c.receipt();
+                    if sim.sabotage == Sabotage::WrongCompletion {
+                        receipt.charge_id.push_str("_other");
+                    }
+                    let response = serde_json::to_string(&receipt).expect("a receipt serializes");
+                    // What the handler would have declared after the charge.
+                    match super::outbox::job_name(&record.tool) {
+                        Some(name) => Reconciliation::CompletedWithFollowOns {
+                            response,
+                            follow_ons: vec![
+                                FollowOn::new(name, &receipt).expect("a receipt is a valid job")
+                            ],
+                        },
+                        None => Reconciliation::Completed { response },
+                    }
+                }
+                // Landed, not visible yet; or unknown; or still on the wire.
+                _ => Reconciliation::NotPerformed,
+            };
+            sim.log(&mut w, || {
+                format!(
+                    "reconciler: {reference} ({}) -> {answer:?}",
+                    record.state.name()
+                )
+            });
+            let delay = if w.faults_on {
+                let mut b = sim.buggify();
+                b.fires(Point::ReconcilerAnswer)
+                    .then(|| b.between(std::time::Duration::ZERO, sim.timing.settle))
+            } else {
+                None
+            };
+            if delay.is_some() {
+                w.stats.bump(Point::ReconcilerAnswer.name());
+            }
+            (answer, delay)
         };
-        sim.log(&mut w, || {
-            format!(
-                "reconciler: {reference} ({}) -> {answer:?}",
-                record.state.name()
-            )
-        });
+        // The lookup above describes the processor as it was; the answer
+        // arrives this much later.
+        if let Some(d) = delay {
+            tokio::time::sleep(d).await;
+        }
         Ok(answer)
     }
 }

@@ -211,6 +211,20 @@ async fn schedule(sim: Arc<Sim>, inner: Arc<dyn IdempotencyStore>) {
         stop.clone(),
     ));
     let operator = tokio::spawn(operate(sim.clone(), stack.clone(), stop.clone()));
+    // A dispatcher on each replica, until every job is delivered.
+    let stop_dispatch = Arc::new(AtomicBool::new(false));
+    let dispatchers: Vec<_> = stacks
+        .iter()
+        .enumerate()
+        .map(|(replica, stack)| {
+            tokio::spawn(super::outbox::dispatch(
+                sim.clone(),
+                stack.clone(),
+                replica,
+                stop_dispatch.clone(),
+            ))
+        })
+        .collect();
 
     // The callers.
     let mut calls = Vec::new();
@@ -299,6 +313,21 @@ async fn schedule(sim: Arc<Sim>, inner: Arc<dyn IdempotencyStore>) {
     for r in references {
         sim.check_tenants(&r).await;
     }
+    // Oracle 9: the dispatchers deliver every job, then the mailer's ledger
+    // is checked against the jobs written.
+    let limit = t.reconcile_bound() * 4;
+    if !super::outbox::drained(&sim, limit).await {
+        sim.violate(format!(
+            "oracle 9 (follow-on jobs): jobs were still in the store {limit:?} after the faults ended"
+        ));
+    }
+    stop_dispatch.store(true, Ordering::SeqCst);
+    for task in dispatchers {
+        if let Err(e) = task.await {
+            sim.violate(format!("a dispatcher task failed: {e}"));
+        }
+    }
+    super::outbox::final_check(&sim);
     let mut w = sim.world();
     let not_performed: Vec<_> = w
         .resolutions
@@ -666,6 +695,13 @@ async fn handler(
         Ok(Ok(ProcAnswer::Charged(receipt))) => {
             if sim.sabotage == Sabotage::RejectAfterEffect && sim.rng().chance(0.5) {
                 return Err(ToolError::rejected("declined (but it was charged)"));
+            }
+            // The receipt (or the warehouse's notice) goes out through the
+            // outbox, written with the completion.
+            let tool = sim.world().ops[plan.op].tool;
+            if let Some(name) = super::outbox::job_name(tool.name()) {
+                idem_runtime::follow_on(name, &receipt)
+                    .map_err(|e| ToolError::unknown(e.to_string()))?;
             }
             tokio::time::sleep(plan.postwork).await;
             if plan.panic == PanicAt::AfterAnswer {
