@@ -557,7 +557,7 @@ impl Sim {
             sent.iter().any(|h| {
                 Some(h.attempt) == run.attempt
                     && h.lease_until
-                        .is_some_and(|l| h.landed.unwrap_or(store_now) > l)
+                        .is_some_and(|l| h.landed.unwrap_or(store_now) >= l)
             })
         }) {
             return true;
