@@ -19,6 +19,9 @@
 //!   sweep then races the heartbeat).
 //! - `HeartbeatAnswer`: a heartbeat that took effect answers late, holding
 //!   back the next one.
+//! - `HeartbeatDetached`: a heartbeat on the wire lands up to three leases
+//!   later even if its caller gave up (the handler ended): by then the
+//!   record may be another attempt's, and the store must fence it.
 //! - `SweepMark`: between the sweep's list and its mark (a heartbeat may
 //!   land in between: the mark must re-check the lease).
 //! - `ReconcileWrite`: between a reconcile's lookup and its resolve or
@@ -48,6 +51,7 @@ pub enum Point {
     ClaimAnswer,
     HeartbeatLate,
     HeartbeatAnswer,
+    HeartbeatDetached,
     SweepMark,
     ReconcileWrite,
     ReconcilerAnswer,
@@ -59,10 +63,11 @@ pub enum Point {
 }
 
 impl Point {
-    pub const ALL: [Point; 11] = [
+    pub const ALL: [Point; 12] = [
         Point::ClaimAnswer,
         Point::HeartbeatLate,
         Point::HeartbeatAnswer,
+        Point::HeartbeatDetached,
         Point::SweepMark,
         Point::ReconcileWrite,
         Point::ReconcilerAnswer,
@@ -89,6 +94,7 @@ impl Point {
             Point::ClaimAnswer => "buggify: claim answered late",
             Point::HeartbeatLate => "buggify: heartbeat landed late",
             Point::HeartbeatAnswer => "buggify: heartbeat answered late",
+            Point::HeartbeatDetached => "buggify: heartbeat landed after its caller left",
             Point::SweepMark => "buggify: sweep's mark delayed",
             Point::ReconcileWrite => "buggify: reconcile's write delayed",
             Point::ReconcilerAnswer => "buggify: reconciler answered late",

@@ -107,6 +107,8 @@ impl Sim {
             .map(|e| e.charge);
         if self.sabotage != Sabotage::NoDedupe {
             if let Some(c) = held {
+                let first = w.charges[c].run;
+                self.same_instance(&mut w, reference, first, run);
                 w.requests[request].outcome = Outcome::Charged {
                     charge: c,
                     new: false,
@@ -124,8 +126,23 @@ impl Sim {
                 return (ProcAnswer::Charged(receipt), at);
             }
         }
-        if plan.decline {
+        // A key whose first request was declined answers every repeat with
+        // the decline, for a day (like Stripe, which keeps the first result
+        // of a key, an error included).
+        let refused = w
+            .declined
+            .get(&reference)
+            .filter(|(since, _)| now < *since + self.timing.processor_keeps_keys)
+            .filter(|_| self.sabotage != Sabotage::NoDedupe)
+            .map(|(_, first)| *first);
+        if plan.decline || refused.is_some() {
             w.requests[request].outcome = Outcome::Declined;
+            match refused {
+                Some(first) => self.same_instance(&mut w, reference, first, run),
+                None => {
+                    w.declined.insert(reference, (now, run));
+                }
+            }
             self.log(&mut w, || format!("processor: {reference} declined"));
             return (ProcAnswer::Declined, now);
         }
@@ -164,6 +181,24 @@ impl Sim {
         });
         self.on_charged(&mut w, request, c, true);
         (ProcAnswer::Charged(receipt), at)
+    }
+
+    /// Oracle 8 at the processor: a request answered from the key another
+    /// run's request created (a charge or a decline replayed) belongs to
+    /// the same operation instance; a later operation the user wanted,
+    /// answered with an earlier one's outcome, is suppressed.
+    fn same_instance(&self, w: &mut World, reference: Reference, first: usize, run: usize) {
+        let (a, b) = (&w.runs[first], &w.runs[run]);
+        if (a.key, a.epoch) == (b.key, b.epoch) {
+            return;
+        }
+        let (ea, eb) = (a.epoch, b.epoch);
+        self.violation(
+            w,
+            format!(
+                "oracle 8 (a wanted operation gets its own effect): run {run} (instance {eb}) sent {reference}, the reference of instance {ea}'s run {first}, and the processor answered it with that instance's outcome"
+            ),
+        );
     }
 
     /// Oracle 7: a NOT_PERFORMED resolution of instance `epoch`, made when

@@ -90,6 +90,7 @@ async fn schedule(sim: Arc<Sim>, inner: Arc<dyn IdempotencyStore>) {
             Arc::new(Observer {
                 inner: faulty,
                 sim: sim.clone(),
+                wire: recorder.clone(),
             }) as Stack
         })
         .collect();

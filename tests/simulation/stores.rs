@@ -21,6 +21,7 @@ use idem_runtime::{
 };
 use tokio::time::Instant;
 
+use super::buggify::Point;
 use super::timing::Mode;
 use super::world::{HeartbeatRec, JobRec, KeyModel, Receipt, ResolutionRec, Sim, Tool};
 
@@ -76,6 +77,10 @@ pub fn plan(sim: Arc<Sim>, replica: usize) -> impl Fn(Call) -> Fault + Send + Sy
 pub struct Observer<S> {
     pub inner: S,
     pub sim: Arc<Sim>,
+    /// The recording store under the faults: a heartbeat BUGGIFY sends on
+    /// its own (`HeartbeatDetached`) lands there even after its caller
+    /// gave up, as a request already on the wire does.
+    pub wire: Arc<dyn IdempotencyStore>,
 }
 
 /// Innermost: every write runs one at a time, in real time on a task of its
@@ -392,7 +397,12 @@ impl Recorder {
         let new_epoch = match &m.snapshot {
             None => !m.released,
             Some(prev) if expired(prev, now, tol) => true,
-            Some(prev) if matches!(prev.state, RecordState::NotPerformed { .. }) => false,
+            // Within its window a NOT_PERFORMED operation is tried again;
+            // after it, the claim is a new operation
+            // (`Record::takeover_reference`).
+            Some(prev) if matches!(prev.state, RecordState::NotPerformed { .. }) => {
+                prev.expires_at <= now
+            }
             Some(prev) => {
                 problems.push(format!(
                     "oracle 1 (effects <= 1 per operation): a claim took over a live {} record (claimed {:?} before, expires {:?} after, retained {:?} after)",
@@ -854,7 +864,26 @@ impl<S: IdempotencyStore> IdempotencyStore for Observer<S> {
             });
             sent.len() - 1
         };
-        let out = self.inner.heartbeat(key, attempt, lease).await;
+        let detached = {
+            let mut b = self.sim.buggify();
+            b.fires(Point::HeartbeatDetached)
+                .then(|| b.between(lease / 3, lease * 3))
+        };
+        let out = match detached {
+            None => self.inner.heartbeat(key, attempt, lease).await,
+            Some(delay) => {
+                self.sim.world().stats.bump(Point::HeartbeatDetached.name());
+                let (wire, key) = (self.wire.clone(), *key);
+                let on_wire = tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    wire.heartbeat(&key, attempt, lease).await
+                });
+                match on_wire.await {
+                    Ok(out) => out,
+                    Err(e) => std::panic::resume_unwind(e.into_panic()),
+                }
+            }
+        };
         let now = Instant::now();
         let landed = (self.sim.clock)();
         let mut w = self.sim.world();

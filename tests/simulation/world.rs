@@ -342,6 +342,10 @@ pub struct World {
     /// The processor's idempotency: reference → its latest charge, and
     /// since when it holds the key.
     pub entries: BTreeMap<Reference, Entry>,
+    /// Declined requests' keys, as a real processor keeps them (a request
+    /// under a key whose first request was declined gets the decline again,
+    /// for a day): reference → (since when, the run whose request it was).
+    pub declined: BTreeMap<Reference, (Instant, usize)>,
     /// Oracle 8: charge → the operation instance (key, epoch) it was
     /// credited to (answered as executed, or stored as COMPLETED).
     pub credits: BTreeMap<usize, ([u8; 32], u32)>,
