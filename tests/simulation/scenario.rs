@@ -31,7 +31,10 @@ const REPLICAS: usize = 2;
 #[derive(Clone)]
 struct Callers {
     replicas: Vec<Executor>,
-    died: tokio::sync::watch::Receiver<bool>,
+    /// Woken when the last replica dies (a `Notify`: it wakes its waiters
+    /// in a fixed order, where a watch channel's shards pick one at random
+    /// and a seed would not replay).
+    died: Arc<tokio::sync::Notify>,
 }
 
 /// What a schedule found.
@@ -104,7 +107,7 @@ async fn schedule(sim: Arc<Sim>, inner: Arc<dyn IdempotencyStore>) {
         .collect();
     let stack = stacks[0].clone();
     let exec = replicas[0].clone();
-    let (death, died) = tokio::sync::watch::channel(false);
+    let died = Arc::new(tokio::sync::Notify::new());
     sim.world().dead = vec![false; REPLICAS];
 
     // The schedule: operations, calls, an outage of heartbeats.
@@ -173,11 +176,8 @@ async fn schedule(sim: Arc<Sim>, inner: Arc<dyn IdempotencyStore>) {
         }
         (planned, legacy_not_mine, death)
     };
-    // The sender lives as long as the schedule: a closed channel would wake
-    // the waiters as if the replica had died.
-    let death = Arc::new(death);
     let reaper = death_at.map(|at| {
-        let (sim, death) = (sim.clone(), death.clone());
+        let (sim, died) = (sim.clone(), died.clone());
         tokio::spawn(async move {
             tokio::time::sleep_until(sim.t0 + at).await;
             {
@@ -185,7 +185,7 @@ async fn schedule(sim: Arc<Sim>, inner: Arc<dyn IdempotencyStore>) {
                 w.dead[REPLICAS - 1] = true;
                 sim.log(&mut w, || "replica 1 dies".to_owned());
             }
-            let _ = death.send(true);
+            died.notify_waiters();
         })
     });
 
@@ -351,7 +351,6 @@ async fn schedule(sim: Arc<Sim>, inner: Arc<dyn IdempotencyStore>) {
     if let Some(reaper) = reaper {
         reaper.abort();
     }
-    drop(death);
 }
 
 fn operations(rng: &mut super::rng::Rng, t: &Timing) -> Vec<OpSpec> {
@@ -531,11 +530,23 @@ async fn make_call(sim: &Arc<Sim>, callers: &Callers, call: usize) {
         move |ctx: OperationContext| handler(sim, call, ctx, plan, amount)
     };
     let run = exec.run::<_, Receipt, ToolError, _, _>(operation, handler);
-    let mut died = callers.died.clone();
+    let died = callers.died.clone();
     let mortal = replica == last && callers.replicas.len() > 1;
-    let death = async move {
-        if !mortal || died.wait_for(|dead| *dead).await.is_err() {
-            std::future::pending::<()>().await;
+    let death = {
+        let sim = sim.clone();
+        async move {
+            if !mortal {
+                std::future::pending::<()>().await;
+            }
+            loop {
+                let notified = died.notified();
+                let mut notified = std::pin::pin!(notified);
+                notified.as_mut().enable();
+                if sim.world().dead[last] {
+                    return;
+                }
+                notified.await;
+            }
         }
     };
     let served = async {
