@@ -71,7 +71,9 @@ use idem_runtime::{IdempotencyStore, MemoryStore};
 mod durable;
 
 mod simulation {
+    pub mod buggify;
     pub mod durable_runs;
+    pub mod outbox;
     pub mod processor;
     pub mod rng;
     pub mod scenario;

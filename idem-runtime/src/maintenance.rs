@@ -66,8 +66,9 @@ impl Outcome {
 pub enum Reconciliation {
     /// The processor knows: resolve the record with this outcome. A
     /// [`Outcome::NotPerformed`] is trusted only once the record has been
-    /// unchanged for the settle period ([`ReconcileConfig::settle`]); until
-    /// then the record is asked about again.
+    /// unchanged for the settle period ([`ReconcileConfig::settle`]) when
+    /// the question was asked (it was listed that long after its last
+    /// change); until then the record is asked about again.
     Found(Outcome),
     /// The processor does not know yet (or the request is still in flight
     /// there); ask again after a backoff.
@@ -300,6 +301,25 @@ pub async fn reconcile(
                     }
                     Err(e) => Err(e),
                 }
+            }
+            // The answer describes the processor as it was when asked, and
+            // it was asked after the listing: it is trusted only if the
+            // record had settled by the listing (its `observed_at`, the
+            // store's clock). The store's own check at the resolve is not
+            // enough: a slow answer can come back after the settle period
+            // and still describe a moment inside it, when a request in
+            // flight did not show yet.
+            Ok(Reconciliation::Found(Outcome::NotPerformed))
+                if record.observed_at < record.updated_at + config.settle =>
+            {
+                let wait = (record.updated_at + config.settle)
+                    .duration_since(record.observed_at)
+                    .unwrap_or_default()
+                    .max(config.first_backoff.min(config.settle));
+                store
+                    .defer_check(key, attempt, wait)
+                    .await
+                    .map(|()| &mut report.still_unknown)
             }
             Ok(Reconciliation::Found(Outcome::NotPerformed)) => {
                 let not_performed = Resolution::NotPerformed {

@@ -2,8 +2,9 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
+use idem_runtime::store::conformance::{set_pause_hook, PauseHook, PausePoint};
 use idem_runtime::{IdempotencyStore, SqliteStore};
 
 use super::scenario::{self, Report};
@@ -77,7 +78,37 @@ pub fn sqlite() {
     });
 }
 
+/// BUGGIFY inside PostgresStore's claim (`ClaimRead`): between its insert,
+/// which found a live record, and its read of that record, a quarter of the
+/// claims pause up to 150 ms, so a window that ends in between is seen. The
+/// hook is process-wide (the schedules share the runtime's threads), and its
+/// decisions come from a generator seeded from the first seed.
+fn pause_claim_reads(seed: u64) -> Option<PauseGuard> {
+    if !super::buggify::enabled_by_env() {
+        return None;
+    }
+    let rng = std::sync::Mutex::new(super::rng::Rng::new(seed ^ 0xC1A1_4EAD));
+    let hook: PauseHook = Arc::new(move |point| {
+        let mut rng = rng.lock().unwrap_or_else(|e| e.into_inner());
+        (point == PausePoint::PostgresClaimRead && rng.chance(0.25))
+            .then(|| rng.between(Duration::ZERO, Duration::from_millis(150)))
+    });
+    set_pause_hook(Some(hook));
+    Some(PauseGuard)
+}
+
+/// Removes the pause hook when the run ends.
+struct PauseGuard;
+
+impl Drop for PauseGuard {
+    fn drop(&mut self) {
+        set_pause_hook(None);
+    }
+}
+
 pub fn postgres() {
+    let first = crate::seeds(0).0.first().copied().unwrap_or(0);
+    let _paused = pause_claim_reads(first);
     run("postgres", "simulation_postgres", 20, 10, || async {
         let schema = crate::durable::PgSchema::new().await?;
         let store: Arc<dyn IdempotencyStore> = Arc::new(schema.store.clone());

@@ -20,14 +20,14 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use idem_runtime::{
-    maintenance::{Reconciler, Reconciliation},
-    store::Record,
-    Reference,
-};
+use idem_runtime::maintenance::{Outcome as Found, Reconciler, Reconciliation};
+use idem_runtime::outbox::FollowOn;
+use idem_runtime::store::Record;
+use idem_runtime::Reference;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use super::buggify::Point;
 use super::world::{
     Charge, Entry, Outcome, Receipt, RequestPlan, RequestRec, Sabotage, Sim, World,
 };
@@ -110,6 +110,8 @@ impl Sim {
             .map(|e| e.charge);
         if self.sabotage != Sabotage::NoDedupe {
             if let Some(c) = held {
+                let first = w.charges[c].run;
+                self.same_instance(&mut w, reference, first, run);
                 w.requests[request].outcome = Outcome::Charged {
                     charge: c,
                     new: false,
@@ -127,8 +129,23 @@ impl Sim {
                 return (ProcAnswer::Charged(receipt), at);
             }
         }
-        if plan.decline {
+        // A key whose first request was declined answers every repeat with
+        // the decline, for a day (like Stripe, which keeps the first result
+        // of a key, an error included).
+        let refused = w
+            .declined
+            .get(&reference)
+            .filter(|(since, _)| now < *since + self.timing.processor_keeps_keys)
+            .filter(|_| self.sabotage != Sabotage::NoDedupe)
+            .map(|(_, first)| *first);
+        if plan.decline || refused.is_some() {
             w.requests[request].outcome = Outcome::Declined;
+            match refused {
+                Some(first) => self.same_instance(&mut w, reference, first, run),
+                None => {
+                    w.declined.insert(reference, (now, run));
+                }
+            }
             self.log(&mut w, || format!("processor: {reference} declined"));
             return (ProcAnswer::Declined, now);
         }
@@ -167,6 +184,24 @@ impl Sim {
         });
         self.on_charged(&mut w, request, c, true);
         (ProcAnswer::Charged(receipt), at)
+    }
+
+    /// Oracle 8 at the processor: a request answered from the key another
+    /// run's request created (a charge or a decline replayed) belongs to
+    /// the same operation instance; a later operation the user wanted,
+    /// answered with an earlier one's outcome, is suppressed.
+    fn same_instance(&self, w: &mut World, reference: Reference, first: usize, run: usize) {
+        let (a, b) = (&w.runs[first], &w.runs[run]);
+        if (a.key, a.epoch) == (b.key, b.epoch) {
+            return;
+        }
+        let (ea, eb) = (a.epoch, b.epoch);
+        self.violation(
+            w,
+            format!(
+                "oracle 8 (a wanted operation gets its own effect): run {run} (instance {eb}) sent {reference}, the reference of instance {ea}'s run {first}, and the processor answered it with that instance's outcome"
+            ),
+        );
     }
 
     /// Oracle 7: a NOT_PERFORMED resolution of instance `epoch`, made when
@@ -248,50 +283,74 @@ impl Reconciler for SimReconciler {
         record: &Record,
     ) -> Result<Reconciliation, Box<dyn std::error::Error + Send + Sync>> {
         let sim = &self.sim;
-        let mut w = sim.world();
-        w.stats.bump("reconciler asked");
-        if record.tool == "legacy_refund" {
-            return Ok(if self.legacy_not_mine {
-                Reconciliation::NotMine
-            } else {
-                Reconciliation::StillUnknown
-            });
-        }
-        if sim.sabotage == Sabotage::ReconcilerStuck {
-            return Ok(Reconciliation::StillUnknown);
-        }
-        if w.faults_on && sim.rng().chance(0.05) {
-            return Err("the processor's lookup timed out".into());
-        }
-        let now = Instant::now();
-        let reference = record.reference;
-        let answer = match w.entries.get(&reference).map(|e| &w.charges[e.charge]) {
-            Some(c) if c.tenant != record.tenant => Reconciliation::not_performed(),
-            Some(c) if now < c.lands_at => {
-                if sim.sabotage == Sabotage::InFlightNotPerformed {
-                    Reconciliation::not_performed()
+        let (answer, delay) = {
+            let mut w = sim.world();
+            w.stats.bump("reconciler asked");
+            if record.tool == "legacy_refund" {
+                return Ok(if self.legacy_not_mine {
+                    Reconciliation::NotMine
                 } else {
                     Reconciliation::StillUnknown
-                }
+                });
             }
-            Some(c) if now >= c.visible_at => {
-                let mut receipt = c.receipt();
-                if sim.sabotage == Sabotage::WrongCompletion {
-                    receipt.charge_id.push_str("_other");
+            if sim.sabotage == Sabotage::ReconcilerStuck {
+                return Ok(Reconciliation::StillUnknown);
+            }
+            if w.faults_on && sim.rng().chance(0.05) {
+                return Err("the processor's lookup timed out".into());
+            }
+            let now = Instant::now();
+            let reference = record.reference;
+            let answer = match w.entries.get(&reference).map(|e| &w.charges[e.charge]) {
+                Some(c) if c.tenant != record.tenant => Reconciliation::not_performed(),
+                Some(c) if now < c.lands_at => {
+                    if sim.sabotage == Sabotage::InFlightNotPerformed {
+                        Reconciliation::not_performed()
+                    } else {
+                        Reconciliation::StillUnknown
+                    }
                 }
-                Reconciliation::completed(
-                    serde_json::to_string(&receipt).expect("a receipt serializes"),
+                Some(c) if now >= c.visible_at => {
+                    let mut receipt = c.receipt();
+                    if sim.sabotage == Sabotage::WrongCompletion {
+                        receipt.charge_id.push_str("_other");
+                    }
+                    let response = serde_json::to_string(&receipt).expect("a receipt serializes");
+                    // What the handler would have declared after the charge.
+                    match super::outbox::job_name(&record.tool) {
+                        Some(name) => Reconciliation::Found(Found::completed_with(
+                            response,
+                            vec![FollowOn::new(name, &receipt).expect("a receipt is a valid job")],
+                        )),
+                        None => Reconciliation::completed(response),
+                    }
+                }
+                // Landed, not visible yet; or unknown; or still on the wire.
+                _ => Reconciliation::not_performed(),
+            };
+            sim.log(&mut w, || {
+                format!(
+                    "reconciler: {reference} ({}) -> {answer:?}",
+                    record.state.name()
                 )
+            });
+            let delay = if w.faults_on {
+                let mut b = sim.buggify();
+                b.fires(Point::ReconcilerAnswer)
+                    .then(|| b.between(std::time::Duration::ZERO, sim.timing.settle))
+            } else {
+                None
+            };
+            if delay.is_some() {
+                w.stats.bump(Point::ReconcilerAnswer.name());
             }
-            // Landed, not visible yet; or unknown; or still on the wire.
-            _ => Reconciliation::not_performed(),
+            (answer, delay)
         };
-        sim.log(&mut w, || {
-            format!(
-                "reconciler: {reference} ({}) -> {answer:?}",
-                record.state.name()
-            )
-        });
+        // The lookup above describes the processor as it was; the answer
+        // arrives this much later.
+        if let Some(d) = delay {
+            tokio::time::sleep(d).await;
+        }
         Ok(answer)
     }
 }

@@ -36,7 +36,10 @@ const REPLICAS: usize = 2;
 #[derive(Clone)]
 struct Callers {
     replicas: Vec<Executor>,
-    died: tokio::sync::watch::Receiver<bool>,
+    /// Woken when the last replica dies (a `Notify`: it wakes its waiters
+    /// in a fixed order, where a watch channel's shards pick one at random
+    /// and a seed would not replay).
+    died: Arc<tokio::sync::Notify>,
 }
 
 /// What a schedule found.
@@ -95,6 +98,7 @@ async fn schedule(sim: Arc<Sim>, inner: Arc<dyn IdempotencyStore>) {
             Arc::new(Observer {
                 inner: faulty,
                 sim: sim.clone(),
+                wire: recorder.clone(),
             }) as Stack
         })
         .collect();
@@ -108,7 +112,7 @@ async fn schedule(sim: Arc<Sim>, inner: Arc<dyn IdempotencyStore>) {
         .collect();
     let stack = stacks[0].clone();
     let exec = replicas[0].clone();
-    let (death, died) = tokio::sync::watch::channel(false);
+    let died = Arc::new(tokio::sync::Notify::new());
     sim.world().dead = vec![false; REPLICAS];
 
     // The schedule: operations, calls, an outage of heartbeats.
@@ -177,11 +181,8 @@ async fn schedule(sim: Arc<Sim>, inner: Arc<dyn IdempotencyStore>) {
         }
         (planned, legacy_not_mine, death)
     };
-    // The sender lives as long as the schedule: a closed channel would wake
-    // the waiters as if the replica had died.
-    let death = Arc::new(death);
     let reaper = death_at.map(|at| {
-        let (sim, death) = (sim.clone(), death.clone());
+        let (sim, died) = (sim.clone(), died.clone());
         tokio::spawn(async move {
             tokio::time::sleep_until(sim.t0 + at).await;
             {
@@ -189,7 +190,7 @@ async fn schedule(sim: Arc<Sim>, inner: Arc<dyn IdempotencyStore>) {
                 w.dead[REPLICAS - 1] = true;
                 sim.log(&mut w, || "replica 1 dies".to_owned());
             }
-            let _ = death.send(true);
+            died.notify_waiters();
         })
     });
 
@@ -216,6 +217,20 @@ async fn schedule(sim: Arc<Sim>, inner: Arc<dyn IdempotencyStore>) {
         stop.clone(),
     ));
     let operator = tokio::spawn(operate(sim.clone(), stack.clone(), stop.clone()));
+    // A dispatcher on each replica, until every job is delivered.
+    let stop_dispatch = Arc::new(AtomicBool::new(false));
+    let dispatchers: Vec<_> = stacks
+        .iter()
+        .enumerate()
+        .map(|(replica, stack)| {
+            tokio::spawn(super::outbox::dispatch(
+                sim.clone(),
+                stack.clone(),
+                replica,
+                stop_dispatch.clone(),
+            ))
+        })
+        .collect();
 
     // The callers.
     let mut calls = Vec::new();
@@ -304,6 +319,21 @@ async fn schedule(sim: Arc<Sim>, inner: Arc<dyn IdempotencyStore>) {
     for r in references {
         sim.check_tenants(&r).await;
     }
+    // Oracle 9: the dispatchers deliver every job, then the mailer's ledger
+    // is checked against the jobs written.
+    let limit = t.reconcile_bound() * 4;
+    if !super::outbox::drained(&sim, limit).await {
+        sim.violate(format!(
+            "oracle 9 (follow-on jobs): jobs were still in the store {limit:?} after the faults ended"
+        ));
+    }
+    stop_dispatch.store(true, Ordering::SeqCst);
+    for task in dispatchers {
+        if let Err(e) = task.await {
+            sim.violate(format!("a dispatcher task failed: {e}"));
+        }
+    }
+    super::outbox::final_check(&sim);
     let mut w = sim.world();
     let not_performed: Vec<_> = w
         .resolutions
@@ -326,7 +356,6 @@ async fn schedule(sim: Arc<Sim>, inner: Arc<dyn IdempotencyStore>) {
     if let Some(reaper) = reaper {
         reaper.abort();
     }
-    drop(death);
 }
 
 fn operations(rng: &mut super::rng::Rng, t: &Timing) -> Vec<OpSpec> {
@@ -506,11 +535,23 @@ async fn make_call(sim: &Arc<Sim>, callers: &Callers, call: usize) {
         move |ctx: OperationContext| handler(sim, call, ctx, plan, amount)
     };
     let run = exec.run::<_, Receipt, ToolError, _, _>(operation, handler);
-    let mut died = callers.died.clone();
+    let died = callers.died.clone();
     let mortal = replica == last && callers.replicas.len() > 1;
-    let death = async move {
-        if !mortal || died.wait_for(|dead| *dead).await.is_err() {
-            std::future::pending::<()>().await;
+    let death = {
+        let sim = sim.clone();
+        async move {
+            if !mortal {
+                std::future::pending::<()>().await;
+            }
+            loop {
+                let notified = died.notified();
+                let mut notified = std::pin::pin!(notified);
+                notified.as_mut().enable();
+                if sim.world().dead[last] {
+                    return;
+                }
+                notified.await;
+            }
         }
     };
     let served = async {
@@ -671,6 +712,13 @@ async fn handler(
         Ok(Ok(ProcAnswer::Charged(receipt))) => {
             if sim.sabotage == Sabotage::RejectAfterEffect && sim.rng().chance(0.5) {
                 return Err(ToolError::rejected("declined (but it was charged)"));
+            }
+            // The receipt (or the warehouse's notice) goes out through the
+            // outbox, written with the completion.
+            let tool = sim.world().ops[plan.op].tool;
+            if let Some(name) = super::outbox::job_name(tool.name()) {
+                idem_runtime::follow_on(name, &receipt)
+                    .map_err(|e| ToolError::unknown(e.to_string()))?;
             }
             tokio::time::sleep(plan.postwork).await;
             if plan.panic == PanicAt::AfterAnswer {

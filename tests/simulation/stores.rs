@@ -26,8 +26,9 @@ use idem_runtime::{
 };
 use tokio::time::Instant;
 
+use super::buggify::Point;
 use super::timing::Mode;
-use super::world::{KeyModel, Receipt, ResolutionRec, Sim, Tool};
+use super::world::{HeartbeatRec, JobRec, KeyModel, Receipt, ResolutionRec, Sim, Tool};
 
 /// The fault plan of one replica's connection to the store: only while
 /// faults are on, drawn from the schedule's generator; nothing gets through
@@ -56,6 +57,13 @@ pub fn plan(sim: Arc<Sim>, replica: usize) -> impl Fn(Call) -> Fault + Send + Sy
         if within(store_outage) || (call == Call::Heartbeat && within(outage)) {
             return Fault::Unreachable;
         }
+        // BUGGIFY first, from its own generator (so with it off the
+        // schedule draws what it always drew).
+        let buggified = sim.buggify().fault(call, &sim.timing);
+        if let Some((point, fault)) = buggified {
+            sim.world().stats.bump(point.name());
+            return fault;
+        }
         let mut rng = sim.rng();
         match rng.below(1000) {
             0..=29 => Fault::Unreachable,
@@ -74,6 +82,10 @@ pub fn plan(sim: Arc<Sim>, replica: usize) -> impl Fn(Call) -> Fault + Send + Sy
 pub struct Observer<S> {
     pub inner: S,
     pub sim: Arc<Sim>,
+    /// The recording store under the faults: a heartbeat BUGGIFY sends on
+    /// its own (`HeartbeatDetached`) lands there even after its caller
+    /// gave up, as a request already on the wire does.
+    pub wire: Arc<dyn IdempotencyStore>,
 }
 
 /// Innermost: every write runs one at a time, in real time on a task of its
@@ -179,6 +191,19 @@ impl Recorder {
         key: &IdempotencyKey,
         attempt: Attempt,
         what: Write,
+    ) {
+        Self::wrote_with_jobs(inner, sim, key, attempt, what, &[]).await
+    }
+
+    /// [`Recorder::wrote`] for a completion or resolution that wrote
+    /// `jobs` with it: they are the mailer's to get (oracle 9).
+    async fn wrote_with_jobs(
+        inner: &dyn IdempotencyStore,
+        sim: &Sim,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        what: Write,
+        jobs: &[FollowOn],
     ) {
         let Some((tenant, current)) = Self::tenant_of(sim, key) else {
             sim.violate(format!(
@@ -288,6 +313,20 @@ impl Recorder {
                 }
             }
         }
+        if let (Some(r), false) = (&after, jobs.is_empty()) {
+            if matches!(r.state, RecordState::Completed { .. }) && r.attempt == attempt {
+                for job in jobs {
+                    w.jobs.push(JobRec {
+                        tenant: r.tenant.clone(),
+                        reference: r.reference,
+                        name: job.name().to_owned(),
+                        payload: job.payload().to_owned(),
+                        epoch,
+                    });
+                    w.stats.bump("follow-on jobs written");
+                }
+            }
+        }
         if let (Some(r), Write::MarkLapsed, Some(b)) = (&after, what, &before) {
             if b.lease_until > r.updated_at + tol {
                 problems.push("the sweep marked a record whose lease had not run out".to_owned());
@@ -363,7 +402,12 @@ impl Recorder {
         let new_epoch = match &m.snapshot {
             None => !m.released,
             Some(prev) if expired(prev, now, tol) => true,
-            Some(prev) if matches!(prev.state, RecordState::NotPerformed { .. }) => false,
+            // Within its window a NOT_PERFORMED operation is tried again;
+            // after it, the claim is a new operation
+            // (`Record::takeover_reference`).
+            Some(prev) if matches!(prev.state, RecordState::NotPerformed { .. }) => {
+                prev.expires_at <= now
+            }
             Some(prev) => {
                 problems.push(format!(
                     "oracle 1 (effects <= 1 per operation): a claim took over a live {} record (claimed {:?} before, expires {:?} after, retained {:?} after)",
@@ -659,7 +703,7 @@ impl FollowOnStore for Recorder {
                 .complete_with_follow_ons(&key, attempt, &response, &jobs)
                 .await;
             if out.is_ok() {
-                Self::wrote(&*inner, &sim, &key, attempt, Write::Complete).await;
+                Self::wrote_with_jobs(&*inner, &sim, &key, attempt, Write::Complete, &jobs).await;
             }
             out
         })
@@ -678,12 +722,22 @@ impl FollowOnStore for Recorder {
             let completed = Resolution::Completed { response };
             return self.resolve(key, attempt, completed, note).await;
         }
-        // The simulation's reconciler declares no jobs: a resolution with
-        // some is written as it is, and its record read back by the next
-        // write that checks it.
-        jobs_of(&*self.inner)
-            .resolve_with_follow_ons(key, attempt, response, note, jobs)
-            .await
+        let (key, response, jobs) = (*key, response.to_owned(), jobs.to_vec());
+        let note = note.map(str::to_owned);
+        self.write(|inner, sim| async move {
+            let out = jobs_of(&*inner)
+                .resolve_with_follow_ons(&key, attempt, &response, note.as_deref(), &jobs)
+                .await;
+            if out.is_ok() {
+                let what = Write::Resolve {
+                    not_performed: false,
+                    settle: Duration::ZERO,
+                };
+                Self::wrote_with_jobs(&*inner, &sim, &key, attempt, what, &jobs).await;
+            }
+            out
+        })
+        .await
     }
 
     async fn lease_jobs(
@@ -797,9 +851,54 @@ impl<S: IdempotencyStore> IdempotencyStore for Observer<S> {
         lease: Duration,
     ) -> Result<(), StoreError> {
         let sent = Instant::now();
-        let out = self.inner.heartbeat(key, attempt, lease).await;
+        let index = {
+            let mut w = self.sim.world();
+            let lease_until = w
+                .keys
+                .get(key.as_bytes())
+                .and_then(|m| m.snapshot.as_ref())
+                .filter(|r| r.attempt == attempt && r.state == RecordState::InProgress)
+                .map(|r| r.lease_until);
+            self.sim
+                .check_heartbeat_send(&mut w, key.as_bytes(), attempt, lease_until);
+            let sent = w.hb_sent.entry(*key.as_bytes()).or_default();
+            sent.push(HeartbeatRec {
+                attempt,
+                lease_until,
+                landed: None,
+            });
+            sent.len() - 1
+        };
+        let detached = {
+            let mut b = self.sim.buggify();
+            b.fires(Point::HeartbeatDetached)
+                .then(|| b.between(lease / 3, lease * 3))
+        };
+        let out = match detached {
+            None => self.inner.heartbeat(key, attempt, lease).await,
+            Some(delay) => {
+                self.sim.world().stats.bump(Point::HeartbeatDetached.name());
+                let (wire, key) = (self.wire.clone(), *key);
+                let on_wire = tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    wire.heartbeat(&key, attempt, lease).await
+                });
+                match on_wire.await {
+                    Ok(out) => out,
+                    Err(e) => std::panic::resume_unwind(e.into_panic()),
+                }
+            }
+        };
         let now = Instant::now();
+        let landed = (self.sim.clock)();
         let mut w = self.sim.world();
+        if let Some(h) = w
+            .hb_sent
+            .get_mut(key.as_bytes())
+            .and_then(|sent| sent.get_mut(index))
+        {
+            h.landed = Some(landed);
+        }
         match &out {
             Ok(()) => w
                 .hb_landed

@@ -88,6 +88,12 @@ pub struct Timing {
     /// Tolerance of clock comparisons between the harness's model and the
     /// store (0 on the paused clock, where they read the same clock).
     pub tolerance: Duration,
+    /// The outbox: the longest run of one job (its lease is twice this).
+    pub job_timeout: Duration,
+    /// Time between two dispatch rounds of one replica, plus up to `jitter`.
+    pub dispatch_every: Duration,
+    /// How long the mailer takes to answer.
+    pub mailer_latency: (Duration, Duration),
 }
 
 impl Timing {
@@ -125,6 +131,9 @@ impl Timing {
             operator_every: (ms(5_000), ms(15_000)),
             slack: ms(1_000),
             tolerance: Duration::ZERO,
+            job_timeout: ms(1_000),
+            dispatch_every: ms(2_000),
+            mailer_latency: (ms(10), ms(400)),
         }
     }
 
@@ -162,6 +171,9 @@ impl Timing {
             operator_every: (ms(500), ms(1_200)),
             slack: ms(2_000),
             tolerance: ms(25),
+            job_timeout: ms(150),
+            dispatch_every: ms(150),
+            mailer_latency: (ms(2), ms(40)),
         }
     }
 
@@ -187,6 +199,10 @@ impl Timing {
             self.windows.iter().all(|w| *w < self.processor_keeps_keys)
                 && self.horizon + self.retention < self.processor_keeps_keys,
             "a repeat after its window reaches the processor while it still holds the first request's key"
+        );
+        assert!(
+            self.mailer_latency.1 < self.job_timeout,
+            "a mailer on time answers within a job's run"
         );
         assert!(
             self.window_margin > self.tolerance * 2,

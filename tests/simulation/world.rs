@@ -13,6 +13,7 @@ use idem_runtime::{
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
+use super::buggify::Buggify;
 use super::rng::Rng;
 use super::timing::{Mode, Timing};
 
@@ -266,6 +267,44 @@ pub struct ResolutionRec {
     pub runs_before: usize,
 }
 
+/// A heartbeat the executor sent: by which attempt, the lease the record
+/// had when it was sent (store clock; `None` when the record was not that
+/// attempt's IN_PROGRESS one), and when its answer came (store clock).
+#[derive(Clone, Copy, Debug)]
+pub struct HeartbeatRec {
+    pub attempt: Attempt,
+    pub lease_until: Option<SystemTime>,
+    pub landed: Option<SystemTime>,
+}
+
+/// A follow-on job a write that took effect put in the store: the job the
+/// mailer must get exactly once (oracle 9).
+#[derive(Clone, Debug)]
+pub struct JobRec {
+    pub tenant: String,
+    pub reference: Reference,
+    pub name: String,
+    pub payload: String,
+    /// The instance of its operation that wrote it.
+    pub epoch: u32,
+}
+
+impl JobRec {
+    pub fn downstream_key(&self) -> String {
+        format!("{}:{}", self.reference, self.name)
+    }
+}
+
+/// What the mailer did under one downstream key: the first request it
+/// acted on (and when, for its day of deduplication), and how many times it
+/// acted (more than once only a day apart).
+#[derive(Clone, Debug)]
+pub struct MailRec {
+    pub since: Instant,
+    pub payload: String,
+    pub effects: u32,
+}
+
 /// Counters over a schedule, summed over a run for the coverage line.
 #[derive(Clone, Debug, Default)]
 pub struct Stats {
@@ -306,6 +345,10 @@ pub struct World {
     /// The processor's idempotency: reference → its latest charge, and
     /// since when it holds the key.
     pub entries: BTreeMap<Reference, Entry>,
+    /// Declined requests' keys, as a real processor keeps them (a request
+    /// under a key whose first request was declined gets the decline again,
+    /// for a day): reference → (since when, the run whose request it was).
+    pub declined: BTreeMap<Reference, (Instant, usize)>,
     /// Oracle 8: charge → the operation instance (key, epoch) it was
     /// credited to (answered as executed, or stored as COMPLETED).
     pub credits: BTreeMap<usize, ([u8; 32], u32)>,
@@ -329,6 +372,13 @@ pub struct World {
     pub claims_sent: BTreeMap<[u8; 32], Vec<Instant>>,
     pub resolutions: Vec<ResolutionRec>,
     pub stats: Stats,
+    /// Every heartbeat sent, per key (oracle 4 at the send, and its excuse
+    /// for a lease lapsed while a heartbeat was slow).
+    pub hb_sent: BTreeMap<[u8; 32], Vec<HeartbeatRec>>,
+    /// The follow-on jobs the store was given (oracle 9).
+    pub jobs: Vec<JobRec>,
+    /// The mailer's ledger, by downstream key.
+    pub mailer: BTreeMap<String, MailRec>,
 }
 
 /// One schedule's shared state.
@@ -344,6 +394,8 @@ pub struct Sim {
     pub inner: Arc<dyn IdempotencyStore>,
     /// The store's clock (for the final expiry judgements).
     pub clock: Arc<dyn Fn() -> SystemTime + Send + Sync>,
+    /// BUGGIFY's points and decisions (see `buggify.rs`).
+    pub buggify: Mutex<Buggify>,
 }
 
 impl std::fmt::Debug for Sim {
@@ -380,7 +432,12 @@ impl Sim {
             }),
             inner,
             clock,
+            buggify: Mutex::new(Buggify::new(seed, super::buggify::enabled_by_env())),
         }
+    }
+
+    pub fn buggify(&self) -> MutexGuard<'_, Buggify> {
+        lock(&self.buggify)
     }
 
     pub fn world(&self) -> MutexGuard<'_, World> {
@@ -498,6 +555,20 @@ impl Sim {
         {
             return true;
         }
+        // A heartbeat the store applied or answered after the lease it was
+        // sent under ran out (BUGGIFY slowed it past the bound of the
+        // timing): the lease may have lapsed through the store's delay, not
+        // the library's. One still on its way past that lease counts too.
+        let store_now = (self.clock)();
+        if w.hb_sent.get(&run.key).is_some_and(|sent| {
+            sent.iter().any(|h| {
+                Some(h.attempt) == run.attempt
+                    && h.lease_until
+                        .is_some_and(|l| h.landed.unwrap_or(store_now) >= l)
+            })
+        }) {
+            return true;
+        }
         if self.timing.mode == Mode::Real {
             // In real time a starved scheduler delays heartbeats: a gap of
             // more than half a lease is not the library's. A heartbeat took
@@ -533,6 +604,48 @@ impl Sim {
             }
         }
         false
+    }
+
+    /// Oracle 4 at a heartbeat's send: the handler of `attempt` is live
+    /// and its record's lease (`lease_until`, as the model holds it) ran
+    /// out before the executor renewed it, with no heartbeat failed or slow
+    /// to excuse it: the record read as UNKNOWN meanwhile, and a sweep could
+    /// have marked it. Judged on the paused clock only (the store's and the
+    /// harness's clocks are one); real time has its own allowance.
+    pub fn check_heartbeat_send(
+        &self,
+        w: &mut World,
+        key: &[u8; 32],
+        attempt: Attempt,
+        lease_until: Option<SystemTime>,
+    ) {
+        if self.timing.mode != Mode::Paused {
+            return;
+        }
+        let Some(lease_until) = lease_until else {
+            return;
+        };
+        let now = (self.clock)();
+        if lease_until > now {
+            return;
+        }
+        let instant = Instant::now();
+        let Some(i) = w.runs.iter().position(|r| {
+            r.live
+                && r.key == *key
+                && r.attempt == Some(attempt)
+                && !self.heartbeats_failed(w, r, instant)
+        }) else {
+            return;
+        };
+        let reference = w.runs[i].reference;
+        let late = now.duration_since(lease_until).unwrap_or_default();
+        self.violation(
+            w,
+            format!(
+                "oracle 4 (a live handler is never UNKNOWN): run {i} of {reference} sent a heartbeat {late:?} after its lease had run out, with no heartbeat failed or slow: the record read as UNKNOWN meanwhile"
+            ),
+        );
     }
 
     pub async fn check_live(&self, event: &str) {

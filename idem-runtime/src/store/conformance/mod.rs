@@ -42,10 +42,13 @@ use crate::key::{IdempotencyKey, Reference};
 
 mod faults;
 mod outbox;
+mod pause;
 mod records;
 
 pub use faults::{Call, Fault, FaultPlan, FaultyStore};
 pub use outbox::*;
+pub(crate) use pause::pause;
+pub use pause::{set_pause_hook, PauseHook, PausePoint};
 pub use records::*;
 
 fn random32() -> [u8; 32] {

@@ -440,6 +440,11 @@ impl IdempotencyStore for PostgresStore {
                     let reference = Reference::with_tag(&req.key, tag.unwrap_or(0) as u64);
                     return Ok(Claim::Claimed { reference });
                 }
+                #[cfg(feature = "conformance")]
+                crate::store::conformance::pause(
+                    crate::store::conformance::PausePoint::PostgresClaimRead,
+                )
+                .await;
                 let read = client.prepare_cached(&sql.read).await?;
                 if let Some(row) = client.query_opt(&read, &[&key]).await? {
                     let record = row_to_record(&row)?;

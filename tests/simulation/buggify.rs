@@ -1,0 +1,188 @@
+//! BUGGIFY (after FoundationDB's): injected delays at the await points
+//! between a read and the action taken on it, where a race hides.
+//!
+//! Each point is switched on for a schedule with some probability, and an
+//! enabled point fires on a share of its calls, with a delay drawn relative
+//! to the lease (or the settle period, or the retention), so one schedule
+//! stresses a few windows hard instead of every window a little. The
+//! decisions come from a generator of their own, seeded from the schedule's
+//! seed: with `IDEM_SIM_BUGGIFY=0` a schedule draws exactly what it drew
+//! before BUGGIFY existed, and with it on a seed still replays exactly.
+//!
+//! The points, where the race is and what injection does there:
+//!
+//! - `ClaimAnswer`: between a claim's send and its answer. The claim takes
+//!   effect at once, its answer comes up to three leases later (the late
+//!   claim, and the first heartbeat counted from the claim's send).
+//! - `HeartbeatLate`: before a heartbeat reaches the store: it lands up to
+//!   two leases late, so the lease may lapse under a live handler (the
+//!   sweep then races the heartbeat).
+//! - `HeartbeatAnswer`: a heartbeat that took effect answers late, holding
+//!   back the next one.
+//! - `HeartbeatDetached`: a heartbeat on the wire lands up to three leases
+//!   later even if its caller gave up (the handler ended): by then the
+//!   record may be another attempt's, and the store must fence it.
+//! - `SweepMark`: between the sweep's list and its mark (a heartbeat may
+//!   land in between: the mark must re-check the lease).
+//! - `ReconcileWrite`: between a reconcile's lookup and its resolve or
+//!   deferral (`Resolve`, `DeferCheck`).
+//! - `ReconcilerAnswer`: inside the reconciler, between its lookup at the
+//!   processor and its answer (the answer describes the past by then).
+//! - `RecordWrite`: a completion, release or unknown mark stalled on its
+//!   way to the store, up to a retention and a half (a stalled connection):
+//!   it lands after the record lapsed, was resolved, expired or taken over.
+//! - `JobLease`: a job lease's answer comes late, up to a job lease.
+//! - `JobFinish`: between a job's run and its finish, retry or bury, up to
+//!   two job leases (the lease may run out and another dispatcher run it).
+//! - `Mailer`: the mailer answers late, past the job's run timeout.
+//! - `ClaimRead` (PostgreSQL, a hook inside the store): between the claim's
+//!   insert, which found a live record, and its read of that record.
+
+use std::time::Duration;
+
+use idem_runtime::store::conformance::{Call, Fault};
+
+use super::rng::Rng;
+use super::timing::Timing;
+
+/// A place where BUGGIFY may inject a delay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Point {
+    ClaimAnswer,
+    HeartbeatLate,
+    HeartbeatAnswer,
+    HeartbeatDetached,
+    SweepMark,
+    ReconcileWrite,
+    ReconcilerAnswer,
+    RecordWrite,
+    JobLease,
+    JobFinish,
+    Mailer,
+    ClaimRead,
+}
+
+impl Point {
+    pub const ALL: [Point; 12] = [
+        Point::ClaimAnswer,
+        Point::HeartbeatLate,
+        Point::HeartbeatAnswer,
+        Point::HeartbeatDetached,
+        Point::SweepMark,
+        Point::ReconcileWrite,
+        Point::ReconcilerAnswer,
+        Point::RecordWrite,
+        Point::JobLease,
+        Point::JobFinish,
+        Point::Mailer,
+        Point::ClaimRead,
+    ];
+
+    /// How often an enabled point fires, and (for the coverage line) its
+    /// name.
+    fn rate(self) -> f64 {
+        match self {
+            // A stalled write waits up to a retention and a half: rare, or
+            // schedules would mostly wait.
+            Point::RecordWrite => 0.05,
+            _ => 0.25,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Point::ClaimAnswer => "buggify: claim answered late",
+            Point::HeartbeatLate => "buggify: heartbeat landed late",
+            Point::HeartbeatAnswer => "buggify: heartbeat answered late",
+            Point::HeartbeatDetached => "buggify: heartbeat landed after its caller left",
+            Point::SweepMark => "buggify: sweep's mark delayed",
+            Point::ReconcileWrite => "buggify: reconcile's write delayed",
+            Point::ReconcilerAnswer => "buggify: reconciler answered late",
+            Point::RecordWrite => "buggify: record write stalled",
+            Point::JobLease => "buggify: job lease answered late",
+            Point::JobFinish => "buggify: job finish delayed",
+            Point::Mailer => "buggify: mailer answered late",
+            Point::ClaimRead => "buggify: claim's read delayed",
+        }
+    }
+}
+
+/// Whether BUGGIFY is on (`IDEM_SIM_BUGGIFY`, default on).
+pub fn enabled_by_env() -> bool {
+    std::env::var("IDEM_SIM_BUGGIFY").map_or(true, |v| v.trim() != "0")
+}
+
+/// One schedule's BUGGIFY: which points are on, and the generator of its
+/// decisions.
+#[derive(Debug)]
+pub struct Buggify {
+    rng: Rng,
+    on: Vec<Point>,
+}
+
+impl Buggify {
+    /// The points on for the schedule of `seed` (none when `enabled` is
+    /// false): each with probability one half.
+    pub fn new(seed: u64, enabled: bool) -> Self {
+        let mut rng = Rng::new(seed ^ 0xB0_66_1F_7E_u64.rotate_left(40));
+        let on = if enabled {
+            Point::ALL
+                .iter()
+                .copied()
+                .filter(|_| rng.chance(0.5))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Buggify { rng, on }
+    }
+
+    pub fn is_on(&self, point: Point) -> bool {
+        self.on.contains(&point)
+    }
+
+    /// Whether `point` fires now.
+    pub fn fires(&mut self, point: Point) -> bool {
+        self.is_on(point) && self.rng.chance(point.rate())
+    }
+
+    /// A delay uniform in `lo..=hi`.
+    pub fn between(&mut self, lo: Duration, hi: Duration) -> Duration {
+        self.rng.between(lo, hi)
+    }
+
+    /// The fault BUGGIFY injects into a store call, if any, and the point
+    /// that fired.
+    pub fn fault(&mut self, call: Call, t: &Timing) -> Option<(Point, Fault)> {
+        let lease = t.lease;
+        let zero = Duration::ZERO;
+        let point = match call {
+            Call::Claim => Point::ClaimAnswer,
+            Call::Heartbeat if self.is_on(Point::HeartbeatLate) => Point::HeartbeatLate,
+            Call::Heartbeat => Point::HeartbeatAnswer,
+            Call::MarkLapsed => Point::SweepMark,
+            Call::Resolve | Call::DeferCheck => Point::ReconcileWrite,
+            Call::Complete | Call::CompleteWithFollowOns | Call::Release | Call::MarkUnknown => {
+                Point::RecordWrite
+            }
+            Call::LeaseJobs => Point::JobLease,
+            Call::FinishJob | Call::RetryJob | Call::BuryJob => Point::JobFinish,
+            _ => return None,
+        };
+        if !self.fires(point) {
+            return None;
+        }
+        let fault = match point {
+            Point::ClaimAnswer => Fault::SlowAnswer(self.between(zero, lease * 3)),
+            Point::HeartbeatLate => Fault::Delay(self.between(lease / 3, lease * 2)),
+            Point::HeartbeatAnswer => Fault::SlowAnswer(self.between(lease / 3, lease * 2)),
+            Point::SweepMark => Fault::Delay(self.between(zero, lease * 2)),
+            Point::ReconcileWrite => Fault::Delay(self.between(zero, t.settle)),
+            Point::RecordWrite => Fault::Delay(self.between(lease, t.retention * 3 / 2)),
+            Point::JobLease => Fault::SlowAnswer(self.between(zero, t.job_timeout * 2)),
+            Point::JobFinish => Fault::Delay(self.between(zero, t.job_timeout * 4)),
+            _ => return None,
+        };
+        Some((point, fault))
+    }
+}
