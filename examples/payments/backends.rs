@@ -7,13 +7,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use idem_runtime::{job_fn, JobHandlers, JobRun};
+use idem_runtime::{job_fn, JobHandlers, JobRun, ToolError};
 use tokio::sync::watch;
 
 use super::model::{
     ChargeArgs, ChargeCounts, ChargeStatus, DeliveryCounts, LedgerView, Receipt, ReceiptMail,
     Shipment, ShipmentArgs, ShipmentCounts, WarehouseNotice,
 };
+use super::remote::Remote;
 
 #[derive(Debug)]
 struct ChargeEntry {
@@ -123,6 +124,8 @@ fn kept(since: Instant) -> bool {
 pub struct Backends {
     books: Arc<Mutex<Books>>,
     processor_delay_ms: Arc<AtomicU64>,
+    /// The far sides reached over HTTP instead, if any.
+    remote: Remote,
 }
 
 impl Backends {
@@ -131,7 +134,19 @@ impl Backends {
         Backends {
             books: Arc::default(),
             processor_delay_ms: Arc::new(AtomicU64::new(processor_delay.as_millis() as u64)),
+            remote: Remote::new(None, None),
         }
+    }
+
+    /// Charges go to the processor service at `processor` and receipts to
+    /// the mailer service at `mailer` (`examples/farside`), each where
+    /// given, instead of the stubs in this process. The ledger tool then
+    /// shows only what stayed in process: the services have their own
+    /// (`GET /ledger`).
+    #[allow(dead_code)] // the server binary's flags; the demo keeps the stubs
+    pub fn with_services(mut self, processor: Option<String>, mailer: Option<String>) -> Self {
+        self.remote = Remote::new(processor, mailer);
+        self
     }
 
     /// Changes how long the processor takes from the next charge on.
@@ -150,7 +165,10 @@ impl Backends {
     /// waiting (a timeout) does not stop the charge. A request whose
     /// reference the processor already has is not charged again; it gets the
     /// first request's receipt, once there is one.
-    pub async fn charge(&self, reference: String, args: &ChargeArgs) -> Receipt {
+    pub async fn charge(&self, reference: String, args: &ChargeArgs) -> Result<Receipt, ToolError> {
+        if self.remote.has_processor() {
+            return self.remote.charge(&reference, args).await;
+        }
         let mut outcome = {
             let mut books = self.books();
             let books = &mut *books;
@@ -204,18 +222,22 @@ impl Backends {
             .await
             .expect("the processor finishes every charge it accepted")
             .clone();
-        receipt.expect("waited for a receipt")
+        Ok(receipt.expect("waited for a receipt"))
     }
 
-    /// What the processor knows about `reference`: its lookup API.
-    pub fn charge_status(&self, reference: &str) -> ChargeStatus {
-        match self.books().charges.get(reference) {
+    /// What the processor knows about `reference`: its lookup API. Errors:
+    /// the processor service could not be asked.
+    pub async fn charge_status(&self, reference: &str) -> Result<ChargeStatus, String> {
+        if self.remote.has_processor() {
+            return self.remote.charge_status(reference).await;
+        }
+        Ok(match self.books().charges.get(reference) {
             None => ChargeStatus::NotFound,
             Some(entry) => match &*entry.outcome.borrow() {
                 None => ChargeStatus::InFlight,
                 Some(receipt) => ChargeStatus::Charged(receipt.clone()),
             },
-        }
+        })
     }
 
     /// Books a shipment with the carrier under `reference`; a request whose
@@ -282,6 +304,9 @@ impl Backends {
                     let mailer = mailer.clone();
                     async move {
                         let _mail: ReceiptMail = job.payload_as()?;
+                        if mailer.remote.has_mailer() {
+                            return mailer.remote.send(&job).await.map_err(Into::into);
+                        }
                         mailer.send_receipt(&job).map_err(Into::into)
                     }
                 }),

@@ -33,7 +33,11 @@ impl Reconciler for ProcessorReconciler {
     ) -> Result<Reconciliation, Box<dyn std::error::Error + Send + Sync>> {
         Ok(match record.tool.as_str() {
             "charge_card" | "tap_to_pay" => {
-                match self.backends.charge_status(&record.reference.to_string()) {
+                match self
+                    .backends
+                    .charge_status(&record.reference.to_string())
+                    .await?
+                {
                     // The handler's receipt job was lost with its outcome: the
                     // resolution writes it.
                     ChargeStatus::Charged(receipt) if self.outbox => {

@@ -6,7 +6,8 @@
 //! and `examples/demo`.
 //!
 //! In files by job: the tools here, their data in `model.rs`, the stub far
-//! sides in `backends.rs`, the reconciler in `reconcile.rs`. The files are
+//! sides in `backends.rs` (or, in `remote.rs`, services over HTTP), the
+//! reconciler in `reconcile.rs`. The files are
 //! named by `#[path]` so that `examples/demo`, which includes this file by
 //! `#[path]` too, finds them beside it.
 
@@ -16,6 +17,8 @@ mod backends;
 mod model;
 #[path = "reconcile.rs"]
 mod reconcile;
+#[path = "remote.rs"]
+mod remote;
 
 use std::time::Duration;
 
@@ -105,7 +108,8 @@ impl Payments {
                 self.processor_timeout,
                 self.backends.charge(reference, &args),
             ) => match charged {
-                Ok(receipt) => {
+                Ok(Err(failed)) => Err(failed),
+                Ok(Ok(receipt)) => {
                     // Not mailed here: a crash between the charge and the
                     // mail would lose it. The outbox mails it once the
                     // charge is recorded, with the reference and the job
