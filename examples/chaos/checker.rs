@@ -133,6 +133,28 @@ pub fn check(e: &Evidence<'_>) -> Vec<Violation> {
         }
     }
     let effects = |reference: &str| charges.get(reference).map_or(0, |c| c.effects);
+    // When the first request that made an effect arrived at the processor.
+    let mut charged_at: BTreeMap<String, u64> = BTreeMap::new();
+    if let Some(keys) = e.processor["keys"].as_object() {
+        for (key, entries) in keys {
+            for entry in entries.as_array().into_iter().flatten() {
+                if entry["effects"].as_i64().unwrap_or(0) > 0 {
+                    if let Some(at) = entry["arrived_ms"].as_u64() {
+                        let first = charged_at.entry(key.clone()).or_insert(at);
+                        *first = (*first).min(at);
+                    }
+                }
+            }
+        }
+    }
+    // Whether a charge under `reference` had reached the processor before
+    // `t_ms` (run time): a "not performed" from then on is false. (A retry
+    // after a true "not performed" takes the record over and charges later.)
+    let charged_before = |reference: &str, t_ms: u64| {
+        charged_at
+            .get(reference)
+            .is_some_and(|at| *at < e.start_unix_ms + t_ms)
+    };
 
     // 1. At most one effect per operation (reference), and per purchase:
     // a card is one intent's, or a tap's and its repeat after the window.
@@ -324,6 +346,10 @@ pub fn check(e: &Evidence<'_>) -> Vec<Violation> {
                     Some(_) => {}
                 }
             }
+            // 4. Nothing reported not performed had been charged.
+            if obs.outcome == "NOT_PERFORMED" && charged_before(reference, obs.t_ms) {
+                flag(4, format!("told NOT_PERFORMED at {} ms, after the charge had reached the processor", obs.t_ms), Some(reference), Some(intent.id));
+            }
             // 4. Nothing reported rejected had an effect.
             if obs.outcome == "rejected" && effects(reference) > 0 {
                 flag(
@@ -379,6 +405,17 @@ pub fn check(e: &Evidence<'_>) -> Vec<Violation> {
             if expires.is_none_or(|x| x + 1000 < asked) {
                 flag(2, format!("a tap after the window was answered as the first tap's operation ({}; the record expires at {expires:?}, asked at {asked})", obs.outcome), Some(reference), Some(intent.id));
             }
+        }
+    }
+
+    // 4. No record was NOT_PERFORMED once its charge had reached the
+    // processor (a snapshot's time is taken before it is read).
+    for (reference, states) in e.history {
+        if let Some((t, _)) = states
+            .iter()
+            .find(|(t, s)| s == "NOT_PERFORMED" && charged_before(reference, *t))
+        {
+            flag(4, format!("the record was NOT_PERFORMED at {t} ms, after the charge had reached the processor"), Some(reference), None);
         }
     }
 

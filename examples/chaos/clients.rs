@@ -42,7 +42,7 @@ impl Rng {
 /// One answer (or its absence) as the client saw it.
 #[derive(Clone, Debug, Serialize)]
 pub struct Obs {
-    /// Milliseconds since the run started.
+    /// When the request left, in milliseconds since the run started.
     pub t_ms: u64,
     /// The replica asked.
     pub replica: usize,
@@ -219,8 +219,9 @@ impl Client {
         let args = json!({ "card": intent.card, "amount_cents": intent.amount, "currency": "usd" });
         intent.last_submit_ms = self.fleet.now_ms();
         let url = self.fleet.replicas[replica].clone();
-        let answer = call(&url, &self.token, intent.tool, args, limit).await;
+        // When the call left: what it is compared with (a window, a charge).
         let t_ms = self.fleet.now_ms();
+        let answer = call(&url, &self.token, intent.tool, args, limit).await;
         match answer {
             Ok(result) => {
                 let (outcome, reference, charge_id, text) = observe_call(&result);
@@ -251,6 +252,7 @@ impl Client {
     async fn status(&mut self, reference: &str, via: &'static str) -> Obs {
         let replica = self.other_replica();
         let url = self.fleet.replicas[replica].clone();
+        let t_ms = self.fleet.now_ms();
         let answer = call(
             &url,
             &self.token,
@@ -264,7 +266,7 @@ impl Client {
             Err(e) => (e.clone(), None),
         };
         Obs {
-            t_ms: self.fleet.now_ms(),
+            t_ms,
             replica,
             via,
             outcome,
@@ -364,8 +366,9 @@ impl Client {
                     _ => {}
                 }
             }
+            let refused = answers.iter().any(|o| o.outcome == "rejected");
             intent.obs.extend(answers);
-            if told {
+            if told || (refused && intent.kind == "zero") {
                 return;
             }
             if pending.is_none() {

@@ -431,8 +431,10 @@ async fn main() {
         );
         tokio::spawn(async move {
             while watching.load(Ordering::SeqCst) {
+                // Read before the list: a state it shows held at this time
+                // or later.
+                let t = started.elapsed().as_millis() as u64;
                 if let Some(records) = list_records(&cli, &store).await {
-                    let t = started.elapsed().as_millis() as u64;
                     note_states(&mut history.lock().unwrap(), &records, t);
                 }
                 tokio::time::sleep(Duration::from_secs(1)).await;
@@ -449,7 +451,7 @@ async fn main() {
         faulting.clone(),
         flags.seed,
         LEASE_MS,
-        1500,
+        800,
     ));
 
     tokio::time::sleep(flags.duration).await;
@@ -468,12 +470,9 @@ async fn main() {
     let mut settled = false;
     let mut records = Vec::new();
     while healed.elapsed() < SETTLE_BOUND {
+        let t = started.elapsed().as_millis() as u64;
         if let Some(now) = list_records(&cli, &store_url).await {
-            note_states(
-                &mut history.lock().unwrap(),
-                &now,
-                started.elapsed().as_millis() as u64,
-            );
+            note_states(&mut history.lock().unwrap(), &now, t);
             let open = now
                 .iter()
                 .any(|r| !matches!(r["state"].as_str(), Some("COMPLETED" | "NOT_PERFORMED")));
