@@ -348,7 +348,15 @@ pub fn check(e: &Evidence<'_>) -> Vec<Violation> {
             }
             // 4. Nothing reported not performed had been charged.
             if obs.outcome == "NOT_PERFORMED" && charged_before(reference, obs.t_ms) {
-                flag(4, format!("told NOT_PERFORMED at {} ms, after the charge had reached the processor", obs.t_ms), Some(reference), Some(intent.id));
+                flag(
+                    4,
+                    format!(
+                        "told NOT_PERFORMED at {} ms, after the charge had reached the processor",
+                        obs.t_ms
+                    ),
+                    Some(reference),
+                    Some(intent.id),
+                );
             }
             // 4. Nothing reported rejected had an effect.
             if obs.outcome == "rejected" && effects(reference) > 0 {

@@ -62,7 +62,7 @@ pub async fn run(
     lease_ms: u64,
     gap_ms: u64,
 ) -> Counts {
-    let mut rng = Rng::new(seed ^ 0x6e65_6d65_7369_73);
+    let mut rng = Rng::new(seed ^ 0x006e_656d_6573_6973);
     let mut counts = Counts::new();
     while running.load(Ordering::SeqCst) {
         sleep_ms(gap_ms + rng.below(gap_ms)).await;

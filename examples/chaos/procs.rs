@@ -202,7 +202,7 @@ pub enum StoreServer {
     },
     /// `redis-server` with an append-only file synced at every write, so a
     /// kill -9 loses nothing acknowledged.
-    Redis(Proc),
+    Redis(Box<Proc>),
 }
 
 impl StoreServer {
@@ -281,7 +281,7 @@ impl StoreServer {
             child: None,
             stopped: false,
         };
-        let mut server = StoreServer::Redis(proc);
+        let mut server = StoreServer::Redis(Box::new(proc));
         server.restart_redis(port).await?;
         Ok(server)
     }
