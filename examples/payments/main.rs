@@ -29,6 +29,10 @@
 //!   --outbox-backoff-ms N         the pause after a follow-on job's first failure; doubles
 //!                                 with each further one, with jitter (default 1000)
 //!   --mailer-failures N           the stub mailer fails its first N requests (default 0)
+//!   --processor-url URL           charge at this processor service (examples/farside) instead
+//!                                 of the in-process stub; --processor-delay-ms is then its own
+//!   --mailer-url URL              mail receipts through this mailer service instead of the
+//!                                 in-process stub
 //! ```
 
 mod shop;
@@ -74,7 +78,11 @@ usage: payments [FLAGS]
   --outbox-interval-ms N        time between the outbox's rounds when it is idle (default 1000)
   --outbox-backoff-ms N         the pause after a follow-on job's first failure; doubles
                                 with each further one, with jitter (default 1000)
-  --mailer-failures N           the stub mailer fails its first N requests (default 0)";
+  --mailer-failures N           the stub mailer fails its first N requests (default 0)
+  --processor-url URL           charge at this processor service (examples/farside) instead
+                                of the in-process stub; --processor-delay-ms is then its own
+  --mailer-url URL              mail receipts through this mailer service instead of the
+                                in-process stub";
 
 #[derive(Debug)]
 struct Flags {
@@ -93,6 +101,8 @@ struct Flags {
     outbox_interval: Duration,
     outbox_backoff: Duration,
     mailer_failures: u32,
+    processor_url: Option<String>,
+    mailer_url: Option<String>,
 }
 
 fn usage(problem: &str) -> ! {
@@ -125,6 +135,8 @@ fn parse_flags() -> Flags {
         outbox_interval: OutboxConfig::default().interval,
         outbox_backoff: OutboxConfig::default().first_backoff,
         mailer_failures: 0,
+        processor_url: None,
+        mailer_url: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -177,6 +189,8 @@ fn parse_flags() -> Flags {
                     usage(&format!("--mailer-failures takes a count, not {v:?}"))
                 });
             }
+            "--processor-url" => flags.processor_url = Some(value()),
+            "--mailer-url" => flags.mailer_url = Some(value()),
             other => usage(&format!("unknown flag {other:?}")),
         }
     }
@@ -281,7 +295,8 @@ async fn main() {
     }
 
     let store = open_store(&flags.store).await;
-    let backends = Backends::new(flags.processor_delay);
+    let backends = Backends::new(flags.processor_delay)
+        .with_services(flags.processor_url.clone(), flags.mailer_url.clone());
     backends.set_mailer_failures(flags.mailer_failures);
     // The follow-on jobs (receipts, warehouse notices), delivered at least
     // once. Every store idem ships keeps them; `spawn` refuses a store that

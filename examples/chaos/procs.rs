@@ -1,0 +1,406 @@
+//! The processes of a chaos run: payments replicas, the far sides, and a
+//! private PostgreSQL or Redis; each started, killed (`SIGKILL`), frozen
+//! (`SIGSTOP`) and thawed (`SIGCONT`) by the harness.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// Sends `signal` to `pid`.
+pub fn signal(pid: u32, signal: i32) {
+    // SAFETY: kill(2) on a pid this harness started; no memory is shared.
+    unsafe {
+        libc::kill(pid as i32, signal);
+    }
+}
+
+/// A child that prints a line starting with `ready` once it serves, with
+/// its stderr after that appended to `log`.
+pub struct Proc {
+    /// What to run, to start it again.
+    program: PathBuf,
+    args: Vec<String>,
+    ready: &'static str,
+    log: PathBuf,
+    child: Option<Child>,
+    /// Whether it is frozen (SIGSTOP) now.
+    pub stopped: bool,
+}
+
+impl Proc {
+    /// Starts `program args` and waits until it prints `ready`.
+    pub async fn start(
+        program: PathBuf,
+        args: Vec<String>,
+        ready: &'static str,
+        log: PathBuf,
+    ) -> Result<Proc, String> {
+        let mut proc = Proc {
+            program,
+            args,
+            ready,
+            log,
+            child: None,
+            stopped: false,
+        };
+        proc.restart().await?;
+        Ok(proc)
+    }
+
+    /// The value given after `flag` on its command line.
+    pub fn arg_after(&self, flag: &str) -> String {
+        self.args
+            .iter()
+            .skip_while(|a| *a != flag)
+            .nth(1)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The running child's pid.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(Child::id)
+    }
+
+    /// Whether it runs (started and not killed).
+    pub fn is_up(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// `kill -9`, and waits for the exit.
+    pub async fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            if self.stopped {
+                if let Some(pid) = child.id() {
+                    signal(pid, libc::SIGCONT);
+                }
+                self.stopped = false;
+            }
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+        }
+    }
+
+    /// Freezes it (`SIGSTOP`).
+    pub fn freeze(&mut self) {
+        if let Some(pid) = self.pid() {
+            signal(pid, libc::SIGSTOP);
+            self.stopped = true;
+        }
+    }
+
+    /// Thaws it (`SIGCONT`).
+    pub fn thaw(&mut self) {
+        if let Some(pid) = self.pid() {
+            signal(pid, libc::SIGCONT);
+        }
+        self.stopped = false;
+    }
+
+    /// Starts it (again), and waits until it says it serves: 30 s at most.
+    pub async fn restart(&mut self) -> Result<(), String> {
+        self.kill().await;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .map_err(|e| format!("{}: {e}", self.log.display()))?;
+        let mut child = Command::new(&self.program)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("{}: {e}", self.program.display()))?;
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let mut lines = BufReader::new(stderr).lines();
+        let ready = self.ready;
+        let mut log = tokio::fs::File::from_std(log);
+        let seen = tokio::time::timeout(Duration::from_secs(30), async {
+            use tokio::io::AsyncWriteExt;
+            while let Ok(Some(line)) = lines.next_line().await {
+                let _ = log.write_all(format!("{line}\n").as_bytes()).await;
+                if line.starts_with(ready) {
+                    return true;
+                }
+            }
+            false
+        })
+        .await;
+        if seen != Ok(true) {
+            let _ = child.start_kill();
+            return Err(format!(
+                "{} did not start (see {})",
+                self.program.display(),
+                self.log.display()
+            ));
+        }
+        // The rest of stderr goes to the log, so the child never blocks.
+        tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            while let Ok(Some(line)) = lines.next_line().await {
+                let _ = log.write_all(format!("{line}\n").as_bytes()).await;
+            }
+        });
+        self.child = Some(child);
+        Ok(())
+    }
+}
+
+/// Runs a command to its end; its output goes to `log`.
+pub async fn run(program: &Path, args: &[&str], log: &Path) -> Result<(), String> {
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(|e| e.to_string())?;
+    let status = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().map_err(|e| e.to_string())?)
+        .stderr(out)
+        .status()
+        .await
+        .map_err(|e| format!("{}: {e}", program.display()))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} {args:?}: {status} (see {})",
+            program.display(),
+            log.display()
+        ))
+    }
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released: good enough for a
+/// harness that starts its processes at once).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// A private PostgreSQL or Redis server, restarted by the nemesis: never the
+/// shared ones on 5432 and 6379.
+pub enum StoreServer {
+    /// No server: SQLite.
+    None,
+    /// `initdb` and `pg_ctl` on a data directory of the run's.
+    Postgres {
+        bin: PathBuf,
+        data: PathBuf,
+        port: u16,
+        log: PathBuf,
+        /// `runuser -u postgres --` when running as root.
+        as_postgres: bool,
+    },
+    /// `redis-server` with an append-only file synced at every write, so a
+    /// kill -9 loses nothing acknowledged.
+    Redis(Box<Proc>),
+}
+
+impl StoreServer {
+    /// A PostgreSQL cluster in `dir`, serving on `port`.
+    pub async fn postgres(dir: &Path, port: u16) -> Result<StoreServer, String> {
+        let bin = std::fs::read_dir("/usr/lib/postgresql")
+            .map_err(|e| format!("/usr/lib/postgresql: {e}"))?
+            .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+            .filter(|b| b.join("pg_ctl").exists())
+            .max()
+            .ok_or("no pg_ctl under /usr/lib/postgresql/*/bin")?;
+        // SAFETY: getuid has no preconditions.
+        let as_postgres = unsafe { libc::getuid() } == 0;
+        let data = dir.join("pg");
+        let log = dir.join("pg.log");
+        std::fs::create_dir_all(&data).map_err(|e| e.to_string())?;
+        if as_postgres {
+            run(
+                Path::new("chown"),
+                &["-R", "postgres", &dir.display().to_string()],
+                &log,
+            )
+            .await?;
+        }
+        let server = StoreServer::Postgres {
+            bin,
+            data,
+            port,
+            log,
+            as_postgres,
+        };
+        server
+            .pg(&[
+                "initdb",
+                "-D",
+                "{data}",
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--no-sync",
+            ])
+            .await?;
+        server.start().await?;
+        Ok(server)
+    }
+
+    /// A Redis server in `dir`, serving on `port`.
+    pub async fn redis(dir: &Path, port: u16) -> Result<StoreServer, String> {
+        let data = dir.join("redis");
+        std::fs::create_dir_all(&data).map_err(|e| e.to_string())?;
+        let args = [
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            &data.display().to_string(),
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--save",
+            "",
+            "--loglevel",
+            "warning",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        // redis-server logs to stdout; the harness waits for its port.
+        let proc = Proc {
+            program: PathBuf::from("redis-server"),
+            args,
+            ready: "",
+            log: dir.join("redis.log"),
+            child: None,
+            stopped: false,
+        };
+        let mut server = StoreServer::Redis(Box::new(proc));
+        server.restart_redis(port).await?;
+        Ok(server)
+    }
+
+    async fn restart_redis(&mut self, port: u16) -> Result<(), String> {
+        let StoreServer::Redis(proc) = self else {
+            return Ok(());
+        };
+        proc.kill().await;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&proc.log)
+            .map_err(|e| e.to_string())?;
+        let child = Command::new(&proc.program)
+            .args(&proc.args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("redis-server: {e}"))?;
+        proc.child = Some(child);
+        wait_port(port).await
+    }
+
+    /// The URL a client of this server uses at `port` (the server's own, or
+    /// a proxy's in front of it).
+    pub fn url(&self, port: u16) -> String {
+        match self {
+            StoreServer::None => String::new(),
+            StoreServer::Postgres { .. } => {
+                format!("postgres://postgres@127.0.0.1:{port}/postgres")
+            }
+            StoreServer::Redis(_) => format!("redis://127.0.0.1:{port}"),
+        }
+    }
+
+    async fn pg(&self, args: &[&str]) -> Result<(), String> {
+        let StoreServer::Postgres {
+            bin,
+            data,
+            log,
+            as_postgres,
+            ..
+        } = self
+        else {
+            return Ok(());
+        };
+        let data = data.display().to_string();
+        let args: Vec<String> = args.iter().map(|a| a.replace("{data}", &data)).collect();
+        let program = bin.join(&args[0]).display().to_string();
+        let mut full: Vec<&str> = Vec::new();
+        if *as_postgres {
+            full.extend(["-u", "postgres", "--", &program]);
+        }
+        full.extend(args[1..].iter().map(String::as_str));
+        if *as_postgres {
+            run(Path::new("runuser"), &full, log).await
+        } else {
+            run(Path::new(&program), &full, log).await
+        }
+    }
+
+    async fn start(&self) -> Result<(), String> {
+        if let StoreServer::Postgres { port, data, .. } = self {
+            let options = format!(
+                "-p {port} -c listen_addresses=127.0.0.1 -k {} -c max_connections=200",
+                data.display()
+            );
+            self.pg(&[
+                "pg_ctl", "-D", "{data}", "-o", &options, "-w", "-t", "60", "start",
+            ])
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// A crash and a start: `pg_ctl stop -m immediate` (no checkpoint, as a
+    /// power cut), or `kill -9` of Redis.
+    pub async fn crash_restart(&mut self) -> Result<(), String> {
+        match self {
+            StoreServer::None => Ok(()),
+            StoreServer::Postgres { .. } => {
+                self.pg(&["pg_ctl", "-D", "{data}", "-m", "immediate", "-w", "stop"])
+                    .await?;
+                self.start().await
+            }
+            StoreServer::Redis(proc) => {
+                let port: u16 = proc.arg_after("--port").parse().expect("the port given");
+                self.restart_redis(port).await
+            }
+        }
+    }
+
+    /// Stops it at the end of the run.
+    pub async fn shut_down(&mut self) {
+        match self {
+            StoreServer::None => {}
+            StoreServer::Postgres { .. } => {
+                let _ = self
+                    .pg(&["pg_ctl", "-D", "{data}", "-m", "fast", "-w", "stop"])
+                    .await;
+            }
+            StoreServer::Redis(proc) => proc.kill().await,
+        }
+    }
+}
+
+/// Waits until something accepts connections on `port`: 30 s at most.
+pub async fn wait_port(port: u16) -> Result<(), String> {
+    for _ in 0..300 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(format!("nothing listens on 127.0.0.1:{port} after 30 s"))
+}
