@@ -47,6 +47,7 @@ mod records;
 
 pub use faults::{Call, Fault, FaultPlan, FaultyStore};
 pub use outbox::*;
+#[cfg(feature = "postgres")]
 pub(crate) use pause::pause;
 pub use pause::{set_pause_hook, PauseHook, PausePoint};
 pub use records::*;

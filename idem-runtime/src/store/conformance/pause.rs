@@ -42,7 +42,8 @@ pub fn set_pause_hook(hook: Option<PauseHook>) {
 }
 
 /// Pauses at `point` as long as the installed hook says; at once when none
-/// is installed.
+/// is installed. (Only PostgresStore has a point so far.)
+#[cfg(feature = "postgres")]
 pub(crate) async fn pause(point: PausePoint) {
     if !INSTALLED.load(Ordering::Relaxed) {
         return;
