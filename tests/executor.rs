@@ -206,8 +206,10 @@ async fn a_repeat_of_a_tool_without_history_waits_as_long_again() {
         ),
     ] {
         let hint = retry_after(&answer);
+        // About 2.2 s: the claim lands a moment after the spawn, and a
+        // loaded machine stretches the sleep; far from the lease's 27.8 s.
         assert!(
-            hint >= Duration::from_millis(2200) && hint < Duration::from_millis(2900),
+            hint >= Duration::from_millis(1800) && hint < Duration::from_secs(8),
             "{who}: {hint:?}"
         );
     }
