@@ -498,9 +498,25 @@ pub fn check(e: &Evidence<'_>) -> Vec<Violation> {
             other => flag(7, format!("ended {other}"), Some(reference), None),
         }
     }
+    // Seen COMPLETED: by a snapshot, or by a client told the value (a tap's
+    // record is purged once its 5 s window ends, which may fall between two
+    // snapshots).
+    let told_completed: BTreeSet<&str> = e
+        .intents
+        .iter()
+        .flat_map(|i| &i.obs)
+        .filter(|o| matches!(o.outcome.as_str(), "executed" | "replayed" | "COMPLETED"))
+        .filter_map(|o| o.reference.as_deref())
+        .collect();
+    let completed_seen = |reference: &str| {
+        told_completed.contains(reference)
+            || e.history
+                .get(reference)
+                .is_some_and(|h| h.iter().any(|(_, _, s)| s == "COMPLETED"))
+    };
     // A charge whose record never completed, where the record is known.
     for (reference, c) in &charges {
-        if c.effects > 0 {
+        if c.effects > 0 && !completed_seen(reference) {
             if let Some(state) = last_state(reference) {
                 if state != "COMPLETED" {
                     flag(
@@ -529,7 +545,9 @@ pub fn check(e: &Evidence<'_>) -> Vec<Violation> {
         }
     }
     for (reference, c) in &charges {
-        if c.effects > 0 && last_state(reference).is_none_or(|s| s == "COMPLETED") {
+        if c.effects > 0
+            && (completed_seen(reference) || last_state(reference).is_none_or(|s| s == "COMPLETED"))
+        {
             let (delivered, keys) = mails.get(reference).copied().unwrap_or((0, 0));
             if delivered != 1 || keys != 1 {
                 flag(
