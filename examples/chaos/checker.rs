@@ -416,7 +416,10 @@ pub fn check(e: &Evidence<'_>) -> Vec<Violation> {
     // snapshots and the clients' status answers), each a span from the
     // request to its answer: A is before B only if A's answer came before
     // B's request. Nothing leaves COMPLETED, and an UNKNOWN record runs
-    // again (IN_PROGRESS) only through a NOT_PERFORMED that someone saw.
+    // again (IN_PROGRESS) only through a NOT_PERFORMED that someone saw. A
+    // status answer counts only when COMPLETED or NOT_PERFORMED: its
+    // UNKNOWN is also an IN_PROGRESS record whose lease ran out, which a
+    // late heartbeat may still keep alive.
     let mut sightings: BTreeMap<&str, Vec<(u64, u64, &str)>> = BTreeMap::new();
     for (reference, states) in e.history {
         for (t, end, state) in states {
@@ -430,10 +433,7 @@ pub fn check(e: &Evidence<'_>) -> Vec<Violation> {
         for obs in intent.obs.iter().filter(|o| o.via == "status") {
             if let (Some(reference), true) = (
                 obs.reference.as_deref(),
-                matches!(
-                    obs.outcome.as_str(),
-                    "IN_PROGRESS" | "COMPLETED" | "UNKNOWN" | "NOT_PERFORMED"
-                ),
+                matches!(obs.outcome.as_str(), "COMPLETED" | "NOT_PERFORMED"),
             ) {
                 sightings
                     .entry(reference)
