@@ -28,7 +28,7 @@ pub struct Evidence<'a> {
     /// The records at the end (`idem list --json`).
     pub records: &'a [Value],
     /// Each reference's states as the snapshots saw them, in order.
-    pub history: &'a BTreeMap<String, Vec<(u64, String)>>,
+    pub history: &'a BTreeMap<String, Vec<(u64, u64, String)>>,
     /// The processor's `GET /ledger`.
     pub processor: &'a Value,
     /// The mailer's `GET /ledger`.
@@ -82,20 +82,6 @@ fn sum(entries: &Value, field: &str) -> i64 {
         .as_array()
         .map(|a| a.iter().map(|e| e[field].as_i64().unwrap_or(0)).sum())
         .unwrap_or(0)
-}
-
-/// The forward moves of a record under one reference. A NOT_PERFORMED
-/// record is taken over by a repeat within its window (the same operation,
-/// the same reference): back to IN_PROGRESS. Nothing leaves COMPLETED, and
-/// nothing UNKNOWN runs again.
-fn forward(from: &str, to: &str) -> bool {
-    from == to
-        || matches!(
-            (from, to),
-            ("IN_PROGRESS", "COMPLETED" | "UNKNOWN" | "NOT_PERFORMED")
-                | ("UNKNOWN", "COMPLETED" | "NOT_PERFORMED")
-                | ("NOT_PERFORMED", "IN_PROGRESS" | "COMPLETED" | "UNKNOWN")
-        )
 }
 
 /// Runs every check; the violations, in the order found.
@@ -239,7 +225,7 @@ pub fn check(e: &Evidence<'_>) -> Vec<Violation> {
                 e.history
                     .get(reference)
                     .and_then(|h| h.last())
-                    .map(|(_, s)| s.clone())
+                    .map(|(_, _, s)| s.clone())
             })
     };
 
@@ -358,14 +344,13 @@ pub fn check(e: &Evidence<'_>) -> Vec<Violation> {
                     Some(intent.id),
                 );
             }
-            // 4. Nothing reported rejected had an effect.
-            if obs.outcome == "rejected" && effects(reference) > 0 {
-                flag(
-                    4,
-                    "answered rejected (nothing was executed) but the processor charged".into(),
-                    Some(reference),
-                    Some(intent.id),
-                );
+            // 4. Nothing reported rejected had an effect: no charge under
+            // the reference reached the processor before the answer came.
+            // (A later repeat may charge under it: a rejected claim whose
+            // release failed lapses, is found not performed, and is taken
+            // over within its window, reference and all.)
+            if obs.outcome == "rejected" && charged_before(reference, obs.end_ms) {
+                flag(4, "answered rejected (nothing was executed), but a charge under the reference had reached the processor".into(), Some(reference), Some(intent.id));
             }
         }
         // 4. An intent told nothing but "nothing was executed", with no
@@ -419,27 +404,67 @@ pub fn check(e: &Evidence<'_>) -> Vec<Violation> {
     // 4. No record was NOT_PERFORMED once its charge had reached the
     // processor (a snapshot's time is taken before it is read).
     for (reference, states) in e.history {
-        if let Some((t, _)) = states
+        if let Some((t, _, _)) = states
             .iter()
-            .find(|(t, s)| s == "NOT_PERFORMED" && charged_before(reference, *t))
+            .find(|(t, _, s)| s == "NOT_PERFORMED" && charged_before(reference, *t))
         {
             flag(4, format!("the record was NOT_PERFORMED at {t} ms, after the charge had reached the processor"), Some(reference), None);
         }
     }
 
-    // 6. States only move forward.
+    // 6. States only move forward, over every sighting of a record (the
+    // snapshots and the clients' status answers), each a span from the
+    // request to its answer: A is before B only if A's answer came before
+    // B's request. Nothing leaves COMPLETED, and an UNKNOWN record runs
+    // again (IN_PROGRESS) only through a NOT_PERFORMED that someone saw. A
+    // status answer counts only when COMPLETED or NOT_PERFORMED: its
+    // UNKNOWN is also an IN_PROGRESS record whose lease ran out, which a
+    // late heartbeat may still keep alive.
+    let mut sightings: BTreeMap<&str, Vec<(u64, u64, &str)>> = BTreeMap::new();
     for (reference, states) in e.history {
-        for pair in states.windows(2) {
-            if !forward(&pair[0].1, &pair[1].1) {
-                flag(
-                    6,
-                    format!(
-                        "{} at {} ms, then {} at {} ms",
-                        pair[0].1, pair[0].0, pair[1].1, pair[1].0
-                    ),
-                    Some(reference),
-                    None,
-                );
+        for (t, end, state) in states {
+            sightings
+                .entry(reference)
+                .or_default()
+                .push((*t, *end, state));
+        }
+    }
+    for intent in e.intents {
+        for obs in intent.obs.iter().filter(|o| o.via == "status") {
+            if let (Some(reference), true) = (
+                obs.reference.as_deref(),
+                matches!(obs.outcome.as_str(), "COMPLETED" | "NOT_PERFORMED"),
+            ) {
+                sightings
+                    .entry(reference)
+                    .or_default()
+                    .push((obs.t_ms, obs.end_ms, &obs.outcome));
+            }
+        }
+    }
+    for (reference, seen) in &sightings {
+        let mut flagged = false;
+        for a in seen {
+            for b in seen.iter().filter(|b| b.0 > a.1) {
+                let bad = match (a.2, b.2) {
+                    ("COMPLETED", other) => other != "COMPLETED",
+                    ("UNKNOWN", "IN_PROGRESS") => !seen
+                        .iter()
+                        .any(|n| n.2 == "NOT_PERFORMED" && n.1 >= a.0 && n.0 <= b.1),
+                    _ => false,
+                };
+                if bad && !flagged {
+                    flagged = true;
+                    flag(
+                        6,
+                        format!(
+                            "{} seen at {}–{} ms, then {} at {}–{} ms",
+                            a.2, a.0, a.1, b.2, b.0, b.1
+                        ),
+                        Some(reference),
+                        None,
+                    );
+                }
             }
         }
     }
@@ -473,9 +498,25 @@ pub fn check(e: &Evidence<'_>) -> Vec<Violation> {
             other => flag(7, format!("ended {other}"), Some(reference), None),
         }
     }
+    // Seen COMPLETED: by a snapshot, or by a client told the value (a tap's
+    // record is purged once its 5 s window ends, which may fall between two
+    // snapshots).
+    let told_completed: BTreeSet<&str> = e
+        .intents
+        .iter()
+        .flat_map(|i| &i.obs)
+        .filter(|o| matches!(o.outcome.as_str(), "executed" | "replayed" | "COMPLETED"))
+        .filter_map(|o| o.reference.as_deref())
+        .collect();
+    let completed_seen = |reference: &str| {
+        told_completed.contains(reference)
+            || e.history
+                .get(reference)
+                .is_some_and(|h| h.iter().any(|(_, _, s)| s == "COMPLETED"))
+    };
     // A charge whose record never completed, where the record is known.
     for (reference, c) in &charges {
-        if c.effects > 0 {
+        if c.effects > 0 && !completed_seen(reference) {
             if let Some(state) = last_state(reference) {
                 if state != "COMPLETED" {
                     flag(
@@ -504,7 +545,9 @@ pub fn check(e: &Evidence<'_>) -> Vec<Violation> {
         }
     }
     for (reference, c) in &charges {
-        if c.effects > 0 && last_state(reference).is_none_or(|s| s == "COMPLETED") {
+        if c.effects > 0
+            && (completed_seen(reference) || last_state(reference).is_none_or(|s| s == "COMPLETED"))
+        {
             let (delivered, keys) = mails.get(reference).copied().unwrap_or((0, 0));
             if delivered != 1 || keys != 1 {
                 flag(
@@ -563,7 +606,7 @@ pub fn history_of(e: &Evidence<'_>, intent: Option<u64>, reference: Option<&str>
         .iter()
         .filter(|r| r["reference"].as_str().is_some_and(|x| refs.contains(x)))
         .collect();
-    let states: BTreeMap<&String, &Vec<(u64, String)>> = e
+    let states: BTreeMap<&String, &Vec<(u64, u64, String)>> = e
         .history
         .iter()
         .filter(|(r, _)| refs.contains(*r))

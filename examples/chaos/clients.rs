@@ -44,6 +44,8 @@ impl Rng {
 pub struct Obs {
     /// When the request left, in milliseconds since the run started.
     pub t_ms: u64,
+    /// When its answer (or the timeout) came.
+    pub end_ms: u64,
     /// The replica asked.
     pub replica: usize,
     /// `call`, `status` or `probe`.
@@ -222,11 +224,13 @@ impl Client {
         // When the call left: what it is compared with (a window, a charge).
         let t_ms = self.fleet.now_ms();
         let answer = call(&url, &self.token, intent.tool, args, limit).await;
+        let end_ms = self.fleet.now_ms();
         match answer {
             Ok(result) => {
                 let (outcome, reference, charge_id, text) = observe_call(&result);
                 Obs {
                     t_ms,
+                    end_ms,
                     replica,
                     via: "call",
                     outcome,
@@ -238,6 +242,7 @@ impl Client {
             }
             Err(e) => Obs {
                 t_ms,
+                end_ms,
                 replica,
                 via: "call",
                 outcome: e,
@@ -261,12 +266,14 @@ impl Client {
             Duration::from_secs(5),
         )
         .await;
+        let end_ms = self.fleet.now_ms();
         let (outcome, charge_id) = match &answer {
             Ok(result) => observe_status(result),
             Err(e) => (e.clone(), None),
         };
         Obs {
             t_ms,
+            end_ms,
             replica,
             via,
             outcome,

@@ -370,19 +370,20 @@ async fn list_records(cli: &Path, store: &str) -> Option<Vec<Value>> {
 /// Each reference's states in order, and its record as last seen.
 #[derive(Default)]
 struct History {
-    states: BTreeMap<String, Vec<(u64, String)>>,
+    states: BTreeMap<String, Vec<(u64, u64, String)>>,
     last_seen: BTreeMap<String, Value>,
 }
 
-fn note_states(history: &mut History, records: &[Value], t_ms: u64) {
+/// Notes what a list read between `t_ms` and `end_ms` (run time) showed.
+fn note_states(history: &mut History, records: &[Value], t_ms: u64, end_ms: u64) {
     for r in records {
         if let Some(reference) = r["reference"].as_str() {
             history.last_seen.insert(reference.to_owned(), r.clone());
         }
         if let (Some(reference), Some(state)) = (r["reference"].as_str(), r["state"].as_str()) {
             let states = history.states.entry(reference.to_owned()).or_default();
-            if states.last().is_none_or(|(_, s)| s != state) {
-                states.push((t_ms, state.to_owned()));
+            if states.last().is_none_or(|(_, _, s)| s != state) {
+                states.push((t_ms, end_ms, state.to_owned()));
             }
         }
     }
@@ -435,7 +436,8 @@ async fn main() {
                 // or later.
                 let t = started.elapsed().as_millis() as u64;
                 if let Some(records) = list_records(&cli, &store).await {
-                    note_states(&mut history.lock().unwrap(), &records, t);
+                    let end = started.elapsed().as_millis() as u64;
+                    note_states(&mut history.lock().unwrap(), &records, t, end);
                 }
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
@@ -472,7 +474,8 @@ async fn main() {
     while healed.elapsed() < SETTLE_BOUND {
         let t = started.elapsed().as_millis() as u64;
         if let Some(now) = list_records(&cli, &store_url).await {
-            note_states(&mut history.lock().unwrap(), &now, t);
+            let end = started.elapsed().as_millis() as u64;
+            note_states(&mut history.lock().unwrap(), &now, t, end);
             let open = now
                 .iter()
                 .any(|r| !matches!(r["state"].as_str(), Some("COMPLETED" | "NOT_PERFORMED")));
@@ -564,6 +567,16 @@ async fn main() {
         "settled_s": settle_s,
     });
     let _ = std::fs::write(flags.dir.join("report.json"), report.to_string());
+    // Everything the checker read, to read again.
+    let evidence_json = json!({
+        "intents": intents,
+        "records": records,
+        "history": history.states,
+        "processor": processor,
+        "mailer": mailer,
+        "start_unix_ms": start_unix_ms,
+    });
+    let _ = std::fs::write(flags.dir.join("evidence.json"), evidence_json.to_string());
     if violations.is_empty() {
         let _ = std::fs::remove_dir_all(&flags.dir);
     } else {
