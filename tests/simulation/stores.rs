@@ -747,9 +747,17 @@ impl FollowOnStore for Recorder {
         lease: Duration,
         token: Attempt,
     ) -> Result<Vec<Job>, StoreError> {
-        jobs_of(&*self.inner)
-            .lease_jobs(names, limit, lease, token)
-            .await
+        // Under the write lock: a job is leased only once the completion
+        // that wrote it has been recorded (in real time a dispatcher could
+        // otherwise deliver it before the bookkeeping knew of it).
+        let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+        self.write(|inner, _| async move {
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            jobs_of(&*inner)
+                .lease_jobs(&names, limit, lease, token)
+                .await
+        })
+        .await
     }
 
     async fn finish_job(&self, id: &JobId, token: Attempt) -> Result<(), StoreError> {
