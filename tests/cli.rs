@@ -764,6 +764,11 @@ async fn follow_ons_are_written_with_a_resolution_by_hand() {
         store
             .list_jobs(&idem_runtime::store::JobFilter {
                 tenant: Some(tenant.to_owned()),
+                states: vec![
+                    idem_runtime::store::JobState::Waiting,
+                    idem_runtime::store::JobState::Running,
+                    idem_runtime::store::JobState::Dead,
+                ],
                 limit: 10,
                 ..idem_runtime::store::JobFilter::default()
             })
