@@ -637,7 +637,7 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
                 return Err(Failure(
                     EXIT_OPERATOR,
                     format!(
-                        "no dead job {} in tenant {:?}; `idem jobs --dead` lists them",
+                        "no dead job {} in tenant {:?}; `idem jobs --state dead` lists them",
                         id, id.tenant
                     ),
                 ));

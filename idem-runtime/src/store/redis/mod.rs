@@ -56,8 +56,9 @@ use scripts::{jobs, micros, name_counts, records, scanned, scores, Reply, Scanne
 /// each shard that has some; a job another dispatcher took in between is not
 /// due any more, and that lease returns fewer. Every change of a job (lease,
 /// finish, retry, bury, re-drive) is one script, fenced by the lease's
-/// attempt, with times from the server's `TIME`. Jobs have no TTL: a job stays
-/// until it is finished.
+/// attempt, with times from the server's `TIME`. A job has no TTL until it is
+/// finished; a delivered job then lives as long as its record (a TTL at the
+/// record's expiry), and the purge drops its set entries.
 ///
 /// # The clock
 ///
