@@ -447,6 +447,88 @@ fn the_idem_binary_runs() {
     assert_eq!(usage.status.code(), Some(2), "{usage:?}");
 }
 
+/// "Was the e-mail sent?": a delivered job is listed by `jobs --state
+/// delivered` with when it was delivered and by which run, left out of the
+/// default listing (the work to do), and `show` lists it with the
+/// operation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delivered_jobs_are_listed_and_shown() {
+    let dir = temp_dir("cli-delivered");
+    let path = dir.join("idem.sqlite3");
+    let url = format!("sqlite:{}", path.display());
+    let store = SqliteStore::open(&path).await.unwrap();
+    let req = claim_request(Duration::from_secs(900));
+    assert!(matches!(
+        store.claim(&req).await.unwrap(),
+        Claim::Claimed { .. }
+    ));
+    let jobs = ["send_receipt", "notify_warehouse"].map(|name| {
+        idem_runtime::outbox::FollowOn::new(name, &json!({"to": "a@example.com"})).unwrap()
+    });
+    store
+        .complete_with_follow_ons(&req.key, req.attempt, "\"paid\"", &jobs)
+        .await
+        .unwrap();
+    let token = idem_runtime::store::Attempt::random();
+    let leased = store
+        .lease_jobs(&["send_receipt"], 1, Duration::from_secs(60), token)
+        .await
+        .unwrap();
+    store.finish_job(&leased[0].id, token).await.unwrap();
+    let reference = req.reference.to_string();
+
+    let delivered = idem(&url, &["--json", "jobs", "--state", "delivered"]).await;
+    assert_eq!(delivered.code, EXIT_OK, "{delivered:?}");
+    let delivered = delivered.json();
+    assert_eq!(delivered.as_array().map(Vec::len), Some(1), "{delivered}");
+    assert_eq!(delivered[0]["name"], json!("send_receipt"));
+    assert_eq!(delivered[0]["state"], json!("delivered"));
+    assert_eq!(delivered[0]["runs"], json!(1));
+    assert!(delivered[0]["delivered_at"].is_string(), "{delivered}");
+    assert!(delivered[0]["kept_until"].is_string(), "{delivered}");
+    let table = idem(&url, &["jobs", "--state", "delivered"]).await;
+    assert!(
+        table.out.contains(&reference) && table.out.contains("delivered"),
+        "{}",
+        table.out
+    );
+
+    let waiting = idem(&url, &["--json", "jobs"]).await.json();
+    let names: Vec<&Value> = waiting
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| &j["name"])
+        .collect();
+    assert_eq!(names, [&json!("notify_warehouse")], "{waiting}");
+    let by_state = idem(&url, &["--json", "jobs", "--state", "waiting"])
+        .await
+        .json();
+    assert_eq!(by_state, waiting);
+    let dead = idem(&url, &["--json", "jobs", "--state", "dead"])
+        .await
+        .json();
+    assert_eq!(dead, json!([]));
+
+    let shown = idem(&url, &["show", &reference, "--tenant", &req.tenant]).await;
+    assert_eq!(shown.code, EXIT_OK, "{shown:?}");
+    let line = shown
+        .out
+        .lines()
+        .find(|l| l.starts_with("send_receipt"))
+        .unwrap_or_else(|| panic!("show lists the delivered job: {}", shown.out));
+    let at = delivered[0]["delivered_at"].as_str().unwrap();
+    assert!(line.contains("delivered") && line.contains(at), "{line}");
+    assert!(
+        shown
+            .out
+            .lines()
+            .any(|l| l.starts_with("notify_warehouse") && l.contains("waiting")),
+        "{}",
+        shown.out
+    );
+}
+
 /// `jobs --dead` lists the dead letter, `redrive` takes a job out of it (and
 /// refuses one that is not there), and the job is due again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -764,6 +846,11 @@ async fn follow_ons_are_written_with_a_resolution_by_hand() {
         store
             .list_jobs(&idem_runtime::store::JobFilter {
                 tenant: Some(tenant.to_owned()),
+                states: vec![
+                    idem_runtime::store::JobState::Waiting,
+                    idem_runtime::store::JobState::Running,
+                    idem_runtime::store::JobState::Dead,
+                ],
                 limit: 10,
                 ..idem_runtime::store::JobFilter::default()
             })

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use idem_runtime::{
     follow_on,
     outbox::{job_fn, FollowOnError, JobHandlers, JobRun, Outbox, OutboxConfig},
-    store::JobFilter,
+    store::{JobFilter, JobState},
     Answer, Caller, Executor, IdempotencyStore, MemoryStore, Operation, ScopeSpec, SqliteStore,
     ToolError,
 };
@@ -129,11 +129,13 @@ fn memory() -> Arc<dyn IdempotencyStore> {
     Arc::new(MemoryStore::new())
 }
 
+/// The jobs not delivered yet: waiting, running or dead.
 async fn jobs(store: &dyn IdempotencyStore) -> Vec<idem_runtime::store::Job> {
     store
         .follow_ons()
         .expect("the store keeps jobs")
         .list_jobs(&JobFilter {
+            states: vec![JobState::Waiting, JobState::Running, JobState::Dead],
             limit: 1000,
             ..JobFilter::default()
         })
@@ -471,7 +473,7 @@ async fn dead_letter_then_redrive() {
     let outbox = Outbox::spawn(store.clone(), mailer.handlers(), config.clone())
         .expect("the store keeps follow-on jobs");
     let dead = JobFilter {
-        dead: Some(true),
+        states: vec![JobState::Dead],
         limit: 10,
         ..JobFilter::default()
     };

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use durable::temp_dir;
 use idem_runtime::{
-    store::{FollowOnStore, JobFilter},
+    store::{FollowOnStore, JobFilter, JobState},
     SqliteStore,
 };
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -67,6 +67,7 @@ async fn live_jobs(db: &Path) -> usize {
     let store = SqliteStore::open(db).await.unwrap();
     store
         .list_jobs(&JobFilter {
+            states: vec![JobState::Waiting, JobState::Running, JobState::Dead],
             limit: 100,
             ..JobFilter::default()
         })

@@ -19,7 +19,11 @@ use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use durable::{temp_dir, Link, PgSchema, Proxy};
-use idem_runtime::{outbox::FollowOn, store::JobFilter, IdempotencyStore};
+use idem_runtime::{
+    outbox::FollowOn,
+    store::{JobFilter, JobState},
+    IdempotencyStore,
+};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -64,12 +68,13 @@ async fn dispatcher(url: &str, schema: &str, mailer: &Path, hold_ms: u64) -> Chi
     child
 }
 
-/// Live and dead jobs left in the store.
+/// Jobs left in the store: waiting, running or dead (not delivered).
 async fn jobs_left(store: &dyn IdempotencyStore) -> usize {
     store
         .follow_ons()
         .expect("the store keeps jobs")
         .list_jobs(&JobFilter {
+            states: vec![JobState::Waiting, JobState::Running, JobState::Dead],
             limit: 100_000,
             ..JobFilter::default()
         })

@@ -57,7 +57,7 @@ async fn migrate_is_idempotent_and_safe_concurrently() {
     let versions: Vec<i32> = versions.iter().map(|r| r.get(0)).collect();
     assert_eq!(
         versions,
-        [1, 2, 3, 4],
+        [1, 2, 3, 4, 5],
         "each shipped migration recorded once"
     );
     conformance::claim_creates_in_progress(&others[0]).await;
@@ -365,7 +365,9 @@ async fn a_claim_that_waits_past_the_window_takes_the_record_over() {
 }
 
 /// Rows written before migration 4 (no operation tag on the record, an
-/// 8-byte reference on the job) keep their references after the upgrade.
+/// 8-byte reference on the job) keep their references after the upgrade;
+/// a job written before migration 5 (no delivered_at, kept_until) runs and
+/// is delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_and_jobs_written_before_tags_keep_their_references() {
     let Some(pg) = PgSchema::new().await else {
@@ -376,10 +378,14 @@ async fn records_and_jobs_written_before_tags_keep_their_references() {
     client
         .batch_execute(&format!(
             "UPDATE {0}.idem_records SET operation = NULL; \
-             UPDATE {0}.idem_jobs SET reference = substring(reference FROM 1 FOR 8);",
+             UPDATE {0}.idem_jobs SET reference = substring(reference FROM 1 FOR 8); \
+             ALTER TABLE {0}.idem_jobs DROP COLUMN delivered_at, DROP COLUMN kept_until; \
+             CREATE INDEX idem_jobs_due ON {0}.idem_jobs (next_run_at) WHERE NOT dead; \
+             DELETE FROM {0}.idem_migrations WHERE version = 5;",
             pg.store.schema()
         ))
         .await
         .unwrap();
+    pg.store.migrate().await.unwrap();
     durable::legacy_rows_still_work(&pg.store, &req, &name).await;
 }

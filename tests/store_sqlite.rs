@@ -95,7 +95,9 @@ async fn two_stores_on_one_file_yield_one_winner() {
 }
 
 /// Rows written before migration 4 (no operation tag on the record, an
-/// 8-byte reference on the job) keep their references after the upgrade.
+/// 8-byte reference on the job) keep their references after the upgrade;
+/// a job written before migration 5 (no delivered_at, kept_until) runs and
+/// is delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_and_jobs_written_before_tags_keep_their_references() {
     let dir = temp_dir("legacy");
@@ -107,7 +109,12 @@ async fn records_and_jobs_written_before_tags_keep_their_references() {
         let conn = rusqlite::Connection::open(&path).unwrap();
         conn.execute_batch(
             "UPDATE idem_records SET operation = NULL; \
-             UPDATE idem_jobs SET reference = substr(reference, 1, 8);",
+             UPDATE idem_jobs SET reference = substr(reference, 1, 8); \
+             DROP INDEX idem_jobs_due; DROP INDEX idem_jobs_kept; \
+             ALTER TABLE idem_jobs DROP COLUMN delivered_at; \
+             ALTER TABLE idem_jobs DROP COLUMN kept_until; \
+             CREATE INDEX idem_jobs_due ON idem_jobs (next_run_at) WHERE dead = 0; \
+             PRAGMA user_version = 4;",
         )
         .unwrap();
     }

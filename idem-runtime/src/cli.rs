@@ -10,7 +10,7 @@
 //! idem --store URL resolve REF --tenant T (--completed VALUE_JSON | --completed-result RESULT_JSON | --not-performed) [--follow-on NAME=JSON]... --note "who and why"
 //! idem --store URL purge
 //! idem --store URL stats
-//! idem --store URL jobs [--dead] [--tenant T] [--reference REF] [--name N] [--limit N]
+//! idem --store URL jobs [--state waiting|running|dead|delivered | --dead] [--tenant T] [--reference REF] [--name N] [--limit N]
 //! idem --store URL redrive REF NAME --tenant T
 //! ```
 //!
@@ -45,7 +45,7 @@ use crate::key::Reference;
 use crate::maintenance::{purge, resolve_by_hand, Outcome, ResolveError};
 use crate::mcp::stored_response;
 use crate::store::{
-    open_store, FollowOn, FollowOnStore, IdempotencyStore, Job, JobFilter, JobId, Record,
+    open_store, FollowOn, FollowOnStore, IdempotencyStore, Job, JobFilter, JobId, JobState, Record,
     RecordFilter, RecordState, RecordStateKind, StoreError,
 };
 use crate::time::rfc3339;
@@ -108,7 +108,7 @@ enum Command {
         limit: usize,
     },
     /// One record, in full (its response only with --response), and its
-    /// follow-on jobs waiting, running or dead.
+    /// follow-on jobs: waiting, running, dead, or delivered and when.
     Show {
         /// The operation's reference (`idem_` and 32 hex digits, as the tool's answer gives it; the `idem_` may be left out).
         reference: String,
@@ -166,10 +166,14 @@ enum Command {
     },
     /// How many records are in each state.
     Stats,
-    /// Follow-on jobs waiting to run (or, with --dead, in the dead letter),
-    /// the oldest first.
+    /// Follow-on jobs waiting to run or running (or, with --state, those in
+    /// one state: the dead letter, or what was delivered and when), the
+    /// oldest first.
     Jobs {
-        /// Only jobs in the dead letter.
+        /// Only jobs in this state; without it, the jobs waiting or running.
+        #[arg(long, value_enum, conflicts_with = "dead")]
+        state: Option<JobStateArg>,
+        /// Only jobs in the dead letter: `--state dead`.
         #[arg(long)]
         dead: bool,
         /// Only this tenant's jobs.
@@ -195,6 +199,27 @@ enum Command {
         #[arg(long)]
         tenant: String,
     },
+}
+
+/// A job's state as the command line spells it.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+#[value(rename_all = "snake_case")]
+enum JobStateArg {
+    Waiting,
+    Running,
+    Dead,
+    Delivered,
+}
+
+impl From<JobStateArg> for JobState {
+    fn from(s: JobStateArg) -> Self {
+        match s {
+            JobStateArg::Waiting => JobState::Waiting,
+            JobStateArg::Running => JobState::Running,
+            JobStateArg::Dead => JobState::Dead,
+            JobStateArg::Delivered => JobState::Delivered,
+        }
+    }
 }
 
 /// A state as the command line spells it.
@@ -401,7 +426,8 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
                     ),
                 )
             })?;
-            // The operation's follow-on jobs still waiting, running or dead.
+            // The operation's follow-on jobs: waiting, running, dead or
+            // delivered (kept as long as the record).
             let jobs = match store.follow_ons() {
                 Some(follow_ons) => {
                     follow_ons
@@ -439,23 +465,17 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
                     text.push_str("(the response is not shown; --response prints it)\n");
                 }
                 if jobs.is_empty() {
-                    text.push_str(
-                        "jobs: none waiting, running or dead (a delivered job is not kept)\n",
-                    );
+                    text.push_str("jobs: none\n");
                 } else {
-                    let mut rows = vec![["JOB", "STATE", "RUNS", "NEXT RUN", "LAST ERROR"]
+                    let mut rows = vec![["JOB", "STATE", "RUNS", "WHEN", "LAST ERROR"]
                         .map(str::to_owned)
                         .to_vec()];
                     rows.extend(jobs.iter().map(|j| {
                         vec![
                             j.id.name.clone(),
-                            job_state(j).to_owned(),
+                            j.state().as_str().to_owned(),
                             j.runs.to_string(),
-                            if j.dead {
-                                String::new()
-                            } else {
-                                rfc3339(j.next_run_at)
-                            },
+                            job_when(j),
                             j.last_error.clone().unwrap_or_default(),
                         ]
                     }));
@@ -556,6 +576,7 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
             }
         }
         Command::Jobs {
+            state,
             dead,
             tenant,
             reference,
@@ -566,7 +587,11 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
                 tenant,
                 reference: reference.as_deref().map(parse_reference).transpose()?,
                 name,
-                dead: Some(dead),
+                states: match (state, dead) {
+                    (Some(state), _) => vec![state.into()],
+                    (None, true) => vec![JobState::Dead],
+                    (None, false) => vec![JobState::Waiting, JobState::Running],
+                },
                 limit,
             };
             let jobs = follow_ons(store)?.list_jobs(&filter).await?;
@@ -577,8 +602,9 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
                     "REFERENCE",
                     "NAME",
                     "TENANT",
+                    "STATE",
                     "RUNS",
-                    "NEXT RUN",
+                    "WHEN",
                     "LAST ERROR",
                 ]
                 .map(str::to_owned)
@@ -588,12 +614,9 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
                         j.id.reference.to_string(),
                         j.id.name.clone(),
                         j.id.tenant.clone(),
+                        j.state().as_str().to_owned(),
                         j.runs.to_string(),
-                        if j.dead {
-                            "dead".to_owned()
-                        } else {
-                            rfc3339(j.next_run_at)
-                        },
+                        job_when(j),
                         j.last_error.clone().unwrap_or_default(),
                     ]
                 }));
@@ -614,7 +637,7 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
                 return Err(Failure(
                     EXIT_OPERATOR,
                     format!(
-                        "no dead job {} in tenant {:?}; `idem jobs --dead` lists them",
+                        "no dead job {} in tenant {:?}; `idem jobs --state dead` lists them",
                         id, id.tenant
                     ),
                 ));
@@ -748,16 +771,14 @@ fn record_json(r: &Record, response: bool) -> Value {
 
 /// A job as JSON, its payload included (a job's payload is what its handler
 /// needs, declared by the tool's own code).
-/// A job's state as the command line says it: `dead` (in the dead letter),
-/// `running` (a dispatcher holds its lease) or `waiting` (due at
-/// `next_run_at`).
-fn job_state(j: &Job) -> &'static str {
-    if j.dead {
-        "dead"
-    } else if j.attempt.is_some() {
-        "running"
-    } else {
-        "waiting"
+/// The time that matters for a job in its state: when it was delivered,
+/// when it is due (waiting) or its lease runs out (running); none for a
+/// dead job, which waits for a person.
+fn job_when(j: &Job) -> String {
+    match (j.state(), j.delivered_at) {
+        (JobState::Delivered, Some(at)) => rfc3339(at),
+        (JobState::Dead, _) => String::new(),
+        _ => rfc3339(j.next_run_at),
     }
 }
 
@@ -765,7 +786,7 @@ fn job_json(j: &Job) -> Value {
     json!({
         "reference": j.id.reference.to_string(),
         "name": j.id.name,
-        "state": job_state(j),
+        "state": j.state().as_str(),
         "tenant": j.id.tenant,
         "downstream_key": j.id.downstream_key(),
         "runs": j.runs,
@@ -775,6 +796,8 @@ fn job_json(j: &Job) -> Value {
         "last_error": j.last_error,
         "created_at": rfc3339(j.created_at),
         "updated_at": rfc3339(j.updated_at),
+        "delivered_at": j.delivered_at.map(rfc3339),
+        "kept_until": j.kept_until.map(rfc3339),
         "payload": serde_json::from_str::<Value>(&j.payload)
             .unwrap_or_else(|_| Value::String(j.payload.clone())),
     })

@@ -291,4 +291,16 @@ pub async fn legacy_rows_still_work(
     assert_eq!(leased.len(), 1);
     assert_eq!(leased[0].id.reference, legacy);
     store.finish_job(&leased[0].id, token).await.unwrap();
+    // Delivered, and kept as long as its record, found by its old reference.
+    let delivered = store
+        .list_jobs(&JobFilter {
+            tenant: Some(req.tenant.clone()),
+            states: vec![idem_runtime::store::JobState::Delivered],
+            ..JobFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(delivered.len(), 1, "{delivered:?}");
+    assert!(delivered[0].delivered_at.is_some());
+    assert_eq!(delivered[0].kept_until, Some(record.expires_at));
 }

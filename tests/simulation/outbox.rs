@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use idem_runtime::{
     outbox::{job_fn, JobError, JobHandlers, JobRun, Outbox, OutboxConfig},
-    store::JobFilter,
+    store::{JobFilter, JobState},
     IdempotencyStore,
 };
 use tokio::time::Instant;
@@ -213,15 +213,20 @@ pub async fn dispatch(
     }
 }
 
-/// Waits, with the faults off, until the store holds no job (each was
-/// delivered and finished), at most `limit`; false if some are left.
+/// Waits, with the faults off, until the store holds no job left to run
+/// (each was delivered and finished), at most `limit`; false if some are
+/// left.
 pub async fn drained(sim: &Sim, limit: Duration) -> bool {
     let Some(jobs) = sim.inner.follow_ons() else {
         return true;
     };
     let until = Instant::now() + limit;
     loop {
-        match jobs.list_jobs(&JobFilter::default()).await {
+        let left = JobFilter {
+            states: vec![JobState::Waiting, JobState::Running, JobState::Dead],
+            ..JobFilter::default()
+        };
+        match jobs.list_jobs(&left).await {
             Ok(left) if left.is_empty() => return true,
             _ if Instant::now() >= until => return false,
             _ => tokio::time::sleep(sim.timing.dispatch_every).await,

@@ -215,14 +215,14 @@ impl MemoryStore {
         &self,
         id: &JobId,
         attempt: Attempt,
-        change: impl FnOnce(&mut BTreeMap<JobKey, Job>, &JobKey, SystemTime),
+        change: impl FnOnce(&mut ShardData, &JobKey, SystemTime),
     ) -> Result<(), StoreError> {
         let now = self.now();
         let key = job_key(id);
         let mut shard = self.shard(id.reference.as_bytes()[0]);
         match shard.jobs.get(&key) {
             Some(job) if job.attempt == Some(attempt) => {
-                change(&mut shard.jobs, &key, now);
+                change(&mut shard, &key, now);
                 Ok(())
             }
             _ => Err(StoreError::Fenced),
@@ -341,6 +341,8 @@ fn write_jobs(shard: &mut ShardData, key: &IdempotencyKey, jobs: &[FollowOn], no
             dead: false,
             created_at: now,
             updated_at: now,
+            delivered_at: None,
+            kept_until: None,
         });
     }
 }
@@ -351,7 +353,7 @@ fn job_key(id: &JobId) -> JobKey {
 
 /// Whether a lease would find `job` at `now`.
 fn is_due(job: &Job, now: SystemTime) -> bool {
-    !job.dead && job.next_run_at <= now
+    !job.dead && job.delivered_at.is_none() && job.next_run_at <= now
 }
 
 #[async_trait]
@@ -547,21 +549,27 @@ impl IdempotencyStore for MemoryStore {
 
     async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
         let now = self.now();
-        let mut purged = 0;
-        // One shard at a time: a batch never holds more than one shard's lock.
+        let mut left = batch;
+        // Records, then delivered jobs (kept until their record expires, so
+        // they go in the same pass), one shard at a time: a batch never
+        // holds more than one shard's lock.
         for shard in self.shards.iter() {
-            if purged >= batch {
+            if left == 0 {
                 break;
             }
-            let mut left = batch - purged;
-            lock(shard).records.0.retain(|s| {
+            let mut shard = lock(shard);
+            shard.records.0.retain(|s| {
                 let doomed = left > 0 && s.record.is_expired(now);
                 left -= usize::from(doomed);
                 !doomed
             });
-            purged = batch - left;
+            shard.jobs.retain(|_, j| {
+                let doomed = left > 0 && j.kept_until.is_some_and(|t| t <= now);
+                left -= usize::from(doomed);
+                !doomed
+            });
         }
-        Ok(purged)
+        Ok(batch - left)
     }
 
     async fn list_lapsed(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
@@ -671,8 +679,19 @@ impl FollowOnStore for MemoryStore {
     }
 
     async fn finish_job(&self, id: &JobId, attempt: Attempt) -> Result<(), StoreError> {
-        self.fenced_job(id, attempt, |jobs, key, _| {
-            jobs.remove(key);
+        self.fenced_job(id, attempt, |shard, key, now| {
+            // Kept as long as its operation's record: until the record
+            // expires, or until the next purge when it is gone already.
+            let kept_until = shard
+                .records
+                .with_prefix(key.0.key_prefix())
+                .find(|r| r.reference == key.0 && r.tenant == key.1)
+                .map_or(now, |r| r.expires_at);
+            let job = shard.jobs.get_mut(key).expect("checked by fenced_job");
+            job.attempt = None;
+            job.delivered_at = Some(now);
+            job.kept_until = Some(kept_until);
+            job.updated_at = now;
         })
     }
 
@@ -683,8 +702,8 @@ impl FollowOnStore for MemoryStore {
         delay: Duration,
         error: &str,
     ) -> Result<(), StoreError> {
-        self.fenced_job(id, attempt, |jobs, key, now| {
-            let job = jobs.get_mut(key).expect("checked by fenced_job");
+        self.fenced_job(id, attempt, |shard, key, now| {
+            let job = shard.jobs.get_mut(key).expect("checked by fenced_job");
             job.attempt = None;
             job.next_run_at = now + delay;
             job.last_error = Some(error.to_owned());
@@ -693,8 +712,8 @@ impl FollowOnStore for MemoryStore {
     }
 
     async fn bury_job(&self, id: &JobId, attempt: Attempt, error: &str) -> Result<(), StoreError> {
-        self.fenced_job(id, attempt, |jobs, key, now| {
-            let job = jobs.get_mut(key).expect("checked by fenced_job");
+        self.fenced_job(id, attempt, |shard, key, now| {
+            let job = shard.jobs.get_mut(key).expect("checked by fenced_job");
             job.attempt = None;
             job.dead = true;
             job.last_error = Some(error.to_owned());

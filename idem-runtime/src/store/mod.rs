@@ -36,7 +36,7 @@ pub use model::{
 pub use open::open_store;
 pub(crate) use outbox::{check_distinct, listing_order};
 pub(crate) use outbox::{FollowOn, FollowOnError, DEFAULT_MAX_PAYLOAD};
-pub use outbox::{Job, JobFilter, JobId};
+pub use outbox::{Job, JobFilter, JobId, JobState};
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, PostgresStoreBuilder};
 #[cfg(feature = "redis")]
@@ -206,9 +206,13 @@ pub trait IdempotencyStore: Send + Sync + std::fmt::Debug {
         reference: &Reference,
     ) -> Result<Option<Record>, StoreError>;
 
-    /// Deletes at most `batch` records that [`Record::is_expired`]; returns how
-    /// many. Call it in a loop until it returns less than `batch`. Each batch
-    /// is its own short step, so claims are never held up for long.
+    /// Deletes at most `batch` rows, records that [`Record::is_expired`]
+    /// first and then, on a store that keeps follow-on jobs, delivered jobs
+    /// whose [`kept_until`](Job::kept_until) has passed (their record's
+    /// expiry, so they go in the same purge pass as their record); returns
+    /// how many of both. Call it in a loop until it returns less than
+    /// `batch`. Each batch is its own short step, so claims are never held
+    /// up for long.
     async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError>;
 
     /// At most `limit` IN_PROGRESS records whose lease ran out: their handler
@@ -293,7 +297,7 @@ pub trait FollowOnStore: IdempotencyStore {
     ) -> Result<(), StoreError>;
 
     /// Leases at most `limit` due jobs whose name is in `names`, the longest
-    /// due first: live (not dead) jobs with `next_run_at <= now` (store
+    /// due first: live (neither dead nor delivered) jobs with `next_run_at <= now` (store
     /// clock), which covers a job never run, a retry whose delay is over, and
     /// a job whose last lease ran out (its dispatcher died or overran). Each
     /// leased job gets `attempt`, `attempts + 1`, and `next_run_at = now +
@@ -312,9 +316,16 @@ pub trait FollowOnStore: IdempotencyStore {
         attempt: Attempt,
     ) -> Result<Vec<Job>, StoreError>;
 
-    /// The job ran: deletes it, only if `attempt` still holds its lease (or
-    /// held the last one and nobody leased it since). Errors: `Fenced` when
-    /// another lease took it or it is gone (nothing changed), `Unavailable`.
+    /// The job ran: delivered, only if `attempt` still holds its lease (or
+    /// held the last one and nobody leased it since). Its lease is given up,
+    /// `delivered_at` is now (store clock), `runs` stays the run that
+    /// delivered it, and no lease finds it again. It is kept, for an
+    /// operator asking whether it was delivered, until its operation's
+    /// record expires (`kept_until`: the record's `expires_at`, or now when
+    /// the record is gone), and purged with it
+    /// ([`purge_expired`](IdempotencyStore::purge_expired)). Errors:
+    /// `Fenced` when another lease took it, it is gone or already delivered
+    /// (nothing changed), `Unavailable`.
     async fn finish_job(&self, id: &JobId, attempt: Attempt) -> Result<(), StoreError>;
 
     /// The job failed and runs again later: its lease is given up, its
@@ -338,14 +349,16 @@ pub trait FollowOnStore: IdempotencyStore {
     async fn bury_job(&self, id: &JobId, attempt: Attempt, error: &str) -> Result<(), StoreError>;
 
     /// At most `filter.limit` jobs matching `filter`, the oldest first (then
-    /// by reference and name), for an operator: live and dead ones. A
+    /// by reference and name), for an operator: waiting, running, dead and
+    /// delivered ones ([`JobFilter::states`]). A
     /// snapshot read that changes nothing; it may read every job. Errors:
     /// `Unavailable`.
     async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>, StoreError>;
 
     /// Takes a dead job out of the dead letter: live again, due now, with
     /// no attempts (its `last_error` kept). `Ok(false)` when no dead job has
-    /// this id (a live one is left as it is). Errors: `Unavailable`.
+    /// this id (a live or delivered one is left as it is). Errors:
+    /// `Unavailable`.
     async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError>;
 
     /// How many live jobs are due now (as [`lease_jobs`] would find them,

@@ -250,13 +250,88 @@ pub struct Job {
     pub created_at: SystemTime,
     /// When it last changed (store clock).
     pub updated_at: SystemTime,
+    /// When a run finished it (store clock): it was delivered, by its run
+    /// number `runs`, and no lease finds it again. `None` until then.
+    pub delivered_at: Option<SystemTime>,
+    /// How long a delivered job is kept: until its operation's record
+    /// expires (store clock), when the purge deletes both. `None` while it
+    /// is not delivered (a waiting, running or dead job is never purged).
+    pub kept_until: Option<SystemTime>,
+}
+
+impl Job {
+    /// Where the job stands: delivered, dead, running (a dispatcher holds
+    /// its lease) or waiting.
+    pub fn state(&self) -> JobState {
+        if self.delivered_at.is_some() {
+            JobState::Delivered
+        } else if self.dead {
+            JobState::Dead
+        } else if self.attempt.is_some() {
+            JobState::Running
+        } else {
+            JobState::Waiting
+        }
+    }
+}
+
+/// Where a follow-on job stands ([`Job::state`]), for an operator and for
+/// [`JobFilter::states`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum JobState {
+    /// Live and not leased: due at its `next_run_at`.
+    Waiting,
+    /// A dispatcher holds its lease (which may have run out: then the next
+    /// lease takes it).
+    Running,
+    /// In the dead letter, until it is re-driven.
+    Dead,
+    /// A run finished it; kept, never run again, until its operation's
+    /// record is purged.
+    Delivered,
+}
+
+impl JobState {
+    /// Every state, in the order above.
+    pub const ALL: [JobState; 4] = [
+        JobState::Waiting,
+        JobState::Running,
+        JobState::Dead,
+        JobState::Delivered,
+    ];
+
+    /// The state's name: `waiting`, `running`, `dead`, `delivered`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Waiting => "waiting",
+            JobState::Running => "running",
+            JobState::Dead => "dead",
+            JobState::Delivered => "delivered",
+        }
+    }
+
+    /// The state's bit in [`JobFilter::state_mask`]: 1, 2, 4, 8.
+    pub(crate) const fn bit(self) -> u8 {
+        match self {
+            JobState::Waiting => 1,
+            JobState::Running => 2,
+            JobState::Dead => 4,
+            JobState::Delivered => 8,
+        }
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Which jobs [`FollowOnStore::list_jobs`](super::FollowOnStore::list_jobs)
 /// returns: every field that is set must match; the oldest first (then by
 /// reference and name), at most `limit`. `JobFilter::default()` matches
 /// every job and lists the oldest [`DEFAULT_LIST_LIMIT`]; the dead letter is
-/// `JobFilter { dead: Some(true), ..JobFilter::default() }`.
+/// `JobFilter { states: vec![JobState::Dead], ..JobFilter::default() }`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JobFilter {
     /// Only this tenant's jobs.
@@ -265,8 +340,10 @@ pub struct JobFilter {
     pub reference: Option<Reference>,
     /// Only jobs with this name.
     pub name: Option<String>,
-    /// Only dead jobs (`Some(true)`) or only live ones (`Some(false)`).
-    pub dead: Option<bool>,
+    /// Only jobs in one of these states ([`Job::state`]); empty (the
+    /// default) for every state. The work not done yet is `[Waiting,
+    /// Running, Dead]`; what was delivered is `[Delivered]`.
+    pub states: Vec<JobState>,
     /// The most jobs returned: [`DEFAULT_LIST_LIMIT`] (100) by default; `0`
     /// returns none.
     pub limit: usize,
@@ -279,7 +356,7 @@ impl Default for JobFilter {
             tenant: None,
             reference: None,
             name: None,
-            dead: None,
+            states: Vec::new(),
             limit: DEFAULT_LIST_LIMIT,
         }
     }
@@ -292,7 +369,14 @@ impl JobFilter {
         self.tenant.as_deref().is_none_or(|t| job.id.tenant == t)
             && self.reference.is_none_or(|r| job.id.reference == r)
             && self.name.as_deref().is_none_or(|n| job.id.name == n)
-            && self.dead.is_none_or(|d| job.dead == d)
+            && (self.states.is_empty() || self.states.contains(&job.state()))
+    }
+
+    /// The states as bits ([`JobState`]'s: waiting 1, running 2, dead 4,
+    /// delivered 8), `None` for every state: for a store that filters in
+    /// SQL or in a script.
+    pub(crate) fn state_mask(&self) -> Option<u8> {
+        (!self.states.is_empty()).then(|| self.states.iter().fold(0, |m, s| m | s.bit()))
     }
 }
 

@@ -102,22 +102,32 @@ pub(crate) fn counts(
 }
 
 /// Every column of a follow-on job, in the order the stores' job readers
-/// take them. A job is due when `dead` is false and `next_run_at <= now`;
-/// a lease sets `next_run_at` to the lease's end, so a leased job is not due
-/// until its lease runs out.
+/// take them. A job is due when it is neither dead nor delivered and
+/// `next_run_at <= now`; a lease sets `next_run_at` to the lease's end, so a
+/// leased job is not due until its lease runs out. A delivered job keeps its
+/// row until `kept_until` (its record's expiry), when the purge deletes it.
 pub(crate) const JOB_COLUMNS: &str = "tenant, reference, name, payload, attempts, token, \
-                                      next_run_at, last_error, dead, created_at, updated_at";
+                                      next_run_at, last_error, dead, created_at, updated_at, \
+                                      delivered_at, kept_until";
+
+/// A job row's state as [`JobState`](super::JobState)'s bit: delivered 8,
+/// dead 4, running (a token) 2, waiting 1.
+const JOB_STATE_BIT: &str = "CASE WHEN delivered_at IS NOT NULL THEN 8 WHEN dead THEN 4 \
+                             WHEN token IS NOT NULL THEN 2 ELSE 1 END";
 
 /// `list_jobs`: the jobs matching the optional tenant, reference, name and
-/// dead flag (each parameter NULL for "any"), the oldest first. `param(n)`
-/// is the backend's n-th placeholder, typed where the backend needs it.
+/// states (a mask of [`JobState`](super::JobState)'s bits; each parameter
+/// NULL for "any"), the oldest first. `param(n)` is the backend's n-th
+/// placeholder, typed where the backend needs it.
 pub(crate) fn jobs_filtered(table: &str, param: impl Fn(u8) -> String) -> String {
-    let (tenant, reference, name, dead, limit) = (param(1), param(2), param(3), param(4), param(5));
+    let (tenant, reference, name, states, limit) =
+        (param(1), param(2), param(3), param(4), param(5));
     format!(
         "SELECT {JOB_COLUMNS} FROM {table} \
          WHERE ({tenant} IS NULL OR tenant = {tenant}) \
            AND ({reference} IS NULL OR reference = {reference}) \
-           AND ({name} IS NULL OR name = {name}) AND ({dead} IS NULL OR dead = {dead}) \
+           AND ({name} IS NULL OR name = {name}) \
+           AND ({states} IS NULL OR ({states} & {JOB_STATE_BIT}) <> 0) \
          ORDER BY created_at, reference, name, tenant LIMIT {limit}"
     )
 }

@@ -35,7 +35,7 @@ use async_trait::async_trait;
 
 use super::{
     Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore, IdempotencyStore, Job, JobFilter, JobId,
-    Reading, Record, RecordFilter, RecordState, RecordStateKind, Resolution, StateCounts,
+    JobState, Reading, Record, RecordFilter, RecordState, RecordStateKind, Resolution, StateCounts,
     StoreError,
 };
 use crate::key::{IdempotencyKey, Reference};
@@ -204,6 +204,8 @@ macro_rules! __idem_outbox_cases {
             jobs_are_listed_by_filter,
             a_later_operation_never_touches_an_earlier_operations_jobs,
             default_job_filter_lists_a_page,
+            finished_job_is_kept_as_delivered,
+            delivered_job_is_purged_with_its_record,
         );
     };
 }

@@ -339,7 +339,7 @@ pub async fn lease_respects_its_limit(store: &dyn IdempotencyStore) {
 }
 
 /// finish, retry and bury act only for the attempt that holds the lease; a
-/// finished job is gone.
+/// finished job is delivered, and finishing it again is fenced.
 pub async fn job_changes_are_fenced_by_the_token(store: &dyn IdempotencyStore) {
     let store = require_outbox(store);
     let name = job_name("receipt");
@@ -372,10 +372,8 @@ pub async fn job_changes_are_fenced_by_the_token(store: &dyn IdempotencyStore) {
     );
     assert!(!still[0].dead);
     store.finish_job(&id, attempt).await.unwrap();
-    assert!(
-        jobs_of(store, &req).await.is_empty(),
-        "a finished job is gone"
-    );
+    let states: Vec<JobState> = jobs_of(store, &req).await.iter().map(Job::state).collect();
+    assert_eq!(states, [JobState::Delivered], "a finished job is delivered");
     assert!(matches!(
         store.finish_job(&id, attempt).await,
         Err(StoreError::Fenced)
@@ -482,7 +480,7 @@ pub async fn buried_job_is_listed_and_redriven(store: &dyn IdempotencyStore) {
     let dead = store
         .list_jobs(&JobFilter {
             tenant: Some(req.tenant.clone()),
-            dead: Some(true),
+            states: vec![JobState::Dead],
             limit: 10,
             ..JobFilter::default()
         })
@@ -496,7 +494,7 @@ pub async fn buried_job_is_listed_and_redriven(store: &dyn IdempotencyStore) {
     let live = store
         .list_jobs(&JobFilter {
             tenant: Some(req.tenant.clone()),
-            dead: Some(false),
+            states: vec![JobState::Waiting, JobState::Running],
             limit: 10,
             ..JobFilter::default()
         })
@@ -659,7 +657,7 @@ pub async fn jobs_are_listed_by_filter(store: &dyn IdempotencyStore) {
 }
 
 /// A default filter lists a page of jobs, not none: the dead-letter listing
-/// `JobFilter { dead: Some(true), ..JobFilter::default() }` finds a buried
+/// `JobFilter { states: vec![JobState::Dead], ..JobFilter::default() }` finds a buried
 /// job, and the default filter a live one.
 pub async fn default_job_filter_lists_a_page(store: &dyn IdempotencyStore) {
     let store = require_outbox(store);
@@ -677,7 +675,7 @@ pub async fn default_job_filter_lists_a_page(store: &dyn IdempotencyStore) {
         .unwrap();
     let dead = store
         .list_jobs(&JobFilter {
-            dead: Some(true),
+            states: vec![JobState::Dead],
             ..JobFilter::default()
         })
         .await
@@ -686,7 +684,7 @@ pub async fn default_job_filter_lists_a_page(store: &dyn IdempotencyStore) {
     let dead_here = store
         .list_jobs(&JobFilter {
             tenant: Some(req.tenant.clone()),
-            dead: Some(true),
+            states: vec![JobState::Dead],
             ..JobFilter::default()
         })
         .await
@@ -725,4 +723,176 @@ pub async fn default_record_filter_lists_a_page(store: &dyn IdempotencyStore) {
         .await
         .unwrap();
     assert_eq!(mine.iter().map(|r| r.key).collect::<Vec<_>>(), [req.key]);
+}
+
+/// A finished job is kept as delivered: listed in that state with when and
+/// by which run, never leased again (not even once its lease's time has
+/// passed), not counted as due, and left alone by a retry, a burial or a
+/// re-drive.
+pub async fn finished_job_is_kept_as_delivered(store: &dyn IdempotencyStore) {
+    let store = require_outbox(store);
+    let name = job_name("receipt");
+    let req = completed_with_jobs(store, &[&name]).await;
+    let id = job_id(&req, &name);
+    let names = [name.as_str()];
+    let first = Attempt::random();
+    store
+        .lease_jobs(&names, 1, Duration::from_millis(100), first)
+        .await
+        .unwrap();
+    store
+        .retry_job(&id, first, Duration::ZERO, "mailer down")
+        .await
+        .unwrap();
+    let second = Attempt::random();
+    let leased = store
+        .lease_jobs(&names, 1, Duration::from_millis(100), second)
+        .await
+        .unwrap();
+    assert_eq!(leased.len(), 1);
+    assert_eq!(
+        leased[0].delivered_at, None,
+        "a leased job is not delivered"
+    );
+    store.finish_job(&id, second).await.unwrap();
+    let record = existing(store, &req).await;
+
+    let delivered = store
+        .list_jobs(&JobFilter {
+            tenant: Some(req.tenant.clone()),
+            states: vec![JobState::Delivered],
+            ..JobFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(delivered.len(), 1, "{delivered:?}");
+    let job = &delivered[0];
+    assert_eq!(job.id, id);
+    assert_eq!(job.state(), JobState::Delivered);
+    assert_eq!(job.runs, 2, "delivered by its second run");
+    assert_eq!(job.attempt, None, "a delivered job is leased by nobody");
+    assert!(!job.dead);
+    assert_eq!(job.last_error.as_deref(), Some("mailer down"));
+    let at = job.delivered_at.expect("delivered_at");
+    assert!(at >= job.created_at, "delivered after it was written");
+    assert_eq!(job.updated_at, at);
+    assert_eq!(
+        job.kept_until,
+        Some(record.expires_at),
+        "kept as long as its record"
+    );
+    let not_delivered = store
+        .list_jobs(&JobFilter {
+            tenant: Some(req.tenant.clone()),
+            states: vec![JobState::Waiting, JobState::Running, JobState::Dead],
+            ..JobFilter::default()
+        })
+        .await
+        .unwrap();
+    assert!(not_delivered.is_empty(), "{not_delivered:?}");
+
+    // Past the end of the lease that delivered it: still never due.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        store
+            .lease_jobs(&names, 10, Duration::from_secs(60), Attempt::random())
+            .await
+            .unwrap()
+            .is_empty(),
+        "a delivered job is never leased again"
+    );
+    assert_eq!(
+        store.count_due_jobs().await.unwrap().get(&name),
+        None,
+        "a delivered job is not due"
+    );
+    assert!(matches!(
+        store.retry_job(&id, second, Duration::ZERO, "late").await,
+        Err(StoreError::Fenced)
+    ));
+    assert!(matches!(
+        store.bury_job(&id, second, "late").await,
+        Err(StoreError::Fenced)
+    ));
+    assert!(
+        !store.redrive_job(&id).await.unwrap(),
+        "a delivered job is not re-driven"
+    );
+    assert_eq!(
+        jobs_of(store, &req).await,
+        delivered,
+        "nothing changed the delivered job"
+    );
+}
+
+/// A delivered job lives as long as its operation's record: every purge
+/// before the record expires keeps it, and the purge that deletes the
+/// record deletes it too. A job not delivered is never purged.
+pub async fn delivered_job_is_purged_with_its_record(store: &dyn IdempotencyStore) {
+    let store = require_outbox(store);
+    let (sent, waiting) = (job_name("receipt"), job_name("ship"));
+    let req = fresh(Duration::from_millis(1500));
+    claimed(store, &req).await;
+    let jobs = [
+        follow_on(&sent, serde_json::json!({ "to": "a@example.com" })),
+        follow_on(&waiting, serde_json::json!({ "sku": "42" })),
+    ];
+    store
+        .complete_with_follow_ons(&req.key, req.attempt, "\"paid\"", &jobs)
+        .await
+        .unwrap();
+    let attempt = Attempt::random();
+    store
+        .lease_jobs(&[sent.as_str()], 1, Duration::from_secs(60), attempt)
+        .await
+        .unwrap();
+    store
+        .finish_job(&job_id(&req, &sent), attempt)
+        .await
+        .unwrap();
+
+    let purge_all = || async {
+        for _ in 0..10_000 {
+            if store.purge_expired(1000).await.unwrap() < 1000 {
+                break;
+            }
+        }
+    };
+    purge_all().await;
+    assert!(record(store, &req).await.is_some(), "the record is live");
+    let mut states: Vec<(String, JobState)> = jobs_of(store, &req)
+        .await
+        .iter()
+        .map(|j| (j.id.name.clone(), j.state()))
+        .collect();
+    states.sort();
+    let mut expected = vec![
+        (sent.clone(), JobState::Delivered),
+        (waiting.clone(), JobState::Waiting),
+    ];
+    expected.sort();
+    assert_eq!(states, expected, "kept while its record lives");
+
+    tokio::time::sleep(Duration::from_millis(1700)).await;
+    purge_all().await;
+    assert!(record(store, &req).await.is_none(), "the record is purged");
+    let left: Vec<String> = jobs_of(store, &req)
+        .await
+        .into_iter()
+        .map(|j| j.id.name)
+        .collect();
+    assert_eq!(
+        left,
+        [waiting],
+        "the delivered job went with its record; the waiting one stays"
+    );
+    assert!(store
+        .list_jobs(&JobFilter {
+            tenant: Some(req.tenant.clone()),
+            states: vec![JobState::Delivered],
+            ..JobFilter::default()
+        })
+        .await
+        .unwrap()
+        .is_empty());
 }

@@ -22,6 +22,10 @@ const MIGRATIONS: &[(i32, &str)] = &[
         4,
         include_str!("../../../migrations/postgres/0004_operations.sql"),
     ),
+    (
+        5,
+        include_str!("../../../migrations/postgres/0005_delivered_jobs.sql"),
+    ),
 ];
 
 impl PostgresStore {

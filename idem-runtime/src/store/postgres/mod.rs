@@ -320,6 +320,8 @@ fn row_to_job(row: &Row) -> Result<Job, StoreError> {
         dead: row.try_get(8).map_err(corrupt)?,
         created_at: time(9)?,
         updated_at: time(10)?,
+        delivered_at: row.try_get(11).map_err(corrupt)?,
+        kept_until: row.try_get(12).map_err(corrupt)?,
     })
 }
 
@@ -635,7 +637,15 @@ impl IdempotencyStore for PostgresStore {
         let batch = i64::try_from(batch).unwrap_or(i64::MAX);
         self.with(async |client, sql| {
             let stmt = client.prepare_cached(&sql.purge).await?;
-            Ok(client.execute(&stmt, &[&batch]).await? as usize)
+            let records = client.execute(&stmt, &[&batch]).await?;
+            // Delivered jobs go with their record: kept until its expiry.
+            let left = batch - i64::try_from(records).unwrap_or(batch);
+            if left <= 0 {
+                return Ok(records as usize);
+            }
+            let stmt = client.prepare_cached(&sql.purge_jobs).await?;
+            let jobs = client.execute(&stmt, &[&left]).await?;
+            Ok((records + jobs) as usize)
         })
         .await
     }
@@ -754,8 +764,13 @@ impl FollowOnStore for PostgresStore {
     }
 
     async fn finish_job(&self, id: &JobId, attempt: Attempt) -> Result<(), StoreError> {
-        self.with(async |client, sql| fenced_job(client, &sql.finish_job, id, attempt, &[]).await)
-            .await
+        let (lo, hi) = key_range(&id.reference);
+        let tag = tag_to_column(&id.reference);
+        self.with(async |client, sql| {
+            let rest: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&&lo[..], &&hi[..], &tag];
+            fenced_job(client, &sql.finish_job, id, attempt, &rest).await
+        })
+        .await
     }
 
     async fn retry_job(
@@ -788,18 +803,13 @@ impl FollowOnStore for PostgresStore {
     async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
         let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
         let reference = filter.reference.map(|r| r.as_bytes().to_vec());
+        let states = filter.state_mask().map(i64::from);
         self.with(async |client, sql| {
             let stmt = client.prepare_cached(&sql.jobs_filtered).await?;
             let rows = client
                 .query(
                     &stmt,
-                    &[
-                        &filter.tenant,
-                        &reference,
-                        &filter.name,
-                        &filter.dead,
-                        &limit,
-                    ],
+                    &[&filter.tenant, &reference, &filter.name, &states, &limit],
                 )
                 .await?;
             Ok(rows.iter().map(row_to_job).collect::<Result<Vec<_>, _>>()?)

@@ -24,6 +24,7 @@ pub(super) struct Statements {
     pub(super) refusal: String,
     pub(super) lookup: String,
     pub(super) purge: String,
+    pub(super) purge_jobs: String,
     pub(super) lapsed: String,
     pub(super) unknown: String,
     pub(super) filtered: String,
@@ -181,6 +182,14 @@ impl Statements {
                    SELECT ctid FROM {t} AS r WHERE {} LIMIT $1 FOR UPDATE SKIP LOCKED))",
                 expired("r.", "now()")
             ),
+            // The purge's second statement, with what is left of the batch:
+            // the delivered jobs whose record has expired (kept_until is its
+            // expiry).
+            purge_jobs: format!(
+                "DELETE FROM {j} WHERE ctid = ANY(ARRAY( \
+                   SELECT ctid FROM {j} WHERE delivered_at IS NOT NULL AND kept_until <= now() \
+                   LIMIT $1 FOR UPDATE SKIP LOCKED))"
+            ),
             // The partial indexes of migration 2 serve these two: `state = …`
             // is a literal so the planner matches the index's predicate.
             lapsed: format!(
@@ -210,13 +219,15 @@ impl Statements {
             // leasing at once, each gets other jobs, and neither waits. A job
             // a concurrent lease took and committed is re-checked on the
             // locked row (its next_run_at is then the lease's end) and left
-            // out. `NOT dead` is written as the partial index's predicate.
+            // out. `NOT dead AND delivered_at IS NULL` is written as the
+            // partial index's predicate.
             lease_jobs: format!(
                 "UPDATE {j} SET token = $1, attempts = attempts + 1, \
                    next_run_at = now() + {}, updated_at = now() \
                  WHERE (tenant, reference, name) IN ( \
                    SELECT tenant, reference, name FROM {j} \
-                   WHERE NOT dead AND next_run_at <= now() AND name = ANY($3::text[]) \
+                   WHERE NOT dead AND delivered_at IS NULL AND next_run_at <= now() \
+                     AND name = ANY($3::text[]) \
                    ORDER BY next_run_at LIMIT $4 FOR UPDATE SKIP LOCKED) \
                  RETURNING {JOB_COLUMNS}",
                 micros(2)
@@ -224,9 +235,16 @@ impl Statements {
             // Every change of a leased job carries `attempt = $4`: a dispatcher
             // whose lease ran out (and was taken by another) must not finish,
             // retry or bury the new holder's run.
+            // Finishing delivers the job: kept (never leased again) until its
+            // record expires, found as `lookup` finds it ($5..$7: the key
+            // range and the tag), or until the next purge when it is gone.
             finish_job: format!(
-                "DELETE FROM {j} WHERE tenant = $1 AND reference = $2 AND name = $3 \
-                   AND token = $4"
+                "UPDATE {j} SET token = NULL, delivered_at = now(), updated_at = now(), \
+                   kept_until = coalesce((SELECT expires_at FROM {t} \
+                     WHERE key BETWEEN $5::bytea AND $6::bytea AND tenant = $1 \
+                       AND coalesce(operation, 0) = $7::int8 \
+                     ORDER BY key LIMIT 1), now()) \
+                 WHERE tenant = $1 AND reference = $2 AND name = $3 AND token = $4"
             ),
             retry_job: format!(
                 "UPDATE {j} SET token = NULL, next_run_at = now() + {}, last_error = $6, \
@@ -246,14 +264,15 @@ impl Statements {
             jobs_filtered: jobs_filtered(&j, |n| {
                 let ty = match n {
                     2 => "bytea",
-                    4 => "bool",
+                    4 => "int8",
                     5 => "int8",
                     _ => "text",
                 };
                 format!("${n}::{ty}")
             }),
             count_due_jobs: format!(
-                "SELECT name, count(*) FROM {j} WHERE NOT dead AND next_run_at <= now() \
+                "SELECT name, count(*) FROM {j} \
+                 WHERE NOT dead AND delivered_at IS NULL AND next_run_at <= now() \
                  GROUP BY name"
             ),
             schema,

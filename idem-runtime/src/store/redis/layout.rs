@@ -12,6 +12,7 @@
 //! | `P:{SS}:jd:NAME` | sorted set | the shard's live jobs named `NAME`, scored by `next_run_at` (µs) |
 //! | `P:{SS}:jobs` | sorted set | every job of the shard, live or dead, scored by `created_at` (µs) |
 //! | `P:{SS}:jobnames` | set | the names of the shard's live jobs |
+//! | `P:{SS}:delivered` | sorted set | the shard's delivered jobs, scored by `kept_until` (µs), their record's expiry, for the purge |
 //!
 //! `P` is the store's prefix and `SS` the shard: the key's first byte modulo
 //! [`SHARDS`], in two hex digits. `{SS}` is the Cluster hash tag, so a record

@@ -56,8 +56,9 @@ use scripts::{jobs, micros, name_counts, records, scanned, scores, Reply, Scanne
 /// each shard that has some; a job another dispatcher took in between is not
 /// due any more, and that lease returns fewer. Every change of a job (lease,
 /// finish, retry, bury, re-drive) is one script, fenced by the lease's
-/// attempt, with times from the server's `TIME`. Jobs have no TTL: a job stays
-/// until it is finished.
+/// attempt, with times from the server's `TIME`. A job has no TTL until it is
+/// finished; a delivered job then lives as long as its record (a TTL at the
+/// record's expiry), and the purge drops its set entries.
 ///
 /// # The clock
 ///
@@ -562,6 +563,7 @@ impl IdempotencyStore for RedisStore {
     async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
         // One shard after the other, each a short script, until the batch is
         // full: never more than `batch`, never one long script.
+        // Delivered jobs go in the same pass, within the same budget.
         let mut purged = 0;
         for shard in 0..SHARDS {
             if purged >= batch {
@@ -569,7 +571,9 @@ impl IdempotencyStore for RedisStore {
             }
             let script = &SCRIPTS.purge;
             let [lapsed, unknown] = self.layout.sets(shard);
-            let mut cmd = evalsha(script, &[&lapsed, &unknown]);
+            let [list, _] = self.layout.job_sets(shard);
+            let delivered = [&self.layout.shard(shard)[..], b"delivered"].concat();
+            let mut cmd = evalsha(script, &[&lapsed, &unknown, &delivered, &list]);
             let left = batch - purged;
             cmd.arg(self.layout.shard(shard))
                 .arg(left)
@@ -737,13 +741,14 @@ impl FollowOnStore for RedisStore {
             return Ok(Vec::new());
         }
         let want = |v: Option<&[u8]>| v.map_or_else(Vec::new, |v| [b"=", v].concat());
-        let dead = filter.dead.map(|d| if d { &b"1"[..] } else { &b"0"[..] });
-        let (tenant, reference, name, dead) = (
+        let (tenant, reference, name) = (
             want(filter.tenant.as_deref().map(str::as_bytes)),
             want(filter.reference.as_ref().map(|r| r.as_bytes())),
             want(filter.name.as_deref().map(str::as_bytes)),
-            want(dead),
         );
+        let states = filter
+            .state_mask()
+            .map_or_else(String::new, |m| m.to_string());
         // An operation's jobs are on its shard; any other filter reads every
         // shard.
         let shards: Vec<u8> = match &filter.reference {
@@ -759,7 +764,7 @@ impl FollowOnStore for RedisStore {
                 .arg(&tenant)
                 .arg(&reference)
                 .arg(&name)
-                .arg(&dead);
+                .arg(&states);
             async move { self.link.run(script, &cmd).await }
         });
         let mut found = Vec::new();

@@ -218,7 +218,7 @@ pub(super) enum Scanned {
 }
 
 /// How many values a job is in a reply: `JOB_FIELDS` in `jobs.lua`.
-pub(super) const JOB_FIELDS: usize = 11;
+pub(super) const JOB_FIELDS: usize = 13;
 
 /// The jobs of a reply: the server's time (µs), then [`JOB_FIELDS`] values
 /// per job.
@@ -263,6 +263,8 @@ fn job(f: &[Value]) -> Result<Job, StoreError> {
         dead: text(&f[8])?.as_deref() == Some("1"),
         created_at: time(Some(&f[9]))?,
         updated_at: time(Some(&f[10]))?,
+        delivered_at: optional_time(&f[11])?,
+        kept_until: optional_time(&f[12])?,
     })
 }
 
@@ -440,6 +442,14 @@ fn time(v: Option<&Value>) -> Result<SystemTime, StoreError> {
     let micros = int(v.ok_or_else(|| corrupt("a time is missing"))?)?;
     let micros = u64::try_from(micros).map_err(|_| corrupt("a time is before 1970"))?;
     Ok(UNIX_EPOCH + Duration::from_micros(micros))
+}
+
+/// A time the scripts may leave out (nil).
+fn optional_time(v: &Value) -> Result<Option<SystemTime>, StoreError> {
+    match v {
+        Value::Nil => Ok(None),
+        v => time(Some(v)).map(Some),
+    }
 }
 
 /// The longest duration a script is given: a hundred years, so that the

@@ -452,9 +452,17 @@ impl IdempotencyStore for SqliteStore {
             // `expires_at <= now` comes first so the index on expires_at finds
             // the candidates (an IN_PROGRESS or UNKNOWN record is kept past its
             // window, never before it); the rest is Record::is_expired.
-            conn.prepare_cached(&SQL.purge)
+            let records = conn
+                .prepare_cached(&SQL.purge)
                 .and_then(|mut s| s.execute(params![now, batch]))
-                .map_err(|e| unavailable(&e))
+                .map_err(|e| unavailable(&e))?;
+            // Delivered jobs go with their record: kept until its expiry.
+            let left = batch - i64::try_from(records).unwrap_or(batch);
+            let jobs = conn
+                .prepare_cached(&SQL.purge_jobs)
+                .and_then(|mut s| s.execute(params![now, left]))
+                .map_err(|e| unavailable(&e))?;
+            Ok(records + jobs)
         })
         .await
     }
@@ -547,8 +555,13 @@ impl FollowOnStore for SqliteStore {
 
     async fn finish_job(&self, id: &JobId, attempt: Attempt) -> Result<(), StoreError> {
         let id = id.clone();
-        self.run(move |conn, _| fenced_job(conn, &SQL.finish_job, &id, attempt, &[]))
-            .await
+        let (lo, hi) = key_range(&id.reference);
+        let tag = tag_to_column(&id.reference);
+        self.run(move |conn, now| {
+            let rest: [&dyn rusqlite::ToSql; 4] = [&now, &&lo[..], &&hi[..], &tag];
+            fenced_job(conn, &SQL.finish_job, &id, attempt, &rest)
+        })
+        .await
     }
 
     async fn retry_job(
@@ -576,12 +589,12 @@ impl FollowOnStore for SqliteStore {
         let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
         let (tenant, name) = (filter.tenant.clone(), filter.name.clone());
         let reference = filter.reference.map(|r| r.as_bytes().to_vec());
-        let dead = filter.dead.map(i64::from);
+        let states = filter.state_mask().map(i64::from);
         self.run(move |conn, _| {
             read_jobs(
                 conn,
                 &SQL.jobs_filtered,
-                params![tenant, reference, name, dead, limit],
+                params![tenant, reference, name, states, limit],
             )
         })
         .await

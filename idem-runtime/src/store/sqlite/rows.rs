@@ -169,6 +169,8 @@ pub(super) fn row_to_job(row: &rusqlite::Row<'_>) -> rusqlite::Result<Result<Job
         dead: row.get::<_, i64>(8)? != 0,
         created_at: from_nanos(row.get(9)?),
         updated_at: from_nanos(row.get(10)?),
+        delivered_at: row.get::<_, Option<i64>>(11)?.map(from_nanos),
+        kept_until: row.get::<_, Option<i64>>(12)?.map(from_nanos),
     }))
 }
 

@@ -19,6 +19,7 @@ pub(super) struct Statements {
     pub(super) heartbeat: String,
     pub(super) lookup: String,
     pub(super) purge: String,
+    pub(super) purge_jobs: String,
     pub(super) lapsed: String,
     pub(super) unknown: String,
     pub(super) filtered: String,
@@ -118,6 +119,12 @@ pub(super) static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::ne
            SELECT key FROM idem_records WHERE {} LIMIT ?2)",
         expired("", "?1")
     ),
+    // Delivered jobs whose record has expired (kept_until is its expiry):
+    // the purge's second statement, in the same transaction.
+    purge_jobs: "DELETE FROM idem_jobs WHERE (tenant, reference, name) IN ( \
+           SELECT tenant, reference, name FROM idem_jobs \
+           WHERE delivered_at IS NOT NULL AND kept_until <= ?1 LIMIT ?2)"
+        .to_owned(),
     // The partial indexes of migration 2 serve these two: `state = …` is
     // written as a literal so the planner can match the index's WHERE.
     lapsed: format!(
@@ -140,14 +147,14 @@ pub(super) static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::ne
          ON CONFLICT (tenant, reference, name) DO NOTHING"
         .to_owned(),
     // One statement under the writer's lock: the selection and the lease
-    // cannot be split by another process's lease. `dead = 0` is a literal
-    // so the planner can use the partial index.
+    // cannot be split by another process's lease. `dead = 0 AND
+    // delivered_at IS NULL` is written as the partial index's predicate.
     lease_jobs: format!(
         "UPDATE idem_jobs SET token = ?1, attempts = attempts + 1, next_run_at = ?2, \
            updated_at = ?3 \
          WHERE (tenant, reference, name) IN ( \
            SELECT tenant, reference, name FROM idem_jobs \
-           WHERE dead = 0 AND next_run_at <= ?3 \
+           WHERE dead = 0 AND delivered_at IS NULL AND next_run_at <= ?3 \
              AND name IN (SELECT value FROM json_each(?4)) \
            ORDER BY next_run_at LIMIT ?5) \
          RETURNING {JOB_COLUMNS}"
@@ -155,7 +162,13 @@ pub(super) static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::ne
     // Every change of a leased job carries `attempt = ?4`: a dispatcher whose
     // lease ran out (and was taken by another) must not finish, retry or
     // bury the new holder's run.
-    finish_job: "DELETE FROM idem_jobs \
+    // Finishing delivers the job: kept (never leased again) until its
+    // record expires, found as `lookup` finds it (?6..?8: the key range and
+    // the tag), or until the next purge when the record is gone.
+    finish_job: "UPDATE idem_jobs SET token = NULL, delivered_at = ?5, updated_at = ?5, \
+           kept_until = coalesce((SELECT expires_at FROM idem_records \
+             WHERE key BETWEEN ?6 AND ?7 AND tenant = ?1 AND coalesce(operation, 0) = ?8 \
+             ORDER BY key LIMIT 1), ?5) \
          WHERE tenant = ?1 AND reference = ?2 AND name = ?3 AND token = ?4"
         .to_owned(),
     retry_job: "UPDATE idem_jobs SET token = NULL, next_run_at = ?5, last_error = ?6, \
@@ -171,6 +184,6 @@ pub(super) static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::ne
         .to_owned(),
     jobs_filtered: jobs_filtered("idem_jobs", |n| format!("?{n}")),
     count_due_jobs: "SELECT name, count(*) FROM idem_jobs \
-         WHERE dead = 0 AND next_run_at <= ?1 GROUP BY name"
+         WHERE dead = 0 AND delivered_at IS NULL AND next_run_at <= ?1 GROUP BY name"
         .to_owned(),
 });

@@ -24,6 +24,7 @@ pub(super) const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/sqlite/0002_lifecycle.sql"),
     include_str!("../../../migrations/sqlite/0003_outbox.sql"),
     include_str!("../../../migrations/sqlite/0004_operations.sql"),
+    include_str!("../../../migrations/sqlite/0005_delivered_jobs.sql"),
 ];
 
 pub(super) fn stopped() -> StoreError {

@@ -13,13 +13,18 @@
 --                         scored by created_at, for listings
 --   B .. 'jobnames'       set: the names with live jobs in the shard, for
 --                         counting due jobs by name
+--   B .. 'delivered'      sorted set: the shard's delivered jobs, scored by
+--                         kept_until (µs), for the purge
 -- The job's hash fields: t tenant, r reference (16 bytes: the operation's;
 -- 8 for a job written before references had tags), n name, p payload,
 -- a attempts, k token (decimal; absent when no lease holds it), d
--- next_run_at, e last_error, z '1' when dead, c created_at, u updated_at.
--- Jobs have no TTL: a job stays until it is finished, however long that is.
+-- next_run_at, e last_error, z '1' when dead, c created_at, u updated_at,
+-- v delivered_at and w kept_until (both absent until a run finishes it).
+-- A job has no TTL until it is delivered, however long that takes; a
+-- delivered job lives as long as its record (PEXPIREAT kept_until, the
+-- record's expiry), and the purge drops its set entries.
 
-local JOB_FIELDS = {'t', 'r', 'n', 'p', 'a', 'k', 'd', 'e', 'z', 'c', 'u'}
+local JOB_FIELDS = {'t', 'r', 'n', 'p', 'a', 'k', 'd', 'e', 'z', 'c', 'u', 'v', 'w'}
 
 local function tohex(s)
   return (string.gsub(s, '.', function(c)

@@ -1,15 +1,19 @@
 -- purge_expired, one shard. KEYS[1] the lapsed set, KEYS[2] the unknown set,
--- ARGV[1] the shard's key prefix, ARGV[2] the most entries to drop, ARGV[3]
--- the most entries to look at in each set. Redis deletes records itself at the
--- end of their life (native TTL); what is left is their entries in the two
--- sets, dropped here. Returns how many.
+-- KEYS[3] the delivered jobs, KEYS[4] the shard's job list, ARGV[1] the
+-- shard's key prefix, ARGV[2] the most entries to drop, ARGV[3] the most
+-- entries to look at in each set. Redis deletes records itself at the end of
+-- their life (native TTL); what is left is their entries in the two sets,
+-- dropped here. Delivered jobs are kept until their record's expiry
+-- (kept_until, their score; Redis deletes them then too): their entries,
+-- and the job if it is still there, go in the same pass, within the same
+-- budget. Returns how many entries and jobs it dropped.
 local now = clock()
 local budget, dropped = tonumber(ARGV[2]), 0
 for i, state in ipairs({IN_PROGRESS, UNKNOWN}) do
   local members = redis.call('ZRANGEBYSCORE', KEYS[i], '-inf', int(now), 'LIMIT', 0, ARGV[3])
   for _, m in ipairs(members) do
     if dropped >= budget then
-      return dropped
+      break
     end
     local r = load(ARGV[1] .. m)
     if not r or r.s ~= state then
@@ -18,4 +22,14 @@ for i, state in ipairs({IN_PROGRESS, UNKNOWN}) do
     end
   end
 end
-return dropped
+if dropped >= budget then
+  return dropped
+end
+local delivered = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', int(now), 'LIMIT', 0,
+  budget - dropped)
+for _, m in ipairs(delivered) do
+  redis.call('DEL', ARGV[1] .. 'j:' .. m)
+  redis.call('ZREM', KEYS[3], m)
+  redis.call('ZREM', KEYS[4], m)
+end
+return dropped + #delivered
