@@ -311,6 +311,7 @@ impl JobState {
     }
 
     /// The state's bit in [`JobFilter::state_mask`]: 1, 2, 4, 8.
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
     pub(crate) const fn bit(self) -> u8 {
         match self {
             JobState::Waiting => 1,
@@ -375,6 +376,7 @@ impl JobFilter {
     /// The states as bits ([`JobState`]'s: waiting 1, running 2, dead 4,
     /// delivered 8), `None` for every state: for a store that filters in
     /// SQL or in a script.
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
     pub(crate) fn state_mask(&self) -> Option<u8> {
         (!self.states.is_empty()).then(|| self.states.iter().fold(0, |m, s| m | s.bit()))
     }
