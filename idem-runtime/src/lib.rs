@@ -158,7 +158,7 @@ pub use mcp::{
 };
 pub use outbox::follow_on;
 #[cfg(feature = "sqlite")]
-pub use store::SqliteStore;
+pub use store::{SqliteStore, SqliteStoreBuilder};
 pub use store::{open_store, IdempotencyStore, MemoryStore, StoreError};
 #[cfg(feature = "postgres")]
 pub use store::{PostgresStore, PostgresStoreBuilder};

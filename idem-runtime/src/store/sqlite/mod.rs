@@ -65,28 +65,94 @@ use writer::*;
 /// power cut cannot forget a claim whose side effect then ran (which would let
 /// the same charge run twice after a restart).
 ///
+/// Completions are relaxed by default
+/// ([`SqliteStoreBuilder::relaxed_completions`]): a batch that holds only
+/// completions commits with `synchronous = NORMAL`, which in WAL mode
+/// survives a crash of the process but not of the machine (an OS crash or a
+/// power cut may lose the last completions). Such a record is IN_PROGRESS
+/// again after the restart; the sweep marks it UNKNOWN once its lease
+/// lapses, and the reconciler finds the effect. A batch that holds anything
+/// else, a claim above all, commits with FULL.
+///
 /// Cloning is cheap; every clone talks to the same writer thread. The thread
 /// and its connection close when the last clone is dropped.
 #[derive(Clone, Debug)]
 pub struct SqliteStore {
-    jobs: mpsc::Sender<Work>,
+    jobs: mpsc::Sender<Item>,
     path: Option<PathBuf>,
+    relaxed_completions: bool,
+}
+
+/// Configures a [`SqliteStore`]: how durable a completion's commit is.
+///
+/// ```no_run
+/// # async fn f() -> Result<(), idem_runtime::StoreError> {
+/// let store = idem_runtime::SqliteStore::builder()
+///     .relaxed_completions(false)
+///     .open("idem.sqlite3")
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct SqliteStoreBuilder {
+    relaxed_completions: bool,
+}
+
+impl Default for SqliteStoreBuilder {
+    fn default() -> Self {
+        SqliteStoreBuilder {
+            relaxed_completions: true,
+        }
+    }
+}
+
+impl SqliteStoreBuilder {
+    /// Whether a batch of the writer that holds only completions
+    /// (`complete`, `complete_with_follow_ons`) commits with
+    /// `synchronous = NORMAL` (default `true`) instead of `FULL`.
+    ///
+    /// A claim, and every other change, always commits with `FULL`. What a
+    /// relaxed completion risks: an OS crash or a power cut (not a crash of
+    /// the process) may lose the last completions; each such record is
+    /// IN_PROGRESS again, answered "in progress" until its lease lapses, then
+    /// UNKNOWN until the reconciler (or an operator) finds the effect. The
+    /// handler never runs a second time.
+    pub fn relaxed_completions(mut self, relaxed: bool) -> Self {
+        self.relaxed_completions = relaxed;
+        self
+    }
+
+    /// Opens (creating if needed) the database at `path`, as
+    /// [`SqliteStore::open`] does.
+    pub async fn open(self, path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        let p = path.clone();
+        SqliteStore::start(move || Connection::open(&p), Some(path), self).await
+    }
+
+    /// A private in-memory database, as [`SqliteStore::open_in_memory`].
+    pub async fn open_in_memory(self) -> Result<SqliteStore, StoreError> {
+        SqliteStore::start(Connection::open_in_memory, None, self).await
+    }
 }
 
 impl SqliteStore {
+    /// A builder, for settings other than the defaults.
+    pub fn builder() -> SqliteStoreBuilder {
+        SqliteStoreBuilder::default()
+    }
+
     /// Opens (creating if needed) the database at `path`, switches it to WAL
     /// mode and applies the shipped schema. Errors: `Unavailable` when the file
     /// cannot be opened or migrated.
     pub async fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
-        let path = path.as_ref().to_path_buf();
-        let p = path.clone();
-        Self::start(move || Connection::open(&p), Some(path)).await
+        Self::builder().open(path).await
     }
 
     /// A private in-memory database, gone when the store is dropped: for tests
     /// that want SQLite's behaviour without a file.
     pub async fn open_in_memory() -> Result<Self, StoreError> {
-        Self::start(Connection::open_in_memory, None).await
+        Self::builder().open_in_memory().await
     }
 
     /// The database file, or `None` in memory.
@@ -97,8 +163,9 @@ impl SqliteStore {
     async fn start(
         open: impl FnOnce() -> rusqlite::Result<Connection> + Send + 'static,
         path: Option<PathBuf>,
+        settings: SqliteStoreBuilder,
     ) -> Result<Self, StoreError> {
-        let (jobs, rx) = mpsc::channel::<Work>();
+        let (jobs, rx) = mpsc::channel::<Item>();
         let (ready, ready_rx) = oneshot::channel();
         std::thread::Builder::new()
             .name("idem-sqlite".into())
@@ -119,13 +186,28 @@ impl SqliteStore {
         ready_rx.await.map_err(|_| {
             StoreError::Unavailable("the SQLite thread stopped while opening".into())
         })??;
-        Ok(SqliteStore { jobs, path })
+        Ok(SqliteStore {
+            jobs,
+            path,
+            relaxed_completions: settings.relaxed_completions,
+        })
     }
 
     /// Runs `f` on the writer thread inside the current batch's transaction,
-    /// with the process clock read for this job, and answers after the commit.
+    /// with the process clock read for this job, and answers after the
+    /// commit, a FULL one.
     async fn run<T: Send + 'static>(
         &self,
+        f: impl FnOnce(&Connection, i64) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        self.run_as(false, f).await
+    }
+
+    /// [`run`](Self::run), with a commit that may be relaxed (see
+    /// [`Item::relaxed`]) if `relaxed`.
+    async fn run_as<T: Send + 'static>(
+        &self,
+        relaxed: bool,
         f: impl FnOnce(&Connection, i64) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
         let (reply, answer) = oneshot::channel();
@@ -145,7 +227,8 @@ impl SqliteStore {
             });
             (finish, failed)
         });
-        self.jobs.send(job).map_err(|_| stopped())?;
+        let item = Item { relaxed, work: job };
+        self.jobs.send(item).map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
     }
 
@@ -159,7 +242,7 @@ impl SqliteStore {
         jobs: Vec<FollowOn>,
     ) -> Result<(), StoreError> {
         let (key, response) = (*key.as_bytes(), response.to_owned());
-        self.run(move |conn, now| {
+        self.run_as(self.relaxed_completions, move |conn, now| {
             // `attempt = ?2`: a worker whose claim was taken over must not
             // overwrite the new owner's record with its own response.
             fenced(
