@@ -107,13 +107,15 @@ fn take_param(url: &str, name: &str) -> (String, Option<String>) {
     let mut value = None;
     let kept: Vec<&str> = query
         .split('&')
-        .filter(|pair| match pair.strip_prefix(name).and_then(|v| v.strip_prefix('=')) {
-            Some(v) => {
-                value = Some(v.to_owned());
-                false
-            }
-            None => !pair.is_empty(),
-        })
+        .filter(
+            |pair| match pair.strip_prefix(name).and_then(|v| v.strip_prefix('=')) {
+                Some(v) => {
+                    value = Some(v.to_owned());
+                    false
+                }
+                None => !pair.is_empty(),
+            },
+        )
         .collect();
     let url = if kept.is_empty() {
         base.to_owned()
@@ -134,7 +136,10 @@ mod tests {
                 "postgres://a@h/db?schema=s&relaxed_completions=false",
                 "relaxed_completions"
             ),
-            ("postgres://a@h/db?schema=s".to_owned(), Some("false".into()))
+            (
+                "postgres://a@h/db?schema=s".to_owned(),
+                Some("false".into())
+            )
         );
         assert_eq!(
             take_param("postgres://a@h/db?relaxed=1", "relaxed_completions"),
