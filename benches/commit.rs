@@ -46,7 +46,7 @@ async fn wrapped(exec: &Executor, caller: &Caller, n: u64) {
         status_tool: "get_operation_status",
     };
     match exec
-        .run(op, |_| async { Ok::<_, ToolError>(common::RESPONSE) })
+        .run(op, |_| async { Ok::<_, ToolError>(common::RESPONSE.to_owned()) })
         .await
     {
         Answer::Executed { .. } => {}
