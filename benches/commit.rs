@@ -46,7 +46,9 @@ async fn wrapped(exec: &Executor, caller: &Caller, n: u64) {
         status_tool: "get_operation_status",
     };
     match exec
-        .run(op, |_| async { Ok::<_, ToolError>(common::RESPONSE.to_owned()) })
+        .run(op, |_| async {
+            Ok::<_, ToolError>(common::RESPONSE.to_owned())
+        })
         .await
     {
         Answer::Executed { .. } => {}
@@ -288,10 +290,7 @@ async fn compare(sides: Arc<Sides>, rounds: usize, calls: usize, per_task: u64) 
                 round[i].push(sides.call(*side, next(0)).await);
             }
         }
-        let m: Vec<f64> = round
-            .iter_mut()
-            .map(|r| common::median_p99(r).0)
-            .collect();
+        let m: Vec<f64> = round.iter_mut().map(|r| common::median_p99(r).0).collect();
         ratios.push((m[2] / m[0], m[3] / m[0]));
         for (i, r) in round.into_iter().enumerate() {
             medians[i].push(m[i]);
@@ -437,7 +436,10 @@ async fn sqlite(rounds: usize) {
 
 #[tokio::main]
 async fn main() {
-    let only: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    let only: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
     let wants = |name: &str| only.is_empty() || only.iter().any(|a| a == name);
     let rounds = std::env::var("IDEM_BENCH_ROUNDS")
         .ok()
