@@ -389,3 +389,132 @@ async fn records_and_jobs_written_before_tags_keep_their_references() {
     pg.store.migrate().await.unwrap();
     durable::legacy_rows_still_work(&pg.store, &req, &name).await;
 }
+
+/// The conformance suite with synchronous completions too (the cases above
+/// run with the default, relaxed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_cases_pass_with_synchronous_completions() {
+    let Some(pg) = PgSchema::new().await else {
+        return;
+    };
+    let store = idem_runtime::PostgresStore::builder(&pg.url)
+        .unwrap()
+        .schema(&pg.name)
+        .relaxed_completions(false)
+        .build()
+        .unwrap();
+    conformance::run_all(&store).await;
+}
+
+/// A relaxed completion (with or without follow-on jobs) commits with
+/// `synchronous_commit = off`, and the setting ends with its statement: on
+/// a pool of one connection, the claim, the sweep's mark, the resolution and
+/// the release after it see `on`. Triggers on the store's tables note the
+/// setting (and the backend) of every row each statement writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relaxed_completion_does_not_outlive_its_statement() {
+    use idem_runtime::{outbox::FollowOn, store::Resolution};
+    let Some(pg) = PgSchema::new().await else {
+        return;
+    };
+    let s = pg.store.schema().to_owned();
+    let client = durable::connect(&pg.url).await;
+    client
+        .batch_execute(&format!(
+            "CREATE TABLE {s}.seen (n serial, op text, tbl text, setting text, pid int); \
+             CREATE FUNCTION {s}.note() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+               INSERT INTO {s}.seen (op, tbl, setting, pid) VALUES (TG_OP, TG_TABLE_NAME, \
+                 current_setting('synchronous_commit'), pg_backend_pid()); \
+               RETURN NULL; END $$; \
+             CREATE TRIGGER note AFTER INSERT OR UPDATE OR DELETE ON {s}.idem_records \
+               FOR EACH ROW EXECUTE FUNCTION {s}.note(); \
+             CREATE TRIGGER note AFTER INSERT OR UPDATE OR DELETE ON {s}.idem_jobs \
+               FOR EACH ROW EXECUTE FUNCTION {s}.note();"
+        ))
+        .await
+        .unwrap();
+    for relaxed in [true, false] {
+        let store = idem_runtime::PostgresStore::builder(&pg.url)
+            .unwrap()
+            .schema(&pg.name)
+            .pool_size(1)
+            .relaxed_completions(relaxed)
+            .build()
+            .unwrap();
+        let request = || {
+            durable::request(
+                std::time::Duration::from_secs(30),
+                std::time::Duration::from_secs(60),
+            )
+        };
+        let (a, b, c, d) = (request(), request(), request(), request());
+        let job = |name: &str| vec![FollowOn::new(name, &serde_json::json!({"n": 1})).unwrap()];
+        store.claim(&a).await.unwrap();
+        store.complete(&a.key, a.attempt, "\"a\"").await.unwrap();
+        store.claim(&b).await.unwrap();
+        store
+            .complete_with_follow_ons(&b.key, b.attempt, "\"b\"", &job("receipt"))
+            .await
+            .unwrap();
+        store.claim(&c).await.unwrap();
+        store.mark_unknown(&c.key, c.attempt, "lost").await.unwrap();
+        store
+            .resolve_with_follow_ons(&c.key, c.attempt, "\"c\"", None, &job("receipt"))
+            .await
+            .unwrap();
+        store.claim(&d).await.unwrap();
+        store.mark_unknown(&d.key, d.attempt, "lost").await.unwrap();
+        store
+            .resolve(
+                &d.key,
+                d.attempt,
+                Resolution::Completed { response: "\"d\"" },
+                Some("by hand"),
+            )
+            .await
+            .unwrap();
+        let e = request();
+        store.claim(&e).await.unwrap();
+        store.release(&e.key, e.attempt).await.unwrap();
+
+        let rows = client
+            .query(
+                &format!("DELETE FROM {s}.seen RETURNING n, op, tbl, setting, pid"),
+                &[],
+            )
+            .await
+            .unwrap();
+        let mut rows: Vec<(i32, String, String, String, i32)> = rows
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+            .collect();
+        rows.sort();
+        let pids: std::collections::BTreeSet<i32> = rows.iter().map(|r| r.4).collect();
+        assert_eq!(pids.len(), 1, "one connection wrote everything: {rows:?}");
+        let off = if relaxed { "off" } else { "on" };
+        let seen: Vec<(&str, &str, &str)> = rows
+            .iter()
+            .map(|r| (r.1.as_str(), r.2.as_str(), r.3.as_str()))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("INSERT", "idem_records", "on"), // claim a
+                ("UPDATE", "idem_records", off),  // complete a
+                ("INSERT", "idem_records", "on"), // claim b
+                ("UPDATE", "idem_records", off),  // complete b …
+                ("INSERT", "idem_jobs", off),     // … and its job
+                ("INSERT", "idem_records", "on"), // claim c
+                ("UPDATE", "idem_records", "on"), // mark c unknown
+                ("UPDATE", "idem_records", "on"), // the reconciler resolves c …
+                ("INSERT", "idem_jobs", "on"),    // … with its job
+                ("INSERT", "idem_records", "on"), // claim d
+                ("UPDATE", "idem_records", "on"), // mark d unknown
+                ("UPDATE", "idem_records", "on"), // resolved by hand
+                ("INSERT", "idem_records", "on"), // claim e
+                ("DELETE", "idem_records", "on"), // release e
+            ],
+            "relaxed_completions({relaxed})"
+        );
+    }
+}

@@ -38,6 +38,19 @@ async fn all_cases_share_one_store() {
     conformance::run_all(&*store().await).await;
 }
 
+/// The conformance suite with synchronous completions too (the cases above
+/// run with the default, relaxed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_cases_pass_with_synchronous_completions() {
+    let dir = temp_dir("synchronous");
+    let store = SqliteStore::builder()
+        .relaxed_completions(false)
+        .open(dir.join("idem.sqlite3"))
+        .await
+        .unwrap();
+    conformance::run_all(&store).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_memory_passes_too() {
     conformance::run_all(&SqliteStore::open_in_memory().await.unwrap()).await;

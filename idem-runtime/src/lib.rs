@@ -157,10 +157,10 @@ pub use mcp::{
     stored_response, tasks, HintProblem, IdempotentServer, RESULT_META_KEY, TOOL_META_KEY,
 };
 pub use outbox::follow_on;
-#[cfg(feature = "sqlite")]
-pub use store::SqliteStore;
 pub use store::{open_store, IdempotencyStore, MemoryStore, StoreError};
 #[cfg(feature = "postgres")]
 pub use store::{PostgresStore, PostgresStoreBuilder};
 #[cfg(feature = "redis")]
 pub use store::{RedisStore, RedisStoreBuilder};
+#[cfg(feature = "sqlite")]
+pub use store::{SqliteStore, SqliteStoreBuilder};

@@ -42,7 +42,7 @@ pub use postgres::{PostgresStore, PostgresStoreBuilder};
 #[cfg(feature = "redis")]
 pub use redis::{RedisStore, RedisStoreBuilder};
 #[cfg(feature = "sqlite")]
-pub use sqlite::SqliteStore;
+pub use sqlite::{SqliteStore, SqliteStoreBuilder};
 
 /// The errors of a store. Backends map their own errors into these.
 #[derive(Debug, thiserror::Error)]

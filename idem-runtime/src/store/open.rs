@@ -15,7 +15,10 @@ use super::{IdempotencyStore, MemoryStore, StoreError};
 ///   parameter `schema` (`postgres://app@db/app?schema=idem`, what
 ///   [`PostgresStoreBuilder::schema`](crate::PostgresStoreBuilder::schema)
 ///   sets); the parameter is taken out before the rest is parsed as a
-///   PostgreSQL connection string;
+///   PostgreSQL connection string. So is `relaxed_completions=false`
+///   (or `true`, the default), what
+///   [`PostgresStoreBuilder::relaxed_completions`](crate::PostgresStoreBuilder::relaxed_completions)
+///   sets;
 /// - `redis://…`, `rediss://…` or `redis+unix://…`: one Redis or Valkey
 ///   server, keys under the prefix `idem` (feature `redis`).
 ///
@@ -44,9 +47,13 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn IdempotencyStore>, StoreErr
         #[cfg(feature = "postgres")]
         {
             let (url, schema) = take_schema(url);
+            let (url, relaxed) = take_param(&url, "relaxed_completions");
             let mut builder = super::PostgresStore::builder(&url)?;
             if let Some(schema) = schema {
                 builder = builder.schema(schema);
+            }
+            if let Some(relaxed) = relaxed {
+                builder = builder.relaxed_completions(parse_bool(&relaxed)?);
             }
             return Ok(Arc::new(super::PostgresStore::connect_with(builder).await?));
         }
@@ -74,31 +81,71 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn IdempotencyStore>, StoreErr
 /// option. The last `schema` given wins, as for the other parameters.
 #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 fn take_schema(url: &str) -> (String, Option<String>) {
+    take_param(url, "schema")
+}
+
+/// `true` or `false`, as a URL parameter of idem's gives it.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+fn parse_bool(value: &str) -> Result<bool, StoreError> {
+    match value {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        other => Err(StoreError::Config(format!(
+            "relaxed_completions={other}: use true or false"
+        ))),
+    }
+}
+
+/// `url` without its query parameter `name` (idem's, which tokio-postgres
+/// would refuse as unknown), and the parameter's value; the last one given
+/// wins.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+fn take_param(url: &str, name: &str) -> (String, Option<String>) {
     let Some((base, query)) = url.split_once('?') else {
         return (url.to_owned(), None);
     };
-    let mut schema = None;
+    let mut value = None;
     let kept: Vec<&str> = query
         .split('&')
-        .filter(|pair| match pair.strip_prefix("schema=") {
-            Some(name) => {
-                schema = Some(name.to_owned());
-                false
-            }
-            None => !pair.is_empty(),
-        })
+        .filter(
+            |pair| match pair.strip_prefix(name).and_then(|v| v.strip_prefix('=')) {
+                Some(v) => {
+                    value = Some(v.to_owned());
+                    false
+                }
+                None => !pair.is_empty(),
+            },
+        )
         .collect();
     let url = if kept.is_empty() {
         base.to_owned()
     } else {
         format!("{base}?{}", kept.join("&"))
     };
-    (url, schema)
+    (url, value)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::take_schema;
+    use super::{take_param, take_schema};
+
+    #[test]
+    fn relaxed_completions_is_taken_out_of_the_url() {
+        assert_eq!(
+            take_param(
+                "postgres://a@h/db?schema=s&relaxed_completions=false",
+                "relaxed_completions"
+            ),
+            (
+                "postgres://a@h/db?schema=s".to_owned(),
+                Some("false".into())
+            )
+        );
+        assert_eq!(
+            take_param("postgres://a@h/db?relaxed=1", "relaxed_completions"),
+            ("postgres://a@h/db?relaxed=1".to_owned(), None)
+        );
+    }
 
     #[test]
     fn the_schema_parameter_is_taken_out_of_the_url() {

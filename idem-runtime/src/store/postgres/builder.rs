@@ -11,13 +11,15 @@ use super::statements::Statements;
 use super::PostgresStore;
 use crate::store::StoreError;
 
-/// Configures a [`PostgresStore`]: schema, pool size and timeout.
+/// Configures a [`PostgresStore`]: schema, pool size, timeout, and how
+/// durable a completion's commit is.
 #[derive(Debug, Clone)]
 pub struct PostgresStoreBuilder {
     config: tokio_postgres::Config,
     schema: String,
     pool_size: usize,
     timeout: Duration,
+    relaxed_completions: bool,
 }
 
 impl PostgresStoreBuilder {
@@ -27,6 +29,7 @@ impl PostgresStoreBuilder {
             schema: "public".into(),
             pool_size: 16,
             timeout: Duration::from_secs(5),
+            relaxed_completions: true,
         }
     }
 
@@ -48,6 +51,26 @@ impl PostgresStoreBuilder {
     /// 5 s). It is also the server's `statement_timeout`.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self
+    }
+
+    /// Whether a completion (`complete`, `complete_with_follow_ons`: the
+    /// COMPLETED record and its follow-on jobs) commits with
+    /// `synchronous_commit = off` (default `true`), so that a call costs one
+    /// durable commit, its claim's, instead of two.
+    ///
+    /// The claim always commits synchronously: it must be on disk before the
+    /// handler's side effect. So do resolutions, sweeps, releases and every
+    /// job change. What a relaxed completion risks: a crash (or failover) of
+    /// the PostgreSQL server may lose the completions of its last moments
+    /// (up to about 3 × `wal_writer_delay`, 600 ms by default). Each such
+    /// record is IN_PROGRESS again: repeats answer "in progress" until its
+    /// lease lapses, the sweep then marks it UNKNOWN and the reconciler (or an
+    /// operator) finds the effect by its reference. The handler never runs a
+    /// second time. `false` makes every completion wait for its flush, as
+    /// the server's `synchronous_commit` says.
+    pub fn relaxed_completions(mut self, relaxed: bool) -> Self {
+        self.relaxed_completions = relaxed;
         self
     }
 
@@ -103,7 +126,7 @@ impl PostgresStoreBuilder {
             .map_err(|e| StoreError::Config(format!("cannot build the pool: {e}")))?;
         Ok(PostgresStore {
             pool,
-            sql: Arc::new(Statements::new(schema)),
+            sql: Arc::new(Statements::new(schema, self.relaxed_completions)),
             // A little over the server's statement_timeout, so that the server
             // usually reports the timeout itself.
             timeout: self.timeout + Duration::from_millis(500),

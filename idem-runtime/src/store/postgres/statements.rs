@@ -50,10 +50,13 @@ pub(super) struct Statements {
 /// A job's identity is its operation's reference and its name: one
 /// completion per operation writes jobs, and a job already there is never
 /// replaced, live or dead.
-fn with_jobs(change: &str, jobs: &str, n: u8) -> String {
+///
+/// `first`, if not empty, is a CTE put before `done` (`name AS (…), `):
+/// [`RELAXED`] for a relaxed completion.
+fn with_jobs(first: &str, change: &str, jobs: &str, n: u8) -> String {
     let (names, payloads) = (n, n + 1);
     format!(
-        "WITH done AS ({change} RETURNING tenant, {REFERENCE}), \
+        "WITH {first}done AS ({change} RETURNING tenant, {REFERENCE}), \
          written AS ( \
            INSERT INTO {jobs} (tenant, reference, name, payload, attempts, token, next_run_at, \
              last_error, dead, created_at, updated_at) \
@@ -65,6 +68,16 @@ fn with_jobs(change: &str, jobs: &str, n: u8) -> String {
          SELECT count(*) FROM done"
     )
 }
+
+/// The CTE that relaxes a completion's commit: `synchronous_commit = off`
+/// for the statement's own (implicit) transaction only (`is_local = true`:
+/// the setting ends with the transaction, so the pooled connection's next
+/// statement, a claim say, commits synchronously again). The statement joins
+/// it (`FROM relaxed`) so that it runs, and runs before the commit.
+///
+/// One statement, one round trip: `BEGIN; SET LOCAL …; UPDATE; COMMIT` as
+/// four round trips costs more than the synchronous commit it saves.
+const RELAXED: &str = "relaxed AS (SELECT set_config('synchronous_commit', 'off', true) AS off)";
 
 /// A record's reference as `Reference::as_bytes` gives it: the key's first
 /// eight bytes, then the operation's tag big-endian (none for a record
@@ -78,7 +91,11 @@ fn micros(n: u8) -> String {
 }
 
 impl Statements {
-    pub(super) fn new(schema: String) -> Self {
+    /// The statements over `schema`; with `relaxed_completions`, a
+    /// completion (`complete`, `complete_with_jobs`) commits with
+    /// `synchronous_commit = off` (see [`RELAXED`]); every other change
+    /// commits as the server is configured.
+    pub(super) fn new(schema: String, relaxed_completions: bool) -> Self {
         let t = format!("{schema}.idem_records");
         let j = format!("{schema}.idem_jobs");
         let (lease, window, retention) = (micros(6), micros(7), micros(8));
@@ -112,15 +129,11 @@ impl Statements {
             // Every fenced change carries `attempt = $2`: a worker whose claim
             // was taken over (lease ran out, record purged and claimed again)
             // must not overwrite, delete or extend the new owner's record.
-            // A completion after the sweep or a reconciler gave up on the
-            // record answers repeats until the retention ends: found after
-            // its window, it would otherwise expire the moment it is written.
-            complete: format!(
-                "UPDATE {t} SET state = {COMPLETED}, body = $3, updated_at = now(), \
-                   expires_at = CASE WHEN state = {IN_PROGRESS} THEN expires_at \
-                     ELSE GREATEST(expires_at, retain_until) END \
-                 WHERE key = $1 AND attempt = $2 AND state <> {COMPLETED}"
-            ),
+            // Only the completion may be relaxed: losing it in a crash leaves
+            // the record IN_PROGRESS, which the sweep and the reconciler
+            // settle. Every other change commits synchronously (see
+            // docs/decisions.md, "One durable commit per call").
+            complete: complete(&t, relaxed_completions),
             release: format!(
                 "DELETE FROM {t} WHERE key = $1 AND attempt = $2 \
                  AND state IN ({IN_PROGRESS}, {UNKNOWN})"
@@ -277,8 +290,39 @@ impl Statements {
             ),
             schema,
         };
-        sql.complete_with_jobs = with_jobs(&sql.complete, &j, 4);
-        sql.resolve_with_jobs = with_jobs(&sql.resolve_completed, &j, 5);
+        // The completion's CTE goes first, before `done`: a statement in a
+        // WITH may not have a WITH of its own that modifies data.
+        sql.complete_with_jobs = if relaxed_completions {
+            with_jobs(&format!("{RELAXED}, "), &update_complete(&t, true), &j, 4)
+        } else {
+            with_jobs("", &sql.complete, &j, 4)
+        };
+        sql.resolve_with_jobs = with_jobs("", &sql.resolve_completed, &j, 5);
         sql
     }
+}
+
+/// The completion: fenced by `attempt = $2`. Relaxed, it starts with the
+/// [`RELAXED`] CTE and joins it.
+fn complete(t: &str, relaxed: bool) -> String {
+    let update = update_complete(t, relaxed);
+    if relaxed {
+        format!("WITH {RELAXED} {update}")
+    } else {
+        update
+    }
+}
+
+/// The completion's `UPDATE`, joining `relaxed` if `relaxed` (the CTE itself
+/// is the caller's to write). A completion after the sweep or a reconciler
+/// gave up on the record answers repeats until the retention ends: found
+/// after its window, it would otherwise expire the moment it is written.
+fn update_complete(t: &str, relaxed: bool) -> String {
+    let from = if relaxed { "FROM relaxed " } else { "" };
+    format!(
+        "UPDATE {t} SET state = {COMPLETED}, body = $3, updated_at = now(), \
+           expires_at = CASE WHEN state = {IN_PROGRESS} THEN expires_at \
+             ELSE GREATEST(expires_at, retain_until) END \
+         {from}WHERE key = $1 AND attempt = $2 AND state <> {COMPLETED}"
+    )
 }

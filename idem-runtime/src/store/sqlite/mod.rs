@@ -65,28 +65,94 @@ use writer::*;
 /// power cut cannot forget a claim whose side effect then ran (which would let
 /// the same charge run twice after a restart).
 ///
+/// Completions are relaxed by default
+/// ([`SqliteStoreBuilder::relaxed_completions`]): a batch that holds only
+/// completions commits with `synchronous = NORMAL`, which in WAL mode
+/// survives a crash of the process but not of the machine (an OS crash or a
+/// power cut may lose the last completions). Such a record is IN_PROGRESS
+/// again after the restart; the sweep marks it UNKNOWN once its lease
+/// lapses, and the reconciler finds the effect. A batch that holds anything
+/// else, a claim above all, commits with FULL.
+///
 /// Cloning is cheap; every clone talks to the same writer thread. The thread
 /// and its connection close when the last clone is dropped.
 #[derive(Clone, Debug)]
 pub struct SqliteStore {
-    jobs: mpsc::Sender<Work>,
+    jobs: mpsc::Sender<Item>,
     path: Option<PathBuf>,
+    relaxed_completions: bool,
+}
+
+/// Configures a [`SqliteStore`]: how durable a completion's commit is.
+///
+/// ```no_run
+/// # async fn f() -> Result<(), idem_runtime::StoreError> {
+/// let store = idem_runtime::SqliteStore::builder()
+///     .relaxed_completions(false)
+///     .open("idem.sqlite3")
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct SqliteStoreBuilder {
+    relaxed_completions: bool,
+}
+
+impl Default for SqliteStoreBuilder {
+    fn default() -> Self {
+        SqliteStoreBuilder {
+            relaxed_completions: true,
+        }
+    }
+}
+
+impl SqliteStoreBuilder {
+    /// Whether a batch of the writer that holds only completions
+    /// (`complete`, `complete_with_follow_ons`) commits with
+    /// `synchronous = NORMAL` (default `true`) instead of `FULL`.
+    ///
+    /// A claim, and every other change, always commits with `FULL`. What a
+    /// relaxed completion risks: an OS crash or a power cut (not a crash of
+    /// the process) may lose the last completions; each such record is
+    /// IN_PROGRESS again, answered "in progress" until its lease lapses, then
+    /// UNKNOWN until the reconciler (or an operator) finds the effect. The
+    /// handler never runs a second time.
+    pub fn relaxed_completions(mut self, relaxed: bool) -> Self {
+        self.relaxed_completions = relaxed;
+        self
+    }
+
+    /// Opens (creating if needed) the database at `path`, as
+    /// [`SqliteStore::open`] does.
+    pub async fn open(self, path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        let p = path.clone();
+        SqliteStore::start(move || Connection::open(&p), Some(path), self).await
+    }
+
+    /// A private in-memory database, as [`SqliteStore::open_in_memory`].
+    pub async fn open_in_memory(self) -> Result<SqliteStore, StoreError> {
+        SqliteStore::start(Connection::open_in_memory, None, self).await
+    }
 }
 
 impl SqliteStore {
+    /// A builder, for settings other than the defaults.
+    pub fn builder() -> SqliteStoreBuilder {
+        SqliteStoreBuilder::default()
+    }
+
     /// Opens (creating if needed) the database at `path`, switches it to WAL
     /// mode and applies the shipped schema. Errors: `Unavailable` when the file
     /// cannot be opened or migrated.
     pub async fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
-        let path = path.as_ref().to_path_buf();
-        let p = path.clone();
-        Self::start(move || Connection::open(&p), Some(path)).await
+        Self::builder().open(path).await
     }
 
     /// A private in-memory database, gone when the store is dropped: for tests
     /// that want SQLite's behaviour without a file.
     pub async fn open_in_memory() -> Result<Self, StoreError> {
-        Self::start(Connection::open_in_memory, None).await
+        Self::builder().open_in_memory().await
     }
 
     /// The database file, or `None` in memory.
@@ -97,8 +163,9 @@ impl SqliteStore {
     async fn start(
         open: impl FnOnce() -> rusqlite::Result<Connection> + Send + 'static,
         path: Option<PathBuf>,
+        settings: SqliteStoreBuilder,
     ) -> Result<Self, StoreError> {
-        let (jobs, rx) = mpsc::channel::<Work>();
+        let (jobs, rx) = mpsc::channel::<Item>();
         let (ready, ready_rx) = oneshot::channel();
         std::thread::Builder::new()
             .name("idem-sqlite".into())
@@ -119,13 +186,28 @@ impl SqliteStore {
         ready_rx.await.map_err(|_| {
             StoreError::Unavailable("the SQLite thread stopped while opening".into())
         })??;
-        Ok(SqliteStore { jobs, path })
+        Ok(SqliteStore {
+            jobs,
+            path,
+            relaxed_completions: settings.relaxed_completions,
+        })
     }
 
     /// Runs `f` on the writer thread inside the current batch's transaction,
-    /// with the process clock read for this job, and answers after the commit.
+    /// with the process clock read for this job, and answers after the
+    /// commit, a FULL one.
     async fn run<T: Send + 'static>(
         &self,
+        f: impl FnOnce(&Connection, i64) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        self.run_as(false, f).await
+    }
+
+    /// [`run`](Self::run), with a commit that may be relaxed (see
+    /// [`Item::relaxed`]) if `relaxed`.
+    async fn run_as<T: Send + 'static>(
+        &self,
+        relaxed: bool,
         f: impl FnOnce(&Connection, i64) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
         let (reply, answer) = oneshot::channel();
@@ -145,7 +227,8 @@ impl SqliteStore {
             });
             (finish, failed)
         });
-        self.jobs.send(job).map_err(|_| stopped())?;
+        let item = Item { relaxed, work: job };
+        self.jobs.send(item).map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
     }
 
@@ -159,7 +242,7 @@ impl SqliteStore {
         jobs: Vec<FollowOn>,
     ) -> Result<(), StoreError> {
         let (key, response) = (*key.as_bytes(), response.to_owned());
-        self.run(move |conn, now| {
+        self.run_as(self.relaxed_completions, move |conn, now| {
             // `attempt = ?2`: a worker whose claim was taken over must not
             // overwrite the new owner's record with its own response.
             fenced(
@@ -635,6 +718,106 @@ impl FollowOnStore for SqliteStore {
 mod tests {
     use super::*;
     use crate::store::conformance::{again, claim_request};
+
+    /// `PRAGMA synchronous` as the batch that runs this probe sees it (1
+    /// NORMAL, 2 FULL); the probe itself is relaxed, so it leaves the batch's
+    /// durability to the others.
+    async fn probe(store: &SqliteStore) -> i64 {
+        store
+            .run_as(true, |conn, _| {
+                conn.query_row("PRAGMA synchronous", [], |r| r.get(0))
+                    .map_err(|e| unavailable(&e))
+            })
+            .await
+            .unwrap()
+    }
+
+    /// Holds the writer, then sends `first` and `second` (each may be
+    /// `None`) and the probe, which then share one batch: the probe's answer.
+    async fn batch_of(
+        store: &SqliteStore,
+        claim: Option<&ClaimRequest>,
+        complete: Option<&ClaimRequest>,
+    ) -> i64 {
+        let blocker = store.run(|_, _| {
+            std::thread::sleep(Duration::from_millis(200));
+            Ok(())
+        });
+        let (_, _, _, seen) = tokio::join!(
+            blocker,
+            async {
+                if let Some(req) = claim {
+                    tokio::time::sleep(Duration::from_millis(30)).await;
+                    store.claim(req).await.unwrap();
+                }
+            },
+            async {
+                if let Some(req) = complete {
+                    tokio::time::sleep(Duration::from_millis(60)).await;
+                    store
+                        .complete(&req.key, req.attempt, "\"ok\"")
+                        .await
+                        .unwrap();
+                }
+            },
+            async {
+                tokio::time::sleep(Duration::from_millis(90)).await;
+                probe(store).await
+            },
+        );
+        seen
+    }
+
+    /// A batch of completions only commits with NORMAL; one claim in the
+    /// batch makes it FULL; and without relaxed completions every batch is
+    /// FULL.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn only_a_batch_of_completions_is_relaxed() {
+        const NORMAL: i64 = 1;
+        const FULL: i64 = 2;
+        let dir = std::env::temp_dir().join(format!("idem-sync-{}", Attempt::random().get()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for relaxed in [true, false] {
+            let store = SqliteStore::builder()
+                .relaxed_completions(relaxed)
+                .open(dir.join(format!("{relaxed}.sqlite3")))
+                .await
+                .unwrap();
+            let claimed = |req: &ClaimRequest| {
+                let (store, req) = (store.clone(), req.clone());
+                async move {
+                    assert!(matches!(
+                        store.claim(&req).await.unwrap(),
+                        Claim::Claimed { .. }
+                    ))
+                }
+            };
+            let (a, b, c) = (
+                claim_request(Duration::from_secs(900)),
+                claim_request(Duration::from_secs(900)),
+                claim_request(Duration::from_secs(900)),
+            );
+            claimed(&a).await;
+            claimed(&b).await;
+            assert_eq!(probe(&store).await, NORMAL, "a probe alone is relaxed");
+            let completions = batch_of(&store, None, Some(&a)).await;
+            let mixed = batch_of(&store, Some(&c), Some(&b)).await;
+            assert_eq!(mixed, FULL, "a claim beside a completion commits with FULL");
+            if relaxed {
+                assert_eq!(completions, NORMAL, "completions alone commit with NORMAL");
+            } else {
+                assert_eq!(completions, FULL, "relaxed_completions(false): FULL");
+            }
+            // A claim alone after that: FULL again.
+            let d = claim_request(Duration::from_secs(900));
+            let after = batch_of(&store, Some(&d), None).await;
+            assert_eq!(
+                after, FULL,
+                "a claim after a relaxed batch commits with FULL"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     /// A batch in which SQLite fails one statement (here: the database is
     /// full) writes nothing, and every job of it is told so.

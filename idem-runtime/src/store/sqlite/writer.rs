@@ -10,6 +10,16 @@ use super::*;
 pub(super) type Work = Box<dyn FnOnce(Result<&Connection, &str>) -> (Finish, bool) + Send>;
 pub(super) type Finish = Box<dyn FnOnce(Result<(), &str>) + Send>;
 
+/// A [`Work`] and how durable its commit must be.
+pub(super) struct Item {
+    /// The work may commit with `synchronous = NORMAL`: a completion (with
+    /// its follow-on jobs) of a store built with relaxed completions. A batch
+    /// commits relaxed only if every one of its items is relaxed; one claim
+    /// (or any other change) makes the whole batch FULL.
+    pub(super) relaxed: bool,
+    pub(super) work: Work,
+}
+
 /// At most this many jobs share one transaction: bounds how long one batch
 /// holds the file lock against other processes.
 pub(super) const MAX_BATCH: usize = 256;
@@ -68,7 +78,17 @@ pub(super) fn init(conn: &Connection) -> rusqlite::Result<()> {
 /// which later statements would each commit by themselves; so once one job
 /// fails, the jobs after it run nothing, the batch is rolled back, and every
 /// job of it is answered `Unavailable`.
-pub(super) fn writer(conn: Connection, rx: mpsc::Receiver<Work>) {
+///
+/// Durability, per batch: `synchronous = FULL` (the commit is on disk before
+/// any job of the batch is answered) unless every job of the batch is a
+/// relaxed completion ([`Item::relaxed`]); then `NORMAL`, under which a WAL
+/// commit survives the process's crash but not the machine's. The pragma
+/// is switched outside the transaction, and only when it changes. A FULL
+/// commit syncs the WAL up to itself, so it also makes every earlier
+/// NORMAL commit durable.
+pub(super) fn writer(conn: Connection, rx: mpsc::Receiver<Item>) {
+    // `init` left it FULL.
+    let mut relaxed_now = false;
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -77,13 +97,29 @@ pub(super) fn writer(conn: Connection, rx: mpsc::Receiver<Work>) {
                 Err(_) => break,
             }
         }
-        let mut failed = conn
-            .execute_batch("BEGIN IMMEDIATE")
-            .err()
-            .map(|e| format!("SQLite: cannot begin a transaction: {e}"));
+        let relaxed = batch.iter().all(|item| item.relaxed);
+        let mut failed = None;
+        if relaxed != relaxed_now {
+            let level = if relaxed { "NORMAL" } else { "FULL" };
+            match conn.pragma_update(None, "synchronous", level) {
+                Ok(()) => relaxed_now = relaxed,
+                // Staying FULL is always safe; a batch that needs FULL and
+                // cannot have it is not run.
+                Err(e) if !relaxed => {
+                    failed = Some(format!("SQLite: cannot set synchronous = FULL: {e}"))
+                }
+                Err(_) => {}
+            }
+        }
+        if failed.is_none() {
+            failed = conn
+                .execute_batch("BEGIN IMMEDIATE")
+                .err()
+                .map(|e| format!("SQLite: cannot begin a transaction: {e}"));
+        }
         let began = failed.is_none();
         let mut finishes: Vec<Finish> = Vec::with_capacity(batch.len());
-        for job in batch {
+        for Item { work: job, .. } in batch {
             let turn = match &failed {
                 None => Ok(&conn),
                 Some(reason) => Err(reason.as_str()),

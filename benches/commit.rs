@@ -1,0 +1,456 @@
+//! One durable commit per call (issue 25, lever a): a wrapped call through
+//! the executor with a no-op handler, with relaxed completions and with
+//! synchronous ones, against the floor: one raw synchronous commit of the
+//! claim's statement. On PostgreSQL and on SQLite, each in one process, the
+//! sides alternated call by call at concurrency 1 and round by round at
+//! concurrency 16.
+//!
+//! `IDEM_TEST_DATABASE_URL=postgres://postgres@127.0.0.1:5432/test cargo bench --bench commit`
+//! (the variable defaults to that address; `-- sqlite` or `-- postgres` runs
+//! one store; `IDEM_BENCH_ROUNDS` sets the rounds, 5 by default). PostgreSQL
+//! works in a fresh schema, dropped at the end; SQLite on files in the
+//! temporary directory.
+//!
+//! Besides the floor, a fourth side measures the completion's own round
+//! trip: the raw claim, then the raw relaxed completion on the same
+//! connection. The executor's call is that pair plus the executor's work.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use idem_runtime::{
+    store::Attempt, Answer, Caller, Executor, IdempotencyStore, Operation, PostgresStore,
+    ScopeSpec, SqliteStore, ToolError,
+};
+
+/// The arguments of the wrapped call: a fresh `n` each call, a new operation.
+#[derive(serde::Serialize)]
+struct Args {
+    card: &'static str,
+    amount_cents: u64,
+}
+
+/// One call through `exec` with a no-op handler.
+async fn wrapped(exec: &Executor, caller: &Caller, n: u64) {
+    let args = Args {
+        card: "4242424242424242",
+        amount_cents: n,
+    };
+    let op = Operation {
+        caller,
+        tool: "charge_card",
+        args: &args,
+        scope: ScopeSpec::Window(Duration::from_secs(900)),
+        status_tool: "get_operation_status",
+    };
+    match exec
+        .run(op, |_| async {
+            Ok::<_, ToolError>(common::RESPONSE.to_owned())
+        })
+        .await
+    {
+        Answer::Executed { .. } => {}
+        other => panic!("every call is a new operation: {other:?}"),
+    }
+}
+
+/// The raw statements: a claim, and the claim then a relaxed completion.
+enum Raw {
+    Pg {
+        pool: deadpool_postgres::Pool,
+        claim: String,
+        complete: String,
+    },
+    Sqlite(Mutex<rusqlite::Connection>),
+}
+
+/// The PostgreSQL store's claim and relaxed completion, written out again on
+/// purpose (keep them in step with `store/postgres/statements.rs`).
+fn pg_statements(t: &str) -> (String, String) {
+    let claim = format!(
+        "INSERT INTO {t} AS r (key, fingerprint, tenant, tool, state, attempt, \
+           claimed_at, updated_at, lease_until, expires_at, retain_until, body, \
+           next_check_at, checks, resolution, operation) \
+         VALUES ($1, $2, $3, $4, 0, $5, now(), now(), \
+           now() + $6::int8 * interval '1 microsecond', \
+           now() + $7::int8 * interval '1 microsecond', \
+           now() + $8::int8 * interval '1 microsecond', NULL, now(), 0, NULL, $9) \
+         ON CONFLICT (key) DO UPDATE SET operation = CASE WHEN r.state = 3 \
+             AND r.expires_at > now() THEN r.operation ELSE EXCLUDED.operation END, \
+           fingerprint = EXCLUDED.fingerprint, \
+           tenant = EXCLUDED.tenant, tool = EXCLUDED.tool, state = 0, \
+           attempt = EXCLUDED.attempt, claimed_at = EXCLUDED.claimed_at, \
+           updated_at = EXCLUDED.updated_at, lease_until = EXCLUDED.lease_until, \
+           expires_at = EXCLUDED.expires_at, retain_until = EXCLUDED.retain_until, \
+           body = NULL, next_check_at = EXCLUDED.next_check_at, checks = 0, resolution = NULL \
+         WHERE (r.expires_at <= now() AND (r.state = 1 \
+           OR (r.retain_until <= now() AND r.lease_until <= now()))) OR r.state = 3 \
+         RETURNING operation"
+    );
+    let complete = format!(
+        "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true) AS off) \
+         UPDATE {t} SET state = 1, body = $3, updated_at = now(), \
+           expires_at = CASE WHEN state = 0 THEN expires_at \
+             ELSE GREATEST(expires_at, retain_until) END \
+         FROM relaxed WHERE key = $1 AND attempt = $2 AND state <> 1"
+    );
+    (claim, complete)
+}
+
+/// The SQLite store's claim (keep it in step with
+/// `store/sqlite/statements.rs`).
+const SQLITE_CLAIM: &str = "INSERT INTO idem_records (key, fingerprint, tenant, tool, state, \
+       attempt, claimed_at, updated_at, lease_until, expires_at, retain_until, body, \
+       next_check_at, checks, resolution, operation) \
+     VALUES (?1, ?2, ?3, ?4, 0, ?5, ?6, ?6, ?7, ?8, ?9, NULL, ?6, 0, NULL, ?10) \
+     ON CONFLICT (key) DO UPDATE SET operation = CASE WHEN idem_records.state = 3 \
+         AND idem_records.expires_at > ?6 THEN idem_records.operation \
+         ELSE excluded.operation END, fingerprint = excluded.fingerprint, \
+       tenant = excluded.tenant, tool = excluded.tool, state = 0, \
+       attempt = excluded.attempt, claimed_at = excluded.claimed_at, \
+       updated_at = excluded.updated_at, lease_until = excluded.lease_until, \
+       expires_at = excluded.expires_at, retain_until = excluded.retain_until, \
+       body = NULL, next_check_at = excluded.next_check_at, checks = 0, resolution = NULL \
+     WHERE (idem_records.expires_at <= ?6 AND (idem_records.state = 1 \
+       OR (idem_records.retain_until <= ?6 AND idem_records.lease_until <= ?6))) \
+       OR idem_records.state = 3 \
+     RETURNING operation";
+
+const SQLITE_COMPLETE: &str = "UPDATE idem_records SET state = 1, body = ?3, updated_at = ?4 \
+     WHERE key = ?1 AND attempt = ?2 AND state <> 1";
+
+fn nanos() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i64
+}
+
+impl Raw {
+    /// One claim, committed synchronously; then, if `complete`, the relaxed
+    /// completion on the same connection.
+    async fn call(&self, complete: bool) {
+        let req = common::request();
+        let key = &req.key.as_bytes()[..];
+        let attempt = req.attempt.get() as i64;
+        match self {
+            Raw::Pg {
+                pool,
+                claim,
+                complete: completion,
+            } => {
+                let client = pool.get().await.unwrap();
+                let claim = client.prepare_cached(claim).await.unwrap();
+                let micros = |d: Duration| d.as_micros() as i64;
+                let row = client
+                    .query_opt(
+                        &claim,
+                        &[
+                            &key,
+                            &&req.key.fingerprint()[..],
+                            &req.tenant,
+                            &req.tool,
+                            &attempt,
+                            &micros(req.lease),
+                            &micros(req.window),
+                            &micros(req.retention),
+                            &None::<i64>,
+                        ],
+                    )
+                    .await
+                    .unwrap();
+                assert!(row.is_some());
+                if complete {
+                    let stmt = client.prepare_cached(completion).await.unwrap();
+                    let n = client
+                        .execute(&stmt, &[&key, &attempt, &common::RESPONSE.as_bytes()])
+                        .await
+                        .unwrap();
+                    assert_eq!(n, 1);
+                }
+            }
+            Raw::Sqlite(conn) => {
+                // Inline, on the runtime's thread: the floor is SQLite's
+                // commit alone, without the store's hop to its writer thread.
+                let conn = conn.lock().unwrap();
+                let now = nanos();
+                let n = |d: Duration| now + d.as_nanos() as i64;
+                let claimed = conn
+                    .prepare_cached(SQLITE_CLAIM)
+                    .unwrap()
+                    .query_row(
+                        rusqlite::params![
+                            key,
+                            &req.key.fingerprint()[..],
+                            req.tenant,
+                            req.tool,
+                            attempt,
+                            now,
+                            n(req.lease),
+                            n(req.window),
+                            n(req.retention),
+                            None::<i64>,
+                        ],
+                        |r| r.get::<_, Option<i64>>(0),
+                    )
+                    .is_ok();
+                assert!(claimed);
+                if complete {
+                    conn.pragma_update(None, "synchronous", "NORMAL").unwrap();
+                    let changed = conn
+                        .prepare_cached(SQLITE_COMPLETE)
+                        .unwrap()
+                        .execute(rusqlite::params![key, attempt, common::RESPONSE, nanos()])
+                        .unwrap();
+                    assert_eq!(changed, 1);
+                    conn.pragma_update(None, "synchronous", "FULL").unwrap();
+                }
+            }
+        }
+    }
+}
+
+/// What one store's run compares.
+struct Sides {
+    name: &'static str,
+    raw: Raw,
+    relaxed: Executor,
+    synchronous: Executor,
+    caller: Caller,
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Side {
+    Floor,
+    RawPair,
+    Relaxed,
+    Synchronous,
+}
+
+const SIDES: [Side; 4] = [Side::Floor, Side::RawPair, Side::Relaxed, Side::Synchronous];
+
+impl Sides {
+    async fn call(&self, side: Side, n: u64) -> Duration {
+        let t = Instant::now();
+        match side {
+            Side::Floor => self.raw.call(false).await,
+            Side::RawPair => self.raw.call(true).await,
+            Side::Relaxed => wrapped(&self.relaxed, &self.caller, n).await,
+            Side::Synchronous => wrapped(&self.synchronous, &self.caller, n).await,
+        }
+        t.elapsed()
+    }
+
+    /// Calls per second of `side` with 16 tasks making `per_task` calls.
+    async fn throughput(self: &Arc<Self>, side: Side, per_task: u64) -> f64 {
+        const TASKS: u64 = 16;
+        let started = Instant::now();
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|t| {
+                let sides = self.clone();
+                tokio::spawn(async move {
+                    for i in 0..per_task {
+                        sides.call(side, next(t * per_task + i)).await;
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        (TASKS * per_task) as f64 / started.elapsed().as_secs_f64()
+    }
+}
+
+/// A number no other call of this process used: a new operation each call.
+fn next(salt: u64) -> u64 {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    (N.fetch_add(1, std::sync::atomic::Ordering::Relaxed) << 20) ^ salt
+}
+
+/// `rounds` rounds: at concurrency 1, `calls` calls per side alternated
+/// call by call; at concurrency 16, each side in turn. Prints a table.
+async fn compare(sides: Arc<Sides>, rounds: usize, calls: usize, per_task: u64) {
+    // Warm-up: connections, prepared statements, caches.
+    for side in SIDES {
+        for _ in 0..100 {
+            sides.call(side, next(0)).await;
+        }
+    }
+    let mut all: Vec<Vec<Duration>> = vec![Vec::new(); SIDES.len()];
+    let mut medians: Vec<Vec<f64>> = vec![Vec::new(); SIDES.len()];
+    let mut ratios: Vec<(f64, f64)> = Vec::new();
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); SIDES.len()];
+    for _ in 0..rounds {
+        let mut round: Vec<Vec<Duration>> = vec![Vec::new(); SIDES.len()];
+        for _ in 0..calls {
+            for (i, side) in SIDES.iter().enumerate() {
+                round[i].push(sides.call(*side, next(0)).await);
+            }
+        }
+        let m: Vec<f64> = round.iter_mut().map(|r| common::median_p99(r).0).collect();
+        ratios.push((m[2] / m[0], m[3] / m[0]));
+        for (i, r) in round.into_iter().enumerate() {
+            medians[i].push(m[i]);
+            all[i].extend(r);
+        }
+        for (i, side) in SIDES.iter().enumerate() {
+            rates[i].push(sides.throughput(*side, per_task).await);
+        }
+    }
+    let range = |v: &[f64]| {
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(0.0, f64::max);
+        (lo, hi)
+    };
+    let pooled: Vec<(f64, f64)> = all.iter_mut().map(|s| common::median_p99(s)).collect();
+    let floor = pooled[0].0;
+    println!(
+        "{}: {rounds} rounds; concurrency 1: {calls} calls per side per round, alternated; \
+         concurrency 16: 16 × {per_task} calls per side per round",
+        sides.name
+    );
+    println!(
+        "| side | median µs (all rounds) | round medians µs | p99 µs | median / floor | \
+         calls/s at 16 (median of rounds) | range |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let names = [
+        "floor: raw claim, one synchronous commit",
+        "raw claim + raw relaxed completion",
+        "executor, relaxed completions",
+        "executor, synchronous completions",
+    ];
+    for i in 0..SIDES.len() {
+        let (lo, hi) = range(&medians[i]);
+        let mut r = rates[i].clone();
+        r.sort_by(f64::total_cmp);
+        let (rlo, rhi) = range(&r);
+        println!(
+            "| {} | {:.0} | {lo:.0}–{hi:.0} | {:.0} | {:.2}× | {:.0} | {rlo:.0}–{rhi:.0} |",
+            names[i],
+            pooled[i].0,
+            pooled[i].1,
+            pooled[i].0 / floor,
+            r[r.len() / 2],
+        );
+    }
+    let relaxed: Vec<f64> = ratios.iter().map(|r| r.0).collect();
+    let synchronous: Vec<f64> = ratios.iter().map(|r| r.1).collect();
+    let ((a, b), (c, d)) = (range(&relaxed), range(&synchronous));
+    println!(
+        "per-round median ratio to the floor: relaxed {a:.2}–{b:.2}×, synchronous {c:.2}–{d:.2}×"
+    );
+    println!(
+        "the completion's round trip (raw pair − floor): {:.0} µs; executor relaxed − raw pair: {:.0} µs",
+        pooled[1].0 - pooled[0].0,
+        pooled[2].0 - pooled[1].0
+    );
+    println!();
+}
+
+async fn postgres(rounds: usize) {
+    let url = std::env::var("IDEM_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let schema = format!("bench_{:016x}", Attempt::random().get());
+    let store = |relaxed| {
+        PostgresStore::builder(&url)
+            .unwrap()
+            .schema(&schema)
+            .relaxed_completions(relaxed)
+            .build()
+            .unwrap()
+    };
+    let (relaxed, synchronous) = (store(true), store(false));
+    relaxed.migrate().await.unwrap();
+    let (claim, complete) = pg_statements(&format!("{}.idem_records", relaxed.schema()));
+    let manager = deadpool_postgres::Manager::from_config(
+        url.parse().unwrap(),
+        tokio_postgres::NoTls,
+        deadpool_postgres::ManagerConfig {
+            recycling_method: deadpool_postgres::RecyclingMethod::Fast,
+        },
+    );
+    let pool = deadpool_postgres::Pool::builder(manager)
+        .max_size(16)
+        .queue_mode(deadpool_postgres::QueueMode::Lifo)
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .build()
+        .unwrap();
+    let exec = |s: PostgresStore| Executor::new(Arc::new(s) as Arc<dyn IdempotencyStore>);
+    let sides = Arc::new(Sides {
+        name: "PostgresStore",
+        raw: Raw::Pg {
+            pool: pool.clone(),
+            claim,
+            complete,
+        },
+        relaxed: exec(relaxed.clone()),
+        synchronous: exec(synchronous),
+        caller: Caller::new("acme", "alice"),
+    });
+    compare(sides, rounds, 1000, 100).await;
+    let client = pool.get().await.unwrap();
+    client
+        .batch_execute(&format!("DROP SCHEMA {} CASCADE", relaxed.schema()))
+        .await
+        .unwrap();
+}
+
+async fn sqlite(rounds: usize) {
+    let dir = std::env::temp_dir().join(format!("idem-bench-commit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let store = async |name: &str, relaxed| {
+        SqliteStore::builder()
+            .relaxed_completions(relaxed)
+            .open(dir.join(name))
+            .await
+            .unwrap()
+    };
+    let (relaxed, synchronous) = (
+        store("relaxed.sqlite3", true).await,
+        store("synchronous.sqlite3", false).await,
+    );
+    // The floor's file: migrated by a store, then a connection of its own
+    // as the store's writer sets it up (WAL, synchronous = FULL).
+    let floor = dir.join("floor.sqlite3");
+    drop(store("floor.sqlite3", false).await);
+    let conn = rusqlite::Connection::open(&floor).unwrap();
+    let _: String = conn
+        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+        .unwrap();
+    conn.pragma_update(None, "synchronous", "FULL").unwrap();
+    let exec = |s: SqliteStore| Executor::new(Arc::new(s) as Arc<dyn IdempotencyStore>);
+    let sides = Arc::new(Sides {
+        name: "SqliteStore",
+        raw: Raw::Sqlite(Mutex::new(conn)),
+        relaxed: exec(relaxed),
+        synchronous: exec(synchronous),
+        caller: Caller::new("acme", "alice"),
+    });
+    compare(sides, rounds, 1000, 100).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::main]
+async fn main() {
+    let only: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    let wants = |name: &str| only.is_empty() || only.iter().any(|a| a == name);
+    let rounds = std::env::var("IDEM_BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(5);
+    println!("load average at start: {}", common::load());
+    if wants("postgres") {
+        postgres(rounds).await;
+    }
+    if wants("sqlite") {
+        sqlite(rounds).await;
+    }
+    println!("load average at end: {}", common::load());
+}
