@@ -416,6 +416,7 @@ impl Sim {
         inner: Arc<dyn IdempotencyStore>,
         clock: Arc<dyn Fn() -> SystemTime + Send + Sync>,
     ) -> Self {
+        let mode = timing.mode;
         Sim {
             seed,
             timing,
@@ -429,7 +430,7 @@ impl Sim {
             }),
             inner,
             clock,
-            buggify: Mutex::new(Buggify::new(seed, super::buggify::enabled_by_env())),
+            buggify: Mutex::new(Buggify::new(seed, super::buggify::enabled_by_env(), mode)),
         }
     }
 
