@@ -6,8 +6,9 @@
 //! to the lease (or the settle period, or the retention), so one schedule
 //! stresses a few windows hard instead of every window a little. In real
 //! time (SQLite, PostgreSQL: a few hundred schedules a run, not tens of
-//! thousands) `HeartbeatLate` and `SweepMark` are always on and fire on half
-//! their calls, so the sweep's race with a heartbeat comes up. The
+//! thousands) `HeartbeatLate`, `HeartbeatDetached` and `SweepMark` are
+//! always on and fire on half their calls, so the sweep's race with a
+//! heartbeat comes up. The
 //! decisions come from a generator of their own, seeded from the schedule's
 //! seed: with `IDEM_SIM_BUGGIFY=0` a schedule draws exactly what it drew
 //! before BUGGIFY existed, and with it on a seed still replays exactly.
@@ -144,7 +145,11 @@ impl Buggify {
         };
         let mut hot = Vec::new();
         if enabled && mode == Mode::Real {
-            for point in [Point::HeartbeatLate, Point::SweepMark] {
+            for point in [
+                Point::HeartbeatLate,
+                Point::HeartbeatDetached,
+                Point::SweepMark,
+            ] {
                 if !on.contains(&point) {
                     on.push(point);
                 }
