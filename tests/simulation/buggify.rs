@@ -4,7 +4,11 @@
 //! Each point is switched on for a schedule with some probability, and an
 //! enabled point fires on a share of its calls, with a delay drawn relative
 //! to the lease (or the settle period, or the retention), so one schedule
-//! stresses a few windows hard instead of every window a little. The
+//! stresses a few windows hard instead of every window a little. In real
+//! time (SQLite, PostgreSQL: a few hundred schedules a run, not tens of
+//! thousands) `HeartbeatLate`, `HeartbeatDetached` and `SweepMark` are
+//! always on and fire on half their calls, so the sweep's race with a
+//! heartbeat comes up. The
 //! decisions come from a generator of their own, seeded from the schedule's
 //! seed: with `IDEM_SIM_BUGGIFY=0` a schedule draws exactly what it drew
 //! before BUGGIFY existed, and with it on a seed still replays exactly.
@@ -43,7 +47,7 @@ use std::time::Duration;
 use idem_runtime::store::conformance::{Call, Fault};
 
 use super::rng::Rng;
-use super::timing::Timing;
+use super::timing::{Mode, Timing};
 
 /// A place where BUGGIFY may inject a delay.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -118,14 +122,19 @@ pub fn enabled_by_env() -> bool {
 pub struct Buggify {
     rng: Rng,
     on: Vec<Point>,
+    /// Points that fire on half their calls: in real time, where a run has
+    /// a few hundred schedules, not ten thousand, the sweep's race with a
+    /// heartbeat (a late heartbeat landing between the sweep's list and its
+    /// delayed mark) needs both points on and firing often.
+    hot: Vec<Point>,
 }
 
 impl Buggify {
     /// The points on for the schedule of `seed` (none when `enabled` is
     /// false): each with probability one half.
-    pub fn new(seed: u64, enabled: bool) -> Self {
+    pub fn new(seed: u64, enabled: bool, mode: Mode) -> Self {
         let mut rng = Rng::new(seed ^ 0xB0_66_1F_7E_u64.rotate_left(40));
-        let on = if enabled {
+        let mut on: Vec<Point> = if enabled {
             Point::ALL
                 .iter()
                 .copied()
@@ -134,7 +143,20 @@ impl Buggify {
         } else {
             Vec::new()
         };
-        Buggify { rng, on }
+        let mut hot = Vec::new();
+        if enabled && mode == Mode::Real {
+            for point in [
+                Point::HeartbeatLate,
+                Point::HeartbeatDetached,
+                Point::SweepMark,
+            ] {
+                if !on.contains(&point) {
+                    on.push(point);
+                }
+                hot.push(point);
+            }
+        }
+        Buggify { rng, on, hot }
     }
 
     pub fn is_on(&self, point: Point) -> bool {
@@ -143,7 +165,12 @@ impl Buggify {
 
     /// Whether `point` fires now.
     pub fn fires(&mut self, point: Point) -> bool {
-        self.is_on(point) && self.rng.chance(point.rate())
+        let rate = if self.hot.contains(&point) {
+            0.5
+        } else {
+            point.rate()
+        };
+        self.is_on(point) && self.rng.chance(rate)
     }
 
     /// A delay uniform in `lo..=hi`.

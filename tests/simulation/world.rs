@@ -419,6 +419,7 @@ impl Sim {
         inner: Arc<dyn IdempotencyStore>,
         clock: Arc<dyn Fn() -> SystemTime + Send + Sync>,
     ) -> Self {
+        let mode = timing.mode;
         Sim {
             seed,
             timing,
@@ -432,7 +433,7 @@ impl Sim {
             }),
             inner,
             clock,
-            buggify: Mutex::new(Buggify::new(seed, super::buggify::enabled_by_env())),
+            buggify: Mutex::new(Buggify::new(seed, super::buggify::enabled_by_env(), mode)),
         }
     }
 
