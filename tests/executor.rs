@@ -8,7 +8,7 @@ use std::time::Duration;
 use idem_runtime::store::conformance::{Call, Fault, FaultyStore};
 use idem_runtime::{
     Answer, Caller, Executor, IdempotencyStore, MemoryStore, Operation, OperationContext,
-    ScopeSpec, ToolError,
+    Recording, ScopeSpec, ToolError,
 };
 use serde::{Deserialize, Serialize};
 
@@ -123,12 +123,12 @@ async fn two_concurrent_identical_calls_charge_once() {
     let Answer::Executed {
         value,
         reference,
-        recorded,
+        recording,
     } = &first
     else {
         panic!("first call should run: {first:?}");
     };
-    assert!(recorded);
+    assert_eq!(*recording, Recording::Stored);
     assert_eq!(value.processor_reference, reference.to_string());
     match &second {
         Answer::InProgress {
@@ -320,13 +320,13 @@ async fn a_failed_completion_write_still_returns_the_real_result() {
     let first = charge(&exec, &alice(), &visa(500), &processor).await;
     let Answer::Executed {
         value,
-        recorded,
+        recording,
         reference,
     } = first
     else {
         panic!("{first:?}")
     };
-    assert!(!recorded);
+    assert_eq!(recording, Recording::Failed);
     assert_eq!(value.amount_cents, 500);
     // The record stays claimed: a repeat does not charge again.
     let again = charge(&exec, &alice(), &visa(500), &processor).await;
@@ -508,7 +508,10 @@ async fn a_long_handler_renews_its_lease() {
     assert!(matches!(repeat, Answer::InProgress { .. }), "{repeat:?}");
     assert!(matches!(
         first.await.unwrap(),
-        Answer::Executed { recorded: true, .. }
+        Answer::Executed {
+            recording: Recording::Stored,
+            ..
+        }
     ));
     assert_eq!(processor.count(), 1);
 }
@@ -542,7 +545,10 @@ async fn a_late_claim_answer_does_not_delay_the_first_heartbeat() {
     );
     assert!(matches!(
         first.await.unwrap(),
-        Answer::Executed { recorded: true, .. }
+        Answer::Executed {
+            recording: Recording::Stored,
+            ..
+        }
     ));
     assert_eq!(processor.count(), 1);
 }
@@ -580,7 +586,13 @@ async fn a_claim_answered_after_its_lease_ran_out_runs_nothing() {
     tokio::time::sleep(Duration::from_millis(10)).await;
     let again = charge(&exec, &alice(), &visa(7), &processor).await;
     assert!(
-        matches!(again, Answer::Executed { recorded: true, .. }),
+        matches!(
+            again,
+            Answer::Executed {
+                recording: Recording::Stored,
+                ..
+            }
+        ),
         "{again:?}"
     );
     assert_eq!(processor.count(), 1);

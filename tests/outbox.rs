@@ -20,8 +20,8 @@ use idem_runtime::{
     follow_on,
     outbox::{job_fn, FollowOnError, JobHandlers, JobRun, Outbox, OutboxConfig},
     store::{JobFilter, JobState},
-    Answer, Caller, Executor, IdempotencyStore, MemoryStore, Operation, ScopeSpec, SqliteStore,
-    ToolError,
+    Answer, Caller, Executor, IdempotencyStore, MemoryStore, Operation, Recording, ScopeSpec,
+    SqliteStore, ToolError,
 };
 use serde_json::{json, Value};
 
@@ -197,7 +197,7 @@ async fn job_is_written_with_the_completion_and_delivered_once() {
     let reference = match &first {
         Answer::Executed {
             reference,
-            recorded: true,
+            recording: Recording::Stored,
             ..
         } => *reference,
         other => panic!("{other:?}"),
@@ -305,7 +305,13 @@ async fn bad_declarations_are_refused_at_the_call() {
         })
         .await;
     assert!(
-        matches!(answer, Answer::Executed { recorded: true, .. }),
+        matches!(
+            answer,
+            Answer::Executed {
+                recording: Recording::Stored,
+                ..
+            }
+        ),
         "{answer:?}"
     );
     let errors = errors.lock().unwrap().clone();
@@ -391,7 +397,7 @@ async fn job_names_a_store_cannot_keep_are_refused_at_the_declaration() {
         .await;
     let reference = match answer {
         Answer::Executed {
-            recorded: true,
+            recording: Recording::Stored,
             reference,
             ..
         } => reference,
@@ -599,7 +605,13 @@ async fn two_dispatchers_share_no_job(
     let charges = AtomicUsize::new(0);
     for i in 0..20 {
         let answer = charge(&executor, &json!({"card": "4242", "i": i}), &charges).await;
-        assert!(matches!(answer, Answer::Executed { recorded: true, .. }));
+        assert!(matches!(
+            answer,
+            Answer::Executed {
+                recording: Recording::Stored,
+                ..
+            }
+        ));
     }
     let mailer = Mailer::new(Duration::from_millis(40), 0);
     let by_dispatcher: Vec<Arc<AtomicUsize>> = (0..2).map(|_| Arc::default()).collect();
@@ -785,7 +797,13 @@ async fn store_down_during_dispatch_loses_nothing() {
     let executor = Executor::new(store.clone());
     let charges = AtomicUsize::new(0);
     let answer = charge(&executor, &json!({"card": "4242"}), &charges).await;
-    assert!(matches!(answer, Answer::Executed { recorded: true, .. }));
+    assert!(matches!(
+        answer,
+        Answer::Executed {
+            recording: Recording::Stored,
+            ..
+        }
+    ));
 
     down.store(true, Ordering::SeqCst);
     let mailer = Mailer::new(Duration::ZERO, 0);

@@ -16,7 +16,7 @@ use idem_runtime::{
     follow_on,
     outbox::{job_fn, FollowOn, FollowOnError, JobHandlers, Outbox, OutboxConfig},
     store::{FollowOnStore, JobFilter, RecordState},
-    Answer, Caller, Executor, IdempotencyStore, Operation, ScopeSpec, ToolError,
+    Answer, Caller, Executor, IdempotencyStore, Operation, Recording, ScopeSpec, ToolError,
 };
 use serde_json::json;
 
@@ -153,7 +153,13 @@ async fn a_job_name_postgres_cannot_keep_is_refused_and_the_record_completes() {
         "the answer was {answer:?}"
     );
     assert!(
-        matches!(answer, Answer::Executed { recorded: true, .. }),
+        matches!(
+            answer,
+            Answer::Executed {
+                recording: Recording::Stored,
+                ..
+            }
+        ),
         "{answer:?}"
     );
     let declared = declared.into_inner().unwrap();

@@ -22,7 +22,7 @@ use idem_runtime::{
     maintenance::{reconcile, sweep, Reconciler, Reconciliation},
     store::Record,
     Answer, Caller, Executor, IdempotencyStore, Operation, OperationContext, PostgresStore,
-    ScopeSpec, SqliteStore, ToolError,
+    Recording, ScopeSpec, SqliteStore, ToolError,
 };
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -439,12 +439,12 @@ async fn completion_write_fails(store: Arc<dyn IdempotencyStore>, dir: &Path) {
     let Answer::Executed {
         value,
         reference,
-        recorded,
+        recording,
     } = answer
     else {
         panic!("the caller gets the real result: {answer:?}");
     };
-    assert!(!recorded);
+    assert_eq!(recording, Recording::Failed);
     let expected = Receipt {
         charge_id: format!("ch_{}", std::process::id()),
         processor_reference: reference.to_string(),

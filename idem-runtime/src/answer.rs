@@ -85,21 +85,48 @@ impl Classify for ToolError {
     }
 }
 
+/// Whether an executed call's response was stored for replays when the
+/// call was answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recording {
+    /// Stored before the answer: every repeat, on any replica, replays it.
+    Stored,
+    /// Being stored in the background, after the answer
+    /// ([`Executor::with_background_completions`](crate::Executor::with_background_completions)):
+    /// a repeat on this replica replays it from memory, one on another
+    /// replica is told the operation is in progress until it lands. If this
+    /// process or the store dies first, the record stays in progress, its
+    /// lease runs out, the sweep marks it UNKNOWN and the reconciler finds
+    /// the effect: a repeat is never run again.
+    Pending,
+    /// It could not be stored (the store failed): the result is still
+    /// real, the record stays in progress, and the sweep and the reconciler
+    /// resolve it.
+    Failed,
+}
+
+impl Recording {
+    /// Whether the response was stored before the answer.
+    pub fn is_stored(self) -> bool {
+        self == Recording::Stored
+    }
+}
+
 /// What a call receives: one variant per row of the state table, plus the
 /// ways a call is refused before anything runs.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Answer<T, E> {
-    /// The handler ran, once, and returned `value`. `recorded` is false when
-    /// the completion could not be written: the result is still real, and the
-    /// sweep will resolve the record.
+    /// The handler ran, once, and returned `value`. The result is real
+    /// whatever `recording` says; it says whether a repeat will find it
+    /// stored.
     Executed {
         /// What the handler returned.
         value: T,
         /// The operation's reference.
         reference: Reference,
         /// Whether the response was stored for replays.
-        recorded: bool,
+        recording: Recording,
     },
     /// The operation had completed before: the stored response, not run again.
     Replayed {

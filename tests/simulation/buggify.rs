@@ -41,6 +41,10 @@
 //! - `Mailer`: the mailer answers late, past the job's run timeout.
 //! - `ClaimRead` (PostgreSQL, a hook inside the store): between the claim's
 //!   insert, which found a live record, and its read of that record.
+//! - `CompletionLost`: a store crash loses a completion it had acknowledged
+//!   (a relaxed commit not yet flushed, what `synchronous_commit = off` and
+//!   SQLite's `synchronous = NORMAL` may lose): the record stays IN_PROGRESS
+//!   while the caller holds its result.
 
 use std::time::Duration;
 
@@ -64,10 +68,11 @@ pub enum Point {
     JobFinish,
     Mailer,
     ClaimRead,
+    CompletionLost,
 }
 
 impl Point {
-    pub const ALL: [Point; 12] = [
+    pub const ALL: [Point; 13] = [
         Point::ClaimAnswer,
         Point::HeartbeatLate,
         Point::HeartbeatAnswer,
@@ -80,6 +85,7 @@ impl Point {
         Point::JobFinish,
         Point::Mailer,
         Point::ClaimRead,
+        Point::CompletionLost,
     ];
 
     /// How often an enabled point fires, and (for the coverage line) its
@@ -107,6 +113,7 @@ impl Point {
             Point::JobFinish => "buggify: job finish delayed",
             Point::Mailer => "buggify: mailer answered late",
             Point::ClaimRead => "buggify: claim's read delayed",
+            Point::CompletionLost => "buggify: acknowledged completion lost in a store crash",
         }
     }
 }
@@ -188,6 +195,9 @@ impl Buggify {
             Call::Heartbeat if self.is_on(Point::HeartbeatLate) => Point::HeartbeatLate,
             Call::Heartbeat => Point::HeartbeatAnswer,
             Call::MarkLapsed => Point::SweepMark,
+            Call::Complete | Call::CompleteWithFollowOns if self.fires(Point::CompletionLost) => {
+                return Some((Point::CompletionLost, Fault::WriteLost));
+            }
             Call::Resolve | Call::DeferCheck => Point::ReconcileWrite,
             Call::Complete | Call::CompleteWithFollowOns | Call::Release | Call::MarkUnknown => {
                 Point::RecordWrite

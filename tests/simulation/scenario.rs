@@ -14,7 +14,7 @@ use idem_runtime::{
     },
     store::RecordState,
     Answer, Caller, Disposition, Executor, IdempotencyStore, Operation, OperationContext,
-    ScopeSpec, ToolError,
+    Recording, ScopeSpec, ToolError,
 };
 use tokio::time::Instant;
 
@@ -108,6 +108,7 @@ async fn schedule(sim: Arc<Sim>, inner: Arc<dyn IdempotencyStore>) {
             Executor::new(stack.clone())
                 .with_lease(t.lease)
                 .with_retention(t.retention)
+                .with_background_completions(sim.background_completions())
         })
         .collect();
     let stack = stacks[0].clone();
@@ -174,6 +175,10 @@ async fn schedule(sim: Arc<Sim>, inner: Arc<dyn IdempotencyStore>) {
             ("schedules with a heartbeat outage", outage.is_some()),
             ("schedules with a store outage", store_outage.is_some()),
             ("schedules where a replica dies", death.is_some()),
+            (
+                "schedules with background completions",
+                sim.background_completions(),
+            ),
         ] {
             if happens {
                 w.stats.bump(what);
@@ -262,6 +267,21 @@ async fn schedule(sim: Arc<Sim>, inner: Arc<dyn IdempotencyStore>) {
     }
     while sim.world().pending_tasks > 0 {
         tokio::time::sleep(t.interval).await;
+    }
+    // Completions written in the background are waited for as calls still
+    // in flight are (a stalled write lands when its stall ends); a dead
+    // replica's never land, and its records are swept and reconciled.
+    for (i, replica) in replicas.iter().enumerate() {
+        if sim.world().dead[i] {
+            continue;
+        }
+        let limit = t.retention * 2;
+        let left = replica.drain(limit).await;
+        if left > 0 {
+            sim.violate(format!(
+                "replica {i} still had {left} completion(s) pending in the background {limit:?} after the faults ended"
+            ));
+        }
     }
     let consistent = {
         let w = sim.world();
@@ -868,10 +888,12 @@ fn judge(sim: &Sim, call: usize, answer: Option<&Answer<Receipt, ToolError>>) {
         Answer::Executed {
             value,
             reference,
-            recorded,
+            recording,
         } => {
-            if !recorded {
-                w.stats.bump("executed, completion not recorded");
+            match recording {
+                Recording::Stored => {}
+                Recording::Pending => w.stats.bump("executed, completion in the background"),
+                Recording::Failed => w.stats.bump("executed, completion not recorded"),
             }
             let own = run.and_then(|r| w.runs[r].request.map(|q| (r, q)));
             match own.map(|(_, q)| &w.requests[q].outcome) {

@@ -437,6 +437,13 @@ impl Sim {
         }
     }
 
+    /// Whether the replicas answer before their completions are written
+    /// (`Executor::with_background_completions`): on odd seeds, so half the
+    /// schedules run each way without drawing from any generator.
+    pub fn background_completions(&self) -> bool {
+        self.seed % 2 == 1
+    }
+
     pub fn buggify(&self) -> MutexGuard<'_, Buggify> {
         lock(&self.buggify)
     }

@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tracing::Instrument;
 
-use crate::answer::{note, Answer, Classify, Disposition, StatusReport};
+use crate::answer::{note, Answer, Classify, Disposition, Recording, StatusReport};
 use crate::key::{is_empty_business_key, Caller, IdempotencyKey, Reference, Scope};
 use crate::outbox::{Declared, DECLARED};
 use crate::store::{
@@ -19,6 +19,7 @@ use crate::store::{
 };
 use crate::telemetry::{self, Step};
 
+mod background;
 mod claim;
 mod guard;
 mod pace;
@@ -28,10 +29,11 @@ mod running;
 mod task;
 
 use crate::future::{panic_message, CatchUnwind};
+use background::{Background, Completion};
 use claim::{Claimed, Won};
 use guard::{mark, UnknownOnDrop};
 use pace::ToolDurations;
-use running::RunningClaims;
+use running::{Found, RunningClaims};
 pub use task::TaskCancellation;
 #[cfg(feature = "rmcp")]
 pub(crate) use task::{TaskClaim, REJECTED_RESOLUTION};
@@ -174,6 +176,19 @@ pub struct Executor {
     durations: Arc<ToolDurations>,
     /// The store steps' metric keys, built once.
     steps: Arc<telemetry::StoreSteps>,
+    /// `Some` when completions are written after the answer
+    /// ([`Executor::with_background_completions`]): the ones in flight.
+    background: Option<Arc<Background>>,
+}
+
+/// Whether a call's completion may be written after its answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Completes {
+    /// Before the answer, always (an MCP task's result is read from the
+    /// record).
+    Inline,
+    /// As the executor is configured.
+    AsConfigured,
 }
 
 /// What a handler's rejection does to its record.
@@ -201,7 +216,50 @@ impl Executor {
             running: Arc::default(),
             durations: Arc::default(),
             steps,
+            background: None,
         }
+    }
+
+    /// Answers before the completion is written (default: off).
+    ///
+    /// With it on, an inline call's caller gets the handler's result as soon
+    /// as the handler returns; the completion (with its follow-on jobs) is
+    /// written by a task of its own, retried while the store is unavailable
+    /// (for up to 10 minutes), and the heartbeat keeps the claim's lease
+    /// until it lands. Meanwhile a repeat on this executor is answered with
+    /// the response from memory, and one on another replica is told the
+    /// operation is in progress. The answer says
+    /// [`Recording::Pending`](crate::Recording::Pending) (`_meta`:
+    /// `"recorded": false, "recording": "pending"`).
+    ///
+    /// What a crash may lose: a completion this process had not written yet.
+    /// The record then stays in progress until its lease runs out, the sweep
+    /// marks it UNKNOWN, and the reconciler finds the effect (or an operator
+    /// resolves it): a repeat meanwhile is told "in progress", then
+    /// "unknown", and the status tool says the same; it is never run again.
+    /// Call [`Executor::drain`] before a planned shutdown, so a deploy loses
+    /// nothing. An MCP task's completion is always written before the task
+    /// ends (its result is read from the record). docs/decisions.md says why
+    /// this is off by default.
+    pub fn with_background_completions(mut self, on: bool) -> Self {
+        self.background = on.then(Arc::default);
+        self
+    }
+
+    /// Waits until every completion this executor (or a clone) writes in
+    /// the background has landed or given up, or `timeout` passes, and
+    /// returns how many are still pending (0: none). Call it before a
+    /// planned shutdown; without background completions it returns 0 at once.
+    pub async fn drain(&self, timeout: Duration) -> usize {
+        match &self.background {
+            Some(background) => background.drain(timeout).await,
+            None => 0,
+        }
+    }
+
+    /// How many completions are being written in the background now.
+    pub fn pending_completions(&self) -> usize {
+        self.background.as_ref().map_or(0, |b| b.pending())
     }
 
     /// Sets the largest payload of a follow-on job, as JSON text (default
@@ -332,15 +390,35 @@ impl Executor {
         let key = request.key;
         // A repeat of a call this executor is running: the store would
         // answer the same (see `running`), so it is not asked.
-        if let Some((reference, lease_left)) = self.running.running(&key) {
-            tracing::Span::current().record("reference", tracing::field::display(reference));
-            // The table's lease is this executor's, counted from the claim.
-            let elapsed = self.lease.saturating_sub(lease_left);
-            return Answer::InProgress {
-                reference,
-                status_tool: op.status_tool.to_owned(),
-                retry_after: self.durations.retry_hint(op.tool, elapsed, lease_left),
-            };
+        match self.running.running(&key) {
+            None => {}
+            Some(Found::Running(reference, lease_left)) => {
+                tracing::Span::current().record("reference", tracing::field::display(reference));
+                // The table's lease is this executor's, counted from the claim.
+                let elapsed = self.lease.saturating_sub(lease_left);
+                return Answer::InProgress {
+                    reference,
+                    status_tool: op.status_tool.to_owned(),
+                    retry_after: self.durations.retry_hint(op.tool, elapsed, lease_left),
+                };
+            }
+            // Its completion is being written: the response the store will
+            // hold, as a replay from the store would give it.
+            Some(Found::Completing(reference, response)) => {
+                tracing::Span::current().record("reference", tracing::field::display(reference));
+                return match serde_json::from_str(&response) {
+                    Ok(value) => Answer::Replayed {
+                        value,
+                        stored: response.to_string(),
+                        reference,
+                    },
+                    Err(e) => Answer::Unknown {
+                        reference,
+                        status_tool: op.status_tool.to_owned(),
+                        note: note::unreadable(e),
+                    },
+                };
+            }
         }
         match self.claim(request, op.tool).await {
             Claimed::Unavailable(error) => Answer::StoreUnavailable { error },
@@ -360,8 +438,14 @@ impl Executor {
                     won.held_until(),
                     handler(context),
                 );
-                self.execute(&won, op.status_tool, OnRejected::Release, handler)
-                    .await
+                self.execute(
+                    &won,
+                    op.status_tool,
+                    OnRejected::Release,
+                    Completes::AsConfigured,
+                    handler,
+                )
+                .await
             }
         }
     }
@@ -425,6 +509,7 @@ impl Executor {
         won: &Won,
         status_tool: &str,
         on_rejected: OnRejected,
+        completes: Completes,
         handler: Fut,
     ) -> Answer<T, E>
     where
@@ -459,7 +544,34 @@ impl Executor {
                     .take_value()
                     .map(|d| d.into_inner().into_jobs())
                     .unwrap_or_default();
-                let recorded = match serde_json::to_string(&value) {
+                let background = match completes {
+                    Completes::AsConfigured => self.background.as_ref(),
+                    Completes::Inline => None,
+                };
+                let recording = match serde_json::to_string(&value) {
+                    Ok(text) if background.is_some() => {
+                        let background = background.expect("checked");
+                        // The response answers repeats here until it lands,
+                        // for no longer than the window would from now.
+                        let response: Arc<str> = text.as_str().into();
+                        let until = tokio::time::Instant::now() + claim.window;
+                        let entry = self
+                            .running
+                            .hold_completing(*key, reference, attempt, response, until);
+                        self.complete_in_background(
+                            background,
+                            Completion {
+                                key: *key,
+                                reference,
+                                attempt,
+                                response: text,
+                                jobs,
+                                sent: won.sent,
+                                entry,
+                            },
+                        );
+                        Recording::Pending
+                    }
                     Ok(text) => {
                         // The jobs are written with the completion, or not at
                         // all: if this write fails, the record stays
@@ -473,25 +585,25 @@ impl Executor {
                         }
                         self.steps.record(Step::Complete, started);
                         match completed {
-                            Ok(()) => true,
+                            Ok(()) => Recording::Stored,
                             Err(error) => {
                                 // The side effect happened: the caller gets its real
                                 // result; the record stays IN_PROGRESS and the sweep
                                 // resolves it.
                                 tracing::error!(%reference, %error, "completion write failed after the side effect");
-                                false
+                                Recording::Failed
                             }
                         }
                     }
                     Err(error) => {
                         mark(store, key, reference, attempt, &note::unstorable(error)).await;
-                        false
+                        Recording::Failed
                     }
                 };
                 Answer::Executed {
                     value,
                     reference,
-                    recorded,
+                    recording,
                 }
             }
             Ok(Err(error)) => {
@@ -545,25 +657,14 @@ impl Executor {
         {
             return out;
         }
-        let period = self.lease / 3;
-        let beat = async {
-            // Counted from the claim's send, not from its answer: an answer
-            // that came late must not push the first heartbeat past the
-            // lease the store counts from the claim (a first tick already
-            // due fires at once).
-            let mut ticks = tokio::time::interval_at(won.sent + period, period);
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                ticks.tick().await;
-                if let Err(error) = self
-                    .dyn_store()
-                    .heartbeat(&claim.key, claim.attempt, self.lease)
-                    .await
-                {
-                    tracing::warn!(%reference, %error, "lease renewal failed");
-                }
-            }
-        };
+        let beat = heartbeats(
+            self.dyn_store(),
+            &claim.key,
+            reference,
+            claim.attempt,
+            self.lease,
+            won.sent,
+        );
         let mut beat = std::pin::pin!(beat);
         std::future::poll_fn(|cx| {
             if let Poll::Ready(out) = work.as_mut().poll(cx) {
@@ -592,6 +693,36 @@ impl Executor {
             .lookup(caller.tenant(), &reference)
             .await?
             .map(|r| StatusReport::from_record(&r)))
+    }
+}
+
+/// Renews the claim `attempt` on `key` every third of `lease`, on the
+/// schedule counted from the claim's send (`sent`), never returning: the
+/// heartbeat of a running handler, and of a completion written in the
+/// background.
+///
+/// Counted from the claim's send, not from its answer: an answer that came
+/// late must not push the first heartbeat past the lease the store counts
+/// from the claim. A tick already due fires at once: after a late claim
+/// answer, and when a completion in the background picks the schedule up
+/// (the handler's last renewal may have been cut off in flight when it
+/// returned, so the next tick is not skipped).
+async fn heartbeats(
+    store: &dyn IdempotencyStore,
+    key: &IdempotencyKey,
+    reference: Reference,
+    attempt: Attempt,
+    lease: Duration,
+    sent: tokio::time::Instant,
+) {
+    let period = lease / 3;
+    let mut ticks = tokio::time::interval_at(sent + period, period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        if let Err(error) = store.heartbeat(key, attempt, lease).await {
+            tracing::warn!(%reference, %error, "lease renewal failed");
+        }
     }
 }
 

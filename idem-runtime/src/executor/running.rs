@@ -16,13 +16,20 @@
 //! - an entry answers only for the same key and the same fingerprint (the
 //!   same arguments); a conflicting call asks the store, which says so.
 //!
+//! - with background completions on, an entry is added again once the
+//!   handler returned, holding its response, and removed when the completion
+//!   landed, failed for good or gave up: a repeat then is answered with the
+//!   response (what the store will hold once the write lands), for at most
+//!   the operation's window counted from the handler's return; after that
+//!   it asks the store, as it would have had the completion landed then.
+//!
 //! Each [`Executor`](super::Executor) (and its clones) has its own table: it
 //! is "this process" for the claims it made.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -42,14 +49,28 @@ pub(super) struct RunningClaims {
 }
 
 /// One running claim.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Held {
     fingerprint: [u8; 32],
     /// The operation's reference, which a repeat is answered with.
     reference: Reference,
     attempt: Attempt,
-    /// When its lease runs out at the latest, as the store counts it.
+    /// When its lease runs out at the latest, as the store counts it; for a
+    /// completion in the background, when its window ends.
     until: Instant,
+    /// The handler's response, once it returned and its completion is
+    /// being written in the background.
+    response: Option<Arc<str>>,
+}
+
+/// What the table knows of a key.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Found {
+    /// Its handler runs: the reference, and what remains of the lease.
+    Running(Reference, Duration),
+    /// Its handler returned this response, and the completion is being
+    /// written in the background.
+    Completing(Reference, Arc<str>),
 }
 
 impl RunningClaims {
@@ -59,19 +80,73 @@ impl RunningClaims {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The reference of the running claim on `key` and what remains of its
-    /// lease, if this executor holds one for the same arguments and its
-    /// lease still runs.
-    pub(super) fn running(&self, key: &IdempotencyKey) -> Option<(Reference, Duration)> {
+    /// What this executor holds of `key` for the same arguments: a running
+    /// claim whose lease still runs, or a response whose completion is being
+    /// written and whose window still runs.
+    pub(super) fn running(&self, key: &IdempotencyKey) -> Option<Found> {
         if self.held.load(Ordering::Acquire) == 0 {
             return None;
         }
-        let held = *self.shard(key).get(&key.key)?;
+        let held = self.shard(key).get(&key.key)?.clone();
         if held.fingerprint != key.fingerprint {
             return None;
         }
         let now = Instant::now();
-        (now < held.until).then(|| (held.reference, held.until - now))
+        if now >= held.until {
+            return None;
+        }
+        Some(match held.response {
+            Some(response) => Found::Completing(held.reference, response),
+            None => Found::Running(held.reference, held.until - now),
+        })
+    }
+
+    /// Holds `response`, the handler's result under the claim `attempt` on
+    /// `key`, while its completion is written in the background, until the
+    /// returned entry is dropped or `until` (the window's end).
+    pub(super) fn hold_completing(
+        self: &Arc<Self>,
+        key: IdempotencyKey,
+        reference: Reference,
+        attempt: Attempt,
+        response: Arc<str>,
+        until: Instant,
+    ) -> Completing {
+        self.insert(
+            key,
+            Held {
+                fingerprint: key.fingerprint,
+                reference,
+                attempt,
+                until,
+                response: Some(response),
+            },
+        );
+        Completing {
+            table: self.clone(),
+            key,
+            attempt,
+        }
+    }
+
+    fn insert(&self, key: IdempotencyKey, held: Held) {
+        self.held.fetch_add(1, Ordering::AcqRel);
+        self.shard(&key).insert(key.key, held);
+    }
+
+    /// Removes `key`'s entry if it is still the claim `attempt`'s (a later
+    /// claim on the key may have replaced it).
+    fn remove(&self, key: &IdempotencyKey, attempt: Attempt) {
+        {
+            let mut shard = self.shard(key);
+            if shard
+                .get(&key.key)
+                .is_some_and(|held| held.attempt == attempt)
+            {
+                shard.remove(&key.key);
+            }
+        }
+        self.held.fetch_sub(1, Ordering::AcqRel);
     }
 
     /// Drives `work`, the handler running under the claim `attempt` on
@@ -106,14 +181,14 @@ impl RunningClaims {
         attempt: Attempt,
         until: Instant,
     ) -> Entry<'_> {
-        self.held.fetch_add(1, Ordering::AcqRel);
-        self.shard(&key).insert(
-            key.key,
+        self.insert(
+            key,
             Held {
                 fingerprint: key.fingerprint,
                 reference,
                 attempt,
                 until,
+                response: None,
             },
         );
         Entry {
@@ -133,24 +208,27 @@ struct Entry<'a> {
 
 impl Drop for Entry<'_> {
     fn drop(&mut self) {
-        {
-            let mut shard = self.table.shard(&self.key);
-            // Only this claim's own entry (a later claim on the key may have
-            // replaced it).
-            if shard
-                .get(&self.key.key)
-                .is_some_and(|held| held.attempt == self.attempt)
-            {
-                shard.remove(&self.key.key);
-            }
-        }
-        self.table.held.fetch_sub(1, Ordering::AcqRel);
+        self.table.remove(&self.key, self.attempt);
+    }
+}
+
+/// A response's place in the table while its completion is written in the
+/// background, removed when dropped.
+#[derive(Debug)]
+pub(super) struct Completing {
+    table: Arc<RunningClaims>,
+    key: IdempotencyKey,
+    attempt: Attempt,
+}
+
+impl Drop for Completing {
+    fn drop(&mut self) {
+        self.table.remove(&self.key, self.attempt);
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
     use std::time::Duration;
 
     use super::*;
@@ -190,7 +268,9 @@ mod tests {
         while table.held.load(Ordering::SeqCst) == 0 {
             tokio::task::yield_now().await;
         }
-        let (answered, left) = table.running(&k).expect("held while it runs");
+        let Some(Found::Running(answered, left)) = table.running(&k) else {
+            panic!("held while it runs");
+        };
         assert_eq!(
             answered, reference,
             "a repeat is answered with the running operation's"

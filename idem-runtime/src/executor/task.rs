@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use super::claim::{Claimed, Won};
 use super::pace::ToolDurations;
-use super::{existing, timed, Executor, OnRejected, Operation, OperationContext};
+use super::{existing, timed, Completes, Executor, OnRejected, Operation, OperationContext};
 use crate::answer::{Answer, Classify};
 use crate::key::{IdempotencyKey, Reference};
 use crate::store::{IdempotencyStore, Record, RecordState, Resolution};
@@ -116,6 +116,7 @@ impl Executor {
                 &claimed.won,
                 &claimed.status_tool,
                 OnRejected::Record,
+                Completes::Inline,
                 handler,
             )
             .await;

@@ -9,7 +9,7 @@ use rmcp::ErrorData;
 use serde_json::{json, Map, Value};
 
 use super::RESULT_META_KEY;
-use crate::answer::{text, Answer, AnswerState, Classify, Disposition};
+use crate::answer::{text, Answer, AnswerState, Classify, Disposition, Recording};
 
 /// The answer to a call with no caller. The first one in a process also
 /// tells the developer, in the log, what to configure: the model's message
@@ -144,11 +144,17 @@ pub(super) fn render<E: fmt::Display>(answer: Answer<CallToolResult, E>) -> Call
     match answer {
         Answer::Executed {
             mut value,
-            recorded,
+            recording,
             ..
         } => {
             let mut meta = operation(reference, state, false);
-            meta.insert("recorded".to_owned(), Value::Bool(recorded));
+            meta.insert("recorded".to_owned(), Value::Bool(recording.is_stored()));
+            if recording == Recording::Pending {
+                // Answered before the completion landed: a repeat on this
+                // replica replays it, one on another is told "in progress"
+                // until it does.
+                meta.insert("recording".to_owned(), json!("pending"));
+            }
             set_meta(&mut value, meta);
             value
         }

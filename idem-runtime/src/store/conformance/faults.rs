@@ -71,6 +71,12 @@ pub enum Fault {
     /// Pass it through, then wait this long before answering: the change
     /// took effect while the caller still waits (and may give up).
     SlowAnswer(Duration),
+    /// Answer success without running it: a completion the store
+    /// acknowledged and then lost in a crash (an asynchronous commit not yet
+    /// flushed, a relaxed completion). For [`Call::Complete`] and
+    /// [`Call::CompleteWithFollowOns`]; any other call is
+    /// [`Fault::Unreachable`].
+    WriteLost,
 }
 
 /// Decides the fault of each call.
@@ -109,9 +115,31 @@ impl<S: IdempotencyStore> FaultyStore<S> {
         call: Call,
         work: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
+        self.run_fault((self.plan)(call), call, work).await
+    }
+
+    /// [`FaultyStore::run`] for a completion, which [`Fault::WriteLost`]
+    /// acknowledges without running.
+    async fn run_completion(
+        &self,
+        call: Call,
+        work: impl Future<Output = Result<(), StoreError>>,
+    ) -> Result<(), StoreError> {
         match (self.plan)(call) {
+            Fault::WriteLost => Ok(()),
+            fault => self.run_fault(fault, call, work).await,
+        }
+    }
+
+    async fn run_fault<T>(
+        &self,
+        fault: Fault,
+        call: Call,
+        work: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match fault {
             Fault::None => work.await,
-            Fault::Unreachable => Err(StoreError::Unavailable(format!(
+            Fault::Unreachable | Fault::WriteLost => Err(StoreError::Unavailable(format!(
                 "injected: {call:?} did not reach the store"
             ))),
             Fault::AnswerLost => {
@@ -146,7 +174,7 @@ impl<S: IdempotencyStore> IdempotencyStore for FaultyStore<S> {
         attempt: Attempt,
         response: &str,
     ) -> Result<(), StoreError> {
-        self.run(Call::Complete, self.inner.complete(key, attempt, response))
+        self.run_completion(Call::Complete, self.inner.complete(key, attempt, response))
             .await
     }
 
@@ -283,7 +311,7 @@ impl<S: IdempotencyStore> FollowOnStore for FaultyStore<S> {
         } else {
             Call::CompleteWithFollowOns
         };
-        self.run(
+        self.run_completion(
             call,
             self.jobs()
                 .complete_with_follow_ons(key, attempt, response, jobs),
