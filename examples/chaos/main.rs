@@ -7,7 +7,7 @@
 //! ```text
 //! cargo build --examples --bin idem_cli
 //! target/debug/examples/chaos --store sqlite|postgres|redis [--duration-s N] [--seed N]
-//!     [--clients N] [--bin-dir DIR] [--dir DIR]
+//!     [--clients N] [--bin-dir DIR] [--dir DIR] [--background-completions true|false]
 //! ```
 //!
 //! `scripts/chaos` builds and runs it. `--bin-dir` is the cargo profile
@@ -73,6 +73,8 @@ struct Flags {
     clients: usize,
     bin_dir: PathBuf,
     dir: PathBuf,
+    /// Replicas answer before their completions are written.
+    background_completions: bool,
 }
 
 fn parse_flags() -> Flags {
@@ -90,6 +92,7 @@ fn parse_flags() -> Flags {
             .unwrap_or_default()
             .as_secs(),
         clients: 8,
+        background_completions: false,
         bin_dir: profile,
         dir: std::env::temp_dir().join(format!("idem-chaos-{}", std::process::id())),
     };
@@ -109,6 +112,13 @@ fn parse_flags() -> Flags {
             "--seed" => flags.seed = int(),
             "--clients" => flags.clients = int() as usize,
             "--bin-dir" => flags.bin_dir = PathBuf::from(&value),
+            "--background-completions" => {
+                flags.background_completions = match value.as_str() {
+                    "true" => true,
+                    "false" => false,
+                    _ => usage("--background-completions takes true or false"),
+                }
+            }
             "--dir" => flags.dir = PathBuf::from(&value),
             other => usage(&format!("unknown flag {other:?}")),
         }
@@ -122,7 +132,7 @@ fn parse_flags() -> Flags {
 fn usage(problem: &str) -> ! {
     eprintln!(
         "chaos: {problem}\nusage: chaos --store sqlite|postgres|redis [--duration-s N] [--seed N] \
-         [--clients N] [--bin-dir DIR] [--dir DIR]"
+         [--clients N] [--bin-dir DIR] [--dir DIR] [--background-completions true|false]"
     );
     std::process::exit(2)
 }
@@ -259,6 +269,9 @@ impl Cluster {
                 ("--outbox-backoff-ms", 200),
             ] {
                 args.extend([flag.to_owned(), ms.to_string()]);
+            }
+            if flags.background_completions {
+                args.push("--background-completions".into());
             }
             cluster.processor_proxies.push(to_processor);
             let replica = Proc::start(
@@ -535,11 +548,16 @@ async fn main() {
         violations.len()
     );
     println!(
-        "chaos: {}: {:.0} s of faults, seed {}; faults {faults:?}; settled in {settle_s:.1} s \
+        "chaos: {}: {:.0} s of faults, seed {}{}; faults {faults:?}; settled in {settle_s:.1} s \
          (bound {} s); processor {} requests, {} charges; mailer {} requests, {} receipts",
         flags.store,
         flags.duration.as_secs_f64(),
         flags.seed,
+        if flags.background_completions {
+            ", background completions"
+        } else {
+            ""
+        },
         SETTLE_BOUND.as_secs(),
         processor["requests"],
         processor["effects"],

@@ -17,6 +17,8 @@
 //!   --processor-timeout-ms N      how long the tool waits for it (default 5000)
 //!   --lease-ms N                  how long a claim holds without a heartbeat (default 30000);
 //!                                 a dead process's call reads as outcome unknown after it
+//!   --background-completions      answer when the tool returns and write its completion after
+//!                                 (Executor::with_background_completions; default off)
 //!   --maintenance-interval-ms N   time between maintenance rounds: sweep, reconcile, purge
 //!                                 (default 10000)
 //!   --settle-ms N                 how long an outcome-unknown record must be unchanged before
@@ -66,6 +68,8 @@ usage: payments [FLAGS]
   --processor-timeout-ms N      how long the tool waits for it (default 5000)
   --lease-ms N                  how long a claim holds without a heartbeat (default 30000);
                                 a dead process's call reads as outcome unknown after it
+  --background-completions      answer when the tool returns and write its completion after
+                                (default off)
   --maintenance-interval-ms N   time between maintenance rounds: sweep, reconcile, purge
                                 (default 10000)
   --settle-ms N                 how long an outcome-unknown record must be unchanged before
@@ -95,6 +99,7 @@ struct Flags {
     processor_delay: Duration,
     processor_timeout: Duration,
     lease: Duration,
+    background_completions: bool,
     maintenance_interval: Duration,
     settle: Duration,
     reconcile_backoff: Duration,
@@ -129,6 +134,7 @@ fn parse_flags() -> Flags {
         processor_delay: Duration::from_millis(300),
         processor_timeout: Duration::from_millis(5000),
         lease: idem_runtime::DEFAULT_LEASE,
+        background_completions: false,
         maintenance_interval: Duration::from_millis(10_000),
         settle: ReconcileConfig::default().settle,
         reconcile_backoff: ReconcileConfig::default().first_backoff,
@@ -178,6 +184,7 @@ fn parse_flags() -> Flags {
             "--processor-delay-ms" => flags.processor_delay = millis(value()),
             "--processor-timeout-ms" => flags.processor_timeout = millis(value()),
             "--lease-ms" => flags.lease = millis(value()),
+            "--background-completions" => flags.background_completions = true,
             "--maintenance-interval-ms" => flags.maintenance_interval = millis(value()),
             "--settle-ms" => flags.settle = millis(value()),
             "--reconcile-backoff-ms" => flags.reconcile_backoff = millis(value()),
@@ -329,7 +336,10 @@ async fn main() {
             ..MaintenanceConfig::default()
         },
     );
-    let executor = Executor::new(store).with_lease(flags.lease);
+    let executor = Executor::new(store)
+        .with_lease(flags.lease)
+        .with_background_completions(flags.background_completions);
+    let pending = executor.clone();
 
     match flags.transport.as_str() {
         "stdio" => {
@@ -354,6 +364,12 @@ async fn main() {
                 std::process::exit(1);
             }
         }
+    }
+    // Completions still being written in the background land before the
+    // process ends (a deploy then loses none).
+    let left = pending.drain(Duration::from_secs(10)).await;
+    if left > 0 {
+        eprintln!("payments: {left} completion(s) not written; the sweep and the reconciler will resolve them");
     }
     maintenance.stop().await;
     outbox.stop().await;
