@@ -926,6 +926,19 @@ fn judge(sim: &Sim, call: usize, answer: Option<&Answer<Receipt, ToolError>>) {
                     "the replay's stored text {stored} is not its value"
                 ));
             }
+            // The replayed charge was made for these arguments: a call with
+            // other arguments under the same key is a conflict, never
+            // another operation's result.
+            if let Some((c, _, _)) = sim.charge_by_id(&w, &value.charge_id) {
+                let ran = &w.ops[w.calls[w.runs[w.charges[c].run].call].plan.op];
+                let this = &w.ops[w.calls[call].plan.op];
+                if ran.tenant != this.tenant || ran.args != this.args {
+                    problems.push(format!(
+                        "oracle 2 (replayed means this effect): a call with {} of {} got the replay of {}, charged for {} of {}: a conflict answered as a replay",
+                        this.args, this.tenant, value.charge_id, ran.args, ran.tenant
+                    ));
+                }
+            }
         }
         Answer::InProgress { .. } => nothing_ran("it is in progress", &mut problems),
         Answer::Conflict { .. } => {
