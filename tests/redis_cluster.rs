@@ -1,7 +1,8 @@
 //! RedisStore on a Redis Cluster of three nodes that the test starts on
 //! loopback ports and stops at the end: the whole conformance suite, a race
-//! between separate clients, and records spread over the nodes, still found
-//! by reference and by the listings. Needs `redis-server` and `redis-cli`.
+//! between separate clients, records spread over the nodes, still found
+//! by reference and by the listings, and the store's library loaded again
+//! on every node after `FUNCTION FLUSH`. Needs `redis-server` and `redis-cli`.
 
 mod durable;
 mod redis_server;
@@ -99,6 +100,23 @@ async fn redis_cluster() {
         eprintln!("cluster: {name} ({:?})", started.elapsed());
     }
 
+    // The library gone from every node (as after a restart without data, or
+    // on nodes added by a reshard): the calls below load it again, on every
+    // primary.
+    let function_list = |url: String| async move {
+        let listed: Vec<redis::Value> = command(&url, redis::cmd("FUNCTION").arg("LIST")).await;
+        format!("{listed:?}")
+    };
+    for node in cluster.urls() {
+        assert!(function_list(node.clone())
+            .await
+            .contains(RedisStore::library_name()));
+        let _: () = command(&node, redis::cmd("FUNCTION").arg("FLUSH")).await;
+        assert!(!function_list(node)
+            .await
+            .contains(RedisStore::library_name()));
+    }
+
     // Records spread over the three nodes, and are still found by
     // reference, and listed, from any of them.
     let store = cluster.store(&fresh_prefix());
@@ -118,6 +136,12 @@ async fn redis_cluster() {
     for node in &cluster.urls() {
         let keys: usize = command(node, &redis::cmd("DBSIZE")).await;
         assert!(keys > 10, "{node} holds {keys} keys");
+        assert!(
+            function_list(node.clone())
+                .await
+                .contains(RedisStore::library_name()),
+            "{node} has the library again"
+        );
     }
     for req in &requests {
         let found = store
