@@ -45,6 +45,13 @@ use scripts::{
 /// script that writes. A lookup by (tenant, reference) and each listing are
 /// one script too.
 ///
+/// The scripts are one Redis Functions library, named after a hash of its
+/// code ([`RedisStore::library_name`]): a server is sent it once (`FUNCTION
+/// LOAD`, by the first call that finds it missing; on a Cluster, to every
+/// primary) and keeps it with its data, replicated and persisted; each call
+/// is an `FCALL`. Two versions of the store on one server each call their
+/// own library.
+///
 /// # Follow-on jobs
 ///
 /// A job is a hash on the slot of the record it follows (its shard's hash
@@ -121,10 +128,12 @@ use scripts::{
 /// Calls fail fast with [`StoreError::Unavailable`] (the executor then does
 /// not run the handler): connecting and each call are bounded by the
 /// builder's timeout. The connection reconnects by itself once the server is
-/// back, and scripts a restarted server no longer has are sent again: no
-/// restart of the process is needed.
+/// back, and a server that no longer has the library (restarted without its
+/// data, or after `FUNCTION FLUSH`) is sent it again: no restart of the
+/// process is needed.
 ///
-/// Needs Redis 7.0 or later, or Valkey 7.2 or later.
+/// Needs Redis 7.0 or later, or Valkey 7.2 or later (Redis Functions). The
+/// store's user must be allowed `FCALL` and `FUNCTION LOAD`.
 ///
 /// ```no_run
 /// # async fn f() -> Result<(), idem_runtime::StoreError> {
