@@ -644,6 +644,52 @@ async fn a_flushed_library_is_loaded_again() {
     assert_eq!(runs.load(Ordering::SeqCst), 4);
 }
 
+/// A failover: the replica, promoted once its primary is gone, already has
+/// the library (functions are replicated with the data), so the store on it
+/// replays the charge made on the primary and runs a new one without
+/// loading anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promoted_replica_has_the_library() {
+    let Some(mut primary) = Server::start(&[]) else {
+        return;
+    };
+    let port = primary.port.to_string();
+    let replica = Server::start(&["--replicaof", "127.0.0.1", &port]).unwrap();
+    let on_primary = Executor::new(Arc::new(
+        RedisStore::builder(&primary.url())
+            .unwrap()
+            .wait_for_replicas(1, Duration::from_secs(2))
+            .timeout(Duration::from_secs(3))
+            .build()
+            .unwrap(),
+    ));
+    let runs = AtomicUsize::new(0);
+    let started = Instant::now();
+    // Until the replica is in sync, claims that no replica acknowledged are
+    // released and refused.
+    until_executed(&on_primary, 1, &runs, Duration::from_secs(20)).await;
+    assert!(started.elapsed() < Duration::from_secs(20));
+
+    primary.kill();
+    let _: () = command(&replica.url(), redis::cmd("REPLICAOF").arg("NO").arg("ONE")).await;
+    let _: () = command(&replica.url(), redis::cmd("CONFIG").arg("RESETSTAT")).await;
+    let on_replica = Executor::new(Arc::new(
+        RedisStore::builder(&replica.url())
+            .unwrap()
+            .build()
+            .unwrap(),
+    ));
+    assert_eq!(charge(&on_replica, 1, &runs).await.name(), "replayed");
+    assert_eq!(charge(&on_replica, 2, &runs).await.name(), "executed");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    let stats: String = command(&replica.url(), redis::cmd("INFO").arg("commandstats")).await;
+    assert!(stats.contains("cmdstat_fcall:"), "{stats}");
+    assert!(
+        !stats.contains("cmdstat_function"),
+        "the promoted replica was sent the library: {stats}"
+    );
+}
+
 /// CLIENT PAUSE holds every write: a claim made meanwhile times out and
 /// fails closed; once the pause ends, the store serves again, and the paused
 /// charge runs once (its claim, if it landed after the pause, is released by
