@@ -1,7 +1,9 @@
 //! RedisStore on a Redis Cluster of three nodes that the test starts on
 //! loopback ports and stops at the end: the whole conformance suite, a race
-//! between separate clients, and records spread over the nodes, still found
-//! by reference and by the listings. Needs `redis-server` and `redis-cli`.
+//! between separate clients, records spread over the nodes, still found
+//! by reference and by the listings, and the store's library loaded again
+//! on every node after `FUNCTION FLUSH`, and on a fourth node after a
+//! reshard moved records there. Needs `redis-server` and `redis-cli`.
 
 mod durable;
 mod redis_server;
@@ -18,6 +20,16 @@ use idem_runtime::{
 };
 use redis_server::{command, free_port, fresh_prefix, Server};
 
+/// A Cluster node's settings (its bus listens on its port + 10000).
+const CLUSTER_NODE: [&str; 6] = [
+    "--cluster-enabled",
+    "yes",
+    "--cluster-config-file",
+    "nodes.conf",
+    "--cluster-node-timeout",
+    "5000",
+];
+
 /// Three masters, no replicas, the 16384 slots split between them.
 struct Cluster {
     nodes: Vec<Server>,
@@ -29,17 +41,7 @@ impl Cluster {
         for _ in 0..3 {
             // The node's bus listens on its port + 10000.
             let port = free_port(10_000);
-            nodes.push(Server::start_on(
-                port,
-                &[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    "5000",
-                ],
-            )?);
+            nodes.push(Server::start_on(port, &CLUSTER_NODE)?);
         }
         let addresses: Vec<String> = nodes
             .iter()
@@ -99,6 +101,23 @@ async fn redis_cluster() {
         eprintln!("cluster: {name} ({:?})", started.elapsed());
     }
 
+    // The library gone from every node (as after a restart without data, or
+    // on nodes added by a reshard): the calls below load it again, on every
+    // primary.
+    let function_list = |url: String| async move {
+        let listed: Vec<redis::Value> = command(&url, redis::cmd("FUNCTION").arg("LIST")).await;
+        format!("{listed:?}")
+    };
+    for node in cluster.urls() {
+        assert!(function_list(node.clone())
+            .await
+            .contains(RedisStore::library_name()));
+        let _: () = command(&node, redis::cmd("FUNCTION").arg("FLUSH")).await;
+        assert!(!function_list(node)
+            .await
+            .contains(RedisStore::library_name()));
+    }
+
     // Records spread over the three nodes, and are still found by
     // reference, and listed, from any of them.
     let store = cluster.store(&fresh_prefix());
@@ -118,6 +137,12 @@ async fn redis_cluster() {
     for node in &cluster.urls() {
         let keys: usize = command(node, &redis::cmd("DBSIZE")).await;
         assert!(keys > 10, "{node} holds {keys} keys");
+        assert!(
+            function_list(node.clone())
+                .await
+                .contains(RedisStore::library_name()),
+            "{node} has the library again"
+        );
     }
     for req in &requests {
         let found = store
@@ -139,6 +164,67 @@ async fn redis_cluster() {
     assert!(first
         .windows(2)
         .all(|w| w[0].next_check_at <= w[1].next_check_at));
+
+    // A reshard onto a node that never had the library (it joins by CLUSTER
+    // MEET, so nothing copies it there): the records that moved are still
+    // found, and the first call that reaches the node loads it there.
+    let extra = Server::start_on(free_port(10_000), &CLUSTER_NODE).unwrap();
+    let _: () = command(
+        &cluster.urls()[0],
+        redis::cmd("CLUSTER")
+            .arg("MEET")
+            .arg("127.0.0.1")
+            .arg(extra.port),
+    )
+    .await;
+    let started = Instant::now();
+    for node in cluster.urls().iter().chain([&extra.url()]) {
+        loop {
+            let info: String = command(node, redis::cmd("CLUSTER").arg("INFO")).await;
+            if info.contains("cluster_known_nodes:4") {
+                break;
+            }
+            assert!(started.elapsed() < Duration::from_secs(20), "{info}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let id: String = command(&extra.url(), redis::cmd("CLUSTER").arg("MYID")).await;
+    // redis-cli refuses to reshard until the nodes' views of the cluster
+    // agree, which takes a few gossip rounds after the MEET.
+    loop {
+        let resharded = Command::new("redis-cli")
+            .args(["--cluster", "reshard"])
+            .arg(format!("127.0.0.1:{}", cluster.nodes[0].port))
+            .args(["--cluster-from", "all", "--cluster-to", &id])
+            .args(["--cluster-slots", "4096", "--cluster-yes"])
+            .output()
+            .expect("redis-cli runs");
+        if resharded.status.success() {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "redis-cli --cluster reshard failed: {}{}",
+            String::from_utf8_lossy(&resharded.stdout),
+            String::from_utf8_lossy(&resharded.stderr)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let moved: usize = command(&extra.url(), &redis::cmd("DBSIZE")).await;
+    assert!(moved > 0, "the reshard moved no record");
+    assert!(!function_list(extra.url())
+        .await
+        .contains(RedisStore::library_name()));
+    for req in &requests {
+        let found = store.lookup(&req.tenant, &req.reference).await.unwrap();
+        assert_eq!(found.expect("found after the reshard").key, req.key);
+    }
+    assert!(
+        function_list(extra.url())
+            .await
+            .contains(RedisStore::library_name()),
+        "the new node has the library"
+    );
 
     // WAIT goes to the record's node: with no replica there, the claim is
     // released and refused.

@@ -8,11 +8,10 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
-use redis::{
-    Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, Script, ServerErrorKind, Value,
-};
+use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 use tokio::sync::OnceCell;
 
+use super::scripts::{Function, LIBRARY};
 use crate::store::StoreError;
 
 /// Where the store connects.
@@ -111,15 +110,20 @@ impl Link {
         }
     }
 
-    /// Runs `cmd`, an EVALSHA of `script` (see [`evalsha`]), within the
-    /// store's timeout; a server that does not have the script (a new one,
-    /// or one restarted) is sent it, and the call repeated.
-    pub(super) async fn run(&self, script: &Script, cmd: &Cmd) -> Result<Value, StoreError> {
+    /// Runs `cmd`, an FCALL of one of the library's functions (see
+    /// [`fcall`]), within the store's timeout; a server that does not have
+    /// the library (a new one, one restarted without its data, a Cluster
+    /// node that took over slots, or after `FUNCTION FLUSH`) is sent it, and
+    /// the call repeated.
+    pub(super) async fn run(&self, cmd: &Cmd) -> Result<Value, StoreError> {
         self.call(self.timeout, async |conn| {
             let mut reply = conn.req_packed_command(cmd).await;
-            if no_script(&reply) {
-                script.load_async(conn).await?;
+            if no_function(&reply) {
+                let loaded = load(conn).await;
                 reply = conn.req_packed_command(cmd).await;
+                if no_function(&reply) {
+                    loaded?;
+                }
             }
             match reply? {
                 Value::ServerError(e) => Err(e.into()),
@@ -130,13 +134,12 @@ impl Link {
     }
 
     /// [`Link::run`], followed on the same connection, in the same write, by
-    /// `WAIT replicas timeout`: the script's answer, and how many replicas
+    /// `WAIT replicas timeout`: the function's answer, and how many replicas
     /// acknowledged every write sent on that connection so far (this one
-    /// included). `key` is one of the script's keys (a Cluster sends both to
-    /// its node).
+    /// included). `key` is one of the function's keys (a Cluster sends both
+    /// to its node).
     pub(super) async fn run_and_wait(
         &self,
-        script: &Script,
         cmd: &Cmd,
         key: &[u8],
         replicas: u32,
@@ -149,18 +152,18 @@ impl Link {
         self.call(self.timeout + timeout, async |conn| {
             let mut sent = pipelined(conn, &pipe, key).await?;
             if let [first, _] = &sent[..] {
-                if no_script(&Ok(first.clone())) {
-                    script.load_async(conn).await?;
+                if no_function(&Ok(first.clone())) {
+                    load(conn).await?;
                     sent = pipelined(conn, &pipe, key).await?;
                 }
             }
             match <[Value; 2]>::try_from(sent) {
                 Ok([Value::ServerError(e), _]) => Err(e.into()),
                 Ok([reply, Value::Int(acked)]) => Ok((reply, acked)),
-                // Not echoed: a script's reply may hold a stored response.
+                // Not echoed: a function's reply may hold a stored response.
                 _ => Err(RedisError::from((
                     ErrorKind::UnexpectedReturnType,
-                    "EVALSHA and WAIT answered something else than a reply and a count",
+                    "FCALL and WAIT answered something else than a reply and a count",
                 ))),
             }
         })
@@ -200,20 +203,36 @@ impl Link {
     }
 }
 
-/// Whether the server answered that it does not have the script (whether
-/// the client reports that as an error or as an error value).
-fn no_script(reply: &RedisResult<Value>) -> bool {
-    match reply {
-        Err(e) => e.kind() == ErrorKind::Server(ServerErrorKind::NoScript),
-        Ok(Value::ServerError(e)) => e.kind() == Some(ServerErrorKind::NoScript),
-        Ok(_) => false,
-    }
+/// Whether the server answered that it does not have the function (whether
+/// the client reports that as an error or as an error value): `ERR Function
+/// not found`, which has no code of its own.
+fn no_function(reply: &RedisResult<Value>) -> bool {
+    let (code, detail) = match reply {
+        Err(e) => (e.code(), e.detail()),
+        Ok(Value::ServerError(e)) => (Some(e.code()), e.details()),
+        Ok(_) => return false,
+    };
+    code == Some("ERR") && detail.is_some_and(|d| d.starts_with("Function not found"))
 }
 
-/// An EVALSHA of `script` over `keys`; the caller adds the arguments.
-pub(super) fn evalsha(script: &Script, keys: &[&[u8]]) -> Cmd {
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(keys.len()).arg(keys);
+/// Sends the library to the server: on a Cluster, to every primary (the
+/// client routes `FUNCTION LOAD` to all of them), so a node that took over
+/// slots gets it too. `REPLACE`: a library of this name is this very code
+/// (the name is its hash), so loading it again, from several processes at
+/// once, changes nothing.
+async fn load(conn: &mut Conn) -> RedisResult<()> {
+    redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(&LIBRARY.code)
+        .exec_async(conn)
+        .await
+}
+
+/// An FCALL of `function` over `keys`; the caller adds the arguments.
+pub(super) fn fcall(function: &Function, keys: &[&[u8]]) -> Cmd {
+    let mut cmd = redis::cmd("FCALL");
+    cmd.arg(function.name()).arg(keys.len()).arg(keys);
     cmd
 }
 

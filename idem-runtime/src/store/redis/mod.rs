@@ -26,8 +26,10 @@ mod scripts;
 
 pub use builder::RedisStoreBuilder;
 use layout::{Layout, RecordKeys, SHARDS};
-use link::{evalsha, Link};
-use scripts::{jobs, micros, name_counts, records, scanned, scores, Reply, Scanned, SCRIPTS};
+use link::{fcall, Link};
+use scripts::{
+    jobs, micros, name_counts, records, scanned, scores, Function, Reply, Scanned, LIBRARY,
+};
 
 /// Records in Redis or Valkey, standalone or Cluster, for several server
 /// replicas.
@@ -42,6 +44,13 @@ use scripts::{jobs, micros, name_counts, records, scanned, scores, Reply, Scanne
 /// other change compares the record's attempt (the fencing token) in the same
 /// script that writes. A lookup by (tenant, reference) and each listing are
 /// one script too.
+///
+/// The scripts are one Redis Functions library, named after a hash of its
+/// code ([`RedisStore::library_name`]): a server is sent it once (`FUNCTION
+/// LOAD`, by the first call that finds it missing; on a Cluster, to every
+/// primary) and keeps it with its data, replicated and persisted; each call
+/// is an `FCALL`. Two versions of the store on one server each call their
+/// own library.
 ///
 /// # Follow-on jobs
 ///
@@ -119,10 +128,12 @@ use scripts::{jobs, micros, name_counts, records, scanned, scores, Reply, Scanne
 /// Calls fail fast with [`StoreError::Unavailable`] (the executor then does
 /// not run the handler): connecting and each call are bounded by the
 /// builder's timeout. The connection reconnects by itself once the server is
-/// back, and scripts a restarted server no longer has are sent again: no
-/// restart of the process is needed.
+/// back, and a server that no longer has the library (restarted without its
+/// data, or after `FUNCTION FLUSH`) is sent it again: no restart of the
+/// process is needed.
 ///
-/// Needs Redis 7.0 or later, or Valkey 7.2 or later.
+/// Needs Redis 7.0 or later, or Valkey 7.2 or later (Redis Functions). The
+/// store's user must be allowed `FCALL` and `FUNCTION LOAD`.
 ///
 /// ```no_run
 /// # async fn f() -> Result<(), idem_runtime::StoreError> {
@@ -172,18 +183,27 @@ impl RedisStore {
         self.layout.prefix()
     }
 
-    /// An EVALSHA of `script` over the record of `key`: its one key, the
+    /// The name of the Redis Functions library this version of the store
+    /// loads and calls (`idem_` and 16 hex digits of a hash of its code).
+    /// Each version has its own, so versions side by side during a deploy
+    /// never call each other's; once no process runs an older version,
+    /// `FUNCTION DELETE` with its name removes it from the servers.
+    pub fn library_name() -> &'static str {
+        &LIBRARY.name
+    }
+
+    /// An FCALL of `function` over the record of `key`: its one key, the
     /// record under its reference, and `ARGV[1]`, the key and the key in hex
     /// packed (`over` in `prelude.lua`), followed by what `tail` packs; the
     /// caller adds the other arguments.
     fn over(
         &self,
-        script: &redis::Script,
+        function: &Function,
         key: &IdempotencyKey,
         tail: impl FnOnce(&mut Packed),
     ) -> (Cmd, RecordKeys) {
         let rk = self.layout.record(key);
-        let mut cmd = evalsha(script, &[&rk.by_reference]);
+        let mut cmd = fcall(function, &[&rk.by_reference]);
         let mut packed = Packed(Vec::with_capacity(160));
         packed.bytes(key.as_bytes());
         packed.bytes(rk.key_hex.as_bytes());
@@ -192,18 +212,18 @@ impl RedisStore {
         (cmd, rk)
     }
 
-    /// A fenced change: `script` over the record of `key` with `attempt`
+    /// A fenced change: `function` over the record of `key` with `attempt`
     /// (packed after the key) and `args` after `ARGV[1]`.
     async fn fenced(
         &self,
-        script: &redis::Script,
+        function: &Function,
         key: &IdempotencyKey,
         attempt: Attempt,
         args: impl FnOnce(&mut Cmd),
     ) -> Result<Reply, StoreError> {
-        let (mut cmd, _) = self.over(script, key, |p| p.text(&attempt.get().to_string()));
+        let (mut cmd, _) = self.over(function, key, |p| p.text(&attempt.get().to_string()));
         args(&mut cmd);
-        Reply::read(self.link.run(script, &cmd).await?)
+        Reply::read(self.link.run(&cmd).await?)
     }
 
     /// The due records of one sorted set (`which`: 0 lapsed, 1 unknown) over
@@ -220,14 +240,14 @@ impl RedisStore {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let script = &SCRIPTS.list;
+        let function = &LIBRARY.list;
         let calls = (0..SHARDS).map(|shard| {
             let set = &self.layout.sets(shard)[which];
-            let mut cmd = evalsha(script, &[set]);
+            let mut cmd = fcall(function, &[set]);
             cmd.arg(self.layout.shard(shard))
                 .arg(limit.min(i64::MAX as usize))
                 .arg(state.code());
-            async move { self.link.run(script, &cmd).await }
+            async move { self.link.run(&cmd).await }
         });
         let mut found = Vec::new();
         for reply in join_all(calls).await {
@@ -279,20 +299,20 @@ impl RedisStore {
         }
     }
 
-    /// A change of one job fenced by its lease's attempt: `script` over the
+    /// A change of one job fenced by its lease's attempt: `function` over the
     /// job's hash, its name's due set and the shard's job list, with the
     /// job's member and `args`.
     async fn job_change(
         &self,
-        script: &redis::Script,
+        function: &Function,
         id: &JobId,
         args: impl FnOnce(&mut Cmd),
     ) -> Result<(), StoreError> {
         let ([job, due, list, _], member) = self.layout.job(id);
-        let mut cmd = evalsha(script, &[&job, &due, &list]);
+        let mut cmd = fcall(function, &[&job, &due, &list]);
         cmd.arg(&member);
         args(&mut cmd);
-        done(Reply::read(self.link.run(script, &cmd).await?)?)
+        done(Reply::read(self.link.run(&cmd).await?)?)
     }
 }
 
@@ -309,17 +329,17 @@ impl RedisStore {
         states: bool,
         mut each: impl FnMut(Scanned) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
-        let script = &SCRIPTS.scan;
+        let function = &LIBRARY.scan;
         for shard in 0..SHARDS {
             let [lapsed, _] = self.layout.sets(shard);
             let mut cursor = "0".to_owned();
             loop {
-                let mut cmd = evalsha(script, &[&lapsed]);
+                let mut cmd = fcall(function, &[&lapsed]);
                 cmd.arg(self.layout.shard(shard))
                     .arg(&cursor)
                     .arg(SCAN_COUNT)
                     .arg(if states { "1" } else { "0" });
-                let (next, found) = scanned(self.link.run(script, &cmd).await?, states)?;
+                let (next, found) = scanned(self.link.run(&cmd).await?, states)?;
                 each(found)?;
                 if next == "0" {
                     break;
@@ -398,8 +418,8 @@ impl IdempotencyStore for RedisStore {
     }
 
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
-        let script = &SCRIPTS.claim;
-        let (cmd, rk) = self.over(script, &req.key, |p| {
+        let function = &LIBRARY.claim;
+        let (cmd, rk) = self.over(function, &req.key, |p| {
             p.bytes(req.key.fingerprint());
             p.text(&req.tenant);
             p.text(&req.tool);
@@ -410,11 +430,11 @@ impl IdempotencyStore for RedisStore {
             p.bytes(&req.reference.tag().to_be_bytes());
         });
         let Some((replicas, timeout)) = self.replicas else {
-            return claimed(&req.key, Reply::read(self.link.run(script, &cmd).await?)?);
+            return claimed(&req.key, Reply::read(self.link.run(&cmd).await?)?);
         };
         let (reply, acked) = self
             .link
-            .run_and_wait(script, &cmd, &rk.by_reference, replicas, timeout)
+            .run_and_wait(&cmd, &rk.by_reference, replicas, timeout)
             .await?;
         let claim = claimed(&req.key, Reply::read(reply)?)?;
         if matches!(claim, Claim::Claimed { .. }) && acked < i64::from(replicas) {
@@ -438,7 +458,7 @@ impl IdempotencyStore for RedisStore {
     ) -> Result<(), StoreError> {
         // No ARGV[3]: complete.lua never reaches for jobs.lua's functions.
         done(
-            self.fenced(&SCRIPTS.complete_plain, key, attempt, |cmd| {
+            self.fenced(&LIBRARY.complete, key, attempt, |cmd| {
                 cmd.arg(response);
             })
             .await?,
@@ -446,7 +466,7 @@ impl IdempotencyStore for RedisStore {
     }
 
     async fn release(&self, key: &IdempotencyKey, attempt: Attempt) -> Result<(), StoreError> {
-        done(self.fenced(&SCRIPTS.release, key, attempt, |_| {}).await?)
+        done(self.fenced(&LIBRARY.release, key, attempt, |_| {}).await?)
     }
 
     async fn mark_unknown(
@@ -456,7 +476,7 @@ impl IdempotencyStore for RedisStore {
         note: &str,
     ) -> Result<(), StoreError> {
         done(
-            self.fenced(&SCRIPTS.mark_unknown, key, attempt, |cmd| {
+            self.fenced(&LIBRARY.mark_unknown, key, attempt, |cmd| {
                 cmd.arg(note).arg("0");
             })
             .await?,
@@ -472,7 +492,7 @@ impl IdempotencyStore for RedisStore {
         // "1": the script re-checks the lease against the server's clock, so
         // a heartbeat that landed after the sweep listed the record wins.
         let reply = self
-            .fenced(&SCRIPTS.mark_unknown, key, attempt, |cmd| {
+            .fenced(&LIBRARY.mark_unknown, key, attempt, |cmd| {
                 cmd.arg(note).arg("1");
             })
             .await?;
@@ -499,7 +519,7 @@ impl IdempotencyStore for RedisStore {
             }
         };
         done(
-            self.fenced(&SCRIPTS.resolve, key, attempt, |cmd| {
+            self.fenced(&LIBRARY.resolve, key, attempt, |cmd| {
                 cmd.arg(state.code()).arg(body).arg(micros(settle));
                 match note {
                     Some(note) => cmd.arg("1").arg(note),
@@ -517,7 +537,7 @@ impl IdempotencyStore for RedisStore {
         delay: Duration,
     ) -> Result<(), StoreError> {
         done(
-            self.fenced(&SCRIPTS.defer_check, key, attempt, |cmd| {
+            self.fenced(&LIBRARY.defer_check, key, attempt, |cmd| {
                 cmd.arg(micros(delay));
             })
             .await?,
@@ -531,7 +551,7 @@ impl IdempotencyStore for RedisStore {
         lease: Duration,
     ) -> Result<(), StoreError> {
         done(
-            self.fenced(&SCRIPTS.heartbeat, key, attempt, |cmd| {
+            self.fenced(&LIBRARY.heartbeat, key, attempt, |cmd| {
                 cmd.arg(micros(lease));
             })
             .await?,
@@ -543,14 +563,14 @@ impl IdempotencyStore for RedisStore {
         tenant: &str,
         reference: &Reference,
     ) -> Result<Option<Record>, StoreError> {
-        let script = &SCRIPTS.lookup;
+        let function = &LIBRARY.lookup;
         let record = self.layout.by_reference(reference);
         let collisions = self.layout.collisions(reference);
-        let mut cmd = evalsha(script, &[&record, &collisions]);
+        let mut cmd = fcall(function, &[&record, &collisions]);
         cmd.arg(tenant)
             .arg(self.layout.shard(self.layout.shard_of(reference)))
             .arg(&reference.tag().to_be_bytes()[..]);
-        let reply = self.link.run(script, &cmd).await?;
+        let reply = self.link.run(&cmd).await?;
         if matches!(&reply, redis::Value::Array(items) if items.is_empty()) {
             return Ok(None);
         }
@@ -569,16 +589,16 @@ impl IdempotencyStore for RedisStore {
             if purged >= batch {
                 break;
             }
-            let script = &SCRIPTS.purge;
+            let function = &LIBRARY.purge;
             let [lapsed, unknown] = self.layout.sets(shard);
             let [list, _] = self.layout.job_sets(shard);
             let delivered = [&self.layout.shard(shard)[..], b"delivered"].concat();
-            let mut cmd = evalsha(script, &[&lapsed, &unknown, &delivered, &list]);
+            let mut cmd = fcall(function, &[&lapsed, &unknown, &delivered, &list]);
             let left = batch - purged;
             cmd.arg(self.layout.shard(shard))
                 .arg(left)
                 .arg(left.saturating_add(PURGE_LOOKAHEAD));
-            match self.link.run(script, &cmd).await? {
+            match self.link.run(&cmd).await? {
                 redis::Value::Int(n) => purged += usize::try_from(n).unwrap_or(0).min(left),
                 other => {
                     return Err(StoreError::Corrupt(format!(
@@ -616,7 +636,7 @@ impl FollowOnStore for RedisStore {
     ) -> Result<(), StoreError> {
         check_distinct(jobs)?;
         done(
-            self.fenced(&SCRIPTS.complete, key, attempt, |cmd| {
+            self.fenced(&LIBRARY.complete, key, attempt, |cmd| {
                 cmd.arg(response);
                 self.job_args(cmd, key, jobs);
             })
@@ -635,7 +655,7 @@ impl FollowOnStore for RedisStore {
         check_distinct(jobs)?;
         let completed = RecordStateKind::Completed.code();
         done(
-            self.fenced(&SCRIPTS.resolve, key, attempt, |cmd| {
+            self.fenced(&LIBRARY.resolve, key, attempt, |cmd| {
                 cmd.arg(completed).arg(response).arg(0);
                 match note {
                     Some(note) => cmd.arg("1").arg(note),
@@ -662,12 +682,12 @@ impl FollowOnStore for RedisStore {
         }
         // Which shards hold the `limit` longest due jobs: every shard at once,
         // each a read-only script.
-        let peek = &SCRIPTS.peek_jobs;
+        let peek = &LIBRARY.peek_jobs;
         let calls = (0..SHARDS).map(|shard| {
             let [list, _] = self.layout.job_sets(shard);
-            let mut cmd = evalsha(peek, &[&list]);
+            let mut cmd = fcall(peek, &[&list]);
             cmd.arg(self.layout.shard(shard)).arg(limit).arg(&names);
-            async move { (shard, self.link.run(peek, &cmd).await) }
+            async move { (shard, self.link.run(&cmd).await) }
         });
         let mut due = Vec::new();
         for (shard, reply) in join_all(calls).await {
@@ -682,16 +702,16 @@ impl FollowOnStore for RedisStore {
         // Then lease them, one script on each of those shards. A job another
         // dispatcher leased in between is not due any more: this lease then
         // returns fewer jobs, never one that is held.
-        let script = &SCRIPTS.lease_jobs;
+        let function = &LIBRARY.lease_jobs;
         let calls = per_shard.into_iter().map(|(shard, count)| {
             let [list, _] = self.layout.job_sets(shard);
-            let mut cmd = evalsha(script, &[&list]);
+            let mut cmd = fcall(function, &[&list]);
             cmd.arg(self.layout.shard(shard))
                 .arg(count)
                 .arg(micros(lease))
                 .arg(attempt.get())
                 .arg(&names);
-            async move { self.link.run(script, &cmd).await }
+            async move { self.link.run(&cmd).await }
         });
         let (mut leased, mut failed) = (Vec::new(), None);
         for reply in join_all(calls).await {
@@ -710,7 +730,7 @@ impl FollowOnStore for RedisStore {
     }
 
     async fn finish_job(&self, id: &JobId, attempt: Attempt) -> Result<(), StoreError> {
-        self.job_change(&SCRIPTS.finish_job, id, |cmd| {
+        self.job_change(&LIBRARY.finish_job, id, |cmd| {
             cmd.arg(attempt.get());
         })
         .await
@@ -723,14 +743,14 @@ impl FollowOnStore for RedisStore {
         delay: Duration,
         error: &str,
     ) -> Result<(), StoreError> {
-        self.job_change(&SCRIPTS.retry_job, id, |cmd| {
+        self.job_change(&LIBRARY.retry_job, id, |cmd| {
             cmd.arg(attempt.get()).arg(micros(delay)).arg(error);
         })
         .await
     }
 
     async fn bury_job(&self, id: &JobId, attempt: Attempt, error: &str) -> Result<(), StoreError> {
-        self.job_change(&SCRIPTS.bury_job, id, |cmd| {
+        self.job_change(&LIBRARY.bury_job, id, |cmd| {
             cmd.arg(attempt.get()).arg(error);
         })
         .await
@@ -755,17 +775,17 @@ impl FollowOnStore for RedisStore {
             Some(r) => vec![self.layout.shard_of(r)],
             None => (0..SHARDS).collect(),
         };
-        let script = &SCRIPTS.list_jobs;
+        let function = &LIBRARY.list_jobs;
         let calls = shards.into_iter().map(|shard| {
             let [list, _] = self.layout.job_sets(shard);
-            let mut cmd = evalsha(script, &[&list]);
+            let mut cmd = fcall(function, &[&list]);
             cmd.arg(self.layout.shard(shard))
                 .arg(filter.limit)
                 .arg(&tenant)
                 .arg(&reference)
                 .arg(&name)
                 .arg(&states);
-            async move { self.link.run(script, &cmd).await }
+            async move { self.link.run(&cmd).await }
         });
         let mut found = Vec::new();
         for reply in join_all(calls).await {
@@ -777,11 +797,11 @@ impl FollowOnStore for RedisStore {
     }
 
     async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
-        let script = &SCRIPTS.redrive_job;
+        let function = &LIBRARY.redrive_job;
         let ([job, due, _, names], member) = self.layout.job(id);
-        let mut cmd = evalsha(script, &[&job, &due, &names]);
+        let mut cmd = fcall(function, &[&job, &due, &names]);
         cmd.arg(&member).arg(&id.name);
-        match self.link.run(script, &cmd).await? {
+        match self.link.run(&cmd).await? {
             redis::Value::Int(n) => Ok(n == 1),
             other => Err(StoreError::Corrupt(format!(
                 "Redis: redrive_job answered {other:?}"
@@ -790,12 +810,12 @@ impl FollowOnStore for RedisStore {
     }
 
     async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
-        let script = &SCRIPTS.count_due_jobs;
+        let function = &LIBRARY.count_due_jobs;
         let calls = (0..SHARDS).map(|shard| {
             let [_, names] = self.layout.job_sets(shard);
-            let mut cmd = evalsha(script, &[&names]);
+            let mut cmd = fcall(function, &[&names]);
             cmd.arg(self.layout.shard(shard));
-            async move { self.link.run(script, &cmd).await }
+            async move { self.link.run(&cmd).await }
         });
         let mut due = BTreeMap::new();
         for reply in join_all(calls).await {

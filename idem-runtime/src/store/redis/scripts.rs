@@ -1,14 +1,15 @@
-//! The store's Lua scripts, one per transition (`lua/*.lua`), and how their
-//! replies read.
+//! The store's Lua scripts, one per transition (`lua/*.lua`), loaded as one
+//! Redis Functions library, and how their replies read.
 //!
-//! Each script runs atomically on the server: no other command runs between
-//! its reads and its writes, which is what makes a claim an
+//! Each function runs atomically on the server: no other command runs
+//! between its reads and its writes, which is what makes a claim an
 //! insert-if-absent and every fenced change a compare-and-set.
 
 use std::sync::LazyLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redis::{Script, Value};
+use redis::Value;
+use sha2::{Digest, Sha256};
 
 use crate::key::{IdempotencyKey, Reference};
 use crate::store::{Attempt, Job, JobId, Record, RecordState, RecordStateKind, StoreError};
@@ -31,35 +32,80 @@ pub(super) mod code {
     pub(super) const FOUND: i64 = 6;
 }
 
-/// The scripts, loaded into the server's cache by their SHA-1 on first use
-/// (and again after a restart flushed it).
+/// One function of the library, by its name on the server.
 #[derive(Debug)]
-pub(super) struct Scripts {
-    pub(super) claim: Script,
-    pub(super) complete: Script,
-    /// `complete.lua` without `jobs.lua`: a completion with no follow-on
-    /// jobs (the usual one) does not pay for defining the jobs' functions.
-    pub(super) complete_plain: Script,
-    pub(super) release: Script,
-    pub(super) mark_unknown: Script,
-    pub(super) resolve: Script,
-    pub(super) defer_check: Script,
-    pub(super) heartbeat: Script,
-    pub(super) lookup: Script,
-    pub(super) list: Script,
-    pub(super) purge: Script,
-    pub(super) scan: Script,
-    pub(super) peek_jobs: Script,
-    pub(super) lease_jobs: Script,
-    pub(super) finish_job: Script,
-    pub(super) retry_job: Script,
-    pub(super) bury_job: Script,
-    pub(super) redrive_job: Script,
-    pub(super) list_jobs: Script,
-    pub(super) count_due_jobs: Script,
+pub(super) struct Function(String);
+
+impl Function {
+    /// The name `FCALL` takes: the library's name, then the script's.
+    pub(super) fn name(&self) -> &str {
+        &self.0
+    }
 }
 
-pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
+/// The store's scripts as one Redis Functions library: sent once to each
+/// server (`FUNCTION LOAD`), which keeps it, and called by name (`FCALL`).
+/// The shared code (`prelude.lua`, `jobs.lua`, the constants) runs once,
+/// when the library loads, instead of at the start of every call.
+#[derive(Debug)]
+pub(super) struct Library {
+    /// `idem_` and 16 hex digits of the SHA-256 of the library's code: a
+    /// server keeps one library per version of the code, so two versions of
+    /// the store on one server (a rolling deploy) each call their own.
+    pub(super) name: String,
+    /// What `FUNCTION LOAD` is sent: the `#!lua name=…` line, then the code.
+    pub(super) code: String,
+    pub(super) claim: Function,
+    pub(super) complete: Function,
+    pub(super) release: Function,
+    pub(super) mark_unknown: Function,
+    pub(super) resolve: Function,
+    pub(super) defer_check: Function,
+    pub(super) heartbeat: Function,
+    pub(super) lookup: Function,
+    pub(super) list: Function,
+    pub(super) purge: Function,
+    pub(super) scan: Function,
+    pub(super) peek_jobs: Function,
+    pub(super) lease_jobs: Function,
+    pub(super) finish_job: Function,
+    pub(super) retry_job: Function,
+    pub(super) bury_job: Function,
+    pub(super) redrive_job: Function,
+    pub(super) list_jobs: Function,
+    pub(super) count_due_jobs: Function,
+}
+
+/// Each script's name, whether it only reads (`no-writes`: the server then
+/// runs it when it refuses writes, out of memory, as it ran the script
+/// before), and its code.
+const SCRIPTS: [(&str, bool, &str); 19] = [
+    ("claim", false, include_str!("lua/claim.lua")),
+    ("complete", false, include_str!("lua/complete.lua")),
+    ("release", false, include_str!("lua/release.lua")),
+    ("mark_unknown", false, include_str!("lua/mark_unknown.lua")),
+    ("resolve", false, include_str!("lua/resolve.lua")),
+    ("defer_check", false, include_str!("lua/defer_check.lua")),
+    ("heartbeat", false, include_str!("lua/heartbeat.lua")),
+    ("lookup", true, include_str!("lua/lookup.lua")),
+    ("list", false, include_str!("lua/list.lua")),
+    ("purge", false, include_str!("lua/purge.lua")),
+    ("scan", true, include_str!("lua/scan.lua")),
+    ("peek_jobs", true, include_str!("lua/peek_jobs.lua")),
+    ("lease_jobs", false, include_str!("lua/lease_jobs.lua")),
+    ("finish_job", false, include_str!("lua/finish_job.lua")),
+    ("retry_job", false, include_str!("lua/retry_job.lua")),
+    ("bury_job", false, include_str!("lua/bury_job.lua")),
+    ("redrive_job", false, include_str!("lua/redrive_job.lua")),
+    ("list_jobs", false, include_str!("lua/list_jobs.lua")),
+    (
+        "count_due_jobs",
+        false,
+        include_str!("lua/count_due_jobs.lua"),
+    ),
+];
+
+pub(super) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
     // The state codes come from RecordStateKind, the reply codes from `code`:
     // written once, here, for every script.
     let states = RecordStateKind::ALL
@@ -76,43 +122,47 @@ pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
         code::CLAIMED,
         code::FOUND
     );
-    let script = |body: &str| {
-        Script::new(&[&states, &codes, include_str!("lua/prelude.lua"), body].concat())
-    };
-    // The scripts that write or read follow-on jobs also take `jobs.lua`.
-    let jobs = |body: &str| {
-        Script::new(
-            &[
-                &states,
-                &codes,
+    // Each script is the body of a function that `library.lua` registers.
+    let body: String = [states, codes, include_str!("lua/library.lua").to_owned()]
+        .into_iter()
+        .chain(
+            [
                 include_str!("lua/prelude.lua"),
                 include_str!("lua/jobs.lua"),
-                body,
             ]
-            .concat(),
+            .map(String::from),
         )
-    };
-    Scripts {
-        claim: script(include_str!("lua/claim.lua")),
-        complete: jobs(include_str!("lua/complete.lua")),
-        complete_plain: script(include_str!("lua/complete.lua")),
-        release: script(include_str!("lua/release.lua")),
-        mark_unknown: script(include_str!("lua/mark_unknown.lua")),
-        resolve: jobs(include_str!("lua/resolve.lua")),
-        defer_check: script(include_str!("lua/defer_check.lua")),
-        heartbeat: script(include_str!("lua/heartbeat.lua")),
-        lookup: script(include_str!("lua/lookup.lua")),
-        list: script(include_str!("lua/list.lua")),
-        purge: script(include_str!("lua/purge.lua")),
-        scan: script(include_str!("lua/scan.lua")),
-        peek_jobs: jobs(include_str!("lua/peek_jobs.lua")),
-        lease_jobs: jobs(include_str!("lua/lease_jobs.lua")),
-        finish_job: jobs(include_str!("lua/finish_job.lua")),
-        retry_job: jobs(include_str!("lua/retry_job.lua")),
-        bury_job: jobs(include_str!("lua/bury_job.lua")),
-        redrive_job: jobs(include_str!("lua/redrive_job.lua")),
-        list_jobs: jobs(include_str!("lua/list_jobs.lua")),
-        count_due_jobs: jobs(include_str!("lua/count_due_jobs.lua")),
+        .chain(SCRIPTS.iter().map(|(name, reads_only, code)| {
+            let flags = if *reads_only { "{'no-writes'}" } else { "{}" };
+            format!("register('{name}', {flags}, function()\n{code}end)\n")
+        }))
+        .collect();
+    let digest = Sha256::digest(body.as_bytes());
+    let name = format!("idem_{}", crate::key::hex(&digest[..8]));
+    let code = format!("#!lua name={name}\nlocal LIBRARY = '{name}'\n{body}");
+    let function = |script: &str| Function(format!("{name}_{script}"));
+    Library {
+        claim: function("claim"),
+        complete: function("complete"),
+        release: function("release"),
+        mark_unknown: function("mark_unknown"),
+        resolve: function("resolve"),
+        defer_check: function("defer_check"),
+        heartbeat: function("heartbeat"),
+        lookup: function("lookup"),
+        list: function("list"),
+        purge: function("purge"),
+        scan: function("scan"),
+        peek_jobs: function("peek_jobs"),
+        lease_jobs: function("lease_jobs"),
+        finish_job: function("finish_job"),
+        retry_job: function("retry_job"),
+        bury_job: function("bury_job"),
+        redrive_job: function("redrive_job"),
+        list_jobs: function("list_jobs"),
+        count_due_jobs: function("count_due_jobs"),
+        name,
+        code,
     }
 });
 

@@ -1,7 +1,6 @@
 -- complete. After the key: the attempt. ARGV[2] the response; with follow-on
 -- jobs, ARGV[3] the shard's key prefix and ARGV[4..] (name, payload) pairs,
 -- written in this script with the completion (jobs.lua), or not at all.
--- Without jobs it is also loaded without jobs.lua (`complete_plain`).
 local rec, member, r, collided = owned()
 if not rec then
   return {FENCED}

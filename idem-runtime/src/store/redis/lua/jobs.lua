@@ -1,4 +1,5 @@
--- Shared by the scripts that write or read follow-on jobs (after prelude.lua).
+-- Shared by the scripts that write or read follow-on jobs (after prelude.lua),
+-- run once when the library loads.
 --
 -- A job lives on the slot of the record it follows (the shard's hash tag), so
 -- the completion and its jobs are one script even on a Cluster. With `B` the

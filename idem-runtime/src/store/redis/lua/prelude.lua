@@ -1,4 +1,5 @@
--- Shared by every script (after the constants the store writes above it).
+-- Shared by every script (after library.lua), run once when the library
+-- loads.
 --
 -- Times are microseconds since the epoch on the server's clock (TIME): the
 -- store is the clock, so processes with skewed clocks agree on leases and
@@ -74,8 +75,9 @@ local function packed(r)
     #r.a, r.a, #r.t, r.t, #r.o, r.o, r.b and 1 or 0, #b, b, r.v and 1 or 0, #v, v) .. (r.g or '')
 end
 
--- The tag of a record written before references had tags.
-local NO_TAG = string.rep('\0', 8)
+-- The tag of a record written before references had tags. A literal: while
+-- a library loads, Redis 7.0 gives it no `string` library.
+local NO_TAG = '\0\0\0\0\0\0\0\0'
 
 -- The operation's reference as a job keeps it: the key's first 8 bytes and
 -- the tag (none for a record written before tags).
