@@ -714,7 +714,8 @@ impl FollowOnStore for SqliteStore {
     }
 }
 
-#[cfg(test)]
+// Needs the conformance helpers: `cargo test --workspace` turns them on.
+#[cfg(all(test, feature = "conformance"))]
 mod tests {
     use super::*;
     use crate::store::conformance::{again, claim_request};
