@@ -99,9 +99,13 @@ impl ServerHandler for Refunds {}
 type Client = RunningService<RoleClient, ()>;
 
 async fn connect(caller: Option<Caller>) -> (Client, Arc<AtomicUsize>) {
+    connect_to(Executor::new(Arc::new(MemoryStore::new())), caller).await
+}
+
+async fn connect_to(executor: Executor, caller: Option<Caller>) -> (Client, Arc<AtomicUsize>) {
     let runs = Arc::new(AtomicUsize::new(0));
     let server = Refunds {
-        executor: Executor::new(Arc::new(MemoryStore::new())),
+        executor,
         caller,
         runs: runs.clone(),
     };
@@ -189,6 +193,29 @@ async fn an_ok_error_result_is_recorded_and_replayed() {
     assert_eq!(state(&again), "replayed");
     assert_eq!(again.is_error, Some(true));
     assert_eq!(text(&again), text(&first));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// With background completions the first answer says its response is
+/// still being stored (`recorded: false`, `recording: "pending"`); a repeat
+/// replays it and nothing runs again.
+#[tokio::test]
+async fn a_background_completion_reads_as_pending_then_replays() {
+    let executor = Executor::new(Arc::new(MemoryStore::new())).with_background_completions(true);
+    let (client, runs) = connect_to(executor.clone(), alice()).await;
+    let args = json!({"charge_id": "ch_9", "amount_cents": 100});
+    let first = call(&client, "refund", args.clone()).await;
+    assert_eq!(state(&first), "executed");
+    let meta = &first.meta.as_ref().unwrap()[RESULT_META_KEY];
+    assert_eq!(meta["recorded"], json!(false), "{meta}");
+    assert_eq!(meta["recording"], json!("pending"), "{meta}");
+    assert_eq!(executor.drain(std::time::Duration::from_secs(5)).await, 0);
+    let again = call(&client, "refund", args).await;
+    assert_eq!(state(&again), "replayed");
+    assert_eq!(text(&again), text(&first));
+    assert!(again.meta.as_ref().unwrap()[RESULT_META_KEY]
+        .get("recording")
+        .is_none());
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
