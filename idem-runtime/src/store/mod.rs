@@ -368,6 +368,15 @@ pub trait FollowOnStore: IdempotencyStore {
     ///
     /// [`lease_jobs`]: FollowOnStore::lease_jobs
     async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError>;
+
+    /// The most follow-on jobs one completion (or resolution) writes in its
+    /// one atomic step, when the store has a limit: `None` (the default)
+    /// for none. The executor refuses a declaration past it at once
+    /// ([`FollowOnError::TooMany`](crate::outbox::FollowOnError::TooMany)),
+    /// while the handler can still act, never at the completion.
+    fn max_follow_ons_per_completion(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// [`IdempotencyStore::complete`], with the follow-on `jobs` in the same
@@ -566,5 +575,8 @@ impl<S: FollowOnStore + ?Sized> FollowOnStore for std::sync::Arc<S> {
     }
     async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
         (**self).count_due_jobs().await
+    }
+    fn max_follow_ons_per_completion(&self) -> Option<usize> {
+        (**self).max_follow_ons_per_completion()
     }
 }
