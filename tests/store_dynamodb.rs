@@ -417,3 +417,78 @@ async fn lost_claim_answer_is_released_and_runs_once() {
     assert_eq!(retry.name(), "executed", "{retry:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// The payments example on DynamoDB (`--store dynamodb://…`, as a user runs
+/// it): it creates its table, a charge sent twice reaches the processor
+/// once, and the repeat replays the receipt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_payments_example_runs_on_dynamodb() {
+    use rmcp::model::CallToolRequestParams;
+    use rmcp::ServiceExt;
+    let Some(endpoint) = endpoint() else {
+        return;
+    };
+    // A guard on the table the example creates, deleted afterwards.
+    let guard = Table {
+        store: DynamoDbStore::builder(client(&endpoint), dynamodb_emulator::fresh_table())
+            .build()
+            .unwrap(),
+        endpoint: endpoint.clone(),
+    };
+    let url = format!(
+        "dynamodb://{}?region=us-east-1&endpoint={endpoint}",
+        guard.table()
+    );
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples/payments");
+    let mut command = tokio::process::Command::new(bin);
+    command
+        .args(["--transport", "stdio", "--store", &url])
+        .env("AWS_ACCESS_KEY_ID", "testing")
+        .env("AWS_SECRET_ACCESS_KEY", "testing");
+    let transport = rmcp::transport::TokioChildProcess::new(command).expect("the example starts");
+    let client = ().serve(transport).await.expect("the client connects");
+    let charge = || async {
+        let serde_json::Value::Object(args) =
+            serde_json::json!({ "card": "4242", "amount_cents": 1200 })
+        else {
+            unreachable!()
+        };
+        client
+            .call_tool(CallToolRequestParams::new("charge_card").with_arguments(args))
+            .await
+            .expect("tools/call answers")
+    };
+    let state = |r: &rmcp::model::CallToolResult| {
+        r.meta.as_ref().expect("_meta")[idem_runtime::RESULT_META_KEY]["state"].clone()
+    };
+    let first = charge().await;
+    assert_eq!(state(&first), serde_json::json!("executed"), "{first:?}");
+    let again = charge().await;
+    assert_eq!(state(&again), serde_json::json!("replayed"), "{again:?}");
+    assert_eq!(first.structured_content, again.structured_content);
+    let ledger = client
+        .call_tool(CallToolRequestParams::new("processor_ledger"))
+        .await
+        .unwrap()
+        .structured_content
+        .unwrap();
+    assert_eq!(
+        ledger["processor_requests"],
+        serde_json::json!(1),
+        "{ledger}"
+    );
+    assert_eq!(
+        ledger["processor_charges"],
+        serde_json::json!(1),
+        "{ledger}"
+    );
+    let counts = guard.count_records().await.unwrap();
+    assert_eq!(counts.completed, 1);
+    client.cancel().await.ok();
+}

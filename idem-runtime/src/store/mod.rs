@@ -379,7 +379,7 @@ pub trait FollowOnStore: IdempotencyStore {
     /// The most follow-on jobs one completion (or resolution) writes in its
     /// one atomic step, when the store has a limit: `None` (the default)
     /// for none. The executor refuses a declaration past it at once
-    /// ([`FollowOnError::TooMany`](crate::outbox::FollowOnError::TooMany)),
+    /// ([`FollowOnError::TooMany`]),
     /// while the handler can still act, never at the completion.
     fn max_follow_ons_per_completion(&self) -> Option<usize> {
         None

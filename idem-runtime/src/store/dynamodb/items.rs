@@ -132,8 +132,13 @@ pub(super) fn record(item: &Item, now: SystemTime) -> Result<Record, StoreError>
         lease_until: time(attr::LEASE)?,
         expires_at: time(attr::EXPIRES)?,
         retain_until: time(attr::RETAIN)?,
-        next_check_at: time(attr::NEXT_CHECK)?,
-        checks: u32::try_from(number(item, attr::CHECKS)?).unwrap_or(u32::MAX),
+        // Written when the record becomes UNKNOWN; until then the claim's
+        // time and none.
+        next_check_at: match opt_number(item, attr::NEXT_CHECK)? {
+            Some(t) => at(t),
+            None => time(attr::CLAIMED)?,
+        },
+        checks: u32::try_from(opt_number(item, attr::CHECKS)?.unwrap_or(0)).unwrap_or(u32::MAX),
         resolution: opt_text(item, attr::RESOLUTION),
         observed_at: now,
     })

@@ -206,11 +206,12 @@ impl Values {
 
 /// How a record ends up COMPLETED, by the state it leaves: from
 /// IN_PROGRESS its expiry stays the window's end (and the TTL backstop
-/// takes it); a late completion (from UNKNOWN or NOT_PERFORMED) answers
+/// takes it, from `te`, the claim's expiry in seconds); a late completion
+/// (from UNKNOWN or NOT_PERFORMED) answers
 /// repeats until its retention ends, as every store does, and gets no TTL.
 fn completion(from: RecordStateKind, note: Option<Option<&str>>) -> String {
     let mut set = String::from("SET st = :c, rs = :rs, ua = :now");
-    let mut remove = String::from(" REMOVE lq, uq, te");
+    let mut remove = String::from(" REMOVE lq, uq");
     if from == InProgress {
         set.push_str(", xk = ea, tt = te");
     } else {
@@ -277,8 +278,8 @@ impl DynamoDbStore {
         put(attr::LEASE, num(micros(now + req.lease)));
         put(attr::EXPIRES, num(micros(expires)));
         put(attr::RETAIN, num(micros(retain)));
-        put(attr::NEXT_CHECK, num(micros(now)));
-        put(attr::CHECKS, num(0));
+        // No `nc` nor `ck` until the record is UNKNOWN: read back, they are
+        // the claim's time and 0 (a record's bytes are its cost).
         put(attr::EXPIRES_SECS, num(ttl_secs(expires)));
         put(attr::LAPSED_SHARD, shard.clone());
         put(attr::EXPIRY_SHARD, shard);
