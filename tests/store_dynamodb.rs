@@ -57,9 +57,10 @@ async fn raw_record(
         .expect("the record's item")
 }
 
-/// A record is in the `lapsed` index only while IN_PROGRESS and in the
-/// `unknown` index only while UNKNOWN; the TTL backstop is set only once it
-/// is COMPLETED, at its expiry.
+/// A record is in the `lapsed` index only while IN_PROGRESS, in the
+/// `unknown` index only while UNKNOWN, and in the `expiry` index only once
+/// COMPLETED (or NOT_PERFORMED); the TTL backstop is set only once it is
+/// COMPLETED, at its expiry.
 #[tokio::test]
 async fn sparse_index_keys_follow_the_state() {
     let Some(table) = Table::new().await else {
@@ -69,6 +70,7 @@ async fn sparse_index_keys_follow_the_state() {
     table.claim(&req).await.unwrap();
     let item = raw_record(&table, &req.key).await;
     assert!(item.contains_key("lq") && !item.contains_key("uq"));
+    assert!(!item.contains_key("xq"), "a claim writes one index");
     assert!(!item.contains_key("tt"), "no TTL while IN_PROGRESS");
 
     table
@@ -77,6 +79,7 @@ async fn sparse_index_keys_follow_the_state() {
         .unwrap();
     let item = raw_record(&table, &req.key).await;
     assert!(!item.contains_key("lq") && item.contains_key("uq"));
+    assert!(!item.contains_key("xq"));
 
     table
         .resolve(
@@ -89,6 +92,7 @@ async fn sparse_index_keys_follow_the_state() {
         .unwrap();
     let item = raw_record(&table, &req.key).await;
     assert!(!item.contains_key("lq") && !item.contains_key("uq"));
+    assert!(item.contains_key("xq"));
     // A late completion answers repeats until its retention ends and is
     // left to the purge: no TTL.
     assert!(!item.contains_key("tt"));

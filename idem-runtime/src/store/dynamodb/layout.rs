@@ -19,11 +19,15 @@
 //! | --- | --- | --- | --- |
 //! | `lapsed` | `lq` (N, shard) | `lu` (lease until, µs) | IN_PROGRESS records only: the sweep's lapsed leases |
 //! | `unknown` | `uq` (N, shard) | `nc` (next check, µs) | UNKNOWN records only: the reconciler's due records |
-//! | `expiry` | `xq` (N, shard) | `xk` (µs) | every record (`xk`: its expiry if COMPLETED, else its retention end) and delivered jobs (`xk`: kept until); keys, `st` and `lu` only |
+//! | `expiry` | `xq` (N, shard) | `xk` (µs) | COMPLETED records (`xk`: their expiry), NOT_PERFORMED ones (their retention end) and delivered jobs (kept until); keys, `st` and `lu` only |
 //! | `due` | `dq` (N, shard) | `nr` (next run, µs) | live jobs only (neither dead nor delivered) |
 //!
 //! Each index is sparse: an item is in it only while it carries the index's
-//! hash attribute, which a transition sets or removes in the same write.
+//! hash attribute, which a transition sets or removes in the same write. A
+//! record is in one index at a time, so a claim writes one index and a
+//! completion two (out of `lapsed`, into `expiry`). The purge finds an
+//! IN_PROGRESS record past its life in `lapsed` (its lease ran out) and an
+//! UNKNOWN one in `unknown`, and checks its retention.
 //! The hash attribute is a shard (the key's first byte modulo [`SHARDS`]),
 //! so no index partition takes every write of the table; a listing asks the
 //! shards at once.

@@ -32,7 +32,7 @@ pub(crate) use builder::open_url;
 pub use builder::DynamoDbStoreBuilder;
 use items::{micros, sdk_error, ttl_secs};
 pub use layout::TABLE_DEFINITION;
-use layout::{attr, blob, num, shard, Item, SHARDS};
+use layout::{attr, blob, num, shard, Item, EXPIRY_INDEX, LAPSED_INDEX, SHARDS, UNKNOWN_INDEX};
 
 use RecordStateKind::{Completed, InProgress, NotPerformed, Unknown};
 
@@ -109,8 +109,10 @@ pub const DYNAMODB_MAX_FOLLOW_ONS: usize = TRANSACTION_ITEMS - 1;
 ///
 /// # Expiry
 ///
-/// The purge deletes what is past its life, found through a sparse index
-/// (`expiry`), with a condition that re-checks the life at the delete.
+/// The purge deletes what is past its life, found through the sparse
+/// indexes (`expiry` for COMPLETED and NOT_PERFORMED records and delivered
+/// jobs, `lapsed` and `unknown` for the others), with a condition that
+/// re-checks the life at the delete.
 /// DynamoDB's TTL (the attribute `tt`) is only a backstop for COMPLETED
 /// records and delivered jobs: it deletes up to days late, and reads still
 /// return an item it has not deleted yet.
@@ -213,9 +215,9 @@ fn completion(from: RecordStateKind, note: Option<Option<&str>>) -> String {
     let mut set = String::from("SET st = :c, rs = :rs, ua = :now");
     let mut remove = String::from(" REMOVE lq, uq");
     if from == InProgress {
-        set.push_str(", xk = ea, tt = te");
+        set.push_str(", xq = :xq, xk = ea, tt = te");
     } else {
-        set.push_str(", ea = ra, xk = ra");
+        set.push_str(", ea = ra, xq = :xq, xk = ra");
         remove.push_str(", tt");
     }
     match note {
@@ -281,9 +283,10 @@ impl DynamoDbStore {
         // No `nc` nor `ck` until the record is UNKNOWN: read back, they are
         // the claim's time and 0 (a record's bytes are its cost).
         put(attr::EXPIRES_SECS, num(ttl_secs(expires)));
-        put(attr::LAPSED_SHARD, shard.clone());
-        put(attr::EXPIRY_SHARD, shard);
-        put(attr::EXPIRY, num(micros(retain)));
+        // In the `lapsed` index only: an IN_PROGRESS record's end of life is
+        // found through it (and an UNKNOWN one's through `unknown`), so a
+        // claim writes one index, not two.
+        put(attr::LAPSED_SHARD, shard);
         item
     }
 
@@ -420,6 +423,7 @@ impl DynamoDbStore {
                     .set(":rs", AttributeValue::S(response.to_owned()))
                     .set(":now", num(micros(now)))
                     .set(":ak", num(attempt.get()))
+                    .set(":xq", num(shard(key.as_bytes()[0])))
                     .states(&[state]);
                 if let Some(Some(note)) = note {
                     v = v.set(":rv", AttributeValue::S(note.to_owned()));
@@ -789,13 +793,16 @@ impl IdempotencyStore for DynamoDbStore {
             .set(":np", num(NotPerformed.code()))
             .set(":nt", AttributeValue::S(not_performed.to_owned()))
             .set(":now", num(micros(now)))
-            .set(":settled", num(settled));
+            .set(":settled", num(settled))
+            .set(":xq", num(shard(key.as_bytes()[0])));
+        // Into the `expiry` index at its retention end (the purge re-checks
+        // the lease).
         let update = match note {
             Some(note) => {
                 values = values.set(":rv", AttributeValue::S(note.to_owned()));
-                "SET st = :np, nt = :nt, ua = :now, rv = :rv REMOVE uq"
+                "SET st = :np, nt = :nt, ua = :now, rv = :rv, xq = :xq, xk = ra REMOVE uq"
             }
-            None => "SET st = :np, nt = :nt, ua = :now REMOVE uq, rv",
+            None => "SET st = :np, nt = :nt, ua = :now, xq = :xq, xk = ra REMOVE uq, rv",
         };
         // The settle period, judged in the same write: a request still in
         // flight may not show at the processor yet.
@@ -891,15 +898,41 @@ impl IdempotencyStore for DynamoDbStore {
 
     async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
         let now = self.now();
-        let found = self
-            .due(
-                layout::EXPIRY_INDEX,
+        let want = batch.saturating_mul(2);
+        // COMPLETED and NOT_PERFORMED records and delivered jobs are in the
+        // `expiry` index; an IN_PROGRESS record past its life has a lapsed
+        // lease, so `lapsed` lists it; an UNKNOWN one is in `unknown`,
+        // whatever its next check (UNKNOWN records are few: each waits
+        // for a reconciler or a person).
+        let (expiring, lapsed, unknown) = tokio::join!(
+            self.due(
+                EXPIRY_INDEX,
                 "xq = :s AND xk <= :now",
                 attr::EXPIRY,
-                batch.saturating_mul(2),
-                now,
-            )
-            .await?;
+                want,
+                now
+            ),
+            self.due(
+                LAPSED_INDEX,
+                "lq = :s AND lu <= :now",
+                attr::LEASE,
+                want,
+                now
+            ),
+            self.due(
+                UNKNOWN_INDEX,
+                "uq = :s AND nc <= :now",
+                attr::NEXT_CHECK,
+                usize::MAX,
+                SystemTime::UNIX_EPOCH + Duration::from_secs(1 << 40),
+            ),
+        );
+        let past_retention =
+            |item: &Item| items::number(item, attr::RETAIN).is_ok_and(|ra| ra <= micros(now));
+        let found = expiring?
+            .into_iter()
+            .chain(lapsed?.into_iter().filter(past_retention))
+            .chain(unknown?.into_iter().filter(past_retention));
         // Records first, then delivered jobs; a record whose lease a
         // heartbeat moved past its retention is not expired yet.
         let mut doomed: Vec<(bool, Item)> = Vec::new();
@@ -958,7 +991,7 @@ impl IdempotencyStore for DynamoDbStore {
         let now = self.now();
         let found = self
             .due(
-                layout::LAPSED_INDEX,
+                LAPSED_INDEX,
                 "lq = :s AND lu <= :now",
                 attr::LEASE,
                 limit,
@@ -972,7 +1005,7 @@ impl IdempotencyStore for DynamoDbStore {
         let now = self.now();
         let found = self
             .due(
-                layout::UNKNOWN_INDEX,
+                UNKNOWN_INDEX,
                 "uq = :s AND nc <= :now",
                 attr::NEXT_CHECK,
                 limit,
