@@ -11,7 +11,8 @@
 //! One seed drives one schedule: on MemoryStore, a single-threaded tokio
 //! runtime on a paused clock (simulated minutes cost nothing) with every
 //! decision drawn from the seed's generator, so a seed replays exactly. The
-//! same schedule runs against SqliteStore and PostgresStore in real time,
+//! same schedule runs against SqliteStore, PostgresStore and DynamoDbStore
+//! (on the emulator, fewer seeds) in real time,
 //! with short durations.
 //!
 //! After every event (an answer, a maintenance step, a resolution by hand,
@@ -69,6 +70,8 @@ use idem_runtime::{IdempotencyStore, MemoryStore};
 
 #[path = "durable/mod.rs"]
 mod durable;
+#[path = "dynamodb_emulator/mod.rs"]
+mod dynamodb_emulator;
 
 mod simulation {
     pub mod buggify;
@@ -407,4 +410,10 @@ fn simulation_sqlite() {
 fn simulation_postgres() {
     let _serial = serial();
     simulation::durable_runs::postgres();
+}
+
+#[test]
+fn simulation_dynamodb() {
+    let _serial = serial();
+    simulation::durable_runs::dynamodb();
 }

@@ -9,10 +9,13 @@
 //!                                 Prometheus metrics at /metrics (no token needed)
 //!   --token TOKEN=tenant/subject  HTTP: a bearer token and the caller it stands for (repeatable)
 //!   --tenant T --subject S        stdio: the local caller (default local/me)
-//!   --store memory|sqlite:PATH|postgres://...|redis://...
+//!   --store memory|sqlite:PATH|postgres://...|redis://...|dynamodb://...
 //!                                 default: sqlite:$IDEM_HOME/payments.sqlite3, where IDEM_HOME
 //!                                 defaults to ./.idem; redis://HOST:PORT[/DB] is one Redis or
-//!                                 Valkey server, keys under the prefix "idem"
+//!                                 Valkey server, keys under the prefix "idem";
+//!                                 dynamodb://TABLE?region=R[&endpoint=URL] is a DynamoDB table,
+//!                                 created if absent (credentials from AWS_ACCESS_KEY_ID and
+//!                                 AWS_SECRET_ACCESS_KEY)
 //!   --processor-delay-ms N        how long the stub processor takes (default 300)
 //!   --processor-timeout-ms N      how long the tool waits for it (default 5000)
 //!   --lease-ms N                  how long a claim holds without a heartbeat (default 30000);
@@ -48,7 +51,8 @@ use idem_runtime::{
     audit_hints,
     maintenance::{Maintenance, MaintenanceConfig, ReconcileConfig},
     outbox::{Outbox, OutboxConfig},
-    Caller, Executor, IdempotencyStore, MemoryStore, PostgresStore, RedisStore, SqliteStore,
+    Caller, DynamoDbStore, Executor, IdempotencyStore, MemoryStore, PostgresStore, RedisStore,
+    SqliteStore,
 };
 use rmcp::ServiceExt;
 use shop::{Backends, Payments, ProcessorReconciler};
@@ -60,10 +64,12 @@ usage: payments [FLAGS]
                                 Prometheus metrics at /metrics (no token needed)
   --token TOKEN=tenant/subject  HTTP: a bearer token and the caller it stands for (repeatable)
   --tenant T --subject S        stdio: the local caller (default local/me)
-  --store memory|sqlite:PATH|postgres://...|redis://...
+  --store memory|sqlite:PATH|postgres://...|redis://...|dynamodb://...
                                 default: sqlite:$IDEM_HOME/payments.sqlite3 (IDEM_HOME defaults to .idem);
                                 redis://HOST:PORT[/DB] is one Redis or Valkey server, keys under
-                                the prefix \"idem\"
+                                the prefix \"idem\"; dynamodb://TABLE?region=R[&endpoint=URL] is a
+                                DynamoDB table, created if absent (credentials from
+                                AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)
   --processor-delay-ms N        how long the stub processor takes (default 300)
   --processor-timeout-ms N      how long the tool waits for it (default 5000)
   --lease-ms N                  how long a claim holds without a heartbeat (default 30000);
@@ -255,9 +261,20 @@ async fn open_store(spec: &str) -> Arc<dyn IdempotencyStore> {
             .await
             .map(|s| Arc::new(s) as Arc<dyn IdempotencyStore>)
             .map_err(|e| e.to_string())
+    } else if spec.starts_with("dynamodb://") {
+        // Created on the first run, as the PostgreSQL schema is migrated.
+        match DynamoDbStore::from_url(spec).and_then(|b| b.build()) {
+            Ok(store) => store
+                .create_table()
+                .await
+                .map(|()| Arc::new(store) as Arc<dyn IdempotencyStore>)
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        }
     } else {
         usage(&format!(
-            "--store is memory, sqlite:PATH, postgres://... or redis://..., not {spec:?}"
+            "--store is memory, sqlite:PATH, postgres://..., redis://... or \
+             dynamodb://TABLE?region=REGION, not {spec:?}"
         ))
     };
     opened.unwrap_or_else(|e| {

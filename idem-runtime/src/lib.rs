@@ -85,7 +85,8 @@
 //!   repeat from the record: in progress, replayed, unknown or conflict (see
 //!   [`Answer`] and [`AnswerState`]).
 //! - Stores: [`MemoryStore`], `SqliteStore` (feature `sqlite`, default),
-//!   `PostgresStore` (`postgres`), `RedisStore` (`redis`); [`open_store`]
+//!   `PostgresStore` (`postgres`), `RedisStore` (`redis`), `DynamoDbStore`
+//!   (`dynamodb`); [`open_store`]
 //!   opens one from its URL.
 //!
 //! The rest lives in a module of its own:
@@ -158,6 +159,8 @@ pub use mcp::{
 };
 pub use outbox::follow_on;
 pub use store::{open_store, IdempotencyStore, MemoryStore, StoreError};
+#[cfg(feature = "dynamodb")]
+pub use store::{DynamoDbStore, DynamoDbStoreBuilder};
 #[cfg(feature = "postgres")]
 pub use store::{PostgresStore, PostgresStoreBuilder};
 #[cfg(feature = "redis")]

@@ -115,3 +115,16 @@ pub fn postgres() {
         Some((store, Box::new(schema) as Box<dyn std::any::Any + Send>))
     });
 }
+
+/// DynamoDbStore on the emulator (`IDEM_TEST_DYNAMODB_ENDPOINT`), each
+/// schedule on a fresh table: fewer seeds than PostgreSQL, since every
+/// store call is an HTTP request to moto, which answers them one at a time,
+/// and two schedules at once (not four) keep its queue short enough for the
+/// maintenance rounds the oracles time.
+pub fn dynamodb() {
+    run("dynamodb", "simulation_dynamodb", 8, 2, || async {
+        let table = crate::dynamodb_emulator::Table::new().await?;
+        let store: Arc<dyn IdempotencyStore> = Arc::new(table.store.clone());
+        Some((store, Box::new(table) as Box<dyn std::any::Any + Send>))
+    });
+}

@@ -791,6 +791,10 @@ impl FollowOnStore for Recorder {
     async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
         jobs_of(&*self.inner).count_due_jobs().await
     }
+
+    fn max_follow_ons_per_completion(&self) -> Option<usize> {
+        jobs_of(&*self.inner).max_follow_ons_per_completion()
+    }
 }
 
 #[deny(clippy::missing_trait_methods)]
@@ -1014,5 +1018,9 @@ impl<S: IdempotencyStore> FollowOnStore for Observer<S> {
     }
     async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
         jobs_of(&self.inner).count_due_jobs().await
+    }
+
+    fn max_follow_ons_per_completion(&self) -> Option<usize> {
+        jobs_of(&self.inner).max_follow_ons_per_completion()
     }
 }

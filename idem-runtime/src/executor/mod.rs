@@ -168,6 +168,9 @@ pub struct Executor {
     /// `None` when the store keeps follow-on jobs, else its kind: read once
     /// here, not on every call.
     follow_ons_unsupported_by: Option<&'static str>,
+    /// The store's limit of jobs per completion, and its kind: read once
+    /// here too.
+    max_follow_ons: Option<(usize, &'static str)>,
     /// The claims this executor's handlers are running under, shared by its
     /// clones: a repeat of one is answered in progress without the store.
     running: Arc<RunningClaims>,
@@ -205,6 +208,10 @@ impl Executor {
     /// An executor over `store`, with a 30 s lease and 48 h retention.
     pub fn new(store: Arc<dyn IdempotencyStore>) -> Self {
         let follow_ons_unsupported_by = store.follow_ons().is_none().then(|| store.backend());
+        let max_follow_ons = store
+            .follow_ons()
+            .and_then(|jobs| jobs.max_follow_ons_per_completion())
+            .map(|limit| (limit, store.backend()));
         let steps = Arc::new(telemetry::StoreSteps::new(store.backend()));
         Executor {
             store,
@@ -213,6 +220,7 @@ impl Executor {
             tasks: Arc::default(),
             max_follow_on_payload: DEFAULT_MAX_PAYLOAD,
             follow_ons_unsupported_by,
+            max_follow_ons,
             running: Arc::default(),
             durations: Arc::default(),
             steps,
@@ -526,7 +534,11 @@ impl Executor {
         };
         // The handler's follow-on declarations, read once it returned: an
         // empty list allocates nothing.
-        let declared = Declared::new(self.max_follow_on_payload, self.follow_ons_unsupported_by);
+        let declared = Declared::new(
+            self.max_follow_on_payload,
+            self.max_follow_ons,
+            self.follow_ons_unsupported_by,
+        );
         let mut handler = std::pin::pin!(DECLARED.scope(RefCell::new(declared), handler));
         let started = Instant::now();
         let outcome = self

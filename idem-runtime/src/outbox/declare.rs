@@ -13,16 +13,24 @@ use crate::store::{FollowOn, FollowOnError};
 pub(crate) struct Declared {
     jobs: Vec<FollowOn>,
     max_payload: usize,
+    /// The most jobs one completion may write, and the store's kind to say
+    /// so: `None` where the store sets no limit.
+    max_jobs: Option<(usize, &'static str)>,
     /// `None` when the store keeps follow-on jobs; else its kind, to say so.
     unsupported_by: Option<&'static str>,
 }
 
 impl Declared {
     /// An empty list (no allocation until the first declaration).
-    pub(crate) fn new(max_payload: usize, unsupported_by: Option<&'static str>) -> Self {
+    pub(crate) fn new(
+        max_payload: usize,
+        max_jobs: Option<(usize, &'static str)>,
+        unsupported_by: Option<&'static str>,
+    ) -> Self {
         Declared {
             jobs: Vec::new(),
             max_payload,
+            max_jobs,
             unsupported_by,
         }
     }
@@ -47,6 +55,17 @@ impl Declared {
             return Err(FollowOnError::Duplicate {
                 name: name.to_owned(),
             });
+        }
+        // Refused here, while the handler can still act, not at the
+        // completion after its side effect.
+        if let Some((limit, store)) = self.max_jobs {
+            if self.jobs.len() >= limit {
+                return Err(FollowOnError::TooMany {
+                    name: name.to_owned(),
+                    limit,
+                    store,
+                });
+            }
         }
         self.jobs
             .push(FollowOn::with_limit(name, payload, self.max_payload)?);
@@ -92,7 +111,9 @@ tokio::task_local! {
 /// declared already for this operation ([`FollowOnError::Duplicate`]), a
 /// payload that does not serialize or is over the executor's limit (64 KiB
 /// by default, [`Executor::with_max_follow_on_payload`]), a bad name
-/// ([`FollowOnError::BadName`]), a store that keeps no follow-on jobs, or a
+/// ([`FollowOnError::BadName`]), more jobs than the store writes with one
+/// completion ([`FollowOnError::TooMany`]: 99 on DynamoDB), a store that
+/// keeps no follow-on jobs, or a
 /// call outside a wrapped handler (or from a task it spawned: the list is
 /// task-local).
 ///

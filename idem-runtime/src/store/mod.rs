@@ -18,6 +18,8 @@ mod sql;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
+#[cfg(feature = "dynamodb")]
+mod dynamodb;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "redis")]
@@ -28,6 +30,11 @@ mod sqlite;
 #[cfg(feature = "conformance")]
 pub(crate) use attempt::seed_this_thread;
 pub use attempt::Attempt;
+#[cfg(feature = "dynamodb")]
+pub use dynamodb::{
+    DynamoDbStore, DynamoDbStoreBuilder, DYNAMODB_MAX_FOLLOW_ONS,
+    TABLE_DEFINITION as DYNAMODB_TABLE_DEFINITION,
+};
 pub use memory::MemoryStore;
 pub use model::{
     Claim, ClaimRequest, Reading, Record, RecordFilter, RecordState, RecordStateKind, Resolution,
@@ -103,7 +110,7 @@ pub enum StoreError {
 #[async_trait]
 pub trait IdempotencyStore: Send + Sync + std::fmt::Debug {
     /// A short, constant name of the backend (`memory`, `sqlite`,
-    /// `postgres`, `redis`), the `store` label of the latency metrics.
+    /// `postgres`, `redis`, `dynamodb`), the `store` label of the latency metrics.
     fn backend(&self) -> &'static str {
         "custom"
     }
@@ -368,6 +375,15 @@ pub trait FollowOnStore: IdempotencyStore {
     ///
     /// [`lease_jobs`]: FollowOnStore::lease_jobs
     async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError>;
+
+    /// The most follow-on jobs one completion (or resolution) writes in its
+    /// one atomic step, when the store has a limit: `None` (the default)
+    /// for none. The executor refuses a declaration past it at once
+    /// ([`FollowOnError::TooMany`]),
+    /// while the handler can still act, never at the completion.
+    fn max_follow_ons_per_completion(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// [`IdempotencyStore::complete`], with the follow-on `jobs` in the same
@@ -566,5 +582,8 @@ impl<S: FollowOnStore + ?Sized> FollowOnStore for std::sync::Arc<S> {
     }
     async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
         (**self).count_due_jobs().await
+    }
+    fn max_follow_ons_per_completion(&self) -> Option<usize> {
+        (**self).max_follow_ons_per_completion()
     }
 }

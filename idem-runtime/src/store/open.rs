@@ -20,7 +20,15 @@ use super::{IdempotencyStore, MemoryStore, StoreError};
 ///   [`PostgresStoreBuilder::relaxed_completions`](crate::PostgresStoreBuilder::relaxed_completions)
 ///   sets;
 /// - `redis://…`, `rediss://…` or `redis+unix://…`: one Redis or Valkey
-///   server, keys under the prefix `idem` (feature `redis`).
+///   server, keys under the prefix `idem` (feature `redis`);
+/// - `dynamodb://TABLE?region=REGION&endpoint=URL`: a DynamoDB table,
+///   checked to exist; not created (feature `dynamodb`). The region may
+///   come from `AWS_REGION` instead, the endpoint is AWS's for the region
+///   unless given (an emulator's: `endpoint=http://127.0.0.1:4567`), and
+///   the credentials come from `AWS_ACCESS_KEY_ID`,
+///   `AWS_SECRET_ACCESS_KEY` and `AWS_SESSION_TOKEN` (no profiles or
+///   instance roles: build a client with aws-config and use
+///   [`DynamoDbStore::builder`](crate::DynamoDbStore::builder) for those).
 ///
 /// Errors: `Config` for a URL of none of these forms, or of a backend this
 /// build lacks (the message names the feature); `Unavailable` when the store
@@ -69,10 +77,16 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn IdempotencyStore>, StoreErr
         #[cfg(not(feature = "redis"))]
         return Err(missing("redis"));
     }
+    if url.starts_with("dynamodb://") {
+        #[cfg(feature = "dynamodb")]
+        return Ok(Arc::new(super::dynamodb::open_url(url).await?));
+        #[cfg(not(feature = "dynamodb"))]
+        return Err(missing("dynamodb"));
+    }
     let _ = missing;
     Err(StoreError::Config(format!(
         "{url:?} is not a store URL: use sqlite:PATH, postgres://USER@HOST/DB, \
-         redis://HOST:PORT or memory"
+         redis://HOST:PORT, dynamodb://TABLE?region=REGION or memory"
     )))
 }
 

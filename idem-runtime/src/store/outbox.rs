@@ -180,10 +180,24 @@ pub enum FollowOnError {
         /// The job's name.
         name: String,
     },
+    /// The operation declared as many jobs as its store writes with one
+    /// completion ([`FollowOnStore::max_follow_ons_per_completion`](super::FollowOnStore::max_follow_ons_per_completion)).
+    #[error(
+        "follow-on job `{name}` is one too many: the {store} store writes at most {limit} \
+         follow-on jobs with one completion; declare one job that fans out when it runs"
+    )]
+    TooMany {
+        /// The job's name.
+        name: String,
+        /// The store's limit.
+        limit: usize,
+        /// The store's kind.
+        store: &'static str,
+    },
     /// The executor's store cannot keep follow-on jobs.
     #[error(
         "follow-on job `{name}` cannot be kept: the {store} store does not support follow-on \
-         jobs; use one that does (memory, sqlite, postgres, redis)"
+         jobs; use one that does (memory, sqlite, postgres, redis, dynamodb)"
     )]
     Unsupported {
         /// The job's name.

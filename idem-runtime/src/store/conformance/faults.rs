@@ -392,4 +392,8 @@ impl<S: IdempotencyStore> FollowOnStore for FaultyStore<S> {
         self.run(Call::CountDueJobs, self.jobs().count_due_jobs())
             .await
     }
+
+    fn max_follow_ons_per_completion(&self) -> Option<usize> {
+        self.jobs().max_follow_ons_per_completion()
+    }
 }

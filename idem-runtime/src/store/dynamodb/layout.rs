@@ -1,0 +1,273 @@
+//! Where a record and a job live in the table: the item keys, the attribute
+//! names, the four sparse indexes, and the table's definition.
+//!
+//! | item | `pk` (B) | `sk` (B) |
+//! | --- | --- | --- |
+//! | record | the key's first 8 bytes (every reference of the key starts with them) | `r` and the key's other 24 bytes |
+//! | job | its operation's reference's first 8 bytes (its record's `pk`) | `j`, the reference's length and bytes, the tenant's length (4 bytes) and bytes, the name |
+//!
+//! A record's partition is named by its key, which the key's SHA-256 has
+//! made tenant-scoped (the tenant is hashed into it): a fenced change, which
+//! knows the key, names the record directly, and a lookup by (tenant,
+//! reference) reads the one partition the reference names, with a strongly
+//! consistent `Query` that keeps the record of this tenant and reference.
+//! No index is read on the calls' path: a global secondary index is only
+//! eventually consistent, and a status read right after a claim must find
+//! it.
+//!
+//! | index | hash | range | holds |
+//! | --- | --- | --- | --- |
+//! | `lapsed` | `lq` (N, shard) | `lu` (lease until, µs) | IN_PROGRESS records only: the sweep's lapsed leases |
+//! | `unknown` | `uq` (N, shard) | `nc` (next check, µs) | UNKNOWN records only: the reconciler's due records |
+//! | `expiry` | `xq` (N, shard) | `xk` (µs) | COMPLETED records (`xk`: their expiry), NOT_PERFORMED ones (their retention end) and delivered jobs (kept until); keys, `st` and `lu` only |
+//! | `due` | `dq` (N, shard) | `nr` (next run, µs) | live jobs only (neither dead nor delivered) |
+//!
+//! Each index is sparse: an item is in it only while it carries the index's
+//! hash attribute, which a transition sets or removes in the same write. A
+//! record is in one index at a time, so a claim writes one index and a
+//! completion two (out of `lapsed`, into `expiry`). The purge finds an
+//! IN_PROGRESS record past its life in `lapsed` (its lease ran out) and an
+//! UNKNOWN one in `unknown`, and checks its retention.
+//! The hash attribute is a shard (the key's first byte modulo [`SHARDS`]),
+//! so no index partition takes every write of the table; a listing asks the
+//! shards at once.
+//!
+//! `ttl` (epoch seconds) is DynamoDB's TTL attribute, a backstop only (it
+//! deletes up to days late, and the purge is what keeps the table's size
+//! bounded): set on COMPLETED records (their expiry) and delivered jobs
+//! (their record's expiry), never on an IN_PROGRESS, UNKNOWN or
+//! NOT_PERFORMED record, whose end depends on a lease a heartbeat moves.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+
+use crate::key::{IdempotencyKey, Reference};
+use crate::store::JobId;
+
+/// How many shards the indexes' hash attributes spread over. Fixed for the
+/// life of the data: a listing asks exactly these. Four keeps a
+/// maintenance round (sweep, reconcile, purge) and a dispatcher's lease at
+/// a few queries each; a partition key value takes about 1,000 writes a
+/// second before DynamoDB splits it by its sort key, and a call writes the
+/// `lapsed` index twice, so four values carry some 2,000 calls a second
+/// before then.
+pub(super) const SHARDS: u8 = 4;
+
+/// An item as the SDK reads and writes it.
+pub(super) type Item = HashMap<String, AttributeValue>;
+
+/// The attribute names: short, since every item carries them and DynamoDB
+/// counts their bytes in each item's size; none is a DynamoDB reserved word.
+pub(super) mod attr {
+    /// Partition key (B).
+    pub(crate) const PK: &str = "pk";
+    /// Sort key (B).
+    pub(crate) const SK: &str = "sk";
+    /// The key's fingerprint (B, 32 bytes).
+    pub(crate) const FINGERPRINT: &str = "fp";
+    /// Tenant (S).
+    pub(crate) const TENANT: &str = "tn";
+    /// Tool (S).
+    pub(crate) const TOOL: &str = "tl";
+    /// Reference (B, 16 bytes).
+    pub(crate) const REFERENCE: &str = "rf";
+    /// The claim's attempt, the fencing token (N).
+    pub(crate) const ATTEMPT: &str = "ak";
+    /// The state's code (N, `RecordStateKind::code`).
+    pub(crate) const STATE: &str = "st";
+    /// A COMPLETED record's response (S).
+    pub(crate) const RESPONSE: &str = "rs";
+    /// An UNKNOWN or NOT_PERFORMED record's note (S).
+    pub(crate) const NOTE: &str = "nt";
+    /// Who resolved it by hand and why (S).
+    pub(crate) const RESOLUTION: &str = "rv";
+    /// Claimed at (N, µs).
+    pub(crate) const CLAIMED: &str = "ca";
+    /// Updated at (N, µs).
+    pub(crate) const UPDATED: &str = "ua";
+    /// Lease until (N, µs).
+    pub(crate) const LEASE: &str = "lu";
+    /// Expires at (N, µs).
+    pub(crate) const EXPIRES: &str = "ea";
+    /// Retain until (N, µs).
+    pub(crate) const RETAIN: &str = "ra";
+    /// Next check at (N, µs).
+    pub(crate) const NEXT_CHECK: &str = "nc";
+    /// Checks (N).
+    pub(crate) const CHECKS: &str = "ck";
+    /// The expiry in epoch seconds, for the TTL a completion sets (N).
+    pub(crate) const EXPIRES_SECS: &str = "te";
+    /// `lapsed` index hash: present while IN_PROGRESS (N).
+    pub(crate) const LAPSED_SHARD: &str = "lq";
+    /// `unknown` index hash: present while UNKNOWN (N).
+    pub(crate) const UNKNOWN_SHARD: &str = "uq";
+    /// `expiry` index hash (N).
+    pub(crate) const EXPIRY_SHARD: &str = "xq";
+    /// `expiry` index range (N, µs).
+    pub(crate) const EXPIRY: &str = "xk";
+    /// DynamoDB's TTL attribute (N, epoch seconds).
+    pub(crate) const TTL: &str = "tt";
+    /// Job name (S).
+    pub(crate) const NAME: &str = "nm";
+    /// Job payload (S).
+    pub(crate) const PAYLOAD: &str = "pl";
+    /// Job runs (N).
+    pub(crate) const RUNS: &str = "rn";
+    /// The attempt holding the job's lease (N), absent when none.
+    pub(crate) const JOB_ATTEMPT: &str = "ja";
+    /// Next run at (N, µs).
+    pub(crate) const NEXT_RUN: &str = "nr";
+    /// Last error (S).
+    pub(crate) const ERROR: &str = "er";
+    /// In the dead letter (BOOL), absent when not.
+    pub(crate) const DEAD: &str = "dd";
+    /// Created at (N, µs).
+    pub(crate) const CREATED: &str = "cr";
+    /// Delivered at (N, µs), absent until then.
+    pub(crate) const DELIVERED: &str = "dl";
+    /// Kept until (N, µs), a delivered job's.
+    pub(crate) const KEPT: &str = "ku";
+    /// `due` index hash: present while the job is live (N).
+    pub(crate) const DUE_SHARD: &str = "dq";
+}
+
+/// The indexes' names.
+pub(super) const LAPSED_INDEX: &str = "lapsed";
+pub(super) const UNKNOWN_INDEX: &str = "unknown";
+pub(super) const EXPIRY_INDEX: &str = "expiry";
+pub(super) const DUE_INDEX: &str = "due";
+
+/// The sort keys' first byte: a record's, a job's.
+pub(super) const RECORD_TAG: u8 = b'r';
+pub(super) const JOB_TAG: u8 = b'j';
+
+/// The shard of a record or job whose key (reference) starts with `first`.
+pub(super) fn shard(first: u8) -> u8 {
+    first % SHARDS
+}
+
+/// The record of `key`: its `pk` and `sk`.
+pub(super) fn record_key(key: &IdempotencyKey) -> Item {
+    let bytes = key.as_bytes();
+    let mut sk = Vec::with_capacity(25);
+    sk.push(RECORD_TAG);
+    sk.extend_from_slice(&bytes[8..]);
+    HashMap::from([
+        (attr::PK.to_owned(), blob(&bytes[..8])),
+        (attr::SK.to_owned(), AttributeValue::B(sk.into())),
+    ])
+}
+
+/// The partition every record of a reference's key sits in.
+pub(super) fn partition_of(reference: &Reference) -> AttributeValue {
+    blob(&reference.key_prefix())
+}
+
+/// The job `id`: its `pk` and `sk`.
+pub(super) fn job_key(id: &JobId) -> Item {
+    let reference = id.reference.as_bytes();
+    let tenant = id.tenant.as_bytes();
+    let mut sk = Vec::with_capacity(6 + reference.len() + tenant.len() + id.name.len());
+    sk.push(JOB_TAG);
+    sk.push(reference.len() as u8);
+    sk.extend_from_slice(reference);
+    sk.extend_from_slice(&(tenant.len() as u32).to_be_bytes());
+    sk.extend_from_slice(tenant);
+    sk.extend_from_slice(id.name.as_bytes());
+    HashMap::from([
+        (attr::PK.to_owned(), partition_of(&id.reference)),
+        (attr::SK.to_owned(), AttributeValue::B(sk.into())),
+    ])
+}
+
+/// A binary attribute.
+pub(super) fn blob(bytes: &[u8]) -> AttributeValue {
+    AttributeValue::B(bytes.to_vec().into())
+}
+
+/// A number attribute.
+pub(super) fn num(n: impl std::fmt::Display) -> AttributeValue {
+    AttributeValue::N(n.to_string())
+}
+
+/// The table's definition, as `aws dynamodb create-table --cli-input-json`
+/// takes it (replace `TABLE`), for infrastructure code; then turn on TTL on
+/// the attribute `tt` (`aws dynamodb update-time-to-live --table-name TABLE
+/// --time-to-live-specification Enabled=true,AttributeName=tt`).
+/// [`DynamoDbStore::create_table`](super::DynamoDbStore::create_table)
+/// creates exactly this.
+pub const TABLE_DEFINITION: &str = r#"{
+  "TableName": "TABLE",
+  "BillingMode": "PAY_PER_REQUEST",
+  "AttributeDefinitions": [
+    {"AttributeName": "pk", "AttributeType": "B"},
+    {"AttributeName": "sk", "AttributeType": "B"},
+    {"AttributeName": "lq", "AttributeType": "N"},
+    {"AttributeName": "lu", "AttributeType": "N"},
+    {"AttributeName": "uq", "AttributeType": "N"},
+    {"AttributeName": "nc", "AttributeType": "N"},
+    {"AttributeName": "xq", "AttributeType": "N"},
+    {"AttributeName": "xk", "AttributeType": "N"},
+    {"AttributeName": "dq", "AttributeType": "N"},
+    {"AttributeName": "nr", "AttributeType": "N"}
+  ],
+  "KeySchema": [
+    {"AttributeName": "pk", "KeyType": "HASH"},
+    {"AttributeName": "sk", "KeyType": "RANGE"}
+  ],
+  "GlobalSecondaryIndexes": [
+    {"IndexName": "lapsed",
+     "KeySchema": [{"AttributeName": "lq", "KeyType": "HASH"}, {"AttributeName": "lu", "KeyType": "RANGE"}],
+     "Projection": {"ProjectionType": "ALL"}},
+    {"IndexName": "unknown",
+     "KeySchema": [{"AttributeName": "uq", "KeyType": "HASH"}, {"AttributeName": "nc", "KeyType": "RANGE"}],
+     "Projection": {"ProjectionType": "ALL"}},
+    {"IndexName": "expiry",
+     "KeySchema": [{"AttributeName": "xq", "KeyType": "HASH"}, {"AttributeName": "xk", "KeyType": "RANGE"}],
+     "Projection": {"ProjectionType": "INCLUDE", "NonKeyAttributes": ["st", "lu"]}},
+    {"IndexName": "due",
+     "KeySchema": [{"AttributeName": "dq", "KeyType": "HASH"}, {"AttributeName": "nr", "KeyType": "RANGE"}],
+     "Projection": {"ProjectionType": "ALL"}}
+  ]
+}"#;
+
+/// The table's TTL attribute, as [`TABLE_DEFINITION`] says to turn it on.
+pub(super) const TTL_ATTRIBUTE: &str = attr::TTL;
+
+/// The indexes as (name, hash, range, projected non-key attributes: `None`
+/// for all): what [`TABLE_DEFINITION`] says, for `create_table`.
+pub(super) const INDEXES: [(&str, &str, &str, Option<&[&str]>); 4] = [
+    (LAPSED_INDEX, attr::LAPSED_SHARD, attr::LEASE, None),
+    (UNKNOWN_INDEX, attr::UNKNOWN_SHARD, attr::NEXT_CHECK, None),
+    (
+        EXPIRY_INDEX,
+        attr::EXPIRY_SHARD,
+        attr::EXPIRY,
+        Some(&[attr::STATE, attr::LEASE]),
+    ),
+    (DUE_INDEX, attr::DUE_SHARD, attr::NEXT_RUN, None),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The documented definition and what `create_table` builds agree.
+    #[test]
+    fn the_definition_names_every_index() {
+        for (name, hash, range, _) in INDEXES {
+            assert!(TABLE_DEFINITION.contains(&format!("\"IndexName\": \"{name}\"")));
+            for a in [hash, range] {
+                assert!(TABLE_DEFINITION.contains(&format!("\"AttributeName\": \"{a}\"")));
+            }
+        }
+    }
+
+    #[test]
+    fn a_record_sits_in_the_partition_its_references_name() {
+        let key = IdempotencyKey::from_parts([7; 32], [1; 32]);
+        let reference = Reference::new_operation(&key);
+        assert_eq!(record_key(&key)[attr::PK], partition_of(&reference));
+    }
+}

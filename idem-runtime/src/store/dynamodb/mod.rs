@@ -1,0 +1,1259 @@
+//! [`DynamoDbStore`]: records and follow-on jobs in one DynamoDB table.
+//!
+//! One job, the store and its contract; the item keys, attribute names and
+//! indexes are in `layout.rs`, reading items back and the SDK's errors in
+//! `items.rs`, the builder, the table's creation and `dynamodb://` URLs in
+//! `builder.rs`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::types::{
+    AttributeValue, Put, ReturnValue, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
+    Update,
+};
+use aws_sdk_dynamodb::Client;
+
+use crate::future::join_all;
+use crate::key::{IdempotencyKey, Reference};
+use crate::store::{
+    check_distinct, listing_order, Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore,
+    IdempotencyStore, Job, JobFilter, JobId, Record, RecordFilter, RecordStateKind, Resolution,
+    StateCounts, StoreError,
+};
+
+mod builder;
+mod items;
+mod layout;
+
+pub(crate) use builder::open_url;
+pub use builder::DynamoDbStoreBuilder;
+use items::{micros, sdk_error, ttl_secs};
+pub use layout::TABLE_DEFINITION;
+use layout::{attr, blob, num, shard, Item, EXPIRY_INDEX, LAPSED_INDEX, SHARDS, UNKNOWN_INDEX};
+
+use RecordStateKind::{Completed, InProgress, NotPerformed, Unknown};
+
+/// Where a [`DynamoDbStore`] reads the time.
+type Clock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
+
+/// The most items one `TransactWriteItems` writes.
+const TRANSACTION_ITEMS: usize = 100;
+
+/// The most follow-on jobs one completion writes: a transaction's items
+/// less the record's.
+pub const DYNAMODB_MAX_FOLLOW_ONS: usize = TRANSACTION_ITEMS - 1;
+
+/// Records and follow-on jobs in one DynamoDB table, for servers on AWS
+/// (AWS Lambda above all) that have DynamoDB and no PostgreSQL.
+///
+/// Give it a configured `aws_sdk_dynamodb::Client` and a table name
+/// ([`DynamoDbStore::builder`]); [`create_table`](DynamoDbStore::create_table)
+/// creates the table for tests and first runs, and [`TABLE_DEFINITION`] is
+/// the same table for infrastructure code. `open_store` and the `idem`
+/// command line take `dynamodb://TABLE?region=…&endpoint=…`.
+///
+/// # One conditional write per transition
+///
+/// A claim is one `PutItem` whose `ConditionExpression` admits only an
+/// absent record or one past its life, never a check-then-insert; when the
+/// condition fails, DynamoDB returns the record it found
+/// (`ReturnValuesOnConditionCheckFailure = ALL_OLD`), so a repeat costs the
+/// same one round trip. Every other change (complete, release, mark_unknown,
+/// mark_lapsed, resolve, defer_check, heartbeat) is one `UpdateItem` or
+/// `DeleteItem` whose condition names the attempt (the fencing token) and
+/// the states it may leave, and, where the change depends on it, the lease
+/// or the settle period; the refused change's old item tells `Fenced` from
+/// `WrongState`. Two changes take a second step, both rare: a claim that
+/// takes over a NOT_PERFORMED record (fenced by that record's attempt), and
+/// a completion that arrives after the record became UNKNOWN (its expiry is
+/// moved to its retention end).
+///
+/// # Follow-on jobs
+///
+/// A completion with jobs reads its record (the jobs take the operation's
+/// tenant and reference) and then writes the completion and every job in
+/// one `TransactWriteItems`: the record's update under the same fencing
+/// condition, each job as a `Put` only if absent. A transaction holds at
+/// most 100 items, so one completion writes at most
+/// [`DYNAMODB_MAX_FOLLOW_ONS`] (99) jobs, and the executor refuses the
+/// hundredth at its declaration
+/// ([`FollowOnStore::max_follow_ons_per_completion`]); a transaction is also
+/// at most 4 MB in all. A job is leased by a conditional `UpdateItem` (due
+/// at the time of the write, live) that sets the lease's attempt; finish,
+/// retry and bury are conditional on that attempt.
+///
+/// # The clock
+///
+/// DynamoDB has no server clock: every time (claimed, lease, expiry,
+/// settle, next run) is this process's clock (`SystemTime::now()`, or the
+/// builder's [`clock`](DynamoDbStoreBuilder::clock)), read once per call and
+/// written into the condition, so within one call the times agree. Several
+/// replicas each use their own clock, as processes sharing a SQLite file
+/// do. A replica whose clock is ahead by *d*:
+///
+/// - sees leases run out *d* early: its sweep marks a live handler UNKNOWN
+///   up to *d* before its lease ends (the handler's completion still wins
+///   over UNKNOWN, and an UNKNOWN record is never taken over, so nothing runs
+///   twice), and it answers a repeat "outcome unknown" instead of "in
+///   progress";
+/// - takes over a COMPLETED record up to *d* before its window ends: a
+///   repeat in that last *d* of the window runs as a new operation;
+/// - trusts "not performed" up to *d* before the settle period is over.
+///
+/// Keep the replicas' clocks in sync (NTP, which AWS Lambda and EC2 keep to
+/// well under a second), with windows, leases and the settle period far
+/// longer than the skew.
+///
+/// # Expiry
+///
+/// The purge deletes what is past its life, found through the sparse
+/// indexes (`expiry` for COMPLETED and NOT_PERFORMED records and delivered
+/// jobs, `lapsed` and `unknown` for the others), with a condition that
+/// re-checks the life at the delete.
+/// DynamoDB's TTL (the attribute `tt`) is only a backstop for COMPLETED
+/// records and delivered jobs: it deletes up to days late, and reads still
+/// return an item it has not deleted yet.
+///
+/// # Errors
+///
+/// Throttling (`ProvisionedThroughputExceededException`,
+/// `ThrottlingException`, `RequestLimitExceeded`), a timeout or a failed
+/// connection is [`StoreError::Unavailable`]: the executor then fails closed
+/// and the call may be retried. A missing table is [`StoreError::Config`],
+/// with what to do. The SDK's own retries, timeouts and credentials are the
+/// client's, as configured.
+///
+/// ```no_run
+/// # async fn f(client: aws_sdk_dynamodb::Client) -> Result<(), idem_runtime::StoreError> {
+/// let store = idem_runtime::DynamoDbStore::builder(client, "idem").build()?;
+/// store.create_table().await?; // tests and first runs; else from TABLE_DEFINITION
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct DynamoDbStore {
+    client: Client,
+    table: Arc<str>,
+    clock: Option<Clock>,
+}
+
+impl std::fmt::Debug for DynamoDbStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DynamoDbStore")
+            .field("table", &self.table)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The condition a claim writes under: no record, or one past its life
+/// ([`Record::is_expired`], at the claim's `:now`).
+const CLAIMABLE: &str = "attribute_not_exists(pk) OR (st = :c AND ea <= :now) \
+                         OR (st <> :c AND ra <= :now AND lu <= :now)";
+
+/// The purge's delete of a record: still past its life at the delete.
+const RECORD_EXPIRED: &str = "(st = :c AND ea <= :now) OR (st <> :c AND ra <= :now AND lu <= :now)";
+
+/// A fenced change's condition: the attempt owns the record, in one of the
+/// states `:s0`, `:s1`, ….
+fn owned(states: &[RecordStateKind]) -> String {
+    let list: Vec<String> = (0..states.len()).map(|i| format!(":s{i}")).collect();
+    format!("ak = :ak AND st IN ({})", list.join(", "))
+}
+
+/// What a refused fenced change's old item says: `Fenced` when the record
+/// is gone or another attempt owns it, `WrongState` when it is in none of
+/// `from`; otherwise the old record, for the caller to judge its own extra
+/// condition (a lease, a settle period) against.
+fn fence(
+    old: Option<Item>,
+    attempt: Attempt,
+    from: &[RecordStateKind],
+) -> Result<Item, StoreError> {
+    let Some(old) = old else {
+        return Err(StoreError::Fenced);
+    };
+    if items::number(&old, attr::ATTEMPT)? != attempt.get() {
+        return Err(StoreError::Fenced);
+    }
+    let found = items::state_of(&old)?;
+    if !from.contains(&found) {
+        return Err(StoreError::WrongState { found });
+    }
+    Ok(old)
+}
+
+/// A write's values, built up by name.
+#[derive(Default)]
+struct Values(std::collections::HashMap<String, AttributeValue>);
+
+impl Values {
+    fn set(mut self, name: &str, value: AttributeValue) -> Self {
+        self.0.insert(name.to_owned(), value);
+        self
+    }
+
+    fn states(mut self, states: &[RecordStateKind]) -> Self {
+        for (i, s) in states.iter().enumerate() {
+            self.0.insert(format!(":s{i}"), num(s.code()));
+        }
+        self
+    }
+
+    fn into_inner(self) -> Option<std::collections::HashMap<String, AttributeValue>> {
+        Some(self.0)
+    }
+}
+
+/// How a record ends up COMPLETED, by the state it leaves: from
+/// IN_PROGRESS its expiry stays the window's end (and the TTL backstop
+/// takes it, from `te`, the claim's expiry in seconds); a late completion
+/// (from UNKNOWN or NOT_PERFORMED) answers
+/// repeats until its retention ends, as every store does, and gets no TTL.
+fn completion(from: RecordStateKind, note: Option<Option<&str>>) -> String {
+    let mut set = String::from("SET st = :c, rs = :rs, ua = :now");
+    let mut remove = String::from(" REMOVE lq, uq");
+    if from == InProgress {
+        set.push_str(", xq = :xq, xk = ea, tt = te");
+    } else {
+        set.push_str(", ea = ra, xq = :xq, xk = ra");
+        remove.push_str(", tt");
+    }
+    match note {
+        Some(Some(_)) => set.push_str(", rv = :rv"),
+        Some(None) => remove.push_str(", rv"),
+        None => {}
+    }
+    set + &remove
+}
+
+impl DynamoDbStore {
+    /// A builder over `client` (configured with its region, endpoint and
+    /// credentials) and the table `table`. Errors: `Config` for a table name
+    /// DynamoDB would refuse.
+    pub fn builder(client: Client, table: impl Into<String>) -> DynamoDbStoreBuilder {
+        DynamoDbStoreBuilder::new(client, table.into())
+    }
+
+    /// The table's name.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    fn now(&self) -> SystemTime {
+        match &self.clock {
+            Some(clock) => clock(),
+            None => SystemTime::now(),
+        }
+    }
+
+    fn err<E, R>(&self, e: aws_sdk_dynamodb::error::SdkError<E, R>) -> StoreError
+    where
+        E: aws_sdk_dynamodb::error::ProvideErrorMetadata
+            + std::error::Error
+            + Send
+            + Sync
+            + 'static,
+        R: std::fmt::Debug + Send + Sync + 'static,
+    {
+        sdk_error(&self.table, e)
+    }
+
+    /// The item of a new claim of `req` under `reference`, at `now`.
+    fn claimed_item(&self, req: &ClaimRequest, reference: Reference, now: SystemTime) -> Item {
+        let shard = num(shard(req.key.as_bytes()[0]));
+        let expires = now + req.window;
+        let retain = now + req.retention.max(req.window);
+        let mut item = layout::record_key(&req.key);
+        let mut put = |name: &str, value| {
+            item.insert(name.to_owned(), value);
+        };
+        put(attr::FINGERPRINT, blob(req.key.fingerprint()));
+        put(attr::TENANT, AttributeValue::S(req.tenant.clone()));
+        put(attr::TOOL, AttributeValue::S(req.tool.clone()));
+        put(attr::REFERENCE, blob(reference.as_bytes()));
+        put(attr::ATTEMPT, num(req.attempt.get()));
+        put(attr::STATE, num(InProgress.code()));
+        put(attr::CLAIMED, num(micros(now)));
+        put(attr::UPDATED, num(micros(now)));
+        put(attr::LEASE, num(micros(now + req.lease)));
+        put(attr::EXPIRES, num(micros(expires)));
+        put(attr::RETAIN, num(micros(retain)));
+        // No `nc` nor `ck` until the record is UNKNOWN: read back, they are
+        // the claim's time and 0 (a record's bytes are its cost).
+        put(attr::EXPIRES_SECS, num(ttl_secs(expires)));
+        // In the `lapsed` index only: an IN_PROGRESS record's end of life is
+        // found through it (and an UNKNOWN one's through `unknown`), so a
+        // claim writes one index, not two.
+        put(attr::LAPSED_SHARD, shard);
+        item
+    }
+
+    /// One `PutItem` of a claim under `condition`: `Ok(None)` written,
+    /// `Ok(Some(old))` refused with the record found.
+    async fn put_claim(
+        &self,
+        item: Item,
+        condition: &str,
+        values: Values,
+    ) -> Result<Option<Option<Item>>, StoreError> {
+        use aws_sdk_dynamodb::operation::put_item::PutItemError;
+        let sent = self
+            .client
+            .put_item()
+            .table_name(&*self.table)
+            .set_item(Some(item))
+            .condition_expression(condition)
+            .set_expression_attribute_values(values.into_inner())
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        match sent {
+            Ok(_) => Ok(None),
+            Err(e) => match e.as_service_error() {
+                Some(PutItemError::ConditionalCheckFailedException(c)) => {
+                    Ok(Some(c.item().cloned()))
+                }
+                _ => Err(self.err(e)),
+            },
+        }
+    }
+
+    /// A fenced `UpdateItem` of the record of `key`: `Ok(Ok(()))` written,
+    /// `Ok(Err(old))` refused, with the item found (if any).
+    async fn update(
+        &self,
+        key: &IdempotencyKey,
+        condition: &str,
+        update: &str,
+        values: Values,
+    ) -> Result<Result<(), Option<Item>>, StoreError> {
+        use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+        let sent = self
+            .client
+            .update_item()
+            .table_name(&*self.table)
+            .set_key(Some(layout::record_key(key)))
+            .condition_expression(condition)
+            .update_expression(update)
+            .set_expression_attribute_values(values.into_inner())
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        match sent {
+            Ok(_) => Ok(Ok(())),
+            Err(e) => match e.as_service_error() {
+                Some(UpdateItemError::ConditionalCheckFailedException(c)) => {
+                    Ok(Err(c.item().cloned()))
+                }
+                _ => Err(self.err(e)),
+            },
+        }
+    }
+
+    /// A change of the record of `key` fenced by `attempt` from one of
+    /// `from`, with `extra` (if any) in the same condition. `Ok(Err(old))`
+    /// when only `extra` refused it.
+    async fn fenced(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        from: &[RecordStateKind],
+        extra: Option<&str>,
+        update: &str,
+        values: Values,
+    ) -> Result<Result<(), Item>, StoreError> {
+        let mut condition = owned(from);
+        if let Some(extra) = extra {
+            condition = format!("{condition} AND {extra}");
+        }
+        let values = values.set(":ak", num(attempt.get())).states(from);
+        match self.update(key, &condition, update, values).await? {
+            Ok(()) => Ok(Ok(())),
+            Err(old) => fence(old, attempt, from).map(Err),
+        }
+    }
+
+    /// The record of `key`, read strongly consistent.
+    async fn get(&self, key: &IdempotencyKey) -> Result<Option<Item>, StoreError> {
+        let got = self
+            .client
+            .get_item()
+            .table_name(&*self.table)
+            .set_key(Some(layout::record_key(key)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(got.item)
+    }
+
+    /// A completion (`note`: `None` for `complete`, `Some` for a
+    /// resolution, which writes its note) from one of `from`, with `jobs` in
+    /// the same transaction.
+    async fn complete_from(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        from: &[RecordStateKind],
+        response: &str,
+        note: Option<Option<&str>>,
+        jobs: &[FollowOn],
+    ) -> Result<(), StoreError> {
+        check_distinct(jobs)?;
+        if jobs.len() > DYNAMODB_MAX_FOLLOW_ONS {
+            return Err(StoreError::Invalid(format!(
+                "{} follow-on jobs for one completion: DynamoDB writes at most {} with it (one \
+                 transaction of {TRANSACTION_ITEMS} items)",
+                jobs.len(),
+                DYNAMODB_MAX_FOLLOW_ONS
+            )));
+        }
+        let mut jobs: Vec<&FollowOn> = jobs.iter().collect();
+        // A few rounds: the record may change between the read and the
+        // write (then the transaction's condition refuses, and the next
+        // round judges the new state), and a job that exists already is
+        // left out, never replaced.
+        for _ in 0..4 {
+            let now = self.now();
+            let values = |state: RecordStateKind| {
+                let mut v = Values::default()
+                    .set(":c", num(Completed.code()))
+                    .set(":rs", AttributeValue::S(response.to_owned()))
+                    .set(":now", num(micros(now)))
+                    .set(":ak", num(attempt.get()))
+                    .set(":xq", num(shard(key.as_bytes()[0])))
+                    .states(&[state]);
+                if let Some(Some(note)) = note {
+                    v = v.set(":rv", AttributeValue::S(note.to_owned()));
+                }
+                v
+            };
+            if jobs.is_empty() {
+                // No read: the usual state first, and the refusal's old
+                // item tells the state to complete from otherwise (a late
+                // completion, from UNKNOWN or NOT_PERFORMED).
+                let mut state = from[0];
+                for _ in 0..2 {
+                    let update = completion(state, note);
+                    match self
+                        .update(key, &owned(&[state]), &update, values(state))
+                        .await?
+                    {
+                        Ok(()) => return Ok(()),
+                        Err(old) => state = items::state_of(&fence(old, attempt, from)?)?,
+                    }
+                }
+                continue;
+            }
+            let old = fence(self.get(key).await?, attempt, from)?;
+            let state = items::state_of(&old)?;
+            let record = items::record(&old, now)?;
+            let update = completion(state, note);
+            let condition = owned(&[state]);
+            let record_update = Update::builder()
+                .table_name(&*self.table)
+                .set_key(Some(layout::record_key(key)))
+                .condition_expression(&condition)
+                .update_expression(&update)
+                .set_expression_attribute_values(values(state).into_inner())
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld,
+                )
+                .build()
+                .map_err(|e| StoreError::Invalid(e.to_string()))?;
+            let mut writes = vec![TransactWriteItem::builder().update(record_update).build()];
+            for job in &jobs {
+                let id = JobId {
+                    tenant: record.tenant.clone(),
+                    reference: record.reference,
+                    name: job.name().to_owned(),
+                };
+                let put = Put::builder()
+                    .table_name(&*self.table)
+                    .set_item(Some(job_item(&id, job.payload(), now)))
+                    .condition_expression("attribute_not_exists(pk)")
+                    .build()
+                    .map_err(|e| StoreError::Invalid(e.to_string()))?;
+                writes.push(TransactWriteItem::builder().put(put).build());
+            }
+            use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+            let sent = self
+                .client
+                .transact_write_items()
+                .set_transact_items(Some(writes))
+                .send()
+                .await;
+            let e = match sent {
+                Ok(_) => return Ok(()),
+                Err(e) => e,
+            };
+            let Some(TransactWriteItemsError::TransactionCanceledException(cancel)) =
+                e.as_service_error()
+            else {
+                return Err(self.err(e));
+            };
+            let failed = |code: Option<&str>| code == Some("ConditionalCheckFailed");
+            let reasons = cancel.cancellation_reasons();
+            if reasons.first().is_some_and(|r| failed(r.code())) {
+                // The record changed since the read: judge it again.
+                fence(reasons[0].item().cloned(), attempt, from)?;
+                continue;
+            }
+            let existing: Vec<usize> = reasons
+                .iter()
+                .skip(1)
+                .enumerate()
+                .filter(|(_, r)| failed(r.code()))
+                .map(|(i, _)| i)
+                .collect();
+            if existing.is_empty() {
+                // Cancelled for another reason (a conflicting transaction,
+                // throttling): nothing was written.
+                return Err(self.err(e));
+            }
+            let mut i = 0;
+            jobs.retain(|_| {
+                let keep = !existing.contains(&i);
+                i += 1;
+                keep
+            });
+        }
+        Err(StoreError::Unavailable(
+            "DynamoDB: the record kept changing under the completion; try again".into(),
+        ))
+    }
+
+    /// The due items of one sparse index over every shard, the earliest
+    /// first (by `range`), at most `limit`: `key` is the key condition over
+    /// `:s` (the shard) and `:now`.
+    async fn due(
+        &self,
+        index: &str,
+        key: &str,
+        range: &str,
+        limit: usize,
+        now: SystemTime,
+    ) -> Result<Vec<Item>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let limit32 = i32::try_from(limit).unwrap_or(i32::MAX);
+        let calls = (0..SHARDS).map(|s| {
+            self.client
+                .query()
+                .table_name(&*self.table)
+                .index_name(index)
+                .key_condition_expression(key)
+                .expression_attribute_values(":s", num(s))
+                .expression_attribute_values(":now", num(micros(now)))
+                .limit(limit32)
+                .send()
+        });
+        let mut found = Vec::new();
+        for reply in join_all(calls).await {
+            found.extend(reply.map_err(|e| self.err(e))?.items.unwrap_or_default());
+        }
+        found.sort_by_key(|item| items::number(item, range).unwrap_or(u64::MAX));
+        found.truncate(limit);
+        Ok(found)
+    }
+
+    /// Every item of the table whose sort key starts with `tag` (records
+    /// or jobs), read strongly consistent, page by page: the operator's
+    /// reads. The items are told apart here, not by a filter expression: a
+    /// scan is charged for every item it reads either way.
+    async fn scan(&self, tag: u8, projection: Option<&str>) -> Result<Vec<Item>, StoreError> {
+        let mut found = Vec::new();
+        let mut start = None;
+        loop {
+            let page = self
+                .client
+                .scan()
+                .table_name(&*self.table)
+                .consistent_read(true)
+                .set_projection_expression(projection.map(str::to_owned))
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| self.err(e))?;
+            found.extend(
+                page.items
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|item| items::tag(item) == Some(tag)),
+            );
+            start = page.last_evaluated_key;
+            if start.is_none() {
+                return Ok(found);
+            }
+        }
+    }
+
+    /// A change of job `id`, conditional on `condition`: `Ok(false)` when
+    /// the condition refused it.
+    async fn job_update(
+        &self,
+        id: &JobId,
+        condition: &str,
+        update: &str,
+        values: Values,
+    ) -> Result<bool, StoreError> {
+        use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+        let sent = self
+            .client
+            .update_item()
+            .table_name(&*self.table)
+            .set_key(Some(layout::job_key(id)))
+            .condition_expression(condition)
+            .update_expression(update)
+            .set_expression_attribute_values(values.into_inner())
+            .send()
+            .await;
+        match sent {
+            Ok(_) => Ok(true),
+            Err(e) => match e.as_service_error() {
+                Some(UpdateItemError::ConditionalCheckFailedException(_)) => Ok(false),
+                _ => Err(self.err(e)),
+            },
+        }
+    }
+
+    /// A change of a job leased to `attempt` (and not delivered): `Fenced`
+    /// when another lease holds it, it is gone or delivered.
+    async fn fenced_job(
+        &self,
+        id: &JobId,
+        attempt: Attempt,
+        update: &str,
+        values: Values,
+    ) -> Result<(), StoreError> {
+        let values = values.set(":ja", num(attempt.get()));
+        let condition = "ja = :ja AND attribute_not_exists(dl)";
+        match self.job_update(id, condition, update, values).await? {
+            true => Ok(()),
+            false => Err(StoreError::Fenced),
+        }
+    }
+}
+
+/// A new job's item: due at `now`, no runs, in the `due` index.
+fn job_item(id: &JobId, payload: &str, now: SystemTime) -> Item {
+    let mut item = layout::job_key(id);
+    let now = num(micros(now));
+    for (name, value) in [
+        (attr::TENANT, AttributeValue::S(id.tenant.clone())),
+        (attr::REFERENCE, blob(id.reference.as_bytes())),
+        (attr::NAME, AttributeValue::S(id.name.clone())),
+        (attr::PAYLOAD, AttributeValue::S(payload.to_owned())),
+        (attr::RUNS, num(0)),
+        (attr::NEXT_RUN, now.clone()),
+        (attr::CREATED, now.clone()),
+        (attr::UPDATED, now),
+        (attr::DUE_SHARD, num(shard(id.reference.as_bytes()[0]))),
+    ] {
+        item.insert(name.to_owned(), value);
+    }
+    item
+}
+
+#[async_trait]
+impl IdempotencyStore for DynamoDbStore {
+    fn backend(&self) -> &'static str {
+        "dynamodb"
+    }
+
+    async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        // A few rounds: a NOT_PERFORMED record is taken over by a second
+        // write fenced by its attempt, which another claim may win first.
+        for _ in 0..4 {
+            let now = self.now();
+            let values = Values::default()
+                .set(":c", num(Completed.code()))
+                .set(":now", num(micros(now)));
+            let item = self.claimed_item(req, req.reference, now);
+            let Some(old) = self.put_claim(item, CLAIMABLE, values).await? else {
+                return Ok(Claim::Claimed {
+                    reference: req.reference,
+                });
+            };
+            let Some(old) = old else {
+                // Refused, yet no record: it was deleted in between.
+                continue;
+            };
+            let record = items::record(&old, now)?;
+            if !record.is_claimable(now) {
+                return Ok(Claim::Existing { record });
+            }
+            // NOT_PERFORMED: the same operation tried again within its
+            // window keeps its reference.
+            let reference = record.takeover_reference(req.reference, now);
+            let item = self.claimed_item(req, reference, now);
+            let values = Values::default()
+                .set(":old", num(record.attempt.get()))
+                .set(":st", num(record.state.kind().code()));
+            if self
+                .put_claim(item, "ak = :old AND st = :st", values)
+                .await?
+                .is_none()
+            {
+                return Ok(Claim::Claimed { reference });
+            }
+        }
+        Err(StoreError::Unavailable(
+            "DynamoDB: the record kept changing under the claim; try again".into(),
+        ))
+    }
+
+    async fn complete(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+    ) -> Result<(), StoreError> {
+        self.complete_from(
+            key,
+            attempt,
+            &[InProgress, Unknown, NotPerformed],
+            response,
+            None,
+            &[],
+        )
+        .await
+    }
+
+    async fn release(&self, key: &IdempotencyKey, attempt: Attempt) -> Result<(), StoreError> {
+        use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
+        let from = [InProgress, Unknown];
+        let values = Values::default()
+            .set(":ak", num(attempt.get()))
+            .states(&from);
+        let sent = self
+            .client
+            .delete_item()
+            .table_name(&*self.table)
+            .set_key(Some(layout::record_key(key)))
+            .condition_expression(owned(&from))
+            .set_expression_attribute_values(values.into_inner())
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        match sent {
+            Ok(_) => Ok(()),
+            Err(e) => match e.as_service_error() {
+                Some(DeleteItemError::ConditionalCheckFailedException(c)) => {
+                    fence(c.item().cloned(), attempt, &from)?;
+                    Err(StoreError::Fenced)
+                }
+                _ => Err(self.err(e)),
+            },
+        }
+    }
+
+    async fn mark_unknown(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        note: &str,
+    ) -> Result<(), StoreError> {
+        match self.mark(key, attempt, note, false).await? {
+            true => Ok(()),
+            false => Err(StoreError::Fenced),
+        }
+    }
+
+    async fn mark_lapsed(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        note: &str,
+    ) -> Result<bool, StoreError> {
+        self.mark(key, attempt, note, true).await
+    }
+
+    async fn resolve(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        resolution: Resolution<'_>,
+        note: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let (not_performed, settle) = match resolution {
+            Resolution::Completed { response } => {
+                return self
+                    .complete_from(key, attempt, &[Unknown], response, Some(note), &[])
+                    .await;
+            }
+            Resolution::NotPerformed { note, settle } => (note, settle),
+        };
+        let now = self.now();
+        let settled = micros(now).saturating_sub(micros(SystemTime::UNIX_EPOCH + settle));
+        let mut values = Values::default()
+            .set(":np", num(NotPerformed.code()))
+            .set(":nt", AttributeValue::S(not_performed.to_owned()))
+            .set(":now", num(micros(now)))
+            .set(":settled", num(settled))
+            .set(":xq", num(shard(key.as_bytes()[0])));
+        // Into the `expiry` index at its retention end (the purge re-checks
+        // the lease).
+        let update = match note {
+            Some(note) => {
+                values = values.set(":rv", AttributeValue::S(note.to_owned()));
+                "SET st = :np, nt = :nt, ua = :now, rv = :rv, xq = :xq, xk = ra REMOVE uq"
+            }
+            None => "SET st = :np, nt = :nt, ua = :now, xq = :xq, xk = ra REMOVE uq, rv",
+        };
+        // The settle period, judged in the same write: a request still in
+        // flight may not show at the processor yet.
+        match self
+            .fenced(
+                key,
+                attempt,
+                &[Unknown],
+                Some("ua <= :settled"),
+                update,
+                values,
+            )
+            .await?
+        {
+            Ok(()) => Ok(()),
+            Err(old) => Err(StoreError::NotSettled {
+                until: items::at(items::number(&old, attr::UPDATED)?) + settle,
+            }),
+        }
+    }
+
+    async fn defer_check(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        delay: Duration,
+    ) -> Result<(), StoreError> {
+        let now = self.now();
+        let values = Values::default()
+            .set(":nc", num(micros(now + delay)))
+            .set(":one", num(1));
+        self.fenced(
+            key,
+            attempt,
+            &[Unknown],
+            None,
+            "SET nc = :nc, ck = ck + :one",
+            values,
+        )
+        .await?
+        .map_err(|_| StoreError::Fenced)
+    }
+
+    async fn heartbeat(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        let now = self.now();
+        let values = Values::default()
+            .set(":lu", num(micros(now + lease)))
+            .set(":now", num(micros(now)));
+        self.fenced(
+            key,
+            attempt,
+            &[InProgress],
+            None,
+            "SET lu = :lu, ua = :now",
+            values,
+        )
+        .await?
+        .map_err(|_| StoreError::Fenced)
+    }
+
+    async fn lookup(
+        &self,
+        tenant: &str,
+        reference: &Reference,
+    ) -> Result<Option<Record>, StoreError> {
+        let now = self.now();
+        // The one partition the reference names, strongly consistent: a
+        // status read right after a claim finds it.
+        let found = self
+            .client
+            .query()
+            .table_name(&*self.table)
+            .consistent_read(true)
+            .key_condition_expression("pk = :pk AND begins_with(sk, :r)")
+            .filter_expression("tn = :tn AND rf = :rf")
+            .expression_attribute_values(":pk", layout::partition_of(reference))
+            .expression_attribute_values(":r", blob(&[layout::RECORD_TAG]))
+            .expression_attribute_values(":tn", AttributeValue::S(tenant.to_owned()))
+            .expression_attribute_values(":rf", blob(reference.as_bytes()))
+            .send()
+            .await
+            .map_err(|e| self.err(e))?;
+        match found.items.unwrap_or_default().first() {
+            Some(item) => Ok(Some(items::record(item, now)?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
+        let now = self.now();
+        let want = batch.saturating_mul(2);
+        // COMPLETED and NOT_PERFORMED records and delivered jobs are in the
+        // `expiry` index; an IN_PROGRESS record past its life has a lapsed
+        // lease, so `lapsed` lists it; an UNKNOWN one is in `unknown`,
+        // whatever its next check (UNKNOWN records are few: each waits
+        // for a reconciler or a person).
+        let (expiring, lapsed, unknown) = tokio::join!(
+            self.due(
+                EXPIRY_INDEX,
+                "xq = :s AND xk <= :now",
+                attr::EXPIRY,
+                want,
+                now
+            ),
+            self.due(
+                LAPSED_INDEX,
+                "lq = :s AND lu <= :now",
+                attr::LEASE,
+                want,
+                now
+            ),
+            self.due(
+                UNKNOWN_INDEX,
+                "uq = :s AND nc <= :now",
+                attr::NEXT_CHECK,
+                usize::MAX,
+                SystemTime::UNIX_EPOCH + Duration::from_secs(1 << 40),
+            ),
+        );
+        let past_retention =
+            |item: &Item| items::number(item, attr::RETAIN).is_ok_and(|ra| ra <= micros(now));
+        let found = expiring?
+            .into_iter()
+            .chain(lapsed?.into_iter().filter(past_retention))
+            .chain(unknown?.into_iter().filter(past_retention));
+        // Records first, then delivered jobs; a record whose lease a
+        // heartbeat moved past its retention is not expired yet.
+        let mut doomed: Vec<(bool, Item)> = Vec::new();
+        for item in found {
+            if items::is_record(&item) {
+                let completed = items::state_of(&item)? == Completed;
+                let lease = items::number(&item, attr::LEASE)?;
+                if completed || lease <= micros(now) {
+                    doomed.push((true, item));
+                }
+            } else if items::is_job(&item) {
+                doomed.push((false, item));
+            }
+        }
+        doomed.sort_by_key(|(record, _)| !record);
+        doomed.truncate(batch);
+        let deletes = doomed.into_iter().map(|(record, item)| {
+            let key = [attr::PK, attr::SK]
+                .into_iter()
+                .filter_map(|k| item.get(k).map(|v| (k.to_owned(), v.clone())))
+                .collect();
+            let condition = if record {
+                RECORD_EXPIRED
+            } else {
+                "attribute_exists(dl) AND ku <= :now"
+            };
+            let mut values = Values::default().set(":now", num(micros(now)));
+            if record {
+                values = values.set(":c", num(Completed.code()));
+            }
+            self.client
+                .delete_item()
+                .table_name(&*self.table)
+                .set_key(Some(key))
+                .condition_expression(condition)
+                .set_expression_attribute_values(values.into_inner())
+                .send()
+        });
+        let mut deleted = 0;
+        for done in join_all(deletes).await {
+            use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
+            match done {
+                Ok(_) => deleted += 1,
+                Err(e) => match e.as_service_error() {
+                    // Changed since it was listed (a late completion, a
+                    // new claim): not expired any more.
+                    Some(DeleteItemError::ConditionalCheckFailedException(_)) => {}
+                    _ => return Err(self.err(e)),
+                },
+            }
+        }
+        Ok(deleted)
+    }
+
+    async fn list_lapsed(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
+        let now = self.now();
+        let found = self
+            .due(
+                LAPSED_INDEX,
+                "lq = :s AND lu <= :now",
+                attr::LEASE,
+                limit,
+                now,
+            )
+            .await?;
+        found.iter().map(|item| items::record(item, now)).collect()
+    }
+
+    async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
+        let now = self.now();
+        let found = self
+            .due(
+                UNKNOWN_INDEX,
+                "uq = :s AND nc <= :now",
+                attr::NEXT_CHECK,
+                limit,
+                now,
+            )
+            .await?;
+        found.iter().map(|item| items::record(item, now)).collect()
+    }
+
+    async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
+        let now = self.now();
+        let mut found = Vec::new();
+        for item in self.scan(layout::RECORD_TAG, None).await? {
+            let record = items::record(&item, now)?;
+            if filter.matches(&record) {
+                found.push(record);
+            }
+        }
+        found.sort_by_key(|r| (std::cmp::Reverse(r.claimed_at), r.key.as_bytes().to_owned()));
+        found.truncate(filter.limit);
+        Ok(found)
+    }
+
+    async fn count_records(&self) -> Result<StateCounts, StoreError> {
+        let mut counts = StateCounts::default();
+        for item in self.scan(layout::RECORD_TAG, Some("sk, st")).await? {
+            counts.add(items::state_of(&item)?, 1);
+        }
+        Ok(counts)
+    }
+
+    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
+        Some(self)
+    }
+}
+
+impl DynamoDbStore {
+    /// IN_PROGRESS → UNKNOWN with `note`; with `lapsed`, only if the lease
+    /// ran out at the write (`Ok(false)` when a heartbeat kept it alive).
+    async fn mark(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        note: &str,
+        lapsed: bool,
+    ) -> Result<bool, StoreError> {
+        let now = self.now();
+        let values = Values::default()
+            .set(":u", num(Unknown.code()))
+            .set(":nt", AttributeValue::S(note.to_owned()))
+            .set(":now", num(micros(now)))
+            .set(":zero", num(0))
+            .set(":shard", num(shard(key.as_bytes()[0])));
+        let update = "SET st = :u, nt = :nt, ua = :now, nc = :now, ck = :zero, uq = :shard \
+                      REMOVE lq";
+        // The lapse re-checked in the same write: a heartbeat that landed
+        // after the sweep listed the record wins.
+        let extra = lapsed.then_some("lu <= :now");
+        Ok(self
+            .fenced(key, attempt, &[InProgress], extra, update, values)
+            .await?
+            .is_ok())
+    }
+}
+
+#[async_trait]
+impl FollowOnStore for DynamoDbStore {
+    async fn complete_with_follow_ons(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        jobs: &[FollowOn],
+    ) -> Result<(), StoreError> {
+        self.complete_from(
+            key,
+            attempt,
+            &[InProgress, Unknown, NotPerformed],
+            response,
+            None,
+            jobs,
+        )
+        .await
+    }
+
+    async fn resolve_with_follow_ons(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        note: Option<&str>,
+        jobs: &[FollowOn],
+    ) -> Result<(), StoreError> {
+        self.complete_from(key, attempt, &[Unknown], response, Some(note), jobs)
+            .await
+    }
+
+    async fn lease_jobs(
+        &self,
+        names: &[&str],
+        limit: usize,
+        lease: Duration,
+        attempt: Attempt,
+    ) -> Result<Vec<Job>, StoreError> {
+        if names.is_empty() || limit == 0 {
+            return Ok(Vec::new());
+        }
+        let now = self.now();
+        let mut due: Vec<Job> = Vec::new();
+        for item in self
+            .due(
+                layout::DUE_INDEX,
+                "dq = :s AND nr <= :now",
+                attr::NEXT_RUN,
+                usize::MAX,
+                now,
+            )
+            .await?
+        {
+            let job = items::job(&item)?;
+            if names.contains(&job.id.name.as_str()) {
+                due.push(job);
+            }
+        }
+        due.sort_by_key(|j| (j.next_run_at, listing_order(j)));
+        let mut leased = Vec::new();
+        for job in due {
+            if leased.len() >= limit {
+                break;
+            }
+            use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+            // Still live and due at the write: of two dispatchers, the
+            // first write moves `nr` past now, and the second's condition
+            // refuses.
+            let sent = self
+                .client
+                .update_item()
+                .table_name(&*self.table)
+                .set_key(Some(layout::job_key(&job.id)))
+                .condition_expression("attribute_exists(dq) AND nr <= :now")
+                .update_expression("SET ja = :ja, rn = rn + :one, nr = :nr, ua = :now")
+                .expression_attribute_values(":now", num(micros(now)))
+                .expression_attribute_values(":ja", num(attempt.get()))
+                .expression_attribute_values(":one", num(1))
+                .expression_attribute_values(":nr", num(micros(now + lease)))
+                .return_values(ReturnValue::AllNew)
+                .send()
+                .await;
+            match sent {
+                Ok(done) => leased.push(items::job(&done.attributes.unwrap_or_default())?),
+                Err(e) => match e.as_service_error() {
+                    Some(UpdateItemError::ConditionalCheckFailedException(_)) => {}
+                    _ => return Err(self.err(e)),
+                },
+            }
+        }
+        Ok(leased)
+    }
+
+    async fn finish_job(&self, id: &JobId, attempt: Attempt) -> Result<(), StoreError> {
+        // Kept as long as its operation's record: until the record expires,
+        // or until the next purge when it is gone already.
+        let kept = match self.lookup(&id.tenant, &id.reference).await? {
+            Some(record) => record.expires_at,
+            None => self.now(),
+        };
+        let now = self.now();
+        let values = Values::default()
+            .set(":now", num(micros(now)))
+            .set(":ku", num(micros(kept)))
+            .set(":tt", num(ttl_secs(kept)))
+            .set(":shard", num(shard(id.reference.as_bytes()[0])));
+        let update = "SET dl = :now, ku = :ku, ua = :now, xq = :shard, xk = :ku, tt = :tt \
+                      REMOVE ja, dq";
+        self.fenced_job(id, attempt, update, values).await
+    }
+
+    async fn retry_job(
+        &self,
+        id: &JobId,
+        attempt: Attempt,
+        delay: Duration,
+        error: &str,
+    ) -> Result<(), StoreError> {
+        let now = self.now();
+        let values = Values::default()
+            .set(":now", num(micros(now)))
+            .set(":nr", num(micros(now + delay)))
+            .set(":er", AttributeValue::S(error.to_owned()));
+        let update = "SET nr = :nr, er = :er, ua = :now REMOVE ja";
+        self.fenced_job(id, attempt, update, values).await
+    }
+
+    async fn bury_job(&self, id: &JobId, attempt: Attempt, error: &str) -> Result<(), StoreError> {
+        let now = self.now();
+        let values = Values::default()
+            .set(":now", num(micros(now)))
+            .set(":dead", AttributeValue::Bool(true))
+            .set(":er", AttributeValue::S(error.to_owned()));
+        let update = "SET dd = :dead, er = :er, ua = :now REMOVE ja, dq";
+        self.fenced_job(id, attempt, update, values).await
+    }
+
+    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
+        let mut found = Vec::new();
+        for item in self.scan(layout::JOB_TAG, None).await? {
+            let job = items::job(&item)?;
+            if filter.matches(&job) {
+                found.push(job);
+            }
+        }
+        found.sort_by_key(listing_order);
+        found.truncate(filter.limit);
+        Ok(found)
+    }
+
+    async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
+        let now = self.now();
+        let values = Values::default()
+            .set(":now", num(micros(now)))
+            .set(":dead", AttributeValue::Bool(true))
+            .set(":zero", num(0))
+            .set(":shard", num(shard(id.reference.as_bytes()[0])));
+        let update = "SET nr = :now, rn = :zero, ua = :now, dq = :shard REMOVE dd, ja";
+        self.job_update(id, "dd = :dead", update, values).await
+    }
+
+    async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
+        let now = self.now();
+        let mut counts = BTreeMap::new();
+        for item in self
+            .due(
+                layout::DUE_INDEX,
+                "dq = :s AND nr <= :now",
+                attr::NEXT_RUN,
+                usize::MAX,
+                now,
+            )
+            .await?
+        {
+            if let Some(AttributeValue::S(name)) = item.get(attr::NAME) {
+                *counts.entry(name.clone()).or_insert(0) += 1;
+            }
+        }
+        Ok(counts)
+    }
+
+    fn max_follow_ons_per_completion(&self) -> Option<usize> {
+        Some(DYNAMODB_MAX_FOLLOW_ONS)
+    }
+}

@@ -1,0 +1,498 @@
+//! DynamoDbStore on a DynamoDB emulator (moto, `scripts/dynamodb-emulator`):
+//! the conformance suite (records and outbox), what only this store has
+//! (the sparse indexes, the TTL backstop, the declaration limit, errors
+//! that say what to do), and faults injected around it. Each case runs on a
+//! fresh table. Needs `IDEM_TEST_DYNAMODB_ENDPOINT`; skipped with a reason
+//! without it, failed under `CI=true`.
+//!
+//! What the emulator cannot show: DynamoDB's real consistency (its global
+//! secondary indexes are eventually consistent; moto's are immediate), its
+//! latency, and its throttling.
+
+mod dynamodb_emulator;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dynamodb_emulator::{client, endpoint, Table};
+use idem_runtime::store::conformance::{self, claim_request, Call, Fault, FaultyStore};
+use idem_runtime::{
+    maintenance::{reconcile, sweep, Reconciler, Reconciliation},
+    outbox::{FollowOn, FollowOnError},
+    store::{FollowOnStore, Record, RecordStateKind},
+    Answer, Caller, DynamoDbStore, Executor, IdempotencyStore, Operation, OperationContext,
+    Recording, ScopeSpec, StoreError, ToolError,
+};
+
+idem_runtime::conformance_tests!(Table::new().await);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_cases_share_one_table() {
+    let Some(table) = Table::new().await else {
+        return;
+    };
+    conformance::run_all(&table.store).await;
+}
+
+/// The item of a record, read raw, to see the attributes the indexes key on.
+async fn raw_record(
+    table: &Table,
+    key: &idem_runtime::IdempotencyKey,
+) -> std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue> {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let bytes = key.as_bytes();
+    let mut sk = vec![b'r'];
+    sk.extend_from_slice(&bytes[8..]);
+    client(&table.endpoint)
+        .get_item()
+        .table_name(table.table())
+        .key("pk", AttributeValue::B(bytes[..8].to_vec().into()))
+        .key("sk", AttributeValue::B(sk.into()))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap()
+        .item
+        .expect("the record's item")
+}
+
+/// A record is in the `lapsed` index only while IN_PROGRESS, in the
+/// `unknown` index only while UNKNOWN, and in the `expiry` index only once
+/// COMPLETED (or NOT_PERFORMED); the TTL backstop is set only once it is
+/// COMPLETED, at its expiry.
+#[tokio::test]
+async fn sparse_index_keys_follow_the_state() {
+    let Some(table) = Table::new().await else {
+        return;
+    };
+    let req = claim_request(Duration::from_secs(60));
+    table.claim(&req).await.unwrap();
+    let item = raw_record(&table, &req.key).await;
+    assert!(item.contains_key("lq") && !item.contains_key("uq"));
+    assert!(!item.contains_key("xq"), "a claim writes one index");
+    assert!(!item.contains_key("tt"), "no TTL while IN_PROGRESS");
+
+    table
+        .mark_unknown(&req.key, req.attempt, "timeout")
+        .await
+        .unwrap();
+    let item = raw_record(&table, &req.key).await;
+    assert!(!item.contains_key("lq") && item.contains_key("uq"));
+    assert!(!item.contains_key("xq"));
+
+    table
+        .resolve(
+            &req.key,
+            req.attempt,
+            idem_runtime::store::Resolution::Completed { response: "\"ok\"" },
+            None,
+        )
+        .await
+        .unwrap();
+    let item = raw_record(&table, &req.key).await;
+    assert!(!item.contains_key("lq") && !item.contains_key("uq"));
+    assert!(item.contains_key("xq"));
+    // A late completion answers repeats until its retention ends and is
+    // left to the purge: no TTL.
+    assert!(!item.contains_key("tt"));
+
+    let fresh = claim_request(Duration::from_secs(60));
+    table.claim(&fresh).await.unwrap();
+    table
+        .complete(&fresh.key, fresh.attempt, "\"ok\"")
+        .await
+        .unwrap();
+    let item = raw_record(&table, &fresh.key).await;
+    let record = table
+        .lookup(&fresh.tenant, &fresh.reference)
+        .await
+        .unwrap()
+        .unwrap();
+    let expiry = record
+        .expires_at
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let ttl: u64 = match &item["tt"] {
+        aws_sdk_dynamodb::types::AttributeValue::N(n) => n.parse().unwrap(),
+        other => panic!("tt is {other:?}"),
+    };
+    assert_eq!(ttl, expiry.as_micros().div_ceil(1_000_000) as u64);
+}
+
+/// The executor refuses the hundredth follow-on job at its declaration,
+/// while the handler can still act, and 99 are written with the completion
+/// in one transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follow_ons_are_limited_to_one_transaction() {
+    let Some(table) = Table::new().await else {
+        return;
+    };
+    assert_eq!(table.max_follow_ons_per_completion(), Some(99));
+    let store = Arc::new(table.store.clone());
+    let executor = Executor::new(store.clone());
+    let caller = Caller::new("acme", "alice");
+    let refused = Arc::new(std::sync::Mutex::new(None));
+    let seen = refused.clone();
+    let answer: Answer<String, ToolError> = executor
+        .run(
+            Operation {
+                caller: &caller,
+                tool: "fan_out",
+                args: &serde_json::json!({"n": 100}),
+                scope: ScopeSpec::Window(Duration::from_secs(900)),
+                status_tool: "get_operation_status",
+            },
+            |_ctx: OperationContext| async move {
+                for i in 0..100 {
+                    if let Err(e) = idem_runtime::follow_on(&format!("job{i}"), &i) {
+                        *seen.lock().unwrap() = Some(e);
+                    }
+                }
+                Ok("done".to_owned())
+            },
+        )
+        .await;
+    let Answer::Executed { reference, .. } = answer else {
+        panic!("the handler's own outcome stands: {answer:?}");
+    };
+    let refused = refused
+        .lock()
+        .unwrap()
+        .take()
+        .expect("the 100th is refused");
+    assert!(
+        matches!(refused, FollowOnError::TooMany { limit: 99, .. }),
+        "{refused:?}"
+    );
+    assert!(refused.to_string().contains("at most 99"), "{refused}");
+    let jobs = store
+        .list_jobs(&idem_runtime::store::JobFilter {
+            reference: Some(reference),
+            limit: 1000,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(jobs.len(), 99);
+
+    // The store itself refuses more than a transaction holds, writing
+    // nothing.
+    let req = claim_request(Duration::from_secs(60));
+    table.claim(&req).await.unwrap();
+    let jobs: Vec<FollowOn> = (0..100)
+        .map(|i| FollowOn::new(&format!("j{i}"), &i).unwrap())
+        .collect();
+    let e = table
+        .complete_with_follow_ons(&req.key, req.attempt, "\"ok\"", &jobs)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::Invalid(_)), "{e:?}");
+    let record = table
+        .lookup(&req.tenant, &req.reference)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.state.kind(), RecordStateKind::InProgress);
+}
+
+/// A table that does not exist is a configuration error that says how to
+/// create it, not an outage.
+#[tokio::test]
+async fn a_missing_table_says_how_to_create_it() {
+    let Some(endpoint) = endpoint() else {
+        return;
+    };
+    let e = DynamoDbStore::connect(client(&endpoint), "idem-no-such-table")
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::Config(_)), "{e:?}");
+    assert!(e.to_string().contains("create_table"), "{e}");
+
+    let store = DynamoDbStore::builder(client(&endpoint), "idem-no-such-table")
+        .build()
+        .unwrap();
+    let e = store
+        .claim(&claim_request(Duration::from_secs(60)))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::Config(_)), "{e:?}");
+}
+
+/// An emulator that does not answer is `Unavailable` (the executor fails
+/// closed), never a claim.
+#[tokio::test]
+async fn an_unreachable_endpoint_is_unavailable() {
+    // A port nothing listens on.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    drop(listener);
+    let store = DynamoDbStore::builder(client(&format!("http://127.0.0.1:{port}")), "idem")
+        .build()
+        .unwrap();
+    let e = store
+        .claim(&claim_request(Duration::from_secs(60)))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::Unavailable(_)), "{e:?}");
+}
+
+/// `open_store` takes a `dynamodb://` URL; a bad one says what to write.
+#[tokio::test]
+async fn open_store_takes_a_dynamodb_url() {
+    for bad in ["dynamodb://", "dynamodb://idem?colour=blue", "dynamodb://x"] {
+        let e = idem_runtime::open_store(bad).await.unwrap_err();
+        assert!(matches!(e, StoreError::Config(_)), "{bad}: {e:?}");
+        let says = e.to_string();
+        assert!(
+            says.contains("dynamodb://TABLE") || says.contains("3 to 255 characters"),
+            "{bad}: {e}"
+        );
+    }
+    let Some(table) = Table::new().await else {
+        return;
+    };
+    // Credentials come from the environment; the child process has its own.
+    let url = format!(
+        "dynamodb://{}?region=us-east-1&endpoint={}",
+        table.table(),
+        table.endpoint
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem_cli"))
+        .args(["--store", &url, "stats"])
+        .env("AWS_ACCESS_KEY_ID", "testing")
+        .env("AWS_SECRET_ACCESS_KEY", "testing")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "idem --store dynamodb://… stats: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idem_cli"))
+        .args(["--store", &url, "stats"])
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("AWS_ACCESS_KEY_ID"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The processor of the fault cases: it remembers what it charged.
+#[derive(Debug, Default)]
+struct Processor(std::sync::Mutex<Vec<String>>);
+
+#[async_trait::async_trait]
+impl Reconciler for Processor {
+    async fn reconcile(
+        &self,
+        record: &Record,
+    ) -> Result<Reconciliation, Box<dyn std::error::Error + Send + Sync>> {
+        let charged = self
+            .0
+            .lock()
+            .unwrap()
+            .contains(&record.reference.to_string());
+        Ok(if charged {
+            Reconciliation::completed("\"charged\"".to_owned())
+        } else {
+            Reconciliation::not_performed()
+        })
+    }
+}
+
+async fn charge(
+    executor: &Executor,
+    processor: &Processor,
+    runs: &AtomicUsize,
+) -> Answer<String, ToolError> {
+    let caller = Caller::new("acme", "alice");
+    executor
+        .run(
+            Operation {
+                caller: &caller,
+                tool: "charge_card",
+                args: &serde_json::json!({"cents": 1999}),
+                scope: ScopeSpec::Window(Duration::from_secs(900)),
+                status_tool: "get_operation_status",
+            },
+            |ctx: OperationContext| async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                processor
+                    .0
+                    .lock()
+                    .unwrap()
+                    .push(ctx.reference().to_string());
+                Ok("charged".to_owned())
+            },
+        )
+        .await
+}
+
+/// The store unreachable at the claim: the handler does not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_claim_fails_closed() {
+    let Some(table) = Table::new().await else {
+        return;
+    };
+    let faulty = FaultyStore::new(table.store.clone(), |call| match call {
+        Call::Claim => Fault::Unreachable,
+        _ => Fault::None,
+    });
+    let executor = Executor::new(Arc::new(faulty));
+    let (processor, runs) = (Processor::default(), AtomicUsize::new(0));
+    let answer = charge(&executor, &processor, &runs).await;
+    assert_eq!(answer.name(), "store_unavailable", "{answer:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+/// The completion write fails after the side effect: the caller still gets
+/// the result; the record stays IN_PROGRESS until its lease runs out, the
+/// sweep marks it UNKNOWN, the reconciler completes it, and a repeat
+/// replays without running again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completion_write_fails_after_side_effect() {
+    let Some(table) = Table::new().await else {
+        return;
+    };
+    let lease = Duration::from_millis(400);
+    let store: Arc<dyn IdempotencyStore> = Arc::new(table.store.clone());
+    let faulty = FaultyStore::new(store.clone(), |call| match call {
+        Call::Complete => Fault::Unreachable,
+        _ => Fault::None,
+    });
+    let (processor, runs) = (Processor::default(), AtomicUsize::new(0));
+    let failing = Executor::new(Arc::new(faulty)).with_lease(lease);
+    let Answer::Executed { recording, .. } = charge(&failing, &processor, &runs).await else {
+        panic!("the caller gets the real result");
+    };
+    assert_eq!(recording, Recording::Failed);
+    let executor = Executor::new(store.clone()).with_lease(lease);
+    assert_eq!(
+        charge(&executor, &processor, &runs).await.name(),
+        "in_progress"
+    );
+
+    tokio::time::sleep(lease + Duration::from_millis(150)).await;
+    assert_eq!(sweep(&*store, 100).await.unwrap(), 1);
+    let report = reconcile(&*store, &processor, &Default::default())
+        .await
+        .unwrap();
+    assert_eq!(report.completed, 1);
+    assert!(matches!(
+        charge(&executor, &processor, &runs).await,
+        Answer::Replayed { .. }
+    ));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// A claim whose answer was lost after it took effect: the executor
+/// releases the orphaned claim (a fenced delete), so the retry the answer
+/// invited runs, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_claim_answer_is_released_and_runs_once() {
+    let Some(table) = Table::new().await else {
+        return;
+    };
+    let lost = Arc::new(AtomicUsize::new(0));
+    let count = lost.clone();
+    let faulty = FaultyStore::new(table.store.clone(), move |call| match call {
+        Call::Claim if count.fetch_add(1, Ordering::SeqCst) == 0 => Fault::AnswerLost,
+        _ => Fault::None,
+    });
+    let executor = Executor::new(Arc::new(faulty));
+    let (processor, runs) = (Processor::default(), AtomicUsize::new(0));
+    let first = charge(&executor, &processor, &runs).await;
+    assert_eq!(first.name(), "store_unavailable");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    let started = std::time::Instant::now();
+    let retry = loop {
+        let answer = charge(&executor, &processor, &runs).await;
+        if answer.name() != "in_progress" || started.elapsed() > Duration::from_secs(5) {
+            break answer;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(retry.name(), "executed", "{retry:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// The payments example on DynamoDB (`--store dynamodb://…`, as a user runs
+/// it): it creates its table, a charge sent twice reaches the processor
+/// once, and the repeat replays the receipt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_payments_example_runs_on_dynamodb() {
+    use rmcp::model::CallToolRequestParams;
+    use rmcp::ServiceExt;
+    let Some(endpoint) = endpoint() else {
+        return;
+    };
+    // A guard on the table the example creates, deleted afterwards.
+    let guard = Table {
+        store: DynamoDbStore::builder(client(&endpoint), dynamodb_emulator::fresh_table())
+            .build()
+            .unwrap(),
+        endpoint: endpoint.clone(),
+    };
+    let url = format!(
+        "dynamodb://{}?region=us-east-1&endpoint={endpoint}",
+        guard.table()
+    );
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples/payments");
+    let mut command = tokio::process::Command::new(bin);
+    command
+        .args(["--transport", "stdio", "--store", &url])
+        .env("AWS_ACCESS_KEY_ID", "testing")
+        .env("AWS_SECRET_ACCESS_KEY", "testing");
+    let transport = rmcp::transport::TokioChildProcess::new(command).expect("the example starts");
+    let client = ().serve(transport).await.expect("the client connects");
+    let charge = || async {
+        let serde_json::Value::Object(args) =
+            serde_json::json!({ "card": "4242", "amount_cents": 1200 })
+        else {
+            unreachable!()
+        };
+        client
+            .call_tool(CallToolRequestParams::new("charge_card").with_arguments(args))
+            .await
+            .expect("tools/call answers")
+    };
+    let state = |r: &rmcp::model::CallToolResult| {
+        r.meta.as_ref().expect("_meta")[idem_runtime::RESULT_META_KEY]["state"].clone()
+    };
+    let first = charge().await;
+    assert_eq!(state(&first), serde_json::json!("executed"), "{first:?}");
+    let again = charge().await;
+    assert_eq!(state(&again), serde_json::json!("replayed"), "{again:?}");
+    assert_eq!(first.structured_content, again.structured_content);
+    let ledger = client
+        .call_tool(CallToolRequestParams::new("processor_ledger"))
+        .await
+        .unwrap()
+        .structured_content
+        .unwrap();
+    assert_eq!(
+        ledger["processor_requests"],
+        serde_json::json!(1),
+        "{ledger}"
+    );
+    assert_eq!(
+        ledger["processor_charges"],
+        serde_json::json!(1),
+        "{ledger}"
+    );
+    let counts = guard.count_records().await.unwrap();
+    assert_eq!(counts.completed, 1);
+    client.cancel().await.ok();
+}
