@@ -77,7 +77,8 @@ pub(super) struct Completion {
     pub(super) key: IdempotencyKey,
     pub(super) reference: Reference,
     pub(super) attempt: Attempt,
-    pub(super) response: String,
+    /// The response, shared with the table's entry.
+    pub(super) response: Arc<str>,
     pub(super) jobs: Vec<FollowOn>,
     /// When the claim was sent: the heartbeats keep to its schedule.
     pub(super) sent: tokio::time::Instant,

@@ -414,18 +414,7 @@ impl Executor {
             // hold, as a replay from the store would give it.
             Some(Found::Completing(reference, response)) => {
                 tracing::Span::current().record("reference", tracing::field::display(reference));
-                return match serde_json::from_str(&response) {
-                    Ok(value) => Answer::Replayed {
-                        value,
-                        stored: response.to_string(),
-                        reference,
-                    },
-                    Err(e) => Answer::Unknown {
-                        reference,
-                        status_tool: op.status_tool.to_owned(),
-                        note: note::unreadable(e),
-                    },
-                };
+                return replay(&response, reference, op.status_tool.to_owned());
             }
         }
         match self.claim(request, op.tool).await {
@@ -560,23 +549,26 @@ impl Executor {
                     Completes::AsConfigured => self.background.as_ref(),
                     Completes::Inline => None,
                 };
-                let recording = match serde_json::to_string(&value) {
-                    Ok(text) if background.is_some() => {
-                        let background = background.expect("checked");
+                let recording = match (serde_json::to_string(&value), background) {
+                    (Ok(text), Some(background)) => {
                         // The response answers repeats here until it lands,
                         // for no longer than the window would from now.
-                        let response: Arc<str> = text.as_str().into();
+                        let response: Arc<str> = text.into();
                         let until = tokio::time::Instant::now() + claim.window;
-                        let entry = self
-                            .running
-                            .hold_completing(*key, reference, attempt, response, until);
+                        let entry = self.running.hold_completing(
+                            *key,
+                            reference,
+                            attempt,
+                            response.clone(),
+                            until,
+                        );
                         self.complete_in_background(
                             background,
                             Completion {
                                 key: *key,
                                 reference,
                                 attempt,
-                                response: text,
+                                response,
                                 jobs,
                                 sent: won.sent,
                                 entry,
@@ -584,7 +576,7 @@ impl Executor {
                         );
                         Recording::Pending
                     }
-                    Ok(text) => {
+                    (Ok(text), None) => {
                         // The jobs are written with the completion, or not at
                         // all: if this write fails, the record stays
                         // IN_PROGRESS for the sweep, and a reconciler that
@@ -607,7 +599,7 @@ impl Executor {
                             }
                         }
                     }
-                    Err(error) => {
+                    (Err(error), _) => {
                         mark(store, key, reference, attempt, &note::unstorable(error)).await;
                         Recording::Failed
                     }
@@ -767,19 +759,7 @@ fn existing<T: DeserializeOwned, E>(
         };
     }
     match record.reading() {
-        Reading::Completed { response } => match serde_json::from_str(response) {
-            Ok(value) => Answer::Replayed {
-                value,
-                stored: response.to_owned(),
-                reference,
-            },
-            // It completed, so it must not run again; say so rather than guess.
-            Err(e) => Answer::Unknown {
-                reference,
-                status_tool,
-                note: note::unreadable(e),
-            },
-        },
+        Reading::Completed { response } => replay(response, reference, status_tool),
         Reading::Running { retry_after } => Answer::InProgress {
             reference,
             status_tool,
@@ -806,6 +786,27 @@ fn existing<T: DeserializeOwned, E>(
             note: format!(
                 "it was resolved as not performed ({note}), but could not be claimed again"
             ),
+        },
+    }
+}
+
+/// The answer of a completed operation: its stored `response`, decoded.
+fn replay<T: DeserializeOwned, E>(
+    response: &str,
+    reference: Reference,
+    status_tool: String,
+) -> Answer<T, E> {
+    match serde_json::from_str(response) {
+        Ok(value) => Answer::Replayed {
+            value,
+            stored: response.to_owned(),
+            reference,
+        },
+        // It completed, so it must not run again; say so rather than guess.
+        Err(e) => Answer::Unknown {
+            reference,
+            status_tool,
+            note: note::unreadable(e),
         },
     }
 }
