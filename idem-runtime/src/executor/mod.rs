@@ -552,9 +552,11 @@ impl Executor {
                 let recording = match (serde_json::to_string(&value), background) {
                     (Ok(text), Some(background)) => {
                         // The response answers repeats here until it lands,
-                        // for no longer than the window would from now.
+                        // for no longer than the window counted from the
+                        // claim's send: a store may count it from the claim,
+                        // and a repeat after that is a new operation.
                         let response: Arc<str> = text.into();
-                        let until = tokio::time::Instant::now() + claim.window;
+                        let until = won.sent + claim.window;
                         let entry = self.running.hold_completing(
                             *key,
                             reference,

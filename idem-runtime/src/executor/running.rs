@@ -20,7 +20,7 @@
 //!   handler returned, holding its response, and removed when the completion
 //!   landed, failed for good or gave up: a repeat then is answered with the
 //!   response (what the store will hold once the write lands), for at most
-//!   the operation's window counted from the handler's return; after that
+//!   the operation's window counted from the claim's send; after that
 //!   it asks the store, as it would have had the completion landed then.
 //!
 //! Each [`Executor`](super::Executor) (and its clones) has its own table: it
