@@ -17,9 +17,17 @@
 //!
 //! The same burst is made of an unwrapped tool that answers at once (the
 //! floor: what rmcp and the transport cost for 1,000 calls at once on this
-//! machine, with no store at all), and with 1 client and with 10 clients of
-//! 100 calls each (each its own transport and server session over one
-//! executor and store: ten hosts).
+//! machine, with no store at all), and of an unwrapped tool that answers at
+//! once with a copy of idem's in-progress answer (the floor for that
+//! answer: what rmcp costs to carry the message and `_meta` a model must
+//! get, with no idem at all). All with 1 client and with 10 clients of 100
+//! calls each (each its own transport and server session over one executor
+//! and store: ten hosts).
+//!
+//! One burst's p99 is one draw, so every side runs once per round, in turn,
+//! for `IDEM_BENCH_ROUNDS` rounds (default 5); the table gives the median of
+//! the rounds' figures and each round's p99 over the floor's of the same
+//! round.
 //!
 //! `cargo bench --bench contention` (PostgreSQL from `IDEM_TEST_DATABASE_URL`,
 //! default `postgres://postgres@127.0.0.1:5432/test`, in a fresh schema
@@ -28,7 +36,7 @@
 mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use idem_runtime::{
@@ -37,7 +45,7 @@ use idem_runtime::{
 };
 use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::handler::server::wrapper::{Json, Parameters};
-use rmcp::model::{CallToolRequestParams, CallToolResponse};
+use rmcp::model::{CallToolRequestParams, CallToolResponse, CallToolResult};
 use rmcp::service::{RequestContext, RunningService};
 use rmcp::{tool, ErrorData, RoleClient, RoleServer, ServerHandler, ServiceExt};
 use serde::{Deserialize, Serialize};
@@ -99,7 +107,20 @@ impl Shop {
             charge_id: format!("ch_{}", args.card),
         })
     }
+
+    /// The floor for the in-progress answer: no store, no sleep, a copy of
+    /// the answer idem gave a duplicate.
+    #[tool(description = "Charge a card (unwrapped, answers at once as idem answers a duplicate)")]
+    async fn bare_in_progress(&self, Parameters(_args): Parameters<ChargeArgs>) -> CallToolResult {
+        IN_PROGRESS
+            .get()
+            .expect("captured before the bursts")
+            .clone()
+    }
 }
+
+/// The answer idem gave a duplicate, captured once (`capture_in_progress`).
+static IN_PROGRESS: OnceLock<CallToolResult> = OnceLock::new();
 
 impl Shop {
     fn served() -> &'static rmcp::handler::server::router::tool::ToolRouter<Self> {
@@ -191,22 +212,6 @@ struct Burst {
     wait: (f64, f64),
 }
 
-impl Burst {
-    fn row(&self, what: &str) -> String {
-        format!(
-            "| {what} | {:.2} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} | {:.2} | {:.2} |",
-            self.from_burst.0,
-            self.from_burst.1,
-            self.from_call.0,
-            self.from_call.1,
-            self.server.0,
-            self.server.1,
-            self.wait.0,
-            self.wait.1
-        )
-    }
-}
-
 /// 999 calls of `tool` with `card` at once over `setup`'s clients (round
 /// robin), each answer checked with `check`.
 async fn burst(
@@ -292,6 +297,32 @@ async fn floor(clients: usize) -> Burst {
     .await
 }
 
+/// 1,000 calls of the unwrapped tool that answers with a copy of idem's
+/// in-progress answer: the floor for that answer.
+async fn floor_in_progress(clients: usize) -> Burst {
+    let setup = connect(Arc::new(MemoryStore::new()), Duration::ZERO, clients).await;
+    burst(&setup, "bare_in_progress", "tok_same", |result| {
+        assert_eq!(result.is_error, Some(true), "{result:?}")
+    })
+    .await
+}
+
+/// Keeps the answer idem gives a duplicate while the first call runs.
+async fn capture_in_progress() {
+    let setup = connect(Arc::new(MemoryStore::new()), Duration::from_secs(2), 1).await;
+    let client = setup.clients[0].clone();
+    let first =
+        tokio::spawn(async move { client.call_tool(params("charge_card", "tok_capture")).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let duplicate = setup.clients[0]
+        .call_tool(params("charge_card", "tok_capture"))
+        .await
+        .unwrap();
+    assert_eq!(duplicate.is_error, Some(true), "{duplicate:?}");
+    IN_PROGRESS.set(duplicate).unwrap();
+    first.await.unwrap().unwrap();
+}
+
 /// 1,000 distinct calls at once (no sleep): calls per second.
 async fn distinct(store: Arc<dyn IdempotencyStore>, clients: usize) -> f64 {
     let setup = connect(store, Duration::ZERO, clients).await;
@@ -334,36 +365,97 @@ async fn main() {
         .unwrap();
     postgres.migrate().await.unwrap();
 
-    println!("999 duplicates while the first runs (ms; the goal is on the end-to-end p99):");
-    println!();
-    println!("| store, clients | from the burst p50 | p99 | from its call p50 | p99 | server p50 | p99 | wait to reach the server p50 | p99 |");
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
-    for clients in [1, 10] {
-        let floor = floor(clients).await;
-        println!("{}", floor.row(&format!("unwrapped floor, {clients}")));
+    let rounds: usize = std::env::var("IDEM_BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(5);
+    capture_in_progress().await;
+    let sqlite: Vec<Arc<dyn IdempotencyStore>> = vec![
+        Arc::new(SqliteStore::open(dir.join("c1.sqlite3")).await.unwrap()),
+        Arc::new(SqliteStore::open(dir.join("c10.sqlite3")).await.unwrap()),
+    ];
+    // (side, clients) → one burst per round, in the order first run.
+    let mut sides: Vec<((&str, usize), Vec<Burst>)> = Vec::new();
+    let mut keep = |side: &'static str, clients: usize, burst: Burst| match sides
+        .iter_mut()
+        .find(|(k, _)| *k == (side, clients))
+    {
+        Some((_, bursts)) => bursts.push(burst),
+        None => sides.push(((side, clients), vec![burst])),
+    };
+    for round in 0..rounds {
+        for (c, clients) in [1usize, 10].into_iter().enumerate() {
+            keep("unwrapped floor", clients, floor(clients).await);
+            keep(
+                "unwrapped, idem's in-progress answer",
+                clients,
+                floor_in_progress(clients).await,
+            );
+            let stores: [(&str, Arc<dyn IdempotencyStore>); 3] = [
+                ("MemoryStore", Arc::new(MemoryStore::new())),
+                ("SqliteStore", sqlite[c].clone()),
+                ("PostgresStore", Arc::new(postgres.clone())),
+            ];
+            for (name, store) in stores {
+                // New to the store (PostgreSQL's schema and the SQLite file
+                // are shared by the rounds).
+                let card: &'static str =
+                    Box::leak(format!("tok_same_{round}_{clients}").into_boxed_str());
+                keep(name, clients, identical(store, clients, card).await);
+            }
+        }
     }
+
+    println!(
+        "999 duplicates while the first runs, {rounds} rounds (ms, the median of the rounds; \
+         the goal is on the end-to-end p99):"
+    );
+    println!();
+    println!("| side, clients | from the burst p50 | p99 | p99 ÷ the floor's, per round | from its call p50 | p99 | server p50 | p99 | wait to reach the server p50 | p99 |");
+    println!("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    for clients in [1usize, 10] {
+        let floor_p99: Vec<f64> = sides
+            .iter()
+            .find(|(k, _)| *k == ("unwrapped floor", clients))
+            .map(|(_, b)| b.iter().map(|b| b.from_burst.1).collect())
+            .unwrap();
+        for ((side, _), bursts) in sides.iter().filter(|((_, c), _)| *c == clients) {
+            let pick = |f: fn(&Burst) -> f64| median(bursts.iter().map(f).collect());
+            let mut ratios: Vec<f64> = bursts
+                .iter()
+                .zip(&floor_p99)
+                .map(|(b, f)| b.from_burst.1 / f)
+                .collect();
+            ratios.sort_by(f64::total_cmp);
+            println!(
+                "| {side}, {clients} | {:.2} | {:.2} | {:.2}–{:.2}× (median {:.2}×) | {:.2} | {:.2} | {:.3} | {:.3} | {:.2} | {:.2} |",
+                pick(|b| b.from_burst.0),
+                pick(|b| b.from_burst.1),
+                ratios[0],
+                ratios[ratios.len() - 1],
+                ratios[ratios.len() / 2],
+                pick(|b| b.from_call.0),
+                pick(|b| b.from_call.1),
+                pick(|b| b.server.0),
+                pick(|b| b.server.1),
+                pick(|b| b.wait.0),
+                pick(|b| b.wait.1),
+            );
+        }
+    }
+
     let mut rates = Vec::new();
-    for clients in [1, 10] {
-        let stores: Vec<(&str, Arc<dyn IdempotencyStore>)> = vec![
+    for (c, clients) in [1usize, 10].into_iter().enumerate() {
+        let stores: [(&str, Arc<dyn IdempotencyStore>); 3] = [
             ("MemoryStore", Arc::new(MemoryStore::new())),
-            (
-                "SqliteStore",
-                Arc::new(
-                    SqliteStore::open(dir.join(format!("c{clients}.sqlite3")))
-                        .await
-                        .unwrap(),
-                ),
-            ),
+            ("SqliteStore", sqlite[c].clone()),
             ("PostgresStore", Arc::new(postgres.clone())),
         ];
         for (name, store) in stores {
-            let card = if clients == 1 {
-                "tok_same_1"
-            } else {
-                "tok_same_10"
-            };
-            let burst = identical(store.clone(), clients, card).await;
-            println!("{}", burst.row(&format!("{name}, {clients}")));
             rates.push((name, clients, distinct(store, clients).await));
         }
     }

@@ -1,13 +1,20 @@
 //! What idem adds to a call: a full call on MemoryStore (key, claim, no-op
 //! handler, complete) beside the bare no-op handler, in the same run; and
-//! throughput with one task against two.
+//! throughput with one task against two, beside the same for the bare call
+//! (the floor: what a second worker gives on this machine).
 //!
 //! `cargo bench --bench executor`
+//!
+//! For instruction counts, which do not move with the machine's load:
+//! `IDEM_BENCH_ONLY=bare|wrapped IDEM_BENCH_CALLS=N` runs N calls of one
+//! side on a current-thread runtime instead of criterion, so that
+//! `valgrind --tool=callgrind target/release/deps/executor-<hash>` of each
+//! side, subtracted and divided by N, gives what idem adds per call.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{black_box, criterion_group, Criterion, Throughput};
 use idem_runtime::{Answer, Caller, Executor, MemoryStore, Operation, ScopeSpec, ToolError};
 use serde::Serialize;
 
@@ -52,6 +59,31 @@ async fn bare_call(n: u64) -> u64 {
     let v = serde_json::to_value(args(n)).unwrap();
     black_box(&v);
     noop(n).await.unwrap()
+}
+
+/// Runs `iters` bare calls split over `tasks` tasks on a 2-worker runtime,
+/// and returns the wall time: the floor of the scaling, what two workers
+/// give a call that shares nothing (the 2 cores may be one core's two
+/// hardware threads).
+fn bare_calls_on_tasks(rt: &tokio::runtime::Runtime, tasks: u64, iters: u64) -> Duration {
+    rt.block_on(async {
+        let start = Instant::now();
+        let handles: Vec<_> = (0..tasks)
+            .map(|t| {
+                tokio::spawn(async move {
+                    let mut i = t;
+                    while i < iters {
+                        black_box(bare_call(i).await);
+                        i += tasks;
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.await.unwrap();
+        }
+        start.elapsed()
+    })
 }
 
 /// Runs `iters` calls split over `tasks` tasks on a 2-worker runtime, on a
@@ -129,9 +161,56 @@ fn scaling(c: &mut Criterion) {
         g.bench_function(format!("{tasks}_task"), |b| {
             b.iter_custom(|iters| calls_on_tasks(&rt, tasks, iters))
         });
+        g.bench_function(format!("bare_{tasks}_task"), |b| {
+            b.iter_custom(|iters| bare_calls_on_tasks(&rt, tasks, iters))
+        });
     }
     g.finish();
 }
 
+/// `IDEM_BENCH_ONLY=bare|wrapped IDEM_BENCH_CALLS=N`: N calls of one side,
+/// for callgrind. Returns false when the variables are not set.
+fn instructions_only() -> bool {
+    let (Ok(only), Ok(calls)) = (
+        std::env::var("IDEM_BENCH_ONLY"),
+        std::env::var("IDEM_BENCH_CALLS"),
+    ) else {
+        return false;
+    };
+    let calls: u64 = calls
+        .parse()
+        .expect("IDEM_BENCH_CALLS is a number of calls");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let exec = Executor::new(Arc::new(MemoryStore::new()));
+    let caller = Caller::new("acme", "alice");
+    rt.block_on(async {
+        match only.as_str() {
+            "bare" => {
+                for n in 0..calls {
+                    black_box(bare_call(n).await);
+                }
+            }
+            "wrapped" => {
+                for n in 0..calls {
+                    black_box(full_call(&exec, &caller, n).await);
+                }
+            }
+            other => panic!("IDEM_BENCH_ONLY is bare or wrapped, not {other:?}"),
+        }
+    });
+    println!("{calls} {only} calls");
+    true
+}
+
 criterion_group!(benches, overhead, scaling);
-criterion_main!(benches);
+
+fn main() {
+    if instructions_only() {
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

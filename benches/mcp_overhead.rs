@@ -10,6 +10,9 @@
 //! tool's calls, on MemoryStore over the duplex transport,
 //! `IDEM_BENCH_CALLS` of them (default 10,000) after 500 to warm up, so two
 //! runs under `valgrind --tool=callgrind` give each call's instructions.
+//! In that mode the server runs on a thread of its own, so that
+//! `--separate-threads=yes` gives the server's instructions alone (the
+//! thread whose profile holds `charge_card`).
 
 mod common;
 
@@ -220,7 +223,28 @@ async fn only(tool: &'static str) {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(10_000);
-    let client = connect(Arc::new(MemoryStore::new()), Transport::Duplex).await;
+    // The server runs on a thread of its own (a current-thread runtime), so
+    // that `valgrind --tool=callgrind --separate-threads=yes` counts its
+    // instructions apart from the client's.
+    let (server_side, client_side) = tokio::io::duplex(1 << 20);
+    let shop = Shop {
+        executor: Executor::new(Arc::new(MemoryStore::new())),
+        caller: Caller::new("acme", "alice"),
+    };
+    std::thread::Builder::new()
+        .name("mcp-server".into())
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let running = shop.serve(server_side).await.expect("server starts");
+                let _ = running.waiting().await;
+            });
+        })
+        .unwrap();
+    let client = ().serve(client_side).await.expect("client connects");
     for n in 0..500 {
         call(&client, tool, n).await;
     }

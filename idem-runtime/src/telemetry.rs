@@ -151,6 +151,20 @@ impl StoreSteps {
             record_step(key, started);
         }
     }
+
+    /// One `step` that took `took`, from clock readings the caller already
+    /// had.
+    pub(crate) fn record_took(&self, step: Step, took: std::time::Duration) {
+        #[cfg(feature = "metrics")]
+        {
+            let key = match step {
+                Step::Claim => &self.claim,
+                Step::Complete => &self.complete,
+            };
+            metrics::with_recorder(|r| r.register_histogram(key, metadata()))
+                .record(took.as_secs_f64());
+        }
+    }
 }
 
 /// `n` expired records purged.

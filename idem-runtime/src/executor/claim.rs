@@ -20,6 +20,10 @@ pub(crate) struct Won {
     /// cannot have started before, so the heartbeats and the running-claims
     /// table count from here.
     pub(crate) sent: tokio::time::Instant,
+    /// When the claim's answer was read (the late-claim check's reading):
+    /// the handler's run is timed from here, without a clock read of its
+    /// own.
+    pub(crate) answered: tokio::time::Instant,
 }
 
 impl Won {
@@ -61,11 +65,13 @@ impl Executor {
     pub(crate) async fn claim(&self, request: ClaimRequest, tool: &str) -> Claimed {
         let mut unconfirmed = ReleaseOnDrop::new(&self.store, request.key, request.attempt);
         let sent = tokio::time::Instant::now();
-        // The step's timer starts from the same reading (outside a paused
-        // test clock, tokio's instant is the standard one).
-        let started = sent.into_std();
-        let claimed = late_claim(self.dyn_store().claim(&request).await, sent + request.lease);
-        self.steps.record(Step::Claim, started);
+        let answer = self.dyn_store().claim(&request).await;
+        // One reading after the answer serves the late-claim check, the
+        // step's timer and the handler's (a clock read costs about as much
+        // as a claim on MemoryStore's hash table).
+        let answered = tokio::time::Instant::now();
+        let claimed = late_claim(answer, answered, sent + request.lease);
+        self.steps.record_took(Step::Claim, answered - sent);
         match claimed {
             Err(error) => {
                 tracing::warn!(tool, %error, "claim failed; not running");
@@ -83,29 +89,29 @@ impl Executor {
                     request,
                     reference,
                     sent,
+                    answered,
                 })
             }
         }
     }
 }
 
-/// A claim that won but whose answer came after its lease ran out (on the
-/// timer's clock, counted from before the claim was sent) is treated as not
-/// confirmed: the record may already have been swept, reconciled and taken
-/// over by a repeat, so no handler starts under it. The caller releases it
+/// A claim that won but whose answer came (at `answered`) after its lease
+/// ran out (on the timer's clock, counted from before the claim was sent)
+/// is treated as not confirmed: the record may already have been swept,
+/// reconciled and taken over by a repeat, so no handler starts under it. The caller releases it
 /// (fenced by its attempt: nothing ran) and answers that nothing ran.
 fn late_claim(
     claimed: Result<Claim, StoreError>,
+    answered: tokio::time::Instant,
     held_until: tokio::time::Instant,
 ) -> Result<Claim, StoreError> {
     match claimed {
-        Ok(Claim::Claimed { .. }) if tokio::time::Instant::now() >= held_until => {
-            Err(StoreError::Unavailable(
-                "the store confirmed the claim only after its lease had run out (the store or \
+        Ok(Claim::Claimed { .. }) if answered >= held_until => Err(StoreError::Unavailable(
+            "the store confirmed the claim only after its lease had run out (the store or \
                  this server was too slow), so the tool was not run"
-                    .into(),
-            ))
-        }
+                .into(),
+        )),
         other => other,
     }
 }

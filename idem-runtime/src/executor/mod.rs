@@ -437,6 +437,7 @@ impl Executor {
                 );
                 self.execute(
                     &won,
+                    won.answered.into_std(),
                     op.status_tool,
                     OnRejected::Release,
                     Completes::AsConfigured,
@@ -501,9 +502,13 @@ impl Executor {
 
     /// Runs `handler` under the claim `won`, heartbeating until it ends,
     /// and records its outcome: the execute step of every path.
+    ///
+    /// `started` is when the handler starts, as a reading the caller already
+    /// has: an inline call's claim answer.
     async fn execute<T, E, Fut>(
         &self,
         won: &Won,
+        started: Instant,
         status_tool: &str,
         on_rejected: OnRejected,
         completes: Completes,
@@ -529,12 +534,15 @@ impl Executor {
             self.follow_ons_unsupported_by,
         );
         let mut handler = std::pin::pin!(DECLARED.scope(RefCell::new(declared), handler));
-        let started = Instant::now();
         let outcome = self
             .with_heartbeat(won, CatchUnwind(handler.as_mut()))
             .await;
+        // One reading times the handler's run (from `started`) and starts
+        // the completion's timer.
+        let returned = Instant::now();
         if outcome.is_ok() {
-            self.durations.record(&claim.tool, started.elapsed());
+            self.durations
+                .record(&claim.tool, returned.saturating_duration_since(started));
         }
         let store: &dyn IdempotencyStore = &**guard.disarm();
         let (key, attempt) = (&claim.key, claim.attempt);
@@ -583,7 +591,7 @@ impl Executor {
                         // all: if this write fails, the record stays
                         // IN_PROGRESS for the sweep, and a reconciler that
                         // finds the operation performed declares them again.
-                        let started = Instant::now();
+                        let started = returned;
                         let n = jobs.len();
                         let completed = complete_with_jobs(store, key, attempt, &text, &jobs).await;
                         if n > 0 && completed.is_ok() {

@@ -114,6 +114,7 @@ impl Executor {
         let answer = self
             .execute(
                 &claimed.won,
+                std::time::Instant::now(),
                 &claimed.status_tool,
                 OnRejected::Record,
                 Completes::Inline,
