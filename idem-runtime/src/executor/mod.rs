@@ -539,12 +539,9 @@ impl Executor {
         let outcome = self
             .with_heartbeat(won, CatchUnwind(handler.as_mut()))
             .await;
-        // One reading times the handler's run (from `started`) and starts
-        // the completion's timer.
-        let returned = Instant::now();
+        // The handler's run, timed from `started` (a reading the caller had).
         if outcome.is_ok() {
-            self.durations
-                .record(&claim.tool, returned.saturating_duration_since(started));
+            self.durations.record(&claim.tool, started.elapsed());
         }
         let store: &dyn IdempotencyStore = &**guard.disarm();
         let (key, attempt) = (&claim.key, claim.attempt);
@@ -593,7 +590,9 @@ impl Executor {
                         // all: if this write fails, the record stays
                         // IN_PROGRESS for the sweep, and a reconciler that
                         // finds the operation performed declares them again.
-                        let started = returned;
+                        // Timed from here, after the response's
+                        // serialization: the metric is the store's step.
+                        let started = Instant::now();
                         let n = jobs.len();
                         let completed = complete_with_jobs(store, key, attempt, &text, &jobs).await;
                         if n > 0 && completed.is_ok() {
