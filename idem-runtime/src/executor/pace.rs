@@ -81,47 +81,35 @@ impl ToolDurations {
         // The slot is borrowed where the thread keeps it: a clone of its
         // `Arc` would be a shared write of its own.
         let noted = AT_HAND.with(|list| {
-            let Ok(list) = list.try_borrow() else {
-                return false;
-            };
-            match list
+            let list = list.try_borrow().ok()?;
+            let (_, _, average) = list
                 .iter()
-                .find(|(id, name, _)| *id == self.id && **name == *tool)
-            {
-                Some((_, _, average)) => {
-                    step(average, sample);
-                    true
-                }
-                None => false,
-            }
+                .find(|(id, name, _)| *id == self.id && **name == *tool)?;
+            step(average, sample);
+            Some(())
         });
-        if !noted {
-            if let Some(average) = self.slot(tool, sample) {
-                step(&average, sample);
-            }
+        if noted.is_none() {
+            self.record_in_table(tool, sample);
         }
     }
 
-    /// `tool`'s slot from the table, which this thread then keeps at hand
-    /// (added with `first` as its estimate if the tool is new and there is
-    /// room, in which case `None`: the sample is already its estimate).
-    fn slot(&self, tool: &str, first: u64) -> Option<Arc<AtomicU64>> {
-        let found = {
-            let tools = self.tools.read().unwrap_or_else(PoisonError::into_inner);
-            tools.get(tool).cloned()
-        };
-        let slot = match found {
-            Some(slot) => slot,
-            None => {
-                let mut tools = self.tools.write().unwrap_or_else(PoisonError::into_inner);
-                if let Some(slot) = tools.get(tool) {
+    /// [`ToolDurations::record`] through the table, once per thread and
+    /// tool: the tool's slot (added with `sample` as its estimate if it is
+    /// new and there is room), then kept at hand by this thread.
+    fn record_in_table(&self, tool: &str, sample: u64) {
+        let slot = {
+            let mut tools = self.tools.write().unwrap_or_else(PoisonError::into_inner);
+            match tools.get(tool) {
+                Some(slot) => {
+                    step(slot, sample);
                     slot.clone()
-                } else {
-                    if tools.len() < MOST_TOOLS {
-                        tools.insert(tool.into(), Arc::new(AtomicU64::new(first)));
-                    }
-                    return None;
                 }
+                None if tools.len() < MOST_TOOLS => {
+                    let slot = Arc::new(AtomicU64::new(sample));
+                    tools.insert(tool.into(), slot.clone());
+                    slot
+                }
+                None => return,
             }
         };
         AT_HAND.with(|list| {
@@ -129,10 +117,9 @@ impl ToolDurations {
                 if list.len() >= MOST_AT_HAND {
                     list.clear();
                 }
-                list.push((self.id, tool.into(), slot.clone()));
+                list.push((self.id, tool.into(), slot));
             }
         });
-        Some(slot)
     }
 
     /// How long `tool`'s handler usually takes, if it ran here before.
