@@ -248,9 +248,8 @@ impl Executor {
     /// Call [`Executor::drain`] before a planned shutdown, so a deploy loses
     /// nothing. An MCP task's completion is always written before the task
     /// ends (its result is read from the record). docs/decisions.md says why
-    /// this is off by default, and why it does not pay on
-    /// `SqliteStore`, whose relaxed completion costs
-    /// the caller a few µs already.
+    /// this is off by default, and why it does not pay on `SqliteStore`,
+    /// whose relaxed completion costs the caller a few µs already.
     pub fn with_background_completions(mut self, on: bool) -> Self {
         self.background = on.then(Arc::default);
         self
