@@ -350,6 +350,19 @@ async fn distinct(store: Arc<dyn IdempotencyStore>, clients: usize) -> f64 {
     rate
 }
 
+/// The three stores a burst runs on: a fresh MemoryStore, and the SQLite
+/// file and PostgreSQL schema the rounds share.
+fn stores(
+    sqlite: &Arc<dyn IdempotencyStore>,
+    postgres: &PostgresStore,
+) -> [(&'static str, Arc<dyn IdempotencyStore>); 3] {
+    [
+        ("MemoryStore", Arc::new(MemoryStore::new())),
+        ("SqliteStore", sqlite.clone()),
+        ("PostgresStore", Arc::new(postgres.clone())),
+    ]
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     println!("load average at start: {}", common::load());
@@ -391,12 +404,7 @@ async fn main() {
                 clients,
                 floor_in_progress(clients).await,
             );
-            let stores: [(&str, Arc<dyn IdempotencyStore>); 3] = [
-                ("MemoryStore", Arc::new(MemoryStore::new())),
-                ("SqliteStore", sqlite[c].clone()),
-                ("PostgresStore", Arc::new(postgres.clone())),
-            ];
-            for (name, store) in stores {
+            for (name, store) in stores(&sqlite[c], &postgres) {
                 // New to the store (PostgreSQL's schema and the SQLite file
                 // are shared by the rounds).
                 let card: &'static str =
@@ -450,12 +458,7 @@ async fn main() {
 
     let mut rates = Vec::new();
     for (c, clients) in [1usize, 10].into_iter().enumerate() {
-        let stores: [(&str, Arc<dyn IdempotencyStore>); 3] = [
-            ("MemoryStore", Arc::new(MemoryStore::new())),
-            ("SqliteStore", sqlite[c].clone()),
-            ("PostgresStore", Arc::new(postgres.clone())),
-        ];
-        for (name, store) in stores {
+        for (name, store) in stores(&sqlite[c], &postgres) {
             rates.push((name, clients, distinct(store, clients).await));
         }
     }

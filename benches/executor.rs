@@ -61,24 +61,16 @@ async fn bare_call(n: u64) -> u64 {
     noop(n).await.unwrap()
 }
 
-/// Runs `iters` bare calls split over `tasks` tasks on a 2-worker runtime,
-/// and returns the wall time: the floor of the scaling, what two workers
-/// give a call that shares nothing (the 2 cores may be one core's two
-/// hardware threads).
-fn bare_calls_on_tasks(rt: &tokio::runtime::Runtime, tasks: u64, iters: u64) -> Duration {
+/// Spawns `tasks` tasks, task `t` being `task(t)`, on a 2-worker runtime
+/// and returns the wall time until all have ended.
+fn on_tasks<F, Fut>(rt: &tokio::runtime::Runtime, tasks: u64, task: F) -> Duration
+where
+    F: Fn(u64) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     rt.block_on(async {
         let start = Instant::now();
-        let handles: Vec<_> = (0..tasks)
-            .map(|t| {
-                tokio::spawn(async move {
-                    let mut i = t;
-                    while i < iters {
-                        black_box(bare_call(i).await);
-                        i += tasks;
-                    }
-                })
-            })
-            .collect();
+        let handles: Vec<_> = (0..tasks).map(|t| tokio::spawn(task(t))).collect();
         for h in handles {
             h.await.unwrap();
         }
@@ -86,29 +78,32 @@ fn bare_calls_on_tasks(rt: &tokio::runtime::Runtime, tasks: u64, iters: u64) -> 
     })
 }
 
-/// Runs `iters` calls split over `tasks` tasks on a 2-worker runtime, on a
-/// fresh store, and returns the wall time.
+/// Runs `iters` bare calls split over `tasks` tasks: the floor of the
+/// scaling, what two workers give a call that shares nothing (the 2 cores
+/// may be one core's two hardware threads).
+fn bare_calls_on_tasks(rt: &tokio::runtime::Runtime, tasks: u64, iters: u64) -> Duration {
+    on_tasks(rt, tasks, |t| async move {
+        let mut i = t;
+        while i < iters {
+            black_box(bare_call(i).await);
+            i += tasks;
+        }
+    })
+}
+
+/// Runs `iters` calls split over `tasks` tasks, on a fresh store.
 fn calls_on_tasks(rt: &tokio::runtime::Runtime, tasks: u64, iters: u64) -> Duration {
     let exec = Executor::new(Arc::new(MemoryStore::new()));
     let caller = Caller::new("acme", "alice");
-    rt.block_on(async {
-        let start = Instant::now();
-        let handles: Vec<_> = (0..tasks)
-            .map(|t| {
-                let (exec, caller) = (exec.clone(), caller.clone());
-                tokio::spawn(async move {
-                    let mut i = t;
-                    while i < iters {
-                        full_call(&exec, &caller, i).await;
-                        i += tasks;
-                    }
-                })
-            })
-            .collect();
-        for h in handles {
-            h.await.unwrap();
+    on_tasks(rt, tasks, |t| {
+        let (exec, caller) = (exec.clone(), caller.clone());
+        async move {
+            let mut i = t;
+            while i < iters {
+                full_call(&exec, &caller, i).await;
+                i += tasks;
+            }
         }
-        start.elapsed()
     })
 }
 
