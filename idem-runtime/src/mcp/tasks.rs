@@ -241,8 +241,10 @@ fn detailed(record: &Record, lease: Duration) -> DetailedTask {
         .with_poll_interval_ms(millis(poll_interval(lease)))
     };
     match record.reading() {
+        // A completed task reads until its record's retention ends, even
+        // after its window let a new operation take the key.
         Reading::Completed { response } => {
-            let task = task(record.expires_at);
+            let task = task(record.retain_until);
             match serde_json::from_str::<JsonObject>(response) {
                 Ok(mut result) => {
                     let meta = result.entry("_meta").or_insert_with(|| json!({}));

@@ -3,7 +3,7 @@
 //! One job, the store: its sharded records and jobs and the contract over
 //! them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -26,6 +26,10 @@ const SHARDS: usize = 64;
 #[derive(Default)]
 struct ShardData {
     records: Records,
+    /// Operations whose key a later operation took while their retention
+    /// had not ended ([`Record::outlives_takeover`]), by reference: read by
+    /// `lookup` and listed until purge deletes them.
+    superseded: HashMap<Reference, Record>,
     jobs: BTreeMap<JobKey, Job>,
 }
 
@@ -246,9 +250,6 @@ impl MemoryStore {
                     found: RecordStateKind::Completed,
                 });
             }
-            if record.state != RecordState::InProgress {
-                settle_late_completion(record);
-            }
             record.state = RecordState::Completed {
                 response: response.to_owned(),
             };
@@ -268,10 +269,12 @@ impl MemoryStore {
         let now = self.now();
         let mut found: Vec<Record> = Vec::new();
         for shard in self.shards.iter() {
+            let shard = lock(shard);
             found.extend(
-                lock(shard)
+                shard
                     .records
                     .values()
+                    .chain(shard.superseded.values())
                     .filter(|r| pick(r))
                     .map(Record::clone),
             );
@@ -293,15 +296,6 @@ impl MemoryStore {
 // ignored rather than turning one panic into a dead store.
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A completion that arrives after the sweep or a reconciler gave up on the
-/// record (a late handler, a reconciler, an operator) answers repeats until
-/// the retention ends, not only the window: found after its window, it would
-/// otherwise expire the moment it is written, be purged, and let the next
-/// identical call run again.
-fn settle_late_completion(record: &mut Record) {
-    record.expires_at = record.expires_at.max(record.retain_until);
 }
 
 fn unknown(record: &mut Record, note: &str, now: SystemTime) {
@@ -370,7 +364,8 @@ impl IdempotencyStore for MemoryStore {
     async fn count_records(&self) -> Result<StateCounts, StoreError> {
         let mut counts = StateCounts::default();
         for shard in self.shards.iter() {
-            for record in lock(shard).records.values() {
+            let shard = lock(shard);
+            for record in shard.records.values().chain(shard.superseded.values()) {
                 counts.add(record.state.kind(), 1);
             }
         }
@@ -380,7 +375,12 @@ impl IdempotencyStore for MemoryStore {
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         let now = self.now();
         let mut shard = self.shard(req.key.key[0]);
-        let entry = shard.records.entry(&req.key.key);
+        let ShardData {
+            records,
+            superseded,
+            ..
+        } = &mut *shard;
+        let entry = records.entry(&req.key.key);
         let mut reference = req.reference;
         if let Entry::Occupied(existing) = &entry {
             let found = &existing.get().record;
@@ -390,6 +390,11 @@ impl IdempotencyStore for MemoryStore {
                 return Ok(Claim::Existing { record });
             }
             reference = found.takeover_reference(req.reference, now);
+            // A new operation takes the key; the one it replaces still
+            // reads by its reference until its retention ends.
+            if found.outlives_takeover(req.reference, now) {
+                superseded.insert(found.reference, Record::clone(found));
+            }
         }
         let record = Record {
             key: req.key,
@@ -540,6 +545,12 @@ impl IdempotencyStore for MemoryStore {
             .records
             .with_prefix(reference.key_prefix())
             .find(|r| r.tenant == tenant && r.reference == *reference)
+            .or_else(|| {
+                shard
+                    .superseded
+                    .get(reference)
+                    .filter(|r| r.tenant == tenant)
+            })
             .map(|r| Record {
                 observed_at: now,
                 ..Record::clone(r)
@@ -560,6 +571,11 @@ impl IdempotencyStore for MemoryStore {
             let mut shard = lock(shard);
             shard.records.0.retain(|s| {
                 let doomed = left > 0 && s.record.is_expired(now);
+                left -= usize::from(doomed);
+                !doomed
+            });
+            shard.superseded.retain(|_, r| {
+                let doomed = left > 0 && r.is_expired(now);
                 left -= usize::from(doomed);
                 !doomed
             });
@@ -624,7 +640,6 @@ impl FollowOnStore for MemoryStore {
                     found: record.state.kind(),
                 });
             }
-            settle_late_completion(record);
             record.state = RecordState::Completed {
                 response: response.to_owned(),
             };
@@ -680,13 +695,15 @@ impl FollowOnStore for MemoryStore {
 
     async fn finish_job(&self, id: &JobId, attempt: Attempt) -> Result<(), StoreError> {
         self.fenced_job(id, attempt, |shard, key, now| {
-            // Kept as long as its operation's record: until the record
-            // expires, or until the next purge when it is gone already.
+            // Kept as long as its operation's record (current or
+            // superseded): until the record expires, or until the next
+            // purge when it is gone already.
             let kept_until = shard
                 .records
                 .with_prefix(key.0.key_prefix())
                 .find(|r| r.reference == key.0 && r.tenant == key.1)
-                .map_or(now, |r| r.expires_at);
+                .or_else(|| shard.superseded.get(&key.0).filter(|r| r.tenant == key.1))
+                .map_or(now, |r| r.retain_until);
             let job = shard.jobs.get_mut(key).expect("checked by fenced_job");
             job.attempt = None;
             job.delivered_at = Some(now);

@@ -116,9 +116,16 @@ pub trait IdempotencyStore: Send + Sync + std::fmt::Debug {
     }
 
     /// Claims the operation: atomically inserts an IN_PROGRESS record owned by
-    /// `req.attempt` if none exists, or takes over a record that
-    /// [`Record::is_claimable`] (expired, or NOT_PERFORMED; a new claim
-    /// replaces it whole). Otherwise returns the existing record unchanged.
+    /// `req.attempt` if none exists, or takes over the key of a record that
+    /// no longer holds it ([`Record::is_claimable`]: COMPLETED past its
+    /// window, NOT_PERFORMED, or UNKNOWN past its retention). Otherwise
+    /// returns the existing record unchanged.
+    ///
+    /// A record taken over whose operation goes on under a new reference
+    /// and whose retention has not ended ([`Record::outlives_takeover`]) is
+    /// kept, in the same atomic step, as a superseded operation: `lookup`
+    /// still finds it by its reference, as it was, until its retention
+    /// ends. Any other record taken over is replaced whole.
     ///
     /// Never check-then-insert: two concurrent claims of one key yield exactly
     /// one `Claimed`. Errors: `Unavailable` (nothing claimed).
@@ -126,7 +133,10 @@ pub trait IdempotencyStore: Send + Sync + std::fmt::Debug {
 
     /// Records the response: IN_PROGRESS, UNKNOWN or NOT_PERFORMED →
     /// COMPLETED, only if `attempt` still owns the record (a slow handler's
-    /// truth wins over what the sweep or a reconciler concluded). Errors:
+    /// truth wins over what the sweep or a reconciler concluded). The
+    /// window's end (`expires_at`) is not moved: a completion that lands
+    /// after it frees the key at once, and the record reads by its
+    /// reference until its retention ends. Errors:
     /// `Fenced` when it does not (the record is left as it is), `WrongState`
     /// when it is already COMPLETED, `Unavailable`.
     async fn complete(
@@ -204,17 +214,19 @@ pub trait IdempotencyStore: Send + Sync + std::fmt::Debug {
         lease: Duration,
     ) -> Result<(), StoreError>;
 
-    /// The record with this reference in this tenant, if any. A record of
-    /// another tenant is `None`, never returned. Expired records that purge has
-    /// not deleted yet are still returned, as they are.
+    /// The record with this reference in this tenant, if any: the key's
+    /// current record, or a superseded operation kept until its retention
+    /// ends ([`Record::outlives_takeover`]). A record of another tenant is
+    /// `None`, never returned. Expired records that purge has not deleted
+    /// yet are still returned, as they are.
     async fn lookup(
         &self,
         tenant: &str,
         reference: &Reference,
     ) -> Result<Option<Record>, StoreError>;
 
-    /// Deletes at most `batch` rows, records that [`Record::is_expired`]
-    /// first and then, on a store that keeps follow-on jobs, delivered jobs
+    /// Deletes at most `batch` rows, records (current and superseded) that
+    /// [`Record::is_expired`] first and then, on a store that keeps follow-on jobs, delivered jobs
     /// whose [`kept_until`](Job::kept_until) has passed (their record's
     /// expiry, so they go in the same purge pass as their record); returns
     /// how many of both. Call it in a loop until it returns less than
@@ -233,16 +245,17 @@ pub trait IdempotencyStore: Send + Sync + std::fmt::Debug {
     async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError>;
 
     /// At most `filter.limit` records that match `filter`, the newest claims
-    /// (`claimed_at`) first, for an operator. Expired records that purge has
-    /// not deleted yet may be returned, as they are.
+    /// (`claimed_at`) first, for an operator: the keys' current records and
+    /// the superseded operations kept for their retention. Expired records
+    /// that purge has not deleted yet may be returned, as they are.
     ///
     /// A snapshot read that changes nothing; not on the calls' path, and it
     /// may read the whole store (an index helps only the state filter).
     /// Errors: `Unavailable`.
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError>;
 
-    /// How many records the store holds in each state, expired ones that
-    /// purge has not deleted yet included. A snapshot read that changes
+    /// How many records the store holds in each state, superseded ones and
+    /// expired ones that purge has not deleted yet included. A snapshot read that changes
     /// nothing, not on the calls' path; it may read the whole store.
     /// Errors: `Unavailable`.
     async fn count_records(&self) -> Result<StateCounts, StoreError>;
@@ -328,8 +341,8 @@ pub trait FollowOnStore: IdempotencyStore {
     /// `delivered_at` is now (store clock), `runs` stays the run that
     /// delivered it, and no lease finds it again. It is kept, for an
     /// operator asking whether it was delivered, until its operation's
-    /// record expires (`kept_until`: the record's `expires_at`, or now when
-    /// the record is gone), and purged with it
+    /// record expires (`kept_until`: the record's `retain_until`, current or
+    /// superseded, or now when the record is gone), and purged with it
     /// ([`purge_expired`](IdempotencyStore::purge_expired)). Errors:
     /// `Fenced` when another lease took it, it is gone or already delivered
     /// (nothing changed), `Unavailable`.

@@ -26,11 +26,15 @@ pub struct ClaimRequest {
     pub attempt: Attempt,
     /// How long the claim holds without a heartbeat.
     pub lease: Duration,
-    /// How long a COMPLETED record answers repeats, counted from the claim.
+    /// How long the key is held for this operation once it settled,
+    /// counted from the claim: a COMPLETED record answers repeats for this
+    /// long, and never longer ([`Record::holds_key`]).
     pub window: Duration,
-    /// How long an IN_PROGRESS or UNKNOWN record is kept, counted from the
-    /// claim (at least `window`): a charge that may have happened is not
-    /// forgotten when the window ends.
+    /// How long the operation's record is kept, counted from the claim (at
+    /// least `window`): it reads by its reference until then, even after a
+    /// new operation took the key, and an UNKNOWN record holds its key until
+    /// then (a charge that may have happened is not forgotten when the
+    /// window ends).
     pub retention: Duration,
 }
 
@@ -162,10 +166,16 @@ pub struct Record {
     pub updated_at: SystemTime,
     /// Until when the claim holds without a heartbeat.
     pub lease_until: SystemTime,
-    /// When a COMPLETED record stops answering repeats.
+    /// When the key's hold ends for a settled record: the end of the
+    /// window, counted from the claim. Set by the claim and never moved
+    /// after it, however late the operation settles: a COMPLETED record
+    /// answers repeats until then, and not after.
     pub expires_at: SystemTime,
-    /// When an IN_PROGRESS, UNKNOWN or NOT_PERFORMED record may be
-    /// forgotten.
+    /// When the record may be forgotten: until then it reads by its
+    /// reference (status tool, `tasks/get`, `lookup`, the command line),
+    /// whatever its state and even after a new operation took its key; an
+    /// UNKNOWN record (or a lapsed IN_PROGRESS one) also holds its key until
+    /// then. Counted from the claim, at least the window.
     pub retain_until: SystemTime,
     /// When a reconciler looks at an UNKNOWN record next (set when it
     /// becomes UNKNOWN, pushed back by [`IdempotencyStore::defer_check`](super::IdempotencyStore::defer_check)).
@@ -194,22 +204,63 @@ impl Record {
         }
     }
 
-    /// Whether a record is past its life at `now` (store clock), so that
-    /// purge may delete it (and a new claim take it over). A COMPLETED record
-    /// ends at `expires_at`; any other only at `retain_until` and once its
-    /// lease ran out, because its side effect may have happened (or, for
-    /// NOT_PERFORMED, so the status tool can still say it did not).
-    pub fn is_expired(&self, now: SystemTime) -> bool {
+    /// Whether the record holds its key at `now` (store clock): whether a
+    /// claim of the same key finds this operation rather than starting or
+    /// resuming one. The key's hold and the record's life are two lives:
+    ///
+    /// - COMPLETED: until the window ends (`expires_at`), however late the
+    ///   operation settled (on time, by a late handler, by a reconciler or
+    ///   by hand). A late truth never stretches the window: after it, the
+    ///   same call is an operation the user wanted.
+    /// - NOT_PERFORMED: never; the next claim runs (within the window as the
+    ///   same operation, after it as a new one: [`Record::takeover_reference`]).
+    /// - IN_PROGRESS with its lease held: always (a live claim).
+    /// - UNKNOWN, or IN_PROGRESS whose lease ran out (it may have died
+    ///   mid-call): until it is resolved, or until its retention ends. A
+    ///   charge that may have happened must be reconciled before an
+    ///   identical call can run again, whatever the window says.
+    pub fn holds_key(&self, now: SystemTime) -> bool {
         match self.state {
-            RecordState::Completed { .. } => self.expires_at <= now,
-            _ => self.retain_until <= now && self.lease_until <= now,
+            RecordState::Completed { .. } => now < self.expires_at,
+            RecordState::NotPerformed { .. } => false,
+            RecordState::InProgress | RecordState::Unknown { .. } => {
+                now < self.retain_until || now < self.lease_until
+            }
         }
     }
 
-    /// Whether a new claim may take the record over at `now`: it expired,
-    /// or it was resolved as not performed.
+    /// Whether a new claim may take the record's key over at `now`: the
+    /// record no longer holds it ([`Record::holds_key`]).
     pub fn is_claimable(&self, now: SystemTime) -> bool {
-        matches!(self.state, RecordState::NotPerformed { .. }) || self.is_expired(now)
+        !self.holds_key(now)
+    }
+
+    /// Whether a record is past its life at `now` (store clock), so that
+    /// purge may delete it: its retention ended, and, unless it settled
+    /// (COMPLETED or NOT_PERFORMED), its lease ran out too. Until then it
+    /// reads by its reference, in any state, even once a new operation took
+    /// its key ([`Record::outlives_takeover`]).
+    pub fn is_expired(&self, now: SystemTime) -> bool {
+        match self.state {
+            RecordState::Completed { .. } | RecordState::NotPerformed { .. } => {
+                self.retain_until <= now
+            }
+            RecordState::InProgress | RecordState::Unknown { .. } => {
+                self.retain_until <= now && self.lease_until <= now
+            }
+        }
+    }
+
+    /// Whether a claim that takes this record's key over at `now`, offering
+    /// `offered`, leaves this record to be kept beside the new one: the new
+    /// claim runs under another reference (a new operation), and this
+    /// operation's retention has not ended, so a caller who was given its
+    /// reference must still find what happened to it. Every store keeps
+    /// such a record (its superseded operations), readable by
+    /// [`lookup`](super::IdempotencyStore::lookup) and listed with the
+    /// others, until it [`is_expired`](Record::is_expired).
+    pub fn outlives_takeover(&self, offered: Reference, now: SystemTime) -> bool {
+        self.takeover_reference(offered, now) != self.reference && now < self.retain_until
     }
 
     /// Whether the claim's lease ran out at `now` (store clock): the one

@@ -778,7 +778,7 @@ pub async fn finished_job_is_kept_as_delivered(store: &dyn IdempotencyStore) {
     assert_eq!(job.updated_at, at);
     assert_eq!(
         job.kept_until,
-        Some(record.expires_at),
+        Some(record.retain_until),
         "kept as long as its record"
     );
     let not_delivered = store
@@ -831,7 +831,10 @@ pub async fn finished_job_is_kept_as_delivered(store: &dyn IdempotencyStore) {
 pub async fn delivered_job_is_purged_with_its_record(store: &dyn IdempotencyStore) {
     let store = require_outbox(store);
     let (sent, waiting) = (job_name("receipt"), job_name("ship"));
-    let req = fresh(Duration::from_millis(1500));
+    let req = ClaimRequest {
+        retention: Duration::from_millis(1500),
+        ..fresh(Duration::from_millis(1500))
+    };
     claimed(store, &req).await;
     let jobs = [
         follow_on(&sent, serde_json::json!({ "to": "a@example.com" })),

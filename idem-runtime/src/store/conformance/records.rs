@@ -222,8 +222,8 @@ pub async fn claim_runs_under_the_offered_reference(store: &dyn IdempotencyStore
 }
 
 /// The same call after its window is a new operation: it runs under the new
-/// reference it offered, and the earlier operation's reference no longer
-/// finds anything (never the new operation's record).
+/// reference it offered, and the earlier operation's reference still finds
+/// the earlier operation (never the new operation's record).
 pub async fn a_claim_after_the_window_is_a_new_operation(store: &dyn IdempotencyStore) {
     let first = fresh(Duration::from_millis(300));
     claimed(store, &first).await;
@@ -242,10 +242,21 @@ pub async fn a_claim_after_the_window_is_a_new_operation(store: &dyn Idempotency
     let r = record(store, &second).await.unwrap();
     assert_eq!(r.reference, second.reference);
     assert_eq!(r.attempt, second.attempt);
+    let earlier = store
+        .lookup(&first.tenant, &first.reference)
+        .await
+        .unwrap()
+        .expect("the earlier operation still reads by its reference");
     assert_eq!(
-        store.lookup(&first.tenant, &first.reference).await.unwrap(),
-        None,
-        "the earlier operation's reference must not find the new one"
+        (earlier.reference, earlier.attempt, earlier.state),
+        (
+            first.reference,
+            first.attempt,
+            RecordState::Completed {
+                response: "1".into()
+            }
+        ),
+        "the earlier operation's reference finds its own record, never the new one"
     );
     // A repeat within the new window is answered with the new reference.
     let r = existing(store, &new_operation(&first)).await;
@@ -306,6 +317,13 @@ pub async fn not_performed_after_the_window_is_a_new_operation(store: &dyn Idemp
     let later = new_operation(&first);
     assert_eq!(claimed(store, &later).await, later.reference);
     assert_eq!(record(store, &later).await.unwrap().attempt, later.attempt);
+    assert!(
+        matches!(
+            record(store, &first).await.map(|r| r.state),
+            Some(RecordState::NotPerformed { .. })
+        ),
+        "the earlier operation still reads as not performed"
+    );
 }
 
 /// A record read back reads to a caller by its state and its lease, judged
@@ -456,9 +474,15 @@ pub async fn existing_record_keeps_its_fingerprint(store: &dyn IdempotencyStore)
     assert_ne!(r.key.fingerprint(), other_args.key.fingerprint());
 }
 
-/// purge deletes expired COMPLETED records in batches and keeps live ones.
+/// purge deletes COMPLETED records past their retention in batches and
+/// keeps the others.
 pub async fn purge_deletes_expired_in_batches(store: &dyn IdempotencyStore) {
-    let short: Vec<ClaimRequest> = (0..5).map(|_| fresh(Duration::from_millis(100))).collect();
+    let short: Vec<ClaimRequest> = (0..5)
+        .map(|_| ClaimRequest {
+            retention: Duration::from_millis(100),
+            ..fresh(Duration::from_millis(100))
+        })
+        .collect();
     let live = fresh(W);
     for req in &short {
         claimed(store, req).await;
@@ -720,10 +744,11 @@ pub async fn late_completion_wins_over_not_performed(store: &dyn IdempotencyStor
 }
 
 /// A completion or a resolution that arrives after the record's window (it
-/// outlived it as UNKNOWN) answers repeats until its retention ends: it does
-/// not expire the moment it is written, to be purged or taken over by the
-/// next identical call.
-pub async fn late_truth_outlives_the_window(store: &dyn IdempotencyStore) {
+/// outlived it as UNKNOWN) does not stretch the window: the key is free at
+/// once, and the same call is a new operation under a new reference. The
+/// late operation still reads by its own reference, as completed, until its
+/// retention ends, purge or no purge.
+pub async fn late_truth_frees_the_key_after_the_window(store: &dyn IdempotencyStore) {
     for by_resolution in [true, false] {
         let mut req = fresh(Duration::from_millis(100));
         req.lease = Duration::from_millis(100);
@@ -732,31 +757,140 @@ pub async fn late_truth_outlives_the_window(store: &dyn IdempotencyStore) {
             .mark_unknown(&req.key, req.attempt, "timeout")
             .await
             .unwrap();
+        // UNKNOWN holds the key past its window.
         tokio::time::sleep(Duration::from_millis(250)).await;
-        if by_resolution {
-            let found = Resolution::Completed {
-                response: "\"late\"",
-            };
-            store
-                .resolve(&req.key, req.attempt, found, None)
-                .await
-                .unwrap();
-        } else {
-            store
-                .complete(&req.key, req.attempt, "\"late\"")
-                .await
-                .unwrap();
-        }
+        let r = existing(store, &new_operation(&req)).await;
+        assert_eq!(r.reference, req.reference);
+        let window_end = r.expires_at;
+        settle_late(store, &req, by_resolution).await;
         store.purge_expired(100_000).await.unwrap();
-        let r = existing(store, &again(&req)).await;
+        let later = new_operation(&req);
         assert_eq!(
-            r.state,
+            claimed(store, &later).await,
+            later.reference,
+            "by_resolution: {by_resolution}: the same call after the window is a new operation"
+        );
+        let first = record(store, &req).await.expect("the late operation reads");
+        assert_eq!(first.reference, req.reference);
+        assert_eq!(
+            first.state,
             RecordState::Completed {
                 response: "\"late\"".into()
             },
             "by_resolution: {by_resolution}"
         );
-        assert!(r.expires_at >= r.retain_until);
+        assert_eq!(first.expires_at, window_end, "a late truth never moves the window");
+        let second = record(store, &later).await.expect("the new operation reads");
+        assert_eq!(second.state, RecordState::InProgress);
+        assert_eq!(second.attempt, later.attempt);
+    }
+}
+
+/// An operation settled late but inside its window holds its key for the
+/// rest of the window, and not after: a repeat inside it replays, the same
+/// call after it runs as a new operation.
+pub async fn late_truth_inside_the_window_holds_until_the_window_ends(
+    store: &dyn IdempotencyStore,
+) {
+    for by_resolution in [true, false] {
+        let req = fresh(Duration::from_millis(400));
+        claimed(store, &req).await;
+        store
+            .mark_unknown(&req.key, req.attempt, "timeout")
+            .await
+            .unwrap();
+        settle_late(store, &req, by_resolution).await;
+        let r = existing(store, &new_operation(&req)).await;
+        assert_eq!(r.reference, req.reference, "by_resolution: {by_resolution}");
+        assert!(matches!(r.state, RecordState::Completed { .. }));
+        tokio::time::sleep(Duration::from_millis(550)).await;
+        let later = new_operation(&req);
+        assert_eq!(claimed(store, &later).await, later.reference);
+        assert!(matches!(
+            record(store, &req).await.map(|r| r.state),
+            Some(RecordState::Completed { .. })
+        ));
+    }
+}
+
+/// A superseded operation (its key taken by a later one) reads by its own
+/// reference, in its own tenant only, and is listed and counted, until its
+/// retention ends; then purge deletes it and leaves the later one.
+pub async fn a_superseded_operation_reads_until_its_retention_ends(
+    store: &dyn IdempotencyStore,
+) {
+    let first = ClaimRequest {
+        retention: Duration::from_millis(900),
+        ..fresh(Duration::from_millis(200))
+    };
+    claimed(store, &first).await;
+    store
+        .complete(&first.key, first.attempt, "\"first\"")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = new_operation(&first);
+    assert_eq!(claimed(store, &second).await, second.reference);
+    store.purge_expired(100_000).await.unwrap();
+    let r = record(store, &first).await.expect("superseded, still kept");
+    assert_eq!(r.reference, first.reference);
+    assert_eq!(
+        r.state,
+        RecordState::Completed {
+            response: "\"first\"".into()
+        }
+    );
+    assert_eq!(
+        store.lookup("another-tenant", &first.reference).await.unwrap(),
+        None,
+        "another tenant's reference is not found"
+    );
+    let listed = store
+        .list_records(&RecordFilter {
+            tenant: Some(first.tenant.clone()),
+            ..RecordFilter::default()
+        })
+        .await
+        .unwrap();
+    let mut refs: Vec<_> = listed.iter().map(|r| r.reference).collect();
+    refs.sort();
+    let mut want = vec![first.reference, second.reference];
+    want.sort();
+    assert_eq!(refs, want, "both operations are listed");
+    assert_eq!(
+        listed[0].reference, second.reference,
+        "the newest claim first"
+    );
+    // The superseded one's fencing is gone: its attempt owns nothing.
+    assert!(matches!(
+        store.complete(&first.key, first.attempt, "1").await,
+        Err(StoreError::Fenced)
+    ));
+    // Its retention ends: purged, and the later operation stays.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let mut rounds = 0;
+    while store.purge_expired(1_000).await.unwrap() == 1_000 && rounds < 10_000 {
+        rounds += 1;
+    }
+    assert_eq!(record(store, &first).await, None, "purged after its retention");
+    let r = record(store, &second).await.expect("the later operation stays");
+    assert_eq!(r.attempt, second.attempt);
+}
+
+async fn settle_late(store: &dyn IdempotencyStore, req: &ClaimRequest, by_resolution: bool) {
+    if by_resolution {
+        let found = Resolution::Completed {
+            response: "\"late\"",
+        };
+        store
+            .resolve(&req.key, req.attempt, found, None)
+            .await
+            .unwrap();
+    } else {
+        store
+            .complete(&req.key, req.attempt, "\"late\"")
+            .await
+            .unwrap();
     }
 }
 
