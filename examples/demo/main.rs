@@ -182,7 +182,41 @@ async fn main() {
         &call(&client, "charge_card", slow_charge).await,
     );
 
-    step(5, "A shipment, retried with the same order id.");
+    step(
+        5,
+        "A tap at the till times out; the reconciler finds it charged; 5 s later the same tap \
+         is a new purchase.",
+    );
+    backends.set_processor_delay(Duration::from_millis(2000));
+    let coffee = json!({ "card": "4000", "amount_cents": 450 });
+    let tapped_at = std::time::Instant::now();
+    let tap = call(&client, "tap_to_pay", coffee.clone()).await;
+    show("tap_to_pay", &tap);
+    let tap_ref = reference(&tap);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    backends.set_processor_delay(Duration::from_millis(300));
+    Maintenance::round(&*store, &maintenance).await;
+    show(
+        "a double tap, inside its 5 s window: the reconciled charge, replayed",
+        &call(&client, "tap_to_pay", coffee.clone()).await,
+    );
+    tokio::time::sleep(Duration::from_millis(5200).saturating_sub(tapped_at.elapsed())).await;
+    let again = call(&client, "tap_to_pay", coffee).await;
+    show(
+        "the same tap after the window: a new purchase, charged, with its own reference",
+        &again,
+    );
+    show(
+        "get_operation_status of the first tap: still its own charge",
+        &call(
+            &client,
+            "get_operation_status",
+            json!({ "reference": tap_ref }),
+        )
+        .await,
+    );
+
+    step(6, "A shipment, retried with the same order id.");
     let shipment = json!({ "order_id": "ord_1001", "address": "1 Main St, Springfield", "service_level": "standard" });
     show(
         "create_shipment",
@@ -193,7 +227,7 @@ async fn main() {
         &call(&client, "create_shipment", shipment).await,
     );
 
-    step(6, "The same order id with another address.");
+    step(7, "The same order id with another address.");
     show(
         "create_shipment",
         &call(
@@ -205,7 +239,7 @@ async fn main() {
     );
 
     step(
-        7,
+        8,
         "The outbox: each charge queued a receipt and the shipment a warehouse notice, \
          written with the completion; a dispatcher sends them.",
     );
@@ -252,7 +286,7 @@ async fn main() {
     );
 
     step(
-        8,
+        9,
         "The ledger: what the processor, the carrier, the mailer and the warehouse were \
          really asked to do.",
     );
@@ -291,10 +325,11 @@ async fn main() {
     }
     let sent = |tool: &str| CALLS.lock().unwrap().iter().filter(|t| **t == tool).count();
     println!(
-        "\n{} charge_card calls and {} create_shipment calls reached the server; the processor \
-         received {} request(s) and made {} charge(s), the carrier received {} request(s) and \
-         booked {} shipment(s): once per operation.",
+        "\n{} charge_card calls, {} tap_to_pay calls and {} create_shipment calls reached the \
+         server; the processor received {} request(s) and made {} charge(s), the carrier \
+         received {} request(s) and booked {} shipment(s): once per operation.",
         sent("charge_card"),
+        sent("tap_to_pay"),
         sent("create_shipment"),
         view.processor_requests,
         view.processor_charges,
