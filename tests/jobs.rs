@@ -154,7 +154,12 @@ async fn sweep_leaves_live_and_finished_records_alone() {
 async fn purge_removes_every_expired_record() {
     let store = MemoryStore::new();
     for _ in 0..25 {
-        let req = idem_runtime::store::conformance::claim_request(Duration::from_millis(50));
+        // Past its retention, not only its window: a completed record is
+        // kept, readable by its reference, until its retention ends.
+        let req = idem_runtime::store::ClaimRequest {
+            retention: Duration::from_millis(50),
+            ..idem_runtime::store::conformance::claim_request(Duration::from_millis(50))
+        };
         store.claim(&req).await.unwrap();
         store.complete(&req.key, req.attempt, "1").await.unwrap();
     }
