@@ -46,6 +46,8 @@ struct Processor {
     seen: Mutex<Vec<String>>,
     /// How the handler ended when it saw `tasks/cancel`.
     cancelled: AtomicUsize,
+    /// How many of the next requests time out (after the charge was made).
+    timeouts: AtomicUsize,
 }
 
 #[derive(Clone)]
@@ -75,6 +77,26 @@ impl Shop {
         Parameters(args): Parameters<ChargeArgs>,
         context: RequestContext<RoleServer>,
     ) -> Result<Json<Receipt>, ToolError> {
+        self.charge(args, context).await
+    }
+
+    #[idempotent(window = "1s", task = "optional")]
+    #[tool(description = "Tap a card at a till: the same tap after 1 s is a new purchase")]
+    async fn tap_to_pay(
+        &self,
+        Parameters(args): Parameters<ChargeArgs>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<Json<Receipt>, ToolError> {
+        self.charge(args, context).await
+    }
+}
+
+impl Shop {
+    async fn charge(
+        &self,
+        args: ChargeArgs,
+        context: RequestContext<RoleServer>,
+    ) -> Result<Json<Receipt>, ToolError> {
         let reference = current_reference()
             .expect("inside #[idempotent]")
             .to_string();
@@ -90,6 +112,16 @@ impl Shop {
             if !seen.contains(&reference) {
                 seen.push(reference.clone());
             }
+        }
+        let timed_out = self
+            .processor
+            .timeouts
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if timed_out {
+            return Err(ToolError::unknown(
+                "the processor timed out; the charge may have gone through",
+            ));
         }
         let charged = tokio::time::sleep(self.delay);
         match &cancellation {
@@ -433,5 +465,70 @@ async fn a_task_claim_confirmed_after_its_lease_ran_out_starts_nothing() {
         "{done:?}"
     );
     assert_eq!(processor.requests.load(Ordering::SeqCst), 1);
+    client.cancel().await.ok();
+}
+
+/// A task whose outcome was unknown and was resolved completed late: its
+/// task id reads completed with the resolution through `tasks/get`, and
+/// still does after the same call, made after the window, ran as a new
+/// task of its own.
+#[tokio::test]
+async fn an_old_task_reads_as_its_own_resolution_after_the_same_call_ran_again() {
+    let (shop, processor) = shop(Duration::from_millis(50));
+    let store = shop.executor.store().clone();
+    processor.timeouts.store(1, Ordering::SeqCst);
+    let client = connect(shop, with_tasks(), modern()).await;
+    let tap = || {
+        let Value::Object(args) = json!({ "card": "4000", "amount_cents": 450 }) else {
+            unreachable!()
+        };
+        CallToolRequestParams::new("tap_to_pay").with_arguments(args)
+    };
+    let CallToolResponse::Task(first) = client.call_tool_once(tap()).await.unwrap() else {
+        panic!("a declared request gets a task");
+    };
+    let first = first.task.task_id;
+    // The processor timed out: the record is UNKNOWN, the task working.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let got = client.get_task(GetTaskParams::new(&first)).await.unwrap();
+    assert_eq!(got.task.status(), TaskStatus::Working, "{got:?}");
+    // The reconciler (here, by hand) finds the charge.
+    let reference = idem_runtime::Reference::parse(&first).unwrap();
+    let record = store.lookup("acme", &reference).await.unwrap().unwrap();
+    let found = idem_runtime::stored_response(Json(json!({ "charge_id": "ch_found" }))).unwrap();
+    store
+        .resolve(
+            &record.key,
+            record.attempt,
+            idem_runtime::store::Resolution::Completed { response: &found },
+            None,
+        )
+        .await
+        .unwrap();
+    // After the window, the same tap is a new task, charged.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let CallToolResponse::Task(second) = client.call_tool_once(tap()).await.unwrap() else {
+        panic!("the same tap after the window gets a task");
+    };
+    let second = second.task.task_id;
+    assert_ne!(second, first, "a new operation, a new task");
+    let done = poll(&client, &second).await;
+    assert!(
+        matches!(done.task.payload, TaskPayload::Completed { .. }),
+        "{done:?}"
+    );
+    assert_eq!(
+        processor.seen.lock().unwrap().clone(),
+        [first.clone(), second.clone()],
+        "the second tap reached the processor under its own reference: charged again"
+    );
+    let old = poll(&client, &first).await;
+    let TaskPayload::Completed { result } = &old.task.payload else {
+        panic!("the first task reads completed, got {old:?}");
+    };
+    assert_eq!(
+        result["structuredContent"],
+        json!({ "charge_id": "ch_found" })
+    );
     client.cancel().await.ok();
 }
