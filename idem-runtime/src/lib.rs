@@ -110,6 +110,9 @@
 //!   in the README's "Operating it"), each call runs in an `idem.call`
 //!   tracing span, and the `idem` command line (feature `cli`, module
 //!   `cli`) lists, shows, resolves by hand, purges and counts records.
+// On docs.rs (`--cfg docsrs`, nightly rustdoc), each item is labelled with
+// the features it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(
     missing_docs,
     missing_debug_implementations,
