@@ -1071,3 +1071,56 @@ async fn tables_escape_what_a_far_side_wrote() {
     let exact = idem(&url, &["--json", "jobs", "--dead", "--tenant", &req.tenant]).await;
     assert_eq!(exact.json()[0]["last_error"], json!(forged));
 }
+
+/// A tenant or a tool name may hold format characters that reorder or hide
+/// what a terminal prints (U+061C, the tag characters): `show` and `list`
+/// print them escaped; `--json` keeps them exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tables_escape_format_characters_in_tenants_and_tools() {
+    let dir = temp_dir("cli-format");
+    let path = dir.join("idem.sqlite3");
+    let url = format!("sqlite:{}", path.display());
+    let store = SqliteStore::open(&path).await.unwrap();
+    let base = claim_request(Duration::from_secs(900));
+    let tenant = format!("{}\u{61c}acme\u{e0041}", base.tenant);
+    let escaped_tenant = format!(r"{}\u{{61c}}acme\u{{e0041}}", base.tenant);
+    let req = ClaimRequest {
+        tenant: tenant.clone(),
+        tool: "charge\u{e0041}_card\u{61c}".to_owned(),
+        ..base
+    };
+    assert!(matches!(
+        store.claim(&req).await.unwrap(),
+        Claim::Claimed { .. }
+    ));
+    store
+        .complete(&req.key, req.attempt, "\"paid\"")
+        .await
+        .unwrap();
+    let reference = req.reference.to_string();
+    let escaped_tool = r"charge\u{e0041}_card\u{61c}";
+
+    let shown = idem(&url, &["show", &reference, "--tenant", &tenant]).await;
+    assert_eq!(shown.code, EXIT_OK, "{shown:?}");
+    assert!(shown.out.contains(escaped_tool), "{}", shown.out);
+    assert!(shown.out.contains(&escaped_tenant), "{}", shown.out);
+    assert!(
+        !shown.out.contains(['\u{61c}', '\u{e0041}']),
+        "{:?}",
+        shown.out
+    );
+
+    let listed = idem(&url, &["list", "--tenant", &tenant]).await;
+    assert_eq!(listed.code, EXIT_OK, "{listed:?}");
+    assert_eq!(listed.out.lines().count(), 2, "{}", listed.out);
+    assert!(listed.out.contains(escaped_tool), "{}", listed.out);
+    assert!(
+        !listed.out.contains(['\u{61c}', '\u{e0041}']),
+        "{:?}",
+        listed.out
+    );
+
+    let exact = idem(&url, &["--json", "show", &reference, "--tenant", &tenant]).await;
+    assert_eq!(exact.json()["tool"], json!(req.tool));
+    assert_eq!(exact.json()["tenant"], json!(tenant));
+}

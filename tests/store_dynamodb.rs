@@ -496,3 +496,153 @@ async fn the_payments_example_runs_on_dynamodb() {
     assert_eq!(counts.completed, 1);
     client.cancel().await.ok();
 }
+
+/// A 420,000-byte response, over DynamoDB's 400 KB item: the executor does
+/// not write it (over the store's declared 384 KiB), the caller gets its
+/// result, the record reads UNKNOWN with a note that says why and a repeat
+/// is told so, never "in progress" then "may have died"; one charge. The
+/// emulator enforces the item limit itself: the same completion written to
+/// the store directly is refused as invalid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_over_the_item_limit_reads_unknown() {
+    let Some(table) = Table::new().await else {
+        return;
+    };
+    assert_eq!(table.max_response_bytes(), Some(384 * 1024));
+    let store = Arc::new(table.store.clone());
+    let executor = Executor::new(store.clone());
+    let caller = Caller::new("acme", "alice");
+    let charges = Arc::new(AtomicUsize::new(0));
+    let args = serde_json::json!({"month": "2026-04"});
+    let run = || {
+        let charges = charges.clone();
+        executor.run(
+            Operation {
+                caller: &caller,
+                tool: "export_statement",
+                args: &args,
+                scope: ScopeSpec::Window(Duration::from_secs(900)),
+                status_tool: "get_operation_status",
+            },
+            move |_ctx: OperationContext| async move {
+                charges.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, ToolError>("x".repeat(420_000 - 2))
+            },
+        )
+    };
+    let answer: Answer<String, ToolError> = run().await;
+    let Answer::Executed {
+        value,
+        reference,
+        recording: Recording::Failed,
+    } = answer
+    else {
+        panic!("the result, not stored: {answer:?}");
+    };
+    assert_eq!(value.len(), 420_000 - 2);
+    let record = table
+        .lookup("acme", &reference)
+        .await
+        .unwrap()
+        .expect("the record reads");
+    let idem_runtime::store::RecordState::Unknown { note } = &record.state else {
+        panic!("UNKNOWN: {record:?}");
+    };
+    assert!(
+        note.starts_with(
+            "the response could not be stored: 420000 bytes, over the store's limit of 393216 bytes; "
+        ),
+        "{note}"
+    );
+    let repeat: Answer<String, ToolError> = run().await;
+    match repeat {
+        Answer::Unknown {
+            reference: told,
+            note: repeated,
+            ..
+        } => {
+            assert_eq!(told, reference);
+            assert_eq!(&repeated, note);
+        }
+        other => panic!("outcome unknown: {other:?}"),
+    }
+    assert_eq!(charges.load(Ordering::SeqCst), 1);
+
+    // The emulator's own limit, under the declared one.
+    let req = claim_request(Duration::from_secs(60));
+    table.claim(&req).await.unwrap();
+    let big = format!("\"{}\"", "x".repeat(420_000 - 2));
+    let e = table
+        .complete(&req.key, req.attempt, &big)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::Invalid(_)), "{e:?}");
+    assert!(e.to_string().contains("maximum allowed size"), "{e}");
+    // Not read back: the emulator (moto) applies part of the refused
+    // update before it checks the size (the state is COMPLETED, the
+    // response absent), where DynamoDB leaves the item as it was. The
+    // executor never sends it one.
+}
+
+/// Seventy 60 KB follow-ons (4.2 MB, over DynamoDB's 4 MB transaction) are
+/// refused at their declaration once their total passes the store's 3 MiB,
+/// while the handler can still act; the ones that fit are written with the
+/// completion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follow_ons_past_the_transaction_size_are_refused_at_declaration() {
+    let Some(table) = Table::new().await else {
+        return;
+    };
+    assert_eq!(
+        table.max_follow_on_bytes_per_completion(),
+        Some(3 * 1024 * 1024)
+    );
+    let store = Arc::new(table.store.clone());
+    let executor = Executor::new(store.clone());
+    let caller = Caller::new("acme", "alice");
+    let answer: Answer<Vec<String>, ToolError> = executor
+        .run(
+            Operation {
+                caller: &caller,
+                tool: "send_receipts",
+                args: &serde_json::json!({"n": 70}),
+                scope: ScopeSpec::Window(Duration::from_secs(900)),
+                status_tool: "get_operation_status",
+            },
+            |_ctx: OperationContext| async move {
+                let mut refused = Vec::new();
+                for i in 0..70 {
+                    let receipt = "x".repeat(60_000 - 2);
+                    if let Err(e) = idem_runtime::follow_on(&format!("receipt{i}"), &receipt) {
+                        refused.push(e);
+                    }
+                }
+                Ok(refused.iter().map(ToString::to_string).collect())
+            },
+        )
+        .await;
+    let Answer::Executed {
+        value: refused,
+        reference,
+        recording: Recording::Stored,
+    } = answer
+    else {
+        panic!("the handler's own outcome stands: {answer:?}");
+    };
+    // 52 × 60,000 bytes fit in 3 MiB; the 53rd and later do not.
+    assert_eq!(refused.len(), 70 - 52, "{refused:?}");
+    assert!(
+        refused[0].contains("3180000 bytes") && refused[0].contains("3145728 bytes"),
+        "{}",
+        refused[0]
+    );
+    let jobs = store
+        .list_jobs(&idem_runtime::store::JobFilter {
+            reference: Some(reference),
+            limit: 1000,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(jobs.len(), 52);
+}

@@ -99,9 +99,12 @@ pub enum Recording {
     /// lease runs out, the sweep marks it UNKNOWN and the reconciler finds
     /// the effect: a repeat is never run again.
     Pending,
-    /// It could not be stored (the store failed): the result is still
-    /// real, the record stays in progress, and the sweep and the reconciler
-    /// resolve it.
+    /// It could not be stored: the result is still real. When the store
+    /// failed, the record stays in progress, and the sweep and the
+    /// reconciler resolve it. When the store cannot hold the response (over
+    /// its [limit](crate::IdempotencyStore::max_response_bytes), or refused
+    /// as invalid), the record is marked UNKNOWN at once with a note that
+    /// says why, which a repeat is told.
     Failed,
 }
 
@@ -493,6 +496,26 @@ pub(crate) mod note {
     /// A response that ran but cannot be stored.
     pub(crate) fn unstorable(error: impl std::fmt::Display) -> String {
         format!("the response could not be stored: {error}")
+    }
+
+    /// What a note on a response that could not be stored ends with.
+    const NOT_REPLAYABLE: &str = "the handler ran and its caller got the result, but no \
+        repeat can replay it: check the far side for the effect, and have the tool return \
+        less (an identifier to look the rest up by)";
+
+    /// A response over the store's limit ([`IdempotencyStore::max_response_bytes`]).
+    ///
+    /// [`IdempotencyStore::max_response_bytes`]: crate::IdempotencyStore::max_response_bytes
+    pub(crate) fn too_large(size: usize, limit: usize) -> String {
+        format!(
+            "the response could not be stored: {size} bytes, over the store's limit of {limit} \
+             bytes; {NOT_REPLAYABLE}"
+        )
+    }
+
+    /// A completion the store refused as invalid.
+    pub(crate) fn refused(error: impl std::fmt::Display) -> String {
+        format!("the response could not be stored: {error}; {NOT_REPLAYABLE}")
     }
 
     /// A completed record whose stored response no longer decodes.

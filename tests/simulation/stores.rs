@@ -677,6 +677,9 @@ impl IdempotencyStore for Recorder {
         // Completions with jobs are recorded as completions are.
         self.inner.follow_ons().map(|_| self as &dyn FollowOnStore)
     }
+    fn max_response_bytes(&self) -> Option<usize> {
+        self.inner.max_response_bytes()
+    }
 }
 
 /// The inner store's jobs: only reached once `follow_ons()` said there are
@@ -794,6 +797,9 @@ impl FollowOnStore for Recorder {
 
     fn max_follow_ons_per_completion(&self) -> Option<usize> {
         jobs_of(&*self.inner).max_follow_ons_per_completion()
+    }
+    fn max_follow_on_bytes_per_completion(&self) -> Option<usize> {
+        jobs_of(&*self.inner).max_follow_on_bytes_per_completion()
     }
 }
 
@@ -954,6 +960,9 @@ impl<S: IdempotencyStore> IdempotencyStore for Observer<S> {
     fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
         self.inner.follow_ons().map(|_| self as &dyn FollowOnStore)
     }
+    fn max_response_bytes(&self) -> Option<usize> {
+        self.inner.max_response_bytes()
+    }
 }
 
 #[deny(clippy::missing_trait_methods)]
@@ -1022,5 +1031,8 @@ impl<S: IdempotencyStore> FollowOnStore for Observer<S> {
 
     fn max_follow_ons_per_completion(&self) -> Option<usize> {
         jobs_of(&self.inner).max_follow_ons_per_completion()
+    }
+    fn max_follow_on_bytes_per_completion(&self) -> Option<usize> {
+        jobs_of(&self.inner).max_follow_on_bytes_per_completion()
     }
 }

@@ -19,6 +19,7 @@ use tokio::sync::Notify;
 
 use super::running::Completing;
 use super::Executor;
+use crate::answer::note;
 use crate::key::{IdempotencyKey, Reference};
 use crate::store::FollowOn;
 use crate::store::{complete_with_jobs, Attempt, IdempotencyStore, StoreError};
@@ -137,6 +138,14 @@ async fn write_until_landed(
             // An earlier try landed and its answer was lost, or the
             // reconciler resolved the record first: it is settled.
             Err(StoreError::WrongState { .. }) => return,
+            // The store cannot hold it, now or ever: the record says so
+            // rather than waiting for the sweep to call the process dead.
+            Err(StoreError::Invalid(error)) => {
+                let note = note::refused(error);
+                tracing::error!(%reference, %note, "completion refused after the side effect");
+                super::mark(store, &c.key, reference, c.attempt, &note).await;
+                return;
+            }
             Err(error @ StoreError::Unavailable(_)) if first.elapsed() < GIVE_UP_AFTER => {
                 tracing::warn!(%reference, %error, "completion write failed; retrying");
                 tokio::time::sleep(pause).await;

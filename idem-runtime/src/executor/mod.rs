@@ -171,6 +171,10 @@ pub struct Executor {
     /// The store's limit of jobs per completion, and its kind: read once
     /// here too.
     max_follow_ons: Option<(usize, &'static str)>,
+    /// The store's limit of job payload bytes per completion, and its kind.
+    max_follow_on_bytes: Option<(usize, &'static str)>,
+    /// The store's limit of a response's bytes.
+    max_response: Option<usize>,
     /// The claims this executor's handlers are running under, shared by its
     /// clones: a repeat of one is answered in progress without the store.
     running: Arc<RunningClaims>,
@@ -212,6 +216,11 @@ impl Executor {
             .follow_ons()
             .and_then(|jobs| jobs.max_follow_ons_per_completion())
             .map(|limit| (limit, store.backend()));
+        let max_follow_on_bytes = store
+            .follow_ons()
+            .and_then(|jobs| jobs.max_follow_on_bytes_per_completion())
+            .map(|limit| (limit, store.backend()));
+        let max_response = store.max_response_bytes();
         let steps = Arc::new(telemetry::StoreSteps::new(store.backend()));
         Executor {
             store,
@@ -221,6 +230,8 @@ impl Executor {
             max_follow_on_payload: DEFAULT_MAX_PAYLOAD,
             follow_ons_unsupported_by,
             max_follow_ons,
+            max_follow_on_bytes,
+            max_response,
             running: Arc::default(),
             durations: Arc::default(),
             steps,
@@ -532,6 +543,7 @@ impl Executor {
         let declared = Declared::new(
             self.max_follow_on_payload,
             self.max_follow_ons,
+            self.max_follow_on_bytes,
             self.follow_ons_unsupported_by,
         );
         let mut handler = std::pin::pin!(DECLARED.scope(RefCell::new(declared), handler));
@@ -555,7 +567,17 @@ impl Executor {
                     Completes::AsConfigured => self.background.as_ref(),
                     Completes::Inline => None,
                 };
-                let recording = match (serde_json::to_string(&value), background) {
+                let text = serde_json::to_string(&value)
+                    .map_err(note::unstorable)
+                    .and_then(|text| match self.max_response {
+                        // Never written: the store would refuse it after
+                        // the side effect, or keep it only in part.
+                        Some(limit) if text.len() > limit => {
+                            Err(note::too_large(text.len(), limit))
+                        }
+                        _ => Ok(text),
+                    });
+                let recording = match (text, background) {
                     (Ok(text), Some(background)) => {
                         // The response answers repeats here until it lands,
                         // for no longer than the window counted from the
@@ -600,6 +622,15 @@ impl Executor {
                         self.steps.record(Step::Complete, started);
                         match completed {
                             Ok(()) => Recording::Stored,
+                            // The store cannot hold it, now or ever: the
+                            // record says so rather than waiting for the
+                            // sweep to call the process dead.
+                            Err(StoreError::Invalid(error)) => {
+                                let note = note::refused(error);
+                                tracing::error!(%reference, %note, "completion refused after the side effect");
+                                mark(store, key, reference, attempt, &note).await;
+                                Recording::Failed
+                            }
                             Err(error) => {
                                 // The side effect happened: the caller gets its real
                                 // result; the record stays IN_PROGRESS and the sweep
@@ -609,8 +640,9 @@ impl Executor {
                             }
                         }
                     }
-                    (Err(error), _) => {
-                        mark(store, key, reference, attempt, &note::unstorable(error)).await;
+                    (Err(note), _) => {
+                        tracing::error!(%reference, %note, "response not stored after the side effect");
+                        mark(store, key, reference, attempt, &note).await;
                         Recording::Failed
                     }
                 };

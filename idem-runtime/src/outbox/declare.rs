@@ -16,6 +16,11 @@ pub(crate) struct Declared {
     /// The most jobs one completion may write, and the store's kind to say
     /// so: `None` where the store sets no limit.
     max_jobs: Option<(usize, &'static str)>,
+    /// The most payload bytes the jobs of one completion may carry, and the
+    /// store's kind to say so: `None` where the store sets no limit.
+    max_bytes: Option<(usize, &'static str)>,
+    /// The payload bytes declared so far.
+    bytes: usize,
     /// `None` when the store keeps follow-on jobs; else its kind, to say so.
     unsupported_by: Option<&'static str>,
 }
@@ -25,12 +30,15 @@ impl Declared {
     pub(crate) fn new(
         max_payload: usize,
         max_jobs: Option<(usize, &'static str)>,
+        max_bytes: Option<(usize, &'static str)>,
         unsupported_by: Option<&'static str>,
     ) -> Self {
         Declared {
             jobs: Vec::new(),
             max_payload,
             max_jobs,
+            max_bytes,
+            bytes: 0,
             unsupported_by,
         }
     }
@@ -67,8 +75,20 @@ impl Declared {
                 });
             }
         }
-        self.jobs
-            .push(FollowOn::with_limit(name, payload, self.max_payload)?);
+        let job = FollowOn::with_limit(name, payload, self.max_payload)?;
+        let total = self.bytes + job.payload().len();
+        if let Some((limit, store)) = self.max_bytes {
+            if total > limit {
+                return Err(FollowOnError::TooMuch {
+                    name: name.to_owned(),
+                    total,
+                    limit,
+                    store,
+                });
+            }
+        }
+        self.bytes = total;
+        self.jobs.push(job);
         Ok(())
     }
 }
@@ -112,7 +132,9 @@ tokio::task_local! {
 /// payload that does not serialize or is over the executor's limit (64 KiB
 /// by default, [`Executor::with_max_follow_on_payload`]), a bad name
 /// ([`FollowOnError::BadName`]), more jobs than the store writes with one
-/// completion ([`FollowOnError::TooMany`]: 99 on DynamoDB), a store that
+/// completion ([`FollowOnError::TooMany`]: 99 on DynamoDB), more payload
+/// bytes in all than the store writes with one completion
+/// ([`FollowOnError::TooMuch`]: 3 MiB on DynamoDB), a store that
 /// keeps no follow-on jobs, or a
 /// call outside a wrapped handler (or from a task it spawned: the list is
 /// task-local).

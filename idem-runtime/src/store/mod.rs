@@ -267,6 +267,20 @@ pub trait IdempotencyStore: Send + Sync + std::fmt::Debug {
     fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
         None
     }
+
+    /// The largest response, in bytes of its JSON text, that a completion
+    /// (or a resolution as COMPLETED) stores, when the store has a limit:
+    /// `None` (the default) for none. The store's own limit on one record,
+    /// less a margin for the record's other fields (key, tenant, tool, note).
+    ///
+    /// The executor checks a handler's response against it before the
+    /// completion write: one that cannot be stored is never written (the
+    /// store would refuse it after the side effect anyway); the caller
+    /// still gets its result, and the record is marked UNKNOWN with a note
+    /// that says why, rather than left IN_PROGRESS for the sweep.
+    fn max_response_bytes(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// The follow-on jobs a store keeps beside its records (the outbox): written
@@ -397,11 +411,65 @@ pub trait FollowOnStore: IdempotencyStore {
     fn max_follow_ons_per_completion(&self) -> Option<usize> {
         None
     }
+
+    /// The most bytes of follow-on payloads (the sum of the jobs' payloads,
+    /// as JSON text) one completion (or resolution) writes in its one
+    /// atomic step, when the store has a limit: `None` (the default) for
+    /// none. The executor refuses a declaration that would take the
+    /// operation's jobs past it at once ([`FollowOnError::TooMuch`]),
+    /// while the handler can still act, never at the completion.
+    fn max_follow_on_bytes_per_completion(&self) -> Option<usize> {
+        None
+    }
+}
+
+/// Whether the store can hold `response` and `jobs` in one completion, by
+/// its declared limits ([`IdempotencyStore::max_response_bytes`],
+/// [`FollowOnStore::max_follow_ons_per_completion`],
+/// [`FollowOnStore::max_follow_on_bytes_per_completion`]): `Invalid`, and
+/// nothing asked of the store, when it cannot.
+fn check_limits(
+    store: &dyn IdempotencyStore,
+    response: &str,
+    jobs: &[FollowOn],
+) -> Result<(), StoreError> {
+    if let Some(limit) = store.max_response_bytes() {
+        if response.len() > limit {
+            return Err(StoreError::Invalid(format!(
+                "the response is {} bytes, over the {} store's limit of {limit} bytes",
+                response.len(),
+                store.backend()
+            )));
+        }
+    }
+    if let (false, Some(follow_ons)) = (jobs.is_empty(), store.follow_ons()) {
+        if let Some(limit) = follow_ons.max_follow_ons_per_completion() {
+            if jobs.len() > limit {
+                return Err(StoreError::Invalid(format!(
+                    "{} follow-on jobs, over the {} store's limit of {limit} per completion",
+                    jobs.len(),
+                    store.backend()
+                )));
+            }
+        }
+        if let Some(limit) = follow_ons.max_follow_on_bytes_per_completion() {
+            let total: usize = jobs.iter().map(|job| job.payload().len()).sum();
+            if total > limit {
+                return Err(StoreError::Invalid(format!(
+                    "the follow-on jobs carry {total} bytes of payload, over the {} store's \
+                     limit of {limit} bytes per completion",
+                    store.backend()
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// [`IdempotencyStore::complete`], with the follow-on `jobs` in the same
 /// step when there are any: on a store that keeps none, a completion with
-/// jobs answers `Unsupported` and writes nothing.
+/// jobs answers `Unsupported` and writes nothing; one past the store's
+/// declared limits answers `Invalid` and writes nothing.
 pub(crate) async fn complete_with_jobs(
     store: &dyn IdempotencyStore,
     key: &IdempotencyKey,
@@ -409,6 +477,7 @@ pub(crate) async fn complete_with_jobs(
     response: &str,
     jobs: &[FollowOn],
 ) -> Result<(), StoreError> {
+    check_limits(store, response, jobs)?;
     match (jobs.is_empty(), store.follow_ons()) {
         (true, _) => store.complete(key, attempt, response).await,
         (false, Some(store)) => {
@@ -430,6 +499,7 @@ pub(crate) async fn resolve_completed_with_jobs(
     note: Option<&str>,
     jobs: &[FollowOn],
 ) -> Result<(), StoreError> {
+    check_limits(store, response, jobs)?;
     match (jobs.is_empty(), store.follow_ons()) {
         (true, _) => {
             let completed = Resolution::Completed { response };
@@ -533,6 +603,9 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<S> {
     fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
         (**self).follow_ons()
     }
+    fn max_response_bytes(&self) -> Option<usize> {
+        (**self).max_response_bytes()
+    }
 }
 
 /// A shared store that keeps follow-on jobs keeps them:
@@ -598,5 +671,8 @@ impl<S: FollowOnStore + ?Sized> FollowOnStore for std::sync::Arc<S> {
     }
     fn max_follow_ons_per_completion(&self) -> Option<usize> {
         (**self).max_follow_ons_per_completion()
+    }
+    fn max_follow_on_bytes_per_completion(&self) -> Option<usize> {
+        (**self).max_follow_on_bytes_per_completion()
     }
 }

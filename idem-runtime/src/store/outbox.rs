@@ -194,6 +194,24 @@ pub enum FollowOnError {
         /// The store's kind.
         store: &'static str,
     },
+    /// The operation's jobs would carry more payload bytes than its store
+    /// writes with one completion
+    /// ([`FollowOnStore::max_follow_on_bytes_per_completion`](super::FollowOnStore::max_follow_on_bytes_per_completion)).
+    #[error(
+        "follow-on job `{name}` is too much: with it the operation's jobs carry {total} bytes \
+         of payload, over the {limit} bytes the {store} store writes with one completion; keep \
+         identifiers in the payloads and look the rest up when the jobs run"
+    )]
+    TooMuch {
+        /// The job's name.
+        name: String,
+        /// The payload bytes of the operation's jobs, this one included.
+        total: usize,
+        /// The store's limit.
+        limit: usize,
+        /// The store's kind.
+        store: &'static str,
+    },
     /// The executor's store cannot keep follow-on jobs.
     #[error(
         "follow-on job `{name}` cannot be kept: the {store} store does not support follow-on \

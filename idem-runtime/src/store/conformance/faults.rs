@@ -284,6 +284,10 @@ impl<S: IdempotencyStore> IdempotencyStore for FaultyStore<S> {
         // Faults reach the jobs too, when the store keeps them.
         self.inner.follow_ons().map(|_| self as &dyn FollowOnStore)
     }
+
+    fn max_response_bytes(&self) -> Option<usize> {
+        self.inner.max_response_bytes()
+    }
 }
 
 impl<S: IdempotencyStore> FaultyStore<S> {
@@ -395,5 +399,9 @@ impl<S: IdempotencyStore> FollowOnStore for FaultyStore<S> {
 
     fn max_follow_ons_per_completion(&self) -> Option<usize> {
         self.jobs().max_follow_ons_per_completion()
+    }
+
+    fn max_follow_on_bytes_per_completion(&self) -> Option<usize> {
+        self.jobs().max_follow_on_bytes_per_completion()
     }
 }

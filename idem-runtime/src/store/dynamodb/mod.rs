@@ -664,6 +664,11 @@ impl IdempotencyStore for DynamoDbStore {
         "dynamodb"
     }
 
+    // A 400 KB item, less 16 KiB for the record's other attributes.
+    fn max_response_bytes(&self) -> Option<usize> {
+        Some(384 * 1024)
+    }
+
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         // A few rounds: a NOT_PERFORMED record is taken over by a second
         // write fenced by its attempt, which another claim may win first.
@@ -1255,5 +1260,10 @@ impl FollowOnStore for DynamoDbStore {
 
     fn max_follow_ons_per_completion(&self) -> Option<usize> {
         Some(DYNAMODB_MAX_FOLLOW_ONS)
+    }
+
+    // A 4 MB transaction, less the record's 400 KB item and 99 jobs' keys.
+    fn max_follow_on_bytes_per_completion(&self) -> Option<usize> {
+        Some(3 * 1024 * 1024)
     }
 }

@@ -387,6 +387,11 @@ impl IdempotencyStore for PostgresStore {
         "postgres"
     }
 
+    // A 1 GB field and a 1 GB message: half of it, so the jobs fit beside it.
+    fn max_response_bytes(&self) -> Option<usize> {
+        Some(512 * 1024 * 1024)
+    }
+
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
         let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
         let state = filter.state.map(|s| s.code());
@@ -665,6 +670,11 @@ impl IdempotencyStore for PostgresStore {
 
 #[async_trait]
 impl FollowOnStore for PostgresStore {
+    // The jobs' payloads are one array parameter of the completion's message.
+    fn max_follow_on_bytes_per_completion(&self) -> Option<usize> {
+        Some(256 * 1024 * 1024)
+    }
+
     async fn complete_with_follow_ons(
         &self,
         key: &IdempotencyKey,

@@ -375,6 +375,11 @@ impl IdempotencyStore for RedisStore {
         "redis"
     }
 
+    // A 512 MB string, less 1 MiB for the record's other fields.
+    fn max_response_bytes(&self) -> Option<usize> {
+        Some(511 * 1024 * 1024)
+    }
+
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
         let mut seen = std::collections::HashSet::new();
         let mut found: Vec<Record> = Vec::new();
@@ -627,6 +632,11 @@ impl IdempotencyStore for RedisStore {
 
 #[async_trait]
 impl FollowOnStore for RedisStore {
+    // The 1 GB query buffer holds a completion's command: the response, then the jobs.
+    fn max_follow_on_bytes_per_completion(&self) -> Option<usize> {
+        Some(256 * 1024 * 1024)
+    }
+
     async fn complete_with_follow_ons(
         &self,
         key: &IdempotencyKey,

@@ -266,6 +266,11 @@ impl IdempotencyStore for SqliteStore {
         "sqlite"
     }
 
+    // SQLITE_MAX_LENGTH (1e9 bytes, the bundled build's default) for a row, less 1 MB.
+    fn max_response_bytes(&self) -> Option<usize> {
+        Some(999_000_000)
+    }
+
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
         let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
         let state = filter.state.map(|s| s.code());
