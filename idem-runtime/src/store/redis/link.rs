@@ -106,10 +106,11 @@ impl Link {
         match out {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) if e.code() == Some("NOPERM") => Err(StoreError::Config(format!(
-                "Redis: {e}: the store's user is not allowed what the store needs; grant it \
-                 FCALL and FUNCTION LOAD and the store's keys (for example `ACL SETUSER <user> \
-                 +fcall +fcall_ro +function|load ~<prefix>:*`), or load the library \
-                 {} once as a user that may",
+                "Redis refused the store's user a command (NOPERM: {}); grant it FCALL and \
+                 FUNCTION LOAD and the store's keys, for example `ACL SETUSER <user> +fcall \
+                 +fcall_ro +function|load ~<prefix>:*`, or load the library {} once as a user \
+                 that may",
+                e.detail().unwrap_or("no detail"),
                 LIBRARY.name
             ))),
             Ok(Err(e)) => Err(StoreError::Unavailable(format!("Redis: {e}"))),
