@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use idem_runtime::store::conformance::{again, claim_request};
+use idem_runtime::store::conformance::{again, claim_request, new_operation};
 use idem_runtime::{
     store::{conformance, Claim, ClaimRequest, FollowOnStore, RecordState, Resolution},
     Answer, Caller, Executor, IdempotencyKey, IdempotencyStore, Operation, RedisStore, ScopeSpec,
@@ -84,7 +84,8 @@ fn ms_ceil(t: SystemTime) -> i64 {
 
 /// Redis deletes a record at the end of its life, by a native TTL that every
 /// transition sets: an IN_PROGRESS or UNKNOWN record when both its retention
-/// and its lease are over, a COMPLETED one at `expires_at`.
+/// and its lease are over, a COMPLETED one at `retain_until` (its window,
+/// `expires_at`, ends the key's hold, not the record).
 #[tokio::test]
 async fn native_ttl_follows_the_record_life() {
     let Some(redis) = Prefixed::new().await else {
@@ -133,7 +134,8 @@ async fn native_ttl_follows_the_record_life() {
         .await
         .unwrap();
     let r = read().await;
-    assert_eq!(expire_time(&redis.url, &key).await, ms_ceil(r.expires_at));
+    assert!(r.expires_at < r.retain_until);
+    assert_eq!(expire_time(&redis.url, &key).await, ms_ceil(r.retain_until));
 }
 
 /// The sorted sets of the shard the record lives in.
@@ -935,4 +937,283 @@ async fn records_written_as_hashes_are_read_after_an_upgrade() {
             response: "2".to_owned()
         }
     );
+}
+
+/// The store's library as version 8d26ab9 loaded it (its `FUNCTION LOAD`
+/// text, byte for byte): the scripts that extended a late completion's
+/// window to its retention, and gave a COMPLETED record its native expiry at
+/// the end of its window.
+const LIBRARY_8D26AB9: &str = include_str!("data/redis/library-8d26ab9.lua");
+
+/// The library name in the first line of a library's code.
+fn library_name_of(code: &str) -> &str {
+    code.lines()
+        .next()
+        .and_then(|l| l.strip_prefix("#!lua name="))
+        .unwrap()
+}
+
+/// One call of a function of 8d26ab9's library over the record of `req`:
+/// `ARGV[1]` packs the key, the key in hex and `tail`, as that version's
+/// store did.
+async fn call_8d26ab9(
+    url: &str,
+    prefix: &str,
+    function: &str,
+    req: &ClaimRequest,
+    tail: &[u8],
+    args: &[&str],
+) -> redis::Value {
+    let hex: String = req
+        .key
+        .as_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let packed = [&req.key.as_bytes()[..], hex.as_bytes(), tail].concat();
+    let mut cmd = redis::cmd("FCALL");
+    cmd.arg(format!("{}_{function}", library_name_of(LIBRARY_8D26AB9)))
+        .arg(1)
+        .arg(record_key(prefix, &req.key))
+        .arg(packed)
+        .arg(args);
+    command(url, &cmd).await
+}
+
+/// A text as 8d26ab9's scripts unpack it (`i4c0`).
+fn packed_text(text: &str) -> Vec<u8> {
+    [&(text.len() as u32).to_le_bytes()[..], text.as_bytes()].concat()
+}
+
+/// 8d26ab9's claim of `req`, then its completion (`late`: after the sweep
+/// marked it UNKNOWN and its window ended, which extended its window to its
+/// retention), both by that version's own scripts.
+async fn completed_by_8d26ab9(url: &str, prefix: &str, req: &ClaimRequest, late: bool) {
+    let micros = |d: Duration| (d.as_micros() as f64).to_le_bytes();
+    let attempt = packed_text(&req.attempt.get().to_string());
+    let claim = [
+        &req.key.fingerprint()[..],
+        &packed_text(&req.tenant),
+        &packed_text(&req.tool),
+        &attempt,
+        &micros(req.lease),
+        &micros(req.window),
+        &micros(req.retention),
+        &req.reference.tag().to_be_bytes(),
+    ]
+    .concat();
+    let reply = call_8d26ab9(url, prefix, "claim", req, &claim, &[]).await;
+    assert!(
+        matches!(&reply, redis::Value::Array(a) if a.first() == Some(&redis::Value::Int(5))),
+        "claimed by 8d26ab9's script: {reply:?}"
+    );
+    if late {
+        call_8d26ab9(
+            url,
+            prefix,
+            "mark_unknown",
+            req,
+            &attempt,
+            &["timeout", "0"],
+        )
+        .await;
+        tokio::time::sleep(req.window + Duration::from_millis(100)).await;
+    }
+    let reply = call_8d26ab9(url, prefix, "complete", req, &attempt, &["\"old\""]).await;
+    assert_eq!(reply, redis::Value::Array(vec![redis::Value::Int(0)]));
+}
+
+/// A server that holds 8d26ab9's library and records its scripts wrote: the
+/// store loads its own library beside it (its name is a hash of its code,
+/// so a new version's first call finds its functions missing) and reads
+/// those records under the new rules. A record completed on time answers
+/// repeats for its window; the purge moves its native expiry from the end of
+/// its window to its retention; after the window the same call is a new
+/// operation, and the old one still reads by its reference. A record
+/// completed late, whose window 8d26ab9 moved to its retention, holds its
+/// key as that version promised (its first window was not kept).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_of_8d26ab9_read_and_are_taken_over_under_the_new_rules() {
+    let Some(server) = Server::start(&[]) else {
+        return;
+    };
+    let url = server.url();
+    let old = library_name_of(LIBRARY_8D26AB9);
+    assert_ne!(
+        old,
+        RedisStore::library_name(),
+        "the library's name changed"
+    );
+    let _: String = command(
+        &url,
+        redis::cmd("FUNCTION").arg("LOAD").arg(LIBRARY_8D26AB9),
+    )
+    .await;
+    let prefix = "upgraded";
+    let on_time = ClaimRequest {
+        window: Duration::from_millis(1500),
+        retention: Duration::from_secs(3600),
+        ..claim_request(Duration::from_millis(1500))
+    };
+    let late = ClaimRequest {
+        lease: Duration::from_millis(100),
+        window: Duration::from_millis(200),
+        retention: Duration::from_secs(3600),
+        ..claim_request(Duration::from_millis(200))
+    };
+    completed_by_8d26ab9(&url, prefix, &on_time, false).await;
+    completed_by_8d26ab9(&url, prefix, &late, true).await;
+    let key = record_key(prefix, &on_time.key);
+    let ttl_then = expire_time(&url, &key).await;
+
+    let store = RedisStore::builder(&url)
+        .unwrap()
+        .prefix(prefix)
+        .build()
+        .unwrap();
+    let Claim::Existing { record } = store.claim(&new_operation(&on_time)).await.unwrap() else {
+        panic!("a repeat inside the window of 8d26ab9's completion claimed it");
+    };
+    assert_eq!(record.reference, on_time.reference);
+    assert_eq!(
+        record.state,
+        RecordState::Completed {
+            response: "\"old\"".into()
+        }
+    );
+    assert_eq!(ttl_then, ms_ceil(record.expires_at), "8d26ab9's expiry");
+    let mut found = libraries(&url).await;
+    found.sort();
+    let mut want = vec![old.to_owned(), RedisStore::library_name().to_owned()];
+    want.sort();
+    assert_eq!(found, want, "the new library loaded beside the old one");
+
+    // The purge migrates the shards one SCAN step each: until every shard
+    // is done, the record gets its retention as native expiry.
+    let mut rounds = 0;
+    while expire_time(&url, &key).await != ms_ceil(record.retain_until) {
+        store.purge_expired(1000).await.unwrap();
+        rounds += 1;
+        assert!(rounds < 100, "the purge never moved the expiry");
+    }
+
+    // The late one holds its key for its (moved) window, as 8d26ab9 said.
+    let Claim::Existing { record: held } = store.claim(&new_operation(&late)).await.unwrap() else {
+        panic!("8d26ab9's late completion no longer holds its key");
+    };
+    assert_eq!(held.reference, late.reference);
+    assert_eq!(held.expires_at, held.retain_until);
+
+    // After the window: a new operation, and the old one reads as it was.
+    let wait = record
+        .expires_at
+        .duration_since(server_time(&url).await)
+        .unwrap_or_default();
+    tokio::time::sleep(wait + Duration::from_millis(100)).await;
+    let later = new_operation(&on_time);
+    let Claim::Claimed { reference } = store.claim(&later).await.unwrap() else {
+        panic!("the same call after the window did not run");
+    };
+    assert_eq!(reference, later.reference);
+    let first = store
+        .lookup(&on_time.tenant, &on_time.reference)
+        .await
+        .unwrap()
+        .expect("8d26ab9's operation reads by its reference after the takeover");
+    assert_eq!(
+        (first.attempt, first.state, first.retain_until),
+        (
+            on_time.attempt,
+            RecordState::Completed {
+                response: "\"old\"".into()
+            },
+            record.retain_until
+        )
+    );
+    let superseded = format!(
+        "{prefix}:{{{:02x}}}:o:{}",
+        on_time.key.as_bytes()[0] % 64,
+        on_time
+            .reference
+            .as_bytes()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    );
+    assert_eq!(
+        expire_time(&url, &superseded).await,
+        ms_ceil(record.retain_until),
+        "kept until its retention, by Redis' own expiry"
+    );
+    let now = store.lookup(&later.tenant, &later.reference).await.unwrap();
+    assert_eq!(now.map(|r| r.attempt), Some(later.attempt));
+    assert!(matches!(
+        store.complete(&on_time.key, on_time.attempt, "1").await,
+        Err(StoreError::Fenced)
+    ));
+}
+
+/// A user the server does not allow to load the store's library (no
+/// `FUNCTION LOAD` in its ACL) is a configuration error that says which
+/// permissions to grant, not an outage to retry: `Config`, from the claim
+/// (with and without a pipelined `WAIT`) and from a lookup. With the
+/// permission granted, the same store serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_function_load_is_a_configuration_error() {
+    let Some(server) = Server::start(&[]) else {
+        return;
+    };
+    let url = server.url();
+    let user = format!(
+        "idem-noload-{:016x}",
+        idem_runtime::store::Attempt::random().get()
+    );
+    let _: () = command(
+        &url,
+        redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg(&user)
+            .arg("on")
+            .arg(">secret")
+            .arg("~*")
+            .arg("+@all")
+            .arg("-function"),
+    )
+    .await;
+    let as_user = format!("redis://{user}:secret@127.0.0.1:{}", server.port);
+    let store = RedisStore::builder(&as_user).unwrap().build().unwrap();
+    let waiting = RedisStore::builder(&as_user)
+        .unwrap()
+        .wait_for_replicas(0, Duration::from_millis(10))
+        .build()
+        .unwrap();
+    let req = claim_request(Duration::from_secs(60));
+    for err in [
+        store.claim(&req).await.unwrap_err(),
+        waiting.claim(&req).await.unwrap_err(),
+        store.lookup(&req.tenant, &req.reference).await.unwrap_err(),
+    ] {
+        let StoreError::Config(message) = &err else {
+            panic!("not a configuration error: {err:?}");
+        };
+        assert!(message.contains("NOPERM"), "{message}");
+        assert!(message.contains("'function|load'"), "{message}");
+        assert!(message.contains("ACL SETUSER <user> +fcall"), "{message}");
+        assert!(message.contains(RedisStore::library_name()), "{message}");
+    }
+    assert!(libraries(&url).await.is_empty(), "nothing was loaded");
+
+    let _: () = command(
+        &url,
+        redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg(&user)
+            .arg("+function|load"),
+    )
+    .await;
+    assert!(matches!(
+        store.claim(&req).await.unwrap(),
+        Claim::Claimed { .. }
+    ));
+    let _: i64 = command(&url, redis::cmd("ACL").arg("DELUSER").arg(&user)).await;
 }

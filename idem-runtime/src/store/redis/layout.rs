@@ -6,13 +6,15 @@
 //! | `P:{SS}:r:REF` | string | the record (packed: `REC` in `lua/prelude.lua`) whose key starts with `REF` (the key's first 8 bytes, 16 hex digits; every reference of the key starts with them) |
 //! | `P:{SS}:k:KEY` | string | a record whose reference was held by another operation's record when it was claimed (`KEY`: 64 hex digits) |
 //! | `P:{SS}:x:REF` | set | the `k:KEY` members of those records, for lookups by reference |
+//! | `P:{SS}:o:REF32` | string | a superseded operation: a record (packed as `r:`) whose key a later operation took while its retention had not ended (`Record::outlives_takeover`), kept by the claim that took it, in the same script, under its whole reference (`REF32`: 16 bytes in hex; 8 for a record written before references had tags). Native expiry at its `retain_until` (`PXAT`), so Redis deletes it and the purge has nothing to do for it |
 //! | `P:{SS}:lapsed` | sorted set | the shard's IN_PROGRESS records (`r:REF` or `k:KEY`), scored by `lease_until` (µs) |
 //! | `P:{SS}:unknown` | sorted set | the shard's UNKNOWN records, scored by `next_check_at` (µs) |
 //! | `P:{SS}:j:REF:TENANT:NAME` | hash | a follow-on job of the operation with reference `REF` (all its bytes in hex: 32 digits, or 16 for a job written before references had tags; the tenant in hex) |
 //! | `P:{SS}:jd:NAME` | sorted set | the shard's live jobs named `NAME`, scored by `next_run_at` (µs) |
 //! | `P:{SS}:jobs` | sorted set | every job of the shard, live or dead, scored by `created_at` (µs) |
 //! | `P:{SS}:jobnames` | set | the names of the shard's live jobs |
-//! | `P:{SS}:delivered` | sorted set | the shard's delivered jobs, scored by `kept_until` (µs), their record's expiry, for the purge |
+//! | `P:{SS}:delivered` | sorted set | the shard's delivered jobs, scored by `kept_until` (µs), their record's `retain_until`, for the purge |
+//! | `P:{SS}:retained` | string | the migration of the shard's COMPLETED records written before they lived until `retain_until` (their native expiry was at `expires_at`): the SCAN cursor `lua/purge.lua` has reached, then `done` |
 //!
 //! `P` is the store's prefix and `SS` the shard: the key's first byte modulo
 //! [`SHARDS`], in two hex digits. `{SS}` is the Cluster hash tag, so a record
@@ -31,6 +33,14 @@
 //! Two live records share those eight bytes only by a 64-bit collision; the
 //! later one is then stored under its full key and listed in the collision
 //! set, which exists only for such a pair.
+//!
+//! Every record, current or superseded, has a native expiry at the end of
+//! its life (`Record::is_expired`): a COMPLETED or NOT_PERFORMED one at its
+//! `retain_until` (not at `expires_at`, which only ends the key's hold), any
+//! other once its retention and its lease are both over. A lookup by
+//! reference reads the key's current record first (`r:`, then `k:`), then
+//! the superseded operation (`o:`); a fenced change reads the current record
+//! only, so an attempt of a superseded operation is fenced.
 
 use crate::key::{hex, IdempotencyKey, Reference};
 use crate::store::JobId;

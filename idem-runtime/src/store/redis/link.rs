@@ -90,7 +90,9 @@ impl Link {
     }
 
     /// Runs `work` on the connection (opening it first if need be), within
-    /// `timeout`. Errors: `Unavailable`.
+    /// `timeout`. Errors: `Config` when the server refuses the store's user
+    /// a command (`NOPERM`: an ACL to grant, which no retry fixes),
+    /// `Unavailable` otherwise.
     pub(super) async fn call<T>(
         &self,
         timeout: Duration,
@@ -103,6 +105,14 @@ impl Link {
         .await;
         match out {
             Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) if e.code() == Some("NOPERM") => Err(StoreError::Config(format!(
+                "Redis refused the store's user a command (NOPERM: {}); grant it FCALL and \
+                 FUNCTION LOAD and the store's keys, for example `ACL SETUSER <user> +fcall \
+                 +fcall_ro +function|load ~<prefix>:*`, or load the library {} once as a user \
+                 that may",
+                e.detail().unwrap_or("no detail"),
+                LIBRARY.name
+            ))),
             Ok(Err(e)) => Err(StoreError::Unavailable(format!("Redis: {e}"))),
             Err(_) => Err(StoreError::Unavailable(format!(
                 "Redis did not answer within {timeout:?}"

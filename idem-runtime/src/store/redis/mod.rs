@@ -67,7 +67,7 @@ use scripts::{
 /// finish, retry, bury, re-drive) is one script, fenced by the lease's
 /// attempt, with times from the server's `TIME`. A job has no TTL until it is
 /// finished; a delivered job then lives as long as its record (a TTL at the
-/// record's expiry), and the purge drops its set entries.
+/// record's `retain_until`), and the purge drops its set entries.
 ///
 /// # The clock
 ///
@@ -78,15 +78,27 @@ use scripts::{
 /// # Expiry
 ///
 /// Redis deletes a record itself at the end of its life ([`Record::is_expired`]:
-/// a COMPLETED record at `expires_at`; any other once both its retention and
-/// its lease are over), by a native TTL (`PEXPIREAT`) that every transition
-/// sets again. [`purge_expired`](IdempotencyStore::purge_expired) has no
+/// a COMPLETED or NOT_PERFORMED record at `retain_until`; any other once both
+/// its retention and its lease are over), by a native TTL (`PXAT`) that every
+/// transition sets again. The window (`expires_at`) ends the key's hold, not
+/// the record: a claim after it takes the key over, and the operation it
+/// replaces, if its retention has not ended, is kept in the claim's script
+/// as a superseded operation, under its reference, with its own native TTL
+/// at `retain_until`; [`lookup`](IdempotencyStore::lookup) and the listings
+/// find it. [`purge_expired`](IdempotencyStore::purge_expired) has no
 /// records to delete: it drops the entries that deleted IN_PROGRESS and
 /// UNKNOWN records left in the listings' sorted sets, and returns how many.
 ///
+/// Data written by an earlier version reads as it was written. A COMPLETED
+/// record then had its native TTL at `expires_at`: each purge moves a few of
+/// those to `retain_until` (one SCAN step per shard, until each shard is
+/// done). A record completed late by an earlier version had its window
+/// moved to its retention, and holds its key until then, as it promised
+/// when it was written: its original window was not kept.
+///
 /// # Keys and Cluster
 ///
-/// A record is a hash under its reference; lapsed and UNKNOWN records are
+/// A record is a string under its reference; lapsed and UNKNOWN records are
 /// listed through two sorted sets per shard, scored by `lease_until` and
 /// `next_check_at`. The records spread over 64 shards, each with its own
 /// Cluster hash tag, so a record and the sets that list it sit on one slot
@@ -133,7 +145,10 @@ use scripts::{
 /// process is needed.
 ///
 /// Needs Redis 7.0 or later, or Valkey 7.2 or later (Redis Functions). The
-/// store's user must be allowed `FCALL` and `FUNCTION LOAD`.
+/// store's user must be allowed `FCALL` and `FUNCTION LOAD` (for example
+/// `ACL SETUSER <user> +fcall +fcall_ro +function|load ~<prefix>:*`): a
+/// server that refuses either (`NOPERM`) is a [`StoreError::Config`], not
+/// an outage.
 ///
 /// ```no_run
 /// # async fn f() -> Result<(), idem_runtime::StoreError> {
@@ -387,7 +402,11 @@ impl IdempotencyStore for RedisStore {
         self.scan(false, |step| {
             if let Scanned::Records(records) = step {
                 for record in records {
-                    if filter.matches(&record) && seen.insert(record.key.key) {
+                    // A key's current record and its superseded
+                    // operations share the key: a repeat is the same key,
+                    // reference and attempt.
+                    let id = (record.key.key, record.reference, record.attempt);
+                    if filter.matches(&record) && seen.insert(id) {
                         found.push(record);
                     }
                 }
@@ -410,8 +429,8 @@ impl IdempotencyStore for RedisStore {
         let mut counts = StateCounts::default();
         self.scan(true, |step| {
             if let Scanned::States(states) = step {
-                for (key, kind) in states {
-                    if seen.insert(key) {
+                for (name, kind) in states {
+                    if seen.insert(name) {
                         counts.add(kind, 1);
                     }
                 }
@@ -574,7 +593,8 @@ impl IdempotencyStore for RedisStore {
         let mut cmd = fcall(function, &[&record, &collisions]);
         cmd.arg(tenant)
             .arg(self.layout.shard(self.layout.shard_of(reference)))
-            .arg(&reference.tag().to_be_bytes()[..]);
+            .arg(&reference.tag().to_be_bytes()[..])
+            .arg(reference.as_bytes());
         let reply = self.link.run(&cmd).await?;
         if matches!(&reply, redis::Value::Array(items) if items.is_empty()) {
             return Ok(None);
@@ -602,7 +622,8 @@ impl IdempotencyStore for RedisStore {
             let left = batch - purged;
             cmd.arg(self.layout.shard(shard))
                 .arg(left)
-                .arg(left.saturating_add(PURGE_LOOKAHEAD));
+                .arg(left.saturating_add(PURGE_LOOKAHEAD))
+                .arg(SCAN_COUNT);
             match self.link.run(&cmd).await? {
                 redis::Value::Int(n) => purged += usize::try_from(n).unwrap_or(0).min(left),
                 other => {

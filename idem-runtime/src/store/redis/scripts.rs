@@ -230,7 +230,8 @@ pub(super) fn records(value: Value) -> Result<Vec<Record>, StoreError> {
 }
 
 /// One SCAN step's reply (`scan.lua`): the next cursor, and the records
-/// (`states` false) or each record's key and state (`states` true).
+/// (`states` false) or each record's Redis key name and state (`states`
+/// true).
 pub(super) fn scanned(value: Value, states: bool) -> Result<(String, Scanned), StoreError> {
     let Value::Array(mut items) = value else {
         return Err(corrupt("a scan's reply is not an array"));
@@ -249,10 +250,8 @@ pub(super) fn scanned(value: Value, states: bool) -> Result<(String, Scanned), S
     let found = pairs
         .chunks(2)
         .map(|p| {
-            let key: [u8; 32] = bytes(&p[0])
-                .and_then(|b| b.try_into().ok())
-                .ok_or_else(|| corrupt("a key is not 32 bytes"))?;
-            Ok((key, kind(Some(&p[1]))?))
+            let name = bytes(&p[0]).ok_or_else(|| corrupt("a record's name is not a string"))?;
+            Ok((name.to_vec(), kind(Some(&p[1]))?))
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
     Ok((cursor, Scanned::States(found)))
@@ -263,8 +262,9 @@ pub(super) fn scanned(value: Value, states: bool) -> Result<(String, Scanned), S
 pub(super) enum Scanned {
     /// Whole records.
     Records(Vec<Record>),
-    /// Each record's key and state.
-    States(Vec<([u8; 32], RecordStateKind)>),
+    /// Each record's Redis key name (which names one stored record) and
+    /// state.
+    States(Vec<(Vec<u8>, RecordStateKind)>),
 }
 
 /// How many values a job is in a reply: `JOB_FIELDS` in `jobs.lua`.

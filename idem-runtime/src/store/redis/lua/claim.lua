@@ -26,6 +26,9 @@ if redis.call('EXISTS', KEYS[1], rec2) > 0 then
 end
 member = member or m1()
 if r then
+  -- Record::holds_key: a COMPLETED record until its window ends, a
+  -- NOT_PERFORMED one never, an IN_PROGRESS or UNKNOWN one until its
+  -- retention and its lease are both over.
   local state, live = r.s, nil
   if state == NOT_PERFORMED then
     live = false
@@ -46,8 +49,18 @@ if r then
   if state == NOT_PERFORMED and r.e > now then
     tag = r.g or NO_TAG
   end
-  -- Past its life (Redis has not deleted it yet), or resolved as not
-  -- performed: the claim replaces it whole (the SET below).
+  -- Record::outlives_takeover: a new operation (another reference) takes the
+  -- key while this one's retention has not ended. This one is kept, in this
+  -- same script, under its reference, as it is, until its retention ends
+  -- (Redis deletes it then: only a settled record gets here before its
+  -- retention ends, and one lives until retain_until). Nothing changes it
+  -- again: a fenced change finds the key's current record only.
+  if (r.g or NO_TAG) ~= tag and r.r > now then
+    redis.call('SET', superseded(base(), reference_of(r)), r.raw, 'PXAT', ends_at(r))
+  end
+  -- Otherwise past its life (Redis has not deleted it yet), or resolved as
+  -- not performed within its window: the claim replaces it whole (the SET
+  -- below).
   redis.call('ZREM', unknown(), member)
 end
 local lease_until = now + lease

@@ -10,11 +10,9 @@ if state == COMPLETED then
   return {WRONG_STATE, state}
 end
 -- A completion that arrives after the sweep or a reconciler gave up on the
--- record answers repeats until its retention ends, not only its window: a
--- late truth must not expire the moment it is written.
-if state ~= IN_PROGRESS then
-  r.e = math.max(r.e, r.r)
-end
+-- record leaves its window (expires_at) where the claim set it: after it the
+-- key is free, and the record reads by its reference until its retention
+-- ends (Record::holds_key).
 local now = clock()
 r.s, r.b, r.u = COMPLETED, ARGV[2], now
 save(rec, r, collided)

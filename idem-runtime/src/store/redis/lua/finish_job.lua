@@ -4,8 +4,9 @@
 -- leased it since): a dispatcher whose lease ran out and was taken over must
 -- not finish the new holder's run. A delivered job gives its lease up, leaves
 -- its due set (no lease finds it again) and is kept as long as its
--- operation's record: until the record's expiry (found as lookup.lua finds
--- it), or until the next purge when the record is gone.
+-- operation's record, current or superseded (found as lookup.lua finds it):
+-- until the record's retain_until, or until the next purge when the record
+-- is gone.
 if redis.call('HGET', KEYS[1], 'k') ~= ARGV[2] then
   return {FENCED}
 end
@@ -27,10 +28,16 @@ if not is(r) then
       break
     end
   end
+  if not r then
+    r = load(superseded(base, reference))
+    if not is(r) then
+      r = nil
+    end
+  end
 end
 local kept = now
-if r and r.s == COMPLETED then
-  kept = math.max(r.e, now)
+if r then
+  kept = math.max(r.r, now)
 end
 redis.call('HDEL', KEYS[1], 'k')
 redis.call('HSET', KEYS[1], 'v', int(now), 'w', int(kept), 'u', int(now))

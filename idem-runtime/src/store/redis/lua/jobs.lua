@@ -23,15 +23,9 @@
 -- v delivered_at and w kept_until (both absent until a run finishes it).
 -- A job has no TTL until it is delivered, however long that takes; a
 -- delivered job lives as long as its record (PEXPIREAT kept_until, the
--- record's expiry), and the purge drops its set entries.
+-- record's retain_until), and the purge drops its set entries.
 
 local JOB_FIELDS = {'t', 'r', 'n', 'p', 'a', 'k', 'd', 'e', 'z', 'c', 'u', 'v', 'w'}
-
-local function tohex(s)
-  return (string.gsub(s, '.', function(c)
-    return string.format('%02x', string.byte(c))
-  end))
-end
 
 -- Writes the jobs given as (name, payload) pairs from ARGV[from] on, for the
 -- record `r` (its tenant and its operation's reference), due at `now`, under

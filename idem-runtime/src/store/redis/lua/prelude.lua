@@ -85,6 +85,21 @@ local function reference_of(r)
   return string.sub(r.k, 1, 8) .. (r.g or '')
 end
 
+local function tohex(s)
+  return (string.gsub(s, '.', function(c)
+    return string.format('%02x', string.byte(c))
+  end))
+end
+
+-- Where a superseded operation is kept (its key taken over by a later
+-- operation while its retention had not ended: Record::outlives_takeover),
+-- under `base`, the shard's key prefix: named by its whole reference in hex
+-- (16 bytes; 8 for a record written before references had tags), so a
+-- lookup by reference names it directly.
+local function superseded(base, reference)
+  return base .. 'o:' .. tohex(reference)
+end
+
 -- The record stored at `rec`, as a table of the fields above (and `raw`, the
 -- string it was read from), or nil if there is none.
 local function load(rec)
@@ -116,16 +131,22 @@ local function load(rec)
   return r
 end
 
--- Writes `r` at `rec`. Redis deletes the record when its life ends
--- (Record::is_expired): a COMPLETED one at expires_at, any other once its
--- retention and its lease are both over. Rounded up to the millisecond:
--- never before its end.
-local function save(rec, r, collided)
-  local ends = r.e
-  if r.s ~= COMPLETED then
+-- When Redis deletes the record `r`, in ms (PXAT), rounded up: never before
+-- the end of its life (Record::is_expired). A settled one (COMPLETED or
+-- NOT_PERFORMED) at retain_until, whatever its window (expires_at, which
+-- only ends the key's hold); any other once its retention and its lease are
+-- both over.
+local function ends_at(r)
+  local ends = r.r
+  if r.s ~= COMPLETED and r.s ~= NOT_PERFORMED then
     ends = math.max(r.r, r.l)
   end
-  local at = int(math.ceil(ends / 1000))
+  return int(math.ceil(ends / 1000))
+end
+
+-- Writes `r` at `rec`, with its native expiry (ends_at).
+local function save(rec, r, collided)
+  local at = ends_at(r)
   redis.call('SET', rec, packed(r), 'PXAT', at)
   if collided then
     -- The collision set that lookups find this record through lives as long

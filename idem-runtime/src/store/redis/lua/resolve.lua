@@ -26,11 +26,9 @@ if ARGV[5] == '1' then
 else
   r.v = nil
 end
-if ARGV[2] == COMPLETED then
-  -- Resolved after its window, it still answers repeats until its retention
-  -- ends: it must not expire the moment it is written.
-  r.e = math.max(r.e, r.r)
-end
+-- The window (expires_at) stays where the claim set it, however late the
+-- resolution: resolved after it, the key is free at once, and the record
+-- reads by its reference until its retention ends (Record::holds_key).
 save(rec, r, collided)
 redis.call('ZREM', unknown(), member)
 if ARGV[2] == COMPLETED and ARGV[7] then
