@@ -162,9 +162,9 @@ async fn repeat_purchase_after_the_window(store: Arc<dyn IdempotencyStore>) {
     assert_eq!(reference(&repeat), reference(&later));
     assert_eq!(receipt(&repeat).charge_id, "ch_2");
 
-    // The status tool: the new operation by its reference; the first one's
-    // record was replaced by the new operation, so its reference is not
-    // found, and never reads as the new one.
+    // The status tool: the new operation by its reference; the first one
+    // by its own, as completed (kept as a superseded operation until its
+    // retention ends), never as the new one.
     let now = executor
         .status(&alice(), &reference(&later).to_string())
         .await
@@ -174,8 +174,14 @@ async fn repeat_purchase_after_the_window(store: Arc<dyn IdempotencyStore>) {
     let old = executor
         .status(&alice(), &reference(&first).to_string())
         .await
-        .unwrap();
-    assert!(old.is_none(), "the first operation read as {old:?}");
+        .unwrap()
+        .expect("the first operation still reads by its reference");
+    assert_eq!(old.reference, reference(&first).to_string());
+    assert_eq!(
+        old.state,
+        idem_runtime::store::RecordStateKind::Completed,
+        "the first operation read as {old:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
