@@ -612,3 +612,55 @@ async fn late_truth_frees_the_key_through_the_executor() {
     durable::late_truth_frees_the_key_through_the_executor(std::sync::Arc::new(pg.store.clone()))
         .await;
 }
+
+/// Concurrent claims of a key whose record must be kept when taken over
+/// (its window over, its retention not): exactly one takes the key, the
+/// others find its claim, and the earlier operation is kept once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_takeovers_of_a_kept_record_yield_one_winner() {
+    use idem_runtime::store::{conformance::new_operation, Claim, RecordFilter};
+    let Some(pg) = PgSchema::new().await else {
+        return;
+    };
+    for _ in 0..5 {
+        let first = idem_runtime::store::ClaimRequest {
+            retention: std::time::Duration::from_secs(60),
+            ..durable::request(
+                std::time::Duration::from_secs(30),
+                std::time::Duration::from_millis(100),
+            )
+        };
+        pg.store.claim(&first).await.unwrap();
+        pg.store
+            .complete(&first.key, first.attempt, "\"first\"")
+            .await
+            .unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+        let claims = (0..8).map(|_| {
+            let (store, req) = (pg.store.clone(), new_operation(&first));
+            async move { store.claim(&req).await }
+        });
+        let claims = tokio_join_all(claims).await;
+        let won = claims
+            .iter()
+            .filter(|c| matches!(c, Ok(Claim::Claimed { .. })))
+            .count();
+        assert_eq!(won, 1, "{claims:?}");
+        let listed = pg
+            .store
+            .list_records(&RecordFilter {
+                tenant: Some(first.tenant.clone()),
+                ..RecordFilter::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(listed.len(), 2, "the new operation and the kept one");
+        let kept = pg
+            .store
+            .lookup(&first.tenant, &first.reference)
+            .await
+            .unwrap()
+            .expect("kept");
+        assert_eq!(kept.attempt, first.attempt);
+    }
+}

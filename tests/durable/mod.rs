@@ -464,7 +464,7 @@ pub async fn late_truth_frees_the_key_through_the_executor(
     use idem_runtime::{Answer, Caller, Executor, Operation, ScopeSpec, ToolError};
     use std::sync::atomic::{AtomicUsize, Ordering};
     let exec = Executor::new(store.clone());
-    let caller = Caller::new(&format!("t{}", Attempt::random().get()), "alice");
+    let caller = Caller::new(format!("t{}", Attempt::random().get()), "alice");
     let args = serde_json::json!({"amount_cents": 500, "card": Attempt::random().get()});
     let charges = std::sync::Arc::new(AtomicUsize::new(0));
     let charge = |timeout: bool| {
