@@ -92,15 +92,15 @@ fn pg_statements(t: &str) -> (String, String) {
            updated_at = EXCLUDED.updated_at, lease_until = EXCLUDED.lease_until, \
            expires_at = EXCLUDED.expires_at, retain_until = EXCLUDED.retain_until, \
            body = NULL, next_check_at = EXCLUDED.next_check_at, checks = 0, resolution = NULL \
-         WHERE (r.expires_at <= now() AND (r.state = 1 \
-           OR (r.retain_until <= now() AND r.lease_until <= now()))) OR r.state = 3 \
+         WHERE ((r.state = 1 AND r.expires_at <= now()) OR r.state = 3 \
+           OR (r.state IN (0, 2) AND r.retain_until <= now() AND r.lease_until <= now())) \
+           AND NOT (NOT (r.state = 3 AND r.expires_at > now()) \
+             AND coalesce(r.operation, 0) <> EXCLUDED.operation AND r.retain_until > now()) \
          RETURNING operation"
     );
     let complete = format!(
         "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true) AS off) \
-         UPDATE {t} SET state = 1, body = $3, updated_at = now(), \
-           expires_at = CASE WHEN state = 0 THEN expires_at \
-             ELSE GREATEST(expires_at, retain_until) END \
+         UPDATE {t} SET state = 1, body = $3, updated_at = now() \
          FROM relaxed WHERE key = $1 AND attempt = $2 AND state <> 1"
     );
     (claim, complete)
@@ -120,9 +120,13 @@ const SQLITE_CLAIM: &str = "INSERT INTO idem_records (key, fingerprint, tenant, 
        updated_at = excluded.updated_at, lease_until = excluded.lease_until, \
        expires_at = excluded.expires_at, retain_until = excluded.retain_until, \
        body = NULL, next_check_at = excluded.next_check_at, checks = 0, resolution = NULL \
-     WHERE (idem_records.expires_at <= ?6 AND (idem_records.state = 1 \
-       OR (idem_records.retain_until <= ?6 AND idem_records.lease_until <= ?6))) \
+     WHERE ((idem_records.state = 1 AND idem_records.expires_at <= ?6) \
        OR idem_records.state = 3 \
+       OR (idem_records.state IN (0, 2) AND idem_records.retain_until <= ?6 \
+         AND idem_records.lease_until <= ?6)) \
+       AND NOT (NOT (idem_records.state = 3 AND idem_records.expires_at > ?6) \
+         AND coalesce(idem_records.operation, 0) <> excluded.operation \
+         AND idem_records.retain_until > ?6) \
      RETURNING operation";
 
 const SQLITE_COMPLETE: &str = "UPDATE idem_records SET state = 1, body = ?3, updated_at = ?4 \

@@ -57,7 +57,7 @@ async fn migrate_is_idempotent_and_safe_concurrently() {
     let versions: Vec<i32> = versions.iter().map(|r| r.get(0)).collect();
     assert_eq!(
         versions,
-        [1, 2, 3, 4, 5],
+        [1, 2, 3, 4, 5, 6],
         "each shipped migration recorded once"
     );
     conformance::claim_creates_in_progress(&others[0]).await;
@@ -516,5 +516,151 @@ async fn a_relaxed_completion_does_not_outlive_its_statement() {
             ],
             "relaxed_completions({relaxed})"
         );
+    }
+}
+
+/// A schema written at migration 5 (the DDL of the shipped migrations 1 to
+/// 5, as that store applied them, and rows as it wrote them, a late
+/// resolution by its own statement) migrates to 6 and serves: see
+/// `durable::old_records_still_work`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_of_migration_5_upgrades() {
+    const OLD: [&str; 5] = [
+        include_str!("../idem-runtime/migrations/postgres/0001_records.sql"),
+        include_str!("../idem-runtime/migrations/postgres/0002_lifecycle.sql"),
+        include_str!("../idem-runtime/migrations/postgres/0003_outbox.sql"),
+        include_str!("../idem-runtime/migrations/postgres/0004_operations.sql"),
+        include_str!("../idem-runtime/migrations/postgres/0005_delivered_jobs.sql"),
+    ];
+    let Some(url) = durable::database_url() else {
+        return;
+    };
+    let name = format!("t_{:016x}", idem_runtime::store::Attempt::random().get());
+    let schema = format!("\"{name}\"");
+    let client = durable::connect(&url).await;
+    client
+        .batch_execute(&format!(
+            "CREATE SCHEMA {schema}; \
+             CREATE TABLE {schema}.idem_migrations ( \
+               version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now()); \
+             INSERT INTO {schema}.idem_migrations (version) VALUES (1), (2), (3), (4), (5);"
+        ))
+        .await
+        .unwrap();
+    for sql in OLD {
+        client
+            .batch_execute(&sql.replace("{schema}", &schema))
+            .await
+            .unwrap();
+    }
+    let (old, rows) = durable::OldRecords::new();
+    for r in &rows {
+        let ms = |n: i64| format!("now() + interval '{n} milliseconds'");
+        client
+            .execute(
+                &format!(
+                    "INSERT INTO {schema}.idem_records (key, fingerprint, tenant, tool, state, \
+                       attempt, claimed_at, updated_at, lease_until, expires_at, retain_until, \
+                       body, next_check_at, checks, resolution, operation) \
+                     VALUES ($1, $2, $3, $4, $5, $6, {c}, {c}, {}, {}, {}, $7, {c}, 0, NULL, $8)",
+                    ms(r.lease_until),
+                    ms(r.expires_at),
+                    ms(r.retain_until),
+                    c = ms(r.claimed_at),
+                ),
+                &[
+                    &&r.req.key.as_bytes()[..],
+                    &&r.req.key.fingerprint()[..],
+                    &r.req.tenant,
+                    &r.req.tool,
+                    &r.state,
+                    &(r.req.attempt.get() as i64),
+                    &r.body.map(str::as_bytes),
+                    &(r.req.reference.tag() as i64),
+                ],
+            )
+            .await
+            .unwrap();
+    }
+    // That store's resolution of an UNKNOWN record as completed.
+    let changed = client
+        .execute(
+            &format!(
+                "UPDATE {schema}.idem_records SET state = 1, body = $3, resolution = NULL, \
+                   updated_at = now(), expires_at = GREATEST(expires_at, retain_until) \
+                 WHERE key = $1 AND attempt = $2 AND state = 2"
+            ),
+            &[
+                &&old.extended.key.as_bytes()[..],
+                &(old.extended.attempt.get() as i64),
+                &durable::LATE.as_bytes(),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(changed, 1);
+    let pg = PgSchema::open(&url, &name).await;
+    durable::old_records_still_work(&pg.store, &old).await;
+}
+
+/// Issue 33 end to end through `Executor::run` on PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_truth_frees_the_key_through_the_executor() {
+    let Some(pg) = PgSchema::new().await else {
+        return;
+    };
+    durable::late_truth_frees_the_key_through_the_executor(std::sync::Arc::new(pg.store.clone()))
+        .await;
+}
+
+/// Concurrent claims of a key whose record must be kept when taken over
+/// (its window over, its retention not): exactly one takes the key, the
+/// others find its claim, and the earlier operation is kept once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_takeovers_of_a_kept_record_yield_one_winner() {
+    use idem_runtime::store::{conformance::new_operation, Claim, RecordFilter};
+    let Some(pg) = PgSchema::new().await else {
+        return;
+    };
+    for _ in 0..5 {
+        let first = idem_runtime::store::ClaimRequest {
+            retention: std::time::Duration::from_secs(60),
+            ..durable::request(
+                std::time::Duration::from_secs(30),
+                std::time::Duration::from_millis(100),
+            )
+        };
+        pg.store.claim(&first).await.unwrap();
+        pg.store
+            .complete(&first.key, first.attempt, "\"first\"")
+            .await
+            .unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+        let claims = (0..8).map(|_| {
+            let (store, req) = (pg.store.clone(), new_operation(&first));
+            async move { store.claim(&req).await }
+        });
+        let claims = tokio_join_all(claims).await;
+        let won = claims
+            .iter()
+            .filter(|c| matches!(c, Ok(Claim::Claimed { .. })))
+            .count();
+        assert_eq!(won, 1, "{claims:?}");
+        let listed = pg
+            .store
+            .list_records(&RecordFilter {
+                tenant: Some(first.tenant.clone()),
+                ..RecordFilter::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(listed.len(), 2, "the new operation and the kept one");
+        let kept = pg
+            .store
+            .lookup(&first.tenant, &first.reference)
+            .await
+            .unwrap()
+            .expect("kept");
+        assert_eq!(kept.attempt, first.attempt);
     }
 }

@@ -127,10 +127,93 @@ async fn records_and_jobs_written_before_tags_keep_their_references() {
              ALTER TABLE idem_jobs DROP COLUMN delivered_at; \
              ALTER TABLE idem_jobs DROP COLUMN kept_until; \
              CREATE INDEX idem_jobs_due ON idem_jobs (next_run_at) WHERE dead = 0; \
+             DROP TABLE idem_superseded; DROP INDEX idem_records_retain_until; \
+             CREATE INDEX idem_records_expires_at ON idem_records (expires_at); \
              PRAGMA user_version = 4;",
         )
         .unwrap();
     }
     let store = SqliteStore::open(&path).await.unwrap();
     durable::legacy_rows_still_work(&store, &req, &name).await;
+}
+
+/// A database written at migration 5 (the DDL of the shipped migrations 1
+/// to 5, as that store applied them, and rows as it wrote them, a late
+/// resolution by its own statement) opens with migration 6 and serves:
+/// see `durable::old_records_still_work`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_of_migration_5_upgrades() {
+    const OLD: [&str; 5] = [
+        include_str!("../idem-runtime/migrations/sqlite/0001_records.sql"),
+        include_str!("../idem-runtime/migrations/sqlite/0002_lifecycle.sql"),
+        include_str!("../idem-runtime/migrations/sqlite/0003_outbox.sql"),
+        include_str!("../idem-runtime/migrations/sqlite/0004_operations.sql"),
+        include_str!("../idem-runtime/migrations/sqlite/0005_delivered_jobs.sql"),
+    ];
+    let dir = temp_dir("migration-5");
+    let path = dir.join("idem.sqlite3");
+    let (old, rows) = durable::OldRecords::new();
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        for sql in OLD {
+            conn.execute_batch(sql).unwrap();
+        }
+        conn.pragma_update(None, "user_version", 5).unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as i64;
+        let at = |ms: i64| now + ms * 1_000_000;
+        for r in &rows {
+            conn.execute(
+                "INSERT INTO idem_records (key, fingerprint, tenant, tool, state, attempt, \
+                   claimed_at, updated_at, lease_until, expires_at, retain_until, body, \
+                   next_check_at, checks, resolution, operation) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?8, ?9, ?10, ?11, ?7, 0, NULL, ?12)",
+                rusqlite::params![
+                    &r.req.key.as_bytes()[..],
+                    &r.req.key.fingerprint()[..],
+                    r.req.tenant,
+                    r.req.tool,
+                    r.state,
+                    r.req.attempt.get() as i64,
+                    at(r.claimed_at),
+                    at(r.lease_until),
+                    at(r.expires_at),
+                    at(r.retain_until),
+                    r.body,
+                    r.req.reference.tag() as i64,
+                ],
+            )
+            .unwrap();
+        }
+        // That store's resolution of an UNKNOWN record as completed.
+        let changed = conn
+            .execute(
+                "UPDATE idem_records SET state = 1, body = ?3, resolution = ?4, \
+                   updated_at = ?5, expires_at = MAX(expires_at, retain_until) \
+                 WHERE key = ?1 AND attempt = ?2 AND state = 2",
+                rusqlite::params![
+                    &old.extended.key.as_bytes()[..],
+                    old.extended.attempt.get() as i64,
+                    durable::LATE,
+                    Option::<String>::None,
+                    now,
+                ],
+            )
+            .unwrap();
+        assert_eq!(changed, 1);
+    }
+    let store = SqliteStore::open(&path).await.unwrap();
+    durable::old_records_still_work(&store, &old).await;
+}
+
+/// Issue 33 end to end through `Executor::run` on SQLite.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_truth_frees_the_key_through_the_executor() {
+    let store = store().await;
+    durable::late_truth_frees_the_key_through_the_executor(std::sync::Arc::new(
+        store.store.clone(),
+    ))
+    .await;
 }

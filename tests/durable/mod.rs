@@ -304,3 +304,232 @@ pub async fn legacy_rows_still_work(
     assert!(delivered[0].delivered_at.is_some());
     assert_eq!(delivered[0].kept_until, Some(record.expires_at));
 }
+
+/// A record as a store at migration 5 (before superseded operations) wrote
+/// it: its claim, state code, body, and times in milliseconds from now.
+pub struct OldRow {
+    pub req: ClaimRequest,
+    pub state: i16,
+    pub body: Option<&'static str>,
+    pub claimed_at: i64,
+    pub lease_until: i64,
+    pub expires_at: i64,
+    pub retain_until: i64,
+}
+
+/// The operations written by a store at migration 5, one per case the
+/// upgrade must handle.
+pub struct OldRecords {
+    /// COMPLETED, inside its window.
+    pub on_time: ClaimRequest,
+    /// UNKNOWN past its window, then completed late by that store's
+    /// resolution, which moved its expires_at to its retain_until.
+    pub extended: ClaimRequest,
+    /// COMPLETED, its window over, its retention not.
+    pub past_window: ClaimRequest,
+    /// COMPLETED, its retention over: for the purge.
+    pub expired: ClaimRequest,
+}
+
+/// The late completion's response of [`OldRecords::extended`].
+pub const LATE: &str = "\"late\"";
+
+impl OldRecords {
+    /// Fresh operations, and the rows to write for them (`extended` as
+    /// UNKNOWN: the caller then runs that store's own resolution on it).
+    pub fn new() -> (OldRecords, Vec<OldRow>) {
+        let req = || request(Duration::from_secs(30), Duration::from_secs(900));
+        let old = OldRecords {
+            on_time: req(),
+            extended: req(),
+            past_window: req(),
+            expired: req(),
+        };
+        let row = |req: &ClaimRequest, state, body, times: [i64; 4]| OldRow {
+            req: req.clone(),
+            state,
+            body,
+            claimed_at: times[0],
+            lease_until: times[1],
+            expires_at: times[2],
+            retain_until: times[3],
+        };
+        let rows = vec![
+            row(
+                &old.on_time,
+                1,
+                Some("\"on time\""),
+                [-1_000, -900, 60_000, 60_000],
+            ),
+            row(
+                &old.extended,
+                2,
+                Some("timeout"),
+                [-5_000, -4_900, -4_000, 2_500],
+            ),
+            row(
+                &old.past_window,
+                1,
+                Some("\"past\""),
+                [-5_000, -4_900, -4_000, 60_000],
+            ),
+            row(
+                &old.expired,
+                1,
+                Some("\"gone\""),
+                [-5_000, -4_900, -4_000, -3_000],
+            ),
+        ];
+        (old, rows)
+    }
+}
+
+/// After the upgrade, records written before it: read as they were, the
+/// late-completed one keeps its key until its retention ends (its window
+/// cannot be told from a business key's), a record past its window is kept
+/// as a superseded operation when a new one takes its key, the purge finds
+/// what ended, and a fresh claim works.
+pub async fn old_records_still_work(store: &dyn idem_runtime::IdempotencyStore, old: &OldRecords) {
+    use idem_runtime::store::{conformance::new_operation, Claim, RecordState};
+    let completed = |s: &str| RecordState::Completed { response: s.into() };
+    let read = async |req: &ClaimRequest| store.lookup(&req.tenant, &req.reference).await.unwrap();
+
+    let on_time = read(&old.on_time).await.expect("an old record reads");
+    assert_eq!(on_time.state, completed("\"on time\""));
+    match store.claim(&new_operation(&old.on_time)).await.unwrap() {
+        Claim::Existing { record } => assert_eq!(record.reference, old.on_time.reference),
+        other => panic!("a repeat inside the window claimed: {other:?}"),
+    }
+
+    let extended = read(&old.extended).await.expect("the late record reads");
+    assert_eq!(extended.state, completed(LATE));
+    assert_eq!(
+        extended.expires_at, extended.retain_until,
+        "moved by the old store"
+    );
+    match store.claim(&new_operation(&old.extended)).await.unwrap() {
+        Claim::Existing { record } => assert_eq!(record.reference, old.extended.reference),
+        other => panic!("an extended record holds its key until its retention: {other:?}"),
+    }
+
+    let later = new_operation(&old.past_window);
+    assert_eq!(
+        store.claim(&later).await.unwrap(),
+        Claim::Claimed {
+            reference: later.reference
+        },
+        "past its window: a new operation"
+    );
+    let kept = read(&old.past_window).await.expect("kept as superseded");
+    assert_eq!(kept.state, completed("\"past\""));
+    assert_eq!(read(&later).await.unwrap().attempt, later.attempt);
+
+    assert!(store.purge_expired(100_000).await.unwrap() >= 1);
+    assert_eq!(read(&old.expired).await, None, "purged at its retention");
+    assert!(read(&old.on_time).await.is_some());
+
+    let fresh = request(Duration::from_secs(30), Duration::from_secs(900));
+    assert_eq!(
+        store.claim(&fresh).await.unwrap(),
+        Claim::Claimed {
+            reference: fresh.reference
+        }
+    );
+
+    // The extended record's retention ends: the key is free, and the old
+    // operation is not kept (nothing is left to read).
+    let end = extended.retain_until + Duration::from_millis(200);
+    while std::time::SystemTime::now() < end {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let after = new_operation(&old.extended);
+    assert_eq!(
+        store.claim(&after).await.unwrap(),
+        Claim::Claimed {
+            reference: after.reference
+        }
+    );
+    assert_eq!(read(&old.extended).await, None);
+}
+
+/// Issue 33 through `Executor::run`, on `store`: a charge whose outcome was
+/// unknown, then found completed by the reconciler inside its window,
+/// replays inside the window; the same charge after the window runs as a
+/// new operation (a second charge, its own reference), and the first
+/// reference still reads as completed.
+pub async fn late_truth_frees_the_key_through_the_executor(
+    store: std::sync::Arc<dyn idem_runtime::IdempotencyStore>,
+) {
+    use idem_runtime::store::{RecordStateKind, Resolution};
+    use idem_runtime::{Answer, Caller, Executor, Operation, ScopeSpec, ToolError};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let exec = Executor::new(store.clone());
+    let caller = Caller::new(format!("t{}", Attempt::random().get()), "alice");
+    let args = serde_json::json!({"amount_cents": 500, "card": Attempt::random().get()});
+    let charges = std::sync::Arc::new(AtomicUsize::new(0));
+    let charge = |timeout: bool| {
+        let charges = charges.clone();
+        let op = Operation {
+            caller: &caller,
+            tool: "charge_card",
+            args: &args,
+            scope: ScopeSpec::Window(Duration::from_millis(400)),
+            status_tool: "get_operation_status",
+        };
+        exec.run(op, move |_ctx| async move {
+            let n = charges.fetch_add(1, Ordering::SeqCst) + 1;
+            if timeout {
+                Err(ToolError::unknown("the processor timed out"))
+            } else {
+                Ok(format!("ch_{n}"))
+            }
+        })
+    };
+    let first = match charge(true).await {
+        Answer::Failed { reference, .. } => reference,
+        other => panic!("{other:?}"),
+    };
+    // The reconciler finds the charge made.
+    let record = store.list_unknown(100).await.unwrap();
+    let record = record
+        .iter()
+        .find(|r| r.reference == first)
+        .expect("UNKNOWN");
+    store
+        .resolve(
+            &record.key,
+            record.attempt,
+            Resolution::Completed {
+                response: "\"ch_1\"",
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    match charge(false).await {
+        Answer::Replayed {
+            value, reference, ..
+        } => assert_eq!((value.as_str(), reference), ("ch_1", first)),
+        other => panic!("inside the window: {other:?}"),
+    }
+    let end = record.expires_at + Duration::from_millis(150);
+    while std::time::SystemTime::now() < end {
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    match charge(false).await {
+        Answer::Executed {
+            value, reference, ..
+        } => {
+            assert_eq!(value, "ch_2", "the wanted second charge ran");
+            assert_ne!(reference, first);
+        }
+        other => panic!("after the window, the same charge is a new operation: {other:?}"),
+    }
+    assert_eq!(charges.load(Ordering::SeqCst), 2);
+    let status = exec
+        .status(&caller, &first.to_string())
+        .await
+        .unwrap()
+        .expect("the first reference still reads");
+    assert_eq!(status.state, RecordStateKind::Completed);
+}

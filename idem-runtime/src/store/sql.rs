@@ -1,4 +1,5 @@
-//! What the SQL stores share: the state codes, the expiry predicate, how
+//! What the SQL stores share: the state codes, the record's predicates
+//! (expired, claimable, kept when taken over) and its superseded copy, how
 //! a reference is found by a range over the primary key, and the follow-on
 //! jobs' columns and listing.
 
@@ -31,14 +32,71 @@ pub(crate) fn state_from(code: i16, body: Option<String>) -> Result<RecordState,
     })
 }
 
-/// `Record::is_expired` in SQL, for the row named `r` at the time `now` (a
-/// parameter or `now()`). `expires_at <= now` comes first so the index on
-/// `expires_at` finds the candidates: an IN_PROGRESS or UNKNOWN record is
-/// kept past its window, never before it.
+/// `Record::is_expired` in SQL, for the row named `r` (`"r."`, or `""`)
+/// at the time `now` (a parameter or `now()`): its retention ended and,
+/// unless it settled (COMPLETED or NOT_PERFORMED), its lease ran out too.
+/// `retain_until <= now` comes first so the index on `retain_until`
+/// (migration 6) finds the candidates: a COMPLETED record now lives until
+/// its retention, not until its window.
 pub(crate) fn expired(r: &str, now: &str) -> String {
     format!(
-        "{r}expires_at <= {now} AND ({r}state = {COMPLETED} \
-         OR ({r}retain_until <= {now} AND {r}lease_until <= {now}))"
+        "{r}retain_until <= {now} AND ({r}state IN ({COMPLETED}, {NOT_PERFORMED}) \
+         OR {r}lease_until <= {now})"
+    )
+}
+
+/// `Record::is_claimable` (the negation of `Record::holds_key`) in SQL, for
+/// the row named `r` at the time `now`: a COMPLETED record holds its key
+/// until its window ends (`expires_at`, never moved after the claim), a
+/// NOT_PERFORMED one never, an IN_PROGRESS or UNKNOWN one until both its
+/// retention and its lease ran out.
+pub(crate) fn claimable(r: &str, now: &str) -> String {
+    format!(
+        "(({r}state = {COMPLETED} AND {r}expires_at <= {now}) OR {r}state = {NOT_PERFORMED} \
+         OR ({r}state IN ({IN_PROGRESS}, {UNKNOWN}) AND {r}retain_until <= {now} \
+           AND {r}lease_until <= {now}))"
+    )
+}
+
+/// `Record::outlives_takeover` in SQL, for the row named `r` taken over at
+/// `now` by a claim offering the operation tag `offered`: the claim runs
+/// under another reference than the record's (see [`takeover_operation`];
+/// a reference is the key's first bytes and the tag, so comparing tags
+/// compares references), and the record's retention has not ended. Such a
+/// record is kept in `idem_superseded` by the claim that takes its key.
+pub(crate) fn outlives_takeover(r: &str, offered: &str, now: &str) -> String {
+    format!(
+        "(NOT ({r}state = {NOT_PERFORMED} AND {r}expires_at > {now}) \
+         AND coalesce({r}operation, 0) <> {offered} AND {r}retain_until > {now})"
+    )
+}
+
+/// The columns of a superseded operation's row (`idem_superseded`), from
+/// the record's row named `r`, in [`COLUMNS`]' order: the same, but the
+/// operation is never NULL (it is part of the primary key): a record
+/// written before tags is kept under tag 0, which reads as the same
+/// reference.
+pub(crate) fn superseded_copy(r: &str) -> String {
+    format!(
+        "{r}key, {r}fingerprint, {r}tenant, {r}tool, {r}state, {r}attempt, {r}claimed_at, \
+         {r}updated_at, {r}lease_until, {r}expires_at, {r}retain_until, {r}body, \
+         {r}next_check_at, {r}checks, {r}resolution, coalesce({r}operation, 0)"
+    )
+}
+
+/// The `ON CONFLICT (key, operation)` action of a copy into
+/// `idem_superseded`: the operation's latest record replaces an older copy
+/// (`excluded` is the proposed row, `EXCLUDED` in PostgreSQL).
+pub(crate) fn superseded_replace(excluded: &str) -> String {
+    format!(
+        "ON CONFLICT (key, operation) DO UPDATE SET fingerprint = {e}.fingerprint, \
+           tenant = {e}.tenant, tool = {e}.tool, state = {e}.state, attempt = {e}.attempt, \
+           claimed_at = {e}.claimed_at, updated_at = {e}.updated_at, \
+           lease_until = {e}.lease_until, expires_at = {e}.expires_at, \
+           retain_until = {e}.retain_until, body = {e}.body, \
+           next_check_at = {e}.next_check_at, checks = {e}.checks, \
+           resolution = {e}.resolution",
+        e = excluded
     )
 }
 
@@ -66,26 +124,75 @@ pub(crate) fn tag_to_column(reference: &Reference) -> i64 {
 /// the time.
 pub(crate) fn takeover_operation(r: &str, offered: &str, now: &str) -> String {
     format!(
-        "CASE WHEN {r}state = {NOT_PERFORMED} AND {r}expires_at > {now}          THEN {r}operation ELSE {offered} END"
+        "CASE WHEN {r}state = {NOT_PERFORMED} AND {r}expires_at > {now} \
+         THEN {r}operation ELSE {offered} END"
     )
 }
 
-/// `list_records`: the rows matching the optional state, tenant and tool
-/// (each parameter NULL for "any"), the newest claims first. `param(n)` is
-/// the backend's n-th placeholder, typed where the backend needs it.
-pub(crate) fn filtered(table: &str, extra: &str, param: impl Fn(u8) -> String) -> String {
+/// `list_records`: the rows of `table` and of `superseded` (the keys'
+/// current records and the superseded operations) matching the optional
+/// state, tenant and tool (each parameter NULL for "any"), the newest
+/// claims first. `param(n)` is the backend's n-th placeholder, typed where
+/// the backend needs it.
+pub(crate) fn filtered(
+    table: &str,
+    superseded: &str,
+    extra: &str,
+    param: impl Fn(u8) -> String,
+) -> String {
     let (state, tenant, tool, limit) = (param(1), param(2), param(3), param(4));
+    let pick = |t: &str| {
+        format!(
+            "SELECT {COLUMNS} FROM {t} \
+             WHERE ({state} IS NULL OR state = {state}) \
+               AND ({tenant} IS NULL OR tenant = {tenant}) \
+               AND ({tool} IS NULL OR tool = {tool})"
+        )
+    };
     format!(
-        "SELECT {COLUMNS}{extra} FROM {table} \
-         WHERE ({state} IS NULL OR state = {state}) AND ({tenant} IS NULL OR tenant = {tenant}) \
-           AND ({tool} IS NULL OR tool = {tool}) \
-         ORDER BY claimed_at DESC LIMIT {limit}"
+        "SELECT {COLUMNS}{extra} FROM ({} UNION ALL {}) AS r \
+         ORDER BY claimed_at DESC LIMIT {limit}",
+        pick(table),
+        pick(superseded)
     )
 }
 
-/// `count_records`: one row per state code present, with its count.
-pub(crate) fn counted(table: &str) -> String {
-    format!("SELECT state, count(*) FROM {table} GROUP BY state")
+/// `lookup`: the record with a reference in a tenant, `param(1)`..`param(4)`
+/// the key range, the tenant and the tag ([`key_range`], [`tag_to_column`]):
+/// the key's current record in `table` first, then a superseded operation
+/// in `superseded`. A reference starts with its key's first eight bytes: a
+/// range over the primary key finds it without an index of its own, and
+/// the tag tells this operation from another of the same key (NULL: a
+/// record written before tags, whose reference has none).
+pub(crate) fn looked_up(
+    table: &str,
+    superseded: &str,
+    extra: &str,
+    param: impl Fn(u8) -> String,
+) -> String {
+    let (lo, hi, tenant, tag) = (param(1), param(2), param(3), param(4));
+    let pick = |t: &str, rank: u8| {
+        format!(
+            "SELECT {COLUMNS}, {rank} AS rank FROM {t} \
+             WHERE key BETWEEN {lo} AND {hi} AND tenant = {tenant} \
+               AND coalesce(operation, 0) = {tag}"
+        )
+    };
+    format!(
+        "SELECT {COLUMNS}{extra} FROM ({} UNION ALL {}) AS r ORDER BY rank, key LIMIT 1",
+        pick(table, 0),
+        pick(superseded, 1)
+    )
+}
+
+/// `count_records`: one row per state code present, with its count, over
+/// `table` and `superseded`.
+pub(crate) fn counted(table: &str, superseded: &str) -> String {
+    format!(
+        "SELECT state, count(*) FROM \
+         (SELECT state FROM {table} UNION ALL SELECT state FROM {superseded}) AS r \
+         GROUP BY state"
+    )
 }
 
 /// The counts of `count_records` from `(state code, count)` rows.

@@ -26,6 +26,17 @@ const MIGRATIONS: &[(i32, &str)] = &[
         5,
         include_str!("../../../migrations/postgres/0005_delivered_jobs.sql"),
     ),
+    // The superseded operations' table, and the purge's index on
+    // retain_until (a COMPLETED record now lives until its retention, its
+    // window only holds the key). Records written before it whose
+    // expires_at a late completion or resolution moved to their
+    // retain_until cannot be told apart from a business key's records
+    // (whose window is their retention): they keep their key until their
+    // retention ends.
+    (
+        6,
+        include_str!("../../../migrations/postgres/0006_superseded.sql"),
+    ),
 ];
 
 impl PostgresStore {

@@ -31,7 +31,11 @@ use statements::Statements;
 /// Every time (claimed, lease, expiry) comes from the server's `now()`, never
 /// from the process clock, so replicas whose clocks disagree still agree on
 /// which lease ran out. Every change is one statement; a claim is one
-/// `INSERT … ON CONFLICT … DO UPDATE … WHERE <expired>`.
+/// `INSERT … ON CONFLICT … DO UPDATE … WHERE <claimable and not to be kept>`.
+/// The rare claim that takes over a record whose operation must still read
+/// by its reference ([`Record::outlives_takeover`]) reads it and then, in a
+/// second statement, moves it to `idem_superseded` and takes its key
+/// (migration 6).
 ///
 /// Follow-on jobs live in `idem_jobs` (migration 3). A completion (or a
 /// COMPLETED resolution) and its jobs are one statement, so one transaction:
@@ -425,27 +429,35 @@ impl IdempotencyStore for PostgresStore {
         self.with(async |client, sql| {
             let key = &req.key.as_bytes()[..];
             let claim = client.prepare_cached(&sql.claim).await?;
+            let (attempt, lease, window) = (
+                req.attempt.get() as i64,
+                micros(req.lease),
+                micros(req.window),
+            );
+            let (retention, tag) = (
+                micros(req.retention.max(req.window)),
+                tag_to_column(&req.reference),
+            );
+            let fingerprint = &req.key.fingerprint()[..];
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 9] = [
+                &key,
+                &fingerprint,
+                &req.tenant,
+                &req.tool,
+                &attempt,
+                &lease,
+                &window,
+                &retention,
+                &tag,
+            ];
+            let claimed_as = |row: Row| -> Result<Claim, CallError> {
+                let tag: Option<i64> = row.try_get(0)?;
+                let reference = Reference::with_tag(&req.key, tag.unwrap_or(0) as u64);
+                Ok(Claim::Claimed { reference })
+            };
             for _ in 0..CLAIM_ROUNDS {
-                let claimed = client
-                    .query_opt(
-                        &claim,
-                        &[
-                            &key,
-                            &&req.key.fingerprint()[..],
-                            &req.tenant,
-                            &req.tool,
-                            &(req.attempt.get() as i64),
-                            &micros(req.lease),
-                            &micros(req.window),
-                            &micros(req.retention.max(req.window)),
-                            &tag_to_column(&req.reference),
-                        ],
-                    )
-                    .await?;
-                if let Some(row) = claimed {
-                    let tag: Option<i64> = row.try_get(0)?;
-                    let reference = Reference::with_tag(&req.key, tag.unwrap_or(0) as u64);
-                    return Ok(Claim::Claimed { reference });
+                if let Some(row) = client.query_opt(&claim, &params).await? {
+                    return claimed_as(row);
                 }
                 #[cfg(feature = "conformance")]
                 crate::store::conformance::pause(
@@ -453,15 +465,27 @@ impl IdempotencyStore for PostgresStore {
                 )
                 .await;
                 let read = client.prepare_cached(&sql.read).await?;
-                if let Some(row) = client.query_opt(&read, &[&key]).await? {
-                    let record = row_to_record(&row)?;
-                    // The insert decided at its own start; the read comes
-                    // later (after a wait on the row's lock, say). A record
-                    // that can be taken over by the time it is read is not an
-                    // answer to give: the next round claims it.
-                    if !record.is_claimable(record.observed_at) {
-                        return Ok(Claim::Existing { record });
-                    }
+                let Some(row) = client.query_opt(&read, &[&key]).await? else {
+                    continue;
+                };
+                let record = row_to_record(&row)?;
+                // The insert decided at its own start; the read comes later
+                // (after a wait on the row's lock, say). A record that can be
+                // taken over by the time it is read is not an answer to give.
+                if !record.is_claimable(record.observed_at) {
+                    return Ok(Claim::Existing { record });
+                }
+                // Claimable: the insert left it because it must be kept
+                // (Record::outlives_takeover), or its window ended since.
+                // Take over the record read, keeping it if it must be; if it
+                // changed meanwhile, start over.
+                let take_over = client.prepare_cached(&sql.take_over).await?;
+                let read_attempt = record.attempt.get() as i64;
+                let mut with_read: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+                    params.to_vec();
+                with_read.push(&read_attempt);
+                if let Some(row) = client.query_opt(&take_over, &with_read).await? {
+                    return claimed_as(row);
                 }
             }
             Err(StoreError::Unavailable(
@@ -641,16 +665,19 @@ impl IdempotencyStore for PostgresStore {
     async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
         let batch = i64::try_from(batch).unwrap_or(i64::MAX);
         self.with(async |client, sql| {
-            let stmt = client.prepare_cached(&sql.purge).await?;
-            let records = client.execute(&stmt, &[&batch]).await?;
-            // Delivered jobs go with their record: kept until its expiry.
-            let left = batch - i64::try_from(records).unwrap_or(batch);
-            if left <= 0 {
-                return Ok(records as usize);
+            // The keys' current records, then the superseded operations,
+            // then the delivered jobs (kept until their record's retention
+            // ends), each with what is left of the batch.
+            let mut deleted: u64 = 0;
+            for stmt in [&sql.purge, &sql.purge_superseded, &sql.purge_jobs] {
+                let left = batch - i64::try_from(deleted).unwrap_or(batch);
+                if left <= 0 {
+                    break;
+                }
+                let stmt = client.prepare_cached(stmt).await?;
+                deleted += client.execute(&stmt, &[&left]).await?;
             }
-            let stmt = client.prepare_cached(&sql.purge_jobs).await?;
-            let jobs = client.execute(&stmt, &[&left]).await?;
-            Ok((records + jobs) as usize)
+            Ok(deleted as usize)
         })
         .await
     }

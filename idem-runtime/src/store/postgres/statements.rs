@@ -2,7 +2,8 @@
 //! [`RecordStateKind`](crate::store::RecordStateKind).
 
 use crate::store::sql::{
-    counted, expired, filtered, jobs_filtered, takeover_operation, COLUMNS, COMPLETED, IN_PROGRESS,
+    claimable, counted, expired, filtered, jobs_filtered, looked_up, outlives_takeover,
+    superseded_copy, superseded_replace, takeover_operation, COLUMNS, COMPLETED, IN_PROGRESS,
     JOB_COLUMNS, NOT_PERFORMED, UNKNOWN,
 };
 
@@ -12,6 +13,7 @@ use crate::store::sql::{
 pub(super) struct Statements {
     pub(super) schema: String,
     pub(super) claim: String,
+    pub(super) take_over: String,
     pub(super) read: String,
     pub(super) complete: String,
     pub(super) release: String,
@@ -24,6 +26,7 @@ pub(super) struct Statements {
     pub(super) refusal: String,
     pub(super) lookup: String,
     pub(super) purge: String,
+    pub(super) purge_superseded: String,
     pub(super) purge_jobs: String,
     pub(super) lapsed: String,
     pub(super) unknown: String,
@@ -97,14 +100,18 @@ impl Statements {
     /// commits as the server is configured.
     pub(super) fn new(schema: String, relaxed_completions: bool) -> Self {
         let t = format!("{schema}.idem_records");
+        let s = format!("{schema}.idem_superseded");
         let j = format!("{schema}.idem_jobs");
         let (lease, window, retention) = (micros(6), micros(7), micros(8));
         let mut sql = Statements {
             // One statement: insert, or take over the row only if
-            // Record::is_claimable (expired, or resolved as not performed). A
-            // live row is left alone (and only locked for the statement), and
-            // no row comes back; a claimed one returns the operation it runs
-            // under (Record::takeover_reference).
+            // Record::is_claimable and the record need not be kept
+            // (Record::outlives_takeover): the first claim and the takeover
+            // of a record past its retention stay one statement. A row that
+            // holds its key, or that must be kept, is left alone (and only
+            // locked for the statement), and no row comes back; a claimed
+            // one returns the operation it runs under
+            // (Record::takeover_reference).
             claim: format!(
                 "INSERT INTO {t} AS r (key, fingerprint, tenant, tool, state, attempt, \
                    claimed_at, updated_at, lease_until, expires_at, retain_until, body, \
@@ -120,10 +127,42 @@ impl Statements {
                    expires_at = EXCLUDED.expires_at, retain_until = EXCLUDED.retain_until, \
                    body = NULL, next_check_at = EXCLUDED.next_check_at, checks = 0, \
                    resolution = NULL \
-                 WHERE ({}) OR r.state = {NOT_PERFORMED} \
+                 WHERE {} AND NOT {} \
                  RETURNING operation",
                 takeover_operation("r.", "EXCLUDED.operation", "now()"),
-                expired("r.", "now()")
+                claimable("r.", "now()"),
+                outlives_takeover("r.", "EXCLUDED.operation", "now()"),
+            ),
+            // The rare takeover of a record that must be kept: the claim's
+            // parameters, and `$10` the attempt of the record the claim read.
+            // One statement, so one transaction: `old` locks the row (and
+            // reads its latest version), `taken` takes it over if it still
+            // is that attempt's record and claimable, and `kept` copies the
+            // record as it was into idem_superseded if it outlives the
+            // takeover (an older copy of the same operation is replaced).
+            // `taken` joins `old`, so the row is read before it is changed.
+            // No row: the record changed or vanished since it was read; the
+            // claim starts over.
+            take_over: format!(
+                "WITH old AS (SELECT {COLUMNS} FROM {t} WHERE key = $1 AND attempt = $10 \
+                   FOR UPDATE), \
+                 taken AS ( \
+                   UPDATE {t} AS r SET operation = {}, fingerprint = $2, tenant = $3, \
+                     tool = $4, state = {IN_PROGRESS}, attempt = $5, claimed_at = now(), \
+                     updated_at = now(), lease_until = now() + {lease}, \
+                     expires_at = now() + {window}, retain_until = now() + {retention}, \
+                     body = NULL, next_check_at = now(), checks = 0, resolution = NULL \
+                   FROM old WHERE r.key = old.key AND r.attempt = old.attempt AND {} \
+                   RETURNING r.operation), \
+                 kept AS ( \
+                   INSERT INTO {s} ({COLUMNS}) SELECT {} FROM old, taken WHERE {} \
+                   {}) \
+                 SELECT operation FROM taken",
+                takeover_operation("r.", "$9::int8", "now()"),
+                claimable("r.", "now()"),
+                superseded_copy("old."),
+                outlives_takeover("old.", "$9::int8", "now()"),
+                superseded_replace("EXCLUDED"),
             ),
             read: format!("SELECT {COLUMNS}, now() FROM {t} WHERE key = $1"),
             // Every fenced change carries `attempt = $2`: a worker whose claim
@@ -153,7 +192,7 @@ impl Statements {
             ),
             resolve_completed: format!(
                 "UPDATE {t} SET state = {COMPLETED}, body = $3, resolution = $4, \
-                   updated_at = now(), expires_at = GREATEST(expires_at, retain_until) \
+                   updated_at = now() \
                  WHERE key = $1 AND attempt = $2 AND state = {UNKNOWN}"
             ),
             // "Not performed" is trusted only for a record unchanged for the
@@ -176,15 +215,15 @@ impl Statements {
                 micros(3)
             ),
             refusal: format!("SELECT attempt, state, updated_at FROM {t} WHERE key = $1"),
-            // A reference starts with the key's first eight bytes: a range
-            // over the primary key finds it without an index of its own. The
-            // tag then tells this operation from a later one of the same key
-            // (NULL: a record written before tags, whose reference has none).
-            lookup: format!(
-                "SELECT {COLUMNS}, now() FROM {t} WHERE key BETWEEN $1 AND $2 AND tenant = $3 \
-                   AND coalesce(operation, 0) = $4 \
-                 ORDER BY key LIMIT 1"
-            ),
+            // The key's current record, then a superseded operation.
+            lookup: looked_up(&t, &s, ", now()", |n| {
+                let ty = match n {
+                    1 | 2 => "bytea",
+                    3 => "text",
+                    _ => "int8",
+                };
+                format!("${n}::{ty}")
+            }),
             // Bounded, and SKIP LOCKED: rows a claim is taking over right now
             // are left for the next batch instead of being waited on. The
             // rows are deleted by ctid (stable: they are locked), a TID scan;
@@ -196,6 +235,13 @@ impl Statements {
                 expired("r.", "now()")
             ),
             // The purge's second statement, with what is left of the batch:
+            // the superseded operations whose retention ended.
+            purge_superseded: format!(
+                "DELETE FROM {s} WHERE ctid = ANY(ARRAY( \
+                   SELECT ctid FROM {s} AS r WHERE {} LIMIT $1 FOR UPDATE SKIP LOCKED))",
+                expired("r.", "now()")
+            ),
+            // The purge's third statement, with what is left of the batch:
             // the delivered jobs whose record has expired (kept_until is its
             // expiry).
             purge_jobs: format!(
@@ -215,7 +261,7 @@ impl Statements {
                  WHERE state = {UNKNOWN} AND next_check_at <= now() \
                  ORDER BY next_check_at LIMIT $1"
             ),
-            filtered: filtered(&t, ", now()", |n| {
+            filtered: filtered(&t, &s, ", now()", |n| {
                 let ty = match n {
                     1 => "int2",
                     4 => "int8",
@@ -223,7 +269,7 @@ impl Statements {
                 };
                 format!("${n}::{ty}")
             }),
-            counted: counted(&t),
+            counted: counted(&t, &s),
             // Filled in below, from `complete` and `resolve_completed`.
             complete_with_jobs: String::new(),
             resolve_with_jobs: String::new(),
@@ -249,13 +295,19 @@ impl Statements {
             // whose lease ran out (and was taken by another) must not finish,
             // retry or bury the new holder's run.
             // Finishing delivers the job: kept (never leased again) until its
-            // record expires, found as `lookup` finds it ($5..$7: the key
-            // range and the tag), or until the next purge when it is gone.
+            // record's retention ends, the record found as `lookup` finds it
+            // ($5..$7: the key range and the tag; the key's current record,
+            // then a superseded operation), or until the next purge when it
+            // is gone.
             finish_job: format!(
                 "UPDATE {j} SET token = NULL, delivered_at = now(), updated_at = now(), \
-                   kept_until = coalesce((SELECT expires_at FROM {t} \
+                   kept_until = coalesce((SELECT retain_until FROM {t} \
                      WHERE key BETWEEN $5::bytea AND $6::bytea AND tenant = $1 \
                        AND coalesce(operation, 0) = $7::int8 \
+                     ORDER BY key LIMIT 1), \
+                   (SELECT retain_until FROM {s} \
+                     WHERE key BETWEEN $5::bytea AND $6::bytea AND tenant = $1 \
+                       AND operation = $7::int8 \
                      ORDER BY key LIMIT 1), now()) \
                  WHERE tenant = $1 AND reference = $2 AND name = $3 AND token = $4"
             ),
@@ -314,15 +366,13 @@ fn complete(t: &str, relaxed: bool) -> String {
 }
 
 /// The completion's `UPDATE`, joining `relaxed` if `relaxed` (the CTE itself
-/// is the caller's to write). A completion after the sweep or a reconciler
-/// gave up on the record answers repeats until the retention ends: found
-/// after its window, it would otherwise expire the moment it is written.
+/// is the caller's to write). The window's end (`expires_at`) is not moved,
+/// however late the completion: one that lands after it frees the key at
+/// once, and the record reads by its reference until its retention ends.
 fn update_complete(t: &str, relaxed: bool) -> String {
     let from = if relaxed { "FROM relaxed " } else { "" };
     format!(
-        "UPDATE {t} SET state = {COMPLETED}, body = $3, updated_at = now(), \
-           expires_at = CASE WHEN state = {IN_PROGRESS} THEN expires_at \
-             ELSE GREATEST(expires_at, retain_until) END \
+        "UPDATE {t} SET state = {COMPLETED}, body = $3, updated_at = now() \
          {from}WHERE key = $1 AND attempt = $2 AND state <> {COMPLETED}"
     )
 }

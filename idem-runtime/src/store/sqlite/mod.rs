@@ -13,7 +13,8 @@ use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::oneshot;
 
 use super::sql::{
-    counted, counts, expired, filtered, jobs_filtered, key_range, state_from, tag_to_column,
+    claimable, counted, counts, expired, filtered, jobs_filtered, key_range, looked_up,
+    outlives_takeover, state_from, superseded_copy, superseded_replace, tag_to_column,
     takeover_operation, COLUMNS, COMPLETED, IN_PROGRESS, JOB_COLUMNS, NOT_PERFORMED, UNKNOWN,
 };
 use super::{
@@ -307,36 +308,51 @@ impl IdempotencyStore for SqliteStore {
             // The writer holds the database's write lock for the batch, so no
             // other claim (of this or another process) can slip between the
             // claim and the read below.
-            let claimed = conn
-                .prepare_cached(&SQL.claim)
-                .and_then(|mut s| {
-                    s.query_row(
-                        params![
-                            &key[..],
-                            &req.key.fingerprint()[..],
-                            req.tenant,
-                            req.tool,
-                            req.attempt.get() as i64,
-                            now,
-                            now.saturating_add(nanos(req.lease)),
-                            now.saturating_add(nanos(req.window)),
-                            now.saturating_add(nanos(req.retention.max(req.window))),
-                            tag_to_column(&req.reference),
-                        ],
-                        |row| row.get::<_, Option<i64>>(0),
-                    )
-                    .optional()
-                })
-                .map_err(|e| unavailable(&e))?;
-            if let Some(tag) = claimed {
+            let fingerprint = req.key.fingerprint();
+            let params = params![
+                &key[..],
+                &fingerprint[..],
+                req.tenant,
+                req.tool,
+                req.attempt.get() as i64,
+                now,
+                now.saturating_add(nanos(req.lease)),
+                now.saturating_add(nanos(req.window)),
+                now.saturating_add(nanos(req.retention.max(req.window))),
+                tag_to_column(&req.reference),
+            ];
+            let upsert = |sql: &str| {
+                conn.prepare_cached(sql)
+                    .and_then(|mut s| {
+                        s.query_row(params, |row| row.get::<_, Option<i64>>(0))
+                            .optional()
+                    })
+                    .map_err(|e| unavailable(&e))
+            };
+            let claimed = |tag: Option<i64>| {
                 let reference = Reference::with_tag(&req.key, tag.unwrap_or(0) as u64);
-                return Ok(Claim::Claimed { reference });
+                Ok(Claim::Claimed { reference })
+            };
+            if let Some(tag) = upsert(&SQL.claim)? {
+                return claimed(tag);
             }
-            match read(conn, key, now)? {
-                Some(record) => Ok(Claim::Existing { record }),
+            let record = read(conn, key, now)?.ok_or_else(|| {
                 // The conflict and the read run under one write lock.
+                StoreError::Corrupt("a conflicting record vanished under the write lock".into())
+            })?;
+            if !record.is_claimable(record.observed_at) {
+                return Ok(Claim::Existing { record });
+            }
+            // Claimable, and left by the claim because it must be kept
+            // (Record::outlives_takeover): kept as a superseded operation,
+            // then taken over, in the same transaction.
+            conn.prepare_cached(&SQL.keep)
+                .and_then(|mut s| s.execute(params))
+                .map_err(|e| unavailable(&e))?;
+            match upsert(&SQL.take_over)? {
+                Some(tag) => claimed(tag),
                 None => Err(StoreError::Corrupt(
-                    "a conflicting record vanished under the write lock".into(),
+                    "a claimable record was not taken over under the write lock".into(),
                 )),
             }
         })
@@ -537,20 +553,20 @@ impl IdempotencyStore for SqliteStore {
     async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
         let batch = i64::try_from(batch).unwrap_or(i64::MAX);
         self.run(move |conn, now| {
-            // `expires_at <= now` comes first so the index on expires_at finds
-            // the candidates (an IN_PROGRESS or UNKNOWN record is kept past its
-            // window, never before it); the rest is Record::is_expired.
-            let records = conn
-                .prepare_cached(&SQL.purge)
-                .and_then(|mut s| s.execute(params![now, batch]))
-                .map_err(|e| unavailable(&e))?;
-            // Delivered jobs go with their record: kept until its expiry.
-            let left = batch - i64::try_from(records).unwrap_or(batch);
-            let jobs = conn
-                .prepare_cached(&SQL.purge_jobs)
-                .and_then(|mut s| s.execute(params![now, left]))
-                .map_err(|e| unavailable(&e))?;
-            Ok(records + jobs)
+            // `retain_until <= now` comes first so the index on retain_until
+            // finds the candidates; the rest is Record::is_expired. The keys'
+            // current records, then the superseded operations, then the
+            // delivered jobs (kept until their record's retention ends), each
+            // with what is left of the batch.
+            let mut deleted = 0;
+            for sql in [&SQL.purge, &SQL.purge_superseded, &SQL.purge_jobs] {
+                let left = batch - i64::try_from(deleted).unwrap_or(batch);
+                deleted += conn
+                    .prepare_cached(sql)
+                    .and_then(|mut s| s.execute(params![now, left]))
+                    .map_err(|e| unavailable(&e))?;
+            }
+            Ok(deleted)
         })
         .await
     }

@@ -7,6 +7,8 @@ use super::*;
 /// [`RecordStateKind`].
 pub(super) struct Statements {
     pub(super) claim: String,
+    pub(super) keep: String,
+    pub(super) take_over: String,
     pub(super) read: String,
     pub(super) refusal: String,
     pub(super) complete: String,
@@ -19,6 +21,7 @@ pub(super) struct Statements {
     pub(super) heartbeat: String,
     pub(super) lookup: String,
     pub(super) purge: String,
+    pub(super) purge_superseded: String,
     pub(super) purge_jobs: String,
     pub(super) lapsed: String,
     pub(super) unknown: String,
@@ -35,11 +38,12 @@ pub(super) struct Statements {
     pub(super) count_due_jobs: String,
 }
 
-pub(super) static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::new(|| Statements {
-    // One statement: insert, or take over a record that Record::is_claimable
-    // says is past its life or resolved as not performed. It returns the
-    // operation the claim runs under (Record::takeover_reference).
-    claim: format!(
+/// The claim's upsert (`?1`..`?10`: key, fingerprint, tenant, tool,
+/// attempt, now, lease's end, window's end, retention's end, offered tag),
+/// taking over an existing row only `WHERE when`. It returns the operation
+/// the claim runs under (Record::takeover_reference).
+fn upsert(when: &str) -> String {
+    format!(
         "INSERT INTO idem_records (key, fingerprint, tenant, tool, state, attempt, \
            claimed_at, updated_at, lease_until, expires_at, retain_until, body, \
            next_check_at, checks, resolution, operation) \
@@ -51,22 +55,47 @@ pub(super) static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::ne
            expires_at = excluded.expires_at, retain_until = excluded.retain_until, \
            body = NULL, next_check_at = excluded.next_check_at, checks = 0, \
            resolution = NULL \
-         WHERE ({}) OR idem_records.state = {NOT_PERFORMED} \
+         WHERE {when} \
          RETURNING operation",
         takeover_operation("idem_records.", "excluded.operation", "?6"),
-        expired("idem_records.", "?6")
+    )
+}
+
+pub(super) static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::new(|| Statements {
+    // One statement: insert, or take over a record that Record::is_claimable
+    // and that need not be kept (Record::outlives_takeover): the first
+    // claim, and the takeover of a record past its retention, stay one
+    // statement. A record that must be kept is left alone: the claim reads
+    // it, then `keep` and `take_over` (one write lock: nothing slips
+    // between them).
+    claim: upsert(&format!(
+        "{} AND NOT {}",
+        claimable("idem_records.", "?6"),
+        outlives_takeover("idem_records.", "excluded.operation", "?6")
+    )),
+    // The claim's parameters (only ?1, ?6 and ?10 are read): the record of
+    // the key, as it is, into idem_superseded if the claim takes it over and
+    // it outlives the takeover. An older copy of the same operation is
+    // replaced.
+    keep: format!(
+        "INSERT INTO idem_superseded ({COLUMNS}) SELECT {} FROM idem_records \
+         WHERE key = ?1 AND {} AND {} {}",
+        superseded_copy(""),
+        claimable("", "?6"),
+        outlives_takeover("", "?10", "?6"),
+        superseded_replace("excluded")
     ),
+    // After `keep`: the claim, taking over any claimable record.
+    take_over: upsert(&claimable("idem_records.", "?6")),
     read: format!("SELECT {COLUMNS} FROM idem_records WHERE key = ?1"),
     refusal: "SELECT attempt, state, updated_at FROM idem_records WHERE key = ?1".to_owned(),
     // Every fenced change carries `attempt = ?2`: a worker whose claim was
     // taken over must not overwrite, delete or extend the new owner's record.
-    // A completion after the sweep or a reconciler gave up on the record
-    // answers repeats until the retention ends: found after its window, it
-    // would otherwise expire the moment it is written.
+    // The window's end (`expires_at`) is not moved, however late the
+    // completion: one that lands after it frees the key at once, and the
+    // record reads by its reference until its retention ends.
     complete: format!(
-        "UPDATE idem_records SET state = {COMPLETED}, body = ?3, updated_at = ?4, \
-           expires_at = CASE WHEN state = {IN_PROGRESS} THEN expires_at \
-             ELSE MAX(expires_at, retain_until) END \
+        "UPDATE idem_records SET state = {COMPLETED}, body = ?3, updated_at = ?4 \
          WHERE key = ?1 AND attempt = ?2 AND state <> {COMPLETED}"
     ),
     release: format!(
@@ -87,7 +116,7 @@ pub(super) static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::ne
     ),
     resolve_completed: format!(
         "UPDATE idem_records SET state = {COMPLETED}, body = ?3, resolution = ?4, \
-           updated_at = ?5, expires_at = MAX(expires_at, retain_until) \
+           updated_at = ?5 \
          WHERE key = ?1 AND attempt = ?2 AND state = {UNKNOWN}"
     ),
     // `updated_at <= ?6`: "not performed" is trusted only for a record
@@ -105,22 +134,22 @@ pub(super) static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::ne
         "UPDATE idem_records SET lease_until = ?3, updated_at = ?4 \
          WHERE key = ?1 AND attempt = ?2 AND state = {IN_PROGRESS}"
     ),
-    // A reference starts with the key's first eight bytes: a range over the
-    // primary key finds it without an index of its own. The tag then tells
-    // this operation from a later one of the same key (NULL: a record
-    // written before tags, whose reference has none).
-    lookup: format!(
-        "SELECT {COLUMNS} FROM idem_records \
-         WHERE key BETWEEN ?1 AND ?2 AND tenant = ?3 AND coalesce(operation, 0) = ?4 \
-         ORDER BY key LIMIT 1"
-    ),
+    // The key's current record, then a superseded operation.
+    lookup: looked_up("idem_records", "idem_superseded", "", |n| format!("?{n}")),
     purge: format!(
         "DELETE FROM idem_records WHERE key IN ( \
            SELECT key FROM idem_records WHERE {} LIMIT ?2)",
         expired("", "?1")
     ),
-    // Delivered jobs whose record has expired (kept_until is its expiry):
-    // the purge's second statement, in the same transaction.
+    // The superseded operations whose retention ended: the purge's second
+    // statement, in the same transaction.
+    purge_superseded: format!(
+        "DELETE FROM idem_superseded WHERE (key, operation) IN ( \
+           SELECT key, operation FROM idem_superseded WHERE {} LIMIT ?2)",
+        expired("", "?1")
+    ),
+    // Delivered jobs whose record has expired (kept_until is its retention's
+    // end): the purge's third statement, in the same transaction.
     purge_jobs: "DELETE FROM idem_jobs WHERE (tenant, reference, name) IN ( \
            SELECT tenant, reference, name FROM idem_jobs \
            WHERE delivered_at IS NOT NULL AND kept_until <= ?1 LIMIT ?2)"
@@ -135,8 +164,8 @@ pub(super) static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::ne
         "SELECT {COLUMNS} FROM idem_records \
          WHERE state = {UNKNOWN} AND next_check_at <= ?1 ORDER BY next_check_at LIMIT ?2"
     ),
-    filtered: filtered("idem_records", "", |n| format!("?{n}")),
-    counted: counted("idem_records"),
+    filtered: filtered("idem_records", "idem_superseded", "", |n| format!("?{n}")),
+    counted: counted("idem_records", "idem_superseded"),
     record_tenant: "SELECT tenant, operation FROM idem_records WHERE key = ?1".to_owned(),
     // A job's identity is its operation's reference and its name: one
     // completion per operation writes jobs, and a job already there is
@@ -163,11 +192,15 @@ pub(super) static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::ne
     // lease ran out (and was taken by another) must not finish, retry or
     // bury the new holder's run.
     // Finishing delivers the job: kept (never leased again) until its
-    // record expires, found as `lookup` finds it (?6..?8: the key range and
-    // the tag), or until the next purge when the record is gone.
+    // record's retention ends, the record found as `lookup` finds it (?6..?8:
+    // the key range and the tag; the key's current record, then a
+    // superseded operation), or until the next purge when it is gone.
     finish_job: "UPDATE idem_jobs SET token = NULL, delivered_at = ?5, updated_at = ?5, \
-           kept_until = coalesce((SELECT expires_at FROM idem_records \
+           kept_until = coalesce((SELECT retain_until FROM idem_records \
              WHERE key BETWEEN ?6 AND ?7 AND tenant = ?1 AND coalesce(operation, 0) = ?8 \
+             ORDER BY key LIMIT 1), \
+           (SELECT retain_until FROM idem_superseded \
+             WHERE key BETWEEN ?6 AND ?7 AND tenant = ?1 AND operation = ?8 \
              ORDER BY key LIMIT 1), ?5) \
          WHERE tenant = ?1 AND reference = ?2 AND name = ?3 AND token = ?4"
         .to_owned(),

@@ -35,6 +35,14 @@ pub(super) const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/sqlite/0003_outbox.sql"),
     include_str!("../../../migrations/sqlite/0004_operations.sql"),
     include_str!("../../../migrations/sqlite/0005_delivered_jobs.sql"),
+    // The superseded operations' table, and the purge's index on
+    // retain_until (a COMPLETED record now lives until its retention, its
+    // window only holds the key). Records written before it whose
+    // expires_at a late completion or resolution moved to their
+    // retain_until cannot be told apart from a business key's records
+    // (whose window is their retention): they keep their key until their
+    // retention ends.
+    include_str!("../../../migrations/sqlite/0006_superseded.sql"),
 ];
 
 pub(super) fn stopped() -> StoreError {
