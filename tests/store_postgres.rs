@@ -3,9 +3,12 @@
 
 mod durable;
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use durable::PgSchema;
 use idem_runtime::{
-    store::{conformance, FollowOnStore},
+    store::{conformance, Attempt, FollowOnStore},
     IdempotencyStore,
 };
 
@@ -406,6 +409,95 @@ async fn all_cases_pass_with_synchronous_completions() {
     conformance::run_all(&store).await;
 }
 
+/// The conformance suite on a direct connection with named, cached
+/// statements and the server's statement_timeout
+/// (`PostgresStoreBuilder::direct_connection`); the cases above run with the
+/// default, which works behind a transaction pooler too (CI points
+/// `IDEM_TEST_DATABASE_URL` at PgBouncer in transaction mode).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_cases_pass_with_named_statements_on_a_direct_connection() {
+    let Some(url) = durable::url_from(
+        "IDEM_TEST_DIRECT_DATABASE_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    ) else {
+        return;
+    };
+    let pg = PgSchema::open(&url, &format!("t_{:016x}", Attempt::random().get())).await;
+    let store = idem_runtime::PostgresStore::builder(&pg.url)
+        .unwrap()
+        .schema(&pg.name)
+        .direct_connection(true)
+        .build()
+        .unwrap();
+    conformance::run_all(&store).await;
+}
+
+/// Behind PgBouncer in transaction mode (`IDEM_TEST_PGBOUNCER_URL`), with
+/// the default builder: 120 charges through the executor, 40 at a time,
+/// then each again. No store error, one charge per operation at the
+/// processor stub, and every repeat replayed. Before the store sent its
+/// statements unnamed, most of these failed with `prepared statement "sN"
+/// does not exist` or `already exists`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_a_transaction_pooler_40_concurrent_callers_make_no_store_error() {
+    use idem_runtime::{Answer, Caller, Executor, Operation, ScopeSpec, ToolError};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let Some(url) = durable::url_from(
+        "IDEM_TEST_PGBOUNCER_URL",
+        "postgres://postgres@127.0.0.1:6432/test",
+    ) else {
+        return;
+    };
+    let name = format!("t_{:016x}", Attempt::random().get());
+    let pg = PgSchema::open(&url, &name).await;
+    let store = idem_runtime::PostgresStore::builder(&url)
+        .unwrap()
+        .schema(&name)
+        .pool_size(40)
+        .build()
+        .unwrap();
+    let executor = Arc::new(Executor::new(Arc::new(store)));
+    let charges = Arc::new(AtomicUsize::new(0));
+    let gate = Arc::new(tokio::sync::Semaphore::new(40));
+    for round in ["first", "repeat"] {
+        let mut tasks = Vec::new();
+        for card in 0..120 {
+            let (executor, charges, gate) = (executor.clone(), charges.clone(), gate.clone());
+            tasks.push(tokio::spawn(async move {
+                let _permit = gate.acquire_owned().await.unwrap();
+                let caller = Caller::new("acme", "alice");
+                let args = serde_json::json!({"card": format!("tok_{card}"), "amount_cents": 500});
+                let op = Operation {
+                    caller: &caller,
+                    tool: "charge_card",
+                    args: &args,
+                    scope: ScopeSpec::Window(Duration::from_secs(900)),
+                    status_tool: "get_operation_status",
+                };
+                executor
+                    .run(op, |_| async {
+                        charges.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        Ok::<_, ToolError>(card)
+                    })
+                    .await
+            }));
+        }
+        for task in tasks {
+            match (round, task.await.unwrap()) {
+                ("first", Answer::Executed { .. }) | ("repeat", Answer::Replayed { .. }) => {}
+                (round, other) => panic!("{round}: {other:?}"),
+            }
+        }
+    }
+    assert_eq!(
+        charges.load(Ordering::SeqCst),
+        120,
+        "one charge per operation"
+    );
+    drop(pg);
+}
+
 /// A relaxed completion (with or without follow-on jobs) commits with
 /// `synchronous_commit = off`, and the setting ends with its statement: on
 /// a pool of one connection, the claim, the sweep's mark, the resolution and
@@ -414,9 +506,15 @@ async fn all_cases_pass_with_synchronous_completions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relaxed_completion_does_not_outlive_its_statement() {
     use idem_runtime::{outbox::FollowOn, store::Resolution};
-    let Some(pg) = PgSchema::new().await else {
+    // One server backend for the whole test, so a direct connection: behind
+    // a transaction pooler each statement may land on another backend.
+    let Some(url) = durable::url_from(
+        "IDEM_TEST_DIRECT_DATABASE_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    ) else {
         return;
     };
+    let pg = PgSchema::open(&url, &format!("t_{:016x}", Attempt::random().get())).await;
     let s = pg.store.schema().to_owned();
     let client = durable::connect(&pg.url).await;
     client

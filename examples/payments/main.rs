@@ -51,8 +51,7 @@ use idem_runtime::{
     audit_hints,
     maintenance::{Maintenance, MaintenanceConfig, ReconcileConfig},
     outbox::{Outbox, OutboxConfig},
-    Caller, DynamoDbStore, Executor, IdempotencyStore, MemoryStore, PostgresStore, RedisStore,
-    SqliteStore,
+    Caller, DynamoDbStore, Executor, IdempotencyStore, MemoryStore, SqliteStore,
 };
 use rmcp::ServiceExt;
 use shop::{Backends, Payments, ProcessorReconciler};
@@ -248,18 +247,15 @@ async fn open_store(spec: &str) -> Arc<dyn IdempotencyStore> {
             .map(|s| Arc::new(s) as Arc<dyn IdempotencyStore>)
             .map_err(|e| e.to_string())
     } else if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
-        match PostgresStore::connect(spec).await {
-            Ok(store) => store
-                .migrate()
-                .await
-                .map(|()| Arc::new(store) as Arc<dyn IdempotencyStore>)
-                .map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        }
-    } else if spec.starts_with("redis://") || spec.starts_with("redis+unix://") {
-        RedisStore::connect(spec)
+        // The library's own URL handling (schema=, direct=, ...), with the
+        // schema migrated on the first run.
+        let sep = if spec.contains('?') { '&' } else { '?' };
+        idem_runtime::open_store(&format!("{spec}{sep}migrate=true"))
             .await
-            .map(|s| Arc::new(s) as Arc<dyn IdempotencyStore>)
+            .map_err(|e| e.to_string())
+    } else if spec.starts_with("redis://") || spec.starts_with("redis+unix://") {
+        idem_runtime::open_store(spec)
+            .await
             .map_err(|e| e.to_string())
     } else if spec.starts_with("dynamodb://") {
         // Created on the first run, as the PostgreSQL schema is migrated.

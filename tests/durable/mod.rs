@@ -86,6 +86,29 @@ pub fn database_url() -> Option<String> {
     }
 }
 
+/// A second PostgreSQL URL the tests read from `var`, beside
+/// `IDEM_TEST_DATABASE_URL`: `IDEM_TEST_DIRECT_DATABASE_URL` (the server
+/// itself, for what only a direct connection keeps) or
+/// `IDEM_TEST_PGBOUNCER_URL` (PgBouncer in transaction mode in front of it,
+/// `scripts/pgbouncer`). `None` (said on stderr) when unset outside CI; a
+/// failure under `CI=true`.
+pub fn url_from(var: &str, example: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ if std::env::var("CI").as_deref() == Ok("true") => {
+            panic!("{var} is not set, and CI=true: set it (e.g. {var}={example})")
+        }
+        _ => {
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED: a test did not run: {var} is not set (e.g. {var}={example})"
+            );
+            None
+        }
+    }
+}
+
 /// A PostgresStore in a fresh schema of its own, migrated; the schema is
 /// dropped when this is dropped (also when the test panicked).
 #[derive(Debug)]

@@ -15,10 +15,14 @@ use super::{IdempotencyStore, MemoryStore, StoreError};
 ///   parameter `schema` (`postgres://app@db/app?schema=idem`, what
 ///   [`PostgresStoreBuilder::schema`](crate::PostgresStoreBuilder::schema)
 ///   sets); the parameter is taken out before the rest is parsed as a
-///   PostgreSQL connection string. So is `relaxed_completions=false`
+///   PostgreSQL connection string. So are `relaxed_completions=false`
 ///   (or `true`, the default), what
 ///   [`PostgresStoreBuilder::relaxed_completions`](crate::PostgresStoreBuilder::relaxed_completions)
-///   sets;
+///   sets, `direct=true` (or `false`, the default), what
+///   [`PostgresStoreBuilder::direct_connection`](crate::PostgresStoreBuilder::direct_connection)
+///   sets (leave it out behind a transaction pooler such as PgBouncer),
+///   and `migrate=true`, which applies the shipped migrations before the
+///   store is returned ([`PostgresStore::migrate`](crate::PostgresStore::migrate));
 /// - `redis://…`, `rediss://…` or `redis+unix://…`: one Redis or Valkey
 ///   server, keys under the prefix `idem` (feature `redis`);
 /// - `dynamodb://TABLE?region=REGION&endpoint=URL`: a DynamoDB table,
@@ -56,14 +60,24 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn IdempotencyStore>, StoreErr
         {
             let (url, schema) = take_schema(url);
             let (url, relaxed) = take_param(&url, "relaxed_completions");
+            let (url, direct) = take_param(&url, "direct");
+            let (url, migrate) = take_param(&url, "migrate");
             let mut builder = super::PostgresStore::builder(&url)?;
             if let Some(schema) = schema {
                 builder = builder.schema(schema);
             }
             if let Some(relaxed) = relaxed {
-                builder = builder.relaxed_completions(parse_bool(&relaxed)?);
+                builder = builder.relaxed_completions(parse_bool("relaxed_completions", &relaxed)?);
             }
-            return Ok(Arc::new(super::PostgresStore::connect_with(builder).await?));
+            if let Some(direct) = direct {
+                builder = builder.direct_connection(parse_bool("direct", &direct)?);
+            }
+            let migrate = migrate.map(|m| parse_bool("migrate", &m)).transpose()?;
+            let store = super::PostgresStore::connect_with(builder).await?;
+            if migrate == Some(true) {
+                store.migrate().await?;
+            }
+            return Ok(Arc::new(store));
         }
         #[cfg(not(feature = "postgres"))]
         return Err(missing("postgres"));
@@ -100,12 +114,12 @@ fn take_schema(url: &str) -> (String, Option<String>) {
 
 /// `true` or `false`, as a URL parameter of idem's gives it.
 #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-fn parse_bool(value: &str) -> Result<bool, StoreError> {
+fn parse_bool(name: &str, value: &str) -> Result<bool, StoreError> {
     match value {
         "true" => Ok(true),
         "false" => Ok(false),
         other => Err(StoreError::Config(format!(
-            "relaxed_completions={other}: use true or false"
+            "{name}={other}: use true or false"
         ))),
     }
 }

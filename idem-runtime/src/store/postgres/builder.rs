@@ -20,6 +20,7 @@ pub struct PostgresStoreBuilder {
     pool_size: usize,
     timeout: Duration,
     relaxed_completions: bool,
+    direct_connection: bool,
 }
 
 impl PostgresStoreBuilder {
@@ -30,6 +31,7 @@ impl PostgresStoreBuilder {
             pool_size: 16,
             timeout: Duration::from_secs(5),
             relaxed_completions: true,
+            direct_connection: false,
         }
     }
 
@@ -48,7 +50,8 @@ impl PostgresStoreBuilder {
 
     /// How long connecting, waiting for a pooled connection, and each
     /// statement may take before the call fails as `Unavailable` (default
-    /// 5 s). It is also the server's `statement_timeout`.
+    /// 5 s). With [`direct_connection`](Self::direct_connection) it is also
+    /// the server's `statement_timeout`.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -74,6 +77,29 @@ impl PostgresStoreBuilder {
         self
     }
 
+    /// Whether the store talks to PostgreSQL directly, with no transaction
+    /// pooler between (default `false`: it works behind one).
+    ///
+    /// By default the store keeps nothing in a session, so that it works
+    /// behind a pooler that lends a server connection for one transaction
+    /// (PgBouncer in transaction mode, and the poolers in front of
+    /// Supabase, Neon, Heroku and Azure): every statement is sent unnamed,
+    /// in one round trip, and nothing is set at connection time.
+    ///
+    /// `true` uses what a direct connection keeps: each statement is
+    /// prepared once per connection and cached (the server parses and
+    /// plans it once), and the timeout is also sent as the session's
+    /// `statement_timeout` (a startup option, which a transaction pooler
+    /// refuses: "unsupported startup parameter: options"). BENCHMARKS.md
+    /// gives what it saves per call. Behind a transaction pooler it fails:
+    /// a named statement lives on one server connection, and the next
+    /// transaction gets another (`prepared statement "s71" does not
+    /// exist`).
+    pub fn direct_connection(mut self, direct: bool) -> Self {
+        self.direct_connection = direct;
+        self
+    }
+
     /// The store, without TLS. Connects lazily: nothing is sent to the server
     /// until the first call. Errors: `Config` for an invalid schema name.
     pub fn build(self) -> Result<PostgresStore, StoreError> {
@@ -96,12 +122,14 @@ impl PostgresStoreBuilder {
         config.connect_timeout(self.timeout);
         config.keepalives(true);
         config.keepalives_idle(Duration::from_secs(30));
-        let statement_timeout = format!("-c statement_timeout={}", self.timeout.as_millis());
-        let options = match config.get_options() {
-            Some(o) if !o.is_empty() => format!("{o} {statement_timeout}"),
-            _ => statement_timeout,
-        };
-        config.options(&options);
+        if self.direct_connection {
+            let statement_timeout = format!("-c statement_timeout={}", self.timeout.as_millis());
+            let options = match config.get_options() {
+                Some(o) if !o.is_empty() => format!("{o} {statement_timeout}"),
+                _ => statement_timeout,
+            };
+            config.options(&options);
+        }
         let manager = Manager::from_config(
             config,
             tls,
@@ -127,6 +155,7 @@ impl PostgresStoreBuilder {
         Ok(PostgresStore {
             pool,
             sql: Arc::new(Statements::new(schema, self.relaxed_completions)),
+            named_statements: self.direct_connection,
             // A little over the server's statement_timeout, so that the server
             // usually reports the timeout itself.
             timeout: self.timeout + Duration::from_millis(500),

@@ -1,5 +1,7 @@
 //! The shipped schema migrations and how they are applied.
 
+use tokio_postgres::types::Type;
+
 use super::PostgresStore;
 use crate::store::StoreError;
 
@@ -49,7 +51,10 @@ impl PostgresStore {
         let schema = self.sql.schema.clone();
         let out = tokio::time::timeout(self.timeout * 4, async {
             let tx = client.transaction().await?;
-            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&lock_id(&schema)])
+            // Unnamed statements (`*_typed`), as every statement of the
+            // store: nothing outlives the transaction, behind a pooler too.
+            let lock = lock_id(&schema);
+            tx.execute_typed("SELECT pg_advisory_xact_lock($1)", &[(&lock, Type::INT8)])
                 .await?;
             tx.batch_execute(&format!(
                 "CREATE SCHEMA IF NOT EXISTS {schema}; \
@@ -59,7 +64,7 @@ impl PostgresStore {
             ))
             .await?;
             let applied: Vec<i32> = tx
-                .query(
+                .query_typed(
                     &format!("SELECT version FROM {schema}.idem_migrations"),
                     &[],
                 )
@@ -72,9 +77,9 @@ impl PostgresStore {
                     continue;
                 }
                 tx.batch_execute(&sql.replace("{schema}", &schema)).await?;
-                tx.execute(
+                tx.execute_typed(
                     &format!("INSERT INTO {schema}.idem_migrations (version) VALUES ($1)"),
-                    &[version],
+                    &[(version, Type::INT4)],
                 )
                 .await?;
             }

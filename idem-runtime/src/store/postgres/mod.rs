@@ -20,10 +20,12 @@ use crate::store::{
 };
 
 mod builder;
+mod exec;
 mod migrate;
 mod statements;
 
 pub use builder::PostgresStoreBuilder;
+use exec::{Db, Param};
 use statements::Statements;
 
 /// Records in a PostgreSQL database, for several server replicas.
@@ -63,6 +65,8 @@ pub struct PostgresStore {
     pool: Pool,
     sql: Arc<Statements>,
     timeout: Duration,
+    /// Named, cached statements ([`PostgresStoreBuilder::direct_connection`]).
+    named_statements: bool,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -120,10 +124,12 @@ impl PostgresStore {
     /// Runs `work` on a pooled connection within the timeout.
     async fn with<T, F>(&self, work: F) -> Result<T, StoreError>
     where
-        F: AsyncFnOnce(&Object, &Statements) -> Result<T, CallError>,
+        F: AsyncFnOnce(&Db<'_>, &Statements) -> Result<T, CallError>,
     {
         let client = self.client().await?;
-        let out = tokio::time::timeout(self.timeout, work(&client, &self.sql)).await;
+        let db = Db::new(&client, self.named_statements);
+        let out = tokio::time::timeout(self.timeout, work(&db, &self.sql)).await;
+        drop(db);
         match out {
             Ok(Err(CallError::Store(e))) => Err(e),
             Ok(Err(CallError::Pg(e))) => self.settle(client, Ok(Err(e))),
@@ -249,12 +255,11 @@ fn corrupt(e: tokio_postgres::Error) -> StoreError {
 /// The owner, state and last change of the record with this key, if any:
 /// why a fenced change touched no row.
 async fn found(
-    client: &Object,
+    db: &Db<'_>,
     sql: &Statements,
     key: &[u8],
 ) -> Result<Option<(Attempt, RecordStateKind, SystemTime)>, CallError> {
-    let stmt = client.prepare_cached(&sql.refusal).await?;
-    let Some(row) = client.query_opt(&stmt, &[&key]).await? else {
+    let Some(row) = db.query_opt(&sql.refusal, &[&key]).await? else {
         return Ok(None);
     };
     let state = row.get::<_, i16>(1);
@@ -270,12 +275,12 @@ async fn found(
 /// Why a fenced change touched no row: the attempt lost the record (or it is
 /// gone), or the record is in a state that refuses the change.
 async fn refusal(
-    client: &Object,
+    db: &Db<'_>,
     sql: &Statements,
     key: &[u8],
     attempt: Attempt,
 ) -> Result<StoreError, CallError> {
-    Ok(match found(client, sql, key).await? {
+    Ok(match found(db, sql, key).await? {
         Some((owner, found, _)) if owner == attempt => StoreError::WrongState { found },
         _ => StoreError::Fenced,
     })
@@ -283,18 +288,17 @@ async fn refusal(
 
 /// A fenced change: `sql` must change exactly one row or it is refused.
 async fn fenced(
-    client: &Object,
+    db: &Db<'_>,
     sql: &Statements,
     stmt: &str,
     key: &[u8],
     attempt: Attempt,
-    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    params: &[&dyn Param],
 ) -> Result<(), CallError> {
-    let stmt = client.prepare_cached(stmt).await?;
-    if client.execute(&stmt, params).await? == 1 {
+    if db.execute(stmt, params).await? == 1 {
         Ok(())
     } else {
-        Err(refusal(client, sql, key, attempt).await?.into())
+        Err(refusal(db, sql, key, attempt).await?.into())
     }
 }
 
@@ -333,18 +337,16 @@ fn row_to_job(row: &Row) -> Result<Job, StoreError> {
 /// tenant, reference, name, attempt, then `rest`. `Fenced` when no row
 /// changed: another lease holds the job, or it is gone.
 async fn fenced_job(
-    client: &Object,
+    db: &Db<'_>,
     stmt: &str,
     id: &JobId,
     attempt: Attempt,
-    rest: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    rest: &[&dyn Param],
 ) -> Result<(), CallError> {
     let (reference, attempt) = (id.reference.as_bytes(), attempt.get() as i64);
-    let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
-        vec![&id.tenant, &reference, &id.name, &attempt];
+    let mut params: Vec<&dyn Param> = vec![&id.tenant, &reference, &id.name, &attempt];
     params.extend_from_slice(rest);
-    let stmt = client.prepare_cached(stmt).await?;
-    match client.execute(&stmt, &params).await? {
+    match db.execute(stmt, &params).await? {
         0 => Err(StoreError::Fenced.into()),
         _ => Ok(()),
     }
@@ -363,19 +365,18 @@ fn job_columns(jobs: &[FollowOn]) -> (Vec<&str>, Vec<&[u8]>) {
 /// [`fenced`] refuses when the record did not change, and then no job was
 /// written either.
 async fn with_jobs(
-    client: &Object,
+    db: &Db<'_>,
     sql: &Statements,
     stmt: &str,
     key: &[u8],
     attempt: Attempt,
-    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    params: &[&dyn Param],
 ) -> Result<(), CallError> {
-    let stmt = client.prepare_cached(stmt).await?;
-    let changed: i64 = client.query_one(&stmt, params).await?.try_get(0)?;
+    let changed: i64 = db.query_one(stmt, params).await?.try_get(0)?;
     if changed == 1 {
         Ok(())
     } else {
-        Err(refusal(client, sql, key, attempt).await?.into())
+        Err(refusal(db, sql, key, attempt).await?.into())
     }
 }
 
@@ -399,10 +400,12 @@ impl IdempotencyStore for PostgresStore {
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
         let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
         let state = filter.state.map(|s| s.code());
-        self.with(async |client, sql| {
-            let stmt = client.prepare_cached(&sql.filtered).await?;
-            let rows = client
-                .query(&stmt, &[&state, &filter.tenant, &filter.tool, &limit])
+        self.with(async |db, sql| {
+            let rows = db
+                .query(
+                    &sql.filtered,
+                    &[&state, &filter.tenant, &filter.tool, &limit],
+                )
                 .await?;
             Ok(rows
                 .iter()
@@ -413,9 +416,8 @@ impl IdempotencyStore for PostgresStore {
     }
 
     async fn count_records(&self) -> Result<StateCounts, StoreError> {
-        self.with(async |client, sql| {
-            let stmt = client.prepare_cached(&sql.counted).await?;
-            let rows = client.query(&stmt, &[]).await?;
+        self.with(async |db, sql| {
+            let rows = db.query(&sql.counted, &[]).await?;
             let pairs = rows
                 .iter()
                 .map(|r| Ok((i64::from(r.try_get::<_, i16>(0)?), r.try_get::<_, i64>(1)?)))
@@ -426,9 +428,8 @@ impl IdempotencyStore for PostgresStore {
     }
 
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
-        self.with(async |client, sql| {
+        self.with(async |db, sql| {
             let key = &req.key.as_bytes()[..];
-            let claim = client.prepare_cached(&sql.claim).await?;
             let (attempt, lease, window) = (
                 req.attempt.get() as i64,
                 micros(req.lease),
@@ -439,7 +440,7 @@ impl IdempotencyStore for PostgresStore {
                 tag_to_column(&req.reference),
             );
             let fingerprint = &req.key.fingerprint()[..];
-            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 9] = [
+            let params: [&dyn Param; 9] = [
                 &key,
                 &fingerprint,
                 &req.tenant,
@@ -456,7 +457,7 @@ impl IdempotencyStore for PostgresStore {
                 Ok(Claim::Claimed { reference })
             };
             for _ in 0..CLAIM_ROUNDS {
-                if let Some(row) = client.query_opt(&claim, &params).await? {
+                if let Some(row) = db.query_opt(&sql.claim, &params).await? {
                     return claimed_as(row);
                 }
                 #[cfg(feature = "conformance")]
@@ -464,8 +465,7 @@ impl IdempotencyStore for PostgresStore {
                     crate::store::conformance::PausePoint::PostgresClaimRead,
                 )
                 .await;
-                let read = client.prepare_cached(&sql.read).await?;
-                let Some(row) = client.query_opt(&read, &[&key]).await? else {
+                let Some(row) = db.query_opt(&sql.read, &[&key]).await? else {
                     continue;
                 };
                 let record = row_to_record(&row)?;
@@ -479,12 +479,10 @@ impl IdempotencyStore for PostgresStore {
                 // (Record::outlives_takeover), or its window ended since.
                 // Take over the record read, keeping it if it must be; if it
                 // changed meanwhile, start over.
-                let take_over = client.prepare_cached(&sql.take_over).await?;
                 let read_attempt = record.attempt.get() as i64;
-                let mut with_read: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
-                    params.to_vec();
+                let mut with_read: Vec<&dyn Param> = params.to_vec();
                 with_read.push(&read_attempt);
-                if let Some(row) = client.query_opt(&take_over, &with_read).await? {
+                if let Some(row) = db.query_opt(&sql.take_over, &with_read).await? {
                     return claimed_as(row);
                 }
             }
@@ -503,9 +501,9 @@ impl IdempotencyStore for PostgresStore {
         response: &str,
     ) -> Result<(), StoreError> {
         let key = &key.as_bytes()[..];
-        self.with(async |client, sql| {
+        self.with(async |db, sql| {
             fenced(
-                client,
+                db,
                 sql,
                 &sql.complete,
                 key,
@@ -519,9 +517,9 @@ impl IdempotencyStore for PostgresStore {
 
     async fn release(&self, key: &IdempotencyKey, attempt: Attempt) -> Result<(), StoreError> {
         let key = &key.as_bytes()[..];
-        self.with(async |client, sql| {
+        self.with(async |db, sql| {
             fenced(
-                client,
+                db,
                 sql,
                 &sql.release,
                 key,
@@ -540,9 +538,9 @@ impl IdempotencyStore for PostgresStore {
         note: &str,
     ) -> Result<(), StoreError> {
         let key = &key.as_bytes()[..];
-        self.with(async |client, sql| {
+        self.with(async |db, sql| {
             fenced(
-                client,
+                db,
                 sql,
                 &sql.mark_unknown,
                 key,
@@ -561,14 +559,12 @@ impl IdempotencyStore for PostgresStore {
         note: &str,
     ) -> Result<bool, StoreError> {
         let key = &key.as_bytes()[..];
-        self.with(async |client, sql| {
-            let stmt = client.prepare_cached(&sql.mark_lapsed).await?;
-            let params: &[&(dyn tokio_postgres::types::ToSql + Sync)] =
-                &[&key, &(attempt.get() as i64), &note.as_bytes()];
-            if client.execute(&stmt, params).await? == 1 {
+        self.with(async |db, sql| {
+            let params: &[&dyn Param] = &[&key, &(attempt.get() as i64), &note.as_bytes()];
+            if db.execute(&sql.mark_lapsed, params).await? == 1 {
                 return Ok(true);
             }
-            match refusal(client, sql, key, attempt).await? {
+            match refusal(db, sql, key, attempt).await? {
                 // Still ours and IN_PROGRESS: the lease is live again.
                 StoreError::WrongState {
                     found: RecordStateKind::InProgress,
@@ -589,25 +585,25 @@ impl IdempotencyStore for PostgresStore {
         let key = &key.as_bytes()[..];
         let note = note.map(str::as_bytes);
         let a = attempt.get() as i64;
-        self.with(async |client, sql| {
+        self.with(async |db, sql| {
             let (changed, settle) = match resolution {
                 Resolution::Completed { response } => {
-                    let stmt = client.prepare_cached(&sql.resolve_completed).await?;
-                    let params: &[&(dyn tokio_postgres::types::ToSql + Sync)] =
-                        &[&key, &a, &response.as_bytes(), &note];
-                    (client.execute(&stmt, params).await?, None)
+                    let params: &[&dyn Param] = &[&key, &a, &response.as_bytes(), &note];
+                    (db.execute(&sql.resolve_completed, params).await?, None)
                 }
                 Resolution::NotPerformed { note: body, settle } => {
-                    let stmt = client.prepare_cached(&sql.resolve_not_performed).await?;
-                    let params: &[&(dyn tokio_postgres::types::ToSql + Sync)] =
+                    let params: &[&dyn Param] =
                         &[&key, &a, &body.as_bytes(), &note, &micros(settle)];
-                    (client.execute(&stmt, params).await?, Some(settle))
+                    (
+                        db.execute(&sql.resolve_not_performed, params).await?,
+                        Some(settle),
+                    )
                 }
             };
             if changed == 1 {
                 return Ok(());
             }
-            match (found(client, sql, key).await?, settle) {
+            match (found(db, sql, key).await?, settle) {
                 (Some((owner, RecordStateKind::Unknown, updated_at)), Some(settle))
                     if owner == attempt =>
                 {
@@ -616,7 +612,7 @@ impl IdempotencyStore for PostgresStore {
                     }
                     .into())
                 }
-                _ => Err(refusal(client, sql, key, attempt).await?.into()),
+                _ => Err(refusal(db, sql, key, attempt).await?.into()),
             }
         })
         .await
@@ -649,10 +645,9 @@ impl IdempotencyStore for PostgresStore {
     ) -> Result<Option<Record>, StoreError> {
         let (lo, hi) = key_range(reference);
         let tag = tag_to_column(reference);
-        self.with(async |client, sql| {
-            let stmt = client.prepare_cached(&sql.lookup).await?;
-            match client
-                .query_opt(&stmt, &[&&lo[..], &&hi[..], &tenant, &tag])
+        self.with(async |db, sql| {
+            match db
+                .query_opt(&sql.lookup, &[&&lo[..], &&hi[..], &tenant, &tag])
                 .await?
             {
                 Some(row) => Ok(Some(row_to_record(&row)?)),
@@ -664,7 +659,7 @@ impl IdempotencyStore for PostgresStore {
 
     async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
         let batch = i64::try_from(batch).unwrap_or(i64::MAX);
-        self.with(async |client, sql| {
+        self.with(async |db, sql| {
             // The keys' current records, then the superseded operations,
             // then the delivered jobs (kept until their record's retention
             // ends), each with what is left of the batch.
@@ -674,8 +669,7 @@ impl IdempotencyStore for PostgresStore {
                 if left <= 0 {
                     break;
                 }
-                let stmt = client.prepare_cached(stmt).await?;
-                deleted += client.execute(&stmt, &[&left]).await?;
+                deleted += db.execute(stmt, &[&left]).await?;
             }
             Ok(deleted as usize)
         })
@@ -715,9 +709,9 @@ impl FollowOnStore for PostgresStore {
         }
         let (names, payloads) = job_columns(jobs);
         let key = &key.as_bytes()[..];
-        self.with(async |client, sql| {
+        self.with(async |db, sql| {
             with_jobs(
-                client,
+                db,
                 sql,
                 &sql.complete_with_jobs,
                 key,
@@ -751,9 +745,9 @@ impl FollowOnStore for PostgresStore {
         let (names, payloads) = job_columns(jobs);
         let key = &key.as_bytes()[..];
         let note = note.map(str::as_bytes);
-        self.with(async |client, sql| {
+        self.with(async |db, sql| {
             with_jobs(
-                client,
+                db,
                 sql,
                 &sql.resolve_with_jobs,
                 key,
@@ -784,11 +778,10 @@ impl FollowOnStore for PostgresStore {
         }
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let mut leased = self
-            .with(async |client, sql| {
-                let stmt = client.prepare_cached(&sql.lease_jobs).await?;
-                let rows = client
+            .with(async |db, sql| {
+                let rows = db
                     .query(
-                        &stmt,
+                        &sql.lease_jobs,
                         &[&(attempt.get() as i64), &micros(lease), &names, &limit],
                     )
                     .await?;
@@ -803,9 +796,9 @@ impl FollowOnStore for PostgresStore {
     async fn finish_job(&self, id: &JobId, attempt: Attempt) -> Result<(), StoreError> {
         let (lo, hi) = key_range(&id.reference);
         let tag = tag_to_column(&id.reference);
-        self.with(async |client, sql| {
-            let rest: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&&lo[..], &&hi[..], &tag];
-            fenced_job(client, &sql.finish_job, id, attempt, &rest).await
+        self.with(async |db, sql| {
+            let rest: [&dyn Param; 3] = [&&lo[..], &&hi[..], &tag];
+            fenced_job(db, &sql.finish_job, id, attempt, &rest).await
         })
         .await
     }
@@ -817,35 +810,25 @@ impl FollowOnStore for PostgresStore {
         delay: Duration,
         error: &str,
     ) -> Result<(), StoreError> {
-        self.with(async |client, sql| {
-            fenced_job(
-                client,
-                &sql.retry_job,
-                id,
-                attempt,
-                &[&micros(delay), &error],
-            )
-            .await
+        self.with(async |db, sql| {
+            fenced_job(db, &sql.retry_job, id, attempt, &[&micros(delay), &error]).await
         })
         .await
     }
 
     async fn bury_job(&self, id: &JobId, attempt: Attempt, error: &str) -> Result<(), StoreError> {
-        self.with(async |client, sql| {
-            fenced_job(client, &sql.bury_job, id, attempt, &[&error]).await
-        })
-        .await
+        self.with(async |db, sql| fenced_job(db, &sql.bury_job, id, attempt, &[&error]).await)
+            .await
     }
 
     async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
         let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
         let reference = filter.reference.map(|r| r.as_bytes().to_vec());
         let states = filter.state_mask().map(i64::from);
-        self.with(async |client, sql| {
-            let stmt = client.prepare_cached(&sql.jobs_filtered).await?;
-            let rows = client
+        self.with(async |db, sql| {
+            let rows = db
                 .query(
-                    &stmt,
+                    &sql.jobs_filtered,
                     &[&filter.tenant, &reference, &filter.name, &states, &limit],
                 )
                 .await?;
@@ -856,10 +839,9 @@ impl FollowOnStore for PostgresStore {
 
     async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
         let reference = id.reference.as_bytes();
-        self.with(async |client, sql| {
-            let stmt = client.prepare_cached(&sql.redrive_job).await?;
-            let changed = client
-                .execute(&stmt, &[&id.tenant, &reference, &id.name])
+        self.with(async |db, sql| {
+            let changed = db
+                .execute(&sql.redrive_job, &[&id.tenant, &reference, &id.name])
                 .await?;
             Ok(changed == 1)
         })
@@ -867,9 +849,8 @@ impl FollowOnStore for PostgresStore {
     }
 
     async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
-        self.with(async |client, sql| {
-            let stmt = client.prepare_cached(&sql.count_due_jobs).await?;
-            let rows = client.query(&stmt, &[]).await?;
+        self.with(async |db, sql| {
+            let rows = db.query(&sql.count_due_jobs, &[]).await?;
             let mut due = BTreeMap::new();
             for row in rows {
                 let (name, n): (String, i64) = (row.try_get(0)?, row.try_get(1)?);
@@ -892,9 +873,9 @@ impl PostgresStore {
         d: Duration,
     ) -> Result<(), StoreError> {
         let key = &key.as_bytes()[..];
-        self.with(async |client, sql| {
+        self.with(async |db, sql| {
             fenced(
-                client,
+                db,
                 sql,
                 which(sql),
                 key,
@@ -912,9 +893,8 @@ impl PostgresStore {
         limit: usize,
     ) -> Result<Vec<Record>, StoreError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        self.with(async |client, sql| {
-            let stmt = client.prepare_cached(which(sql)).await?;
-            let rows = client.query(&stmt, &[&limit]).await?;
+        self.with(async |db, sql| {
+            let rows = db.query(which(sql), &[&limit]).await?;
             Ok(rows
                 .iter()
                 .map(row_to_record)
