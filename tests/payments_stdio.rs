@@ -4,6 +4,8 @@
 //! The binary is the one `cargo test` builds with the examples
 //! (`target/debug/examples/payments`).
 
+mod durable;
+
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -330,4 +332,46 @@ async fn a_resolution_by_hand_with_the_cli_shows_in_the_status_tool() {
     );
     client.cancel().await.ok();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The payments example behind PgBouncer in transaction mode, with its
+/// tables in a schema of their own named in the URL (`?schema=`, which the
+/// library's `open_store` takes): 120 charges, 40 at a time, then each
+/// again. No error, one charge per operation at the stub processor, every
+/// repeat replayed. Needs `IDEM_TEST_PGBOUNCER_URL` (`scripts/pgbouncer`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_pgbouncer_120_charges_40_at_a_time_make_no_store_error() {
+    let Some(url) = durable::url_from(
+        "IDEM_TEST_PGBOUNCER_URL",
+        "postgres://postgres@127.0.0.1:6432/test",
+    ) else {
+        return;
+    };
+    let name = format!("t_{:016x}", idem_runtime::store::Attempt::random().get());
+    // Dropped at the end; the example migrates it again (a no-op).
+    let schema = durable::PgSchema::open(&url, &name).await;
+    let store = format!("{url}?schema={name}");
+    let client = start(&["--store", &store, "--processor-delay-ms", "20"]).await;
+    let client = std::sync::Arc::new(client);
+    for round in ["executed", "replayed"] {
+        let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(40));
+        let mut calls = Vec::new();
+        for card in 0..120 {
+            let (client, gate) = (client.clone(), gate.clone());
+            calls.push(tokio::spawn(async move {
+                let _permit = gate.acquire_owned().await.unwrap();
+                let args = json!({ "card": format!("4{card:03}"), "amount_cents": 500 });
+                call(&client, "charge_card", args).await
+            }));
+        }
+        for call in calls {
+            let result = call.await.unwrap();
+            assert_eq!(result.is_error, Some(false), "{round}: {result:?}");
+            assert_eq!(operation(&result)["state"], json!(round), "{result:?}");
+        }
+    }
+    let ledger = ledger(&client).await;
+    assert_eq!(ledger["processor_charges"], json!(120), "{ledger}");
+    assert_eq!(ledger["processor_requests"], json!(120), "{ledger}");
+    drop(schema);
 }

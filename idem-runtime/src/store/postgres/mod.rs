@@ -181,6 +181,15 @@ fn describe(e: &tokio_postgres::Error, schema: &str) -> String {
             db.message(),
             db.code().code()
         ),
+        // A named statement that lives on another server connection: a
+        // transaction pooler between.
+        Some(db) if ["26000", "42P05"].contains(&db.code().code()) => format!(
+            "{} ({}); is a transaction pooler (PgBouncer) between? Leave \
+             PostgresStoreBuilder::direct_connection off (and direct=true out of the store \
+             URL) there",
+            db.message(),
+            db.code().code()
+        ),
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
         None => match std::error::Error::source(e) {
             Some(cause) => format!("{e}: {cause}"),
