@@ -238,7 +238,9 @@ impl Cluster {
             let replica_store = if server_port == 0 {
                 sqlite.clone()
             } else {
-                let proxy = Proxy::start(server_port).await;
+                // PostgreSQL through PgBouncer (transaction mode); the proxy
+                // the nemesis cuts sits between the replica and the pooler.
+                let proxy = Proxy::start(cluster.server.client_port(server_port)).await;
                 let url = cluster.server.url(proxy.port);
                 cluster.store_proxies.push(proxy);
                 url

@@ -77,9 +77,21 @@ pub async fn run(
                 c.replicas[r].kill().await;
                 drop(c);
                 sleep_ms(300 + rng.below(1700)).await;
-                let mut c = cluster.lock().await;
-                if let Err(e) = c.replicas[r].restart().await {
-                    eprintln!("chaos: replica {r} did not come back: {e}");
+                // As a supervisor does: a replica that cannot open its
+                // store at start (a cut or a pooler restart in progress)
+                // exits, and is started again.
+                for attempt in 1..=5 {
+                    let mut c = cluster.lock().await;
+                    match c.replicas[r].restart().await {
+                        Ok(()) => break,
+                        Err(e) if attempt == 5 => {
+                            eprintln!("chaos: replica {r} did not come back: {e}")
+                        }
+                        Err(_) => {
+                            drop(c);
+                            sleep_ms(1000).await;
+                        }
+                    }
                 }
                 "kill_replica".to_owned()
             }
@@ -113,6 +125,20 @@ pub async fn run(
                 drop(c);
                 format!("store_{}", turn(&proxy, &mut rng).await)
             }
+            // On PostgreSQL, every other server restart is PgBouncer's.
+            _ if rng.below(2) == 0 => match c.server.crash_restart_pooler().await {
+                Ok(true) => "restart_pgbouncer".to_owned(),
+                Ok(false) => {
+                    if let Err(e) = c.server.crash_restart().await {
+                        eprintln!("chaos: the store server did not come back: {e}");
+                    }
+                    "restart_store_server".to_owned()
+                }
+                Err(e) => {
+                    eprintln!("chaos: PgBouncer did not come back: {e}");
+                    "restart_pgbouncer".to_owned()
+                }
+            },
             _ => {
                 if let Err(e) = c.server.crash_restart().await {
                     eprintln!("chaos: the store server did not come back: {e}");

@@ -199,6 +199,10 @@ pub enum StoreServer {
         log: PathBuf,
         /// `runuser -u postgres --` when running as root.
         as_postgres: bool,
+        /// PgBouncer's port, in transaction mode in front of the server
+        /// (`scripts/pgbouncer`): the replicas reach the database through
+        /// it, as a team with several replicas does.
+        pooler: u16,
     },
     /// `redis-server` with an append-only file synced at every write, so a
     /// kill -9 loses nothing acknowledged.
@@ -233,6 +237,7 @@ impl StoreServer {
             port,
             log,
             as_postgres,
+            pooler: free_port(),
         };
         server
             .pg(&[
@@ -246,7 +251,57 @@ impl StoreServer {
             ])
             .await?;
         server.start().await?;
+        server.pgbouncer("start").await?;
         Ok(server)
+    }
+
+    /// `scripts/pgbouncer ACTION` for this server's pooler.
+    async fn pgbouncer(&self, action: &str) -> Result<(), String> {
+        let StoreServer::Postgres {
+            port, pooler, log, ..
+        } = self
+        else {
+            return Ok(());
+        };
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/pgbouncer");
+        let out = Command::new(&script)
+            .arg(action)
+            .env("IDEM_PGBOUNCER_PORT", pooler.to_string())
+            .env("IDEM_PGBOUNCER_UPSTREAM", format!("127.0.0.1:{port}"))
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .map_err(|e| format!("{}: {e}", script.display()))?;
+        let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.push_str(&String::from_utf8_lossy(&out.stderr));
+        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(log) {
+            use std::io::Write;
+            let _ = f.write_all(text.as_bytes());
+        }
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!("scripts/pgbouncer {action}: {text}"))
+        }
+    }
+
+    /// The port the replicas' store traffic goes to: PgBouncer's in front
+    /// of PostgreSQL, Redis' own.
+    pub fn client_port(&self, server_port: u16) -> u16 {
+        match self {
+            StoreServer::Postgres { pooler, .. } => *pooler,
+            _ => server_port,
+        }
+    }
+
+    /// PgBouncer killed (-9) and started again: every client connection
+    /// through it breaks, and the transactions in flight end without an
+    /// answer. `Ok(false)` for a store without a pooler.
+    pub async fn crash_restart_pooler(&mut self) -> Result<bool, String> {
+        if !matches!(self, StoreServer::Postgres { .. }) {
+            return Ok(false);
+        }
+        self.pgbouncer("restart").await.map(|()| true)
     }
 
     /// A Redis server in `dir`, serving on `port`.
@@ -382,6 +437,7 @@ impl StoreServer {
         match self {
             StoreServer::None => {}
             StoreServer::Postgres { .. } => {
+                let _ = self.pgbouncer("stop").await;
                 let _ = self
                     .pg(&["pg_ctl", "-D", "{data}", "-m", "fast", "-w", "stop"])
                     .await;
