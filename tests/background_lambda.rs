@@ -12,6 +12,7 @@ use idem_runtime::{
     Answer, Caller, Executor, IdempotencyStore, MemoryStore, Operation, Recording, ScopeSpec,
     ToolError,
 };
+use tracing_subscriber::util::SubscriberInitExt;
 
 /// What the tracing subscriber wrote.
 #[derive(Clone, Default)]
@@ -31,12 +32,11 @@ impl Write for Captured {
 async fn under_lambda_completions_are_written_before_the_answer() {
     let logs = Captured::default();
     let writer = logs.clone();
-    let _guard = tracing::subscriber::set_default(
-        tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .finish(),
-    );
+    let _guard = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish()
+        .set_default();
     // What Lambda sets for every runtime (the runtime API's address).
     std::env::set_var("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9001");
 

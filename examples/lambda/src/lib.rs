@@ -30,8 +30,8 @@ use std::time::Duration;
 use idem_runtime::maintenance::{Maintenance, MaintenanceConfig, RoundReport};
 use idem_runtime::outbox::{DispatchReport, JobHandlers, Outbox, OutboxConfig};
 use idem_runtime::{
-    current_reference, follow_on, idempotent, Caller, Executor, IdempotencyStore,
-    IdempotentServer, ToolError,
+    current_reference, follow_on, idempotent, Caller, Executor, IdempotencyStore, IdempotentServer,
+    ToolError,
 };
 use lambda_http::request::RequestContext;
 use lambda_http::{Body, IntoResponse, Request, RequestExt, Response};
@@ -160,9 +160,11 @@ pub fn caller_from(request: &Request, claims: &CallerClaims) -> Result<Caller, S
         return Err("the request did not come through API Gateway's HTTP API".to_owned());
     };
     let Some(authorizer) = &context.authorizer else {
-        return Err("API Gateway passed no authorizer: attach a JWT or Lambda authorizer to the \
+        return Err(
+            "API Gateway passed no authorizer: attach a JWT or Lambda authorizer to the \
                     /mcp route"
-            .to_owned());
+                .to_owned(),
+        );
     };
     let claim = |name: &str| -> Option<String> {
         let from_jwt = authorizer

@@ -17,8 +17,8 @@
 use std::sync::Arc;
 
 use idem_lambda_example::{
-    mcp_service, outbox_config, BoxFuture, CallerClaims, ChargeArgs, Payments, Processor,
-    Receipt, Upkeep,
+    mcp_service, outbox_config, BoxFuture, CallerClaims, ChargeArgs, Payments, Processor, Receipt,
+    Upkeep,
 };
 use idem_runtime::maintenance::MaintenanceConfig;
 use idem_runtime::outbox::{job_fn, JobHandlers};
@@ -76,12 +76,7 @@ async fn main() -> Result<(), Error> {
                     Ok(())
                 }),
             );
-            let upkeep = Upkeep::new(
-                store,
-                MaintenanceConfig::default(),
-                mailer,
-                outbox_config(),
-            )?;
+            let upkeep = Upkeep::new(store, MaintenanceConfig::default(), mailer, outbox_config())?;
             let upkeep = &upkeep;
             lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
                 let report = upkeep.handle(&event.payload).await?;

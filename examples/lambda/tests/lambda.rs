@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_lambda_example::{
-    mcp_service, outbox_config, BoxFuture, CallerClaims, ChargeArgs, Payments, Processor,
-    Receipt, Upkeep,
+    mcp_service, outbox_config, BoxFuture, CallerClaims, ChargeArgs, Payments, Processor, Receipt,
+    Upkeep,
 };
 use idem_runtime::maintenance::MaintenanceConfig;
 use idem_runtime::outbox::{job_fn, JobHandlers};
@@ -311,10 +311,7 @@ async fn the_functions_charge_once_replay_and_keep_up_on_dynamodb() {
 
     // The next schedule finds nothing more to do.
     let report = upkeep.handle(&scheduled_event()).await.unwrap();
-    assert_eq!(
-        (report.maintenance.swept, report.outbox.delivered),
-        (0, 0)
-    );
+    assert_eq!((report.maintenance.swept, report.outbox.delivered), (0, 0));
     assert_eq!(mailed.lock().unwrap().len(), 1);
 
     // Any other event is refused by the upkeep function.
