@@ -5,6 +5,7 @@
 //! One job, over 700 lines: the command line's cases, one function each.
 
 mod durable;
+mod dynamodb_emulator;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -1123,4 +1124,217 @@ async fn tables_escape_format_characters_in_tenants_and_tools() {
     let exact = idem(&url, &["--json", "show", &reference, "--tenant", &tenant]).await;
     assert_eq!(exact.json()["tool"], json!(req.tool));
     assert_eq!(exact.json()["tenant"], json!(tenant));
+}
+
+/// `show REF` finds the reference in whichever tenant holds it; asks for
+/// `--tenant` only when two tenants hold it, and says which.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn show_finds_a_reference_without_its_tenant() {
+    let dir = temp_dir("cli-show-anywhere");
+    let path = dir.join("idem.sqlite3");
+    let url = format!("sqlite:{}", path.display());
+    let store = SqliteStore::open(&path).await.unwrap();
+    let reqs = fill(&store).await;
+    let reference = reqs[1].reference.to_string();
+
+    let shown = idem(&url, &["--json", "show", &reference]).await;
+    assert_eq!(shown.code, EXIT_OK, "{shown:?}");
+    let shown = shown.json();
+    assert_eq!(shown["tenant"], json!(reqs[1].tenant), "{shown}");
+    assert_eq!(shown["state"], json!("UNKNOWN"), "{shown}");
+    let table = idem(&url, &["show", &reference]).await;
+    assert_eq!(table.code, EXIT_OK, "{table:?}");
+    assert!(table.out.contains(&reqs[1].tenant), "{}", table.out);
+
+    // Another tenant's record under the same reference (a reference is the
+    // key's first eight bytes and the operation's tag): ambiguous.
+    let mut bytes = *reqs[1].key.as_bytes();
+    bytes[31] ^= 0xff;
+    let key = idem_runtime::IdempotencyKey::from_parts(bytes, bytes);
+    let copy = ClaimRequest {
+        tenant: "globex".to_owned(),
+        key,
+        reference: idem_runtime::Reference::with_tag(&key, reqs[1].reference.tag()),
+        ..claim_request(Duration::from_secs(900))
+    };
+    assert_eq!(copy.reference, reqs[1].reference);
+    assert!(matches!(
+        store.claim(&copy).await.unwrap(),
+        Claim::Claimed { .. }
+    ));
+    let ambiguous = idem(&url, &["show", &reference]).await;
+    assert_eq!(ambiguous.code, EXIT_USAGE, "{ambiguous:?}");
+    assert!(
+        ambiguous.err.contains("2 tenants")
+            && ambiguous.err.contains("--tenant")
+            && ambiguous.err.contains("\"globex\"")
+            && ambiguous.err.contains(&format!("{:?}", reqs[1].tenant)),
+        "{}",
+        ambiguous.err
+    );
+    let chosen = idem(&url, &["--json", "show", &reference, "--tenant", "globex"]).await;
+    assert_eq!(chosen.code, EXIT_OK, "{chosen:?}");
+    assert_eq!(chosen.json()["state"], json!("IN_PROGRESS"));
+
+    // A reference nobody holds.
+    let nobody = claim_request(Duration::from_secs(900))
+        .reference
+        .to_string();
+    let missing = idem(&url, &["show", &nobody]).await;
+    assert_eq!(missing.code, EXIT_OPERATOR, "{missing:?}");
+    assert!(missing.err.contains("in any tenant"), "{}", missing.err);
+}
+
+/// A delivered job after a re-drive: its runs are said to count from the
+/// re-drive, and the failure that buried it is shown as past, never as
+/// the job's present trouble; a job delivered on a retry shows its earlier
+/// run's error as earlier.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_show_an_old_failure_as_old() {
+    let dir = temp_dir("cli-jobs-history");
+    let path = dir.join("idem.sqlite3");
+    let url = format!("sqlite:{}", path.display());
+    let store = SqliteStore::open(&path).await.unwrap();
+    let req = claim_request(Duration::from_secs(900));
+    assert!(matches!(
+        store.claim(&req).await.unwrap(),
+        Claim::Claimed { .. }
+    ));
+    let jobs = ["send_receipt", "notify_warehouse"].map(|name| {
+        idem_runtime::outbox::FollowOn::new(name, &json!({"to": "a@example.com"})).unwrap()
+    });
+    store
+        .complete_with_follow_ons(&req.key, req.attempt, "\"paid\"", &jobs)
+        .await
+        .unwrap();
+    let lease = |name: &'static str| {
+        let store = &store;
+        async move {
+            let token = idem_runtime::store::Attempt::random();
+            let leased = store
+                .lease_jobs(&[name], 1, Duration::from_secs(60), token)
+                .await
+                .unwrap();
+            assert_eq!(leased.len(), 1, "{name} is due");
+            (leased[0].id.clone(), token)
+        }
+    };
+    // send_receipt: buried, re-driven, delivered on its first run after.
+    let (id, token) = lease("send_receipt").await;
+    store
+        .bury_job(&id, token, "mailer bounced: no such address")
+        .await
+        .unwrap();
+    assert!(store.redrive_job(&id).await.unwrap());
+    let waiting = idem(&url, &["--json", "jobs", "--name", "send_receipt"])
+        .await
+        .json();
+    assert_eq!(waiting[0]["state"], json!("waiting"), "{waiting}");
+    assert_eq!(
+        waiting[0]["last_error_is_current"],
+        json!(false),
+        "{waiting}"
+    );
+    let (id, token) = lease("send_receipt").await;
+    store.finish_job(&id, token).await.unwrap();
+    // notify_warehouse: failed once, delivered on its retry.
+    let (id, token) = lease("notify_warehouse").await;
+    store
+        .retry_job(&id, token, Duration::ZERO, "warehouse timed out")
+        .await
+        .unwrap();
+    let (id, token) = lease("notify_warehouse").await;
+    store.finish_job(&id, token).await.unwrap();
+
+    let table = idem(&url, &["jobs", "--state", "delivered"]).await;
+    assert_eq!(table.code, EXIT_OK, "{table:?}");
+    let line = |name: &str| {
+        table
+            .out
+            .lines()
+            .find(|l| l.contains(name))
+            .unwrap_or_else(|| panic!("{name} is listed: {}", table.out))
+            .to_owned()
+    };
+    let receipt = line("send_receipt");
+    assert!(receipt.contains("1 since a re-drive"), "{receipt}");
+    assert!(
+        receipt.contains("before the re-drive: mailer bounced"),
+        "{receipt}"
+    );
+    let notice = line("notify_warehouse");
+    assert!(
+        notice.contains("an earlier run: warehouse timed out"),
+        "{notice}"
+    );
+    assert!(!notice.contains("re-drive"), "{notice}");
+
+    let listed = idem(&url, &["--json", "jobs", "--state", "delivered"])
+        .await
+        .json();
+    for job in listed.as_array().unwrap() {
+        assert_eq!(job["last_error_is_current"], json!(false), "{job}");
+        let redriven = job["name"] == json!("send_receipt");
+        assert_eq!(job["redriven"], json!(redriven), "{job}");
+    }
+    let shown = idem(&url, &["show", &req.reference.to_string()]).await;
+    assert_eq!(shown.code, EXIT_OK, "{shown:?}");
+    assert!(
+        shown.out.contains("before the re-drive: mailer bounced"),
+        "{}",
+        shown.out
+    );
+}
+
+/// `create-table` makes a DynamoDB table the store can use at once (on the
+/// emulator, `IDEM_TEST_DYNAMODB_ENDPOINT`); before it, the store is
+/// refused; other stores are told they need no such step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_table_makes_a_dynamodb_table() {
+    let not_dynamodb = idem("sqlite:/tmp/none.sqlite3", &["create-table"]).await;
+    assert_eq!(not_dynamodb.code, EXIT_USAGE, "{not_dynamodb:?}");
+    assert!(
+        not_dynamodb.err.contains("not a dynamodb:// URL"),
+        "{}",
+        not_dynamodb.err
+    );
+    let Some(endpoint) = dynamodb_emulator::endpoint() else {
+        return;
+    };
+    // The emulator takes any credentials.
+    for name in ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"] {
+        if std::env::var_os(name).is_none() {
+            std::env::set_var(name, "testing");
+        }
+    }
+    let table = dynamodb_emulator::fresh_table();
+    let url = format!("dynamodb://{table}?region=us-east-1&endpoint={endpoint}");
+
+    let before = idem(&url, &["stats"]).await;
+    assert_ne!(before.code, EXIT_OK, "no table yet: {before:?}");
+
+    let made = idem(&url, &["create-table"]).await;
+    assert_eq!(made.code, EXIT_OK, "{made:?}");
+    assert!(made.out.contains(&table), "{}", made.out);
+    let again = idem(&url, &["--json", "create-table"]).await;
+    assert_eq!(again.code, EXIT_OK, "an existing table is kept: {again:?}");
+    assert_eq!(again.json()["table"], json!(table));
+
+    let stats = idem(&url, &["--json", "stats"]).await;
+    assert_eq!(stats.code, EXIT_OK, "{stats:?}");
+    assert_eq!(stats.json()["total"], json!(0));
+    // The store works on it: a claim, seen by the command line.
+    let store = idem_runtime::DynamoDbStore::from_url(&url)
+        .unwrap()
+        .build()
+        .unwrap();
+    let req = claim_request(Duration::from_secs(900));
+    assert!(matches!(
+        store.claim(&req).await.unwrap(),
+        Claim::Claimed { .. }
+    ));
+    let shown = idem(&url, &["--json", "show", &req.reference.to_string()]).await;
+    assert_eq!(shown.code, EXIT_OK, "{shown:?}");
+    assert_eq!(shown.json()["tenant"], json!(req.tenant));
+    let _ = store.delete_table().await;
 }

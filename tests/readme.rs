@@ -339,3 +339,34 @@ async fn the_readme_http_server_works_over_http() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The README's list of examples names every one in examples/, and nothing
+/// that is not there.
+#[test]
+fn the_readme_lists_every_example() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let mut present: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    present.sort();
+    for name in &present {
+        assert!(
+            README.contains(&format!("[`examples/{name}`]")),
+            "README.md's list of examples lacks examples/{name}"
+        );
+    }
+    let listed: Vec<&str> = README
+        .match_indices("[`examples/")
+        .map(|(at, _)| {
+            let rest = &README[at + "[`examples/".len()..];
+            rest[..rest.find('`').unwrap()].trim_end_matches('/')
+        })
+        .collect();
+    for name in listed {
+        assert!(
+            present.iter().any(|p| p == name),
+            "README.md names examples/{name}, which does not exist"
+        );
+    }
+}

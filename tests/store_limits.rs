@@ -141,6 +141,12 @@ impl<S: FollowOnStore> IdempotencyStore for Limited<S> {
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
         self.inner.list_records(filter).await
     }
+    async fn find_by_reference(
+        &self,
+        reference: &idem_runtime::Reference,
+    ) -> Result<Vec<Record>, StoreError> {
+        self.inner.find_by_reference(reference).await
+    }
     async fn count_records(&self) -> Result<StateCounts, StoreError> {
         self.inner.count_records().await
     }

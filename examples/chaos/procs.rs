@@ -274,7 +274,11 @@ impl StoreServer {
             .map_err(|e| format!("{}: {e}", script.display()))?;
         let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
         text.push_str(&String::from_utf8_lossy(&out.stderr));
-        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(log) {
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+        {
             use std::io::Write;
             let _ = f.write_all(text.as_bytes());
         }

@@ -6,17 +6,21 @@
 //!
 //! ```text
 //! idem --store URL [--schema NAME] list [--state unknown|in_progress|completed|not_performed] [--tenant T] [--tool X] [--limit N]
-//! idem --store URL show REF --tenant T [--response]     (the record and its jobs)
+//! idem --store URL show REF [--tenant T] [--response]   (the record and its jobs)
 //! idem --store URL resolve REF --tenant T (--completed VALUE_JSON | --completed-result RESULT_JSON | --not-performed) [--follow-on NAME=JSON]... --note "who and why"
 //! idem --store URL purge
 //! idem --store URL stats
 //! idem --store URL jobs [--state waiting|running|dead|delivered | --dead] [--tenant T] [--reference REF] [--name N] [--limit N]
 //! idem --store URL redrive REF NAME --tenant T
+//! idem --store dynamodb://TABLE?region=R create-table   (DynamoDB: the table, its indexes, TTL)
 //! ```
 //!
 //! `URL` is what [`open_store`] takes (`sqlite:PATH`, `postgres://…`,
-//! `redis://…`); a SQLite file must exist, and PostgreSQL must have been
-//! migrated by the server. A PostgreSQL store in a schema other than
+//! `redis://…`, and `dynamodb://TABLE?region=…` when built with the
+//! `dynamodb` feature); a SQLite file must exist, PostgreSQL must have been
+//! migrated by the server, and a DynamoDB table must exist (`create-table`
+//! makes it). `show` finds a reference in whichever tenant holds it;
+//! `--tenant` is needed only when two tenants hold one (it says so). A PostgreSQL store in a schema other than
 //! `public` (`PostgresStore::builder(url)?.schema("nc2")`) is read with
 //! `--schema nc2` (or `?schema=nc2` on the URL). Output is an aligned table, or JSON with
 //! `--json`. A table shows control characters and invisible ones escaped
@@ -74,7 +78,8 @@ pub const EXIT_UNREACHABLE: u8 = 3;
                   configuration, 3 store unreachable or not migrated."
 )]
 struct Args {
-    /// The store: sqlite:PATH, postgres://USER@HOST/DB or redis://HOST:PORT.
+    /// The store: sqlite:PATH, postgres://USER@HOST/DB, redis://HOST:PORT or
+    /// dynamodb://TABLE?region=REGION (with the `dynamodb` feature).
     #[arg(long, value_name = "URL")]
     store: String,
     /// PostgreSQL: the schema that holds the store's tables, the one the
@@ -112,9 +117,10 @@ enum Command {
     Show {
         /// The operation's reference (`idem_` and 32 hex digits, as the tool's answer gives it; the `idem_` may be left out).
         reference: String,
-        /// The caller's tenant.
+        /// The caller's tenant: needed only when two tenants hold the
+        /// reference (the command says so); otherwise it is found.
         #[arg(long)]
-        tenant: String,
+        tenant: Option<String>,
         /// Print the stored response too (it may hold personal data).
         #[arg(long)]
         response: bool,
@@ -189,6 +195,11 @@ enum Command {
         #[arg(long, default_value_t = 50)]
         limit: usize,
     },
+    /// DynamoDB: create the table the store needs (its indexes, on-demand
+    /// billing, TTL on), and wait until it is active; a table that exists is
+    /// left as it is. Other stores need no such step: SQLite creates its
+    /// file, and a PostgreSQL server migrates its database (`migrate()`).
+    CreateTable,
     /// Take a job out of the dead letter: it runs again from its first attempt.
     Redrive {
         /// The operation's reference (`idem_` and 32 hex digits, as the tool's answer gives it; the `idem_` may be left out).
@@ -373,6 +384,9 @@ fn parse_reference(text: &str) -> Result<Reference, Failure> {
 }
 
 async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
+    if let Command::CreateTable = args.command {
+        return create_table(&args.store, args.json, out).await;
+    }
     let store = open(&args.store, args.schema.as_deref()).await?;
     let store = &*store;
     let text = match args.command {
@@ -418,14 +432,19 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
             response,
         } => {
             let reference = parse_reference(&reference)?;
-            let record = store.lookup(&tenant, &reference).await?.ok_or_else(|| {
-                Failure(
-                    EXIT_OPERATOR,
-                    format!(
-                        "no operation with reference {reference} in tenant {tenant:?}; check both"
-                    ),
-                )
-            })?;
+            let record = match tenant {
+                Some(tenant) => store.lookup(&tenant, &reference).await?.ok_or_else(|| {
+                    Failure(
+                        EXIT_OPERATOR,
+                        format!(
+                            "no operation with reference {reference} in tenant {tenant:?}; check \
+                             both (without --tenant, every tenant is searched)"
+                        ),
+                    )
+                })?,
+                None => find_anywhere(store, &reference).await?,
+            };
+            let tenant = record.tenant.clone();
             // The operation's follow-on jobs: waiting, running, dead or
             // delivered (kept as long as the record).
             let jobs = match store.follow_ons() {
@@ -474,9 +493,9 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
                         vec![
                             j.id.name.clone(),
                             j.state().as_str().to_owned(),
-                            j.runs.to_string(),
+                            job_runs(j),
                             job_when(j),
-                            j.last_error.clone().unwrap_or_default(),
+                            job_error(j),
                         ]
                     }));
                     text.push_str(&table(&rows));
@@ -615,14 +634,15 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
                         j.id.name.clone(),
                         j.id.tenant.clone(),
                         j.state().as_str().to_owned(),
-                        j.runs.to_string(),
+                        job_runs(j),
                         job_when(j),
-                        j.last_error.clone().unwrap_or_default(),
+                        job_error(j),
                     ]
                 }));
                 table(&rows)
             }
         }
+        Command::CreateTable => unreachable!("answered before the store is opened"),
         Command::Redrive {
             reference,
             name,
@@ -769,8 +789,116 @@ fn record_json(r: &Record, response: bool) -> Value {
     value
 }
 
-/// A job as JSON, its payload included (a job's payload is what its handler
-/// needs, declared by the tool's own code).
+/// Whether the job's `last_error` is from before its last re-drive, as
+/// far as the store's fields tell: `runs` starts again at 0 when a job is
+/// re-driven and its error is kept, so an error with no run since (waiting,
+/// 0 runs) or with only the run under way or that delivered it (running or
+/// delivered, 1 run) can only be older than the re-drive.
+fn redriven(j: &Job) -> bool {
+    j.last_error.is_some()
+        && match j.state() {
+            JobState::Waiting => j.runs == 0,
+            JobState::Running | JobState::Delivered => j.runs == 1,
+            JobState::Dead => false,
+        }
+}
+
+/// The RUNS cell: the runs since the job was written or last re-driven
+/// (the count a store keeps), and, when the job was evidently re-driven,
+/// that the runs before the re-drive are not in it.
+fn job_runs(j: &Job) -> String {
+    if redriven(j) {
+        format!("{} since a re-drive", j.runs)
+    } else {
+        j.runs.to_string()
+    }
+}
+
+/// The LAST ERROR cell, never an old failure shown as the current one: a
+/// delivered job's error is from a run before the one that delivered it,
+/// and a re-driven job's from before the re-drive; a dead job's is why it
+/// died, and a waiting or running job's is its last failed run.
+fn job_error(j: &Job) -> String {
+    let Some(error) = &j.last_error else {
+        return String::new();
+    };
+    if redriven(j) {
+        format!("before the re-drive: {error}")
+    } else if j.state() == JobState::Delivered {
+        format!("an earlier run: {error}")
+    } else {
+        error.clone()
+    }
+}
+
+/// The record with `reference` in whichever tenant holds it; refused when
+/// none does, or when several do (then `--tenant` says which).
+async fn find_anywhere(
+    store: &dyn IdempotencyStore,
+    reference: &Reference,
+) -> Result<Record, Failure> {
+    let mut found = store.find_by_reference(reference).await?;
+    match found.len() {
+        0 => Err(Failure(
+            EXIT_OPERATOR,
+            format!("no operation with reference {reference} in any tenant; check the reference"),
+        )),
+        1 => Ok(found.remove(0)),
+        _ => {
+            let mut tenants: Vec<&str> = found.iter().map(|r| r.tenant.as_str()).collect();
+            tenants.sort_unstable();
+            tenants.dedup();
+            Err(Failure(
+                EXIT_USAGE,
+                format!(
+                    "the reference {reference} is held by {} tenants ({}); say which with \
+                     --tenant",
+                    tenants.len(),
+                    tenants
+                        .iter()
+                        .map(|t| format!("{:?}", shown(t)))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ))
+        }
+    }
+}
+
+/// `create-table`: the DynamoDB table `url` names, created with its
+/// indexes and TTL (left as it is when it exists), through `open_store`'s
+/// `create=true`.
+async fn create_table(url: &str, json: bool, out: &mut dyn Write) -> Result<(), Failure> {
+    let Some(rest) = url.strip_prefix("dynamodb://") else {
+        return Err(Failure(
+            EXIT_USAGE,
+            format!(
+                "create-table makes a DynamoDB table, and {url:?} is not a dynamodb:// URL; a \
+                 SQLite file is created by the server that opens it, and a PostgreSQL database \
+                 is migrated by the server (PostgresStore::migrate)"
+            ),
+        ));
+    };
+    let table = rest.split(['?', '/']).next().unwrap_or_default().to_owned();
+    let joiner = if url.contains('?') { '&' } else { '?' };
+    let url = if url.contains("create=") {
+        url.to_owned()
+    } else {
+        format!("{url}{joiner}create=true")
+    };
+    open_store(&url).await?;
+    let text = if json {
+        json_text(&json!({ "table": table, "active": true }))
+    } else {
+        format!(
+            "the DynamoDB table {:?} exists and is active, with its indexes and TTL\n",
+            shown(&table)
+        )
+    };
+    out.write_all(text.as_bytes())
+        .map_err(|e| Failure(EXIT_USAGE, format!("cannot write the output: {e}")))
+}
+
 /// The time that matters for a job in its state: when it was delivered,
 /// when it is due (waiting) or its lease runs out (running); none for a
 /// dead job, which waits for a person.
@@ -782,6 +910,11 @@ fn job_when(j: &Job) -> String {
     }
 }
 
+/// A job as JSON, its payload included (a job's payload is what its handler
+/// needs, declared by the tool's own code). `last_error_is_current` says
+/// whether `last_error` is the job's present trouble (a dead job's, or a
+/// waiting or running job's last failed run since it was written or
+/// re-driven) rather than the trace of an earlier run.
 fn job_json(j: &Job) -> Value {
     json!({
         "reference": j.id.reference.to_string(),
@@ -794,6 +927,10 @@ fn job_json(j: &Job) -> Value {
         "leased": j.attempt.is_some(),
         "next_run_at": rfc3339(j.next_run_at),
         "last_error": j.last_error,
+        "last_error_is_current": j.last_error.is_some()
+            && j.state() != JobState::Delivered
+            && !redriven(j),
+        "redriven": redriven(j),
         "created_at": rfc3339(j.created_at),
         "updated_at": rfc3339(j.updated_at),
         "delivered_at": j.delivered_at.map(rfc3339),

@@ -559,6 +559,20 @@ pub async fn resolve_by_hand(
     }
 }
 
+/// What one [`Maintenance::round`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RoundReport {
+    /// Lapsed claims marked UNKNOWN by the sweep.
+    pub swept: usize,
+    /// What the reconciler resolved (all zero without one).
+    pub reconciled: ReconcileReport,
+    /// Expired records (and delivered jobs) purged.
+    pub purged: usize,
+    /// Steps that failed on a store error (logged; the next round tries
+    /// again).
+    pub errors: usize,
+}
+
 /// Settings of the background [`Maintenance`] task.
 #[derive(Clone, Debug)]
 pub struct MaintenanceConfig {
@@ -624,19 +638,39 @@ impl Maintenance {
         Maintenance { stop, task }
     }
 
-    /// One round; store errors are logged and the next round tries again.
-    pub async fn round(store: &dyn IdempotencyStore, config: &MaintenanceConfig) {
-        if let Err(error) = sweep(store, config.batch).await {
-            tracing::warn!(%error, "sweep failed");
-        }
-        if let Some(reconciler) = &config.reconciler {
-            if let Err(error) = reconcile(store, &**reconciler, &config.reconcile).await {
-                tracing::warn!(%error, "reconcile failed");
+    /// One round: sweep, reconcile (with a reconciler), purge; returns what
+    /// it did. Store errors are logged (and counted in the report) and the
+    /// next round tries again.
+    ///
+    /// Where no task can run between calls (AWS Lambda freezes the process
+    /// after each answer), call this from a scheduled invocation instead of
+    /// [`Maintenance::spawn`]: docs/deploying.md shows how.
+    pub async fn round(store: &dyn IdempotencyStore, config: &MaintenanceConfig) -> RoundReport {
+        let mut report = RoundReport::default();
+        match sweep(store, config.batch).await {
+            Ok(swept) => report.swept = swept,
+            Err(error) => {
+                report.errors += 1;
+                tracing::warn!(%error, "sweep failed");
             }
         }
-        if let Err(error) = purge(store, config.batch).await {
-            tracing::warn!(%error, "purge failed");
+        if let Some(reconciler) = &config.reconciler {
+            match reconcile(store, &**reconciler, &config.reconcile).await {
+                Ok(reconciled) => report.reconciled = reconciled,
+                Err(error) => {
+                    report.errors += 1;
+                    tracing::warn!(%error, "reconcile failed");
+                }
+            }
         }
+        match purge(store, config.batch).await {
+            Ok(purged) => report.purged = purged,
+            Err(error) => {
+                report.errors += 1;
+                tracing::warn!(%error, "purge failed");
+            }
+        }
+        report
     }
 
     /// Stops the task and waits for the round in progress to end.

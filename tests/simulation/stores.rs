@@ -668,6 +668,9 @@ impl IdempotencyStore for Recorder {
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
         self.inner.list_records(filter).await
     }
+    async fn find_by_reference(&self, reference: &Reference) -> Result<Vec<Record>, StoreError> {
+        self.inner.find_by_reference(reference).await
+    }
 
     async fn count_records(&self) -> Result<StateCounts, StoreError> {
         self.inner.count_records().await
@@ -953,6 +956,9 @@ impl<S: IdempotencyStore> IdempotencyStore for Observer<S> {
     }
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
         self.inner.list_records(filter).await
+    }
+    async fn find_by_reference(&self, reference: &Reference) -> Result<Vec<Record>, StoreError> {
+        self.inner.find_by_reference(reference).await
     }
     async fn count_records(&self) -> Result<StateCounts, StoreError> {
         self.inner.count_records().await

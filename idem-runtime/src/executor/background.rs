@@ -30,6 +30,27 @@ use crate::telemetry::{self, Step};
 /// release does).
 pub(super) const GIVE_UP_AFTER: Duration = Duration::from_secs(600);
 
+/// Whether this process runs where it is frozen once it has answered: AWS
+/// Lambda, which sets `AWS_LAMBDA_RUNTIME_API` for its runtimes. A
+/// completion written after the answer would not run there.
+pub(super) fn frozen_after_answer() -> bool {
+    std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some_and(|v| !v.is_empty())
+}
+
+/// Says, once per process, that background completions were asked for
+/// under Lambda and are kept inline.
+pub(super) fn say_refused_once() {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        tracing::warn!(
+            "background completions are off: this process runs on AWS Lambda \
+             (AWS_LAMBDA_RUNTIME_API is set), which freezes it after the answer, so a \
+             completion written afterwards would be lost; every completion is written \
+             before the answer instead"
+        );
+    });
+}
+
 /// The completions an executor (and its clones) is writing in the
 /// background.
 #[derive(Debug, Default)]

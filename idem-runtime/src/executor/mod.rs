@@ -261,7 +261,25 @@ impl Executor {
     /// ends (its result is read from the record). docs/decisions.md says why
     /// this is off by default, and why it does not pay on `SqliteStore`,
     /// whose relaxed completion costs the caller a few µs already.
+    ///
+    /// # Not on AWS Lambda
+    ///
+    /// Lambda freezes the process once the handler has answered, so a
+    /// completion written after the answer would wait, frozen, until the
+    /// next invocation (or forever, when the environment is reclaimed), and
+    /// every such call would end UNKNOWN. Where the process runs under
+    /// Lambda (the `AWS_LAMBDA_RUNTIME_API` environment variable is set),
+    /// this setting is ignored: completions stay inline, written before the
+    /// answer, and the first executor so configured says so once with a
+    /// `tracing` warning. The builder does not fail, so one configuration
+    /// serves both a long-lived service and a function (docs/decisions.md,
+    /// "Background completions on AWS Lambda").
     pub fn with_background_completions(mut self, on: bool) -> Self {
+        if on && background::frozen_after_answer() {
+            background::say_refused_once();
+            self.background = None;
+            return self;
+        }
         self.background = on.then(Arc::default);
         self
     }

@@ -305,6 +305,11 @@ impl Outbox {
     /// leaves it leased until its lease runs out, and then it runs again.
     /// A store that keeps no follow-on jobs answers
     /// [`StoreError::Unsupported`] at once.
+    ///
+    /// Where no task can run between calls (AWS Lambda freezes the process
+    /// after each answer), call this from a scheduled invocation instead of
+    /// [`Outbox::spawn`], until it leases less than a batch:
+    /// docs/deploying.md shows how.
     pub async fn round(
         store: &dyn IdempotencyStore,
         handlers: &JobHandlers,

@@ -254,6 +254,28 @@ pub trait IdempotencyStore: Send + Sync + std::fmt::Debug {
     /// Errors: `Unavailable`.
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError>;
 
+    /// The records with this reference in any tenant, for an operator who
+    /// has a reference and not its tenant (`idem show REF`). References are
+    /// drawn at random per operation, so this is almost always one record
+    /// or none; two tenants' records can share one only by a deliberate
+    /// copy, and the caller must then ask which tenant is meant. A snapshot
+    /// read that changes nothing; not on the calls' path.
+    ///
+    /// The default reads every record through
+    /// [`list_records`](IdempotencyStore::list_records) and keeps those with
+    /// `reference`: correct on any store, and as slow as a full listing. A
+    /// store with an index by reference may answer from it instead.
+    /// Errors: `Unavailable`.
+    async fn find_by_reference(&self, reference: &Reference) -> Result<Vec<Record>, StoreError> {
+        let every = RecordFilter {
+            limit: usize::MAX,
+            ..RecordFilter::default()
+        };
+        let mut found = self.list_records(&every).await?;
+        found.retain(|record| record.reference == *reference);
+        Ok(found)
+    }
+
     /// How many records the store holds in each state, superseded ones and
     /// expired ones that purge has not deleted yet included. A snapshot read that changes
     /// nothing, not on the calls' path; it may read the whole store.
@@ -596,6 +618,9 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<S> {
     }
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
         (**self).list_records(filter).await
+    }
+    async fn find_by_reference(&self, reference: &Reference) -> Result<Vec<Record>, StoreError> {
+        (**self).find_by_reference(reference).await
     }
     async fn count_records(&self) -> Result<StateCounts, StoreError> {
         (**self).count_records().await

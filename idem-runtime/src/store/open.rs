@@ -26,7 +26,11 @@ use super::{IdempotencyStore, MemoryStore, StoreError};
 /// - `redis://…`, `rediss://…` or `redis+unix://…`: one Redis or Valkey
 ///   server, keys under the prefix `idem` (feature `redis`);
 /// - `dynamodb://TABLE?region=REGION&endpoint=URL`: a DynamoDB table,
-///   checked to exist; not created (feature `dynamodb`). The region may
+///   checked to exist (feature `dynamodb`); with `create=true`, created
+///   first if absent, as
+///   [`DynamoDbStore::create_table`](crate::DynamoDbStore::create_table)
+///   does (the indexes and the TTL; an existing table is left as it is).
+///   The region may
 ///   come from `AWS_REGION` instead, the endpoint is AWS's for the region
 ///   unless given (an emulator's: `endpoint=http://127.0.0.1:4567`), and
 ///   the credentials come from `AWS_ACCESS_KEY_ID`,
@@ -93,7 +97,19 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn IdempotencyStore>, StoreErr
     }
     if url.starts_with("dynamodb://") {
         #[cfg(feature = "dynamodb")]
-        return Ok(Arc::new(super::dynamodb::open_url(url).await?));
+        {
+            let (url, create) = take_param(url, "create");
+            let create = match create {
+                Some(value) => parse_bool("create", &value)?,
+                None => false,
+            };
+            if !create {
+                return Ok(Arc::new(super::dynamodb::open_url(&url).await?));
+            }
+            let store = super::DynamoDbStore::from_url(&url)?.build()?;
+            store.create_table().await?;
+            return Ok(Arc::new(store));
+        }
         #[cfg(not(feature = "dynamodb"))]
         return Err(missing("dynamodb"));
     }
@@ -112,8 +128,8 @@ fn take_schema(url: &str) -> (String, Option<String>) {
     take_param(url, "schema")
 }
 
-/// `true` or `false`, as a URL parameter of idem's gives it.
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+/// `true` or `false`, as the URL parameter `name` of idem's gives it.
+#[cfg_attr(not(any(feature = "postgres", feature = "dynamodb")), allow(dead_code))]
 fn parse_bool(name: &str, value: &str) -> Result<bool, StoreError> {
     match value {
         "true" => Ok(true),
@@ -127,7 +143,7 @@ fn parse_bool(name: &str, value: &str) -> Result<bool, StoreError> {
 /// `url` without its query parameter `name` (idem's, which tokio-postgres
 /// would refuse as unknown), and the parameter's value; the last one given
 /// wins.
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "postgres", feature = "dynamodb")), allow(dead_code))]
 fn take_param(url: &str, name: &str) -> (String, Option<String>) {
     let Some((base, query)) = url.split_once('?') else {
         return (url.to_owned(), None);

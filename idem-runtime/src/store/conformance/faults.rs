@@ -275,6 +275,12 @@ impl<S: IdempotencyStore> IdempotencyStore for FaultyStore<S> {
             .await
     }
 
+    async fn find_by_reference(&self, reference: &Reference) -> Result<Vec<Record>, StoreError> {
+        // A listing, faulted as one.
+        self.run(Call::ListRecords, self.inner.find_by_reference(reference))
+            .await
+    }
+
     async fn count_records(&self) -> Result<StateCounts, StoreError> {
         self.run(Call::CountRecords, self.inner.count_records())
             .await
