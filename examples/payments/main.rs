@@ -51,7 +51,7 @@ use idem_runtime::{
     audit_hints,
     maintenance::{Maintenance, MaintenanceConfig, ReconcileConfig},
     outbox::{Outbox, OutboxConfig},
-    Caller, DynamoDbStore, Executor, IdempotencyStore, MemoryStore, SqliteStore,
+    Caller, Executor, IdempotencyStore,
 };
 use rmcp::ServiceExt;
 use shop::{Backends, Payments, ProcessorReconciler};
@@ -232,48 +232,37 @@ fn parse_flags() -> Flags {
     flags
 }
 
+/// The store `--store` names, opened by the library's `open_store` (the same
+/// URLs the `idem` command line reads), created or migrated on the first run:
+/// a SQLite file's directory is made, a PostgreSQL schema migrated
+/// (`migrate=true`), a DynamoDB table created (`create=true`).
 async fn open_store(spec: &str) -> Arc<dyn IdempotencyStore> {
-    let opened: Result<Arc<dyn IdempotencyStore>, String> = if spec == "memory" {
-        Ok(Arc::new(MemoryStore::new()))
-    } else if let Some(path) = spec.strip_prefix("sqlite:") {
+    let with = |param: &str| {
+        let sep = if spec.contains('?') { '&' } else { '?' };
+        format!("{spec}{sep}{param}")
+    };
+    let url = if let Some(path) = spec.strip_prefix("sqlite:") {
         let path = PathBuf::from(path);
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             if let Err(e) = std::fs::create_dir_all(dir) {
                 usage(&format!("cannot create {}: {e}", dir.display()));
             }
         }
-        SqliteStore::open(&path)
-            .await
-            .map(|s| Arc::new(s) as Arc<dyn IdempotencyStore>)
-            .map_err(|e| e.to_string())
+        spec.to_owned()
     } else if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
-        // The library's own URL handling (schema=, direct=, ...), with the
-        // schema migrated on the first run.
-        let sep = if spec.contains('?') { '&' } else { '?' };
-        idem_runtime::open_store(&format!("{spec}{sep}migrate=true"))
-            .await
-            .map_err(|e| e.to_string())
-    } else if spec.starts_with("redis://") || spec.starts_with("redis+unix://") {
-        idem_runtime::open_store(spec)
-            .await
-            .map_err(|e| e.to_string())
+        with("migrate=true")
     } else if spec.starts_with("dynamodb://") {
-        // Created on the first run, as the PostgreSQL schema is migrated.
-        match DynamoDbStore::from_url(spec).and_then(|b| b.build()) {
-            Ok(store) => store
-                .create_table()
-                .await
-                .map(|()| Arc::new(store) as Arc<dyn IdempotencyStore>)
-                .map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        }
+        with("create=true")
+    } else if spec == "memory" || spec.starts_with("redis://") || spec.starts_with("redis+unix://")
+    {
+        spec.to_owned()
     } else {
         usage(&format!(
             "--store is memory, sqlite:PATH, postgres://..., redis://... or \
              dynamodb://TABLE?region=REGION, not {spec:?}"
         ))
     };
-    opened.unwrap_or_else(|e| {
+    idem_runtime::open_store(&url).await.unwrap_or_else(|e| {
         eprintln!("payments: cannot open the store {spec:?}: {e}");
         std::process::exit(1)
     })
