@@ -155,14 +155,15 @@ pub(super) fn record(item: &Item, now: SystemTime) -> Result<Record, StoreError>
 /// The end of a record item's window. An item that earlier versions
 /// completed late had its window moved to its retention end and its TTL
 /// removed (a COMPLETED item without `tt`: every completion now sets it);
-/// its window is read back from `te`, the claim's window end in epoch
-/// seconds (rounded up), which the claim's condition reads the same way.
+/// its window is read back from `te`, which those claims wrote as the
+/// window's end in epoch seconds (rounded up), and which the claim's
+/// condition reads the same way.
 fn window_end(item: &Item, state: &RecordState) -> Result<SystemTime, StoreError> {
     let written = at(number(item, attr::EXPIRES)?);
     if !matches!(state, RecordState::Completed { .. }) || item.contains_key(attr::TTL) {
         return Ok(written);
     }
-    Ok(match opt_number(item, attr::EXPIRES_SECS)? {
+    Ok(match opt_number(item, attr::TTL_AT)? {
         Some(secs) => written.min(at(secs.saturating_mul(1_000_000))),
         None => written,
     })

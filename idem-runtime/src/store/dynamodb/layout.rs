@@ -47,7 +47,7 @@
 //! `ttl` (epoch seconds) is DynamoDB's TTL attribute, a backstop only (it
 //! deletes up to days late, and the purge is what keeps the table's size
 //! bounded): set on COMPLETED records and superseded operations (their
-//! retention end, from `tr`, which the claim writes) and delivered jobs
+//! retention end, from `te`, which the claim writes) and delivered jobs
 //! (their record's retention end), never on an IN_PROGRESS or UNKNOWN
 //! record, whose end depends on a lease a heartbeat moves, nor on a
 //! NOT_PERFORMED one (the purge takes it at its retention end).
@@ -69,9 +69,10 @@
 //!   between.
 //! - A COMPLETED record completed late (from UNKNOWN or NOT_PERFORMED) had
 //!   its window moved to its retention end (`ea = ra`) and its TTL removed.
-//!   Such an item (COMPLETED without `tt`) is read with the window it was
-//!   claimed with, from `te` (the claim's window end in epoch seconds,
-//!   rounded up), and the claim's condition frees its key then too.
+//!   Such an item (COMPLETED without `tt`: every completion now sets it) is
+//!   read with the window it was claimed with, from `te` (which earlier
+//!   claims wrote as the window's end in epoch seconds, rounded up), and
+//!   the claim's condition frees its key then too.
 //! - A record claimed before and completed after the upgrade has `te` and
 //!   no `tr`: its TTL backstop is its window's end (`te`), as before.
 use std::collections::HashMap;
@@ -132,13 +133,11 @@ pub(super) mod attr {
     pub(crate) const NEXT_CHECK: &str = "nc";
     /// Checks (N).
     pub(crate) const CHECKS: &str = "ck";
-    /// The window's end in epoch seconds, rounded up (N): written by the
-    /// claims of earlier versions (the TTL their completion set), read back
-    /// only for the window of an item they completed late.
-    pub(crate) const EXPIRES_SECS: &str = "te";
-    /// The retention's end in epoch seconds, rounded up (N): written by the
-    /// claim, for the TTL a completion sets.
-    pub(crate) const RETAIN_SECS: &str = "tr";
+    /// The TTL a completion sets, in epoch seconds rounded up (N), written
+    /// by the claim: the retention's end. Claims of earlier versions wrote
+    /// the window's end here, read back only for the window of an item they
+    /// completed late.
+    pub(crate) const TTL_AT: &str = "te";
     /// `lapsed` index hash: present while IN_PROGRESS (N).
     pub(crate) const LAPSED_SHARD: &str = "lq";
     /// `unknown` index hash: present while UNKNOWN (N).
@@ -334,6 +333,9 @@ mod tests {
             panic!("binary sort keys");
         };
         assert!(r.as_ref() < s.as_ref(), "the current record sorts first");
-        assert_eq!(&s.as_ref()[..25], &[&[SUPERSEDED_TAG][..], &r.as_ref()[1..]].concat());
+        assert_eq!(
+            &s.as_ref()[..25],
+            &[&[SUPERSEDED_TAG][..], &r.as_ref()[1..]].concat()
+        );
     }
 }

@@ -233,11 +233,10 @@ impl Values {
 /// end (`ea`) is not moved, so a completion that lands after it (from
 /// UNKNOWN or NOT_PERFORMED) frees the key at once; the record goes into
 /// the `expiry` index at its retention end, with the TTL backstop then
-/// (`tr`, the claim's retention end in seconds; `te`, its window's end, on
-/// a record an earlier version claimed).
+/// (`te`, the claim's retention end in seconds; its window's end on a
+/// record an earlier version claimed).
 fn completion(note: Option<Option<&str>>) -> String {
-    let mut set =
-        String::from("SET st = :c, rs = :rs, ua = :now, xq = :xq, xk = ra, tt = if_not_exists(tr, te)");
+    let mut set = String::from("SET st = :c, rs = :rs, ua = :now, xq = :xq, xk = ra, tt = te");
     let mut remove = String::from(" REMOVE lq, uq");
     match note {
         Some(Some(_)) => set.push_str(", rv = :rv"),
@@ -301,7 +300,8 @@ impl DynamoDbStore {
         put(attr::RETAIN, num(micros(retain)));
         // No `nc` nor `ck` until the record is UNKNOWN: read back, they are
         // the claim's time and 0 (a record's bytes are its cost).
-        put(attr::RETAIN_SECS, num(ttl_secs(retain)));
+        // The TTL a completion sets: the retention's end.
+        put(attr::TTL_AT, num(ttl_secs(retain)));
         // In the `lapsed` index only: an IN_PROGRESS record's end of life is
         // found through it (and an UNKNOWN one's through `unknown`), so a
         // claim writes one index, not two.
@@ -459,7 +459,12 @@ impl DynamoDbStore {
     /// window's end (its `xk` short of its retention end) is moved to its
     /// retention end instead, its TTL backstop with it, so that it is
     /// deleted then and does not stand at the index's head until then.
-    async fn purge_one(&self, record: bool, item: Item, now: SystemTime) -> Result<bool, StoreError> {
+    async fn purge_one(
+        &self,
+        record: bool,
+        item: Item,
+        now: SystemTime,
+    ) -> Result<bool, StoreError> {
         use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
         let key: Item = [attr::PK, attr::SK]
             .into_iter()
@@ -815,8 +820,7 @@ fn superseded_item(old: &Item, record: &Record) -> Item {
         attr::LAPSED_SHARD,
         attr::UNKNOWN_SHARD,
         attr::DUE_SHARD,
-        attr::EXPIRES_SECS,
-        attr::RETAIN_SECS,
+        attr::TTL_AT,
     ] {
         item.remove(name);
     }
