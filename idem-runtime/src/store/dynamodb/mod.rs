@@ -62,18 +62,34 @@ pub const DYNAMODB_MAX_FOLLOW_ONS: usize = TRANSACTION_ITEMS - 1;
 /// # One conditional write per transition
 ///
 /// A claim is one `PutItem` whose `ConditionExpression` admits only an
-/// absent record or one past its life, never a check-then-insert; when the
-/// condition fails, DynamoDB returns the record it found
-/// (`ReturnValuesOnConditionCheckFailure = ALL_OLD`), so a repeat costs the
-/// same one round trip. Every other change (complete, release, mark_unknown,
+/// absent record or one that no longer holds its key
+/// ([`Record::holds_key`]) and whose retention is over, never a
+/// check-then-insert; when the condition fails, DynamoDB returns the record
+/// it found (`ReturnValuesOnConditionCheckFailure = ALL_OLD`), so a repeat
+/// costs the same one round trip. Every other change (complete, release, mark_unknown,
 /// mark_lapsed, resolve, defer_check, heartbeat) is one `UpdateItem` or
 /// `DeleteItem` whose condition names the attempt (the fencing token) and
 /// the states it may leave, and, where the change depends on it, the lease
 /// or the settle period; the refused change's old item tells `Fenced` from
 /// `WrongState`. Two changes take a second step, both rare: a claim that
-/// takes over a NOT_PERFORMED record (fenced by that record's attempt), and
-/// a completion that arrives after the record became UNKNOWN (its expiry is
-/// moved to its retention end).
+/// takes over a record still in its retention (COMPLETED past its window,
+/// or NOT_PERFORMED), fenced by the attempt and state it read and under the
+/// same condition; and a completion that arrives after the record became
+/// UNKNOWN or NOT_PERFORMED (its window's end is not moved: past it, the
+/// key is free at once).
+///
+/// # Superseded operations
+///
+/// When that takeover starts a new operation (a new reference) while the
+/// record's retention has not ended ([`Record::outlives_takeover`]), the
+/// record it replaces is kept as an item of its own in the same partition,
+/// written in the same `TransactWriteItems` as the new record: a race
+/// refuses the whole transaction, and the claim judges the record again.
+/// [`lookup`](IdempotencyStore::lookup) reads the key's current record
+/// first and then the superseded ones, `list_records` and `count_records`
+/// include them, and the purge deletes them at their retention end.
+/// Nothing changes them after: every fenced change names the key's current
+/// record, so an old attempt is `Fenced`.
 ///
 /// # Follow-on jobs
 ///
@@ -104,7 +120,8 @@ pub const DYNAMODB_MAX_FOLLOW_ONS: usize = TRANSACTION_ITEMS - 1;
 ///   twice), and it answers a repeat "outcome unknown" instead of "in
 ///   progress";
 /// - takes over a COMPLETED record up to *d* before its window ends: a
-///   repeat in that last *d* of the window runs as a new operation;
+///   repeat in that last *d* of the window runs as a new operation (and
+///   keeps reading the old one by its reference);
 /// - trusts "not performed" up to *d* before the settle period is over.
 ///
 /// Keep the replicas' clocks in sync (NTP, which AWS Lambda and EC2 keep to
@@ -113,13 +130,18 @@ pub const DYNAMODB_MAX_FOLLOW_ONS: usize = TRANSACTION_ITEMS - 1;
 ///
 /// # Expiry
 ///
-/// The purge deletes what is past its life, found through the sparse
-/// indexes (`expiry` for COMPLETED and NOT_PERFORMED records and delivered
-/// jobs, `lapsed` and `unknown` for the others), with a condition that
-/// re-checks the life at the delete.
+/// The purge deletes what is past its life ([`Record::is_expired`]: a
+/// record at its retention end, an IN_PROGRESS or UNKNOWN one once its
+/// lease ran out too), found through the sparse indexes (`expiry` for
+/// COMPLETED and NOT_PERFORMED records, superseded operations and
+/// delivered jobs, `lapsed` and `unknown` for the others), with a condition
+/// that re-checks the life at the delete. A COMPLETED record answers
+/// repeats until its window ends and reads by its reference until its
+/// retention ends.
 /// DynamoDB's TTL (the attribute `tt`) is only a backstop for COMPLETED
-/// records and delivered jobs: it deletes up to days late, and reads still
-/// return an item it has not deleted yet.
+/// records, superseded operations and delivered jobs (at their retention
+/// end): it deletes up to days late, and reads still return an item it has
+/// not deleted yet. Items written by earlier versions: see `layout.rs`.
 ///
 /// # Errors
 ///
@@ -127,7 +149,10 @@ pub const DYNAMODB_MAX_FOLLOW_ONS: usize = TRANSACTION_ITEMS - 1;
 /// `ThrottlingException`, `RequestLimitExceeded`), a timeout or a failed
 /// connection is [`StoreError::Unavailable`]: the executor then fails closed
 /// and the call may be retried. A missing table is [`StoreError::Config`],
-/// with what to do. The SDK's own retries, timeouts and credentials are the
+/// with what to do. A request DynamoDB finds invalid (an item over 400 KB,
+/// also inside a transaction, where it is cancelled with the reason
+/// `ValidationError`) is [`StoreError::Invalid`]: nothing was written, and
+/// the same request again would be refused again. The SDK's own retries, timeouts and credentials are the
 /// client's, as configured.
 ///
 /// ```no_run
