@@ -66,12 +66,12 @@ pub const DYNAMODB_MAX_FOLLOW_ONS: usize = TRANSACTION_ITEMS - 1;
 /// ([`Record::holds_key`]) and whose retention is over, never a
 /// check-then-insert; when the condition fails, DynamoDB returns the record
 /// it found (`ReturnValuesOnConditionCheckFailure = ALL_OLD`), so a repeat
-/// costs the same one round trip. Every other change (complete, release, mark_unknown,
-/// mark_lapsed, resolve, defer_check, heartbeat) is one `UpdateItem` or
-/// `DeleteItem` whose condition names the attempt (the fencing token) and
-/// the states it may leave, and, where the change depends on it, the lease
-/// or the settle period; the refused change's old item tells `Fenced` from
-/// `WrongState`. Two changes take a second step, both rare: a claim that
+/// costs the same one round trip. Every other change (complete, release,
+/// mark_unknown, mark_lapsed, resolve, defer_check, heartbeat) is one
+/// `UpdateItem` or `DeleteItem` whose condition names the attempt (the
+/// fencing token) and the states it may leave, and, where the change
+/// depends on it, the lease or the settle period; the refused change's old
+/// item tells `Fenced` from `WrongState`. Two changes take a second step, both rare: a claim that
 /// takes over a record still in its retention (COMPLETED past its window,
 /// or NOT_PERFORMED), fenced by the attempt and state it read and under the
 /// same condition; and a completion that arrives after the record became
@@ -152,8 +152,8 @@ pub const DYNAMODB_MAX_FOLLOW_ONS: usize = TRANSACTION_ITEMS - 1;
 /// with what to do. A request DynamoDB finds invalid (an item over 400 KB,
 /// also inside a transaction, where it is cancelled with the reason
 /// `ValidationError`) is [`StoreError::Invalid`]: nothing was written, and
-/// the same request again would be refused again. The SDK's own retries, timeouts and credentials are the
-/// client's, as configured.
+/// the same request again would be refused again. The SDK's own retries,
+/// timeouts and credentials are the client's, as configured.
 ///
 /// ```no_run
 /// # async fn f(client: aws_sdk_dynamodb::Client) -> Result<(), idem_runtime::StoreError> {
@@ -188,7 +188,7 @@ const FREE: &str = "(st = :np OR (ra <= :now AND lu <= :now) \
 /// The condition a claim's first write takes the key under, in one round
 /// trip: no record, or one that no longer holds its key and is replaced
 /// whole, its retention over (or the claim offers its very reference).
-/// Any other takeover reads the record first ([`TAKEOVER`]).
+/// Any other takeover reads the record first ([`takeover`]).
 fn first_claim() -> String {
     format!("attribute_not_exists(pk) OR ({FREE} AND (ra <= :now OR rf = :rf))")
 }
