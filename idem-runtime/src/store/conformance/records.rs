@@ -779,8 +779,13 @@ pub async fn late_truth_frees_the_key_after_the_window(store: &dyn IdempotencySt
             },
             "by_resolution: {by_resolution}"
         );
-        assert_eq!(first.expires_at, window_end, "a late truth never moves the window");
-        let second = record(store, &later).await.expect("the new operation reads");
+        assert_eq!(
+            first.expires_at, window_end,
+            "a late truth never moves the window"
+        );
+        let second = record(store, &later)
+            .await
+            .expect("the new operation reads");
         assert_eq!(second.state, RecordState::InProgress);
         assert_eq!(second.attempt, later.attempt);
     }
@@ -816,9 +821,7 @@ pub async fn late_truth_inside_the_window_holds_until_the_window_ends(
 /// A superseded operation (its key taken by a later one) reads by its own
 /// reference, in its own tenant only, and is listed and counted, until its
 /// retention ends; then purge deletes it and leaves the later one.
-pub async fn a_superseded_operation_reads_until_its_retention_ends(
-    store: &dyn IdempotencyStore,
-) {
+pub async fn a_superseded_operation_reads_until_its_retention_ends(store: &dyn IdempotencyStore) {
     let first = ClaimRequest {
         retention: Duration::from_millis(900),
         ..fresh(Duration::from_millis(200))
@@ -841,7 +844,10 @@ pub async fn a_superseded_operation_reads_until_its_retention_ends(
         }
     );
     assert_eq!(
-        store.lookup("another-tenant", &first.reference).await.unwrap(),
+        store
+            .lookup("another-tenant", &first.reference)
+            .await
+            .unwrap(),
         None,
         "another tenant's reference is not found"
     );
@@ -872,8 +878,14 @@ pub async fn a_superseded_operation_reads_until_its_retention_ends(
     while store.purge_expired(1_000).await.unwrap() == 1_000 && rounds < 10_000 {
         rounds += 1;
     }
-    assert_eq!(record(store, &first).await, None, "purged after its retention");
-    let r = record(store, &second).await.expect("the later operation stays");
+    assert_eq!(
+        record(store, &first).await,
+        None,
+        "purged after its retention"
+    );
+    let r = record(store, &second)
+        .await
+        .expect("the later operation stays");
     assert_eq!(r.attempt, second.attempt);
 }
 
