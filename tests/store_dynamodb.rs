@@ -59,8 +59,9 @@ async fn raw_record(
 
 /// A record is in the `lapsed` index only while IN_PROGRESS, in the
 /// `unknown` index only while UNKNOWN, and in the `expiry` index only once
-/// COMPLETED (or NOT_PERFORMED); the TTL backstop is set only once it is
-/// COMPLETED, at its expiry.
+/// COMPLETED (or NOT_PERFORMED), at its retention end; the TTL backstop is
+/// set only once it is COMPLETED, at its retention end, however late it
+/// completed, and its window's end never moves.
 #[tokio::test]
 async fn sparse_index_keys_follow_the_state() {
     let Some(table) = Table::new().await else {
@@ -93,9 +94,19 @@ async fn sparse_index_keys_follow_the_state() {
     let item = raw_record(&table, &req.key).await;
     assert!(!item.contains_key("lq") && !item.contains_key("uq"));
     assert!(item.contains_key("xq"));
-    // A late completion answers repeats until its retention ends and is
-    // left to the purge: no TTL.
-    assert!(!item.contains_key("tt"));
+    let late = table
+        .lookup(&req.tenant, &req.reference)
+        .await
+        .unwrap()
+        .unwrap();
+    // A late completion keeps its window, and lives until its retention
+    // ends, with the TTL backstop then.
+    assert_eq!(number(&item["ea"]), micros(late.expires_at));
+    assert_eq!(number(&item["xk"]), micros(late.retain_until));
+    assert_eq!(
+        number(&item["tt"]),
+        micros(late.retain_until).div_ceil(1_000_000)
+    );
 
     let fresh = claim_request(Duration::from_secs(60));
     table.claim(&fresh).await.unwrap();
@@ -109,15 +120,181 @@ async fn sparse_index_keys_follow_the_state() {
         .await
         .unwrap()
         .unwrap();
-    let expiry = record
-        .expires_at
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap();
-    let ttl: u64 = match &item["tt"] {
+    assert!(record.expires_at < record.retain_until);
+    assert_eq!(number(&item["ea"]), micros(record.expires_at));
+    assert_eq!(number(&item["xk"]), micros(record.retain_until));
+    assert_eq!(
+        number(&item["tt"]),
+        micros(record.retain_until).div_ceil(1_000_000)
+    );
+}
+
+/// A number attribute of a raw item.
+fn number(value: &aws_sdk_dynamodb::types::AttributeValue) -> u64 {
+    match value {
         aws_sdk_dynamodb::types::AttributeValue::N(n) => n.parse().unwrap(),
-        other => panic!("tt is {other:?}"),
+        other => panic!("not a number: {other:?}"),
+    }
+}
+
+/// A time as the table keeps it: microseconds since the epoch.
+fn micros(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as u64
+}
+
+/// A COMPLETED record's item as the version before the window and the
+/// retention were two lives wrote it (commit 8d26ab9): claimed now, its
+/// `te` the window's end in whole seconds (rounded up); completed on time,
+/// `xk` and `tt` at the window's end; completed late, the window moved to
+/// the retention end (`ea = ra`, `xk = ra`) and no `tt`.
+async fn write_old_completed(
+    table: &Table,
+    req: &idem_runtime::store::ClaimRequest,
+    late: bool,
+) -> std::time::SystemTime {
+    use aws_sdk_dynamodb::types::AttributeValue::{B, N, S};
+    let now = std::time::SystemTime::now();
+    let (claimed, window_end) = (micros(now), micros(now + req.window));
+    let retain = micros(now + req.retention);
+    let te = window_end.div_ceil(1_000_000);
+    let n = |v: u64| N(v.to_string());
+    let bytes = req.key.as_bytes();
+    let mut sk = vec![b'r'];
+    sk.extend_from_slice(&bytes[8..]);
+    let mut put = client(&table.endpoint)
+        .put_item()
+        .table_name(table.table())
+        .item("pk", B(bytes[..8].to_vec().into()))
+        .item("sk", B(sk.into()))
+        .item("fp", B(req.key.fingerprint().to_vec().into()))
+        .item("tn", S(req.tenant.clone()))
+        .item("tl", S(req.tool.clone()))
+        .item("rf", B(req.reference.as_bytes().to_vec().into()))
+        .item("ak", n(req.attempt.get()))
+        .item("st", N(RecordStateKind::Completed.code().to_string()))
+        .item("rs", S("\"old\"".into()))
+        .item("ca", n(claimed))
+        .item("ua", n(claimed))
+        .item("lu", n(micros(now + req.lease)))
+        .item("ra", n(retain))
+        .item("te", n(te))
+        .item("xq", n(u64::from(bytes[0] % 4)));
+    put = if late {
+        put.item("ea", n(retain)).item("xk", n(retain))
+    } else {
+        put.item("ea", n(window_end))
+            .item("xk", n(window_end))
+            .item("tt", n(te))
     };
-    assert_eq!(ttl, expiry.as_micros().div_ceil(1_000_000) as u64);
+    put.send().await.unwrap();
+    now
+}
+
+/// Items written before the window and the retention were two lives read
+/// and behave under the current rules: a record completed on time is
+/// found, replays inside its window, is taken over after it (and still
+/// reads by its reference, as a superseded operation), and is purged at
+/// its retention end, not at its window's end; the purge moves its
+/// `expiry` index key to its retention end when it finds it early. A record
+/// completed late holds its key only for the window it was claimed with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn items_of_the_earlier_layout_follow_the_current_rules() {
+    use idem_runtime::store::{ClaimRequest, RecordState};
+    let Some(table) = Table::new().await else {
+        return;
+    };
+    let old = |window_ms, retention_ms| ClaimRequest {
+        retention: Duration::from_millis(retention_ms),
+        ..claim_request(Duration::from_millis(window_ms))
+    };
+    let new_operation = |req: &ClaimRequest| ClaimRequest {
+        attempt: idem_runtime::store::Attempt::random(),
+        reference: idem_runtime::Reference::new_operation(&req.key),
+        ..req.clone()
+    };
+    let completed_old = |r: Option<Record>| {
+        matches!(
+            r.map(|r| r.state),
+            Some(RecordState::Completed { response }) if response == "\"old\""
+        )
+    };
+    // Taken over after its window; left alone until its retention ends.
+    let (taken, alone) = (old(400, 2500), old(400, 2500));
+    write_old_completed(&table, &taken, false).await;
+    write_old_completed(&table, &alone, false).await;
+    for req in [&taken, &alone] {
+        assert!(completed_old(
+            table.lookup(&req.tenant, &req.reference).await.unwrap()
+        ));
+        let Ok(idem_runtime::store::Claim::Existing { record }) =
+            table.claim(&new_operation(req)).await
+        else {
+            panic!("a repeat inside the window replays");
+        };
+        assert_eq!(record.reference, req.reference);
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Past the window, inside the retention: the purge keeps both, and
+    // moves the one left alone to its retention end in the index.
+    table.purge_expired(1_000).await.unwrap();
+    for req in [&taken, &alone] {
+        assert!(completed_old(
+            table.lookup(&req.tenant, &req.reference).await.unwrap()
+        ));
+    }
+    let item = raw_record(&table, &alone.key).await;
+    assert_eq!(number(&item["xk"]), number(&item["ra"]));
+    assert_eq!(number(&item["tt"]), number(&item["ra"]).div_ceil(1_000_000));
+    let later = new_operation(&taken);
+    assert_eq!(
+        table.claim(&later).await.unwrap(),
+        idem_runtime::store::Claim::Claimed {
+            reference: later.reference
+        },
+        "the same call after the window is a new operation"
+    );
+    assert!(
+        completed_old(table.lookup(&taken.tenant, &taken.reference).await.unwrap()),
+        "the earlier operation still reads by its reference"
+    );
+    // A record completed late holds its key for its claimed window only.
+    let late = old(100, 60_000);
+    let written = write_old_completed(&table, &late, true).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let record = table
+        .lookup(&late.tenant, &late.reference)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(record.expires_at < written + Duration::from_secs(2));
+    let after = new_operation(&late);
+    assert_eq!(
+        table.claim(&after).await.unwrap(),
+        idem_runtime::store::Claim::Claimed {
+            reference: after.reference
+        },
+        "a late completion of the earlier layout does not hold the key past its window"
+    );
+    assert!(completed_old(
+        table.lookup(&late.tenant, &late.reference).await.unwrap()
+    ));
+    // Past the retention: both purged, the later operation kept.
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    while table.purge_expired(1_000).await.unwrap() == 1_000 {}
+    for req in [&taken, &alone] {
+        assert_eq!(
+            table.lookup(&req.tenant, &req.reference).await.unwrap(),
+            None
+        );
+    }
+    assert_eq!(
+        table
+            .lookup(&later.tenant, &later.reference)
+            .await
+            .unwrap()
+            .map(|r| r.attempt),
+        Some(later.attempt)
+    );
 }
 
 /// The executor refuses the hundredth follow-on job at its declaration,

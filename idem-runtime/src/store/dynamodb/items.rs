@@ -4,9 +4,9 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
-use aws_sdk_dynamodb::types::AttributeValue;
+use aws_sdk_dynamodb::types::{AttributeValue, CancellationReason};
 
-use super::layout::{attr, Item, JOB_TAG, RECORD_TAG};
+use super::layout::{attr, Item, JOB_TAG, RECORD_TAG, SUPERSEDED_TAG};
 use crate::key::{IdempotencyKey, Reference};
 use crate::store::{Attempt, Job, JobId, Record, RecordState, RecordStateKind, StoreError};
 
@@ -37,9 +37,10 @@ pub(super) fn tag(item: &Item) -> Option<u8> {
     }
 }
 
-/// Whether an item is a record, by its sort key.
+/// Whether an item is a record (a key's current record or a superseded
+/// operation), by its sort key.
 pub(super) fn is_record(item: &Item) -> bool {
-    tag(item) == Some(RECORD_TAG)
+    matches!(tag(item), Some(RECORD_TAG | SUPERSEDED_TAG))
 }
 
 /// Whether an item is a job, by its sort key.
@@ -95,16 +96,23 @@ pub(super) fn state_of(item: &Item) -> Result<RecordStateKind, StoreError> {
     RecordStateKind::from_code(code as i64).ok_or_else(|| corrupt(&format!("state code {code}")))
 }
 
-/// A record item as a [`Record`], read at `now` (the store's clock).
+/// A record item (a key's current record or a superseded operation) as a
+/// [`Record`], read at `now` (the store's clock).
 pub(super) fn record(item: &Item, now: SystemTime) -> Result<Record, StoreError> {
     let pk = bytes(item, attr::PK)?;
     let sk = bytes(item, attr::SK)?;
     let mut key = [0u8; 32];
-    if pk.len() != 8 || sk.len() != 25 {
+    let whole = match sk.first() {
+        Some(&RECORD_TAG) => sk.len() == 25,
+        // The key's tail, then the reference.
+        Some(&SUPERSEDED_TAG) => sk.len() == 25 + 8 || sk.len() == 25 + 16,
+        _ => false,
+    };
+    if pk.len() != 8 || !whole {
         return Err(corrupt("a record's key is not 32 bytes"));
     }
     key[..8].copy_from_slice(pk);
-    key[8..].copy_from_slice(&sk[1..]);
+    key[8..].copy_from_slice(&sk[1..25]);
     let fingerprint: [u8; 32] = bytes(item, attr::FINGERPRINT)?
         .try_into()
         .map_err(|_| corrupt("a fingerprint is not 32 bytes"))?;
@@ -121,6 +129,7 @@ pub(super) fn record(item: &Item, now: SystemTime) -> Result<Record, StoreError>
     };
     let time = |name| number(item, name).map(at);
     Ok(Record {
+        expires_at: window_end(item, &state)?,
         key: IdempotencyKey::from_parts(key, fingerprint),
         reference,
         tenant: text(item, attr::TENANT)?.to_owned(),
@@ -130,7 +139,6 @@ pub(super) fn record(item: &Item, now: SystemTime) -> Result<Record, StoreError>
         claimed_at: time(attr::CLAIMED)?,
         updated_at: time(attr::UPDATED)?,
         lease_until: time(attr::LEASE)?,
-        expires_at: time(attr::EXPIRES)?,
         retain_until: time(attr::RETAIN)?,
         // Written when the record becomes UNKNOWN; until then the claim's
         // time and none.
@@ -141,6 +149,23 @@ pub(super) fn record(item: &Item, now: SystemTime) -> Result<Record, StoreError>
         checks: u32::try_from(opt_number(item, attr::CHECKS)?.unwrap_or(0)).unwrap_or(u32::MAX),
         resolution: opt_text(item, attr::RESOLUTION),
         observed_at: now,
+    })
+}
+
+/// The end of a record item's window. An item that earlier versions
+/// completed late had its window moved to its retention end and its TTL
+/// removed (a COMPLETED item without `tt`: every completion now sets it);
+/// its window is read back from `te`, which those claims wrote as the
+/// window's end in epoch seconds (rounded up), and which the claim's
+/// condition reads the same way.
+fn window_end(item: &Item, state: &RecordState) -> Result<SystemTime, StoreError> {
+    let written = at(number(item, attr::EXPIRES)?);
+    if !matches!(state, RecordState::Completed { .. }) || item.contains_key(attr::TTL) {
+        return Ok(written);
+    }
+    Ok(match opt_number(item, attr::TTL_AT)? {
+        Some(secs) => written.min(at(secs.saturating_mul(1_000_000))),
+        None => written,
     })
 }
 
@@ -167,6 +192,21 @@ pub(super) fn job(item: &Item) -> Result<Job, StoreError> {
         delivered_at: opt_time(attr::DELIVERED)?,
         kept_until: opt_time(attr::KEPT)?,
     })
+}
+
+/// A `TransactWriteItems` cancelled because DynamoDB found one of its
+/// writes invalid (reason `ValidationError`: an item over 400 KB once
+/// updated, say) as [`StoreError::Invalid`]: nothing was written, and the
+/// same transaction again would be refused again. `None` when no reason is
+/// a validation error (a condition, a conflict, throttling).
+pub(super) fn invalid_transaction(reasons: &[CancellationReason]) -> Option<StoreError> {
+    let refused = reasons
+        .iter()
+        .find(|r| r.code() == Some("ValidationError"))?;
+    Some(StoreError::Invalid(format!(
+        "DynamoDB refused the transaction as invalid, and wrote nothing: {}",
+        refused.message().unwrap_or("ValidationError")
+    )))
 }
 
 /// An SDK error as the store's: throttling, timeouts and a connection that
@@ -209,5 +249,49 @@ where
             "DynamoDB: {}",
             aws_sdk_dynamodb::error::DisplayErrorContext(&e)
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reason(code: &str, message: Option<&str>) -> CancellationReason {
+        CancellationReason::builder()
+            .code(code)
+            .set_message(message.map(str::to_owned))
+            .build()
+    }
+
+    /// An item made too large inside a transaction is a request that
+    /// cannot pass, not an outage to retry.
+    #[test]
+    fn a_validation_error_in_a_transaction_is_invalid() {
+        let reasons = [
+            reason("None", None),
+            reason(
+                "ValidationError",
+                Some("Item size has exceeded the maximum allowed size"),
+            ),
+        ];
+        let e = invalid_transaction(&reasons).expect("classed");
+        assert!(matches!(&e, StoreError::Invalid(_)), "{e:?}");
+        assert!(e.to_string().contains("maximum allowed size"), "{e}");
+    }
+
+    #[test]
+    fn other_cancellations_are_not_invalid() {
+        for code in [
+            "ConditionalCheckFailed",
+            "TransactionConflict",
+            "ThrottlingError",
+            "None",
+        ] {
+            assert!(
+                invalid_transaction(&[reason("None", None), reason(code, None)]).is_none(),
+                "{code}"
+            );
+        }
+        assert!(invalid_transaction(&[]).is_none());
     }
 }

@@ -4,22 +4,34 @@
 //! | item | `pk` (B) | `sk` (B) |
 //! | --- | --- | --- |
 //! | record | the key's first 8 bytes (every reference of the key starts with them) | `r` and the key's other 24 bytes |
+//! | superseded operation | the same partition | `s`, the key's other 24 bytes, and the operation's reference (8 or 16 bytes) |
 //! | job | its operation's reference's first 8 bytes (its record's `pk`) | `j`, the reference's length and bytes, the tenant's length (4 bytes) and bytes, the name |
 //!
 //! A record's partition is named by its key, which the key's SHA-256 has
 //! made tenant-scoped (the tenant is hashed into it): a fenced change, which
 //! knows the key, names the record directly, and a lookup by (tenant,
 //! reference) reads the one partition the reference names, with a strongly
-//! consistent `Query` that keeps the record of this tenant and reference.
-//! No index is read on the calls' path: a global secondary index is only
-//! eventually consistent, and a status read right after a claim must find
-//! it.
+//! consistent `Query` over its record and superseded items (`sk >= "r"`;
+//! jobs sort before them) that keeps the item of this tenant and reference:
+//! the key's current record first (`r` sorts before `s`), then a superseded
+//! one. No index is read on the calls' path: a global secondary index is
+//! only eventually consistent, and a status read right after a claim must
+//! find it.
+//!
+//! A superseded operation is a record whose key a later operation took
+//! while its retention had not ended (`Record::outlives_takeover`): the
+//! claim that takes the key writes it, a copy of the record as it was read,
+//! in the same `TransactWriteItems` as the new record (whose `Put` is
+//! conditioned on the attempt and state it read). Nothing changes it after:
+//! every fenced change names the key's `r` item. It is in the `expiry`
+//! index at its retention end, with the TTL backstop at the same time, and
+//! in no other index.
 //!
 //! | index | hash | range | holds |
 //! | --- | --- | --- | --- |
 //! | `lapsed` | `lq` (N, shard) | `lu` (lease until, µs) | IN_PROGRESS records only: the sweep's lapsed leases |
 //! | `unknown` | `uq` (N, shard) | `nc` (next check, µs) | UNKNOWN records only: the reconciler's due records |
-//! | `expiry` | `xq` (N, shard) | `xk` (µs) | COMPLETED records (`xk`: their expiry), NOT_PERFORMED ones (their retention end) and delivered jobs (kept until); keys, `st` and `lu` only |
+//! | `expiry` | `xq` (N, shard) | `xk` (µs) | COMPLETED and NOT_PERFORMED records and superseded operations (`xk`: their retention end) and delivered jobs (kept until); keys, `st` and `lu` only |
 //! | `due` | `dq` (N, shard) | `nr` (next run, µs) | live jobs only (neither dead nor delivered) |
 //!
 //! Each index is sparse: an item is in it only while it carries the index's
@@ -34,10 +46,35 @@
 //!
 //! `ttl` (epoch seconds) is DynamoDB's TTL attribute, a backstop only (it
 //! deletes up to days late, and the purge is what keeps the table's size
-//! bounded): set on COMPLETED records (their expiry) and delivered jobs
-//! (their record's expiry), never on an IN_PROGRESS, UNKNOWN or
-//! NOT_PERFORMED record, whose end depends on a lease a heartbeat moves.
-
+//! bounded): set on COMPLETED records and superseded operations (their
+//! retention end, from `te`, which the claim writes) and delivered jobs
+//! (their record's retention end), never on an IN_PROGRESS or UNKNOWN
+//! record, whose end depends on a lease a heartbeat moves, nor on a
+//! NOT_PERFORMED one (the purge takes it at its retention end).
+//!
+//! # Items written before the window and the retention were two lives
+//!
+//! The table's definition is unchanged; items written by earlier versions
+//! read and behave under the current rules:
+//!
+//! - A COMPLETED record completed on time has `xk` and `tt` at the end of
+//!   its window (`ea`), not at its retention end. It is read as it is, and
+//!   a claim after its window takes the key over and keeps it as a
+//!   superseded operation (at its retention end) as for any record. Left
+//!   alone, the purge lists it at its window's end, its delete's condition
+//!   (the retention) refuses it, and the purge moves its `xk` and `tt` to
+//!   its retention end in their place, so it is deleted then and never
+//!   blocks the index's head. Its TTL backstop may still delete it between
+//!   its window's end and its retention end when the purge has not run in
+//!   between.
+//! - A COMPLETED record completed late (from UNKNOWN or NOT_PERFORMED) had
+//!   its window moved to its retention end (`ea = ra`) and its TTL removed.
+//!   Such an item (COMPLETED without `tt`: every completion now sets it) is
+//!   read with the window it was claimed with, from `te` (which earlier
+//!   claims wrote as the window's end in epoch seconds, rounded up), and
+//!   the claim's condition frees its key then too.
+//! - A record claimed before and completed after the upgrade has `te` and
+//!   no `tr`: its TTL backstop is its window's end (`te`), as before.
 use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::AttributeValue;
@@ -96,8 +133,11 @@ pub(super) mod attr {
     pub(crate) const NEXT_CHECK: &str = "nc";
     /// Checks (N).
     pub(crate) const CHECKS: &str = "ck";
-    /// The expiry in epoch seconds, for the TTL a completion sets (N).
-    pub(crate) const EXPIRES_SECS: &str = "te";
+    /// The TTL a completion sets, in epoch seconds rounded up (N), written
+    /// by the claim: the retention's end. Claims of earlier versions wrote
+    /// the window's end here, read back only for the window of an item they
+    /// completed late.
+    pub(crate) const TTL_AT: &str = "te";
     /// `lapsed` index hash: present while IN_PROGRESS (N).
     pub(crate) const LAPSED_SHARD: &str = "lq";
     /// `unknown` index hash: present while UNKNOWN (N).
@@ -138,8 +178,11 @@ pub(super) const UNKNOWN_INDEX: &str = "unknown";
 pub(super) const EXPIRY_INDEX: &str = "expiry";
 pub(super) const DUE_INDEX: &str = "due";
 
-/// The sort keys' first byte: a record's, a job's.
+/// The sort keys' first byte: a record's, a superseded operation's, a
+/// job's. A record sorts before its superseded operations, and jobs before
+/// both.
 pub(super) const RECORD_TAG: u8 = b'r';
+pub(super) const SUPERSEDED_TAG: u8 = b's';
 pub(super) const JOB_TAG: u8 = b'j';
 
 /// The shard of a record or job whose key (reference) starts with `first`.
@@ -153,6 +196,19 @@ pub(super) fn record_key(key: &IdempotencyKey) -> Item {
     let mut sk = Vec::with_capacity(25);
     sk.push(RECORD_TAG);
     sk.extend_from_slice(&bytes[8..]);
+    HashMap::from([
+        (attr::PK.to_owned(), blob(&bytes[..8])),
+        (attr::SK.to_owned(), AttributeValue::B(sk.into())),
+    ])
+}
+
+/// The superseded operation `reference` of `key`: its `pk` and `sk`.
+pub(super) fn superseded_key(key: &IdempotencyKey, reference: &Reference) -> Item {
+    let bytes = key.as_bytes();
+    let mut sk = Vec::with_capacity(25 + 16);
+    sk.push(SUPERSEDED_TAG);
+    sk.extend_from_slice(&bytes[8..]);
+    sk.extend_from_slice(reference.as_bytes());
     HashMap::from([
         (attr::PK.to_owned(), blob(&bytes[..8])),
         (attr::SK.to_owned(), AttributeValue::B(sk.into())),
@@ -269,5 +325,17 @@ mod tests {
         let key = IdempotencyKey::from_parts([7; 32], [1; 32]);
         let reference = Reference::new_operation(&key);
         assert_eq!(record_key(&key)[attr::PK], partition_of(&reference));
+        let superseded = superseded_key(&key, &reference);
+        assert_eq!(superseded[attr::PK], partition_of(&reference));
+        let (AttributeValue::B(r), AttributeValue::B(s)) =
+            (&record_key(&key)[attr::SK], &superseded[attr::SK])
+        else {
+            panic!("binary sort keys");
+        };
+        assert!(r.as_ref() < s.as_ref(), "the current record sorts first");
+        assert_eq!(
+            &s.as_ref()[..25],
+            &[&[SUPERSEDED_TAG][..], &r.as_ref()[1..]].concat()
+        );
     }
 }

@@ -39,6 +39,10 @@ use RecordStateKind::{Completed, InProgress, NotPerformed, Unknown};
 /// Where a [`DynamoDbStore`] reads the time.
 type Clock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
 
+/// The sort keys' tags of the records an operator reads: the keys' current
+/// records and the superseded operations.
+const RECORDS: &[u8] = &[layout::RECORD_TAG, layout::SUPERSEDED_TAG];
+
 /// The most items one `TransactWriteItems` writes.
 const TRANSACTION_ITEMS: usize = 100;
 
@@ -58,18 +62,34 @@ pub const DYNAMODB_MAX_FOLLOW_ONS: usize = TRANSACTION_ITEMS - 1;
 /// # One conditional write per transition
 ///
 /// A claim is one `PutItem` whose `ConditionExpression` admits only an
-/// absent record or one past its life, never a check-then-insert; when the
-/// condition fails, DynamoDB returns the record it found
-/// (`ReturnValuesOnConditionCheckFailure = ALL_OLD`), so a repeat costs the
-/// same one round trip. Every other change (complete, release, mark_unknown,
-/// mark_lapsed, resolve, defer_check, heartbeat) is one `UpdateItem` or
-/// `DeleteItem` whose condition names the attempt (the fencing token) and
-/// the states it may leave, and, where the change depends on it, the lease
-/// or the settle period; the refused change's old item tells `Fenced` from
-/// `WrongState`. Two changes take a second step, both rare: a claim that
-/// takes over a NOT_PERFORMED record (fenced by that record's attempt), and
-/// a completion that arrives after the record became UNKNOWN (its expiry is
-/// moved to its retention end).
+/// absent record or one that no longer holds its key
+/// ([`Record::holds_key`]) and whose retention is over, never a
+/// check-then-insert; when the condition fails, DynamoDB returns the record
+/// it found (`ReturnValuesOnConditionCheckFailure = ALL_OLD`), so a repeat
+/// costs the same one round trip. Every other change (complete, release,
+/// mark_unknown, mark_lapsed, resolve, defer_check, heartbeat) is one
+/// `UpdateItem` or `DeleteItem` whose condition names the attempt (the
+/// fencing token) and the states it may leave, and, where the change
+/// depends on it, the lease or the settle period; the refused change's old
+/// item tells `Fenced` from `WrongState`. Two changes take a second step, both rare: a claim that
+/// takes over a record still in its retention (COMPLETED past its window,
+/// or NOT_PERFORMED), fenced by the attempt and state it read and under the
+/// same condition; and a completion that arrives after the record became
+/// UNKNOWN or NOT_PERFORMED (its window's end is not moved: past it, the
+/// key is free at once).
+///
+/// # Superseded operations
+///
+/// When that takeover starts a new operation (a new reference) while the
+/// record's retention has not ended ([`Record::outlives_takeover`]), the
+/// record it replaces is kept as an item of its own in the same partition,
+/// written in the same `TransactWriteItems` as the new record: a race
+/// refuses the whole transaction, and the claim judges the record again.
+/// [`lookup`](IdempotencyStore::lookup) reads the key's current record
+/// first and then the superseded ones, `list_records` and `count_records`
+/// include them, and the purge deletes them at their retention end.
+/// Nothing changes them after: every fenced change names the key's current
+/// record, so an old attempt is `Fenced`.
 ///
 /// # Follow-on jobs
 ///
@@ -100,7 +120,8 @@ pub const DYNAMODB_MAX_FOLLOW_ONS: usize = TRANSACTION_ITEMS - 1;
 ///   twice), and it answers a repeat "outcome unknown" instead of "in
 ///   progress";
 /// - takes over a COMPLETED record up to *d* before its window ends: a
-///   repeat in that last *d* of the window runs as a new operation;
+///   repeat in that last *d* of the window runs as a new operation (and
+///   keeps reading the old one by its reference);
 /// - trusts "not performed" up to *d* before the settle period is over.
 ///
 /// Keep the replicas' clocks in sync (NTP, which AWS Lambda and EC2 keep to
@@ -109,13 +130,18 @@ pub const DYNAMODB_MAX_FOLLOW_ONS: usize = TRANSACTION_ITEMS - 1;
 ///
 /// # Expiry
 ///
-/// The purge deletes what is past its life, found through the sparse
-/// indexes (`expiry` for COMPLETED and NOT_PERFORMED records and delivered
-/// jobs, `lapsed` and `unknown` for the others), with a condition that
-/// re-checks the life at the delete.
+/// The purge deletes what is past its life ([`Record::is_expired`]: a
+/// record at its retention end, an IN_PROGRESS or UNKNOWN one once its
+/// lease ran out too), found through the sparse indexes (`expiry` for
+/// COMPLETED and NOT_PERFORMED records, superseded operations and
+/// delivered jobs, `lapsed` and `unknown` for the others), with a condition
+/// that re-checks the life at the delete. A COMPLETED record answers
+/// repeats until its window ends and reads by its reference until its
+/// retention ends.
 /// DynamoDB's TTL (the attribute `tt`) is only a backstop for COMPLETED
-/// records and delivered jobs: it deletes up to days late, and reads still
-/// return an item it has not deleted yet.
+/// records, superseded operations and delivered jobs (at their retention
+/// end): it deletes up to days late, and reads still return an item it has
+/// not deleted yet. Items written by earlier versions: see `layout.rs`.
 ///
 /// # Errors
 ///
@@ -123,8 +149,11 @@ pub const DYNAMODB_MAX_FOLLOW_ONS: usize = TRANSACTION_ITEMS - 1;
 /// `ThrottlingException`, `RequestLimitExceeded`), a timeout or a failed
 /// connection is [`StoreError::Unavailable`]: the executor then fails closed
 /// and the call may be retried. A missing table is [`StoreError::Config`],
-/// with what to do. The SDK's own retries, timeouts and credentials are the
-/// client's, as configured.
+/// with what to do. A request DynamoDB finds invalid (an item over 400 KB,
+/// also inside a transaction, where it is cancelled with the reason
+/// `ValidationError`) is [`StoreError::Invalid`]: nothing was written, and
+/// the same request again would be refused again. The SDK's own retries,
+/// timeouts and credentials are the client's, as configured.
 ///
 /// ```no_run
 /// # async fn f(client: aws_sdk_dynamodb::Client) -> Result<(), idem_runtime::StoreError> {
@@ -147,13 +176,32 @@ impl std::fmt::Debug for DynamoDbStore {
     }
 }
 
-/// The condition a claim writes under: no record, or one past its life
-/// ([`Record::is_expired`], at the claim's `:now`).
-const CLAIMABLE: &str = "attribute_not_exists(pk) OR (st = :c AND ea <= :now) \
-                         OR (st <> :c AND ra <= :now AND lu <= :now)";
+/// A record that no longer holds its key ([`Record::holds_key`], at `:now`,
+/// `:secs` its whole seconds): COMPLETED past its window, NOT_PERFORMED,
+/// or (any state) past its retention with its lease run out. The window of
+/// an item an earlier version completed late (COMPLETED without `tt`) is
+/// its `te`, as [`items::record`] reads it.
+const FREE: &str = "(st = :np OR (ra <= :now AND lu <= :now) \
+                    OR (st = :c AND (ea <= :now \
+                    OR (attribute_not_exists(tt) AND te <= :secs))))";
 
-/// The purge's delete of a record: still past its life at the delete.
-const RECORD_EXPIRED: &str = "(st = :c AND ea <= :now) OR (st <> :c AND ra <= :now AND lu <= :now)";
+/// The condition a claim's first write takes the key under, in one round
+/// trip: no record, or one that no longer holds its key and is replaced
+/// whole, its retention over (or the claim offers its very reference).
+/// Any other takeover reads the record first ([`takeover`]).
+fn first_claim() -> String {
+    format!("attribute_not_exists(pk) OR ({FREE} AND (ra <= :now OR rf = :rf))")
+}
+
+/// A takeover of the record read, the attempt `:old` in state `:st`: still
+/// that record, and still not holding its key.
+fn takeover() -> String {
+    format!("ak = :old AND st = :st AND {FREE}")
+}
+
+/// The purge's delete of a record: still past its life at the delete
+/// ([`Record::is_expired`]).
+const RECORD_EXPIRED: &str = "ra <= :now AND (st IN (:c, :np) OR lu <= :now)";
 
 /// A fenced change's condition: the attempt owns the record, in one of the
 /// states `:s0`, `:s1`, ….
@@ -206,20 +254,15 @@ impl Values {
     }
 }
 
-/// How a record ends up COMPLETED, by the state it leaves: from
-/// IN_PROGRESS its expiry stays the window's end (and the TTL backstop
-/// takes it, from `te`, the claim's expiry in seconds); a late completion
-/// (from UNKNOWN or NOT_PERFORMED) answers
-/// repeats until its retention ends, as every store does, and gets no TTL.
-fn completion(from: RecordStateKind, note: Option<Option<&str>>) -> String {
-    let mut set = String::from("SET st = :c, rs = :rs, ua = :now");
+/// How a record ends up COMPLETED, whatever state it leaves: its window's
+/// end (`ea`) is not moved, so a completion that lands after it (from
+/// UNKNOWN or NOT_PERFORMED) frees the key at once; the record goes into
+/// the `expiry` index at its retention end, with the TTL backstop then
+/// (`te`, the claim's retention end in seconds; its window's end on a
+/// record an earlier version claimed).
+fn completion(note: Option<Option<&str>>) -> String {
+    let mut set = String::from("SET st = :c, rs = :rs, ua = :now, xq = :xq, xk = ra, tt = te");
     let mut remove = String::from(" REMOVE lq, uq");
-    if from == InProgress {
-        set.push_str(", xq = :xq, xk = ea, tt = te");
-    } else {
-        set.push_str(", ea = ra, xq = :xq, xk = ra");
-        remove.push_str(", tt");
-    }
     match note {
         Some(Some(_)) => set.push_str(", rv = :rv"),
         Some(None) => remove.push_str(", rv"),
@@ -282,7 +325,8 @@ impl DynamoDbStore {
         put(attr::RETAIN, num(micros(retain)));
         // No `nc` nor `ck` until the record is UNKNOWN: read back, they are
         // the claim's time and 0 (a record's bytes are its cost).
-        put(attr::EXPIRES_SECS, num(ttl_secs(expires)));
+        // The TTL a completion sets: the retention's end.
+        put(attr::TTL_AT, num(ttl_secs(retain)));
         // In the `lapsed` index only: an IN_PROGRESS record's end of life is
         // found through it (and an UNKNOWN one's through `unknown`), so a
         // claim writes one index, not two.
@@ -317,6 +361,64 @@ impl DynamoDbStore {
                 }
                 _ => Err(self.err(e)),
             },
+        }
+    }
+
+    /// A takeover that keeps the record it replaces: one
+    /// `TransactWriteItems` of the new record's `Put` under [`takeover`]
+    /// and the superseded operation's. `Ok(false)` when the record changed
+    /// since it was read (or another transaction raced it): nothing was
+    /// written, and the claim judges the record again.
+    async fn take_over(
+        &self,
+        item: Item,
+        values: Values,
+        superseded: Item,
+    ) -> Result<bool, StoreError> {
+        use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+        let built = |e: aws_sdk_dynamodb::error::BuildError| StoreError::Invalid(e.to_string());
+        let claim = Put::builder()
+            .table_name(&*self.table)
+            .set_item(Some(item))
+            .condition_expression(takeover())
+            .set_expression_attribute_values(values.into_inner())
+            .build()
+            .map_err(built)?;
+        let kept = Put::builder()
+            .table_name(&*self.table)
+            .set_item(Some(superseded))
+            .build()
+            .map_err(built)?;
+        let sent = self
+            .client
+            .transact_write_items()
+            .transact_items(TransactWriteItem::builder().put(claim).build())
+            .transact_items(TransactWriteItem::builder().put(kept).build())
+            .send()
+            .await;
+        let e = match sent {
+            Ok(_) => return Ok(true),
+            Err(e) => e,
+        };
+        let Some(TransactWriteItemsError::TransactionCanceledException(cancel)) =
+            e.as_service_error()
+        else {
+            return Err(self.err(e));
+        };
+        let reasons = cancel.cancellation_reasons();
+        if let Some(invalid) = items::invalid_transaction(reasons) {
+            return Err(invalid);
+        }
+        let raced = reasons.iter().any(|r| {
+            matches!(
+                r.code(),
+                Some("ConditionalCheckFailed" | "TransactionConflict")
+            )
+        });
+        if raced {
+            Ok(false)
+        } else {
+            Err(self.err(e))
         }
     }
 
@@ -372,6 +474,87 @@ impl DynamoDbStore {
         match self.update(key, &condition, update, values).await? {
             Ok(()) => Ok(Ok(())),
             Err(old) => fence(old, attempt, from).map(Err),
+        }
+    }
+
+    /// The purge's conditional delete of one item it listed (a record
+    /// when `record`, else a delivered job): `Ok(true)` deleted,
+    /// `Ok(false)` changed since it was listed and not past its life any
+    /// more. A record an earlier version left in the `expiry` index at its
+    /// window's end (its `xk` short of its retention end) is moved to its
+    /// retention end instead, its TTL backstop with it, so that it is
+    /// deleted then and does not stand at the index's head until then.
+    async fn purge_one(
+        &self,
+        record: bool,
+        item: Item,
+        now: SystemTime,
+    ) -> Result<bool, StoreError> {
+        use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
+        let key: Item = [attr::PK, attr::SK]
+            .into_iter()
+            .filter_map(|k| item.get(k).map(|v| (k.to_owned(), v.clone())))
+            .collect();
+        let (condition, values) = if record {
+            let values = Values::default()
+                .set(":now", num(micros(now)))
+                .set(":c", num(Completed.code()))
+                .set(":np", num(NotPerformed.code()));
+            (RECORD_EXPIRED, values)
+        } else {
+            let values = Values::default().set(":now", num(micros(now)));
+            ("attribute_exists(dl) AND ku <= :now", values)
+        };
+        let sent = self
+            .client
+            .delete_item()
+            .table_name(&*self.table)
+            .set_key(Some(key.clone()))
+            .condition_expression(condition)
+            .set_expression_attribute_values(values.into_inner())
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        let old = match sent {
+            Ok(_) => return Ok(true),
+            Err(e) => match e.as_service_error() {
+                // Changed since it was listed (a late completion, a new
+                // claim): not expired any more.
+                Some(DeleteItemError::ConditionalCheckFailedException(c)) => c.item().cloned(),
+                _ => return Err(self.err(e)),
+            },
+        };
+        let Some(old) = old.filter(|_| record) else {
+            return Ok(false);
+        };
+        let (Some(xk), Ok(ra)) = (
+            items::opt_number(&old, attr::EXPIRY)?,
+            items::number(&old, attr::RETAIN),
+        ) else {
+            return Ok(false);
+        };
+        if xk >= ra {
+            return Ok(false);
+        }
+        use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+        let sent = self
+            .client
+            .update_item()
+            .table_name(&*self.table)
+            .set_key(Some(key))
+            .condition_expression("xk = :xk AND ra = :ra")
+            .update_expression("SET xk = :ra, tt = :tt")
+            .expression_attribute_values(":xk", num(xk))
+            .expression_attribute_values(":ra", num(ra))
+            .expression_attribute_values(":tt", num(ttl_secs(items::at(ra))))
+            .send()
+            .await;
+        match sent {
+            Ok(_) => Ok(false),
+            Err(e) => match e.as_service_error() {
+                Some(UpdateItemError::ConditionalCheckFailedException(_)) => Ok(false),
+                _ => Err(self.err(e)),
+            },
         }
     }
 
@@ -436,7 +619,7 @@ impl DynamoDbStore {
                 // completion, from UNKNOWN or NOT_PERFORMED).
                 let mut state = from[0];
                 for _ in 0..2 {
-                    let update = completion(state, note);
+                    let update = completion(note);
                     match self
                         .update(key, &owned(&[state]), &update, values(state))
                         .await?
@@ -450,7 +633,7 @@ impl DynamoDbStore {
             let old = fence(self.get(key).await?, attempt, from)?;
             let state = items::state_of(&old)?;
             let record = items::record(&old, now)?;
-            let update = completion(state, note);
+            let update = completion(note);
             let condition = owned(&[state]);
             let record_update = Update::builder()
                 .table_name(&*self.table)
@@ -496,6 +679,9 @@ impl DynamoDbStore {
             };
             let failed = |code: Option<&str>| code == Some("ConditionalCheckFailed");
             let reasons = cancel.cancellation_reasons();
+            if let Some(invalid) = items::invalid_transaction(reasons) {
+                return Err(invalid);
+            }
             if reasons.first().is_some_and(|r| failed(r.code())) {
                 // The record changed since the read: judge it again.
                 fence(reasons[0].item().cloned(), attempt, from)?;
@@ -560,11 +746,12 @@ impl DynamoDbStore {
         Ok(found)
     }
 
-    /// Every item of the table whose sort key starts with `tag` (records
-    /// or jobs), read strongly consistent, page by page: the operator's
+    /// Every item of the table whose sort key starts with one of `tags`
+    /// (records and superseded operations, or jobs), read strongly
+    /// consistent, page by page: the operator's
     /// reads. The items are told apart here, not by a filter expression: a
     /// scan is charged for every item it reads either way.
-    async fn scan(&self, tag: u8, projection: Option<&str>) -> Result<Vec<Item>, StoreError> {
+    async fn scan(&self, tags: &[u8], projection: Option<&str>) -> Result<Vec<Item>, StoreError> {
         let mut found = Vec::new();
         let mut start = None;
         loop {
@@ -582,7 +769,7 @@ impl DynamoDbStore {
                 page.items
                     .unwrap_or_default()
                     .into_iter()
-                    .filter(|item| items::tag(item) == Some(tag)),
+                    .filter(|item| items::tag(item).is_some_and(|t| tags.contains(&t))),
             );
             start = page.last_evaluated_key;
             if start.is_none() {
@@ -638,6 +825,42 @@ impl DynamoDbStore {
     }
 }
 
+/// The values [`FREE`] reads, at `now`.
+fn free(now: SystemTime) -> Values {
+    let micros = micros(now);
+    Values::default()
+        .set(":c", num(Completed.code()))
+        .set(":np", num(NotPerformed.code()))
+        .set(":now", num(micros))
+        .set(":secs", num(micros / 1_000_000))
+}
+
+/// The superseded operation `old` (read as `record`) becomes when a new
+/// operation takes its key: the record as it was, under its own sort key,
+/// in the `expiry` index and with the TTL backstop at its retention end,
+/// in no other index; its window as it reads.
+fn superseded_item(old: &Item, record: &Record) -> Item {
+    let mut item = old.clone();
+    for name in [
+        attr::LAPSED_SHARD,
+        attr::UNKNOWN_SHARD,
+        attr::DUE_SHARD,
+        attr::TTL_AT,
+    ] {
+        item.remove(name);
+    }
+    item.extend(layout::superseded_key(&record.key, &record.reference));
+    for (name, value) in [
+        (attr::EXPIRES, num(micros(record.expires_at))),
+        (attr::EXPIRY_SHARD, num(shard(record.key.as_bytes()[0]))),
+        (attr::EXPIRY, num(micros(record.retain_until))),
+        (attr::TTL, num(ttl_secs(record.retain_until))),
+    ] {
+        item.insert(name.to_owned(), value);
+    }
+    item
+}
+
 /// A new job's item: due at `now`, no runs, in the `due` index.
 fn job_item(id: &JobId, payload: &str, now: SystemTime) -> Item {
     let mut item = layout::job_key(id);
@@ -670,15 +893,14 @@ impl IdempotencyStore for DynamoDbStore {
     }
 
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
-        // A few rounds: a NOT_PERFORMED record is taken over by a second
-        // write fenced by its attempt, which another claim may win first.
+        // A few rounds: a takeover that reads the record first writes
+        // fenced by the attempt it read, which another claim (or the late
+        // completion of a NOT_PERFORMED record) may change first.
         for _ in 0..4 {
             let now = self.now();
-            let values = Values::default()
-                .set(":c", num(Completed.code()))
-                .set(":now", num(micros(now)));
             let item = self.claimed_item(req, req.reference, now);
-            let Some(old) = self.put_claim(item, CLAIMABLE, values).await? else {
+            let values = free(now).set(":rf", blob(req.reference.as_bytes()));
+            let Some(old) = self.put_claim(item, &first_claim(), values).await? else {
                 return Ok(Claim::Claimed {
                     reference: req.reference,
                 });
@@ -688,21 +910,25 @@ impl IdempotencyStore for DynamoDbStore {
                 continue;
             };
             let record = items::record(&old, now)?;
-            if !record.is_claimable(now) {
+            if record.holds_key(now) {
                 return Ok(Claim::Existing { record });
             }
             // NOT_PERFORMED: the same operation tried again within its
             // window keeps its reference.
             let reference = record.takeover_reference(req.reference, now);
             let item = self.claimed_item(req, reference, now);
-            let values = Values::default()
+            let values = free(now)
                 .set(":old", num(record.attempt.get()))
                 .set(":st", num(record.state.kind().code()));
-            if self
-                .put_claim(item, "ak = :old AND st = :st", values)
-                .await?
-                .is_none()
-            {
+            let taken = if record.outlives_takeover(req.reference, now) {
+                // A new operation takes the key; the one it replaces still
+                // reads by its reference until its retention ends.
+                self.take_over(item, values, superseded_item(&old, &record))
+                    .await?
+            } else {
+                self.put_claim(item, &takeover(), values).await?.is_none()
+            };
+            if taken {
                 return Ok(Claim::Claimed { reference });
             }
         }
@@ -880,32 +1106,42 @@ impl IdempotencyStore for DynamoDbStore {
     ) -> Result<Option<Record>, StoreError> {
         let now = self.now();
         // The one partition the reference names, strongly consistent: a
-        // status read right after a claim finds it.
-        let found = self
-            .client
-            .query()
-            .table_name(&*self.table)
-            .consistent_read(true)
-            .key_condition_expression("pk = :pk AND begins_with(sk, :r)")
-            .filter_expression("tn = :tn AND rf = :rf")
-            .expression_attribute_values(":pk", layout::partition_of(reference))
-            .expression_attribute_values(":r", blob(&[layout::RECORD_TAG]))
-            .expression_attribute_values(":tn", AttributeValue::S(tenant.to_owned()))
-            .expression_attribute_values(":rf", blob(reference.as_bytes()))
-            .send()
-            .await
-            .map_err(|e| self.err(e))?;
-        match found.items.unwrap_or_default().first() {
-            Some(item) => Ok(Some(items::record(item, now)?)),
-            None => Ok(None),
+        // status read right after a claim finds it. Its record and
+        // superseded items (jobs sort before them), the key's current
+        // record first.
+        let mut start = None;
+        loop {
+            let page = self
+                .client
+                .query()
+                .table_name(&*self.table)
+                .consistent_read(true)
+                .key_condition_expression("pk = :pk AND sk >= :r")
+                .filter_expression("tn = :tn AND rf = :rf")
+                .expression_attribute_values(":pk", layout::partition_of(reference))
+                .expression_attribute_values(":r", blob(&[layout::RECORD_TAG]))
+                .expression_attribute_values(":tn", AttributeValue::S(tenant.to_owned()))
+                .expression_attribute_values(":rf", blob(reference.as_bytes()))
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| self.err(e))?;
+            let found = page.items.unwrap_or_default();
+            if let Some(item) = found.iter().find(|item| items::is_record(item)) {
+                return Ok(Some(items::record(item, now)?));
+            }
+            start = page.last_evaluated_key;
+            if start.is_none() {
+                return Ok(None);
+            }
         }
     }
 
     async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
         let now = self.now();
         let want = batch.saturating_mul(2);
-        // COMPLETED and NOT_PERFORMED records and delivered jobs are in the
-        // `expiry` index; an IN_PROGRESS record past its life has a lapsed
+        // COMPLETED and NOT_PERFORMED records, superseded operations and
+        // delivered jobs are in the `expiry` index; an IN_PROGRESS record past its life has a lapsed
         // lease, so `lapsed` lists it; an UNKNOWN one is in `unknown`,
         // whatever its next check (UNKNOWN records are few: each waits
         // for a reconciler or a person).
@@ -943,9 +1179,9 @@ impl IdempotencyStore for DynamoDbStore {
         let mut doomed: Vec<(bool, Item)> = Vec::new();
         for item in found {
             if items::is_record(&item) {
-                let completed = items::state_of(&item)? == Completed;
+                let settled = matches!(items::state_of(&item)?, Completed | NotPerformed);
                 let lease = items::number(&item, attr::LEASE)?;
-                if completed || lease <= micros(now) {
+                if settled || lease <= micros(now) {
                     doomed.push((true, item));
                 }
             } else if items::is_job(&item) {
@@ -954,40 +1190,12 @@ impl IdempotencyStore for DynamoDbStore {
         }
         doomed.sort_by_key(|(record, _)| !record);
         doomed.truncate(batch);
-        let deletes = doomed.into_iter().map(|(record, item)| {
-            let key = [attr::PK, attr::SK]
-                .into_iter()
-                .filter_map(|k| item.get(k).map(|v| (k.to_owned(), v.clone())))
-                .collect();
-            let condition = if record {
-                RECORD_EXPIRED
-            } else {
-                "attribute_exists(dl) AND ku <= :now"
-            };
-            let mut values = Values::default().set(":now", num(micros(now)));
-            if record {
-                values = values.set(":c", num(Completed.code()));
-            }
-            self.client
-                .delete_item()
-                .table_name(&*self.table)
-                .set_key(Some(key))
-                .condition_expression(condition)
-                .set_expression_attribute_values(values.into_inner())
-                .send()
-        });
+        let deletes = doomed
+            .into_iter()
+            .map(|(record, item)| self.purge_one(record, item, now));
         let mut deleted = 0;
         for done in join_all(deletes).await {
-            use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
-            match done {
-                Ok(_) => deleted += 1,
-                Err(e) => match e.as_service_error() {
-                    // Changed since it was listed (a late completion, a
-                    // new claim): not expired any more.
-                    Some(DeleteItemError::ConditionalCheckFailedException(_)) => {}
-                    _ => return Err(self.err(e)),
-                },
-            }
+            deleted += usize::from(done?);
         }
         Ok(deleted)
     }
@@ -1023,7 +1231,7 @@ impl IdempotencyStore for DynamoDbStore {
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
         let now = self.now();
         let mut found = Vec::new();
-        for item in self.scan(layout::RECORD_TAG, None).await? {
+        for item in self.scan(RECORDS, None).await? {
             let record = items::record(&item, now)?;
             if filter.matches(&record) {
                 found.push(record);
@@ -1036,7 +1244,7 @@ impl IdempotencyStore for DynamoDbStore {
 
     async fn count_records(&self) -> Result<StateCounts, StoreError> {
         let mut counts = StateCounts::default();
-        for item in self.scan(layout::RECORD_TAG, Some("sk, st")).await? {
+        for item in self.scan(RECORDS, Some("sk, st")).await? {
             counts.add(items::state_of(&item)?, 1);
         }
         Ok(counts)
@@ -1171,10 +1379,11 @@ impl FollowOnStore for DynamoDbStore {
     }
 
     async fn finish_job(&self, id: &JobId, attempt: Attempt) -> Result<(), StoreError> {
-        // Kept as long as its operation's record: until the record expires,
-        // or until the next purge when it is gone already.
+        // Kept as long as its operation's record (current or superseded):
+        // until its retention ends, or until the next purge when it is gone
+        // already.
         let kept = match self.lookup(&id.tenant, &id.reference).await? {
-            Some(record) => record.expires_at,
+            Some(record) => record.retain_until,
             None => self.now(),
         };
         let now = self.now();
@@ -1216,7 +1425,7 @@ impl FollowOnStore for DynamoDbStore {
 
     async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
         let mut found = Vec::new();
-        for item in self.scan(layout::JOB_TAG, None).await? {
+        for item in self.scan(&[layout::JOB_TAG], None).await? {
             let job = items::job(&item)?;
             if filter.matches(&job) {
                 found.push(job);
