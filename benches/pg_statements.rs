@@ -140,7 +140,7 @@ fn main() {
                 for t in 0..16u64 {
                     let exec = exec.clone();
                     let caller = caller.clone();
-                    let first = n + t * 1_000_000;
+                    let first = n + 1 + t * 1_000_000;
                     tasks.push(tokio::spawn(async move {
                         for k in 0..250 {
                             wrapped(&exec, &caller, first + k).await;
