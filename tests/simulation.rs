@@ -18,8 +18,10 @@
 //! After every event (an answer, a maintenance step, a resolution by hand,
 //! each write that takes effect) and at the end, the oracles check:
 //!
-//! 1. effects at the processor: at most one per operation (a reference, per
-//!    instance: a claim taking over an expired record starts a new one);
+//! 1. effects at the processor: at most one per operation instance (the
+//!    same call within its window: a claim taking over an expired record
+//!    starts a new one), across every reference claimed inside it (a run
+//!    released and run again under a new reference is the same instance);
 //!    no two handlers of one operation at once; no live record taken over;
 //! 2. a caller told Executed or Replayed got that effect (its charge id);
 //! 3. a caller told that nothing was executed (refused, store unavailable,
@@ -33,8 +35,19 @@
 //!    instance of a window-scoped operation that is answered as executed or
 //!    stored as COMPLETED holds a charge made by its own handler runs (so no
 //!    two operations are credited with one charge), and a call made after
-//!    its operation's COMPLETED record expired (by the store's clock, with a
-//!    margin) is not answered with that operation's charge or an earlier one.
+//!    the window of its operation's COMPLETED instance (the window the
+//!    executor asked for, counted from the claim, never from the record's
+//!    expiry, with a margin) is not answered with that operation's charge
+//!    or an earlier one, however late that instance was completed;
+//! 9. follow-on jobs: each delivered exactly once, under its own key;
+//! 10. every reference a caller was given reads, until its retention ends
+//!    (counted from its claim), as what really happened: COMPLETED with a
+//!    charge made under it when the processor holds one, NOT_PERFORMED or
+//!    not found only when nothing was sent under it, never another
+//!    operation's record, even once a new operation took its key; and
+//!    settled once everything is reconciled. Read through the status tool
+//!    and `lookup`, now and then during the schedule (old references
+//!    included) and at its end (`simulation/references.rs`).
 //!
 //! Beside them, the recording store checks every write that takes effect
 //! against a model of the record (a claim takes over only an expired or
@@ -74,10 +87,13 @@ mod durable;
 mod dynamodb_emulator;
 
 mod simulation {
+    pub mod answers;
     pub mod buggify;
     pub mod durable_runs;
+    pub mod operator;
     pub mod outbox;
     pub mod processor;
+    pub mod references;
     pub mod rng;
     pub mod scenario;
     pub mod stores;
@@ -307,6 +323,7 @@ fn simulation_oracles_catch_sabotage() {
             Sabotage::LeakyLookup => &["oracle 6"],
             Sabotage::HideHeartbeatFailures => &["oracle 4"],
             Sabotage::StaleReference => &["oracle 8"],
+            Sabotage::ForgetSuperseded => &["oracle 10"],
         }
     };
     // IDEM_SIM_SABOTAGE_SCAN=n: how many of n schedules catch each one.

@@ -2,6 +2,8 @@
 //! driven by one seed, with the oracles checked after every event.
 //!
 //! One job, over 700 lines: running a schedule and checking its oracles.
+//! What a caller was told is judged in `answers.rs`, the operator is in
+//! `operator.rs`, oracle 10's reads in `references.rs`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -9,21 +11,19 @@ use std::time::{Duration, SystemTime};
 
 use idem_runtime::store::conformance::FaultyStore;
 use idem_runtime::{
-    maintenance::{
-        purge, reconcile, resolve_by_hand, sweep, Outcome as Found, ReconcileConfig, ResolveError,
-    },
+    maintenance::{purge, reconcile, sweep, ReconcileConfig},
     store::RecordState,
-    Answer, Caller, Disposition, Executor, IdempotencyStore, Operation, OperationContext,
-    Recording, ScopeSpec, ToolError,
+    Answer, Caller, Executor, IdempotencyStore, Operation, OperationContext, ScopeSpec, ToolError,
 };
 use tokio::time::Instant;
 
+use super::answers::{after_window, judge};
+use super::operator::{manual_leftovers, operate};
 use super::processor::{ProcAnswer, Processor, SimReconciler};
 use super::stores::{plan, Observer, Recorder};
 use super::timing::Timing;
 use super::world::{
-    AfterWindow, CallPlan, CallRec, OpSpec, Outcome, PanicAt, Receipt, RequestPlan, RunRec,
-    Sabotage, Sim, Stats, Tool, World,
+    CallPlan, CallRec, OpSpec, PanicAt, Receipt, RequestPlan, RunRec, Sabotage, Sim, Stats, Tool,
 };
 
 const STATUS_TOOL: &str = "get_operation_status";
@@ -222,6 +222,7 @@ async fn schedule(sim: Arc<Sim>, inner: Arc<dyn IdempotencyStore>) {
         stop.clone(),
     ));
     let operator = tokio::spawn(operate(sim.clone(), stack.clone(), stop.clone()));
+    let reader = tokio::spawn(super::references::reader(sim.clone(), stop.clone()));
     // A dispatcher on each replica, until every job is delivered.
     let stop_dispatch = Arc::new(AtomicBool::new(false));
     let dispatchers: Vec<_> = stacks
@@ -294,7 +295,7 @@ async fn schedule(sim: Arc<Sim>, inner: Arc<dyn IdempotencyStore>) {
     };
     tokio::time::sleep_until(consistent + t.reconcile_bound()).await;
     stop.store(true, Ordering::SeqCst);
-    for task in [maintenance, operator] {
+    for task in [maintenance, operator, reader] {
         if let Err(e) = task.await {
             sim.violate(format!("a maintenance task failed: {e}"));
         }
@@ -339,6 +340,7 @@ async fn schedule(sim: Arc<Sim>, inner: Arc<dyn IdempotencyStore>) {
     for r in references {
         sim.check_tenants(&r).await;
     }
+    super::references::final_check(&sim).await;
     // Oracle 9: the dispatchers deliver every job, then the mailer's ledger
     // is checked against the jobs written.
     let limit = t.reconcile_bound() * 4;
@@ -801,214 +803,6 @@ fn start_run(sim: &Arc<Sim>, call: usize, ctx: &OperationContext) -> usize {
     run
 }
 
-/// Oracle 8: whether `call`, made now, comes after the window of its
-/// operation's latest instance, which ended COMPLETED: its record expired
-/// more than the margin ago by the store's clock, so the call is a new
-/// operation whatever the clocks' grain. The record's own `expires_at` is
-/// the end: `claimed_at + window`, or the end of the retention for a
-/// completion that came after the window (a late handler, a reconciler, an
-/// operator), which answers repeats that long. A call nearer the edge may
-/// legitimately be either, and is not judged; nor is one after an UNKNOWN
-/// or IN_PROGRESS instance (kept past its window until resolved) or of a
-/// business key (its reference stays the business key's).
-fn after_window(sim: &Sim, w: &World, call: usize) -> Option<AfterWindow> {
-    let op = w.calls[call].plan.op;
-    w.ops[op].tool.window()?;
-    let key = *w.op_keys.get(&op)?;
-    let m = w.keys.get(&key)?;
-    let record = m.snapshot.as_ref()?;
-    let RecordState::Completed { response } = &record.state else {
-        return None;
-    };
-    let late_by = (sim.clock)().duration_since(record.expires_at).ok()?;
-    if late_by < sim.timing.window_margin {
-        return None;
-    }
-    let charge = serde_json::from_str::<Receipt>(response)
-        .ok()
-        .map(|r| r.charge_id);
-    Some(AfterWindow {
-        key,
-        epoch: m.epoch,
-        charge,
-        late_by,
-    })
-}
-
-/// Oracle 8, from the caller's side: a call made after its operation's
-/// window, answered with a charge, got a charge of a later instance than
-/// the one whose window had ended, not that one's again.
-fn judge_after_window(
-    sim: &Sim,
-    w: &mut World,
-    call: usize,
-    kind: &str,
-    id: &str,
-) -> Option<String> {
-    let after = w.calls[call].after.clone()?;
-    w.stats
-        .bump("calls after their operation's window, answered with a charge");
-    let (_, key, epoch) = sim.charge_by_id(w, id)?;
-    if key == after.key && epoch > after.epoch {
-        return None;
-    }
-    Some(format!(
-        "oracle 8 (no wanted operation is suppressed): the call was made {:?} after instance {} of its operation (COMPLETED with {}) had expired: a new operation the user wanted; it was answered {kind} with {id}, a charge of {}",
-        after.late_by,
-        after.epoch,
-        after.charge.as_deref().unwrap_or("?"),
-        if key == after.key {
-            format!("instance {epoch}")
-        } else {
-            "another operation".to_owned()
-        },
-    ))
-}
-
-/// Oracles 2 and 3: what the caller was told against what happened.
-fn judge(sim: &Sim, call: usize, answer: Option<&Answer<Receipt, ToolError>>) {
-    let mut w = sim.world();
-    let kind = answer.map_or("dropped", |a| a.name());
-    w.calls[call].answer = Some(kind);
-    w.stats.bump(kind);
-    let run = w.calls[call].run;
-    sim.log(&mut w, || {
-        format!("call {call} answered {kind} (run {run:?})")
-    });
-    let Some(answer) = answer else { return };
-    let mut problems = Vec::new();
-    let nothing_ran = |what: &str, problems: &mut Vec<String>| {
-        if let Some(r) = run {
-            problems.push(format!(
-                "oracle 3 (nothing executed means nothing executed): the caller was told {what}, but its handler ran (run {r})"
-            ));
-        }
-    };
-    match answer {
-        Answer::Executed {
-            value,
-            reference,
-            recording,
-        } => {
-            match recording {
-                Recording::Stored => {}
-                Recording::Pending => w.stats.bump("executed, completion in the background"),
-                Recording::Failed => w.stats.bump("executed, completion not recorded"),
-            }
-            let own = run.and_then(|r| w.runs[r].request.map(|q| (r, q)));
-            match own.map(|(_, q)| &w.requests[q].outcome) {
-                Some(Outcome::Charged { charge, .. }) if w.charges[*charge].id == value.charge_id => {}
-                other => problems.push(format!(
-                    "oracle 2 (executed means this effect): the caller got {value:?}, but its own request ended {other:?}"
-                )),
-            }
-            match sim.charge_of(&w, reference) {
-                Some(c) if c.id == value.charge_id && value.reference == reference.to_string() => {}
-                other => problems.push(format!(
-                    "oracle 2 (executed means this effect): the caller got {value:?} for {reference}, the processor holds {other:?}"
-                )),
-            }
-        }
-        Answer::Replayed {
-            value,
-            stored,
-            reference,
-        } => {
-            nothing_ran("it was replayed", &mut problems);
-            match sim.charge_of(&w, reference) {
-                Some(c) if c.id == value.charge_id && value.reference == reference.to_string() => {}
-                other => problems.push(format!(
-                    "oracle 2 (replayed means this effect): the caller got {value:?} for {reference}, the processor holds {other:?}"
-                )),
-            }
-            if serde_json::from_str::<Receipt>(stored).ok().as_ref() != Some(value) {
-                problems.push(format!(
-                    "the replay's stored text {stored} is not its value"
-                ));
-            }
-            // The replayed charge was made for these arguments: a call with
-            // other arguments under the same key is a conflict, never
-            // another operation's result.
-            if let Some((c, _, _)) = sim.charge_by_id(&w, &value.charge_id) {
-                let ran = &w.ops[w.calls[w.runs[w.charges[c].run].call].plan.op];
-                let this = &w.ops[w.calls[call].plan.op];
-                if ran.tenant != this.tenant || ran.args != this.args {
-                    problems.push(format!(
-                        "oracle 2 (replayed means this effect): a call with {} of {} got the replay of {}, charged for {} of {}: a conflict answered as a replay",
-                        this.args, this.tenant, value.charge_id, ran.args, ran.tenant
-                    ));
-                }
-            }
-        }
-        Answer::InProgress { .. } => nothing_ran("it is in progress", &mut problems),
-        Answer::Conflict { .. } => {
-            nothing_ran("of a conflict", &mut problems);
-            // Only a business key taken by other arguments is a conflict.
-            let op = &w.ops[w.calls[call].plan.op];
-            let rival = w.ops.iter().any(|o| {
-                matches!(o.tool, Tool::Ship { .. })
-                    && o.tenant == op.tenant
-                    && o.args["order_id"] == op.args["order_id"]
-                    && o.args != op.args
-            });
-            if !matches!(op.tool, Tool::Ship { .. }) || !rival {
-                problems.push(format!(
-                    "a conflict answered for {:?}, whose key no other arguments share",
-                    op.args
-                ));
-            }
-        }
-        Answer::Refused { .. } => nothing_ran("it was refused", &mut problems),
-        Answer::StoreUnavailable { .. } => nothing_ran("the store was unavailable", &mut problems),
-        Answer::Unknown { .. } => {
-            if let Some(r) = run {
-                if !w.runs[r].panicked {
-                    problems.push(format!("the caller was told unknown, but its handler (run {r}) ran and did not panic"));
-                }
-            }
-        }
-        Answer::Failed {
-            disposition: Disposition::Rejected,
-            ..
-        } => match run {
-            None => problems.push("a rejection without a handler run".to_owned()),
-            Some(r) => {
-                if let Some(q) = w.runs[r].request {
-                    if let Outcome::Charged { charge, .. } = w.requests[q].outcome {
-                        problems.push(format!(
-                            "oracle 3 (nothing executed means nothing executed): the caller was told \"rejected, nothing was executed\", but its request took effect as {}",
-                            w.charges[charge].id
-                        ));
-                    }
-                }
-            }
-        },
-        Answer::Failed { .. } => {
-            if run.is_none() {
-                problems.push("a failure without a handler run".to_owned());
-            }
-        }
-        _ => problems.push(format!("an answer the simulation does not know: {kind}")),
-    }
-    // Oracle 8: an operation answered as executed got its own charge, and
-    // a call after its operation's window got a new operation's.
-    let charged = match answer {
-        Answer::Executed { value, .. } | Answer::Replayed { value, .. } => Some(&value.charge_id),
-        _ => None,
-    };
-    if let Some(id) = charged {
-        problems.extend(judge_after_window(sim, &mut w, call, kind, id));
-    }
-    if let (Answer::Executed { value, .. }, Some(r)) = (answer, run) {
-        let (key, epoch) = (w.runs[r].key, w.runs[r].epoch);
-        let how = format!("answered executed to call {call}");
-        sim.credit(&mut w, &value.charge_id, key, epoch, &how);
-    }
-    for p in problems {
-        sim.violation(&mut w, format!("call {call}: {p}"));
-    }
-}
-
 async fn maintain(
     sim: Arc<Sim>,
     store: Stack,
@@ -1042,119 +836,6 @@ async fn maintain(
     }
 }
 
-/// The truth about a legacy record, as an operator finds it at the
-/// processor: performed, not performed, or not known yet.
-fn truth(sim: &Sim, key: &[u8; 32]) -> Option<Found> {
-    let w = sim.world();
-    let m = w.keys.get(key)?;
-    let now = Instant::now();
-    if let Some(c) = sim.charge_of(&w, &m.reference) {
-        return (now >= c.lands_at).then(|| {
-            Found::completed(serde_json::to_string(&c.receipt()).expect("a receipt serializes"))
-        });
-    }
-    let pending = w
-        .requests
-        .iter()
-        .any(|r| r.reference == m.reference && r.outcome == Outcome::Pending);
-    let live = w.runs.iter().any(|r| r.key == *key && r.live);
-    (!pending && !live).then_some(Found::NotPerformed)
-}
-
-/// Resolves, by hand and from the truth, legacy records in doubt; returns
-/// the keys it resolved.
-async fn resolve_legacy(sim: &Arc<Sim>, store: &Stack, all: bool) -> Vec<[u8; 32]> {
-    let candidates: Vec<([u8; 32], String, idem_runtime::Reference)> = {
-        let w = sim.world();
-        w.keys
-            .iter()
-            .filter(|(_, m)| !Tool::reconcilable(&m.tool))
-            .map(|(k, m)| (*k, m.tenant.clone(), m.reference))
-            .collect()
-    };
-    let mut resolved = Vec::new();
-    for (key, tenant, reference) in candidates {
-        let Some(record) = sim.peek(&tenant, &reference).await else {
-            continue;
-        };
-        let in_doubt = matches!(record.state, RecordState::Unknown { .. }) || record.is_lapsed();
-        if !in_doubt || (!all && !sim.rng().chance(0.5)) {
-            continue;
-        }
-        let Some(outcome) = truth(sim, &key) else {
-            continue;
-        };
-        let note = format!(
-            "operator (seed {}): checked the legacy processor's ledger",
-            sim.seed
-        );
-        let resolutions = |sim: &Sim| {
-            sim.world()
-                .resolutions
-                .iter()
-                .filter(|r| r.key == key)
-                .count()
-        };
-        let before = resolutions(sim);
-        let answer = resolve_by_hand(&**store, &tenant, &reference, &outcome, &note).await;
-        let took_effect = resolutions(sim) > before;
-        match answer {
-            Ok(record) => {
-                let ok = match (&record.state, &outcome) {
-                    (RecordState::Completed { response }, Found::Completed { response: r, .. }) => response == r,
-                    (RecordState::NotPerformed { .. }, Found::NotPerformed) => true,
-                    _ => false,
-                } && record.resolution.as_deref() == Some(note.as_str());
-                if !ok {
-                    sim.violate(format!("resolve_by_hand of {reference} answered {record:?} for {outcome:?}"));
-                }
-                sim.world().stats.bump("resolved by hand");
-                resolved.push(key);
-            }
-            // The resolution took effect: resolve_by_hand must say so, even
-            // when a purge or a new claim gets to the record before it reads
-            // it back (found by seed 2586 and others; fixed).
-            Err(e @ (ResolveError::NotFound { .. } | ResolveError::NotUnknown { .. })) if took_effect => {
-                sim.violate(format!("resolve_by_hand of {reference} took effect, then answered: {e}"));
-                resolved.push(key);
-            }
-            // A late completion or another resolution came first, or a
-            // delayed release or purge removed it; or the store failed
-            // (while faults are on).
-            Err(ResolveError::NotUnknown { .. } | ResolveError::NotFound { .. } | ResolveError::Store(_)) if !all => {}
-            Err(e) => sim.violate(format!("resolve_by_hand of {reference} failed with the store healthy and nothing else running: {e}")),
-        }
-        sim.check_live("a resolution by hand").await;
-    }
-    resolved
-}
-
-async fn operate(sim: Arc<Sim>, store: Stack, stop: Arc<AtomicBool>) {
-    let t = sim.timing.clone();
-    loop {
-        let pause = sim.rng().between(t.operator_every.0, t.operator_every.1);
-        tokio::time::sleep(pause).await;
-        if stop.load(Ordering::SeqCst) {
-            return;
-        }
-        resolve_legacy(&sim, &store, false).await;
-    }
-}
-
-/// The legacy operations left in doubt, resolved by hand: returns one
-/// operation per resolved record, to be called again.
-async fn manual_leftovers(sim: &Arc<Sim>, store: &Stack) -> Vec<usize> {
-    let resolved = resolve_legacy(sim, store, true).await;
-    let w = sim.world();
-    resolved
-        .iter()
-        .filter_map(|key| {
-            let run = w.runs.iter().rev().find(|r| r.key == *key)?;
-            Some(w.calls[run.call].plan.op)
-        })
-        .collect()
-}
-
 /// Oracle 5 (every UNKNOWN record a reconciler can resolve is resolved within
 /// the bound), the stored responses (oracle 2), and the model against the
 /// store.
@@ -1182,8 +863,12 @@ async fn final_checks(sim: &Arc<Sim>) {
         match (&actual, &snapshot) {
             (None, None) => {}
             (None, Some(s)) => {
+                // An operation's record reads until its retention ends,
+                // however it settled.
                 let end = match s.state {
-                    RecordState::Completed { .. } => s.expires_at,
+                    RecordState::Completed { .. } | RecordState::NotPerformed { .. } => {
+                        s.retain_until
+                    }
                     _ => s.retain_until.max(s.lease_until),
                 };
                 if end > now + tol {

@@ -349,7 +349,10 @@ impl Recorder {
         sim: &Sim,
         req: &ClaimRequest,
         reference: Reference,
+        sent: SystemTime,
     ) {
+        // No earlier than the store's own reading of its clock.
+        let answered = (sim.clock)();
         let after = match inner.lookup(&req.tenant, &reference).await {
             Ok(Some(r)) => r,
             other => {
@@ -398,6 +401,7 @@ impl Recorder {
                 snapshot: None,
                 released: false,
                 attempt: None,
+                window_ends: answered,
             });
         let new_epoch = match &m.snapshot {
             None => !m.released,
@@ -427,7 +431,20 @@ impl Recorder {
         m.released = false;
         m.attempt = Some(req.attempt);
         m.reference = reference;
+        m.window_ends = answered + req.window;
         w.by_ref.insert(reference, *req.key.as_bytes());
+        // Oracle 10: the reference reads until its retention ends, counted
+        // from the claim (no later than the store counts it).
+        let life = w
+            .refs
+            .entry(reference)
+            .or_insert_with(|| super::references::RefLife {
+                key: *req.key.as_bytes(),
+                tenant: req.tenant.clone(),
+                tool: req.tool.clone(),
+                reads_until: sent,
+            });
+        life.reads_until = life.reads_until.max(sent + retention);
         if new_epoch && epoch > 1 {
             w.stats.bump("expired record taken over");
             if prev_state == Some("COMPLETED") && Tool::windowed(&req.tool) {
@@ -480,10 +497,12 @@ impl IdempotencyStore for Recorder {
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         let req = req.clone();
         self.write(|inner, sim| async move {
+            // No later than the store's own reading of its clock.
+            let sent = (sim.clock)();
             let out = inner.claim(&req).await;
             match &out {
                 Ok(Claim::Claimed { reference }) => {
-                    Self::claimed(&*inner, &sim, &req, *reference).await
+                    Self::claimed(&*inner, &sim, &req, *reference, sent).await
                 }
                 Ok(Claim::Existing { record }) => Self::existing(&sim, &req, record),
                 Err(_) => {}

@@ -50,10 +50,13 @@ pub enum Sabotage {
     /// run got, whatever operation it runs for now: the processor replays
     /// the first purchase for a later one.
     StaleReference,
+    /// The oracle's reads of a reference forget an operation once a new one
+    /// took its key (as a store that keeps no superseded operation would).
+    ForgetSuperseded,
 }
 
 impl Sabotage {
-    pub const ALL: [Sabotage; 9] = [
+    pub const ALL: [Sabotage; 10] = [
         Sabotage::NoDedupe,
         Sabotage::LateVisibility,
         Sabotage::InFlightNotPerformed,
@@ -63,6 +66,7 @@ impl Sabotage {
         Sabotage::LeakyLookup,
         Sabotage::HideHeartbeatFailures,
         Sabotage::StaleReference,
+        Sabotage::ForgetSuperseded,
     ];
 }
 
@@ -172,7 +176,8 @@ pub struct AfterWindow {
     pub epoch: u32,
     /// Its charge, as its record holds it.
     pub charge: Option<String>,
-    /// How long after that instance's record expired the call was made.
+    /// How long after that instance's window ended (counted from its
+    /// claim) the call was made.
     pub late_by: Duration,
 }
 
@@ -256,6 +261,10 @@ pub struct KeyModel {
     pub snapshot: Option<Record>,
     pub released: bool,
     pub attempt: Option<Attempt>,
+    /// When the window of the current claim ends by the store's clock:
+    /// the claim's answer plus the window the executor asked for (no
+    /// earlier than the store counts it from the claim). Oracle 8.
+    pub window_ends: SystemTime,
 }
 
 #[derive(Debug)]
@@ -359,8 +368,9 @@ pub struct World {
     /// The reference each operation spec's first run got
     /// (`Sabotage::StaleReference`).
     pub first_refs: BTreeMap<usize, Reference>,
-    /// Which runs' requests took effect, per operation instance.
-    pub accepted: BTreeMap<(Reference, u32), BTreeSet<usize>>,
+    /// Which runs' requests took effect, per operation instance (key,
+    /// epoch), whatever reference each ran under.
+    pub accepted: BTreeMap<([u8; 32], u32), BTreeSet<usize>>,
     pub pending_tasks: usize,
     pub outstanding_calls: usize,
     pub hb_failures: BTreeMap<[u8; 32], Vec<Instant>>,
@@ -379,6 +389,10 @@ pub struct World {
     pub jobs: Vec<JobRec>,
     /// The mailer's ledger, by downstream key.
     pub mailer: BTreeMap<String, MailRec>,
+    /// Every reference a claim took (oracle 10).
+    pub refs: BTreeMap<Reference, super::references::RefLife>,
+    /// The references handed to callers, in the order first given.
+    pub given: Vec<Reference>,
 }
 
 /// One schedule's shared state.
@@ -535,15 +549,23 @@ impl Sim {
                 );
             }
         }
-        let runs = w.accepted.entry((reference, epoch)).or_default();
+        // One instance of an operation (the same call within its window)
+        // has at most one effect, under whichever references its claims
+        // ran: a handler run whose outcome was not known, followed by
+        // another run under a new reference, charged twice.
+        let key = w.runs[run].key;
+        let runs = w.accepted.entry((key, epoch)).or_default();
         runs.insert(run);
         if runs.len() > 1 {
             let runs: Vec<usize> = runs.iter().copied().collect();
+            let refs: BTreeSet<Reference> = runs.iter().map(|r| w.runs[*r].reference).collect();
+            let refs: Vec<String> = refs.iter().map(Reference::to_string).collect();
             self.violation(
                 w,
                 format!(
-                    "oracle 1 (effects <= 1 per operation): operation {reference} (instance {epoch}) reached the processor with effect from {} handler runs {runs:?}: it ran twice",
-                    runs.len()
+                    "oracle 1 (effects <= 1 per operation): operation {reference} (instance {epoch}) reached the processor with effect from {} handler runs {runs:?}, under {}: it ran twice",
+                    runs.len(),
+                    refs.join(", ")
                 ),
             );
         }
