@@ -106,12 +106,10 @@ fn main() {
                 wrapped(exec, &caller, n).await;
             }
         }
+        println!("pg_statements: {} (CPU: {})", common::load(), cpu_model());
         println!(
-            "pg_statements: {} (CPU: {})",
-            common::load(),
-            cpu_model()
+            "\nconcurrency 1, {rounds} rounds of 1000 calls per side, alternated call by call"
         );
-        println!("\nconcurrency 1, {rounds} rounds of 1000 calls per side, alternated call by call");
         let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); sides.len()];
         for _ in 0..rounds {
             for _ in 0..1000 {
@@ -131,7 +129,9 @@ fn main() {
             println!("| {name} | {median:.0} | {p99:.0} | {:.3} |", median / base);
         }
 
-        println!("\nconcurrency 16, {rounds} rounds of 4000 calls per side, alternated round by round");
+        println!(
+            "\nconcurrency 16, {rounds} rounds of 4000 calls per side, alternated round by round"
+        );
         let mut rates: Vec<Vec<f64>> = vec![Vec::new(); sides.len()];
         for _ in 0..rounds {
             for (i, exec) in execs.iter().enumerate() {

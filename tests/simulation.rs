@@ -85,6 +85,8 @@ use idem_runtime::{IdempotencyStore, MemoryStore};
 mod durable;
 #[path = "dynamodb_emulator/mod.rs"]
 mod dynamodb_emulator;
+#[path = "redis_server/mod.rs"]
+mod redis_server;
 
 mod simulation {
     pub mod answers;
@@ -427,6 +429,12 @@ fn simulation_sqlite() {
 fn simulation_postgres() {
     let _serial = serial();
     simulation::durable_runs::postgres();
+}
+
+#[test]
+fn simulation_redis() {
+    let _serial = serial();
+    simulation::durable_runs::redis();
 }
 
 #[test]

@@ -116,6 +116,16 @@ pub fn postgres() {
     });
 }
 
+/// RedisStore on the shared server (`IDEM_TEST_REDIS_URL`), each schedule
+/// under a fresh key prefix, deleted afterwards.
+pub fn redis() {
+    run("redis", "simulation_redis", 20, 10, || async {
+        let redis = crate::redis_server::Prefixed::new().await?;
+        let store: Arc<dyn IdempotencyStore> = Arc::new(redis.store.clone());
+        Some((store, Box::new(redis) as Box<dyn std::any::Any + Send>))
+    });
+}
+
 /// DynamoDbStore on the emulator (`IDEM_TEST_DYNAMODB_ENDPOINT`), each
 /// schedule on a fresh table: fewer seeds than PostgreSQL, since every
 /// store call is an HTTP request to moto, which answers them one at a time,
