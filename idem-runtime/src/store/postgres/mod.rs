@@ -129,7 +129,6 @@ impl PostgresStore {
         let client = self.client().await?;
         let db = Db::new(&client, self.named_statements);
         let out = tokio::time::timeout(self.timeout, work(&db, &self.sql)).await;
-        drop(db);
         match out {
             Ok(Err(CallError::Store(e))) => Err(e),
             Ok(Err(CallError::Pg(e))) => self.settle(client, Ok(Err(e))),
