@@ -41,13 +41,13 @@
 //!    or an earlier one, however late that instance was completed;
 //! 9. follow-on jobs: each delivered exactly once, under its own key;
 //! 10. every reference a caller was given reads, until its retention ends
-//!    (counted from its claim), as what really happened: COMPLETED with a
-//!    charge made under it when the processor holds one, NOT_PERFORMED or
-//!    not found only when nothing was sent under it, never another
-//!    operation's record, even once a new operation took its key; and
-//!    settled once everything is reconciled. Read through the status tool
-//!    and `lookup`, now and then during the schedule (old references
-//!    included) and at its end (`simulation/references.rs`).
+//!     (counted from its claim), as what really happened: COMPLETED with a
+//!     charge made under it when the processor holds one, NOT_PERFORMED or
+//!     not found only when nothing was sent under it, never another
+//!     operation's record, even once a new operation took its key; and
+//!     settled once everything is reconciled. Read through the status tool
+//!     and `lookup`, now and then during the schedule (old references
+//!     included) and at its end (`simulation/references.rs`).
 //!
 //! Beside them, the recording store checks every write that takes effect
 //! against a model of the record (a claim takes over only an expired or
