@@ -52,7 +52,8 @@
 //! Beside them, the recording store checks every write that takes effect
 //! against a model of the record (a claim takes over only an expired or
 //! NOT_PERFORMED record, a sweep marks only a lapsed lease, NOT_PERFORMED
-//! only after the settle period, no record vanishes before it expires).
+//! only after the settle period, no record vanishes before its retention
+//! ends).
 //! `simulation_oracles_catch_sabotage` shows that each oracle can fail: each
 //! switch in `Sabotage` breaks one thing on purpose and must be caught.
 //!
