@@ -19,7 +19,6 @@ use tokio::sync::Notify;
 
 use super::running::Completing;
 use super::Executor;
-use crate::answer::note;
 use crate::key::{IdempotencyKey, Reference};
 use crate::store::FollowOn;
 use crate::store::{complete_with_jobs, Attempt, IdempotencyStore, StoreError};
@@ -162,9 +161,7 @@ async fn write_until_landed(
             // The store cannot hold it, now or ever: the record says so
             // rather than waiting for the sweep to call the process dead.
             Err(StoreError::Invalid(error)) => {
-                let note = note::refused(error);
-                tracing::error!(%reference, %note, "completion refused after the side effect");
-                super::mark(store, &c.key, reference, c.attempt, &note).await;
+                super::mark_refused(store, &c.key, reference, c.attempt, error).await;
                 return;
             }
             Err(error @ StoreError::Unavailable(_)) if first.elapsed() < GIVE_UP_AFTER => {

@@ -23,6 +23,22 @@ pub(super) async fn mark(
     }
 }
 
+/// A completion the store refused as invalid (it cannot hold it, now or
+/// ever) after the side effect: the record is marked UNKNOWN with a note
+/// that says why, rather than left IN_PROGRESS for the sweep to call the
+/// process dead. The inline and the background completion both end here.
+pub(super) async fn mark_refused(
+    store: &dyn IdempotencyStore,
+    key: &IdempotencyKey,
+    reference: Reference,
+    attempt: Attempt,
+    error: String,
+) {
+    let note = crate::answer::note::refused(error);
+    tracing::error!(%reference, %note, "completion refused after the side effect");
+    mark(store, key, reference, attempt, &note).await;
+}
+
 /// Marks the record UNKNOWN if the call's future is dropped mid-handler (the
 /// client went away, a timeout cancelled it): the side effect may be half done.
 /// It borrows the store and clones the `Arc` only when it fires: a clone per

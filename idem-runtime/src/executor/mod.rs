@@ -31,7 +31,7 @@ mod task;
 use crate::future::{panic_message, CatchUnwind};
 use background::{Background, Completion};
 use claim::{Claimed, Won};
-use guard::{mark, UnknownOnDrop};
+use guard::{mark, mark_refused, UnknownOnDrop};
 use pace::ToolDurations;
 use running::{Found, RunningClaims};
 pub use task::TaskCancellation;
@@ -644,9 +644,7 @@ impl Executor {
                             // record says so rather than waiting for the
                             // sweep to call the process dead.
                             Err(StoreError::Invalid(error)) => {
-                                let note = note::refused(error);
-                                tracing::error!(%reference, %note, "completion refused after the side effect");
-                                mark(store, key, reference, attempt, &note).await;
+                                mark_refused(store, key, reference, attempt, error).await;
                                 Recording::Failed
                             }
                             Err(error) => {
