@@ -1185,10 +1185,10 @@ async fn show_finds_a_reference_without_its_tenant() {
     assert!(missing.err.contains("in any tenant"), "{}", missing.err);
 }
 
-/// A delivered job after a re-drive: its runs are said to count from the
-/// re-drive, and the failure that buried it is shown as past, never as
-/// the job's present trouble; a job delivered on a retry shows its earlier
-/// run's error as earlier.
+/// A delivered job after a re-drive: its runs are counted across the
+/// re-drive, and the failure that buried it is shown as past, never as the
+/// job's present trouble, even when a run since lapsed without an error; a
+/// job delivered on a retry shows its earlier run's error as earlier.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_show_an_old_failure_as_old() {
     let dir = temp_dir("cli-jobs-history");
@@ -1207,19 +1207,19 @@ async fn jobs_show_an_old_failure_as_old() {
         .complete_with_follow_ons(&req.key, req.attempt, "\"paid\"", &jobs)
         .await
         .unwrap();
-    let lease = |name: &'static str| {
+    let lease_for = |name: &'static str, lease: Duration| {
         let store = &store;
         async move {
             let token = idem_runtime::store::Attempt::random();
-            let leased = store
-                .lease_jobs(&[name], 1, Duration::from_secs(60), token)
-                .await
-                .unwrap();
+            let leased = store.lease_jobs(&[name], 1, lease, token).await.unwrap();
             assert_eq!(leased.len(), 1, "{name} is due");
             (leased[0].id.clone(), token)
         }
     };
-    // send_receipt: buried, re-driven, delivered on its first run after.
+    let lease = |name: &'static str| lease_for(name, Duration::from_secs(60));
+    // send_receipt: buried on its first run, re-driven; its next run's
+    // lease lapses (the dispatcher died: no error), and the run after
+    // delivers it. Three runs in all, two since the re-drive.
     let (id, token) = lease("send_receipt").await;
     store
         .bury_job(&id, token, "mailer bounced: no such address")
@@ -1234,6 +1234,17 @@ async fn jobs_show_an_old_failure_as_old() {
         waiting[0]["last_error_is_current"],
         json!(false),
         "{waiting}"
+    );
+    let _lapsed = lease_for("send_receipt", Duration::from_millis(1)).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let running = idem(&url, &["--json", "jobs", "--name", "send_receipt"])
+        .await
+        .json();
+    assert_eq!(running[0]["all_runs"], json!(2), "{running}");
+    assert_eq!(
+        running[0]["last_error_is_current"],
+        json!(false),
+        "{running}"
     );
     let (id, token) = lease("send_receipt").await;
     store.finish_job(&id, token).await.unwrap();
@@ -1257,7 +1268,7 @@ async fn jobs_show_an_old_failure_as_old() {
             .to_owned()
     };
     let receipt = line("send_receipt");
-    assert!(receipt.contains("1 since a re-drive"), "{receipt}");
+    assert!(receipt.contains("3 (2 since a re-drive)"), "{receipt}");
     assert!(
         receipt.contains("before the re-drive: mailer bounced"),
         "{receipt}"
@@ -1276,6 +1287,11 @@ async fn jobs_show_an_old_failure_as_old() {
         assert_eq!(job["last_error_is_current"], json!(false), "{job}");
         let redriven = job["name"] == json!("send_receipt");
         assert_eq!(job["redriven"], json!(redriven), "{job}");
+        assert_eq!(
+            job["all_runs"],
+            json!(if redriven { 3 } else { 2 }),
+            "{job}"
+        );
     }
     let shown = idem(&url, &["show", &req.reference.to_string()]).await;
     assert_eq!(shown.code, EXIT_OK, "{shown:?}");

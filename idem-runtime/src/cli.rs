@@ -789,45 +789,36 @@ fn record_json(r: &Record, response: bool) -> Value {
     value
 }
 
-/// Whether the job's `last_error` is from before its last re-drive, as
-/// far as the store's fields tell: `runs` starts again at 0 when a job is
-/// re-driven and its error is kept, so an error with no run since (waiting,
-/// 0 runs) or with only the run under way or that delivered it (running or
-/// delivered, 1 run) can only be older than the re-drive.
+/// Whether the job was ever re-driven, as far as its fields tell (a job
+/// re-driven by a store written before 0.2 shows none of it).
 fn redriven(j: &Job) -> bool {
-    j.last_error.is_some()
-        && match j.state() {
-            JobState::Waiting => j.runs == 0,
-            JobState::Running | JobState::Delivered => j.runs == 1,
-            JobState::Dead => false,
-        }
+    j.earlier_runs > 0 || j.error_before_redrive.is_some()
 }
 
-/// The RUNS cell: the runs since the job was written or last re-driven
-/// (the count a store keeps), and, when the job was evidently re-driven,
-/// that the runs before the re-drive are not in it.
+/// The RUNS cell: how many times the job ran in all, and, for a re-driven
+/// job, how many of those since its last re-drive (the count its retries
+/// and its dead letter go by).
 fn job_runs(j: &Job) -> String {
     if redriven(j) {
-        format!("{} since a re-drive", j.runs)
+        format!("{} ({} since a re-drive)", j.all_runs(), j.runs)
     } else {
         j.runs.to_string()
     }
 }
 
 /// The LAST ERROR cell, never an old failure shown as the current one: a
-/// delivered job's error is from a run before the one that delivered it,
-/// and a re-driven job's from before the re-drive; a dead job's is why it
-/// died, and a waiting or running job's is its last failed run.
+/// waiting, running or dead job's `last_error` is its last failed run since
+/// it was written or re-driven, shown as it is; a delivered job's is from a
+/// run before the one that delivered it; a re-driven job with no failed run
+/// since shows the error it died of as from before the re-drive.
 fn job_error(j: &Job) -> String {
-    let Some(error) = &j.last_error else {
-        return String::new();
-    };
-    if redriven(j) {
-        format!("before the re-drive: {error}")
-    } else if j.state() == JobState::Delivered {
-        format!("an earlier run: {error}")
-    } else {
-        error.clone()
+    match (&j.last_error, &j.error_before_redrive) {
+        (Some(error), _) if j.state() == JobState::Delivered => {
+            format!("an earlier run: {error}")
+        }
+        (Some(error), _) => error.clone(),
+        (None, Some(error)) => format!("before the re-drive: {error}"),
+        (None, None) => String::new(),
     }
 }
 
@@ -923,13 +914,14 @@ fn job_json(j: &Job) -> Value {
         "tenant": j.id.tenant,
         "downstream_key": j.id.downstream_key(),
         "runs": j.runs,
+        "earlier_runs": j.earlier_runs,
+        "all_runs": j.all_runs(),
         "dead": j.dead,
         "leased": j.attempt.is_some(),
         "next_run_at": rfc3339(j.next_run_at),
         "last_error": j.last_error,
-        "last_error_is_current": j.last_error.is_some()
-            && j.state() != JobState::Delivered
-            && !redriven(j),
+        "last_error_is_current": j.last_error.is_some() && j.state() != JobState::Delivered,
+        "error_before_redrive": j.error_before_redrive,
         "redriven": redriven(j),
         "created_at": rfc3339(j.created_at),
         "updated_at": rfc3339(j.updated_at),

@@ -24,9 +24,42 @@ pub fn request(lease: Duration, window: Duration) -> ClaimRequest {
     }
 }
 
-/// A PostgreSQL connection of the test's own, beside the store's pool.
+/// A PostgreSQL connection of the test's own, beside the store's pool. When
+/// `url` is PgBouncer's (`IDEM_TEST_PGBOUNCER_URL`'s host and port) and
+/// `IDEM_TEST_DIRECT_DATABASE_URL` names the server behind it, it goes to
+/// the server itself: tokio-postgres names the statements of its `query`
+/// and `execute`, which a transaction pooler hands to whichever server
+/// connection is free (the store is what must work behind one, and does).
 pub async fn connect(url: &str) -> tokio_postgres::Client {
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+    let mut config: tokio_postgres::Config = url
+        .parse()
+        .unwrap_or_else(|e| panic!("{url} is not a PostgreSQL URL: {e}"));
+    let address = |c: &tokio_postgres::Config| (c.get_hosts().to_vec(), c.get_ports().to_vec());
+    let parse = |var: &str| {
+        std::env::var(var)
+            .ok()
+            .and_then(|u| u.parse::<tokio_postgres::Config>().ok())
+    };
+    if let (Some(pooler), Some(mut direct)) = (
+        parse("IDEM_TEST_PGBOUNCER_URL"),
+        parse("IDEM_TEST_DIRECT_DATABASE_URL"),
+    ) {
+        if address(&config) == address(&pooler) {
+            // The server's address, this URL's database, user and password.
+            if let Some(db) = config.get_dbname() {
+                direct.dbname(db);
+            }
+            if let Some(user) = config.get_user() {
+                direct.user(user);
+            }
+            if let Some(password) = config.get_password() {
+                direct.password(password);
+            }
+            config = direct;
+        }
+    }
+    let (client, conn) = config
+        .connect(tokio_postgres::NoTls)
         .await
         .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"));
     tokio::spawn(conn);

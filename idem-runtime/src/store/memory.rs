@@ -329,9 +329,11 @@ fn write_jobs(shard: &mut ShardData, key: &IdempotencyKey, jobs: &[FollowOn], no
             id,
             payload: job.payload().to_owned(),
             runs: 0,
+            earlier_runs: 0,
             attempt: None,
             next_run_at: now,
             last_error: None,
+            error_before_redrive: None,
             dead: false,
             created_at: now,
             updated_at: now,
@@ -758,15 +760,8 @@ impl FollowOnStore for MemoryStore {
         let now = self.now();
         let mut shard = self.shard(id.reference.as_bytes()[0]);
         match shard.jobs.get_mut(&job_key(id)) {
-            Some(job) if job.dead => {
-                job.dead = false;
-                job.runs = 0;
-                job.attempt = None;
-                job.next_run_at = now;
-                job.updated_at = now;
-                Ok(true)
-            }
-            _ => Ok(false),
+            Some(job) => Ok(job.redrive(now)),
+            None => Ok(false),
         }
     }
 

@@ -411,10 +411,12 @@ pub trait FollowOnStore: IdempotencyStore {
     /// `Unavailable`.
     async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>, StoreError>;
 
-    /// Takes a dead job out of the dead letter: live again, due now, with
-    /// no attempts (its `last_error` kept). `Ok(false)` when no dead job has
-    /// this id (a live or delivered one is left as it is). Errors:
-    /// `Unavailable`.
+    /// Takes a dead job out of the dead letter: live again, due now and
+    /// unleased, its `runs` counted from 0 again and added to
+    /// `earlier_runs`, its `last_error` kept as `error_before_redrive` (so
+    /// a `last_error` is always a run's since the last re-drive), in one
+    /// atomic write. `Ok(false)` when no dead job has this id (a live or
+    /// delivered one is left as it is). Errors: `Unavailable`.
     async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError>;
 
     /// How many live jobs are due now (as [`lease_jobs`] would find them,

@@ -264,17 +264,28 @@ pub struct Job {
     pub id: JobId,
     /// The payload, as JSON text.
     pub payload: String,
-    /// How many times it was leased to run (1 while its first run is under
-    /// way); back to 0 when re-driven.
+    /// How many times it was leased to run since it was written or last
+    /// re-driven (1 while its first run is under way): the count its retry
+    /// schedule and its dead letter go by. A re-drive adds it to
+    /// `earlier_runs` and starts it again at 0.
     pub runs: u32,
+    /// The runs before its last re-drive, every re-drive's summed: the job
+    /// ran `earlier_runs + runs` times in all ([`Job::all_runs`]). 0 for a
+    /// job never re-driven.
+    pub earlier_runs: u32,
     /// The fencing token of the dispatcher that leased it, while one does.
     pub attempt: Option<Attempt>,
     /// When it may run next (store clock): when it was written, or when its
     /// retry is due; for a leased job, when its lease runs out and another
     /// dispatcher may take it.
     pub next_run_at: SystemTime,
-    /// Why its last run failed.
+    /// Why its last run since it was written or last re-driven failed
+    /// (`None` when none did). A delivered job's is from a run before the
+    /// one that delivered it.
     pub last_error: Option<String>,
+    /// The `last_error` it had when it was last re-driven: why it went to
+    /// the dead letter. `None` for a job never re-driven.
+    pub error_before_redrive: Option<String>,
     /// In the dead letter: it failed too often and waits for a person
     /// ([`FollowOnStore::redrive_job`](super::FollowOnStore::redrive_job)).
     pub dead: bool,
@@ -292,6 +303,30 @@ pub struct Job {
 }
 
 impl Job {
+    /// How many times it was leased to run in all, across re-drives.
+    pub fn all_runs(&self) -> u32 {
+        self.earlier_runs.saturating_add(self.runs)
+    }
+
+    /// Re-drives a dead job at `now`, as every store does (the same fields,
+    /// in one atomic write): live and due now, unleased, its runs counted
+    /// from 0 again and added to `earlier_runs`, its last error kept as
+    /// `error_before_redrive`. `false`, and nothing changed, for a job that
+    /// is not dead.
+    pub(crate) fn redrive(&mut self, now: SystemTime) -> bool {
+        if !self.dead {
+            return false;
+        }
+        self.dead = false;
+        self.earlier_runs = self.all_runs();
+        self.runs = 0;
+        self.error_before_redrive = self.last_error.take();
+        self.attempt = None;
+        self.next_run_at = now;
+        self.updated_at = now;
+        true
+    }
+
     /// Where the job stands: delivered, dead, running (a dispatcher holds
     /// its lease) or waiting.
     pub fn state(&self) -> JobState {

@@ -215,7 +215,16 @@ pub(crate) fn counts(
 /// row until `kept_until` (its record's expiry), when the purge deletes it.
 pub(crate) const JOB_COLUMNS: &str = "tenant, reference, name, payload, attempts, token, \
                                       next_run_at, last_error, dead, created_at, updated_at, \
-                                      delivered_at, kept_until";
+                                      delivered_at, kept_until, earlier_runs, \
+                                      error_before_redrive";
+
+/// What a re-drive sets besides `dead`, the time and the due time, in both
+/// SQL stores ([`Job::redrive`](super::Job)'s fields): the runs counted from
+/// 0 again and added to `earlier_runs`, the last error kept as
+/// `error_before_redrive`, no lease.
+pub(crate) const REDRIVE_SET: &str = "earlier_runs = earlier_runs + attempts, attempts = 0, \
+                                      error_before_redrive = last_error, last_error = NULL, \
+                                      token = NULL";
 
 /// A job row's state as [`JobState`](super::JobState)'s bit: delivered 8,
 /// dead 4, running (a token) 2, waiting 1.

@@ -459,8 +459,10 @@ pub async fn lapsed_job_lease_is_taken_over(store: &dyn IdempotencyStore) {
 }
 
 /// A buried job is dead: listed, never leased, until re-driven, after which
-/// it runs again from its first attempt. Re-driving a live or absent job
-/// changes nothing.
+/// it runs again from its first attempt. Its history stays readable: the
+/// runs before each re-drive add up, the error it died of is kept apart,
+/// and no error from before a re-drive reads as a run's since. Re-driving a
+/// live or absent job changes nothing.
 pub async fn buried_job_is_listed_and_redriven(store: &dyn IdempotencyStore) {
     let store = require_outbox(store);
     let name = job_name("receipt");
@@ -471,11 +473,22 @@ pub async fn buried_job_is_listed_and_redriven(store: &dyn IdempotencyStore) {
         !store.redrive_job(&id).await.unwrap(),
         "a live job is not re-driven"
     );
-    let attempt = Attempt::random();
+    // Two runs: one retried, one buried.
+    let first = Attempt::random();
     store
+        .lease_jobs(&names, 1, Duration::from_secs(60), first)
+        .await
+        .unwrap();
+    store
+        .retry_job(&id, first, Duration::ZERO, "timed out")
+        .await
+        .unwrap();
+    let attempt = Attempt::random();
+    let leased = store
         .lease_jobs(&names, 1, Duration::from_secs(60), attempt)
         .await
         .unwrap();
+    assert_eq!(leased.len(), 1, "a retried job is due again");
     store.bury_job(&id, attempt, "bounced").await.unwrap();
     let dead = store
         .list_jobs(&JobFilter {
@@ -491,6 +504,8 @@ pub async fn buried_job_is_listed_and_redriven(store: &dyn IdempotencyStore) {
     assert!(dead[0].dead);
     assert_eq!(dead[0].attempt, None);
     assert_eq!(dead[0].last_error.as_deref(), Some("bounced"));
+    assert_eq!((dead[0].runs, dead[0].earlier_runs), (2, 0));
+    assert_eq!(dead[0].error_before_redrive, None);
     let live = store
         .list_jobs(&JobFilter {
             tenant: Some(req.tenant.clone()),
@@ -520,13 +535,50 @@ pub async fn buried_job_is_listed_and_redriven(store: &dyn IdempotencyStore) {
 
     assert!(store.redrive_job(&id).await.unwrap());
     assert!(!store.redrive_job(&id).await.unwrap(), "already live");
+    let redriven = only_job(store, &id).await;
+    assert_eq!(redriven.state(), JobState::Waiting);
+    assert_eq!(
+        (redriven.runs, redriven.earlier_runs, redriven.all_runs()),
+        (0, 2, 2),
+        "the runs before the re-drive are kept apart"
+    );
+    assert_eq!(
+        redriven.last_error, None,
+        "no run since the re-drive failed"
+    );
+    assert_eq!(redriven.error_before_redrive.as_deref(), Some("bounced"));
+    let again = Attempt::random();
     let back = store
-        .lease_jobs(&names, 1, Duration::from_secs(60), Attempt::random())
+        .lease_jobs(&names, 1, Duration::from_secs(60), again)
         .await
         .unwrap();
     assert_eq!(back.len(), 1);
     assert_eq!(back[0].runs, 1, "re-driven from its first attempt");
+    assert_eq!(back[0].all_runs(), 3);
     assert!(!back[0].dead);
+
+    // Buried and re-driven again: the earlier runs add up, and the error
+    // kept is the latest death's.
+    store.bury_job(&id, again, "bounced again").await.unwrap();
+    assert!(store.redrive_job(&id).await.unwrap());
+    let twice = only_job(store, &id).await;
+    assert_eq!((twice.runs, twice.earlier_runs), (0, 3));
+    assert_eq!(twice.last_error, None);
+    assert_eq!(twice.error_before_redrive.as_deref(), Some("bounced again"));
+    let last = Attempt::random();
+    store
+        .lease_jobs(&names, 1, Duration::from_secs(60), last)
+        .await
+        .unwrap();
+    store.finish_job(&id, last).await.unwrap();
+    let delivered = only_job(store, &id).await;
+    assert_eq!(delivered.state(), JobState::Delivered);
+    assert_eq!(
+        delivered.all_runs(),
+        4,
+        "delivered by its fourth run in all"
+    );
+    assert_eq!(delivered.last_error, None);
     let absent = job_id(&req, "never_declared");
     assert!(!store.redrive_job(&absent).await.unwrap());
 }
@@ -898,4 +950,20 @@ pub async fn delivered_job_is_purged_with_its_record(store: &dyn IdempotencyStor
         .await
         .unwrap()
         .is_empty());
+}
+
+/// The one job with `id`, read through `list_jobs`.
+async fn only_job(store: &dyn FollowOnStore, id: &JobId) -> Job {
+    let found = store
+        .list_jobs(&JobFilter {
+            tenant: Some(id.tenant.clone()),
+            reference: Some(id.reference),
+            name: Some(id.name.clone()),
+            limit: 10,
+            ..JobFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(found.len(), 1, "one job with id {id}: {found:?}");
+    found.into_iter().next().unwrap()
 }

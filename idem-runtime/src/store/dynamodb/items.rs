@@ -191,6 +191,9 @@ pub(super) fn job(item: &Item) -> Result<Job, StoreError> {
         updated_at: time(attr::UPDATED)?,
         delivered_at: opt_time(attr::DELIVERED)?,
         kept_until: opt_time(attr::KEPT)?,
+        earlier_runs: opt_number(item, attr::EARLIER_RUNS)?
+            .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
+        error_before_redrive: opt_text(item, attr::ERROR_BEFORE_REDRIVE),
     })
 }
 

@@ -160,6 +160,10 @@ pub(super) mod attr {
     pub(crate) const NEXT_RUN: &str = "nr";
     /// Last error (S).
     pub(crate) const ERROR: &str = "er";
+    /// The runs before the last re-drive (N), absent until a re-drive.
+    pub(crate) const EARLIER_RUNS: &str = "rb";
+    /// The last error when last re-driven (S), absent until a re-drive.
+    pub(crate) const ERROR_BEFORE_REDRIVE: &str = "eb";
     /// In the dead letter (BOOL), absent when not.
     pub(crate) const DEAD: &str = "dd";
     /// Created at (N, µs).

@@ -1443,7 +1443,12 @@ impl FollowOnStore for DynamoDbStore {
             .set(":dead", AttributeValue::Bool(true))
             .set(":zero", num(0))
             .set(":shard", num(shard(id.reference.as_bytes()[0])));
-        let update = "SET nr = :now, rn = :zero, ua = :now, dq = :shard REMOVE dd, ja";
+        // Job::redrive's fields: the runs added to the earlier runs (rb),
+        // the last error kept as the error before the re-drive (eb; a dead
+        // job always has one, written by bury_job), both read before the
+        // update.
+        let update = "SET nr = :now, rb = if_not_exists(rb, :zero) + rn, rn = :zero, eb = er, \
+                      ua = :now, dq = :shard REMOVE dd, ja, er";
         self.job_update(id, "dd = :dead", update, values).await
     }
 

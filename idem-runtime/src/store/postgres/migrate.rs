@@ -39,6 +39,11 @@ const MIGRATIONS: &[(i32, &str)] = &[
         6,
         include_str!("../../../migrations/postgres/0006_superseded.sql"),
     ),
+    // A job's runs and last error from before its last re-drive.
+    (
+        7,
+        include_str!("../../../migrations/postgres/0007_redrives.sql"),
+    ),
 ];
 
 impl PostgresStore {

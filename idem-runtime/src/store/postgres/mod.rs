@@ -338,6 +338,8 @@ fn row_to_job(row: &Row) -> Result<Job, StoreError> {
         updated_at: time(10)?,
         delivered_at: row.try_get(11).map_err(corrupt)?,
         kept_until: row.try_get(12).map_err(corrupt)?,
+        earlier_runs: row.try_get::<_, i32>(13).map_err(corrupt)?.max(0) as u32,
+        error_before_redrive: row.try_get(14).map_err(corrupt)?,
     })
 }
 

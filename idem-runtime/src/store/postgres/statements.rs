@@ -4,7 +4,7 @@
 use crate::store::sql::{
     claimable, counted, expired, filtered, jobs_filtered, looked_up, outlives_takeover,
     superseded_copy, superseded_replace, takeover_operation, COLUMNS, COMPLETED, IN_PROGRESS,
-    JOB_COLUMNS, NOT_PERFORMED, UNKNOWN,
+    JOB_COLUMNS, NOT_PERFORMED, REDRIVE_SET, UNKNOWN,
 };
 
 /// The store's SQL, with the schema filled in once. Every statement that
@@ -322,7 +322,7 @@ impl Statements {
                  WHERE tenant = $1 AND reference = $2 AND name = $3 AND token = $4"
             ),
             redrive_job: format!(
-                "UPDATE {j} SET dead = false, attempts = 0, token = NULL, next_run_at = now(), \
+                "UPDATE {j} SET dead = false, {REDRIVE_SET}, next_run_at = now(), \
                    updated_at = now() \
                  WHERE tenant = $1 AND reference = $2 AND name = $3 AND dead"
             ),

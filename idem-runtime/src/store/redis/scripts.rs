@@ -268,7 +268,7 @@ pub(super) enum Scanned {
 }
 
 /// How many values a job is in a reply: `JOB_FIELDS` in `jobs.lua`.
-pub(super) const JOB_FIELDS: usize = 13;
+pub(super) const JOB_FIELDS: usize = 15;
 
 /// The jobs of a reply: the server's time (µs), then [`JOB_FIELDS`] values
 /// per job.
@@ -315,6 +315,11 @@ fn job(f: &[Value]) -> Result<Job, StoreError> {
         updated_at: time(Some(&f[10]))?,
         delivered_at: optional_time(&f[11])?,
         kept_until: optional_time(&f[12])?,
+        earlier_runs: match &f[13] {
+            Value::Nil => 0,
+            v => u32::try_from(int(v)?.max(0)).unwrap_or(u32::MAX),
+        },
+        error_before_redrive: text(&f[14])?,
     })
 }
 

@@ -15,7 +15,8 @@ use tokio::sync::oneshot;
 use super::sql::{
     claimable, counted, counts, expired, filtered, jobs_filtered, key_range, looked_up,
     outlives_takeover, state_from, superseded_copy, superseded_replace, tag_to_column,
-    takeover_operation, COLUMNS, COMPLETED, IN_PROGRESS, JOB_COLUMNS, NOT_PERFORMED, UNKNOWN,
+    takeover_operation, COLUMNS, COMPLETED, IN_PROGRESS, JOB_COLUMNS, NOT_PERFORMED, REDRIVE_SET,
+    UNKNOWN,
 };
 use super::{
     check_distinct, Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore, IdempotencyStore, Job,

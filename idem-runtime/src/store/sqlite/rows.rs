@@ -171,6 +171,8 @@ pub(super) fn row_to_job(row: &rusqlite::Row<'_>) -> rusqlite::Result<Result<Job
         updated_at: from_nanos(row.get(10)?),
         delivered_at: row.get::<_, Option<i64>>(11)?.map(from_nanos),
         kept_until: row.get::<_, Option<i64>>(12)?.map(from_nanos),
+        earlier_runs: row.get::<_, i64>(13)?.clamp(0, u32::MAX.into()) as u32,
+        error_before_redrive: row.get(14)?,
     }))
 }
 

@@ -211,10 +211,10 @@ pub(super) static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::ne
     bury_job: "UPDATE idem_jobs SET token = NULL, dead = 1, last_error = ?5, updated_at = ?6 \
          WHERE tenant = ?1 AND reference = ?2 AND name = ?3 AND token = ?4"
         .to_owned(),
-    redrive_job: "UPDATE idem_jobs SET dead = 0, attempts = 0, token = NULL, next_run_at = ?4, \
-           updated_at = ?4 \
+    redrive_job: format!(
+        "UPDATE idem_jobs SET dead = 0, {REDRIVE_SET}, next_run_at = ?4, updated_at = ?4 \
          WHERE tenant = ?1 AND reference = ?2 AND name = ?3 AND dead = 1"
-        .to_owned(),
+    ),
     jobs_filtered: jobs_filtered("idem_jobs", |n| format!("?{n}")),
     count_due_jobs: "SELECT name, count(*) FROM idem_jobs \
          WHERE dead = 0 AND delivered_at IS NULL AND next_run_at <= ?1 GROUP BY name"

@@ -43,6 +43,8 @@ pub(super) const MIGRATIONS: &[&str] = &[
     // (whose window is their retention): they keep their key until their
     // retention ends.
     include_str!("../../../migrations/sqlite/0006_superseded.sql"),
+    // A job's runs and last error from before its last re-drive.
+    include_str!("../../../migrations/sqlite/0007_redrives.sql"),
 ];
 
 pub(super) fn stopped() -> StoreError {

@@ -20,12 +20,14 @@
 -- 8 for a job written before references had tags), n name, p payload,
 -- a attempts, k token (decimal; absent when no lease holds it), d
 -- next_run_at, e last_error, z '1' when dead, c created_at, u updated_at,
--- v delivered_at and w kept_until (both absent until a run finishes it).
+-- v delivered_at and w kept_until (both absent until a run finishes it), b
+-- the runs before the last re-drive and f the last error then (both absent
+-- until a re-drive).
 -- A job has no TTL until it is delivered, however long that takes; a
 -- delivered job lives as long as its record (PEXPIREAT kept_until, the
 -- record's retain_until), and the purge drops its set entries.
 
-local JOB_FIELDS = {'t', 'r', 'n', 'p', 'a', 'k', 'd', 'e', 'z', 'c', 'u', 'v', 'w'}
+local JOB_FIELDS = {'t', 'r', 'n', 'p', 'a', 'k', 'd', 'e', 'z', 'c', 'u', 'v', 'w', 'b', 'f'}
 
 -- Writes the jobs given as (name, payload) pairs from ARGV[from] on, for the
 -- record `r` (its tenant and its operation's reference), due at `now`, under
