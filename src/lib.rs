@@ -1,1 +1,2 @@
-//! The root package only owns tests, examples and benches.
+//! The root package only owns tests, examples, benches and the harness
+//! binaries (`src/bin`).

@@ -142,7 +142,7 @@ impl Backends {
     }
 
     /// Charges go to the processor service at `processor` and receipts to
-    /// the mailer service at `mailer` (`examples/farside`), each where
+    /// the mailer service at `mailer` (`src/bin/farside.rs`), each where
     /// given, instead of the stubs in this process. The ledger tool then
     /// shows only what stayed in process: the services have their own
     /// (`GET /ledger`).

@@ -34,7 +34,7 @@
 //!   --outbox-backoff-ms N         the pause after a follow-on job's first failure; doubles
 //!                                 with each further one, with jitter (default 1000)
 //!   --mailer-failures N           the stub mailer fails its first N requests (default 0)
-//!   --processor-url URL           charge at this processor service (examples/farside) instead
+//!   --processor-url URL           charge at this processor service (src/bin/farside.rs) instead
 //!                                 of the in-process stub; --processor-delay-ms is then its own
 //!   --mailer-url URL              mail receipts through this mailer service instead of the
 //!                                 in-process stub
@@ -88,7 +88,7 @@ usage: payments [FLAGS]
   --outbox-backoff-ms N         the pause after a follow-on job's first failure; doubles
                                 with each further one, with jitter (default 1000)
   --mailer-failures N           the stub mailer fails its first N requests (default 0)
-  --processor-url URL           charge at this processor service (examples/farside) instead
+  --processor-url URL           charge at this processor service (src/bin/farside.rs) instead
                                 of the in-process stub; --processor-delay-ms is then its own
   --mailer-url URL              mail receipts through this mailer service instead of the
                                 in-process stub";

@@ -1,5 +1,5 @@
 //! The far sides as services over HTTP (`--processor-url`, `--mailer-url`):
-//! `examples/farside`, or anything with its API. What each answer means for
+//! `src/bin/farside.rs`, or anything with its API. What each answer means for
 //! the operation is decided here: only an answer that says nothing was done
 //! (a 503 that says so, or a connection that was never made) is a
 //! rejection; everything else after the request may have left is unknown.

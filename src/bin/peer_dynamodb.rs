@@ -8,7 +8,7 @@
 //! Prints one JSON object: for each path (`first`, `replay`, `in_progress`
 //! from another executor, `in_progress_same` from the executor whose
 //! handler runs), the requests of each call by operation, and
-//! `handler_runs`. Not a user-facing example: the run's instrument.
+//! `handler_runs`. The run's instrument, not an example.
 
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,18 +1,19 @@
 //! A chaos run with real processes: payments replicas over streamable HTTP
 //! on one shared store, the processor and the mailer as services
-//! (`examples/farside`), a fleet of clients carrying out purchases and
+//! (`src/bin/farside.rs`), a fleet of clients carrying out purchases and
 //! retrying them as hosts and models do, a nemesis, and a checker at the
 //! end.
 //!
 //! ```text
-//! cargo build --examples --bin idem_cli
-//! target/debug/examples/chaos --store sqlite|postgres|redis [--duration-s N] [--seed N]
+//! cargo build --bin chaos --bin farside --example payments --bin idem_cli
+//! target/debug/chaos --store sqlite|postgres|redis [--duration-s N] [--seed N]
 //!     [--clients N] [--bin-dir DIR] [--dir DIR] [--background-completions true|false]
 //! ```
 //!
 //! `scripts/chaos` builds and runs it. `--bin-dir` is the cargo profile
 //! directory whose `examples/payments` and `idem_cli` are run (default: the
 //! one this binary is in): a patched build is checked by pointing there.
+//! The far sides are always this binary's siblings.
 //!
 //! It prints one line per run, `chaos: <store>: N intents, F faults, V
 //! violations`, each violation with its intent's whole history, and exits 1
@@ -77,13 +78,16 @@ struct Flags {
     background_completions: bool,
 }
 
-fn parse_flags() -> Flags {
+/// The cargo profile directory this binary was built into
+/// (`target/<profile>/chaos`): where its far sides are, and the default
+/// `--bin-dir`.
+fn own_profile() -> PathBuf {
     let exe = std::env::current_exe().expect("the harness's own path");
-    let profile = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/examples/chaos")
-        .to_owned();
+    exe.parent().expect("target/<profile>/chaos").to_owned()
+}
+
+fn parse_flags() -> Flags {
+    let profile = own_profile();
     let mut flags = Flags {
         store: String::new(),
         duration: Duration::from_secs(60),
@@ -167,7 +171,7 @@ async fn farside(bin: &Path, dir: &Path, kind: &str, port: u16, seed: u64) -> Pr
         ]);
     }
     Proc::start(
-        bin.join("examples").join("farside"),
+        bin.join("farside"),
         args,
         "farside: serving",
         dir.join(format!("{kind}.log")),
@@ -186,10 +190,7 @@ impl Cluster {
         let dir = &flags.dir;
         std::fs::create_dir_all(dir).unwrap_or_else(|e| fatal(&format!("{}: {e}", dir.display())));
         // The far sides are the harness's own build, always.
-        let own = std::env::current_exe()
-            .ok()
-            .and_then(|e| e.parent()?.parent().map(Path::to_owned))
-            .expect("the harness's profile directory");
+        let own = own_profile();
         let (processor_port, mailer_port) = (free_port(), free_port());
         let processor = farside(&own, dir, "processor", processor_port, flags.seed).await;
         let mailer = farside(&own, dir, "mailer", mailer_port, flags.seed + 1).await;
@@ -410,7 +411,7 @@ async fn main() {
     let cli = flags.bin_dir.join("idem_cli");
     if !cli.exists() || !flags.bin_dir.join("examples/payments").exists() {
         fatal(&format!(
-            "{} needs examples/payments and idem_cli: cargo build --examples --bin idem_cli",
+            "{} needs examples/payments and idem_cli: cargo build --example payments --bin idem_cli",
             flags.bin_dir.display()
         ));
     }

@@ -3,7 +3,7 @@
 //! in SQLite so that a `kill -9` loses nothing it acknowledged.
 //!
 //! ```text
-//! cargo run --example farside -- processor|mailer [FLAGS]
+//! cargo run --bin farside -- processor|mailer [FLAGS]
 //!
 //!   --listen 127.0.0.1:PORT     address (default 127.0.0.1:0; the address is printed)
 //!   --db PATH                   the ledger's SQLite file (required)
