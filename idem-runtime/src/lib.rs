@@ -131,6 +131,7 @@ pub mod maintenance;
 #[cfg(feature = "rmcp")]
 mod mcp;
 pub mod outbox;
+mod random;
 pub mod store;
 mod telemetry;
 #[cfg(any(feature = "cli", feature = "rmcp"))]

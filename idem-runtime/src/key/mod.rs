@@ -225,7 +225,7 @@ impl Reference {
     /// A new operation's reference for `key`: the key's first eight bytes
     /// and a fresh random tag (never zero).
     pub fn new_operation(key: &IdempotencyKey) -> Self {
-        Self::with_tag(key, crate::store::Attempt::random().get())
+        Self::with_tag(key, crate::random::nonzero_u64())
     }
 
     /// The reference of the operation of `key` whose tag is `tag` (a store

@@ -89,7 +89,7 @@ fn prepare<'k, S: IdempotentServer + ?Sized>(
     business_key: impl IntoIterator<Item = (&'k str, Result<Value, serde_json::Error>)>,
 ) -> Result<Prepared<'k>, CallToolResult> {
     let Some(caller) = resolve_caller(server, request) else {
-        crate::telemetry::call(tool, crate::AnswerState::NoCaller);
+        crate::telemetry::call(tool, AnswerState::NoCaller);
         return Err(no_caller());
     };
     let args = match args {

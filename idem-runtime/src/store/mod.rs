@@ -28,7 +28,7 @@ mod redis;
 mod sqlite;
 
 #[cfg(feature = "conformance")]
-pub(crate) use attempt::seed_this_thread;
+pub(crate) use crate::random::seed_this_thread;
 pub use attempt::Attempt;
 #[cfg(feature = "dynamodb")]
 pub use dynamodb::{
