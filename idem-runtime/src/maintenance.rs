@@ -1,4 +1,4 @@
-//! The jobs that keep records honest over time: purge, sweep, reconcile.
+//! The rounds that keep records honest over time: purge, sweep, reconcile.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -92,10 +92,10 @@ pub struct Executor {
     /// The cancellation signals of the handlers it runs as MCP tasks.
     tasks: Arc<task::TaskSignals>,
     max_follow_on_payload: usize,
-    /// `None` when the store keeps follow-on jobs, else its kind: read once
-    /// here, not on every call.
+    /// `None` when the store keeps follow-on jobs, else its backend: read
+    /// once here, not on every call.
     follow_ons_unsupported_by: Option<&'static str>,
-    /// The store's limit of jobs per completion, and its kind: read once
+    /// The store's limit of jobs per completion, and its backend: read once
     /// here too.
     max_follow_ons: Option<(usize, &'static str)>,
     /// The store's limit of job payload bytes per completion, and its kind.
