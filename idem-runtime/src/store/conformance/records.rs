@@ -822,11 +822,15 @@ pub async fn late_truth_inside_the_window_holds_until_the_window_ends(
 /// reference, in its own tenant only, and is listed and counted, until its
 /// retention ends; then purge deletes it and leaves the later one.
 pub async fn a_superseded_operation_reads_until_its_retention_ends(store: &dyn IdempotencyStore) {
+    // A retention long enough for the checks below on a loaded machine;
+    // the wait for its end is counted from when the claim had answered.
+    let retention = Duration::from_secs(2);
     let first = ClaimRequest {
-        retention: Duration::from_millis(900),
+        retention,
         ..fresh(Duration::from_millis(200))
     };
     claimed(store, &first).await;
+    let retained_by = std::time::Instant::now() + retention;
     store
         .complete(&first.key, first.attempt, "\"first\"")
         .await
@@ -873,7 +877,7 @@ pub async fn a_superseded_operation_reads_until_its_retention_ends(store: &dyn I
         Err(StoreError::Fenced)
     ));
     // Its retention ends: purged, and the later operation stays.
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    tokio::time::sleep_until((retained_by + Duration::from_millis(100)).into()).await;
     let mut rounds = 0;
     while store.purge_expired(1_000).await.unwrap() == 1_000 && rounds < 10_000 {
         rounds += 1;
