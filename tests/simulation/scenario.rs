@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 
 use idem_runtime::store::conformance::FaultyStore;
 use idem_runtime::{
-    maintenance::{purge, reconcile, sweep, ReconcileConfig},
+    maintenance::{purge, reconcile_with, sweep, ReconcileConfig, SettleClock},
     store::RecordState,
     Answer, Caller, Executor, IdempotencyStore, Operation, OperationContext, ScopeSpec, ToolError,
 };
@@ -811,6 +811,8 @@ async fn maintain(
     stop: Arc<AtomicBool>,
 ) {
     let t = sim.timing.clone();
+    // The maintaining process's own monotonic clock (the paused one).
+    let settle_clock = SettleClock::new();
     loop {
         let pause = t.interval + sim.rng().between(Duration::ZERO, t.jitter);
         tokio::time::sleep(pause).await;
@@ -818,7 +820,7 @@ async fn maintain(
             return;
         }
         let swept = sweep(&*store, 250).await;
-        let reconciled = reconcile(&*store, &reconciler, &config).await;
+        let reconciled = reconcile_with(&*store, &reconciler, &config, &settle_clock).await;
         let purged = purge(&*store, 250).await;
         sim.check_live("a maintenance round").await;
         let mut w = sim.world();

@@ -5,6 +5,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+mod settle;
+
+pub use settle::SettleClock;
+
 use crate::answer::note;
 use crate::key::Reference;
 use crate::store::{
@@ -265,14 +269,33 @@ pub struct ReconcileReport {
 
 /// Asks `reconciler` about the UNKNOWN records whose check is due (at most
 /// `config.batch`) and resolves them; the others are put off with a backoff,
-/// so records nobody can resolve never starve the rest.
+/// so records nobody can resolve never starve the rest. "Not performed" is
+/// trusted once the record has settled on the store's clock and on this
+/// process's own ([`SettleClock::process`], which see).
 pub async fn reconcile(
     store: &dyn IdempotencyStore,
     reconciler: &dyn Reconciler,
     config: &ReconcileConfig,
 ) -> Result<ReconcileReport, StoreError> {
+    reconcile_with(store, reconciler, config, SettleClock::process()).await
+}
+
+/// [`reconcile`], with the settle period also counted on `clock`: the
+/// process's own ([`SettleClock::process`]), or one per simulated process.
+pub async fn reconcile_with(
+    store: &dyn IdempotencyStore,
+    reconciler: &dyn Reconciler,
+    config: &ReconcileConfig,
+    clock: &SettleClock,
+) -> Result<ReconcileReport, StoreError> {
     let mut report = ReconcileReport::default();
+    // A record still UNKNOWN is listed again within max_backoff of its last
+    // check; one not seen for twice that (and a settle period) was resolved
+    // elsewhere or purged.
+    clock.forget_unseen(config.settle + config.max_backoff.saturating_mul(2));
     for record in store.list_unknown(config.batch).await? {
+        let seen_for = clock.seen_for(&record);
+        let resolved_before = report.completed + report.not_performed;
         let reference = record.reference;
         let (key, attempt) = (&record.key, record.attempt);
         let backoff = config.backoff(record.checks);
@@ -321,6 +344,16 @@ pub async fn reconcile(
                     .await
                     .map(|()| &mut report.still_unknown)
             }
+            // Nor before this process has seen it UNKNOWN for the settle
+            // period on its own monotonic clock, which no replica's clock
+            // skew can shorten.
+            Ok(Reconciliation::Found(Outcome::NotPerformed)) if seen_for < config.settle => {
+                let wait = (config.settle - seen_for).max(config.first_backoff.min(config.settle));
+                store
+                    .defer_check(key, attempt, wait)
+                    .await
+                    .map(|()| &mut report.still_unknown)
+            }
             Ok(Reconciliation::Found(Outcome::NotPerformed)) => {
                 let not_performed = Resolution::NotPerformed {
                     note: note::RECONCILED_NOT_PERFORMED,
@@ -362,8 +395,13 @@ pub async fn reconcile(
             Ok(counter) => *counter += 1,
             // Resolved by someone else meanwhile (a late completion, another
             // replica, an operator).
-            Err(StoreError::Fenced | StoreError::WrongState { .. }) => {}
+            Err(StoreError::Fenced | StoreError::WrongState { .. }) => {
+                clock.forget(&record);
+            }
             Err(e) => return Err(e),
+        }
+        if resolved_before != report.completed + report.not_performed {
+            clock.forget(&record);
         }
     }
     for (outcome, n) in [
