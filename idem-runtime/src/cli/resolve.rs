@@ -1,5 +1,5 @@
 //! `resolve`: an UNKNOWN operation resolved by hand, with a note saying who
-//! and why, and what the tool would have returned read from the command line.
+//! and why, its outcome stored as the tool would have stored it.
 
 use rmcp::handler::server::wrapper::Json;
 use rmcp::model::CallToolResult;
@@ -14,9 +14,9 @@ use crate::mcp::stored_response;
 use crate::store::{FollowOn, IdempotencyStore};
 
 /// `resolve`: the outcome given (`--completed`, `--completed-result` or
-/// `--not-performed`), with the follow-on jobs a completion declares,
-/// written to the UNKNOWN record; nothing is changed when any of it is
-/// refused.
+/// `--not-performed`) written to the UNKNOWN record, with the follow-on
+/// jobs given for a completion; every argument is checked before the store
+/// is written.
 pub(super) async fn resolve(
     store: &dyn IdempotencyStore,
     args: Resolve,
