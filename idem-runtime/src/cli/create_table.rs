@@ -1,0 +1,41 @@
+//! `create-table`: the DynamoDB table a store needs, made before any server
+//! opens it.
+
+use serde_json::json;
+
+use super::escape::shown;
+use super::render::json_text;
+use super::{Failure, EXIT_USAGE};
+use crate::store::open_store;
+
+/// `create-table`: the DynamoDB table `url` names, created with its
+/// indexes and TTL (left as it is when it exists), through `open_store`'s
+/// `create=true`.
+pub(super) async fn create_table(url: &str, json: bool) -> Result<String, Failure> {
+    let Some(rest) = url.strip_prefix("dynamodb://") else {
+        return Err(Failure(
+            EXIT_USAGE,
+            format!(
+                "create-table makes a DynamoDB table, and {url:?} is not a dynamodb:// URL; a \
+                 SQLite file is created by the server that opens it, and a PostgreSQL database \
+                 is migrated by the server (PostgresStore::migrate)"
+            ),
+        ));
+    };
+    let table = rest.split(['?', '/']).next().unwrap_or_default().to_owned();
+    let joiner = if url.contains('?') { '&' } else { '?' };
+    let url = if url.contains("create=") {
+        url.to_owned()
+    } else {
+        format!("{url}{joiner}create=true")
+    };
+    open_store(&url).await?;
+    Ok(if json {
+        json_text(&json!({ "table": table, "active": true }))
+    } else {
+        format!(
+            "the DynamoDB table {:?} exists and is active, with its indexes and TTL\n",
+            shown(&table)
+        )
+    })
+}

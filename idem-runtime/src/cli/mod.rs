@@ -1,0 +1,157 @@
+//! The operator's command line, `idem` (feature `cli`): list, show, resolve
+//! by hand, purge and count the records of a store; list follow-on jobs and
+//! re-drive a dead one.
+//!
+//! ```text
+//! idem --store URL [--schema NAME] list [--state unknown|in_progress|completed|not_performed] [--tenant T] [--tool X] [--limit N]
+//! idem --store URL show REF [--tenant T] [--response]   (the record and its jobs)
+//! idem --store URL resolve REF --tenant T (--completed VALUE_JSON | --completed-result RESULT_JSON | --not-performed) [--follow-on NAME=JSON]... --note "who and why"
+//! idem --store URL purge
+//! idem --store URL stats
+//! idem --store URL jobs [--state waiting|running|dead|delivered | --dead] [--tenant T] [--reference REF] [--name N] [--limit N]
+//! idem --store URL redrive REF NAME --tenant T
+//! idem --store dynamodb://TABLE?region=R create-table   (DynamoDB: the table, its indexes, TTL)
+//! ```
+//!
+//! `URL` is what [`open_store`](crate::store::open_store) takes (`sqlite:PATH`, `postgres://…`,
+//! `redis://…`, and `dynamodb://TABLE?region=…` when built with the
+//! `dynamodb` feature); a SQLite file must exist, PostgreSQL must have been
+//! migrated by the server, and a DynamoDB table must exist (`create-table`
+//! makes it). `show` finds a reference in whichever tenant holds it;
+//! `--tenant` is needed only when two tenants hold one (it says so). A PostgreSQL store in a schema other than
+//! `public` (`PostgresStore::builder(url)?.schema("nc2")`) is read with
+//! `--schema nc2` (or `?schema=nc2` on the URL). Output is an aligned table, or JSON with
+//! `--json`. A table shows control characters and invisible ones escaped
+//! (`\n`, `\u{1b}`), so a note or an error a far side wrote cannot add a
+//! row or drive the terminal; JSON keeps every text exact. Responses are printed only by `show --response` (they may hold
+//! personal data); records hold no arguments.
+//!
+//! Exit codes: [`EXIT_OK`] 0; [`EXIT_OPERATOR`] 1, the request was refused
+//! (no such reference, the record is not UNKNOWN, the store holds something
+//! invalid); [`EXIT_USAGE`] 2, the command line or the configuration is
+//! wrong; [`EXIT_UNREACHABLE`] 3, the store did not answer (or is not
+//! migrated).
+//!
+//! [`run`] is the whole program, with its output given, so tests run it in
+//! process; the `idem` binary calls it.
+
+use std::ffi::OsString;
+use std::io::Write;
+
+use clap::Parser;
+
+use crate::maintenance::ResolveError;
+use crate::store::StoreError;
+use args::{Args, Command};
+
+// What clap reads (`args`), the store it opens (`open`), a function per
+// command (`records`, `resolve`, `jobs`, `create_table`), and how their
+// answers read (`render`, `escape`).
+mod args;
+mod create_table;
+mod escape;
+mod jobs;
+mod open;
+mod records;
+mod render;
+mod resolve;
+
+/// Done.
+pub const EXIT_OK: u8 = 0;
+/// Refused: no such reference, the record is not UNKNOWN, or the store
+/// holds something invalid. Nothing was changed.
+pub const EXIT_OPERATOR: u8 = 1;
+/// The command line or the store's configuration is wrong; nothing was
+/// tried.
+pub const EXIT_USAGE: u8 = 2;
+/// The store could not be reached, did not answer in time, or is not
+/// migrated.
+pub const EXIT_UNREACHABLE: u8 = 3;
+
+/// Why the program stops: the exit code and what to tell the operator.
+struct Failure(u8, String);
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Unavailable(_) => Failure(
+                EXIT_UNREACHABLE,
+                format!("{e}\ncheck the URL, that the store is up and reachable from here, and (PostgreSQL) that the server has migrated it"),
+            ),
+            StoreError::Config(_) | StoreError::Unsupported(_) => Failure(EXIT_USAGE, e.to_string()),
+            e => Failure(EXIT_OPERATOR, e.to_string()),
+        }
+    }
+}
+
+impl From<ResolveError> for Failure {
+    fn from(e: ResolveError) -> Self {
+        match e {
+            ResolveError::Store(e) => e.into(),
+            ResolveError::EmptyNote | ResolveError::InvalidResponse(_) => {
+                Failure(EXIT_USAGE, e.to_string())
+            }
+            e => Failure(EXIT_OPERATOR, e.to_string()),
+        }
+    }
+}
+
+/// Runs the command line `args` (the program's name first), writing its
+/// answer to `out` and problems to `err`; returns the exit code.
+pub async fn run<I, T>(args: I, out: &mut dyn Write, err: &mut dyn Write) -> u8
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let args = match Args::try_parse_from(args) {
+        Ok(args) => args,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            let asked = matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion);
+            let text = e.render().to_string();
+            return if asked {
+                let _ = write!(out, "{text}");
+                EXIT_OK
+            } else {
+                let _ = write!(err, "{text}");
+                EXIT_USAGE
+            };
+        }
+    };
+    match execute(args, out).await {
+        Ok(()) => EXIT_OK,
+        Err(Failure(code, message)) => {
+            let _ = writeln!(err, "idem: {message}");
+            code
+        }
+    }
+}
+
+/// The command `args` names, its answer written to `out`: `create-table`
+/// on the URL alone, every other command on the store it opens.
+async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
+    let Args {
+        store: url,
+        schema,
+        json,
+        command,
+    } = args;
+    let text = if let Command::CreateTable = command {
+        create_table::create_table(&url, json).await?
+    } else {
+        let store = open::open(&url, schema.as_deref()).await?;
+        let store = &*store;
+        match command {
+            Command::List(args) => records::list(store, args, json).await?,
+            Command::Show(args) => records::show(store, args, json).await?,
+            Command::Resolve(args) => resolve::resolve(store, args, json).await?,
+            Command::Purge(args) => records::purge(store, args, json).await?,
+            Command::Stats => records::stats(store, json).await?,
+            Command::Jobs(args) => jobs::list(store, args, json).await?,
+            Command::Redrive(args) => jobs::redrive(store, args, json).await?,
+            Command::CreateTable => unreachable!("answered before the store is opened"),
+        }
+    };
+    out.write_all(text.as_bytes())
+        .map_err(|e| Failure(EXIT_USAGE, format!("cannot write the output: {e}")))
+}

@@ -1,0 +1,22 @@
+//! The operator's command line (`idem_runtime::cli`, the `idem` binary)
+//! against stores a test fills: SQLite always, PostgreSQL when
+//! `IDEM_TEST_DATABASE_URL` is set (see `durable::database_url`), DynamoDB
+//! on its emulator.
+//!
+//! One test binary, a module per part of the command line as
+//! `idem-runtime/src/cli/` has it; `operator` holds what the cases share.
+
+#[path = "../durable/mod.rs"]
+mod durable;
+#[path = "../dynamodb_emulator/mod.rs"]
+mod dynamodb_emulator;
+
+mod binary;
+mod configuration;
+mod create_table;
+mod escape;
+mod jobs;
+mod operator;
+mod postgres;
+mod records;
+mod resolve;
