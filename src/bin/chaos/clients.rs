@@ -174,6 +174,10 @@ fn observe_call(
     (state, reference, charge_id, text)
 }
 
+/// How a status answer for a reference with no record begins
+/// (`answer.rs`'s not-found text, behind `observe_status`'s prefix).
+const RELEASED: &str = "status_error: No operation with reference";
+
 /// A status answer as an observation: its state and the charge id of a
 /// completed operation.
 fn observe_status(result: &CallToolResult) -> (String, Option<String>) {
@@ -305,6 +309,11 @@ impl Client {
                 match outcome.as_str() {
                     "COMPLETED" => return,
                     "NOT_PERFORMED" => pending = None,
+                    // A claim given back (the charge refused before it was
+                    // made) leaves no record: nothing was performed, and
+                    // the purchase is still wanted. Polling on would only
+                    // wait out the deadline.
+                    released if released.starts_with(RELEASED) => pending = None,
                     _ => {
                         tokio::time::sleep(Duration::from_millis(300 + self.rng.below(400))).await;
                         continue;

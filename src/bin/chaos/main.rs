@@ -6,8 +6,9 @@
 //!
 //! ```text
 //! cargo build --bin chaos --bin farside --example payments --bin idem_cli
-//! target/debug/chaos --store sqlite|postgres|redis [--duration-s N] [--seed N]
+//! target/debug/chaos --store sqlite|postgres|redis|dynamodb [--duration-s N] [--seed N]
 //!     [--clients N] [--bin-dir DIR] [--dir DIR] [--background-completions true|false]
+//!     [--skew MS [--drift] [--faketime-lib PATH]]
 //! ```
 //!
 //! `scripts/chaos` builds and runs it. `--bin-dir` is the cargo profile
@@ -15,12 +16,18 @@
 //! one this binary is in): a patched build is checked by pointing there.
 //! The far sides are always this binary's siblings.
 //!
+//! `--skew MS` runs each replica under a wall clock of its own, up to `MS`
+//! off the machine's (one ahead by `MS`, one behind by as much), and with
+//! `--drift` running fast or slow within that range (`clock.rs`); the
+//! replicas' clocks are read back before the faults start.
+//!
 //! It prints one line per run, `chaos: <store>: N intents, F faults, V
 //! violations`, each violation with its intent's whole history, and exits 1
 //! on a violation.
 
 mod checker;
 mod clients;
+mod clock;
 mod nemesis;
 mod procs;
 mod proxy;
@@ -58,6 +65,11 @@ pub struct Cluster {
     server: StoreServer,
     /// The store as the CLI reaches it: directly, not through a proxy.
     store_url: String,
+    /// What the CLI and the replicas need in their environment to reach
+    /// the store.
+    store_env: Vec<(String, String)>,
+    /// Each replica's clock.
+    clocks: Vec<clock::Skew>,
     replicas: Vec<Proc>,
     store_proxies: Vec<Proxy>,
     processor_proxies: Vec<Proxy>,
@@ -76,6 +88,12 @@ struct Flags {
     dir: PathBuf,
     /// Replicas answer before their completions are written.
     background_completions: bool,
+    /// The most a replica's clock is off the machine's, in ms.
+    skew_ms: u64,
+    /// Whether the replicas' clocks also run fast or slow.
+    drift: bool,
+    /// libfaketime's preload.
+    faketime_lib: PathBuf,
 }
 
 /// The cargo profile directory this binary was built into
@@ -99,9 +117,16 @@ fn parse_flags() -> Flags {
         background_completions: false,
         bin_dir: profile,
         dir: std::env::temp_dir().join(format!("idem-chaos-{}", std::process::id())),
+        skew_ms: 0,
+        drift: false,
+        faketime_lib: PathBuf::from("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"),
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
+        if flag == "--drift" {
+            flags.drift = true;
+            continue;
+        }
         let value = args
             .next()
             .unwrap_or_else(|| usage(&format!("{flag} needs a value")));
@@ -124,19 +149,34 @@ fn parse_flags() -> Flags {
                 }
             }
             "--dir" => flags.dir = PathBuf::from(&value),
+            "--skew" => flags.skew_ms = int(),
+            "--faketime-lib" => flags.faketime_lib = PathBuf::from(&value),
             other => usage(&format!("unknown flag {other:?}")),
         }
     }
-    if !matches!(flags.store.as_str(), "sqlite" | "postgres" | "redis") {
-        usage("--store is sqlite, postgres or redis");
+    if !matches!(
+        flags.store.as_str(),
+        "sqlite" | "postgres" | "redis" | "dynamodb"
+    ) {
+        usage("--store is sqlite, postgres, redis or dynamodb");
+    }
+    if flags.drift && flags.skew_ms == 0 {
+        usage("--drift needs --skew MS: the range the clocks drift in");
+    }
+    if flags.skew_ms > 0 && !flags.faketime_lib.exists() {
+        fatal(&format!(
+            "--skew needs libfaketime at {} (scripts/libfaketime install; or --faketime-lib PATH)",
+            flags.faketime_lib.display()
+        ));
     }
     flags
 }
 
 fn usage(problem: &str) -> ! {
     eprintln!(
-        "chaos: {problem}\nusage: chaos --store sqlite|postgres|redis [--duration-s N] [--seed N] \
-         [--clients N] [--bin-dir DIR] [--dir DIR] [--background-completions true|false]"
+        "chaos: {problem}\nusage: chaos --store sqlite|postgres|redis|dynamodb [--duration-s N] \
+         [--seed N] [--clients N] [--bin-dir DIR] [--dir DIR] \
+         [--background-completions true|false] [--skew MS [--drift] [--faketime-lib PATH]]"
     );
     std::process::exit(2)
 }
@@ -173,6 +213,7 @@ async fn farside(bin: &Path, dir: &Path, kind: &str, port: u16, seed: u64) -> Pr
     Proc::start(
         bin.join("farside"),
         args,
+        Vec::new(),
         "farside: serving",
         dir.join(format!("{kind}.log")),
     )
@@ -207,26 +248,31 @@ impl Cluster {
                     .unwrap_or_else(|e| fatal(&e)),
                 3,
             ),
+            "dynamodb" => (
+                StoreServer::dynamodb(dir, free_port(), "chaos")
+                    .await
+                    .unwrap_or_else(|e| fatal(&e)),
+                3,
+            ),
             // Two processes on one SQLite file.
             _ => (StoreServer::None, 2),
         };
-        let server_port = match &server {
-            StoreServer::Postgres { port, .. } => *port,
-            StoreServer::Redis(_) => {
-                // The port is the first argument's value.
-                server_port_of(&server)
-            }
-            StoreServer::None => 0,
-        };
+        let server_port = server_port_of(&server);
         let sqlite = format!("sqlite:{}", dir.join("store.sqlite3").display());
         let store_url = if server_port == 0 {
             sqlite.clone()
         } else {
             server.url(server_port)
         };
+        // Every process's life, for the drift's range: the faults, the
+        // settling after them, and the start and the clients' last intents.
+        let lifetime = flags.duration + SETTLE_BOUND + Duration::from_secs(60);
+        let clocks = clock::draw(replicas_n, flags.skew_ms, flags.drift, lifetime, flags.seed);
         let mut cluster = Cluster {
+            store_env: server.client_env(),
             server,
             store_url,
+            clocks,
             replicas: Vec::new(),
             store_proxies: Vec::new(),
             processor_proxies: Vec::new(),
@@ -277,9 +323,14 @@ impl Cluster {
                 args.push("--background-completions".into());
             }
             cluster.processor_proxies.push(to_processor);
+            let mut env = cluster.store_env.clone();
+            if flags.skew_ms > 0 {
+                env.extend(cluster.clocks[r].env(&flags.faketime_lib));
+            }
             let replica = Proc::start(
                 flags.bin_dir.join("examples").join("payments"),
                 args,
+                env,
                 "payments: serving MCP on ",
                 dir.join(format!("replica-{r}.log")),
             )
@@ -288,6 +339,44 @@ impl Cluster {
             cluster.replicas.push(replica);
         }
         cluster
+    }
+
+    /// Reads every replica's clock from outside and compares it with the
+    /// skew it was given: a preload that did not take ends the run (exit
+    /// 2), as a run with no skew would pass for one with it. Returns the
+    /// clocks, given and seen, printed before the chaos line.
+    async fn check_clocks(&self, store: &str) -> String {
+        let seen = futures::future::join_all(
+            self.replicas
+                .iter()
+                .map(|r| clock::observe(format!("http://{}", r.arg_after("--listen")))),
+        )
+        .await;
+        let mut shown = Vec::new();
+        for (r, (given, seen)) in self.clocks.iter().zip(seen).enumerate() {
+            let seen = seen.unwrap_or_else(|e| fatal(&format!("replica {r}'s clock: {e}")));
+            // 50 ms for the time between the process's start and the read,
+            // drift included, and the load of a shared machine.
+            if (seen.offset_ms - given.offset_ms as f64).abs() > 50.0 + seen.within_ms {
+                fatal(&format!(
+                    "{store}: replica {r} runs {:+.0} ms (±{:.0}) off this clock, not the {:+} ms \
+                     it was given: libfaketime's preload did not take",
+                    seen.offset_ms, seen.within_ms, given.offset_ms
+                ));
+            }
+            shown.push(format!(
+                "replica {r} {:+} ms{} (seen {:+.0} ±{:.0} ms)",
+                given.offset_ms,
+                if given.drift_ppm != 0 {
+                    format!(" drifting {:+} ppm", given.drift_ppm)
+                } else {
+                    String::new()
+                },
+                seen.offset_ms,
+                seen.within_ms
+            ));
+        }
+        format!("clocks {}", shown.join(", "))
     }
 
     /// Every replica's MCP endpoint (fixed for the run: a restart listens
@@ -357,18 +446,19 @@ impl Cluster {
 fn server_port_of(server: &StoreServer) -> u16 {
     match server {
         StoreServer::Redis(p) => p.arg_after("--port").parse().expect("a port"),
-        StoreServer::Postgres { port, .. } => *port,
+        StoreServer::Postgres { port, .. } | StoreServer::DynamoDb { port, .. } => *port,
         StoreServer::None => 0,
     }
 }
 
 /// The records now, through the operator's CLI: `None` if the store does
 /// not answer.
-async fn list_records(cli: &Path, store: &str) -> Option<Vec<Value>> {
+async fn list_records(cli: &Path, store: &str, env: &[(String, String)]) -> Option<Vec<Value>> {
     let out = tokio::time::timeout(
         Duration::from_secs(15),
         tokio::process::Command::new(cli)
             .args(["--store", store, "list", "--json", "--limit", "10000000"])
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .output(),
     )
     .await
@@ -434,24 +524,31 @@ async fn main() {
         next_id: AtomicU64::new(1),
     });
     let store_url = cluster.store_url.clone();
+    let store_env = cluster.store_env.clone();
+    let clocks = if flags.skew_ms > 0 {
+        cluster.check_clocks(&flags.store).await
+    } else {
+        String::new()
+    };
     let cluster = Arc::new(Mutex::new(cluster));
 
     // The records' states, every second, for check 6.
     let history = Arc::new(StdMutex::new(History::default()));
     let watching = Arc::new(AtomicBool::new(true));
     let watcher = {
-        let (history, watching, cli, store) = (
+        let (history, watching, cli, store, env) = (
             history.clone(),
             watching.clone(),
             cli.clone(),
             store_url.clone(),
+            store_env.clone(),
         );
         tokio::spawn(async move {
             while watching.load(Ordering::SeqCst) {
                 // Read before the list: a state it shows held at this time
                 // or later.
                 let t = started.elapsed().as_millis() as u64;
-                if let Some(records) = list_records(&cli, &store).await {
+                if let Some(records) = list_records(&cli, &store, &env).await {
                     let end = started.elapsed().as_millis() as u64;
                     note_states(&mut history.lock().unwrap(), &records, t, end);
                 }
@@ -489,7 +586,7 @@ async fn main() {
     let mut records = Vec::new();
     while healed.elapsed() < SETTLE_BOUND {
         let t = started.elapsed().as_millis() as u64;
-        if let Some(now) = list_records(&cli, &store_url).await {
+        if let Some(now) = list_records(&cli, &store_url, &store_env).await {
             let end = started.elapsed().as_millis() as u64;
             note_states(&mut history.lock().unwrap(), &now, t, end);
             let open = now
@@ -499,6 +596,7 @@ async fn main() {
                 .args([
                     "--store", &store_url, "jobs", "--json", "--limit", "1000000",
                 ])
+                .envs(store_env.iter().map(|(k, v)| (k, v)))
                 .output()
                 .await
                 .ok()
@@ -545,6 +643,9 @@ async fn main() {
                 *m.entry(format!("{}:{kind}", o.via)).or_default() += 1;
                 m
             });
+    if !clocks.is_empty() {
+        println!("chaos: {}: {clocks}", flags.store);
+    }
     println!(
         "chaos: {}: {purchases} intents, {fault_total} faults, {} violations",
         flags.store,
@@ -582,6 +683,9 @@ async fn main() {
     let report = json!({
         "store": flags.store,
         "seed": flags.seed,
+        "skew_ms": flags.skew_ms,
+        "drift": flags.drift,
+        "clocks": clocks,
         "intents": purchases,
         "faults": faults,
         "violations": violations,

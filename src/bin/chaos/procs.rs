@@ -1,6 +1,6 @@
 //! The processes of a chaos run: payments replicas, the far sides, and a
-//! private PostgreSQL or Redis; each started, killed (`SIGKILL`), frozen
-//! (`SIGSTOP`) and thawed (`SIGCONT`) by the harness.
+//! private PostgreSQL, Redis or DynamoDB emulator; each started, killed
+//! (`SIGKILL`), frozen (`SIGSTOP`) and thawed (`SIGCONT`) by the harness.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -23,6 +23,9 @@ pub struct Proc {
     /// What to run, to start it again.
     program: PathBuf,
     args: Vec<String>,
+    /// Variables set in its environment (a skewed clock's preload, a
+    /// store's credentials), at every start.
+    env: Vec<(String, String)>,
     ready: &'static str,
     log: PathBuf,
     child: Option<Child>,
@@ -31,16 +34,19 @@ pub struct Proc {
 }
 
 impl Proc {
-    /// Starts `program args` and waits until it prints `ready`.
+    /// Starts `program args` with `env` added to its environment, and waits
+    /// until it prints `ready`.
     pub async fn start(
         program: PathBuf,
         args: Vec<String>,
+        env: Vec<(String, String)>,
         ready: &'static str,
         log: PathBuf,
     ) -> Result<Proc, String> {
         let mut proc = Proc {
             program,
             args,
+            env,
             ready,
             log,
             child: None,
@@ -110,6 +116,7 @@ impl Proc {
             .map_err(|e| format!("{}: {e}", self.log.display()))?;
         let mut child = Command::new(&self.program)
             .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| e.to_string())?)
             .stderr(Stdio::piped())
@@ -148,6 +155,29 @@ impl Proc {
         });
         self.child = Some(child);
         Ok(())
+    }
+
+    /// Starts it (again), its stdout and stderr to the log, and waits until
+    /// it accepts connections on `port`: for a server that says nothing when
+    /// it is ready.
+    async fn restart_until_port(&mut self, port: u16) -> Result<(), String> {
+        self.kill().await;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .map_err(|e| format!("{}: {e}", self.log.display()))?;
+        let child = Command::new(&self.program)
+            .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("{}: {e}", self.program.display()))?;
+        self.child = Some(child);
+        wait_port(port).await
     }
 }
 
@@ -207,6 +237,12 @@ pub enum StoreServer {
     /// `redis-server` with an append-only file synced at every write, so a
     /// kill -9 loses nothing acknowledged.
     Redis(Box<Proc>),
+    /// moto's DynamoDB emulator, serving one table of the run's.
+    DynamoDb {
+        emulator: Box<Proc>,
+        port: u16,
+        table: String,
+    },
 }
 
 impl StoreServer {
@@ -335,6 +371,7 @@ impl StoreServer {
         let proc = Proc {
             program: PathBuf::from("redis-server"),
             args,
+            env: Vec::new(),
             ready: "",
             log: dir.join("redis.log"),
             child: None,
@@ -349,22 +386,48 @@ impl StoreServer {
         let StoreServer::Redis(proc) = self else {
             return Ok(());
         };
-        proc.kill().await;
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&proc.log)
-            .map_err(|e| e.to_string())?;
-        let child = Command::new(&proc.program)
-            .args(&proc.args)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().map_err(|e| e.to_string())?)
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| format!("redis-server: {e}"))?;
-        proc.child = Some(child);
-        wait_port(port).await
+        proc.restart_until_port(port).await
+    }
+
+    /// A DynamoDB emulator of the run's own (`scripts/dynamodb-emulator
+    /// serve`: moto, in memory) on `port`, never the shared one on 4567,
+    /// with the table `table` created in it.
+    pub async fn dynamodb(dir: &Path, port: u16, table: &str) -> Result<StoreServer, String> {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/dynamodb-emulator");
+        let mut proc = Proc {
+            program: script,
+            args: vec!["serve".into()],
+            env: vec![("IDEM_DYNAMODB_PORT".into(), port.to_string())],
+            ready: "",
+            log: dir.join("dynamodb.log"),
+            child: None,
+            stopped: false,
+        };
+        proc.restart_until_port(port).await?;
+        Ok(StoreServer::DynamoDb {
+            emulator: Box::new(proc),
+            port,
+            table: table.to_owned(),
+        })
+    }
+
+    /// Whether the nemesis may crash and restart it. The DynamoDB emulator
+    /// keeps its tables in memory: a restart would lose every record, which
+    /// DynamoDB never does, and the run would report the emulator.
+    pub fn crashes(&self) -> bool {
+        matches!(self, StoreServer::Postgres { .. } | StoreServer::Redis(_))
+    }
+
+    /// What a client of this store needs in its environment: DynamoDB's
+    /// credentials (the emulator checks no signature, the SDK wants some).
+    pub fn client_env(&self) -> Vec<(String, String)> {
+        match self {
+            StoreServer::DynamoDb { .. } => vec![
+                ("AWS_ACCESS_KEY_ID".into(), "testing".into()),
+                ("AWS_SECRET_ACCESS_KEY".into(), "testing".into()),
+            ],
+            _ => Vec::new(),
+        }
     }
 
     /// The URL a client of this server uses at `port` (the server's own, or
@@ -376,6 +439,9 @@ impl StoreServer {
                 format!("postgres://postgres@127.0.0.1:{port}/postgres")
             }
             StoreServer::Redis(_) => format!("redis://127.0.0.1:{port}"),
+            StoreServer::DynamoDb { table, .. } => {
+                format!("dynamodb://{table}?region=us-east-1&endpoint=http://127.0.0.1:{port}")
+            }
         }
     }
 
@@ -423,7 +489,7 @@ impl StoreServer {
     /// power cut), or `kill -9` of Redis.
     pub async fn crash_restart(&mut self) -> Result<(), String> {
         match self {
-            StoreServer::None => Ok(()),
+            StoreServer::None | StoreServer::DynamoDb { .. } => Ok(()),
             StoreServer::Postgres { .. } => {
                 self.pg(&["pg_ctl", "-D", "{data}", "-m", "immediate", "-w", "stop"])
                     .await?;
@@ -447,6 +513,7 @@ impl StoreServer {
                     .await;
             }
             StoreServer::Redis(proc) => proc.kill().await,
+            StoreServer::DynamoDb { emulator, .. } => emulator.kill().await,
         }
     }
 }
