@@ -19,9 +19,9 @@ use aws_sdk_dynamodb::Client;
 use crate::future::join_all;
 use crate::key::{IdempotencyKey, Reference};
 use crate::store::{
-    check_distinct, listing_order, Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore,
-    IdempotencyStore, Job, JobFilter, JobId, Record, RecordFilter, RecordStateKind, Resolution,
-    StateCounts, StoreError,
+    self as store, due_order, lease_names, listing_order, sort_leased, Attempt, Claim,
+    ClaimRequest, FollowOn, FollowOnStore, FollowOns, IdempotencyStore, Job, JobFilter, JobId,
+    Record, RecordFilter, RecordStateKind, Resolution, StateCounts, StoreError,
 };
 
 mod builder;
@@ -210,10 +210,11 @@ fn owned(states: &[RecordStateKind]) -> String {
     format!("ak = :ak AND st IN ({})", list.join(", "))
 }
 
-/// What a refused fenced change's old item says: `Fenced` when the record
-/// is gone or another attempt owns it, `WrongState` when it is in none of
-/// `from`; otherwise the old record, for the caller to judge its own extra
-/// condition (a lease, a settle period) against.
+/// What a refused fenced change's old item says ([`store::fence`]):
+/// `Fenced` when the record is gone or another attempt owns it,
+/// `WrongState` when it is in none of `from`; otherwise the old record, for
+/// the caller to judge its own extra condition (a lease, a settle period)
+/// against.
 fn fence(
     old: Option<Item>,
     attempt: Attempt,
@@ -222,13 +223,8 @@ fn fence(
     let Some(old) = old else {
         return Err(StoreError::Fenced);
     };
-    if items::number(&old, attr::ATTEMPT)? != attempt.get() {
-        return Err(StoreError::Fenced);
-    }
-    let found = items::state_of(&old)?;
-    if !from.contains(&found) {
-        return Err(StoreError::WrongState { found });
-    }
+    let owner = Attempt::from_stored(items::number(&old, attr::ATTEMPT)?);
+    store::fence(Some((owner, items::state_of(&old)?)), attempt, from)?;
     Ok(old)
 }
 
@@ -306,8 +302,8 @@ impl DynamoDbStore {
     /// The item of a new claim of `req` under `reference`, at `now`.
     fn claimed_item(&self, req: &ClaimRequest, reference: Reference, now: SystemTime) -> Item {
         let shard = num(shard(req.key.as_bytes()[0]));
-        let expires = now + req.window;
-        let retain = now + req.retention.max(req.window);
+        let deadlines = req.deadlines(now);
+        let retain = deadlines.retain_until;
         let mut item = layout::record_key(&req.key);
         let mut put = |name: &str, value| {
             item.insert(name.to_owned(), value);
@@ -320,8 +316,8 @@ impl DynamoDbStore {
         put(attr::STATE, num(InProgress.code()));
         put(attr::CLAIMED, num(micros(now)));
         put(attr::UPDATED, num(micros(now)));
-        put(attr::LEASE, num(micros(now + req.lease)));
-        put(attr::EXPIRES, num(micros(expires)));
+        put(attr::LEASE, num(micros(deadlines.lease_until)));
+        put(attr::EXPIRES, num(micros(deadlines.expires_at)));
         put(attr::RETAIN, num(micros(retain)));
         // No `nc` nor `ck` until the record is UNKNOWN: read back, they are
         // the claim's time and 0 (a record's bytes are its cost).
@@ -582,9 +578,8 @@ impl DynamoDbStore {
         from: &[RecordStateKind],
         response: &str,
         note: Option<Option<&str>>,
-        jobs: &[FollowOn],
+        jobs: FollowOns<'_>,
     ) -> Result<(), StoreError> {
-        check_distinct(jobs)?;
         if jobs.len() > DYNAMODB_MAX_FOLLOW_ONS {
             return Err(StoreError::Invalid(format!(
                 "{} follow-on jobs for one completion: DynamoDB writes at most {} with it (one \
@@ -949,7 +944,7 @@ impl IdempotencyStore for DynamoDbStore {
             &[InProgress, Unknown, NotPerformed],
             response,
             None,
-            &[],
+            FollowOns::NONE,
         )
         .await
     }
@@ -1013,7 +1008,14 @@ impl IdempotencyStore for DynamoDbStore {
         let (not_performed, settle) = match resolution {
             Resolution::Completed { response } => {
                 return self
-                    .complete_from(key, attempt, &[Unknown], response, Some(note), &[])
+                    .complete_from(
+                        key,
+                        attempt,
+                        &[Unknown],
+                        response,
+                        Some(note),
+                        FollowOns::NONE,
+                    )
                     .await;
             }
             Resolution::NotPerformed { note, settle } => (note, settle),
@@ -1286,12 +1288,12 @@ impl DynamoDbStore {
 
 #[async_trait]
 impl FollowOnStore for DynamoDbStore {
-    async fn complete_with_follow_ons(
+    async fn complete_and_enqueue(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
         response: &str,
-        jobs: &[FollowOn],
+        jobs: FollowOns<'_>,
     ) -> Result<(), StoreError> {
         self.complete_from(
             key,
@@ -1304,13 +1306,13 @@ impl FollowOnStore for DynamoDbStore {
         .await
     }
 
-    async fn resolve_with_follow_ons(
+    async fn resolve_and_enqueue(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
         response: &str,
         note: Option<&str>,
-        jobs: &[FollowOn],
+        jobs: FollowOns<'_>,
     ) -> Result<(), StoreError> {
         self.complete_from(key, attempt, &[Unknown], response, Some(note), jobs)
             .await
@@ -1323,9 +1325,9 @@ impl FollowOnStore for DynamoDbStore {
         lease: Duration,
         attempt: Attempt,
     ) -> Result<Vec<Job>, StoreError> {
-        if names.is_empty() || limit == 0 {
+        let Some(names) = lease_names(names, limit) else {
             return Ok(Vec::new());
-        }
+        };
         let now = self.now();
         let mut due: Vec<Job> = Vec::new();
         for item in self
@@ -1343,7 +1345,7 @@ impl FollowOnStore for DynamoDbStore {
                 due.push(job);
             }
         }
-        due.sort_by_key(|j| (j.next_run_at, listing_order(j)));
+        due.sort_by_key(due_order);
         let mut leased = Vec::new();
         for job in due {
             if leased.len() >= limit {
@@ -1375,6 +1377,7 @@ impl FollowOnStore for DynamoDbStore {
                 },
             }
         }
+        sort_leased(&mut leased);
         Ok(leased)
     }
 
