@@ -269,15 +269,10 @@ impl IdempotencyStore for DynamoDbStore {
         attempt: Attempt,
         response: &str,
     ) -> Result<(), StoreError> {
-        self.complete_from(
-            key,
-            attempt,
-            &[InProgress, Unknown, NotPerformed],
-            response,
-            None,
-            FollowOns::NONE,
-        )
-        .await
+        // One completion, with jobs or without (a network round trip
+        // outweighs the second boxed future).
+        self.complete_and_enqueue(key, attempt, response, FollowOns::NONE)
+            .await
     }
 
     async fn release(&self, key: &IdempotencyKey, attempt: Attempt) -> Result<(), StoreError> {
