@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_runtime::outbox::FollowOn;
+use idem_runtime::outbox::{FollowOn, FollowOns};
 use idem_runtime::store::{
     Attempt, Claim, ClaimRequest, FollowOnStore, Job, JobFilter, JobId, Record, RecordFilter,
     RecordState, Resolution, StateCounts,
@@ -161,6 +161,18 @@ impl<S: FollowOnStore> IdempotencyStore for Limited<S> {
 #[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl<S: FollowOnStore> FollowOnStore for Limited<S> {
+    async fn complete_and_enqueue(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        jobs: FollowOns<'_>,
+    ) -> Result<(), StoreError> {
+        self.refused()?;
+        self.inner
+            .complete_and_enqueue(key, attempt, response, jobs)
+            .await
+    }
     async fn complete_with_follow_ons(
         &self,
         key: &IdempotencyKey,
@@ -168,9 +180,20 @@ impl<S: FollowOnStore> FollowOnStore for Limited<S> {
         response: &str,
         jobs: &[FollowOn],
     ) -> Result<(), StoreError> {
-        self.refused()?;
+        let jobs = FollowOns::new(jobs)?;
+        self.complete_and_enqueue(key, attempt, response, jobs)
+            .await
+    }
+    async fn resolve_and_enqueue(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        note: Option<&str>,
+        jobs: FollowOns<'_>,
+    ) -> Result<(), StoreError> {
         self.inner
-            .complete_with_follow_ons(key, attempt, response, jobs)
+            .resolve_and_enqueue(key, attempt, response, note, jobs)
             .await
     }
     async fn resolve_with_follow_ons(
@@ -181,8 +204,8 @@ impl<S: FollowOnStore> FollowOnStore for Limited<S> {
         note: Option<&str>,
         jobs: &[FollowOn],
     ) -> Result<(), StoreError> {
-        self.inner
-            .resolve_with_follow_ons(key, attempt, response, note, jobs)
+        let jobs = FollowOns::new(jobs)?;
+        self.resolve_and_enqueue(key, attempt, response, note, jobs)
             .await
     }
     async fn lease_jobs(

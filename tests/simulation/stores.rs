@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use idem_runtime::store::conformance::{Call, Fault};
 use idem_runtime::{
-    outbox::FollowOn,
+    outbox::{FollowOn, FollowOns},
     store::{
         Attempt, Claim, ClaimRequest, FollowOnStore, Job, JobFilter, JobId, Record, RecordFilter,
         RecordState, Resolution, StateCounts,
@@ -715,12 +715,12 @@ fn jobs_of(store: &dyn IdempotencyStore) -> &dyn FollowOnStore {
 #[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl FollowOnStore for Recorder {
-    async fn complete_with_follow_ons(
+    async fn complete_and_enqueue(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
         response: &str,
-        jobs: &[FollowOn],
+        jobs: FollowOns<'_>,
     ) -> Result<(), StoreError> {
         let (key, response, jobs) = (*key, response.to_owned(), jobs.to_vec());
         self.write(|inner, sim| async move {
@@ -735,13 +735,25 @@ impl FollowOnStore for Recorder {
         .await
     }
 
-    async fn resolve_with_follow_ons(
+    async fn complete_with_follow_ons(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        jobs: &[FollowOn],
+    ) -> Result<(), StoreError> {
+        let jobs = FollowOns::new(jobs)?;
+        self.complete_and_enqueue(key, attempt, response, jobs)
+            .await
+    }
+
+    async fn resolve_and_enqueue(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
         response: &str,
         note: Option<&str>,
-        jobs: &[FollowOn],
+        jobs: FollowOns<'_>,
     ) -> Result<(), StoreError> {
         if jobs.is_empty() {
             let completed = Resolution::Completed { response };
@@ -763,6 +775,19 @@ impl FollowOnStore for Recorder {
             out
         })
         .await
+    }
+
+    async fn resolve_with_follow_ons(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        note: Option<&str>,
+        jobs: &[FollowOn],
+    ) -> Result<(), StoreError> {
+        let jobs = FollowOns::new(jobs)?;
+        self.resolve_and_enqueue(key, attempt, response, note, jobs)
+            .await
     }
 
     async fn lease_jobs(
@@ -993,6 +1018,17 @@ impl<S: IdempotencyStore> IdempotencyStore for Observer<S> {
 #[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl<S: IdempotencyStore> FollowOnStore for Observer<S> {
+    async fn complete_and_enqueue(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        jobs: FollowOns<'_>,
+    ) -> Result<(), StoreError> {
+        jobs_of(&self.inner)
+            .complete_and_enqueue(key, attempt, response, jobs)
+            .await
+    }
     async fn complete_with_follow_ons(
         &self,
         key: &IdempotencyKey,
@@ -1002,6 +1038,18 @@ impl<S: IdempotencyStore> FollowOnStore for Observer<S> {
     ) -> Result<(), StoreError> {
         jobs_of(&self.inner)
             .complete_with_follow_ons(key, attempt, response, jobs)
+            .await
+    }
+    async fn resolve_and_enqueue(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        note: Option<&str>,
+        jobs: FollowOns<'_>,
+    ) -> Result<(), StoreError> {
+        jobs_of(&self.inner)
+            .resolve_and_enqueue(key, attempt, response, note, jobs)
             .await
     }
     async fn resolve_with_follow_ons(

@@ -453,7 +453,7 @@ impl Executor {
             attempt: Attempt::random(),
             lease: self.lease,
             window,
-            retention: self.retention.max(window),
+            retention: self.retention,
         })
     }
 

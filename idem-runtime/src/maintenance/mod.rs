@@ -504,7 +504,7 @@ pub async fn resolve_by_hand(
         Outcome::Completed { follow_ons, .. } => follow_ons,
         Outcome::NotPerformed => &[],
     };
-    crate::store::check_distinct(follow_ons)?;
+    crate::store::FollowOns::new(follow_ons)?;
     let note = note.trim();
     if note.is_empty() {
         return Err(ResolveError::EmptyNote);

@@ -5,7 +5,7 @@ mod declare;
 mod dispatch;
 
 pub use crate::store::outbox::{
-    is_valid_job_name, FollowOn, FollowOnError, DEFAULT_MAX_PAYLOAD, MAX_JOB_NAME,
+    is_valid_job_name, FollowOn, FollowOnError, FollowOns, DEFAULT_MAX_PAYLOAD, MAX_JOB_NAME,
 };
 pub use declare::follow_on;
 pub(crate) use declare::{Declared, DECLARED};

@@ -9,11 +9,12 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use hashbrown::hash_table::{Entry, HashTable};
+use RecordStateKind::{InProgress, NotPerformed, Unknown};
 
 use super::{
-    check_distinct, listing_order, Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore,
-    IdempotencyStore, Job, JobFilter, JobId, Record, RecordFilter, RecordState, RecordStateKind,
-    Resolution, StateCounts, StoreError,
+    due_order, fence, lease_names, listing_order, sort_leased, Attempt, Claim, ClaimRequest,
+    FollowOnStore, FollowOns, IdempotencyStore, Job, JobFilter, JobId, Record, RecordFilter,
+    RecordState, RecordStateKind, Resolution, StateCounts, StoreError,
 };
 use crate::key::{IdempotencyKey, Reference};
 
@@ -178,23 +179,24 @@ impl MemoryStore {
         lock(&self.shards[first_byte as usize % SHARDS])
     }
 
-    /// Applies `change` to the record if `attempt` owns it.
+    /// Applies `change` to the record if `attempt` owns it and it is in one
+    /// of the states `from` ([`fence`]); otherwise `Fenced` or `WrongState`.
     fn fenced<R>(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
+        from: &[RecordStateKind],
         change: impl FnOnce(&mut ShardData, SystemTime) -> Result<R, StoreError>,
     ) -> Result<R, StoreError> {
         let now = self.now();
         let mut shard = self.shard(key.key[0]);
-        match shard.records.get(&key.key) {
-            Some(record) if record.attempt == attempt => change(&mut shard, now),
-            _ => Err(StoreError::Fenced),
-        }
+        let found = shard.records.get(&key.key);
+        fence(found.map(|r| (r.attempt, r.state.kind())), attempt, from)?;
+        change(&mut shard, now)
     }
 
-    /// Applies `change` to the record if `attempt` owns it and it is in
-    /// state `kind`; otherwise `Fenced` or `WrongState`.
+    /// [`fenced`](Self::fenced) from the one state `kind`, with the record
+    /// to change.
     fn fenced_in<R>(
         &self,
         key: &IdempotencyKey,
@@ -202,13 +204,8 @@ impl MemoryStore {
         kind: RecordStateKind,
         change: impl FnOnce(&mut Record, SystemTime) -> Result<R, StoreError>,
     ) -> Result<R, StoreError> {
-        self.fenced(key, attempt, |shard, now| {
+        self.fenced(key, attempt, &[kind], |shard, now| {
             let record = shard.records.get_mut(&key.key).expect("checked by fenced");
-            if record.state.kind() != kind {
-                return Err(StoreError::WrongState {
-                    found: record.state.kind(),
-                });
-            }
             change(record, now)
         })
     }
@@ -241,15 +238,13 @@ impl MemoryStore {
         key: &IdempotencyKey,
         attempt: Attempt,
         response: &str,
-        jobs: &[FollowOn],
+        jobs: FollowOns<'_>,
     ) -> Result<(), StoreError> {
-        self.fenced(key, attempt, |shard, now| {
+        // From any state but COMPLETED: a slow handler's truth wins over
+        // what the sweep or a reconciler concluded.
+        let from = [InProgress, Unknown, NotPerformed];
+        self.fenced(key, attempt, &from, |shard, now| {
             let record = shard.records.get_mut(&key.key).expect("checked by fenced");
-            if let RecordState::Completed { .. } = record.state {
-                return Err(StoreError::WrongState {
-                    found: RecordStateKind::Completed,
-                });
-            }
             record.state = RecordState::Completed {
                 response: response.to_owned(),
             };
@@ -311,7 +306,7 @@ fn unknown(record: &mut Record, note: &str, now: SystemTime) {
 /// reference, due at once. A job's identity is its operation's: one
 /// completion per operation writes jobs, and a job already there under the
 /// same (tenant, reference, name) is never replaced, live or dead.
-fn write_jobs(shard: &mut ShardData, key: &IdempotencyKey, jobs: &[FollowOn], now: SystemTime) {
+fn write_jobs(shard: &mut ShardData, key: &IdempotencyKey, jobs: FollowOns<'_>, now: SystemTime) {
     if jobs.is_empty() {
         return;
     }
@@ -319,7 +314,7 @@ fn write_jobs(shard: &mut ShardData, key: &IdempotencyKey, jobs: &[FollowOn], no
         return;
     };
     let (tenant, reference) = (record.tenant.clone(), record.reference);
-    for job in jobs {
+    for job in jobs.iter() {
         let id = JobId {
             tenant: tenant.clone(),
             reference,
@@ -358,22 +353,6 @@ impl IdempotencyStore for MemoryStore {
         "memory"
     }
 
-    async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
-        let newest_first = |r: &Record| std::cmp::Reverse(r.claimed_at);
-        Ok(self.collect(filter.limit, |r| filter.matches(r), newest_first))
-    }
-
-    async fn count_records(&self) -> Result<StateCounts, StoreError> {
-        let mut counts = StateCounts::default();
-        for shard in self.shards.iter() {
-            let shard = lock(shard);
-            for record in shard.records.values().chain(shard.superseded.values()) {
-                counts.add(record.state.kind(), 1);
-            }
-        }
-        Ok(counts)
-    }
-
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         let now = self.now();
         let mut shard = self.shard(req.key.key[0]);
@@ -398,6 +377,7 @@ impl IdempotencyStore for MemoryStore {
                 superseded.insert(found.reference, Record::clone(found));
             }
         }
+        let deadlines = req.deadlines(now);
         let record = Record {
             key: req.key,
             reference,
@@ -407,9 +387,9 @@ impl IdempotencyStore for MemoryStore {
             state: RecordState::InProgress,
             claimed_at: now,
             updated_at: now,
-            lease_until: now + req.lease,
-            expires_at: now + req.window,
-            retain_until: now + req.retention.max(req.window),
+            lease_until: deadlines.lease_until,
+            expires_at: deadlines.expires_at,
+            retain_until: deadlines.retain_until,
             next_check_at: now,
             checks: 0,
             resolution: None,
@@ -434,17 +414,11 @@ impl IdempotencyStore for MemoryStore {
         attempt: Attempt,
         response: &str,
     ) -> Result<(), StoreError> {
-        self.completed(key, attempt, response, &[])
+        self.completed(key, attempt, response, FollowOns::NONE)
     }
 
     async fn release(&self, key: &IdempotencyKey, attempt: Attempt) -> Result<(), StoreError> {
-        self.fenced(key, attempt, |shard, _| {
-            let found = shard.records.get(&key.key).map(|r| r.state.kind());
-            if let Some(found @ (RecordStateKind::Completed | RecordStateKind::NotPerformed)) =
-                found
-            {
-                return Err(StoreError::WrongState { found });
-            }
+        self.fenced(key, attempt, &[InProgress, Unknown], |shard, _| {
             shard.records.remove(&key.key);
             Ok(())
         })
@@ -488,7 +462,7 @@ impl IdempotencyStore for MemoryStore {
     ) -> Result<(), StoreError> {
         if let Resolution::Completed { response } = resolution {
             return self
-                .resolve_with_follow_ons(key, attempt, response, note, &[])
+                .resolve_and_enqueue(key, attempt, response, note, FollowOns::NONE)
                 .await;
         }
         self.fenced_in(key, attempt, RecordStateKind::Unknown, |record, now| {
@@ -608,6 +582,22 @@ impl IdempotencyStore for MemoryStore {
         ))
     }
 
+    async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
+        let newest_first = |r: &Record| std::cmp::Reverse(r.claimed_at);
+        Ok(self.collect(filter.limit, |r| filter.matches(r), newest_first))
+    }
+
+    async fn count_records(&self) -> Result<StateCounts, StoreError> {
+        let mut counts = StateCounts::default();
+        for shard in self.shards.iter() {
+            let shard = lock(shard);
+            for record in shard.records.values().chain(shard.superseded.values()) {
+                counts.add(record.state.kind(), 1);
+            }
+        }
+        Ok(counts)
+    }
+
     fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
         Some(self)
     }
@@ -615,33 +605,26 @@ impl IdempotencyStore for MemoryStore {
 
 #[async_trait]
 impl FollowOnStore for MemoryStore {
-    async fn complete_with_follow_ons(
+    async fn complete_and_enqueue(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
         response: &str,
-        jobs: &[FollowOn],
+        jobs: FollowOns<'_>,
     ) -> Result<(), StoreError> {
-        check_distinct(jobs)?;
         self.completed(key, attempt, response, jobs)
     }
 
-    async fn resolve_with_follow_ons(
+    async fn resolve_and_enqueue(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
         response: &str,
         note: Option<&str>,
-        jobs: &[FollowOn],
+        jobs: FollowOns<'_>,
     ) -> Result<(), StoreError> {
-        check_distinct(jobs)?;
-        self.fenced(key, attempt, |shard, now| {
+        self.fenced(key, attempt, &[Unknown], |shard, now| {
             let record = shard.records.get_mut(&key.key).expect("checked by fenced");
-            if record.state.kind() != RecordStateKind::Unknown {
-                return Err(StoreError::WrongState {
-                    found: record.state.kind(),
-                });
-            }
             record.state = RecordState::Completed {
                 response: response.to_owned(),
             };
@@ -659,18 +642,21 @@ impl FollowOnStore for MemoryStore {
         lease: Duration,
         attempt: Attempt,
     ) -> Result<Vec<Job>, StoreError> {
+        let Some(names) = lease_names(names, limit) else {
+            return Ok(Vec::new());
+        };
         let now = self.now();
         // The due candidates, the longest due first, then each leased under
         // its shard's lock after a re-check: another dispatcher may have
         // leased it since the listing.
-        let mut due: Vec<(SystemTime, JobKey)> = Vec::new();
+        let mut due = Vec::new();
         for shard in self.shards.iter() {
             due.extend(
                 lock(shard)
                     .jobs
                     .iter()
                     .filter(|(_, j)| is_due(j, now) && names.contains(&j.id.name.as_str()))
-                    .map(|(k, j)| (j.next_run_at, k.clone())),
+                    .map(|(k, j)| (due_order(j), k.clone())),
             );
         }
         due.sort();
@@ -692,6 +678,7 @@ impl FollowOnStore for MemoryStore {
             job.updated_at = now;
             leased.push(job.clone());
         }
+        sort_leased(&mut leased);
         Ok(leased)
     }
 

@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use crate::key::{IdempotencyKey, Reference};
 
 mod attempt;
+mod fence;
 mod memory;
 mod model;
 mod open;
@@ -35,15 +36,18 @@ pub use dynamodb::{
     DynamoDbStore, DynamoDbStoreBuilder, DYNAMODB_MAX_FOLLOW_ONS,
     TABLE_DEFINITION as DYNAMODB_TABLE_DEFINITION,
 };
+pub(crate) use fence::fence;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) use fence::refusal;
 pub use memory::MemoryStore;
 pub use model::{
-    Claim, ClaimRequest, Reading, Record, RecordFilter, RecordState, RecordStateKind, Resolution,
-    StateCounts, DEFAULT_LIST_LIMIT,
+    Claim, ClaimRequest, Deadlines, Reading, Record, RecordFilter, RecordState, RecordStateKind,
+    Resolution, StateCounts, DEFAULT_LIST_LIMIT,
 };
 pub use open::open_store;
-pub(crate) use outbox::{check_distinct, listing_order};
+pub(crate) use outbox::{due_order, lease_names, listing_order, sort_leased};
 pub(crate) use outbox::{FollowOn, FollowOnError, DEFAULT_MAX_PAYLOAD};
-pub use outbox::{Job, JobFilter, JobId, JobState};
+pub use outbox::{FollowOns, Job, JobFilter, JobId, JobState};
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, PostgresStoreBuilder};
 #[cfg(feature = "redis")]
@@ -322,7 +326,21 @@ pub trait FollowOnStore: IdempotencyStore {
     /// A job's identity is (tenant, the operation's reference, name): one
     /// completion per operation writes jobs, and a job that already exists
     /// under the same identity is never replaced, live or dead (a later
-    /// operation of the same call has its own reference).
+    /// operation of the same call has its own reference). `jobs` come with
+    /// distinct names ([`FollowOns::new`]).
+    ///
+    /// Errors: `Fenced`, `WrongState`, `Unavailable`.
+    async fn complete_and_enqueue(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        jobs: FollowOns<'_>,
+    ) -> Result<(), StoreError>;
+
+    /// [`complete_and_enqueue`](FollowOnStore::complete_and_enqueue), for
+    /// jobs not checked yet: refused, with nothing asked of the store, when
+    /// two share a name. Not for a store to implement: it only checks.
     ///
     /// Errors: `Invalid` when two jobs share a name (nothing written),
     /// `Fenced`, `WrongState`, `Unavailable`.
@@ -332,14 +350,33 @@ pub trait FollowOnStore: IdempotencyStore {
         attempt: Attempt,
         response: &str,
         jobs: &[FollowOn],
-    ) -> Result<(), StoreError>;
+    ) -> Result<(), StoreError> {
+        let jobs = FollowOns::new(jobs)?;
+        self.complete_and_enqueue(key, attempt, response, jobs)
+            .await
+    }
 
     /// [`resolve`](IdempotencyStore::resolve) to COMPLETED with `response`
     /// (a reconciler or an operator found the operation performed) and, in
     /// the same atomic step, the follow-on `jobs`, as
-    /// [`complete_with_follow_ons`](FollowOnStore::complete_with_follow_ons)
+    /// [`complete_and_enqueue`](FollowOnStore::complete_and_enqueue)
     /// writes them. Same fencing and states as `resolve`: only an UNKNOWN
     /// record, only for its attempt.
+    ///
+    /// Errors: `Fenced`, `WrongState`, `Unavailable`.
+    async fn resolve_and_enqueue(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        note: Option<&str>,
+        jobs: FollowOns<'_>,
+    ) -> Result<(), StoreError>;
+
+    /// [`resolve_and_enqueue`](FollowOnStore::resolve_and_enqueue), for
+    /// jobs not checked yet, as
+    /// [`complete_with_follow_ons`](FollowOnStore::complete_with_follow_ons)
+    /// checks them.
     ///
     /// Errors: `Invalid` (a repeated name), `Fenced`, `WrongState`,
     /// `Unavailable`.
@@ -350,14 +387,19 @@ pub trait FollowOnStore: IdempotencyStore {
         response: &str,
         note: Option<&str>,
         jobs: &[FollowOn],
-    ) -> Result<(), StoreError>;
+    ) -> Result<(), StoreError> {
+        let jobs = FollowOns::new(jobs)?;
+        self.resolve_and_enqueue(key, attempt, response, note, jobs)
+            .await
+    }
 
     /// Leases at most `limit` due jobs whose name is in `names`, the longest
     /// due first: live (neither dead nor delivered) jobs with `next_run_at <= now` (store
     /// clock), which covers a job never run, a retry whose delay is over, and
     /// a job whose last lease ran out (its dispatcher died or overran). Each
     /// leased job gets `attempt`, `attempts + 1`, and `next_run_at = now +
-    /// lease`, and is returned as changed.
+    /// lease`, and is returned as changed; the leased jobs come in the
+    /// order [`list_jobs`](FollowOnStore::list_jobs) lists them.
     ///
     /// Atomic per job: of two dispatchers leasing at once, exactly one gets a
     /// given job, and until its lease runs out no other lease returns it (on
@@ -505,8 +547,9 @@ pub(crate) async fn complete_with_jobs(
     match (jobs.is_empty(), store.follow_ons()) {
         (true, _) => store.complete(key, attempt, response).await,
         (false, Some(store)) => {
+            let jobs = FollowOns::new(jobs)?;
             store
-                .complete_with_follow_ons(key, attempt, response, jobs)
+                .complete_and_enqueue(key, attempt, response, jobs)
                 .await
         }
         (false, None) => Err(StoreError::Unsupported("write follow-on jobs")),
@@ -530,8 +573,9 @@ pub(crate) async fn resolve_completed_with_jobs(
             store.resolve(key, attempt, completed, note).await
         }
         (false, Some(store)) => {
+            let jobs = FollowOns::new(jobs)?;
             store
-                .resolve_with_follow_ons(key, attempt, response, note, jobs)
+                .resolve_and_enqueue(key, attempt, response, note, jobs)
                 .await
         }
         (false, None) => Err(StoreError::Unsupported("write follow-on jobs")),
@@ -544,6 +588,9 @@ pub(crate) async fn resolve_completed_with_jobs(
 #[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl<S: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<S> {
+    fn backend(&self) -> &'static str {
+        (**self).backend()
+    }
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         (**self).claim(req).await
     }
@@ -615,9 +662,6 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<S> {
     async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
         (**self).list_unknown(limit).await
     }
-    fn backend(&self) -> &'static str {
-        (**self).backend()
-    }
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
         (**self).list_records(filter).await
     }
@@ -640,6 +684,17 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<S> {
 #[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl<S: FollowOnStore + ?Sized> FollowOnStore for std::sync::Arc<S> {
+    async fn complete_and_enqueue(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        jobs: FollowOns<'_>,
+    ) -> Result<(), StoreError> {
+        (**self)
+            .complete_and_enqueue(key, attempt, response, jobs)
+            .await
+    }
     async fn complete_with_follow_ons(
         &self,
         key: &IdempotencyKey,
@@ -649,6 +704,18 @@ impl<S: FollowOnStore + ?Sized> FollowOnStore for std::sync::Arc<S> {
     ) -> Result<(), StoreError> {
         (**self)
             .complete_with_follow_ons(key, attempt, response, jobs)
+            .await
+    }
+    async fn resolve_and_enqueue(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        note: Option<&str>,
+        jobs: FollowOns<'_>,
+    ) -> Result<(), StoreError> {
+        (**self)
+            .resolve_and_enqueue(key, attempt, response, note, jobs)
             .await
     }
     async fn resolve_with_follow_ons(

@@ -30,12 +30,46 @@ pub struct ClaimRequest {
     /// counted from the claim: a COMPLETED record answers repeats for this
     /// long, and never longer ([`Record::holds_key`]).
     pub window: Duration,
-    /// How long the operation's record is kept, counted from the claim (at
-    /// least `window`): it reads by its reference until then, even after a
-    /// new operation took the key, and an UNKNOWN record holds its key until
-    /// then (a charge that may have happened is not forgotten when the
-    /// window ends).
+    /// How long the operation's record is kept, counted from the claim
+    /// (never less than `window`: [`ClaimRequest::retain_for`]): it reads
+    /// by its reference until then, even after a new operation took the
+    /// key, and an UNKNOWN record holds its key until then (a charge that
+    /// may have happened is not forgotten when the window ends).
     pub retention: Duration,
+}
+
+impl ClaimRequest {
+    /// How long the record is kept after the claim: its `retention`, and
+    /// never less than its `window` (a record forgotten before its window
+    /// ends would let the same call run twice within it). The one rule of
+    /// the claim's retention: a store that computes its deadlines in its
+    /// own statements takes this duration as a parameter.
+    pub fn retain_for(&self) -> Duration {
+        self.retention.max(self.window)
+    }
+
+    /// The deadlines a claim made at `now` (store clock) sets on its record,
+    /// every store's: the lease's end, the window's end, the retention's
+    /// end ([`ClaimRequest::retain_for`]).
+    pub fn deadlines(&self, now: SystemTime) -> Deadlines {
+        Deadlines {
+            lease_until: now + self.lease,
+            expires_at: now + self.window,
+            retain_until: now + self.retain_for(),
+        }
+    }
+}
+
+/// The deadlines a claim sets on its record ([`ClaimRequest::deadlines`]):
+/// the fields of [`Record`] of the same names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deadlines {
+    /// Until when the claim holds without a heartbeat.
+    pub lease_until: SystemTime,
+    /// When the key's hold ends for a settled record: the window's end.
+    pub expires_at: SystemTime,
+    /// When the record may be forgotten: the retention's end.
+    pub retain_until: SystemTime,
 }
 
 /// The state of a record.
@@ -76,6 +110,24 @@ impl RecordState {
     /// `IN_PROGRESS`, `COMPLETED`, `UNKNOWN` or `NOT_PERFORMED`.
     pub fn name(&self) -> &'static str {
         self.kind().as_str()
+    }
+
+    /// The state a store kept as its kind and one text, `body` (the
+    /// response of a COMPLETED record, the note of an UNKNOWN or
+    /// NOT_PERFORMED one, none for IN_PROGRESS), read back: every store's
+    /// one decoding. A missing note reads as empty; `None` for a COMPLETED
+    /// record without its response, which the store reports as corrupt.
+    pub fn from_stored(kind: RecordStateKind, body: Option<String>) -> Option<Self> {
+        Some(match kind {
+            RecordStateKind::InProgress => RecordState::InProgress,
+            RecordStateKind::Completed => RecordState::Completed { response: body? },
+            RecordStateKind::Unknown => RecordState::Unknown {
+                note: body.unwrap_or_default(),
+            },
+            RecordStateKind::NotPerformed => RecordState::NotPerformed {
+                note: body.unwrap_or_default(),
+            },
+        })
     }
 }
 

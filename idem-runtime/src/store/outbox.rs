@@ -108,19 +108,45 @@ fn check_name(name: &str) -> Result<(), FollowOnError> {
     Ok(())
 }
 
-/// Refuses a list of jobs that names one job twice: a job's identity is
-/// (tenant, reference, name), so two would be one. Stores call it before
-/// writing anything. Errors: `Invalid`, naming the repeated name.
-pub(crate) fn check_distinct(jobs: &[FollowOn]) -> Result<(), StoreError> {
-    for (i, job) in jobs.iter().enumerate() {
-        if jobs[..i].iter().any(|other| other.name == job.name) {
-            return Err(StoreError::Invalid(format!(
-                "the follow-on job `{}` is declared twice for one operation",
-                job.name
-            )));
+/// The follow-on jobs of one completion (or resolution), no two with one
+/// name: a job's identity is (tenant, reference, name), so two would be
+/// one. Checked once, where the list is built ([`FollowOns::new`]), so a
+/// store writes them as they are, and never refuses them after a side
+/// effect for a reason it could have been told before. Reads as the slice
+/// of its jobs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FollowOns<'a>(&'a [FollowOn]);
+
+impl<'a> FollowOns<'a> {
+    /// No jobs: a plain completion.
+    pub const NONE: FollowOns<'static> = FollowOns(&[]);
+
+    /// `jobs`, refused when two share a name. Errors: `Invalid`, naming
+    /// the repeated name (nothing is asked of a store).
+    pub fn new(jobs: &'a [FollowOn]) -> Result<Self, StoreError> {
+        for (i, job) in jobs.iter().enumerate() {
+            if jobs[..i].iter().any(|other| other.name == job.name) {
+                return Err(StoreError::Invalid(format!(
+                    "the follow-on job `{}` is declared twice for one operation",
+                    job.name
+                )));
+            }
         }
+        Ok(FollowOns(jobs))
     }
-    Ok(())
+
+    /// The jobs, as a slice that lives as long as the list they came from.
+    pub fn as_slice(self) -> &'a [FollowOn] {
+        self.0
+    }
+}
+
+impl std::ops::Deref for FollowOns<'_> {
+    type Target = [FollowOn];
+
+    fn deref(&self) -> &[FollowOn] {
+        self.0
+    }
 }
 
 /// Why a follow-on job was refused at its declaration. Nothing was declared;
@@ -457,4 +483,27 @@ pub(crate) fn listing_order(job: &Job) -> (SystemTime, Reference, String, String
         job.id.name.clone(),
         job.id.tenant.clone(),
     )
+}
+
+/// The names a lease looks for, sorted and without repeats; `None` when it
+/// can find nothing (no names, or a limit of 0): the lease then leases
+/// nothing and asks nothing of the store's backend.
+pub(crate) fn lease_names<'n>(names: &[&'n str], limit: usize) -> Option<Vec<&'n str>> {
+    let mut names = names.to_vec();
+    names.sort_unstable();
+    names.dedup();
+    (!names.is_empty() && limit > 0).then_some(names)
+}
+
+/// The order a lease takes due jobs in, for a store that picks them
+/// itself: the longest due first, then in the listing's order.
+pub(crate) fn due_order(job: &Job) -> (SystemTime, (SystemTime, Reference, String, String)) {
+    (job.next_run_at, listing_order(job))
+}
+
+/// Puts jobs just leased in the order a lease returns them: the listing's
+/// ([`listing_order`]), whatever order the store leased them in (a SQL
+/// `RETURNING` has none of its own, the Redis shards answer in turn).
+pub(crate) fn sort_leased(leased: &mut [Job]) {
+    leased.sort_by_key(listing_order);
 }

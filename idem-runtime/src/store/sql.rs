@@ -19,17 +19,9 @@ pub(crate) const COLUMNS: &str = "key, fingerprint, tenant, tool, state, attempt
 
 /// The record state a row's `state` code and `body` stand for.
 pub(crate) fn state_from(code: i16, body: Option<String>) -> Result<RecordState, StoreError> {
-    Ok(match (RecordStateKind::from_code(code.into()), body) {
-        (Some(RecordStateKind::InProgress), _) => RecordState::InProgress,
-        (Some(RecordStateKind::Completed), Some(response)) => RecordState::Completed { response },
-        (Some(RecordStateKind::Unknown), note) => RecordState::Unknown {
-            note: note.unwrap_or_default(),
-        },
-        (Some(RecordStateKind::NotPerformed), note) => RecordState::NotPerformed {
-            note: note.unwrap_or_default(),
-        },
-        (_, _) => return Err(StoreError::Corrupt(format!("state {code}"))),
-    })
+    RecordStateKind::from_code(code.into())
+        .and_then(|kind| RecordState::from_stored(kind, body))
+        .ok_or_else(|| StoreError::Corrupt(format!("state {code}")))
 }
 
 /// `Record::is_expired` in SQL, for the row named `r` (`"r."`, or `""`)

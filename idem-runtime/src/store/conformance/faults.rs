@@ -34,10 +34,10 @@ pub enum Call {
     ListRecords,
     /// [`IdempotencyStore::count_records`].
     CountRecords,
-    /// [`FollowOnStore::complete_with_follow_ons`] (with jobs; with none
+    /// [`FollowOnStore::complete_and_enqueue`] (with jobs; with none
     /// it is [`Call::Complete`]).
     CompleteWithFollowOns,
-    /// [`FollowOnStore::resolve_with_follow_ons`] (with jobs).
+    /// [`FollowOnStore::resolve_and_enqueue`] (with jobs).
     ResolveWithFollowOns,
     /// [`FollowOnStore::lease_jobs`].
     LeaseJobs,
@@ -309,12 +309,12 @@ impl<S: IdempotencyStore> FaultyStore<S> {
 #[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl<S: IdempotencyStore> FollowOnStore for FaultyStore<S> {
-    async fn complete_with_follow_ons(
+    async fn complete_and_enqueue(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
         response: &str,
-        jobs: &[FollowOn],
+        jobs: FollowOns<'_>,
     ) -> Result<(), StoreError> {
         let call = if jobs.is_empty() {
             Call::Complete
@@ -324,18 +324,31 @@ impl<S: IdempotencyStore> FollowOnStore for FaultyStore<S> {
         self.run_completion(
             call,
             self.jobs()
-                .complete_with_follow_ons(key, attempt, response, jobs),
+                .complete_and_enqueue(key, attempt, response, jobs),
         )
         .await
     }
 
-    async fn resolve_with_follow_ons(
+    // The trait's own check, then the faults above.
+    async fn complete_with_follow_ons(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        jobs: &[FollowOn],
+    ) -> Result<(), StoreError> {
+        let jobs = FollowOns::new(jobs)?;
+        self.complete_and_enqueue(key, attempt, response, jobs)
+            .await
+    }
+
+    async fn resolve_and_enqueue(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
         response: &str,
         note: Option<&str>,
-        jobs: &[FollowOn],
+        jobs: FollowOns<'_>,
     ) -> Result<(), StoreError> {
         let call = if jobs.is_empty() {
             Call::Resolve
@@ -345,9 +358,23 @@ impl<S: IdempotencyStore> FollowOnStore for FaultyStore<S> {
         self.run(
             call,
             self.jobs()
-                .resolve_with_follow_ons(key, attempt, response, note, jobs),
+                .resolve_and_enqueue(key, attempt, response, note, jobs),
         )
         .await
+    }
+
+    // The trait's own check, then the faults above.
+    async fn resolve_with_follow_ons(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &str,
+        note: Option<&str>,
+        jobs: &[FollowOn],
+    ) -> Result<(), StoreError> {
+        let jobs = FollowOns::new(jobs)?;
+        self.resolve_and_enqueue(key, attempt, response, note, jobs)
+            .await
     }
 
     async fn lease_jobs(

@@ -1,31 +1,35 @@
 //! [`PostgresStore`]: records in PostgreSQL, shared by several replicas.
 //!
 //! One job, the store and its contract; its SQL is in `statements.rs`, its
-//! schema in `migrate.rs`, its configuration in `builder.rs`.
+//! schema in `migrate.rs`, its configuration in `builder.rs`, how its rows
+//! are read and its fenced changes made in `rows.rs`.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use deadpool_postgres::{Object, Pool};
 use tokio_postgres::Row;
 
 use crate::key::{IdempotencyKey, Reference};
-use crate::store::sql::{counts, key_range, state_from, tag_to_column};
+use crate::store::sql::{counts, key_range, tag_to_column};
 use crate::store::{
-    check_distinct, Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore, IdempotencyStore, Job,
-    JobFilter, JobId, Record, RecordFilter, RecordStateKind, Resolution, StateCounts, StoreError,
+    lease_names, sort_leased, Attempt, Claim, ClaimRequest, FollowOnStore, FollowOns,
+    IdempotencyStore, Job, JobFilter, JobId, Record, RecordFilter, RecordStateKind, Resolution,
+    StateCounts, StoreError,
 };
 
 mod builder;
 mod exec;
 mod migrate;
+mod rows;
 mod statements;
 
 pub use builder::PostgresStoreBuilder;
 use exec::{Db, Param};
+use rows::*;
 use statements::Statements;
 
 /// Records in a PostgreSQL database, for several server replicas.
@@ -215,181 +219,6 @@ impl From<StoreError> for CallError {
     }
 }
 
-fn micros(d: Duration) -> i64 {
-    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
-}
-
-/// A record from a row of `{COLUMNS}, now()`.
-fn row_to_record(row: &Row) -> Result<Record, StoreError> {
-    let bytes32 = |i: usize| -> Result<[u8; 32], StoreError> {
-        let v: &[u8] = row.try_get(i).map_err(corrupt)?;
-        <[u8; 32]>::try_from(v)
-            .map_err(|_| StoreError::Corrupt("a key or fingerprint is not 32 bytes".into()))
-    };
-    let text = |i: usize| -> Result<Option<String>, StoreError> {
-        let b: Option<Vec<u8>> = row.try_get(i).map_err(corrupt)?;
-        b.map(|b| {
-            String::from_utf8(b).map_err(|_| StoreError::Corrupt("a body is not UTF-8".into()))
-        })
-        .transpose()
-    };
-    let state = state_from(row.try_get(4).map_err(corrupt)?, text(11)?)?;
-    let time = |i: usize| row.try_get::<_, SystemTime>(i).map_err(corrupt);
-    let key = IdempotencyKey::from_parts(bytes32(0)?, bytes32(1)?);
-    let tag = row.try_get::<_, Option<i64>>(15).map_err(corrupt)?;
-    Ok(Record {
-        key,
-        reference: Reference::with_tag(&key, tag.unwrap_or(0) as u64),
-        tenant: row.try_get(2).map_err(corrupt)?,
-        tool: row.try_get(3).map_err(corrupt)?,
-        attempt: Attempt::from_stored(row.try_get::<_, i64>(5).map_err(corrupt)? as u64),
-        state,
-        claimed_at: time(6)?,
-        updated_at: time(7)?,
-        lease_until: time(8)?,
-        expires_at: time(9)?,
-        retain_until: time(10)?,
-        next_check_at: time(12)?,
-        checks: row.try_get::<_, i32>(13).map_err(corrupt)?.max(0) as u32,
-        resolution: text(14)?,
-        observed_at: time(16)?,
-    })
-}
-
-fn corrupt(e: tokio_postgres::Error) -> StoreError {
-    StoreError::Corrupt(format!("unexpected column: {e}"))
-}
-
-/// The owner, state and last change of the record with this key, if any:
-/// why a fenced change touched no row.
-async fn found(
-    db: &Db<'_>,
-    sql: &Statements,
-    key: &[u8],
-) -> Result<Option<(Attempt, RecordStateKind, SystemTime)>, CallError> {
-    let Some(row) = db.query_opt(&sql.refusal, &[&key]).await? else {
-        return Ok(None);
-    };
-    let state = row.get::<_, i16>(1);
-    let kind = RecordStateKind::from_code(state.into())
-        .ok_or_else(|| StoreError::Corrupt(format!("state {state}")))?;
-    Ok(Some((
-        Attempt::from_stored(row.get::<_, i64>(0) as u64),
-        kind,
-        row.get(2),
-    )))
-}
-
-/// Why a fenced change touched no row: the attempt lost the record (or it is
-/// gone), or the record is in a state that refuses the change.
-async fn refusal(
-    db: &Db<'_>,
-    sql: &Statements,
-    key: &[u8],
-    attempt: Attempt,
-) -> Result<StoreError, CallError> {
-    Ok(match found(db, sql, key).await? {
-        Some((owner, found, _)) if owner == attempt => StoreError::WrongState { found },
-        _ => StoreError::Fenced,
-    })
-}
-
-/// A fenced change: `sql` must change exactly one row or it is refused.
-async fn fenced(
-    db: &Db<'_>,
-    sql: &Statements,
-    stmt: &str,
-    key: &[u8],
-    attempt: Attempt,
-    params: &[&dyn Param],
-) -> Result<(), CallError> {
-    if db.execute(stmt, params).await? == 1 {
-        Ok(())
-    } else {
-        Err(refusal(db, sql, key, attempt).await?.into())
-    }
-}
-
-/// A follow-on job from a row of `{JOB_COLUMNS}`.
-fn row_to_job(row: &Row) -> Result<Job, StoreError> {
-    let reference: &[u8] = row.try_get(1).map_err(corrupt)?;
-    let reference = Reference::from_bytes(reference)
-        .ok_or_else(|| StoreError::Corrupt("a job's reference is not 8 or 16 bytes".into()))?;
-    let payload: Vec<u8> = row.try_get(3).map_err(corrupt)?;
-    let payload = String::from_utf8(payload)
-        .map_err(|_| StoreError::Corrupt("a job's payload is not UTF-8".into()))?;
-    let time = |i: usize| row.try_get::<_, SystemTime>(i).map_err(corrupt);
-    Ok(Job {
-        id: JobId {
-            tenant: row.try_get(0).map_err(corrupt)?,
-            reference,
-            name: row.try_get(2).map_err(corrupt)?,
-        },
-        payload,
-        runs: row.try_get::<_, i32>(4).map_err(corrupt)?.max(0) as u32,
-        attempt: row
-            .try_get::<_, Option<i64>>(5)
-            .map_err(corrupt)?
-            .map(|t| Attempt::from_stored(t as u64)),
-        next_run_at: time(6)?,
-        last_error: row.try_get(7).map_err(corrupt)?,
-        dead: row.try_get(8).map_err(corrupt)?,
-        created_at: time(9)?,
-        updated_at: time(10)?,
-        delivered_at: row.try_get(11).map_err(corrupt)?,
-        kept_until: row.try_get(12).map_err(corrupt)?,
-        earlier_runs: row.try_get::<_, i32>(13).map_err(corrupt)?.max(0) as u32,
-        error_before_redrive: row.try_get(14).map_err(corrupt)?,
-    })
-}
-
-/// A change of a leased job, fenced by its attempt: `stmt` with `$1`..`$4` =
-/// tenant, reference, name, attempt, then `rest`. `Fenced` when no row
-/// changed: another lease holds the job, or it is gone.
-async fn fenced_job(
-    db: &Db<'_>,
-    stmt: &str,
-    id: &JobId,
-    attempt: Attempt,
-    rest: &[&dyn Param],
-) -> Result<(), CallError> {
-    let (reference, attempt) = (id.reference.as_bytes(), attempt.get() as i64);
-    let mut params: Vec<&dyn Param> = vec![&id.tenant, &reference, &id.name, &attempt];
-    params.extend_from_slice(rest);
-    match db.execute(stmt, &params).await? {
-        0 => Err(StoreError::Fenced.into()),
-        _ => Ok(()),
-    }
-}
-
-/// The names and payloads of `jobs`, as the two arrays the statements
-/// unnest.
-fn job_columns(jobs: &[FollowOn]) -> (Vec<&str>, Vec<&[u8]>) {
-    jobs.iter()
-        .map(|j| (j.name(), j.payload().as_bytes()))
-        .unzip()
-}
-
-/// A fenced change of a record and its jobs in one statement
-/// ([`Statements::complete_with_jobs`], `resolve_with_jobs`): refused as
-/// [`fenced`] refuses when the record did not change, and then no job was
-/// written either.
-async fn with_jobs(
-    db: &Db<'_>,
-    sql: &Statements,
-    stmt: &str,
-    key: &[u8],
-    attempt: Attempt,
-    params: &[&dyn Param],
-) -> Result<(), CallError> {
-    let changed: i64 = db.query_one(stmt, params).await?.try_get(0)?;
-    if changed == 1 {
-        Ok(())
-    } else {
-        Err(refusal(db, sql, key, attempt).await?.into())
-    }
-}
-
 /// How often a claim retries when the conflicting row vanished between its
 /// insert and its read (released or purged in between), or could be taken
 /// over by the time it was read (its window ended in between); each retry
@@ -402,41 +231,6 @@ impl IdempotencyStore for PostgresStore {
         "postgres"
     }
 
-    // A 1 GB field and a 1 GB message: half of it, so the jobs fit beside it.
-    fn max_response_bytes(&self) -> Option<usize> {
-        Some(512 * 1024 * 1024)
-    }
-
-    async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
-        let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
-        let state = filter.state.map(|s| s.code());
-        self.with(async |db, sql| {
-            let rows = db
-                .query(
-                    &sql.filtered,
-                    &[&state, &filter.tenant, &filter.tool, &limit],
-                )
-                .await?;
-            Ok(rows
-                .iter()
-                .map(row_to_record)
-                .collect::<Result<Vec<_>, _>>()?)
-        })
-        .await
-    }
-
-    async fn count_records(&self) -> Result<StateCounts, StoreError> {
-        self.with(async |db, sql| {
-            let rows = db.query(&sql.counted, &[]).await?;
-            let pairs = rows
-                .iter()
-                .map(|r| Ok((i64::from(r.try_get::<_, i16>(0)?), r.try_get::<_, i64>(1)?)))
-                .collect::<Result<Vec<_>, tokio_postgres::Error>>()?;
-            Ok(counts(pairs)?)
-        })
-        .await
-    }
-
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         self.with(async |db, sql| {
             let key = &req.key.as_bytes()[..];
@@ -445,10 +239,7 @@ impl IdempotencyStore for PostgresStore {
                 micros(req.lease),
                 micros(req.window),
             );
-            let (retention, tag) = (
-                micros(req.retention.max(req.window)),
-                tag_to_column(&req.reference),
-            );
+            let (retention, tag) = (micros(req.retain_for()), tag_to_column(&req.reference));
             let fingerprint = &req.key.fingerprint()[..];
             let params: [&dyn Param; 9] = [
                 &key,
@@ -694,30 +485,59 @@ impl IdempotencyStore for PostgresStore {
         self.list(|s| &s.unknown, limit).await
     }
 
+    async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
+        let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
+        let state = filter.state.map(|s| s.code());
+        self.with(async |db, sql| {
+            let rows = db
+                .query(
+                    &sql.filtered,
+                    &[&state, &filter.tenant, &filter.tool, &limit],
+                )
+                .await?;
+            Ok(rows
+                .iter()
+                .map(row_to_record)
+                .collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    async fn count_records(&self) -> Result<StateCounts, StoreError> {
+        self.with(async |db, sql| {
+            let rows = db.query(&sql.counted, &[]).await?;
+            let pairs = rows
+                .iter()
+                .map(|r| Ok((i64::from(r.try_get::<_, i16>(0)?), r.try_get::<_, i64>(1)?)))
+                .collect::<Result<Vec<_>, tokio_postgres::Error>>()?;
+            Ok(counts(pairs)?)
+        })
+        .await
+    }
+
     fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
         Some(self)
+    }
+
+    // A 1 GB field and a 1 GB message: half of it, so the jobs fit beside it.
+    fn max_response_bytes(&self) -> Option<usize> {
+        Some(512 * 1024 * 1024)
     }
 }
 
 #[async_trait]
 impl FollowOnStore for PostgresStore {
-    // The jobs' payloads are one array parameter of the completion's message.
-    fn max_follow_on_bytes_per_completion(&self) -> Option<usize> {
-        Some(256 * 1024 * 1024)
-    }
-
-    async fn complete_with_follow_ons(
+    async fn complete_and_enqueue(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
         response: &str,
-        jobs: &[FollowOn],
+        jobs: FollowOns<'_>,
     ) -> Result<(), StoreError> {
-        check_distinct(jobs)?;
         if jobs.is_empty() {
             return self.complete(key, attempt, response).await;
         }
-        let (names, payloads) = job_columns(jobs);
+        let (names, payloads) = job_columns(&jobs);
         let key = &key.as_bytes()[..];
         self.with(async |db, sql| {
             with_jobs(
@@ -739,20 +559,19 @@ impl FollowOnStore for PostgresStore {
         .await
     }
 
-    async fn resolve_with_follow_ons(
+    async fn resolve_and_enqueue(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
         response: &str,
         note: Option<&str>,
-        jobs: &[FollowOn],
+        jobs: FollowOns<'_>,
     ) -> Result<(), StoreError> {
-        check_distinct(jobs)?;
         if jobs.is_empty() {
             let completed = Resolution::Completed { response };
             return self.resolve(key, attempt, completed, note).await;
         }
-        let (names, payloads) = job_columns(jobs);
+        let (names, payloads) = job_columns(&jobs);
         let key = &key.as_bytes()[..];
         let note = note.map(str::as_bytes);
         self.with(async |db, sql| {
@@ -783,9 +602,9 @@ impl FollowOnStore for PostgresStore {
         lease: Duration,
         attempt: Attempt,
     ) -> Result<Vec<Job>, StoreError> {
-        if names.is_empty() || limit == 0 {
+        let Some(names) = lease_names(names, limit) else {
             return Ok(Vec::new());
-        }
+        };
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let mut leased = self
             .with(async |db, sql| {
@@ -798,8 +617,7 @@ impl FollowOnStore for PostgresStore {
                 Ok(rows.iter().map(row_to_job).collect::<Result<Vec<_>, _>>()?)
             })
             .await?;
-        // RETURNING has no order of its own.
-        leased.sort_by_key(|j| (j.created_at, j.id.reference, j.id.name.clone()));
+        sort_leased(&mut leased);
         Ok(leased)
     }
 
@@ -869,6 +687,11 @@ impl FollowOnStore for PostgresStore {
             Ok(due)
         })
         .await
+    }
+
+    // The jobs' payloads are one array parameter of the completion's message.
+    fn max_follow_on_bytes_per_completion(&self) -> Option<usize> {
+        Some(256 * 1024 * 1024)
     }
 }
 

@@ -14,9 +14,9 @@ use redis::Cmd;
 use crate::future::join_all;
 use crate::key::{IdempotencyKey, Reference};
 use crate::store::{
-    check_distinct, listing_order, Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore,
-    IdempotencyStore, Job, JobFilter, JobId, Record, RecordFilter, RecordStateKind, Resolution,
-    StateCounts, StoreError,
+    lease_names, listing_order, sort_leased, Attempt, Claim, ClaimRequest, FollowOnStore,
+    FollowOns, IdempotencyStore, Job, JobFilter, JobId, Record, RecordFilter, RecordStateKind,
+    Resolution, StateCounts, StoreError,
 };
 
 mod builder;
@@ -55,7 +55,7 @@ use scripts::{
 /// # Follow-on jobs
 ///
 /// A job is a hash on the slot of the record it follows (its shard's hash
-/// tag), so [`complete_with_follow_ons`](FollowOnStore::complete_with_follow_ons)
+/// tag), so [`complete_and_enqueue`](FollowOnStore::complete_and_enqueue)
 /// writes the completion and its jobs in the one script that completes, even
 /// on a Cluster. Each shard keeps its live jobs in one sorted set per name,
 /// scored by when they may run next (a leased job: when its lease runs out),
@@ -304,12 +304,12 @@ impl RedisStore {
     /// The follow-on jobs' arguments of `complete.lua` and `resolve.lua`:
     /// the record's shard prefix, then (name, payload) pairs; nothing when
     /// there are none.
-    fn job_args(&self, cmd: &mut Cmd, key: &IdempotencyKey, jobs: &[FollowOn]) {
+    fn job_args(&self, cmd: &mut Cmd, key: &IdempotencyKey, jobs: FollowOns<'_>) {
         if jobs.is_empty() {
             return;
         }
         cmd.arg(self.layout.shard(self.layout.shard_of_key(key)));
-        for job in jobs {
+        for job in jobs.iter() {
             cmd.arg(job.name()).arg(job.payload());
         }
     }
@@ -390,57 +390,6 @@ impl IdempotencyStore for RedisStore {
         "redis"
     }
 
-    // A 512 MB string, less 1 MiB for the record's other fields.
-    fn max_response_bytes(&self) -> Option<usize> {
-        Some(511 * 1024 * 1024)
-    }
-
-    async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
-        let mut seen = std::collections::HashSet::new();
-        let mut found: Vec<Record> = Vec::new();
-        let newest_first = |r: &Record| std::cmp::Reverse(r.claimed_at);
-        self.scan(false, |step| {
-            if let Scanned::Records(records) = step {
-                for record in records {
-                    // A key's current record and its superseded
-                    // operations share the key: a repeat is the same key,
-                    // reference and attempt.
-                    let id = (record.key.key, record.reference, record.attempt);
-                    if filter.matches(&record) && seen.insert(id) {
-                        found.push(record);
-                    }
-                }
-                // Keep only the newest `limit` between steps.
-                if found.len() > filter.limit.saturating_mul(2).max(1024) {
-                    found.sort_by_key(newest_first);
-                    found.truncate(filter.limit);
-                }
-            }
-            Ok(())
-        })
-        .await?;
-        found.sort_by_key(newest_first);
-        found.truncate(filter.limit);
-        Ok(found)
-    }
-
-    async fn count_records(&self) -> Result<StateCounts, StoreError> {
-        let mut seen = std::collections::HashSet::new();
-        let mut counts = StateCounts::default();
-        self.scan(true, |step| {
-            if let Scanned::States(states) = step {
-                for (name, kind) in states {
-                    if seen.insert(name) {
-                        counts.add(kind, 1);
-                    }
-                }
-            }
-            Ok(())
-        })
-        .await?;
-        Ok(counts)
-    }
-
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         let function = &LIBRARY.claim;
         let (cmd, rk) = self.over(function, &req.key, |p| {
@@ -450,7 +399,7 @@ impl IdempotencyStore for RedisStore {
             p.text(&req.attempt.get().to_string());
             p.micros(req.lease);
             p.micros(req.window);
-            p.micros(req.retention.max(req.window));
+            p.micros(req.retain_for());
             p.bytes(&req.reference.tag().to_be_bytes());
         });
         let Some((replicas, timeout)) = self.replicas else {
@@ -646,26 +595,71 @@ impl IdempotencyStore for RedisStore {
             .await
     }
 
+    async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
+        let mut seen = std::collections::HashSet::new();
+        let mut found: Vec<Record> = Vec::new();
+        let newest_first = |r: &Record| std::cmp::Reverse(r.claimed_at);
+        self.scan(false, |step| {
+            if let Scanned::Records(records) = step {
+                for record in records {
+                    // A key's current record and its superseded
+                    // operations share the key: a repeat is the same key,
+                    // reference and attempt.
+                    let id = (record.key.key, record.reference, record.attempt);
+                    if filter.matches(&record) && seen.insert(id) {
+                        found.push(record);
+                    }
+                }
+                // Keep only the newest `limit` between steps.
+                if found.len() > filter.limit.saturating_mul(2).max(1024) {
+                    found.sort_by_key(newest_first);
+                    found.truncate(filter.limit);
+                }
+            }
+            Ok(())
+        })
+        .await?;
+        found.sort_by_key(newest_first);
+        found.truncate(filter.limit);
+        Ok(found)
+    }
+
+    async fn count_records(&self) -> Result<StateCounts, StoreError> {
+        let mut seen = std::collections::HashSet::new();
+        let mut counts = StateCounts::default();
+        self.scan(true, |step| {
+            if let Scanned::States(states) = step {
+                for (name, kind) in states {
+                    if seen.insert(name) {
+                        counts.add(kind, 1);
+                    }
+                }
+            }
+            Ok(())
+        })
+        .await?;
+        Ok(counts)
+    }
+
     fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
         Some(self)
+    }
+
+    // A 512 MB string, less 1 MiB for the record's other fields.
+    fn max_response_bytes(&self) -> Option<usize> {
+        Some(511 * 1024 * 1024)
     }
 }
 
 #[async_trait]
 impl FollowOnStore for RedisStore {
-    // The 1 GB query buffer holds a completion's command: the response, then the jobs.
-    fn max_follow_on_bytes_per_completion(&self) -> Option<usize> {
-        Some(256 * 1024 * 1024)
-    }
-
-    async fn complete_with_follow_ons(
+    async fn complete_and_enqueue(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
         response: &str,
-        jobs: &[FollowOn],
+        jobs: FollowOns<'_>,
     ) -> Result<(), StoreError> {
-        check_distinct(jobs)?;
         done(
             self.fenced(&LIBRARY.complete, key, attempt, |cmd| {
                 cmd.arg(response);
@@ -675,15 +669,14 @@ impl FollowOnStore for RedisStore {
         )
     }
 
-    async fn resolve_with_follow_ons(
+    async fn resolve_and_enqueue(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
         response: &str,
         note: Option<&str>,
-        jobs: &[FollowOn],
+        jobs: FollowOns<'_>,
     ) -> Result<(), StoreError> {
-        check_distinct(jobs)?;
         let completed = RecordStateKind::Completed.code();
         done(
             self.fenced(&LIBRARY.resolve, key, attempt, |cmd| {
@@ -705,12 +698,9 @@ impl FollowOnStore for RedisStore {
         lease: Duration,
         attempt: Attempt,
     ) -> Result<Vec<Job>, StoreError> {
-        let mut names = names.to_vec();
-        names.sort_unstable();
-        names.dedup();
-        if names.is_empty() || limit == 0 {
+        let Some(names) = lease_names(names, limit) else {
             return Ok(Vec::new());
-        }
+        };
         // Which shards hold the `limit` longest due jobs: every shard at once,
         // each a read-only script.
         let peek = &LIBRARY.peek_jobs;
@@ -756,7 +746,7 @@ impl FollowOnStore for RedisStore {
         if let (true, Some(e)) = (leased.is_empty(), failed) {
             return Err(e);
         }
-        leased.sort_by_key(|j| (j.created_at, j.id.reference, j.id.name.clone()));
+        sort_leased(&mut leased);
         Ok(leased)
     }
 
@@ -855,6 +845,11 @@ impl FollowOnStore for RedisStore {
             }
         }
         Ok(due)
+    }
+
+    // The 1 GB query buffer holds a completion's command: the response, then the jobs.
+    fn max_follow_on_bytes_per_completion(&self) -> Option<usize> {
+        Some(256 * 1024 * 1024)
     }
 }
 

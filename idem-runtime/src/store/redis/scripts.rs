@@ -374,19 +374,8 @@ fn record(packed: &Value, now: SystemTime) -> Result<Record, StoreError> {
         8 => u64::from_be_bytes(r.take_array()?),
         _ => return Err(corrupt("a record has bytes after its last field")),
     };
-    let state = match (kind, body) {
-        (RecordStateKind::InProgress, _) => RecordState::InProgress,
-        (RecordStateKind::Completed, Some(response)) => RecordState::Completed { response },
-        (RecordStateKind::Completed, None) => {
-            return Err(corrupt("a COMPLETED record has no response"))
-        }
-        (RecordStateKind::Unknown, note) => RecordState::Unknown {
-            note: note.unwrap_or_default(),
-        },
-        (RecordStateKind::NotPerformed, note) => RecordState::NotPerformed {
-            note: note.unwrap_or_default(),
-        },
-    };
+    let state = RecordState::from_stored(kind, body)
+        .ok_or_else(|| corrupt("a COMPLETED record has no response"))?;
     let key = IdempotencyKey::from_parts(key, fingerprint);
     Ok(Record {
         key,

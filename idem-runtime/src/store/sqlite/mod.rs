@@ -1,8 +1,9 @@
 //! [`SqliteStore`]: the embedded durable store, on bundled SQLite in WAL mode.
 //!
-//! `statements.rs` holds its SQL, `writer.rs` the writer thread and the
-//! schema it applies, `rows.rs` how rows are read and fenced changes made;
-//! this file the store and its contract.
+//! `builder.rs` holds its settings and its opening, `statements.rs` its
+//! SQL, `writer.rs` the writer thread and the schema it applies, `rows.rs`
+//! how rows are read and fenced changes made, `tests.rs` the writer's
+//! batches under test; this file the store and its contract.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -19,15 +20,19 @@ use super::sql::{
     UNKNOWN,
 };
 use super::{
-    check_distinct, Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore, IdempotencyStore, Job,
-    JobFilter, JobId, Record, RecordFilter, RecordStateKind, Resolution, StateCounts, StoreError,
+    lease_names, sort_leased, Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore, FollowOns,
+    IdempotencyStore, Job, JobFilter, JobId, Record, RecordFilter, RecordStateKind, Resolution,
+    StateCounts, StoreError,
 };
 use crate::key::{IdempotencyKey, Reference};
 use std::collections::BTreeMap;
 
+mod builder;
 mod rows;
 mod statements;
 mod writer;
+
+pub use builder::SqliteStoreBuilder;
 
 use rows::*;
 use statements::SQL;
@@ -85,59 +90,6 @@ pub struct SqliteStore {
     relaxed_completions: bool,
 }
 
-/// Configures a [`SqliteStore`]: how durable a completion's commit is.
-///
-/// ```no_run
-/// # async fn f() -> Result<(), idem_runtime::StoreError> {
-/// let store = idem_runtime::SqliteStore::builder()
-///     .relaxed_completions(false)
-///     .open("idem.sqlite3")
-///     .await?;
-/// # Ok(()) }
-/// ```
-#[derive(Clone, Debug)]
-pub struct SqliteStoreBuilder {
-    relaxed_completions: bool,
-}
-
-impl Default for SqliteStoreBuilder {
-    fn default() -> Self {
-        SqliteStoreBuilder {
-            relaxed_completions: true,
-        }
-    }
-}
-
-impl SqliteStoreBuilder {
-    /// Whether a batch of the writer that holds only completions
-    /// (`complete`, `complete_with_follow_ons`) commits with
-    /// `synchronous = NORMAL` (default `true`) instead of `FULL`.
-    ///
-    /// A claim, and every other change, always commits with `FULL`. What a
-    /// relaxed completion risks: an OS crash or a power cut (not a crash of
-    /// the process) may lose the last completions; each such record is
-    /// IN_PROGRESS again, answered "in progress" until its lease lapses, then
-    /// UNKNOWN until the reconciler (or an operator) finds the effect. The
-    /// handler never runs a second time.
-    pub fn relaxed_completions(mut self, relaxed: bool) -> Self {
-        self.relaxed_completions = relaxed;
-        self
-    }
-
-    /// Opens (creating if needed) the database at `path`, as
-    /// [`SqliteStore::open`] does.
-    pub async fn open(self, path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
-        let path = path.as_ref().to_path_buf();
-        let p = path.clone();
-        SqliteStore::start(move || Connection::open(&p), Some(path), self).await
-    }
-
-    /// A private in-memory database, as [`SqliteStore::open_in_memory`].
-    pub async fn open_in_memory(self) -> Result<SqliteStore, StoreError> {
-        SqliteStore::start(Connection::open_in_memory, None, self).await
-    }
-}
-
 impl SqliteStore {
     /// A builder, for settings other than the defaults.
     pub fn builder() -> SqliteStoreBuilder {
@@ -160,39 +112,6 @@ impl SqliteStore {
     /// The database file, or `None` in memory.
     pub fn path(&self) -> Option<&Path> {
         self.path.as_deref()
-    }
-
-    async fn start(
-        open: impl FnOnce() -> rusqlite::Result<Connection> + Send + 'static,
-        path: Option<PathBuf>,
-        settings: SqliteStoreBuilder,
-    ) -> Result<Self, StoreError> {
-        let (jobs, rx) = mpsc::channel::<Item>();
-        let (ready, ready_rx) = oneshot::channel();
-        std::thread::Builder::new()
-            .name("idem-sqlite".into())
-            .spawn(move || {
-                let conn = match open().and_then(|c| init(&c).map(|()| c)) {
-                    Ok(conn) => {
-                        let _ = ready.send(Ok(()));
-                        conn
-                    }
-                    Err(e) => {
-                        let _ = ready.send(Err(unavailable(&e)));
-                        return;
-                    }
-                };
-                writer(conn, rx);
-            })
-            .map_err(|e| StoreError::Unavailable(format!("cannot start the SQLite thread: {e}")))?;
-        ready_rx.await.map_err(|_| {
-            StoreError::Unavailable("the SQLite thread stopped while opening".into())
-        })??;
-        Ok(SqliteStore {
-            jobs,
-            path,
-            relaxed_completions: settings.relaxed_completions,
-        })
     }
 
     /// Runs `f` on the writer thread inside the current batch's transaction,
@@ -268,40 +187,6 @@ impl IdempotencyStore for SqliteStore {
         "sqlite"
     }
 
-    // SQLITE_MAX_LENGTH (1e9 bytes, the bundled build's default) for a row, less 1 MB.
-    fn max_response_bytes(&self) -> Option<usize> {
-        Some(999_000_000)
-    }
-
-    async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
-        let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
-        let state = filter.state.map(|s| s.code());
-        let (tenant, tool) = (filter.tenant.clone(), filter.tool.clone());
-        self.run(move |conn, now| {
-            read_many(
-                conn,
-                &SQL.filtered,
-                params![state, tenant, tool, limit],
-                now,
-            )
-        })
-        .await
-    }
-
-    async fn count_records(&self) -> Result<StateCounts, StoreError> {
-        self.run(|conn, _| {
-            let mut stmt = conn
-                .prepare_cached(&SQL.counted)
-                .map_err(|e| unavailable(&e))?;
-            let rows = stmt
-                .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))
-                .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-                .map_err(|e| unavailable(&e))?;
-            counts(rows)
-        })
-        .await
-    }
-
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         let req = req.clone();
         self.run(move |conn, now| {
@@ -319,7 +204,7 @@ impl IdempotencyStore for SqliteStore {
                 now,
                 now.saturating_add(nanos(req.lease)),
                 now.saturating_add(nanos(req.window)),
-                now.saturating_add(nanos(req.retention.max(req.window))),
+                now.saturating_add(nanos(req.retain_for())),
                 tag_to_column(&req.reference),
             ];
             let upsert = |sql: &str| {
@@ -584,33 +469,65 @@ impl IdempotencyStore for SqliteStore {
             .await
     }
 
+    async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
+        let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
+        let state = filter.state.map(|s| s.code());
+        let (tenant, tool) = (filter.tenant.clone(), filter.tool.clone());
+        self.run(move |conn, now| {
+            read_many(
+                conn,
+                &SQL.filtered,
+                params![state, tenant, tool, limit],
+                now,
+            )
+        })
+        .await
+    }
+
+    async fn count_records(&self) -> Result<StateCounts, StoreError> {
+        self.run(|conn, _| {
+            let mut stmt = conn
+                .prepare_cached(&SQL.counted)
+                .map_err(|e| unavailable(&e))?;
+            let rows = stmt
+                .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))
+                .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| unavailable(&e))?;
+            counts(rows)
+        })
+        .await
+    }
+
     fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
         Some(self)
+    }
+
+    // SQLITE_MAX_LENGTH (1e9 bytes, the bundled build's default) for a row, less 1 MB.
+    fn max_response_bytes(&self) -> Option<usize> {
+        Some(999_000_000)
     }
 }
 
 #[async_trait]
 impl FollowOnStore for SqliteStore {
-    async fn complete_with_follow_ons(
+    async fn complete_and_enqueue(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
         response: &str,
-        jobs: &[FollowOn],
+        jobs: FollowOns<'_>,
     ) -> Result<(), StoreError> {
-        check_distinct(jobs)?;
         self.completed(key, attempt, response, jobs.to_vec()).await
     }
 
-    async fn resolve_with_follow_ons(
+    async fn resolve_and_enqueue(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
         response: &str,
         note: Option<&str>,
-        jobs: &[FollowOn],
+        jobs: FollowOns<'_>,
     ) -> Result<(), StoreError> {
-        check_distinct(jobs)?;
         let (key, body, jobs) = (*key.as_bytes(), response.to_owned(), jobs.to_vec());
         let note = note.map(str::to_owned);
         self.run(move |conn, now| {
@@ -633,10 +550,10 @@ impl FollowOnStore for SqliteStore {
         lease: Duration,
         attempt: Attempt,
     ) -> Result<Vec<Job>, StoreError> {
-        if names.is_empty() || limit == 0 {
+        let Some(names) = lease_names(names, limit) else {
             return Ok(Vec::new());
-        }
-        let names = serde_json::to_string(names)
+        };
+        let names = serde_json::to_string(&names)
             .map_err(|e| StoreError::Invalid(format!("job names: {e}")))?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.run(move |conn, now| {
@@ -651,8 +568,7 @@ impl FollowOnStore for SqliteStore {
                     limit
                 ],
             )?;
-            // RETURNING has no order of its own.
-            leased.sort_by_key(|j| (j.created_at, j.id.reference, j.id.name.clone()));
+            sort_leased(&mut leased);
             Ok(leased)
         })
         .await
@@ -738,181 +654,4 @@ impl FollowOnStore for SqliteStore {
 
 // Needs the conformance helpers: `cargo test --workspace` turns them on.
 #[cfg(all(test, feature = "conformance"))]
-mod tests {
-    use super::*;
-    use crate::store::conformance::{again, claim_request};
-
-    /// `PRAGMA synchronous` as the batch that runs this probe sees it (1
-    /// NORMAL, 2 FULL); the probe itself is relaxed, so it leaves the batch's
-    /// durability to the others.
-    async fn probe(store: &SqliteStore) -> i64 {
-        store
-            .run_as(true, |conn, _| {
-                conn.query_row("PRAGMA synchronous", [], |r| r.get(0))
-                    .map_err(|e| unavailable(&e))
-            })
-            .await
-            .unwrap()
-    }
-
-    /// Holds the writer, then sends `first` and `second` (each may be
-    /// `None`) and the probe, which then share one batch: the probe's answer.
-    async fn batch_of(
-        store: &SqliteStore,
-        claim: Option<&ClaimRequest>,
-        complete: Option<&ClaimRequest>,
-    ) -> i64 {
-        let blocker = store.run(|_, _| {
-            std::thread::sleep(Duration::from_millis(200));
-            Ok(())
-        });
-        let (_, _, _, seen) = tokio::join!(
-            blocker,
-            async {
-                if let Some(req) = claim {
-                    tokio::time::sleep(Duration::from_millis(30)).await;
-                    store.claim(req).await.unwrap();
-                }
-            },
-            async {
-                if let Some(req) = complete {
-                    tokio::time::sleep(Duration::from_millis(60)).await;
-                    store
-                        .complete(&req.key, req.attempt, "\"ok\"")
-                        .await
-                        .unwrap();
-                }
-            },
-            async {
-                tokio::time::sleep(Duration::from_millis(90)).await;
-                probe(store).await
-            },
-        );
-        seen
-    }
-
-    /// A batch of completions only commits with NORMAL; one claim in the
-    /// batch makes it FULL; and without relaxed completions every batch is
-    /// FULL.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn only_a_batch_of_completions_is_relaxed() {
-        const NORMAL: i64 = 1;
-        const FULL: i64 = 2;
-        let dir = std::env::temp_dir().join(format!("idem-sync-{}", Attempt::random().get()));
-        std::fs::create_dir_all(&dir).unwrap();
-        for relaxed in [true, false] {
-            let store = SqliteStore::builder()
-                .relaxed_completions(relaxed)
-                .open(dir.join(format!("{relaxed}.sqlite3")))
-                .await
-                .unwrap();
-            let claimed = |req: &ClaimRequest| {
-                let (store, req) = (store.clone(), req.clone());
-                async move {
-                    assert!(matches!(
-                        store.claim(&req).await.unwrap(),
-                        Claim::Claimed { .. }
-                    ))
-                }
-            };
-            let (a, b, c) = (
-                claim_request(Duration::from_secs(900)),
-                claim_request(Duration::from_secs(900)),
-                claim_request(Duration::from_secs(900)),
-            );
-            claimed(&a).await;
-            claimed(&b).await;
-            assert_eq!(probe(&store).await, NORMAL, "a probe alone is relaxed");
-            let completions = batch_of(&store, None, Some(&a)).await;
-            let mixed = batch_of(&store, Some(&c), Some(&b)).await;
-            assert_eq!(mixed, FULL, "a claim beside a completion commits with FULL");
-            if relaxed {
-                assert_eq!(completions, NORMAL, "completions alone commit with NORMAL");
-            } else {
-                assert_eq!(completions, FULL, "relaxed_completions(false): FULL");
-            }
-            // A claim alone after that: FULL again.
-            let d = claim_request(Duration::from_secs(900));
-            let after = batch_of(&store, Some(&d), None).await;
-            assert_eq!(
-                after, FULL,
-                "a claim after a relaxed batch commits with FULL"
-            );
-        }
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    /// A batch in which SQLite fails one statement (here: the database is
-    /// full) writes nothing, and every job of it is told so.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_batch_is_all_or_nothing() {
-        let dir = std::env::temp_dir().join(format!("idem-batch-{}", Attempt::random().get()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let store = SqliteStore::open(dir.join("idem.sqlite3")).await.unwrap();
-        let held = claim_request(Duration::from_secs(900));
-        assert!(matches!(
-            store.claim(&held).await.unwrap(),
-            Claim::Claimed { .. }
-        ));
-        // No room for a large response: the database may not grow any more.
-        store
-            .run(|conn, _| {
-                let pages: i64 = conn
-                    .query_row("PRAGMA page_count", [], |r| r.get(0))
-                    .map_err(|e| unavailable(&e))?;
-                conn.pragma_update(None, "max_page_count", pages + 2)
-                    .map_err(|e| unavailable(&e))
-            })
-            .await
-            .unwrap();
-
-        // Hold the writer so that the next three jobs form one batch.
-        let blocker = store.run(|_, _| {
-            std::thread::sleep(Duration::from_millis(300));
-            Ok(())
-        });
-        let (first, big, last) = (
-            claim_request(Duration::from_secs(900)),
-            "x".repeat(1 << 20),
-            claim_request(Duration::from_secs(900)),
-        );
-        let (_, a, b, c) = tokio::join!(
-            blocker,
-            async {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                store.claim(&first).await
-            },
-            async {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                store.complete(&held.key, held.attempt, &big).await
-            },
-            async {
-                tokio::time::sleep(Duration::from_millis(150)).await;
-                store.claim(&last).await
-            },
-        );
-        assert!(matches!(b, Err(StoreError::Unavailable(_))), "{b:?}");
-        assert!(matches!(a, Err(StoreError::Unavailable(_))), "{a:?}");
-        assert!(matches!(c, Err(StoreError::Unavailable(_))), "{c:?}");
-        for req in [&first, &last] {
-            assert_eq!(
-                store.lookup(&req.tenant, &req.reference).await.unwrap(),
-                None,
-                "nothing of the failed batch was written"
-            );
-        }
-        let kept = store
-            .lookup(&held.tenant, &held.reference)
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(kept.state, crate::store::RecordState::InProgress);
-        // The store goes on serving once the statement fits.
-        assert!(matches!(
-            store.claim(&again(&first)).await.unwrap(),
-            Claim::Claimed { .. }
-        ));
-        drop(store);
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-}
+mod tests;

@@ -2,6 +2,7 @@
 //! changes and their refusals.
 
 use super::*;
+use crate::store;
 
 pub(super) fn to_nanos(t: SystemTime) -> i64 {
     match t.duration_since(UNIX_EPOCH) {
@@ -114,8 +115,7 @@ pub(super) fn found(
 pub(super) fn refusal(conn: &Connection, key: &[u8; 32], attempt: Attempt) -> StoreError {
     match found(conn, key) {
         Err(e) => e,
-        Ok(Some((owner, found, _))) if owner == attempt => StoreError::WrongState { found },
-        Ok(_) => StoreError::Fenced,
+        Ok(found) => store::refusal(found.map(|(owner, state, _)| (owner, state)), attempt),
     }
 }
 
