@@ -823,3 +823,53 @@ async fn follow_ons_past_the_transaction_size_are_refused_at_declaration() {
         .unwrap();
     assert_eq!(jobs.len(), 52);
 }
+
+/// A replica whose clock runs ahead of the one that marked a record UNKNOWN
+/// by more than the settle period must not trust "not performed" at once:
+/// a request may still be on its way to the processor. (DynamoDB takes
+/// every time from the writing process's clock.) The settle period also
+/// runs on the reconciling process's own monotonic clock, from when it
+/// first saw the record UNKNOWN: the ahead replica puts the check off, and
+/// resolves once it has seen the record for the settle period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clock_ahead_does_not_shorten_the_settle_period() {
+    use idem_runtime::maintenance::{reconcile_with, ReconcileConfig, SettleClock};
+    let Some(table) = Table::new().await else {
+        return;
+    };
+    let skew = Duration::from_secs(5);
+    let ahead = DynamoDbStore::builder(client(&table.endpoint), table.table())
+        .clock(move || std::time::SystemTime::now() + skew)
+        .build()
+        .unwrap();
+    let req = claim_request(Duration::from_secs(60));
+    table.claim(&req).await.unwrap();
+    table
+        .mark_unknown(&req.key, req.attempt, "timed out")
+        .await
+        .unwrap();
+    let config = ReconcileConfig {
+        settle: Duration::from_secs(2),
+        first_backoff: Duration::from_millis(100),
+        ..ReconcileConfig::default()
+    };
+    // Nothing reached the processor (yet).
+    let processor = Processor::default();
+    let clock = SettleClock::new();
+    let first = reconcile_with(&ahead, &processor, &config, &clock)
+        .await
+        .unwrap();
+    assert_eq!(
+        (first.not_performed, first.still_unknown),
+        (0, 1),
+        "a clock 5 s ahead trusted \"not performed\" at once: {first:?}"
+    );
+    let r = table.lookup(&req.tenant, &req.reference).await.unwrap();
+    assert_eq!(r.map(|r| r.state.kind()), Some(RecordStateKind::Unknown));
+    tokio::time::sleep(config.settle + Duration::from_millis(200)).await;
+    let settled = reconcile_with(&ahead, &processor, &config, &clock)
+        .await
+        .unwrap();
+    assert_eq!(settled.not_performed, 1, "{settled:?}");
+    assert!(clock.is_empty(), "a resolved record is forgotten");
+}
