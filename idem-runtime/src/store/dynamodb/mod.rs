@@ -126,8 +126,15 @@ pub const DYNAMODB_MAX_FOLLOW_ONS: usize = TRANSACTION_ITEMS - 1;
 /// - takes over a COMPLETED record up to *d* before its window ends: a
 ///   repeat in that last *d* of the window runs as a new operation (and
 ///   keeps reading the old one by its reference);
-/// - trusts "not performed" up to *d* before the settle period is over.
+/// - writes records and leases that end *d* late on the other replicas'
+///   clocks (the mirror of the above, seen from the others);
+/// - past the retention, could take an UNKNOWN record over; past a job's
+///   lease, could lease a running job again.
 ///
+/// "Not performed" is never trusted early, whatever the skew: the settle
+/// period also runs on the reconciling process's own monotonic clock
+/// ([`SettleClock`](crate::maintenance::SettleClock)). The bounds, in terms
+/// of lease, window and settle period, are in docs/decisions.md ("Clocks").
 /// Keep the replicas' clocks in sync (NTP, which AWS Lambda and EC2 keep to
 /// well under a second), with windows, leases and the settle period far
 /// longer than the skew.

@@ -64,7 +64,8 @@ use writer::*;
 /// times come from one place per process. Several processes sharing one
 /// database file each use their own clock: keep their clocks in sync (NTP), or
 /// use `PostgresStore`, whose times come from the
-/// database server.
+/// database server. What a skewed process can and cannot do is
+/// `DynamoDbStore`'s list (docs/decisions.md, "Clocks").
 ///
 /// # Durability
 ///
