@@ -88,7 +88,7 @@ impl JobRun {
 /// job (at least once: a crash after the far side acted and before the job
 /// was finished runs it again), so pass [`JobRun::downstream_key`] on and
 /// let the far side drop repeats. `Err` retries the job with a backoff, and
-/// after the most attempts sends it to the dead letter.
+/// after the most runs sends it to the dead letter.
 #[async_trait]
 pub trait JobHandler: Send + Sync + std::fmt::Debug {
     /// Runs one job.

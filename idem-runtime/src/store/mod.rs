@@ -320,7 +320,7 @@ pub trait FollowOnStore: IdempotencyStore {
     /// [`complete`](IdempotencyStore::complete) and, in the same atomic step
     /// (one transaction, one lock), one follow-on job per entry of `jobs`,
     /// in the record's tenant under its reference, due at once with no
-    /// attempts. Either the record is COMPLETED and every job is written, or
+    /// runs. Either the record is COMPLETED and every job is written, or
     /// nothing changed. Same fencing and states as `complete`.
     ///
     /// A job's identity is (tenant, the operation's reference, name): one
@@ -397,7 +397,7 @@ pub trait FollowOnStore: IdempotencyStore {
     /// due first: live (neither dead nor delivered) jobs with `next_run_at <= now` (store
     /// clock), which covers a job never run, a retry whose delay is over, and
     /// a job whose last lease ran out (its dispatcher died or overran). Each
-    /// leased job gets `attempt`, `attempts + 1`, and `next_run_at = now +
+    /// leased job gets `attempt`, `runs + 1`, and `next_run_at = now +
     /// lease`, and is returned as changed; the leased jobs come in the
     /// order [`list_jobs`](FollowOnStore::list_jobs) lists them.
     ///

@@ -60,7 +60,7 @@ fn random32() -> [u8; 32] {
     b
 }
 
-/// Restarts this thread's sequence of attempts and reference tags from
+/// Restarts this thread's sequence of attempt tokens and reference tags from
 /// `seed`, so that a simulation on a single-threaded runtime draws the same
 /// tokens and references every time it replays a schedule. For tests only:
 /// two threads seeded alike draw the same values.

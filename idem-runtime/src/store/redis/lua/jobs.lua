@@ -18,7 +18,7 @@
 --                         kept_until (µs), for the purge
 -- The job's hash fields: t tenant, r reference (16 bytes: the operation's;
 -- 8 for a job written before references had tags), n name, p payload,
--- a attempts, k token (decimal; absent when no lease holds it), d
+-- a runs, k token (decimal; absent when no lease holds it), d
 -- next_run_at, e last_error, z '1' when dead, c created_at, u updated_at,
 -- v delivered_at and w kept_until (both absent until a run finishes it), b
 -- the runs before the last re-drive and f the last error then (both absent
