@@ -35,7 +35,12 @@ async fn completion(store: &dyn IdempotencyStore, jobs: &[FollowOn]) -> Duration
     store
         .follow_ons()
         .expect("the store keeps jobs")
-        .complete_with_follow_ons(&req.key, req.attempt, common::RESPONSE, jobs)
+        .complete_with_follow_ons(
+            &req.key,
+            req.attempt,
+            common::RESPONSE,
+            idem_runtime::store::FollowOns::new(jobs).unwrap(),
+        )
         .await
         .unwrap();
     t.elapsed()
@@ -97,7 +102,12 @@ async fn backlog(store: &dyn IdempotencyStore, n: usize) {
         store
             .follow_ons()
             .expect("the store keeps jobs")
-            .complete_with_follow_ons(&req.key, req.attempt, common::RESPONSE, &job)
+            .complete_with_follow_ons(
+                &req.key,
+                req.attempt,
+                common::RESPONSE,
+                idem_runtime::store::FollowOns::new(&job).unwrap(),
+            )
             .await
             .unwrap();
     }

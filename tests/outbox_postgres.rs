@@ -59,7 +59,12 @@ async fn an_error_text_with_a_nul_byte_still_ends_in_the_dead_letter() {
     store.claim(&req).await.unwrap();
     let job = FollowOn::new("send_receipt", &json!({ "to": "a@example.com" })).unwrap();
     store
-        .complete_with_follow_ons(&req.key, req.attempt, "\"paid\"", &[job])
+        .complete_with_follow_ons(
+            &req.key,
+            req.attempt,
+            "\"paid\"",
+            idem_runtime::store::FollowOns::new(&[job]).unwrap(),
+        )
         .await
         .unwrap();
 

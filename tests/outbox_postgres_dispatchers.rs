@@ -40,7 +40,12 @@ async fn completed_with_receipts(store: &dyn IdempotencyStore, n: usize) -> Vec<
         store
             .follow_ons()
             .expect("the store keeps jobs")
-            .complete_with_follow_ons(&req.key, req.attempt, "\"paid\"", &[job])
+            .complete_with_follow_ons(
+                &req.key,
+                req.attempt,
+                "\"paid\"",
+                idem_runtime::store::FollowOns::new(&[job]).unwrap(),
+            )
             .await
             .unwrap();
         keys.push(format!("{}:send_receipt", req.reference));

@@ -318,9 +318,14 @@ async fn redis_cluster() {
         ));
         let job = idem_runtime::outbox::FollowOn::new(&name, &serde_json::json!({ "to": "a@b" }))
             .unwrap();
-        one.complete_with_follow_ons(&req.key, req.attempt, "\"paid\"", &[job])
-            .await
-            .unwrap();
+        one.complete_with_follow_ons(
+            &req.key,
+            req.attempt,
+            "\"paid\"",
+            idem_runtime::store::FollowOns::new(&[job]).unwrap(),
+        )
+        .await
+        .unwrap();
     }
     let first = cluster.urls()[0].clone();
     let slot = async |key: String| -> i64 {

@@ -361,7 +361,12 @@ async fn follow_ons_are_limited_to_one_transaction() {
         .map(|i| FollowOn::new(&format!("j{i}"), &i).unwrap())
         .collect();
     let e = table
-        .complete_with_follow_ons(&req.key, req.attempt, "\"ok\"", &jobs)
+        .complete_with_follow_ons(
+            &req.key,
+            req.attempt,
+            "\"ok\"",
+            idem_runtime::store::FollowOns::new(&jobs).unwrap(),
+        )
         .await
         .unwrap_err();
     assert!(matches!(e, StoreError::Invalid(_)), "{e:?}");

@@ -161,7 +161,7 @@ impl<S: FollowOnStore> IdempotencyStore for Limited<S> {
 #[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl<S: FollowOnStore> FollowOnStore for Limited<S> {
-    async fn complete_and_enqueue(
+    async fn complete_with_follow_ons(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
@@ -170,30 +170,7 @@ impl<S: FollowOnStore> FollowOnStore for Limited<S> {
     ) -> Result<(), StoreError> {
         self.refused()?;
         self.inner
-            .complete_and_enqueue(key, attempt, response, jobs)
-            .await
-    }
-    async fn complete_with_follow_ons(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        response: &str,
-        jobs: &[FollowOn],
-    ) -> Result<(), StoreError> {
-        let jobs = FollowOns::new(jobs)?;
-        self.complete_and_enqueue(key, attempt, response, jobs)
-            .await
-    }
-    async fn resolve_and_enqueue(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        response: &str,
-        note: Option<&str>,
-        jobs: FollowOns<'_>,
-    ) -> Result<(), StoreError> {
-        self.inner
-            .resolve_and_enqueue(key, attempt, response, note, jobs)
+            .complete_with_follow_ons(key, attempt, response, jobs)
             .await
     }
     async fn resolve_with_follow_ons(
@@ -202,10 +179,10 @@ impl<S: FollowOnStore> FollowOnStore for Limited<S> {
         attempt: Attempt,
         response: &str,
         note: Option<&str>,
-        jobs: &[FollowOn],
+        jobs: FollowOns<'_>,
     ) -> Result<(), StoreError> {
-        let jobs = FollowOns::new(jobs)?;
-        self.resolve_and_enqueue(key, attempt, response, note, jobs)
+        self.inner
+            .resolve_with_follow_ons(key, attempt, response, note, jobs)
             .await
     }
     async fn lease_jobs(

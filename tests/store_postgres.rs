@@ -242,7 +242,12 @@ async fn lease_skips_locked_jobs() {
         let job =
             idem_runtime::outbox::FollowOn::new(&name, &serde_json::json!({ "n": 1 })).unwrap();
         pg.store
-            .complete_with_follow_ons(&req.key, req.attempt, "1", &[job])
+            .complete_with_follow_ons(
+                &req.key,
+                req.attempt,
+                "1",
+                idem_runtime::store::FollowOns::new(&[job]).unwrap(),
+            )
             .await
             .unwrap();
     }
@@ -548,13 +553,24 @@ async fn a_relaxed_completion_does_not_outlive_its_statement() {
         store.complete(&a.key, a.attempt, "\"a\"").await.unwrap();
         store.claim(&b).await.unwrap();
         store
-            .complete_with_follow_ons(&b.key, b.attempt, "\"b\"", &job("receipt"))
+            .complete_with_follow_ons(
+                &b.key,
+                b.attempt,
+                "\"b\"",
+                idem_runtime::store::FollowOns::new(&job("receipt")).unwrap(),
+            )
             .await
             .unwrap();
         store.claim(&c).await.unwrap();
         store.mark_unknown(&c.key, c.attempt, "lost").await.unwrap();
         store
-            .resolve_with_follow_ons(&c.key, c.attempt, "\"c\"", None, &job("receipt"))
+            .resolve_with_follow_ons(
+                &c.key,
+                c.attempt,
+                "\"c\"",
+                None,
+                idem_runtime::store::FollowOns::new(&job("receipt")).unwrap(),
+            )
             .await
             .unwrap();
         store.claim(&d).await.unwrap();

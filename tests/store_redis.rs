@@ -793,7 +793,12 @@ async fn jobs_outlive_their_record() {
     let job =
         idem_runtime::outbox::FollowOn::new(&name, &serde_json::json!({ "to": "a@b" })).unwrap();
     redis
-        .complete_with_follow_ons(&req.key, req.attempt, "1", &[job])
+        .complete_with_follow_ons(
+            &req.key,
+            req.attempt,
+            "1",
+            idem_runtime::store::FollowOns::new(&[job]).unwrap(),
+        )
         .await
         .unwrap();
     let record = record_key(&redis.prefix, &req.key);

@@ -33,7 +33,12 @@ async fn tables_escape_what_a_far_side_wrote() {
     let receipt =
         idem_runtime::outbox::FollowOn::new("send_receipt", &json!({"to": "a@b"})).unwrap();
     store
-        .complete_with_follow_ons(&req.key, req.attempt, "\"paid\"", &[receipt])
+        .complete_with_follow_ons(
+            &req.key,
+            req.attempt,
+            "\"paid\"",
+            idem_runtime::store::FollowOns::new(&[receipt]).unwrap(),
+        )
         .await
         .unwrap();
     let token = idem_runtime::store::Attempt::random();

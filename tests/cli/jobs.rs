@@ -34,7 +34,12 @@ async fn delivered_jobs_are_listed_and_shown() {
         idem_runtime::outbox::FollowOn::new(name, &json!({"to": "a@example.com"})).unwrap()
     });
     store
-        .complete_with_follow_ons(&req.key, req.attempt, "\"paid\"", &jobs)
+        .complete_with_follow_ons(
+            &req.key,
+            req.attempt,
+            "\"paid\"",
+            idem_runtime::store::FollowOns::new(&jobs).unwrap(),
+        )
         .await
         .unwrap();
     let token = idem_runtime::store::Attempt::random();
@@ -114,7 +119,12 @@ async fn dead_jobs_are_listed_and_redriven() {
         idem_runtime::outbox::FollowOn::new("send_receipt", &json!({"to": "a@example.com"}))
             .unwrap();
     store
-        .complete_with_follow_ons(&req.key, req.attempt, "\"paid\"", &[receipt])
+        .complete_with_follow_ons(
+            &req.key,
+            req.attempt,
+            "\"paid\"",
+            idem_runtime::store::FollowOns::new(&[receipt]).unwrap(),
+        )
         .await
         .unwrap();
     let token = idem_runtime::store::Attempt::random();
@@ -244,7 +254,12 @@ async fn jobs_show_an_old_failure_as_old() {
         idem_runtime::outbox::FollowOn::new(name, &json!({"to": "a@example.com"})).unwrap()
     });
     store
-        .complete_with_follow_ons(&req.key, req.attempt, "\"paid\"", &jobs)
+        .complete_with_follow_ons(
+            &req.key,
+            req.attempt,
+            "\"paid\"",
+            idem_runtime::store::FollowOns::new(&jobs).unwrap(),
+        )
         .await
         .unwrap();
     let lease_for = |name: &'static str, lease: Duration| {

@@ -293,7 +293,12 @@ pub async fn completed_with_a_job(
     let job =
         idem_runtime::outbox::FollowOn::new(&name, &serde_json::json!({"to": "a@b"})).unwrap();
     store
-        .complete_with_follow_ons(&req.key, req.attempt, "\"paid\"", &[job])
+        .complete_with_follow_ons(
+            &req.key,
+            req.attempt,
+            "\"paid\"",
+            idem_runtime::store::FollowOns::new(&[job]).unwrap(),
+        )
         .await
         .unwrap();
     (req, name)

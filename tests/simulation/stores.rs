@@ -715,7 +715,7 @@ fn jobs_of(store: &dyn IdempotencyStore) -> &dyn FollowOnStore {
 #[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl FollowOnStore for Recorder {
-    async fn complete_and_enqueue(
+    async fn complete_with_follow_ons(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
@@ -725,7 +725,12 @@ impl FollowOnStore for Recorder {
         let (key, response, jobs) = (*key, response.to_owned(), jobs.to_vec());
         self.write(|inner, sim| async move {
             let out = jobs_of(&*inner)
-                .complete_with_follow_ons(&key, attempt, &response, &jobs)
+                .complete_with_follow_ons(
+                    &key,
+                    attempt,
+                    &response,
+                    idem_runtime::store::FollowOns::new(&jobs).unwrap(),
+                )
                 .await;
             if out.is_ok() {
                 Self::wrote_with_jobs(&*inner, &sim, &key, attempt, Write::Complete, &jobs).await;
@@ -735,19 +740,7 @@ impl FollowOnStore for Recorder {
         .await
     }
 
-    async fn complete_with_follow_ons(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        response: &str,
-        jobs: &[FollowOn],
-    ) -> Result<(), StoreError> {
-        let jobs = FollowOns::new(jobs)?;
-        self.complete_and_enqueue(key, attempt, response, jobs)
-            .await
-    }
-
-    async fn resolve_and_enqueue(
+    async fn resolve_with_follow_ons(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
@@ -763,7 +756,13 @@ impl FollowOnStore for Recorder {
         let note = note.map(str::to_owned);
         self.write(|inner, sim| async move {
             let out = jobs_of(&*inner)
-                .resolve_with_follow_ons(&key, attempt, &response, note.as_deref(), &jobs)
+                .resolve_with_follow_ons(
+                    &key,
+                    attempt,
+                    &response,
+                    note.as_deref(),
+                    idem_runtime::store::FollowOns::new(&jobs).unwrap(),
+                )
                 .await;
             if out.is_ok() {
                 let what = Write::Resolve {
@@ -775,19 +774,6 @@ impl FollowOnStore for Recorder {
             out
         })
         .await
-    }
-
-    async fn resolve_with_follow_ons(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        response: &str,
-        note: Option<&str>,
-        jobs: &[FollowOn],
-    ) -> Result<(), StoreError> {
-        let jobs = FollowOns::new(jobs)?;
-        self.resolve_and_enqueue(key, attempt, response, note, jobs)
-            .await
     }
 
     async fn lease_jobs(
@@ -1018,38 +1004,15 @@ impl<S: IdempotencyStore> IdempotencyStore for Observer<S> {
 #[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl<S: IdempotencyStore> FollowOnStore for Observer<S> {
-    async fn complete_and_enqueue(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        response: &str,
-        jobs: FollowOns<'_>,
-    ) -> Result<(), StoreError> {
-        jobs_of(&self.inner)
-            .complete_and_enqueue(key, attempt, response, jobs)
-            .await
-    }
     async fn complete_with_follow_ons(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
         response: &str,
-        jobs: &[FollowOn],
-    ) -> Result<(), StoreError> {
-        jobs_of(&self.inner)
-            .complete_with_follow_ons(key, attempt, response, jobs)
-            .await
-    }
-    async fn resolve_and_enqueue(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        response: &str,
-        note: Option<&str>,
         jobs: FollowOns<'_>,
     ) -> Result<(), StoreError> {
         jobs_of(&self.inner)
-            .resolve_and_enqueue(key, attempt, response, note, jobs)
+            .complete_with_follow_ons(key, attempt, response, jobs)
             .await
     }
     async fn resolve_with_follow_ons(
@@ -1058,7 +1021,7 @@ impl<S: IdempotencyStore> FollowOnStore for Observer<S> {
         attempt: Attempt,
         response: &str,
         note: Option<&str>,
-        jobs: &[FollowOn],
+        jobs: FollowOns<'_>,
     ) -> Result<(), StoreError> {
         jobs_of(&self.inner)
             .resolve_with_follow_ons(key, attempt, response, note, jobs)

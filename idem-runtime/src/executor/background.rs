@@ -21,7 +21,7 @@ use super::running::Completing;
 use super::Executor;
 use crate::key::{IdempotencyKey, Reference};
 use crate::store::FollowOn;
-use crate::store::{complete_with_jobs, Attempt, IdempotencyStore, StoreError};
+use crate::store::{complete_with_follow_ons, Attempt, IdempotencyStore, StoreError};
 use crate::telemetry::{self, Step};
 
 /// How long a completion in the background keeps trying before it leaves
@@ -145,7 +145,8 @@ async fn write_until_landed(
     let mut pause = Duration::from_millis(50);
     loop {
         let started = Instant::now();
-        let written = complete_with_jobs(store, &c.key, c.attempt, &c.response, &c.jobs).await;
+        let written =
+            complete_with_follow_ons(store, &c.key, c.attempt, &c.response, &c.jobs).await;
         steps.record(Step::Complete, started);
         let reference = c.reference;
         match written {

@@ -14,7 +14,7 @@ use crate::answer::{note, Answer, Classify, Disposition, Recording, StatusReport
 use crate::key::{is_empty_business_key, Caller, IdempotencyKey, Reference, Scope};
 use crate::outbox::{Declared, DECLARED};
 use crate::store::{
-    complete_with_jobs, Attempt, ClaimRequest, IdempotencyStore, Reading, Record, StoreError,
+    complete_with_follow_ons, Attempt, ClaimRequest, IdempotencyStore, Reading, Record, StoreError,
     DEFAULT_MAX_PAYLOAD,
 };
 use crate::telemetry::{self, Step};
@@ -560,7 +560,8 @@ impl Executor {
                         // serialization: the metric is the store's step.
                         let started = Instant::now();
                         let n = jobs.len();
-                        let completed = complete_with_jobs(store, key, attempt, &text, &jobs).await;
+                        let completed =
+                            complete_with_follow_ons(store, key, attempt, &text, &jobs).await;
                         if n > 0 && completed.is_ok() {
                             telemetry::follow_ons_enqueued(n);
                         }

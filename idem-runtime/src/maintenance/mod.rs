@@ -12,7 +12,7 @@ pub use settle::SettleClock;
 use crate::answer::note;
 use crate::key::Reference;
 use crate::store::{
-    resolve_completed_with_jobs, FollowOn, IdempotencyStore, Record, RecordState, RecordStateKind,
+    resolve_with_follow_ons, FollowOn, IdempotencyStore, Record, RecordState, RecordStateKind,
     Resolution, StoreError,
 };
 
@@ -304,7 +304,7 @@ pub async fn reconcile_with(
                 response,
                 follow_ons,
             })) => {
-                match resolve_completed_with_jobs(store, key, attempt, &response, None, &follow_ons)
+                match resolve_with_follow_ons(store, key, attempt, &response, None, &follow_ons)
                     .await
                 {
                     Ok(()) => {
@@ -546,7 +546,7 @@ pub async fn resolve_by_hand(
     if matches!(record.state, RecordState::Unknown { .. }) {
         let resolved = match resolution {
             Resolution::Completed { response } => {
-                resolve_completed_with_jobs(
+                resolve_with_follow_ons(
                     store,
                     &record.key,
                     record.attempt,

@@ -462,7 +462,7 @@ impl IdempotencyStore for MemoryStore {
     ) -> Result<(), StoreError> {
         if let Resolution::Completed { response } = resolution {
             return self
-                .resolve_and_enqueue(key, attempt, response, note, FollowOns::NONE)
+                .resolve_with_follow_ons(key, attempt, response, note, FollowOns::NONE)
                 .await;
         }
         self.fenced_in(key, attempt, RecordStateKind::Unknown, |record, now| {
@@ -605,7 +605,7 @@ impl IdempotencyStore for MemoryStore {
 
 #[async_trait]
 impl FollowOnStore for MemoryStore {
-    async fn complete_and_enqueue(
+    async fn complete_with_follow_ons(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
@@ -615,7 +615,7 @@ impl FollowOnStore for MemoryStore {
         self.completed(key, attempt, response, jobs)
     }
 
-    async fn resolve_and_enqueue(
+    async fn resolve_with_follow_ons(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,

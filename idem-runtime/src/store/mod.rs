@@ -330,68 +330,30 @@ pub trait FollowOnStore: IdempotencyStore {
     /// distinct names ([`FollowOns::new`]).
     ///
     /// Errors: `Fenced`, `WrongState`, `Unavailable`.
-    async fn complete_and_enqueue(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        response: &str,
-        jobs: FollowOns<'_>,
-    ) -> Result<(), StoreError>;
-
-    /// [`complete_and_enqueue`](FollowOnStore::complete_and_enqueue), for
-    /// jobs not checked yet: refused, with nothing asked of the store, when
-    /// two share a name. Not for a store to implement: it only checks.
-    ///
-    /// Errors: `Invalid` when two jobs share a name (nothing written),
-    /// `Fenced`, `WrongState`, `Unavailable`.
     async fn complete_with_follow_ons(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
         response: &str,
-        jobs: &[FollowOn],
-    ) -> Result<(), StoreError> {
-        let jobs = FollowOns::new(jobs)?;
-        self.complete_and_enqueue(key, attempt, response, jobs)
-            .await
-    }
+        jobs: FollowOns<'_>,
+    ) -> Result<(), StoreError>;
 
     /// [`resolve`](IdempotencyStore::resolve) to COMPLETED with `response`
     /// (a reconciler or an operator found the operation performed) and, in
     /// the same atomic step, the follow-on `jobs`, as
-    /// [`complete_and_enqueue`](FollowOnStore::complete_and_enqueue)
+    /// [`complete_with_follow_ons`](FollowOnStore::complete_with_follow_ons)
     /// writes them. Same fencing and states as `resolve`: only an UNKNOWN
     /// record, only for its attempt.
     ///
     /// Errors: `Fenced`, `WrongState`, `Unavailable`.
-    async fn resolve_and_enqueue(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        response: &str,
-        note: Option<&str>,
-        jobs: FollowOns<'_>,
-    ) -> Result<(), StoreError>;
-
-    /// [`resolve_and_enqueue`](FollowOnStore::resolve_and_enqueue), for
-    /// jobs not checked yet, as
-    /// [`complete_with_follow_ons`](FollowOnStore::complete_with_follow_ons)
-    /// checks them.
-    ///
-    /// Errors: `Invalid` (a repeated name), `Fenced`, `WrongState`,
-    /// `Unavailable`.
     async fn resolve_with_follow_ons(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
         response: &str,
         note: Option<&str>,
-        jobs: &[FollowOn],
-    ) -> Result<(), StoreError> {
-        let jobs = FollowOns::new(jobs)?;
-        self.resolve_and_enqueue(key, attempt, response, note, jobs)
-            .await
-    }
+        jobs: FollowOns<'_>,
+    ) -> Result<(), StoreError>;
 
     /// Leases at most `limit` due jobs whose name is in `names`, the longest
     /// due first: live (neither dead nor delivered) jobs with `next_run_at <= now` (store
@@ -536,7 +498,7 @@ fn check_limits(
 /// step when there are any: on a store that keeps none, a completion with
 /// jobs answers `Unsupported` and writes nothing; one past the store's
 /// declared limits answers `Invalid` and writes nothing.
-pub(crate) async fn complete_with_jobs(
+pub(crate) async fn complete_with_follow_ons(
     store: &dyn IdempotencyStore,
     key: &IdempotencyKey,
     attempt: Attempt,
@@ -549,7 +511,7 @@ pub(crate) async fn complete_with_jobs(
         (false, Some(store)) => {
             let jobs = FollowOns::new(jobs)?;
             store
-                .complete_and_enqueue(key, attempt, response, jobs)
+                .complete_with_follow_ons(key, attempt, response, jobs)
                 .await
         }
         (false, None) => Err(StoreError::Unsupported("write follow-on jobs")),
@@ -557,8 +519,8 @@ pub(crate) async fn complete_with_jobs(
 }
 
 /// [`IdempotencyStore::resolve`] to COMPLETED, with the follow-on `jobs` in
-/// the same step when there are any, as [`complete_with_jobs`] writes them.
-pub(crate) async fn resolve_completed_with_jobs(
+/// the same step when there are any, as [`complete_with_follow_ons`] writes them.
+pub(crate) async fn resolve_with_follow_ons(
     store: &dyn IdempotencyStore,
     key: &IdempotencyKey,
     attempt: Attempt,
@@ -575,7 +537,7 @@ pub(crate) async fn resolve_completed_with_jobs(
         (false, Some(store)) => {
             let jobs = FollowOns::new(jobs)?;
             store
-                .resolve_and_enqueue(key, attempt, response, note, jobs)
+                .resolve_with_follow_ons(key, attempt, response, note, jobs)
                 .await
         }
         (false, None) => Err(StoreError::Unsupported("write follow-on jobs")),
@@ -684,38 +646,15 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<S> {
 #[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl<S: FollowOnStore + ?Sized> FollowOnStore for std::sync::Arc<S> {
-    async fn complete_and_enqueue(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        response: &str,
-        jobs: FollowOns<'_>,
-    ) -> Result<(), StoreError> {
-        (**self)
-            .complete_and_enqueue(key, attempt, response, jobs)
-            .await
-    }
     async fn complete_with_follow_ons(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
         response: &str,
-        jobs: &[FollowOn],
-    ) -> Result<(), StoreError> {
-        (**self)
-            .complete_with_follow_ons(key, attempt, response, jobs)
-            .await
-    }
-    async fn resolve_and_enqueue(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        response: &str,
-        note: Option<&str>,
         jobs: FollowOns<'_>,
     ) -> Result<(), StoreError> {
         (**self)
-            .resolve_and_enqueue(key, attempt, response, note, jobs)
+            .complete_with_follow_ons(key, attempt, response, jobs)
             .await
     }
     async fn resolve_with_follow_ons(
@@ -724,7 +663,7 @@ impl<S: FollowOnStore + ?Sized> FollowOnStore for std::sync::Arc<S> {
         attempt: Attempt,
         response: &str,
         note: Option<&str>,
-        jobs: &[FollowOn],
+        jobs: FollowOns<'_>,
     ) -> Result<(), StoreError> {
         (**self)
             .resolve_with_follow_ons(key, attempt, response, note, jobs)

@@ -34,10 +34,10 @@ pub enum Call {
     ListRecords,
     /// [`IdempotencyStore::count_records`].
     CountRecords,
-    /// [`FollowOnStore::complete_and_enqueue`] (with jobs; with none
+    /// [`FollowOnStore::complete_with_follow_ons`] (with jobs; with none
     /// it is [`Call::Complete`]).
     CompleteWithFollowOns,
-    /// [`FollowOnStore::resolve_and_enqueue`] (with jobs).
+    /// [`FollowOnStore::resolve_with_follow_ons`] (with jobs).
     ResolveWithFollowOns,
     /// [`FollowOnStore::lease_jobs`].
     LeaseJobs,
@@ -309,7 +309,7 @@ impl<S: IdempotencyStore> FaultyStore<S> {
 #[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl<S: IdempotencyStore> FollowOnStore for FaultyStore<S> {
-    async fn complete_and_enqueue(
+    async fn complete_with_follow_ons(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
@@ -324,25 +324,12 @@ impl<S: IdempotencyStore> FollowOnStore for FaultyStore<S> {
         self.run_completion(
             call,
             self.jobs()
-                .complete_and_enqueue(key, attempt, response, jobs),
+                .complete_with_follow_ons(key, attempt, response, jobs),
         )
         .await
     }
 
-    // The trait's own check, then the faults above.
-    async fn complete_with_follow_ons(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        response: &str,
-        jobs: &[FollowOn],
-    ) -> Result<(), StoreError> {
-        let jobs = FollowOns::new(jobs)?;
-        self.complete_and_enqueue(key, attempt, response, jobs)
-            .await
-    }
-
-    async fn resolve_and_enqueue(
+    async fn resolve_with_follow_ons(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
@@ -358,23 +345,9 @@ impl<S: IdempotencyStore> FollowOnStore for FaultyStore<S> {
         self.run(
             call,
             self.jobs()
-                .resolve_and_enqueue(key, attempt, response, note, jobs),
+                .resolve_with_follow_ons(key, attempt, response, note, jobs),
         )
         .await
-    }
-
-    // The trait's own check, then the faults above.
-    async fn resolve_with_follow_ons(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        response: &str,
-        note: Option<&str>,
-        jobs: &[FollowOn],
-    ) -> Result<(), StoreError> {
-        let jobs = FollowOns::new(jobs)?;
-        self.resolve_and_enqueue(key, attempt, response, note, jobs)
-            .await
     }
 
     async fn lease_jobs(

@@ -55,7 +55,12 @@ async fn completed_with_jobs(store: &dyn FollowOnStore, names: &[&str]) -> Claim
         .map(|n| follow_on(n, serde_json::json!({ "to": "a@example.com" })))
         .collect();
     store
-        .complete_with_follow_ons(&req.key, req.attempt, "\"paid\"", &jobs)
+        .complete_with_follow_ons(
+            &req.key,
+            req.attempt,
+            "\"paid\"",
+            FollowOns::new(&jobs).unwrap(),
+        )
         .await
         .expect("complete_with_follow_ons");
     req
@@ -76,7 +81,12 @@ pub async fn follow_ons_are_written_with_the_completion(store: &dyn IdempotencyS
         follow_on(&notify, serde_json::json!(["w1"])),
     ];
     store
-        .complete_with_follow_ons(&req.key, req.attempt, "\"paid\"", &jobs)
+        .complete_with_follow_ons(
+            &req.key,
+            req.attempt,
+            "\"paid\"",
+            FollowOns::new(&jobs).unwrap(),
+        )
         .await
         .unwrap();
     let r = record(store, &req).await.unwrap();
@@ -108,7 +118,7 @@ pub async fn follow_ons_are_written_with_the_completion(store: &dyn IdempotencyS
     let plain = fresh(W);
     claimed(store, &plain).await;
     store
-        .complete_with_follow_ons(&plain.key, plain.attempt, "1", &[])
+        .complete_with_follow_ons(&plain.key, plain.attempt, "1", FollowOns::new(&[]).unwrap())
         .await
         .unwrap();
     assert!(jobs_of(store, &plain).await.is_empty());
@@ -125,7 +135,7 @@ pub async fn refused_completion_writes_no_follow_ons(store: &dyn IdempotencyStor
     let stale = again(&req).attempt;
     assert!(matches!(
         store
-            .complete_with_follow_ons(&req.key, stale, "\"x\"", &jobs)
+            .complete_with_follow_ons(&req.key, stale, "\"x\"", FollowOns::new(&jobs).unwrap())
             .await,
         Err(StoreError::Fenced)
     ));
@@ -144,7 +154,12 @@ pub async fn refused_completion_writes_no_follow_ons(store: &dyn IdempotencyStor
         .unwrap();
     assert!(matches!(
         store
-            .complete_with_follow_ons(&req.key, req.attempt, "\"again\"", &jobs)
+            .complete_with_follow_ons(
+                &req.key,
+                req.attempt,
+                "\"again\"",
+                FollowOns::new(&jobs).unwrap()
+            )
             .await,
         Err(StoreError::WrongState {
             found: RecordStateKind::Completed
@@ -156,7 +171,8 @@ pub async fn refused_completion_writes_no_follow_ons(store: &dyn IdempotencyStor
     );
 }
 
-/// Two jobs with one name in one completion are refused, and nothing is
+/// Two jobs with one name in one completion are refused where the list is
+/// built (`FollowOns::new`), before any store is asked, and nothing is
 /// written: the record stays IN_PROGRESS and no job exists.
 pub async fn repeated_follow_on_name_writes_nothing(store: &dyn IdempotencyStore) {
     let store = require_outbox(store);
@@ -167,10 +183,7 @@ pub async fn repeated_follow_on_name_writes_nothing(store: &dyn IdempotencyStore
         follow_on(&name, serde_json::json!(1)),
         follow_on(&name, serde_json::json!(2)),
     ];
-    match store
-        .complete_with_follow_ons(&req.key, req.attempt, "\"x\"", &jobs)
-        .await
-    {
+    match FollowOns::new(&jobs) {
         Err(StoreError::Invalid(message)) => assert!(message.contains(&name), "{message}"),
         other => panic!("expected Invalid, got {other:?}"),
     }
@@ -191,7 +204,13 @@ pub async fn resolution_writes_its_follow_ons(store: &dyn IdempotencyStore) {
     claimed(store, &running).await;
     assert!(matches!(
         store
-            .resolve_with_follow_ons(&running.key, running.attempt, "1", None, &jobs)
+            .resolve_with_follow_ons(
+                &running.key,
+                running.attempt,
+                "1",
+                None,
+                FollowOns::new(&jobs).unwrap()
+            )
             .await,
         Err(StoreError::WrongState {
             found: RecordStateKind::InProgress
@@ -211,7 +230,7 @@ pub async fn resolution_writes_its_follow_ons(store: &dyn IdempotencyStore) {
             doubt.attempt,
             "\"found\"",
             Some("ops: seen"),
-            &jobs,
+            FollowOns::new(&jobs).unwrap(),
         )
         .await
         .unwrap();
@@ -600,7 +619,12 @@ pub async fn a_later_operation_never_touches_an_earlier_operations_jobs(
         follow_on(&running_name, serde_json::json!({"n": 1})),
     ];
     store
-        .complete_with_follow_ons(&first.key, first.attempt, "\"one\"", &jobs)
+        .complete_with_follow_ons(
+            &first.key,
+            first.attempt,
+            "\"one\"",
+            FollowOns::new(&jobs).unwrap(),
+        )
         .await
         .unwrap();
     // The first operation's receipt goes to the dead letter; its shipment
@@ -624,7 +648,12 @@ pub async fn a_later_operation_never_touches_an_earlier_operations_jobs(
         follow_on(&running_name, serde_json::json!({"n": 2})),
     ];
     store
-        .complete_with_follow_ons(&second.key, second.attempt, "\"two\"", &jobs)
+        .complete_with_follow_ons(
+            &second.key,
+            second.attempt,
+            "\"two\"",
+            FollowOns::new(&jobs).unwrap(),
+        )
         .await
         .unwrap();
 
@@ -893,7 +922,12 @@ pub async fn delivered_job_is_purged_with_its_record(store: &dyn IdempotencyStor
         follow_on(&waiting, serde_json::json!({ "sku": "42" })),
     ];
     store
-        .complete_with_follow_ons(&req.key, req.attempt, "\"paid\"", &jobs)
+        .complete_with_follow_ons(
+            &req.key,
+            req.attempt,
+            "\"paid\"",
+            FollowOns::new(&jobs).unwrap(),
+        )
         .await
         .unwrap();
     let attempt = Attempt::random();

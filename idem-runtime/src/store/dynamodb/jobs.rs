@@ -73,7 +73,7 @@ impl DynamoDbStore {
 
 #[async_trait]
 impl FollowOnStore for DynamoDbStore {
-    async fn complete_and_enqueue(
+    async fn complete_with_follow_ons(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
@@ -91,7 +91,7 @@ impl FollowOnStore for DynamoDbStore {
         .await
     }
 
-    async fn resolve_and_enqueue(
+    async fn resolve_with_follow_ons(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,

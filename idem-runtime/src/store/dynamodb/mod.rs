@@ -278,7 +278,7 @@ impl IdempotencyStore for DynamoDbStore {
     ) -> Result<(), StoreError> {
         // One completion, with jobs or without (a network round trip
         // outweighs the second boxed future).
-        self.complete_and_enqueue(key, attempt, response, FollowOns::NONE)
+        self.complete_with_follow_ons(key, attempt, response, FollowOns::NONE)
             .await
     }
 

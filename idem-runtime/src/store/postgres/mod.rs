@@ -527,7 +527,7 @@ impl IdempotencyStore for PostgresStore {
 
 #[async_trait]
 impl FollowOnStore for PostgresStore {
-    async fn complete_and_enqueue(
+    async fn complete_with_follow_ons(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
@@ -543,7 +543,7 @@ impl FollowOnStore for PostgresStore {
             with_jobs(
                 db,
                 sql,
-                &sql.complete_with_jobs,
+                &sql.complete_with_follow_ons,
                 key,
                 attempt,
                 &[
@@ -559,7 +559,7 @@ impl FollowOnStore for PostgresStore {
         .await
     }
 
-    async fn resolve_and_enqueue(
+    async fn resolve_with_follow_ons(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,

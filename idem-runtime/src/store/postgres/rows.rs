@@ -169,7 +169,7 @@ pub(super) fn job_columns(jobs: &[FollowOn]) -> (Vec<&str>, Vec<&[u8]>) {
 }
 
 /// A fenced change of a record and its jobs in one statement
-/// ([`Statements::complete_with_jobs`], `resolve_with_jobs`): refused as
+/// ([`Statements::complete_with_follow_ons`], `resolve_with_jobs`): refused as
 /// [`fenced`] refuses when the record did not change, and then no job was
 /// written either.
 pub(super) async fn with_jobs(

@@ -32,7 +32,7 @@ pub(super) struct Statements {
     pub(super) unknown: String,
     pub(super) filtered: String,
     pub(super) counted: String,
-    pub(super) complete_with_jobs: String,
+    pub(super) complete_with_follow_ons: String,
     pub(super) resolve_with_jobs: String,
     pub(super) lease_jobs: String,
     pub(super) finish_job: String,
@@ -95,7 +95,7 @@ fn micros(n: u8) -> String {
 
 impl Statements {
     /// The statements over `schema`; with `relaxed_completions`, a
-    /// completion (`complete`, `complete_with_jobs`) commits with
+    /// completion (`complete`, `complete_with_follow_ons`) commits with
     /// `synchronous_commit = off` (see [`RELAXED`]); every other change
     /// commits as the server is configured.
     pub(super) fn new(schema: String, relaxed_completions: bool) -> Self {
@@ -271,7 +271,7 @@ impl Statements {
             }),
             counted: counted(&t, &s),
             // Filled in below, from `complete` and `resolve_completed`.
-            complete_with_jobs: String::new(),
+            complete_with_follow_ons: String::new(),
             resolve_with_jobs: String::new(),
             // The selection locks the jobs it takes and skips those another
             // lease has locked (FOR UPDATE SKIP LOCKED): of two dispatchers
@@ -344,7 +344,7 @@ impl Statements {
         };
         // The completion's CTE goes first, before `done`: a statement in a
         // WITH may not have a WITH of its own that modifies data.
-        sql.complete_with_jobs = if relaxed_completions {
+        sql.complete_with_follow_ons = if relaxed_completions {
             with_jobs(&format!("{RELAXED}, "), &update_complete(&t, true), &j, 4)
         } else {
             with_jobs("", &sql.complete, &j, 4)

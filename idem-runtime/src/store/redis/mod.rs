@@ -55,7 +55,7 @@ use scripts::{
 /// # Follow-on jobs
 ///
 /// A job is a hash on the slot of the record it follows (its shard's hash
-/// tag), so [`complete_and_enqueue`](FollowOnStore::complete_and_enqueue)
+/// tag), so [`complete_with_follow_ons`](FollowOnStore::complete_with_follow_ons)
 /// writes the completion and its jobs in the one script that completes, even
 /// on a Cluster. Each shard keeps its live jobs in one sorted set per name,
 /// scored by when they may run next (a leased job: when its lease runs out),
@@ -653,7 +653,7 @@ impl IdempotencyStore for RedisStore {
 
 #[async_trait]
 impl FollowOnStore for RedisStore {
-    async fn complete_and_enqueue(
+    async fn complete_with_follow_ons(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
@@ -669,7 +669,7 @@ impl FollowOnStore for RedisStore {
         )
     }
 
-    async fn resolve_and_enqueue(
+    async fn resolve_with_follow_ons(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,

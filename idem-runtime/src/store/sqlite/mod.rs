@@ -511,7 +511,7 @@ impl IdempotencyStore for SqliteStore {
 
 #[async_trait]
 impl FollowOnStore for SqliteStore {
-    async fn complete_and_enqueue(
+    async fn complete_with_follow_ons(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
@@ -521,7 +521,7 @@ impl FollowOnStore for SqliteStore {
         self.completed(key, attempt, response, jobs.to_vec()).await
     }
 
-    async fn resolve_and_enqueue(
+    async fn resolve_with_follow_ons(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
