@@ -92,10 +92,15 @@ mod redis_server;
 mod simulation {
     pub mod answers;
     pub mod buggify;
+    pub mod callers;
     pub mod durable_runs;
+    pub mod maintenance;
+    pub mod model;
+    pub mod observer;
     pub mod operator;
     pub mod outbox;
     pub mod processor;
+    pub mod recorder;
     pub mod references;
     pub mod rng;
     pub mod scenario;
