@@ -293,8 +293,10 @@ pub async fn reconcile_with(
     // check; one not seen for twice that (and a settle period) was resolved
     // elsewhere or purged.
     clock.forget_unseen(config.settle + config.max_backoff.saturating_mul(2));
+    // The shortest pause before a record not settled yet is asked again.
+    let shortest = config.first_backoff.min(config.settle);
     for record in store.list_unknown(config.batch).await? {
-        let seen_for = clock.seen_for(&record);
+        let settles_in = settle_left(&record, clock.seen_for(&record), config);
         let resolved_before = report.completed + report.not_performed;
         let reference = record.reference;
         let (key, attempt) = (&record.key, record.attempt);
@@ -327,33 +329,15 @@ pub async fn reconcile_with(
             }
             // The answer describes the processor as it was when asked, and
             // it was asked after the listing: it is trusted only if the
-            // record had settled by the listing (its `observed_at`, the
-            // store's clock). The store's own check at the resolve is not
-            // enough: a slow answer can come back after the settle period
-            // and still describe a moment inside it, when a request in
-            // flight did not show yet.
-            Ok(Reconciliation::Found(Outcome::NotPerformed))
-                if record.observed_at < record.updated_at + config.settle =>
-            {
-                let wait = (record.updated_at + config.settle)
-                    .duration_since(record.observed_at)
-                    .unwrap_or_default()
-                    .max(config.first_backoff.min(config.settle));
-                store
-                    .defer_check(key, attempt, wait)
-                    .await
-                    .map(|()| &mut report.still_unknown)
-            }
-            // Nor before this process has seen it UNKNOWN for the settle
-            // period on its own monotonic clock, which no replica's clock
-            // skew can shorten.
-            Ok(Reconciliation::Found(Outcome::NotPerformed)) if seen_for < config.settle => {
-                let wait = (config.settle - seen_for).max(config.first_backoff.min(config.settle));
-                store
-                    .defer_check(key, attempt, wait)
-                    .await
-                    .map(|()| &mut report.still_unknown)
-            }
+            // record had settled by the listing, on the store's clock and on
+            // this process's own (`settle_left`). The store's own check at
+            // the resolve is not enough: a slow answer can come back after
+            // the settle period and still describe a moment inside it, when
+            // a request in flight did not show yet.
+            Ok(Reconciliation::Found(Outcome::NotPerformed)) if !settles_in.is_zero() => store
+                .defer_check(key, attempt, settles_in.max(shortest))
+                .await
+                .map(|()| &mut report.still_unknown),
             Ok(Reconciliation::Found(Outcome::NotPerformed)) => {
                 let not_performed = Resolution::NotPerformed {
                     note: note::RECONCILED_NOT_PERFORMED,
@@ -363,12 +347,9 @@ pub async fn reconcile_with(
                     Ok(()) => Ok(&mut report.not_performed),
                     // Too soon to trust: ask again once it has settled.
                     Err(StoreError::NotSettled { until }) => {
-                        let wait = until
-                            .duration_since(record.observed_at)
-                            .unwrap_or_default()
-                            .max(config.first_backoff.min(config.settle));
+                        let wait = until.duration_since(record.observed_at).unwrap_or_default();
                         store
-                            .defer_check(key, attempt, wait)
+                            .defer_check(key, attempt, wait.max(shortest))
                             .await
                             .map(|()| &mut report.still_unknown)
                     }
@@ -415,6 +396,17 @@ pub async fn reconcile_with(
         }
     }
     Ok(report)
+}
+
+/// How long, from its listing, until `record` has been unchanged for the
+/// settle period on the store's clock (its `updated_at` against the
+/// listing's `observed_at`) and seen UNKNOWN for it by this process
+/// (`seen_for`, on its own monotonic clock): zero once both hold.
+fn settle_left(record: &Record, seen_for: Duration, config: &ReconcileConfig) -> Duration {
+    let on_the_store = (record.updated_at + config.settle)
+        .duration_since(record.observed_at)
+        .unwrap_or_default();
+    on_the_store.max(config.settle.saturating_sub(seen_for))
 }
 
 /// Why a resolution by hand was refused. Nothing was changed.
