@@ -70,7 +70,7 @@ impl SqliteStoreBuilder {
         open: impl FnOnce() -> rusqlite::Result<Connection> + Send + 'static,
         path: Option<PathBuf>,
     ) -> Result<SqliteStore, StoreError> {
-        let (jobs, rx) = mpsc::channel::<Item>();
+        let (to_writer, rx) = mpsc::channel::<Item>();
         let (ready, ready_rx) = oneshot::channel();
         std::thread::Builder::new()
             .name("idem-sqlite".into())
@@ -92,7 +92,7 @@ impl SqliteStoreBuilder {
             StoreError::Unavailable("the SQLite thread stopped while opening".into())
         })??;
         Ok(SqliteStore {
-            jobs,
+            writer: to_writer,
             path,
             relaxed_completions: self.relaxed_completions,
         })

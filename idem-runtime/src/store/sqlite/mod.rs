@@ -49,18 +49,18 @@ use writer::*;
 /// `spawn_blocking` pool because SQLite admits one writer per database anyway:
 /// a pool would only queue on SQLite's file lock (and answer `SQLITE_BUSY`)
 /// instead of on a channel. One thread also lets the writer *group-commit*:
-/// it drains every job waiting in the channel, runs them in one
+/// it drains every item waiting in the channel, runs them in one
 /// `BEGIN IMMEDIATE` transaction and commits once, so eight concurrent callers
-/// share one fsync. A job's answer is sent only after its commit succeeded. A
+/// share one fsync. An item's answer is sent only after its commit succeeded. A
 /// batch is all or nothing: if the commit fails, or SQLite fails any
 /// statement of the batch (disk full, an I/O error), the batch is rolled
-/// back, nothing of it was written, and every job of it is answered
+/// back, nothing of it was written, and every item of it is answered
 /// `Unavailable`.
 ///
 /// # The clock
 ///
 /// SQLite has no server clock of its own. The writer thread reads the process
-/// clock (`SystemTime::now()`) for each job, so claimed, lease and expiry
+/// clock (`SystemTime::now()`) for each item, so claimed, lease and expiry
 /// times come from one place per process. Several processes sharing one
 /// database file each use their own clock: keep their clocks in sync (NTP), or
 /// use `PostgresStore`, whose times come from the
@@ -86,7 +86,7 @@ use writer::*;
 /// and its connection close when the last clone is dropped.
 #[derive(Clone, Debug)]
 pub struct SqliteStore {
-    jobs: mpsc::Sender<Item>,
+    writer: mpsc::Sender<Item>,
     path: Option<PathBuf>,
     relaxed_completions: bool,
 }
@@ -150,7 +150,7 @@ impl SqliteStore {
             (finish, failed)
         });
         let item = Item { relaxed, work: job };
-        self.jobs.send(item).map_err(|_| stopped())?;
+        self.writer.send(item).map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
     }
 

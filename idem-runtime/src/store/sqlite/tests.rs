@@ -104,7 +104,7 @@ async fn only_a_batch_of_completions_is_relaxed() {
 }
 
 /// A batch in which SQLite fails one statement (here: the database is
-/// full) writes nothing, and every job of it is told so.
+/// full) writes nothing, and every item of it is told so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_is_all_or_nothing() {
     let dir = std::env::temp_dir().join(format!("idem-batch-{}", Attempt::random().get()));

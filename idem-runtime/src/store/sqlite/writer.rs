@@ -1,4 +1,4 @@
-//! The writer thread: one connection, batches of jobs in one transaction
+//! The writer thread: one connection, batches of items in one transaction
 //! each (a group commit), and the pragmas and migrations it applies first.
 
 use super::*;
@@ -20,7 +20,7 @@ pub(super) struct Item {
     pub(super) work: Work,
 }
 
-/// At most this many jobs share one transaction: bounds how long one batch
+/// At most this many items share one transaction: bounds how long one batch
 /// holds the file lock against other processes.
 pub(super) const MAX_BATCH: usize = 256;
 
@@ -80,17 +80,17 @@ pub(super) fn init(conn: &Connection) -> rusqlite::Result<()> {
     }
 }
 
-/// The writer loop: one batch of waiting jobs per transaction, answers after
+/// The writer loop: one batch of waiting items per transaction, answers after
 /// the commit. Ends when every [`SqliteStore`] clone is dropped.
 ///
 /// A batch is all or nothing. A statement that SQLite fails (disk full, an
 /// I/O error) may have made SQLite roll the transaction back on its own, after
-/// which later statements would each commit by themselves; so once one job
-/// fails, the jobs after it run nothing, the batch is rolled back, and every
-/// job of it is answered `Unavailable`.
+/// which later statements would each commit by themselves; so once one item
+/// fails, the items after it run nothing, the batch is rolled back, and every
+/// item of it is answered `Unavailable`.
 ///
 /// Durability, per batch: `synchronous = FULL` (the commit is on disk before
-/// any job of the batch is answered) unless every job of the batch is a
+/// any item of the batch is answered) unless every item of the batch is a
 /// relaxed completion ([`Item::relaxed`]); then `NORMAL`, under which a WAL
 /// commit survives the process's crash but not the machine's. The pragma
 /// is switched outside the transaction, and only when it changes. A FULL
@@ -103,7 +103,7 @@ pub(super) fn writer(conn: Connection, rx: mpsc::Receiver<Item>) {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
             match rx.try_recv() {
-                Ok(job) => batch.push(job),
+                Ok(item) => batch.push(item),
                 Err(_) => break,
             }
         }
@@ -129,15 +129,15 @@ pub(super) fn writer(conn: Connection, rx: mpsc::Receiver<Item>) {
         }
         let began = failed.is_none();
         let mut finishes: Vec<Finish> = Vec::with_capacity(batch.len());
-        for Item { work: job, .. } in batch {
+        for Item { work, .. } in batch {
             let turn = match &failed {
                 None => Ok(&conn),
                 Some(reason) => Err(reason.as_str()),
             };
-            // A panicking job must not take the thread (and the store) down
+            // A panicking item must not take the thread (and the store) down
             // with it: the batch fails instead.
             let (finish, sqlite_failed) =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(turn)))
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(turn)))
                     .unwrap_or_else(|_| (Box::new(|_| ()), true));
             finishes.push(finish);
             if failed.is_none() && (sqlite_failed || conn.is_autocommit()) {
