@@ -184,6 +184,20 @@ local function owned()
   return rec, member or m1(), r, collided
 end
 
+-- `owned`, for a change made only from `state`: first the refusal to return
+-- (FENCED, or WRONG_STATE and the state found: `store/fence.rs`'s rule), nil
+-- when the change may go on, then what `owned` found.
+local function owned_in(state)
+  local rec, member, r, collided = owned()
+  if not rec then
+    return {FENCED}
+  end
+  if r.s ~= state then
+    return {WRONG_STATE, r.s}
+  end
+  return nil, rec, member, r, collided
+end
+
 -- The shard's lapsed and unknown sets.
 local function lapsed()
   return base() .. 'lapsed'
