@@ -78,10 +78,19 @@ pub(super) fn read_many(
     params: impl rusqlite::Params,
     now: i64,
 ) -> Result<Vec<Record>, StoreError> {
+    read_rows(conn, sql, params, |row| row_to_record(row, now))
+}
+
+/// Every row `sql` selects, each read by `read`: `Unavailable` when the
+/// statement fails, the first row's own error when one cannot be read.
+fn read_rows<T>(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+    read: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<Result<T, StoreError>>,
+) -> Result<Vec<T>, StoreError> {
     let mut stmt = conn.prepare_cached(sql).map_err(|e| unavailable(&e))?;
-    let rows = stmt
-        .query_map(params, |row| row_to_record(row, now))
-        .map_err(|e| unavailable(&e))?;
+    let rows = stmt.query_map(params, read).map_err(|e| unavailable(&e))?;
     let mut out = Vec::new();
     for row in rows {
         out.push(row.map_err(|e| unavailable(&e))??);
@@ -181,15 +190,7 @@ pub(super) fn read_jobs(
     sql: &str,
     params: impl rusqlite::Params,
 ) -> Result<Vec<Job>, StoreError> {
-    let mut stmt = conn.prepare_cached(sql).map_err(|e| unavailable(&e))?;
-    let rows = stmt
-        .query_map(params, row_to_job)
-        .map_err(|e| unavailable(&e))?;
-    let mut out = Vec::new();
-    for row in rows {
-        out.push(row.map_err(|e| unavailable(&e))??);
-    }
-    Ok(out)
+    read_rows(conn, sql, params, row_to_job)
 }
 
 /// Writes `jobs` for the record with `key`, due at `now`, inside the
