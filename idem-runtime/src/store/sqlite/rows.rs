@@ -140,15 +140,20 @@ pub(super) fn change(
         .map_err(|e| unavailable(&e))
 }
 
-/// A fenced change that must touch exactly one row, or it is refused.
+/// A fenced change of the record with `key` by `attempt` that must touch
+/// exactly one row, or it is refused: `sql` with `?1` = key, `?2` =
+/// attempt, then `rest`.
 pub(super) fn fenced(
     conn: &Connection,
     key: &[u8; 32],
     attempt: Attempt,
     sql: &str,
-    params: &[&dyn rusqlite::ToSql],
+    rest: &[&dyn rusqlite::ToSql],
 ) -> Result<(), StoreError> {
-    if change(conn, sql, params)? == 1 {
+    let (at, fence) = (&key[..], attempt.get() as i64);
+    let mut params: Vec<&dyn rusqlite::ToSql> = vec![&at, &fence];
+    params.extend_from_slice(rest);
+    if change(conn, sql, &params)? == 1 {
         Ok(())
     } else {
         Err(refusal(conn, key, attempt))
