@@ -112,16 +112,7 @@ impl RunningClaims {
         response: Arc<str>,
         until: Instant,
     ) -> Completing {
-        self.insert(
-            key,
-            Held {
-                fingerprint: key.fingerprint,
-                reference,
-                attempt,
-                until,
-                response: Some(response),
-            },
-        );
+        self.insert(key, reference, attempt, until, Some(response));
         Completing {
             table: self.clone(),
             key,
@@ -129,7 +120,23 @@ impl RunningClaims {
         }
     }
 
-    fn insert(&self, key: IdempotencyKey, held: Held) {
+    /// Holds the claim `attempt` on `key` until `until`, with the handler's
+    /// `response` once there is one.
+    fn insert(
+        &self,
+        key: IdempotencyKey,
+        reference: Reference,
+        attempt: Attempt,
+        until: Instant,
+        response: Option<Arc<str>>,
+    ) {
+        let held = Held {
+            fingerprint: key.fingerprint,
+            reference,
+            attempt,
+            until,
+            response,
+        };
         self.held.fetch_add(1, Ordering::AcqRel);
         self.shard(&key).insert(key.key, held);
     }
@@ -181,16 +188,7 @@ impl RunningClaims {
         attempt: Attempt,
         until: Instant,
     ) -> Entry<'_> {
-        self.insert(
-            key,
-            Held {
-                fingerprint: key.fingerprint,
-                reference,
-                attempt,
-                until,
-                response: None,
-            },
-        );
+        self.insert(key, reference, attempt, until, None);
         Entry {
             table: self,
             key,

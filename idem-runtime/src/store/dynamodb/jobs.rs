@@ -69,6 +69,18 @@ impl DynamoDbStore {
             false => Err(StoreError::Fenced),
         }
     }
+
+    /// Every job due by `now`, over every shard, the longest due first.
+    async fn due_jobs(&self, now: SystemTime) -> Result<Vec<Item>, StoreError> {
+        self.due(
+            layout::DUE_INDEX,
+            "dq = :s AND nr <= :now",
+            attr::NEXT_RUN,
+            usize::MAX,
+            now,
+        )
+        .await
+    }
 }
 
 #[async_trait]
@@ -115,16 +127,7 @@ impl FollowOnStore for DynamoDbStore {
         };
         let now = self.now();
         let mut due: Vec<Job> = Vec::new();
-        for item in self
-            .due(
-                layout::DUE_INDEX,
-                "dq = :s AND nr <= :now",
-                attr::NEXT_RUN,
-                usize::MAX,
-                now,
-            )
-            .await?
-        {
+        for item in self.due_jobs(now).await? {
             let job = items::job(&item)?;
             if names.contains(&job.id.name.as_str()) {
                 due.push(job);
@@ -243,16 +246,7 @@ impl FollowOnStore for DynamoDbStore {
     async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
         let now = self.now();
         let mut counts = BTreeMap::new();
-        for item in self
-            .due(
-                layout::DUE_INDEX,
-                "dq = :s AND nr <= :now",
-                attr::NEXT_RUN,
-                usize::MAX,
-                now,
-            )
-            .await?
-        {
+        for item in self.due_jobs(now).await? {
             if let Some(AttributeValue::S(name)) = item.get(attr::NAME) {
                 *counts.entry(name.clone()).or_insert(0) += 1;
             }

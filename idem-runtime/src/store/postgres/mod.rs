@@ -301,35 +301,13 @@ impl IdempotencyStore for PostgresStore {
         attempt: Attempt,
         response: &str,
     ) -> Result<(), StoreError> {
-        let key = &key.as_bytes()[..];
-        self.with(async |db, sql| {
-            fenced(
-                db,
-                sql,
-                &sql.complete,
-                key,
-                attempt,
-                &[&key, &(attempt.get() as i64), &response.as_bytes()],
-            )
+        self.fenced_change(|sql| &sql.complete, key, attempt, &[&response.as_bytes()])
             .await
-        })
-        .await
     }
 
     async fn release(&self, key: &IdempotencyKey, attempt: Attempt) -> Result<(), StoreError> {
-        let key = &key.as_bytes()[..];
-        self.with(async |db, sql| {
-            fenced(
-                db,
-                sql,
-                &sql.release,
-                key,
-                attempt,
-                &[&key, &(attempt.get() as i64)],
-            )
+        self.fenced_change(|sql| &sql.release, key, attempt, &[])
             .await
-        })
-        .await
     }
 
     async fn mark_unknown(
@@ -338,19 +316,8 @@ impl IdempotencyStore for PostgresStore {
         attempt: Attempt,
         note: &str,
     ) -> Result<(), StoreError> {
-        let key = &key.as_bytes()[..];
-        self.with(async |db, sql| {
-            fenced(
-                db,
-                sql,
-                &sql.mark_unknown,
-                key,
-                attempt,
-                &[&key, &(attempt.get() as i64), &note.as_bytes()],
-            )
+        self.fenced_change(|sql| &sql.mark_unknown, key, attempt, &[&note.as_bytes()])
             .await
-        })
-        .await
     }
 
     async fn mark_lapsed(
@@ -425,7 +392,7 @@ impl IdempotencyStore for PostgresStore {
         attempt: Attempt,
         delay: Duration,
     ) -> Result<(), StoreError> {
-        self.fenced_duration(|sql| &sql.defer_check, key, attempt, delay)
+        self.fenced_change(|sql| &sql.defer_check, key, attempt, &[&micros(delay)])
             .await
     }
 
@@ -435,7 +402,7 @@ impl IdempotencyStore for PostgresStore {
         attempt: Attempt,
         lease: Duration,
     ) -> Result<(), StoreError> {
-        self.fenced_duration(|sql| &sql.heartbeat, key, attempt, lease)
+        self.fenced_change(|sql| &sql.heartbeat, key, attempt, &[&micros(lease)])
             .await
     }
 
@@ -696,28 +663,21 @@ impl FollowOnStore for PostgresStore {
 }
 
 impl PostgresStore {
-    /// A fenced change whose statement takes `($1 key, $2 attempt, $3 µs)`:
-    /// a heartbeat's lease, a deferred check's delay.
-    async fn fenced_duration(
+    /// A fenced change of `key`'s record by `attempt`: the statement `which`
+    /// picks, with `$1` the key, `$2` the attempt, then `rest` (a response, a
+    /// note, a lease or a delay in µs).
+    async fn fenced_change(
         &self,
         which: fn(&Statements) -> &String,
         key: &IdempotencyKey,
         attempt: Attempt,
-        d: Duration,
+        rest: &[&dyn Param],
     ) -> Result<(), StoreError> {
-        let key = &key.as_bytes()[..];
-        self.with(async |db, sql| {
-            fenced(
-                db,
-                sql,
-                which(sql),
-                key,
-                attempt,
-                &[&key, &(attempt.get() as i64), &micros(d)],
-            )
+        let (key, fence) = (&key.as_bytes()[..], attempt.get() as i64);
+        let mut params: Vec<&dyn Param> = vec![&key, &fence];
+        params.extend_from_slice(rest);
+        self.with(async |db, sql| fenced(db, sql, which(sql), key, attempt, &params).await)
             .await
-        })
-        .await
     }
 
     async fn list(

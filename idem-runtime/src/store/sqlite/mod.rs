@@ -167,13 +167,7 @@ impl SqliteStore {
         self.run_as(self.relaxed_completions, move |conn, now| {
             // `attempt = ?2`: a worker whose claim was taken over must not
             // overwrite the new owner's record with its own response.
-            fenced(
-                conn,
-                &key,
-                attempt,
-                &SQL.complete,
-                &[&&key[..], &(attempt.get() as i64), &response, &now],
-            )?;
+            fenced(conn, &key, attempt, &SQL.complete, &[&response, &now])?;
             // The same transaction: a failed insert fails the batch, and the
             // completion is rolled back with it.
             insert_jobs(conn, &key, &jobs, now)
@@ -259,13 +253,7 @@ impl IdempotencyStore for SqliteStore {
         let key = *key.as_bytes();
         self.run(move |conn, _| {
             // `attempt = ?2`: a stale worker must not delete the new owner's claim.
-            fenced(
-                conn,
-                &key,
-                attempt,
-                &SQL.release,
-                &[&&key[..], &(attempt.get() as i64)],
-            )
+            fenced(conn, &key, attempt, &SQL.release, &[])
         })
         .await
     }
@@ -280,13 +268,7 @@ impl IdempotencyStore for SqliteStore {
         self.run(move |conn, now| {
             // `attempt = ?2`: only the claim's owner (or the sweep, which read
             // the attempt) may declare its outcome unknown.
-            fenced(
-                conn,
-                &key,
-                attempt,
-                &SQL.mark_unknown,
-                &[&&key[..], &(attempt.get() as i64), &note, &now],
-            )
+            fenced(conn, &key, attempt, &SQL.mark_unknown, &[&note, &now])
         })
         .await
     }
@@ -379,11 +361,7 @@ impl IdempotencyStore for SqliteStore {
                 &key,
                 attempt,
                 &SQL.defer_check,
-                &[
-                    &&key[..],
-                    &(attempt.get() as i64),
-                    &now.saturating_add(nanos(delay)),
-                ],
+                &[&now.saturating_add(nanos(delay))],
             )
         })
         .await
@@ -404,12 +382,7 @@ impl IdempotencyStore for SqliteStore {
                 &key,
                 attempt,
                 &SQL.heartbeat,
-                &[
-                    &&key[..],
-                    &(attempt.get() as i64),
-                    &now.saturating_add(nanos(lease)),
-                    &now,
-                ],
+                &[&now.saturating_add(nanos(lease)), &now],
             )
         })
         .await
@@ -537,7 +510,7 @@ impl FollowOnStore for SqliteStore {
                 &key,
                 attempt,
                 &SQL.resolve_completed,
-                &[&&key[..], &(attempt.get() as i64), &body, &note, &now],
+                &[&body, &note, &now],
             )?;
             insert_jobs(conn, &key, &jobs, now)
         })

@@ -78,10 +78,19 @@ pub(super) fn read_many(
     params: impl rusqlite::Params,
     now: i64,
 ) -> Result<Vec<Record>, StoreError> {
+    read_rows(conn, sql, params, |row| row_to_record(row, now))
+}
+
+/// Every row `sql` selects, each read by `read`: `Unavailable` when the
+/// statement fails, the first row's own error when one cannot be read.
+fn read_rows<T>(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+    read: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<Result<T, StoreError>>,
+) -> Result<Vec<T>, StoreError> {
     let mut stmt = conn.prepare_cached(sql).map_err(|e| unavailable(&e))?;
-    let rows = stmt
-        .query_map(params, |row| row_to_record(row, now))
-        .map_err(|e| unavailable(&e))?;
+    let rows = stmt.query_map(params, read).map_err(|e| unavailable(&e))?;
     let mut out = Vec::new();
     for row in rows {
         out.push(row.map_err(|e| unavailable(&e))??);
@@ -131,15 +140,20 @@ pub(super) fn change(
         .map_err(|e| unavailable(&e))
 }
 
-/// A fenced change that must touch exactly one row, or it is refused.
+/// A fenced change of the record with `key` by `attempt` that must touch
+/// exactly one row, or it is refused: `sql` with `?1` = key, `?2` =
+/// attempt, then `rest`.
 pub(super) fn fenced(
     conn: &Connection,
     key: &[u8; 32],
     attempt: Attempt,
     sql: &str,
-    params: &[&dyn rusqlite::ToSql],
+    rest: &[&dyn rusqlite::ToSql],
 ) -> Result<(), StoreError> {
-    if change(conn, sql, params)? == 1 {
+    let (at, fence) = (&key[..], attempt.get() as i64);
+    let mut params: Vec<&dyn rusqlite::ToSql> = vec![&at, &fence];
+    params.extend_from_slice(rest);
+    if change(conn, sql, &params)? == 1 {
         Ok(())
     } else {
         Err(refusal(conn, key, attempt))
@@ -181,15 +195,7 @@ pub(super) fn read_jobs(
     sql: &str,
     params: impl rusqlite::Params,
 ) -> Result<Vec<Job>, StoreError> {
-    let mut stmt = conn.prepare_cached(sql).map_err(|e| unavailable(&e))?;
-    let rows = stmt
-        .query_map(params, row_to_job)
-        .map_err(|e| unavailable(&e))?;
-    let mut out = Vec::new();
-    for row in rows {
-        out.push(row.map_err(|e| unavailable(&e))??);
-    }
-    Ok(out)
+    read_rows(conn, sql, params, row_to_job)
 }
 
 /// Writes `jobs` for the record with `key`, due at `now`, inside the

@@ -1,10 +1,7 @@
 -- defer_check. After the key: the attempt. ARGV[2] the delay (µs).
-local rec, member, r, collided = owned()
-if not rec then
-  return {FENCED}
-end
-if r.s ~= UNKNOWN then
-  return {WRONG_STATE, r.s}
+local refused, rec, member, r, collided = owned_in(UNKNOWN)
+if refused then
+  return refused
 end
 r.n = clock() + ARGV[2]
 r.x = r.x + 1

@@ -18,23 +18,7 @@ local function is(r)
   return r and r.t == tenant and reference_of(r) == reference
 end
 local prefix = tohex(string.sub(reference, 1, 8))
-local r = load(base .. 'r:' .. prefix)
-if not is(r) then
-  r = nil
-  for _, m in ipairs(redis.call('SMEMBERS', base .. 'x:' .. prefix)) do
-    local other = load(base .. m)
-    if is(other) then
-      r = other
-      break
-    end
-  end
-  if not r then
-    r = load(superseded(base, reference))
-    if not is(r) then
-      r = nil
-    end
-  end
-end
+local r = by_reference(base .. 'r:' .. prefix, base .. 'x:' .. prefix, base, reference, is)
 local kept = now
 if r then
   kept = math.max(r.r, now)

@@ -1,10 +1,7 @@
 -- heartbeat. After the key: the attempt. ARGV[2] the lease (µs).
-local rec, member, r, collided = owned()
-if not rec then
-  return {FENCED}
-end
-if r.s ~= IN_PROGRESS then
-  return {WRONG_STATE, r.s}
+local refused, rec, member, r, collided = owned_in(IN_PROGRESS)
+if refused then
+  return refused
 end
 local now = clock()
 r.l, r.u = now + ARGV[2], now

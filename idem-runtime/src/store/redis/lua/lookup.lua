@@ -7,21 +7,8 @@
 local function is(r)
   return r and r.t == ARGV[1] and (r.g or NO_TAG) == ARGV[3]
 end
-local r = load(KEYS[1])
-if not is(r) then
-  r = nil
-  for _, m in ipairs(redis.call('SMEMBERS', KEYS[2])) do
-    local other = load(ARGV[2] .. m)
-    if is(other) then
-      r = other
-      break
-    end
-  end
-  if not r then
-    r = load(superseded(ARGV[2], ARGV[4]))
-    if not is(r) then
-      return {}
-    end
-  end
+local r = by_reference(KEYS[1], KEYS[2], ARGV[2], ARGV[4], is)
+if not r then
+  return {}
 end
 return found(r, clock())

@@ -2,12 +2,9 @@
 -- note, ARGV[3] '1' for the sweep's mark, which re-checks the lease here, so
 -- that a heartbeat that landed after the sweep listed the record keeps it
 -- alive.
-local rec, member, r, collided = owned()
-if not rec then
-  return {FENCED}
-end
-if r.s ~= IN_PROGRESS then
-  return {WRONG_STATE, r.s}
+local refused, rec, member, r, collided = owned_in(IN_PROGRESS)
+if refused then
+  return refused
 end
 local now = clock()
 if ARGV[3] == '1' and r.l > now then

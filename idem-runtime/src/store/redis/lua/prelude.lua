@@ -131,6 +131,29 @@ local function load(rec)
   return r
 end
 
+-- An operation's record, current or superseded, found by its reference:
+-- the record at `first` (under the reference's first 8 bytes), else one of
+-- the members of the collision set `others` (under `base`, the shard's key
+-- prefix), else the superseded operation kept under `reference`; the first
+-- that `is` accepts, or nil. lookup.lua and finish_job.lua find it so.
+local function by_reference(first, others, base, reference, is)
+  local r = load(first)
+  if is(r) then
+    return r
+  end
+  for _, m in ipairs(redis.call('SMEMBERS', others)) do
+    r = load(base .. m)
+    if is(r) then
+      return r
+    end
+  end
+  r = load(superseded(base, reference))
+  if is(r) then
+    return r
+  end
+  return nil
+end
+
 -- When Redis deletes the record `r`, in ms (PXAT), rounded up: never before
 -- the end of its life (Record::is_expired). A settled one (COMPLETED or
 -- NOT_PERFORMED) at retain_until, whatever its window (expires_at, which
@@ -182,6 +205,20 @@ local function owned()
     return nil
   end
   return rec, member or m1(), r, collided
+end
+
+-- `owned`, for a change made only from `state`: first the refusal to return
+-- (FENCED, or WRONG_STATE and the state found: `store/fence.rs`'s rule), nil
+-- when the change may go on, then what `owned` found.
+local function owned_in(state)
+  local rec, member, r, collided = owned()
+  if not rec then
+    return {FENCED}
+  end
+  if r.s ~= state then
+    return {WRONG_STATE, r.s}
+  end
+  return nil, rec, member, r, collided
 end
 
 -- The shard's lapsed and unknown sets.

@@ -4,12 +4,9 @@
 -- COMPLETED resolution with follow-on jobs, ARGV[7] the shard's key prefix
 -- and ARGV[8..] (name, payload) pairs, written with the resolution
 -- (jobs.lua).
-local rec, member, r, collided = owned()
-if not rec then
-  return {FENCED}
-end
-if r.s ~= UNKNOWN then
-  return {WRONG_STATE, r.s}
+local refused, rec, member, r, collided = owned_in(UNKNOWN)
+if refused then
+  return refused
 end
 local now = clock()
 if ARGV[2] == NOT_PERFORMED then
