@@ -442,3 +442,110 @@ async fn an_operation_resolved_as_not_performed_runs_again() {
         Claim::Claimed { reference }
     );
 }
+
+/// A processor whose lookups take a while, counting them per reference.
+#[derive(Debug)]
+struct SlowLookup {
+    takes: Duration,
+    asked: std::sync::Mutex<std::collections::BTreeMap<String, usize>>,
+}
+
+impl SlowLookup {
+    fn new(takes: Duration) -> Self {
+        SlowLookup {
+            takes,
+            asked: Default::default(),
+        }
+    }
+
+    fn asked(&self) -> std::collections::BTreeMap<String, usize> {
+        self.asked.lock().unwrap().clone()
+    }
+}
+
+#[async_trait]
+impl Reconciler for SlowLookup {
+    async fn reconcile(
+        &self,
+        record: &Record,
+    ) -> Result<Reconciliation, Box<dyn std::error::Error + Send + Sync>> {
+        *self
+            .asked
+            .lock()
+            .unwrap()
+            .entry(record.reference.to_string())
+            .or_default() += 1;
+        tokio::time::sleep(self.takes).await;
+        Ok(Reconciliation::completed("\"ch_1\""))
+    }
+}
+
+/// Three replicas reconcile at once, each listing the same UNKNOWN records:
+/// the processor is asked about each record once, not once per replica,
+/// and every record is resolved.
+#[tokio::test]
+async fn three_replicas_ask_the_processor_once_per_record() {
+    let store = Arc::new(MemoryStore::new());
+    let mut reqs = Vec::new();
+    for _ in 0..6 {
+        reqs.push(unknown_record(&*store, "charge_card").await);
+    }
+    let processor = SlowLookup::new(Duration::from_millis(150));
+    let config = ReconcileConfig::default();
+    let round = || reconcile(&*store, &processor, &config);
+    // Three rounds in flight together: each lists all six records while
+    // the others' lookups sleep.
+    let (a, b, c) = tokio::join!(round(), round(), round());
+    let reports = [a.unwrap(), b.unwrap(), c.unwrap()];
+    let asked = processor.asked();
+    assert_eq!(asked.len(), 6, "{asked:?}");
+    assert!(asked.values().all(|n| *n == 1), "{asked:?}");
+    let completed: usize = reports.iter().map(|r| r.completed).sum();
+    assert_eq!(completed, 6, "{reports:?}");
+    assert!(
+        reports.iter().all(|r| r.completed > 0),
+        "the replicas shared the work: {reports:?}"
+    );
+    let skipped: usize = reports.iter().map(|r| r.checked_elsewhere).sum();
+    assert!(skipped > 0, "the rounds overlapped: {reports:?}");
+    for req in &reqs {
+        assert!(matches!(
+            state(&*store, req).await,
+            Some(RecordState::Completed { .. })
+        ));
+    }
+}
+
+/// A replica whose lookup hangs gives it up at the lookup timeout, and the
+/// record is asked about again, by another replica, once the check it took
+/// is no longer held: a hung replica holds a record back for a timeout, not
+/// forever, and its late answer is never acted on.
+#[tokio::test]
+async fn a_hung_lookup_is_given_up_and_asked_again_elsewhere() {
+    let store = Arc::new(MemoryStore::new());
+    let req = unknown_record(&*store, "charge_card").await;
+    let config = ReconcileConfig {
+        lookup_timeout: Duration::from_millis(200),
+        ..ReconcileConfig::default()
+    };
+    let hung = SlowLookup::new(Duration::from_secs(3600));
+    let answering = SlowLookup::new(Duration::ZERO);
+    let started = std::time::Instant::now();
+    let first = reconcile(&*store, &hung, &config).await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(2), "given up");
+    assert_eq!(first.still_unknown, 1, "{first:?}");
+    assert_eq!(hung.asked().len(), 1);
+    // The failed lookup put the record off by the first backoff (30 s):
+    // nobody asks meanwhile.
+    let meanwhile = reconcile(&*store, &answering, &config).await.unwrap();
+    assert_eq!(meanwhile, Default::default());
+    assert!(answering.asked().is_empty());
+    // Due again: another replica asks, and resolves it.
+    store
+        .defer_check(&req.key, req.attempt, Duration::ZERO)
+        .await
+        .unwrap();
+    let second = reconcile(&*store, &answering, &config).await.unwrap();
+    assert_eq!(second.completed, 1, "{second:?}");
+    assert_eq!(answering.asked().len(), 1);
+}

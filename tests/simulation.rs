@@ -47,7 +47,12 @@
 //!     operation's record, even once a new operation took its key; and
 //!     settled once everything is reconciled. Read through the status tool
 //!     and `lookup`, now and then during the schedule (old references
-//!     included) and at its end (`simulation/references.rs`).
+//!     included) and at its end (`simulation/references.rs`);
+//! 11. the processor is asked about one operation by one replica at a time:
+//!     every replica maintains, and no replica asks about a record while
+//!     another's lookup of it is in flight (asked, its answer not yet acted
+//!     on or given up), so a processor's rate-limited lookup API sees one
+//!     question per check, not one per replica.
 //!
 //! Beside them, the recording store checks every write that takes effect
 //! against a model of the record (a claim takes over only an expired or
@@ -333,6 +338,7 @@ fn simulation_oracles_catch_sabotage() {
             Sabotage::HideHeartbeatFailures => &["oracle 4"],
             Sabotage::StaleReference => &["oracle 8"],
             Sabotage::ForgetSuperseded => &["oracle 10"],
+            Sabotage::EveryReplicaAsks => &["oracle 11"],
         }
     };
     // IDEM_SIM_SABOTAGE_SCAN=n: how many of n schedules catch each one.

@@ -111,6 +111,14 @@ impl<S: FollowOnStore> IdempotencyStore for Limited<S> {
     ) -> Result<(), StoreError> {
         self.inner.defer_check(key, attempt, delay).await
     }
+    async fn take_check(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        hold: Duration,
+    ) -> Result<bool, StoreError> {
+        self.inner.take_check(key, attempt, hold).await
+    }
     async fn heartbeat(
         &self,
         key: &IdempotencyKey,

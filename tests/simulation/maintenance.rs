@@ -14,6 +14,8 @@ use super::processor::SimReconciler;
 use super::scenario::Stack;
 use super::world::{Receipt, Sim, Tool};
 
+/// One replica's maintenance (`reconciler.replica`), until `stop` or the
+/// replica dies.
 pub(super) async fn maintain(
     sim: Arc<Sim>,
     store: Stack,
@@ -21,13 +23,15 @@ pub(super) async fn maintain(
     config: ReconcileConfig,
     stop: Arc<AtomicBool>,
 ) {
+    let replica = reconciler.replica;
     let t = sim.timing.clone();
     // The maintaining process's own monotonic clock (the paused one).
     let settle_clock = SettleClock::new();
     loop {
         let pause = t.interval + sim.rng().between(Duration::ZERO, t.jitter);
         tokio::time::sleep(pause).await;
-        if stop.load(Ordering::SeqCst) {
+        let dead = sim.world().dead.get(replica).copied().unwrap_or(false);
+        if stop.load(Ordering::SeqCst) || dead {
             return;
         }
         let swept = sweep(&*store, 250).await;
@@ -44,6 +48,9 @@ pub(super) async fn maintain(
         if let Ok(r) = reconciled {
             for _ in 0..r.not_mine {
                 w.stats.bump("reconciler: not mine");
+            }
+            for _ in 0..r.checked_elsewhere {
+                w.stats.bump("reconcile: checked by another replica");
             }
         }
     }

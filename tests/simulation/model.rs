@@ -52,6 +52,7 @@ pub(super) enum Write {
         settle: Duration,
     },
     Defer,
+    TakeCheck,
     Heartbeat,
 }
 
@@ -134,7 +135,7 @@ impl Recorder {
             (Some(r), Write::Complete) if !matches!(r.state, RecordState::Completed { .. }) => {
                 problems.push(format!("complete left the record {}", r.state.name()))
             }
-            (Some(r), Write::MarkUnknown | Write::MarkLapsed)
+            (Some(r), Write::MarkUnknown | Write::MarkLapsed | Write::TakeCheck)
                 if !matches!(r.state, RecordState::Unknown { .. }) =>
             {
                 problems.push(format!("{what:?} left the record {}", r.state.name()))

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use super::buggify::Point;
 use super::stores::jobs_of;
-use super::world::{HeartbeatRec, Sim};
+use super::world::{HeartbeatRec, Sabotage, Sim};
 
 /// Outermost: records when each claim that won and each heartbeat that
 /// landed was sent, per key.
@@ -90,6 +90,17 @@ impl<S: IdempotencyStore> IdempotencyStore for Observer<S> {
         delay: Duration,
     ) -> Result<(), StoreError> {
         self.inner.defer_check(key, attempt, delay).await
+    }
+    async fn take_check(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        hold: Duration,
+    ) -> Result<bool, StoreError> {
+        if self.sim.sabotage == Sabotage::EveryReplicaAsks {
+            return Ok(true);
+        }
+        self.inner.take_check(key, attempt, hold).await
     }
     async fn heartbeat(
         &self,

@@ -274,6 +274,45 @@ impl Sim {
 pub struct SimReconciler {
     pub sim: Arc<Sim>,
     pub legacy_not_mine: bool,
+    /// The replica whose maintenance asks.
+    pub replica: usize,
+}
+
+/// Oracle 11: one replica's lookup of one reference in flight, from the
+/// question to the moment its answer is acted on or given up (dropped).
+struct Asking {
+    sim: Arc<Sim>,
+    replica: usize,
+    reference: Reference,
+}
+
+impl Asking {
+    fn start(sim: &Arc<Sim>, replica: usize, reference: Reference) -> Asking {
+        let mut w = sim.world();
+        if let Some(other) = w.asking.insert(reference, replica) {
+            sim.violation(
+                &mut w,
+                format!(
+                    "oracle 11 (one lookup at a time): replica {replica} asked the processor about \
+                     {reference} while replica {other}'s lookup of it was in flight"
+                ),
+            );
+        }
+        Asking {
+            sim: sim.clone(),
+            replica,
+            reference,
+        }
+    }
+}
+
+impl Drop for Asking {
+    fn drop(&mut self) {
+        let mut w = self.sim.world();
+        if w.asking.get(&self.reference) == Some(&self.replica) {
+            w.asking.remove(&self.reference);
+        }
+    }
 }
 
 #[async_trait]
@@ -283,6 +322,7 @@ impl Reconciler for SimReconciler {
         record: &Record,
     ) -> Result<Reconciliation, Box<dyn std::error::Error + Send + Sync>> {
         let sim = &self.sim;
+        let _asking = Asking::start(sim, self.replica, record.reference);
         let (answer, delay) = {
             let mut w = sim.world();
             w.stats.bump("reconciler asked");

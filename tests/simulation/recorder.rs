@@ -208,6 +208,23 @@ impl IdempotencyStore for Recorder {
         .await
     }
 
+    async fn take_check(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        hold: Duration,
+    ) -> Result<bool, StoreError> {
+        let key = *key;
+        self.write(|inner, sim| async move {
+            let out = inner.take_check(&key, attempt, hold).await;
+            if let Ok(true) = out {
+                Self::wrote(&*inner, &sim, &key, attempt, Write::TakeCheck).await;
+            }
+            out
+        })
+        .await
+    }
+
     async fn heartbeat(
         &self,
         key: &IdempotencyKey,

@@ -76,8 +76,8 @@ pub(super) type Stack = Arc<dyn IdempotencyStore>;
 async fn schedule(sim: Arc<Sim>, inner: Arc<dyn IdempotencyStore>) {
     let t = sim.timing.clone();
     // Two replicas (processes) share the store, each through a connection of
-    // its own; the second may die. Maintenance and the operator run on the
-    // first.
+    // its own; the second may die. Each runs maintenance; the operator runs
+    // on the first.
     let recorder = Arc::new(Recorder::new(inner, sim.clone()));
     let stacks: Vec<Stack> = (0..REPLICAS)
         .map(|replica| {
@@ -193,21 +193,30 @@ async fn schedule(sim: Arc<Sim>, inner: Arc<dyn IdempotencyStore>) {
         first_backoff: t.first_backoff,
         max_backoff: t.max_backoff,
         batch: t.reconcile_batch,
+        // Some lookups (BUGGIFY's slow answers) are given up.
+        lookup_timeout: t.settle * 3 / 4,
     };
     if sim.sabotage == Sabotage::InFlightNotPerformed {
         config.settle = Duration::ZERO;
     }
-    let reconciler = SimReconciler {
-        sim: sim.clone(),
-        legacy_not_mine,
-    };
-    let maintenance = tokio::spawn(maintain(
-        sim.clone(),
-        stack.clone(),
-        reconciler,
-        config,
-        stop.clone(),
-    ));
+    let maintenance: Vec<_> = stacks
+        .iter()
+        .enumerate()
+        .map(|(replica, stack)| {
+            let reconciler = SimReconciler {
+                sim: sim.clone(),
+                legacy_not_mine,
+                replica,
+            };
+            tokio::spawn(maintain(
+                sim.clone(),
+                stack.clone(),
+                reconciler,
+                config.clone(),
+                stop.clone(),
+            ))
+        })
+        .collect();
     let operator = tokio::spawn(operate(sim.clone(), stack.clone(), stop.clone()));
     let reader = tokio::spawn(super::references::reader(sim.clone(), stop.clone()));
     // A dispatcher on each replica, until every job is delivered.
@@ -282,7 +291,7 @@ async fn schedule(sim: Arc<Sim>, inner: Arc<dyn IdempotencyStore>) {
     };
     tokio::time::sleep_until(consistent + t.reconcile_bound()).await;
     stop.store(true, Ordering::SeqCst);
-    for task in [maintenance, operator, reader] {
+    for task in maintenance.into_iter().chain([operator, reader]) {
         if let Err(e) = task.await {
             sim.violate(format!("a maintenance task failed: {e}"));
         }

@@ -53,10 +53,13 @@ pub enum Sabotage {
     /// The oracle's reads of a reference forget an operation once a new one
     /// took its key (as a store that keeps no superseded operation would).
     ForgetSuperseded,
+    /// Every replica's store answers that the check is its to take, so every
+    /// replica asks the processor about each record it lists.
+    EveryReplicaAsks,
 }
 
 impl Sabotage {
-    pub const ALL: [Sabotage; 10] = [
+    pub const ALL: [Sabotage; 11] = [
         Sabotage::NoDedupe,
         Sabotage::LateVisibility,
         Sabotage::InFlightNotPerformed,
@@ -67,6 +70,7 @@ impl Sabotage {
         Sabotage::HideHeartbeatFailures,
         Sabotage::StaleReference,
         Sabotage::ForgetSuperseded,
+        Sabotage::EveryReplicaAsks,
     ];
 }
 
@@ -393,6 +397,9 @@ pub struct World {
     pub refs: BTreeMap<Reference, super::references::RefLife>,
     /// The references handed to callers, in the order first given.
     pub given: Vec<Reference>,
+    /// Oracle 11: the replica whose lookup of a reference is in flight
+    /// (asked, its answer not yet acted on or given up).
+    pub asking: BTreeMap<Reference, usize>,
 }
 
 /// One schedule's shared state.

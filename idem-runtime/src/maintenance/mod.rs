@@ -227,6 +227,14 @@ pub struct ReconcileConfig {
     pub max_backoff: Duration,
     /// The most records looked at per round (default 250).
     pub batch: usize,
+    /// The longest one lookup at the processor may take (default 30 s).
+    /// Before it asks, a replica takes the record's check in the store for
+    /// this long ([`IdempotencyStore::take_check`]), so the other replicas
+    /// skip the record meanwhile and the processor is asked once per check,
+    /// not once per replica; a lookup that has not answered by then is
+    /// given up (counted as a failed lookup), so no two replicas' lookups
+    /// of one record overlap.
+    pub lookup_timeout: Duration,
 }
 
 impl Default for ReconcileConfig {
@@ -236,6 +244,7 @@ impl Default for ReconcileConfig {
             first_backoff: Duration::from_secs(30),
             max_backoff: Duration::from_secs(3600),
             batch: 250,
+            lookup_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -265,11 +274,15 @@ pub struct ReconcileReport {
     pub still_unknown: usize,
     /// Records whose tool this reconciler does not handle.
     pub not_mine: usize,
+    /// Records listed but not asked about: another replica had taken their
+    /// check ([`ReconcileConfig::lookup_timeout`]).
+    pub checked_elsewhere: usize,
 }
 
 /// Asks `reconciler` about the UNKNOWN records whose check is due (at most
 /// `config.batch`) and resolves them; the others are put off with a backoff,
-/// so records nobody can resolve never starve the rest. "Not performed" is
+/// so records nobody can resolve never starve the rest. Each check is taken
+/// in the store first, so of the replicas that list a record one asks. "Not performed" is
 /// trusted once the record has settled on the store's clock and on this
 /// process's own ([`SettleClock::process`], which see).
 pub async fn reconcile(
@@ -301,7 +314,33 @@ pub async fn reconcile_with(
         let reference = record.reference;
         let (key, attempt) = (&record.key, record.attempt);
         let backoff = config.backoff(record.checks);
-        let outcome = match reconciler.reconcile(&record).await {
+        // The lookup is given up at its deadline, counted from before the
+        // take; the check is held an eighth longer, so the lookup has ended
+        // before another replica can take the check, across clocks whose
+        // rates differ by less than that.
+        let deadline = tokio::time::Instant::now() + config.lookup_timeout;
+        let hold = config.lookup_timeout + config.lookup_timeout / 8;
+        match store.take_check(key, attempt, hold).await {
+            Ok(true) => {}
+            Ok(false) => {
+                report.checked_elsewhere += 1;
+                continue;
+            }
+            Err(StoreError::Fenced | StoreError::WrongState { .. }) => {
+                clock.forget(&record);
+                continue;
+            }
+            Err(e) => return Err(e),
+        }
+        let asked = tokio::time::timeout_at(deadline, reconciler.reconcile(&record)).await;
+        let answer = asked.unwrap_or_else(|_| {
+            Err(format!(
+                "no answer within the lookup timeout ({:?})",
+                config.lookup_timeout
+            )
+            .into())
+        });
+        let outcome = match answer {
             Ok(Reconciliation::Found(Outcome::Completed {
                 response,
                 follow_ons,

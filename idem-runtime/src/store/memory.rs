@@ -497,6 +497,21 @@ impl IdempotencyStore for MemoryStore {
         })
     }
 
+    async fn take_check(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        hold: Duration,
+    ) -> Result<bool, StoreError> {
+        self.fenced_in(key, attempt, RecordStateKind::Unknown, |record, now| {
+            if record.next_check_at > now {
+                return Ok(false);
+            }
+            record.next_check_at = now + hold;
+            Ok(true)
+        })
+    }
+
     async fn heartbeat(
         &self,
         key: &IdempotencyKey,

@@ -208,6 +208,21 @@ pub trait IdempotencyStore: Send + Sync + std::fmt::Debug {
         delay: Duration,
     ) -> Result<(), StoreError>;
 
+    /// Takes the next reconciler check of an UNKNOWN record for this
+    /// replica, so that one replica asks the processor and the others skip
+    /// it: only if `attempt` owns the record, it is UNKNOWN and its check is
+    /// due (`next_check_at <= now`, store clock), `next_check_at` becomes
+    /// now + `hold`, in one atomic step. `checks` is left as it is (the
+    /// [`defer_check`](Self::defer_check) after the answer counts it).
+    /// `Ok(false)`: the check is not due, so another replica holds it.
+    /// Errors: `Fenced`, `WrongState` when not UNKNOWN, `Unavailable`.
+    async fn take_check(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        hold: Duration,
+    ) -> Result<bool, StoreError>;
+
     /// Extends an IN_PROGRESS record's lease to `lease` from now (a heartbeat
     /// of a live handler), only if `attempt` still owns it. Errors: `Fenced`,
     /// `WrongState` when it is no longer IN_PROGRESS, `Unavailable`.
@@ -599,6 +614,14 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<S> {
         delay: Duration,
     ) -> Result<(), StoreError> {
         (**self).defer_check(key, attempt, delay).await
+    }
+    async fn take_check(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        hold: Duration,
+    ) -> Result<bool, StoreError> {
+        (**self).take_check(key, attempt, hold).await
     }
     async fn heartbeat(
         &self,

@@ -20,6 +20,8 @@ pub enum Call {
     Resolve,
     /// [`IdempotencyStore::defer_check`].
     DeferCheck,
+    /// [`IdempotencyStore::take_check`].
+    TakeCheck,
     /// [`IdempotencyStore::heartbeat`].
     Heartbeat,
     /// [`IdempotencyStore::lookup`].
@@ -231,6 +233,16 @@ impl<S: IdempotencyStore> IdempotencyStore for FaultyStore<S> {
             self.inner.defer_check(key, attempt, delay),
         )
         .await
+    }
+
+    async fn take_check(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        hold: Duration,
+    ) -> Result<bool, StoreError> {
+        self.run(Call::TakeCheck, self.inner.take_check(key, attempt, hold))
+            .await
     }
 
     async fn heartbeat(

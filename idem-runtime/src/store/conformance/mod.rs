@@ -171,6 +171,7 @@ macro_rules! __idem_conformance_cases {
             expiry_sweep_and_purge,
             sweep_mark_rechecks_the_lease,
             unknown_records_are_listed_when_due,
+            a_check_is_taken_by_one_replica,
             resolve_completed_from_unknown_only,
             not_performed_waits_for_settle,
             late_completion_wins_over_not_performed,

@@ -609,6 +609,66 @@ pub async fn unknown_records_are_listed_when_due(store: &dyn IdempotencyStore) {
     ));
 }
 
+/// Of the replicas that list one UNKNOWN record, one takes its check and
+/// asks the processor: three takes at once, one wins; the record is not
+/// listed while the check is held, and its check count does not grow. A
+/// check held by a replica that never answers can be taken again once the
+/// hold is over, and an answer's deferral ends the hold.
+pub async fn a_check_is_taken_by_one_replica(store: &dyn IdempotencyStore) {
+    let req = fresh(W);
+    claimed(store, &req).await;
+    store
+        .mark_unknown(&req.key, req.attempt, "timeout")
+        .await
+        .unwrap();
+    let hold = Duration::from_secs(1);
+    let take = || store.take_check(&req.key, req.attempt, hold);
+    let taken = std::time::Instant::now();
+    let (a, b, c) = tokio::join!(take(), take(), take());
+    let won = [a.unwrap(), b.unwrap(), c.unwrap()];
+    assert_eq!(won.iter().filter(|w| **w).count(), 1, "{won:?}");
+    let r = record(store, &req).await.unwrap();
+    assert_eq!(r.checks, 0, "a take is not a check");
+    assert!(matches!(r.state, RecordState::Unknown { .. }));
+    let listed = store.list_unknown(100_000).await.unwrap();
+    if taken.elapsed() < Duration::from_millis(900) {
+        assert!(!listed.iter().any(|l| l.key == req.key), "held");
+        assert!(!take().await.unwrap(), "held by another replica");
+    }
+    // The replica that took it never answered: another takes it after the
+    // hold.
+    tokio::time::sleep(Duration::from_millis(1200).saturating_sub(taken.elapsed())).await;
+    assert!(store
+        .list_unknown(100_000)
+        .await
+        .unwrap()
+        .iter()
+        .any(|l| l.key == req.key));
+    assert!(take().await.unwrap(), "due again once the hold is over");
+    // The answer's deferral replaces the hold.
+    store
+        .defer_check(&req.key, req.attempt, Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(
+        take().await.unwrap(),
+        "due at once after a deferral of zero"
+    );
+    // Fenced, and only UNKNOWN records.
+    assert!(matches!(
+        store.take_check(&req.key, Attempt::random(), hold).await,
+        Err(StoreError::Fenced)
+    ));
+    let live = fresh(W);
+    claimed(store, &live).await;
+    assert!(matches!(
+        store.take_check(&live.key, live.attempt, hold).await,
+        Err(StoreError::WrongState {
+            found: RecordStateKind::InProgress
+        })
+    ));
+}
+
 /// resolve turns an UNKNOWN record (and only one) COMPLETED, keeping the
 /// note of who resolved it; repeats then replay the response.
 pub async fn resolve_completed_from_unknown_only(store: &dyn IdempotencyStore) {

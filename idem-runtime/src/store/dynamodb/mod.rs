@@ -412,6 +412,32 @@ impl IdempotencyStore for DynamoDbStore {
         .map_err(|_| StoreError::Fenced)
     }
 
+    async fn take_check(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        hold: Duration,
+    ) -> Result<bool, StoreError> {
+        let now = self.now();
+        let values = Values::default()
+            .set(":nc", num(micros(now + hold)))
+            .set(":now", num(micros(now)));
+        // `nc <= :now`: taken only when due, so of the replicas that listed
+        // the record one asks the processor. Refused on that condition
+        // alone, it is still UNKNOWN and another replica holds the check.
+        Ok(self
+            .fenced(
+                key,
+                attempt,
+                &[Unknown],
+                Some("nc <= :now"),
+                "SET nc = :nc",
+                values,
+            )
+            .await?
+            .is_ok())
+    }
+
     async fn heartbeat(
         &self,
         key: &IdempotencyKey,

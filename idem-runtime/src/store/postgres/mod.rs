@@ -329,16 +329,9 @@ impl IdempotencyStore for PostgresStore {
         let key = &key.as_bytes()[..];
         self.with(async |db, sql| {
             let params: &[&dyn Param] = &[&key, &(attempt.get() as i64), &note.as_bytes()];
-            if db.execute(&sql.mark_lapsed, params).await? == 1 {
-                return Ok(true);
-            }
-            match refusal(db, sql, key, attempt).await? {
-                // Still ours and IN_PROGRESS: the lease is live again.
-                StoreError::WrongState {
-                    found: RecordStateKind::InProgress,
-                } => Ok(false),
-                refused => Err(refused.into()),
-            }
+            // Ok(false): still ours and IN_PROGRESS, the lease live again.
+            let in_progress = RecordStateKind::InProgress;
+            fenced_unless(db, sql, &sql.mark_lapsed, key, attempt, in_progress, params).await
         })
         .await
     }
@@ -394,6 +387,22 @@ impl IdempotencyStore for PostgresStore {
     ) -> Result<(), StoreError> {
         self.fenced_change(|sql| &sql.defer_check, key, attempt, &[&micros(delay)])
             .await
+    }
+
+    async fn take_check(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        hold: Duration,
+    ) -> Result<bool, StoreError> {
+        let key = &key.as_bytes()[..];
+        self.with(async |db, sql| {
+            let params: &[&dyn Param] = &[&key, &(attempt.get() as i64), &micros(hold)];
+            // Ok(false): still UNKNOWN, and another replica holds the check.
+            let unknown = RecordStateKind::Unknown;
+            fenced_unless(db, sql, &sql.take_check, key, attempt, unknown, params).await
+        })
+        .await
     }
 
     async fn heartbeat(

@@ -108,6 +108,27 @@ pub(super) async fn fenced(
     }
 }
 
+/// A fenced change whose own condition may hold it back: `Ok(true)`
+/// changed; `Ok(false)` still `attempt`'s and `in_state` (the condition held
+/// it back); otherwise refused.
+pub(super) async fn fenced_unless(
+    db: &Db<'_>,
+    sql: &Statements,
+    stmt: &str,
+    key: &[u8],
+    attempt: Attempt,
+    in_state: RecordStateKind,
+    params: &[&dyn Param],
+) -> Result<bool, CallError> {
+    if db.execute(stmt, params).await? == 1 {
+        return Ok(true);
+    }
+    match refusal(db, sql, key, attempt).await? {
+        StoreError::WrongState { found } if found == in_state => Ok(false),
+        refused => Err(refused.into()),
+    }
+}
+
 /// A follow-on job from a row of `{JOB_COLUMNS}`.
 pub(super) fn row_to_job(row: &Row) -> Result<Job, StoreError> {
     let reference: &[u8] = row.try_get(1).map_err(corrupt)?;

@@ -22,6 +22,7 @@ pub(super) struct Statements {
     pub(super) resolve_completed: String,
     pub(super) resolve_not_performed: String,
     pub(super) defer_check: String,
+    pub(super) take_check: String,
     pub(super) heartbeat: String,
     pub(super) refusal: String,
     pub(super) lookup: String,
@@ -207,6 +208,14 @@ impl Statements {
             defer_check: format!(
                 "UPDATE {t} SET next_check_at = now() + {}, checks = checks + 1 \
                  WHERE key = $1 AND attempt = $2 AND state = {UNKNOWN}",
+                micros(3)
+            ),
+            // `next_check_at <= now()`: taken only when due, so of the
+            // replicas that listed the record one asks the processor.
+            take_check: format!(
+                "UPDATE {t} SET next_check_at = now() + {} \
+                 WHERE key = $1 AND attempt = $2 AND state = {UNKNOWN} \
+                   AND next_check_at <= now()",
                 micros(3)
             ),
             heartbeat: format!(

@@ -471,7 +471,7 @@ impl IdempotencyStore for RedisStore {
             .await?;
         match reply {
             Reply::Ok => Ok(true),
-            Reply::LeaseLive => Ok(false),
+            Reply::HeldBack => Ok(false),
             other => Err(refused(other)),
         }
     }
@@ -515,6 +515,25 @@ impl IdempotencyStore for RedisStore {
             })
             .await?,
         )
+    }
+
+    async fn take_check(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        hold: Duration,
+    ) -> Result<bool, StoreError> {
+        let reply = self
+            .fenced(&LIBRARY.defer_check, key, attempt, |cmd| {
+                cmd.arg(micros(hold)).arg("1");
+            })
+            .await?;
+        match reply {
+            Reply::Ok => Ok(true),
+            // Still UNKNOWN, and another replica holds the check.
+            Reply::HeldBack => Ok(false),
+            other => Err(refused(other)),
+        }
     }
 
     async fn heartbeat(

@@ -24,8 +24,9 @@ pub(super) mod code {
     pub(super) const WRONG_STATE: i64 = 2;
     /// "Not performed" came too soon; the time it may come follows (µs).
     pub(super) const NOT_SETTLED: i64 = 3;
-    /// The sweep's mark found the lease renewed: nothing changed.
-    pub(super) const LEASE_LIVE: i64 = 4;
+    /// The change's own condition held it back (the sweep's mark found the
+    /// lease renewed, a check taken was not due): nothing changed.
+    pub(super) const HELD_BACK: i64 = 4;
     /// The claim created the record, or took it over.
     pub(super) const CLAIMED: i64 = 5;
     /// A record follows: the server's time (µs), then its fields.
@@ -112,13 +113,13 @@ pub(super) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
         .map(|k| format!("local {} = '{}'\n", k.as_str(), k.code()))
         .concat();
     let codes = format!(
-        "local OK, FENCED, WRONG_STATE, NOT_SETTLED, LEASE_LIVE, CLAIMED, FOUND = \
+        "local OK, FENCED, WRONG_STATE, NOT_SETTLED, HELD_BACK, CLAIMED, FOUND = \
          {}, {}, {}, {}, {}, {}, {}\n",
         code::OK,
         code::FENCED,
         code::WRONG_STATE,
         code::NOT_SETTLED,
-        code::LEASE_LIVE,
+        code::HELD_BACK,
         code::CLAIMED,
         code::FOUND
     );
@@ -173,7 +174,7 @@ pub(super) enum Reply {
     Fenced,
     WrongState(RecordStateKind),
     NotSettled(SystemTime),
-    LeaseLive,
+    HeldBack,
     /// Claimed, under the operation with this tag.
     Claimed(u64),
     Found(Box<Record>),
@@ -195,7 +196,7 @@ impl Reply {
             code::FENCED => Reply::Fenced,
             code::WRONG_STATE => Reply::WrongState(kind(items.get(1))?),
             code::NOT_SETTLED => Reply::NotSettled(time(items.get(1))?),
-            code::LEASE_LIVE => Reply::LeaseLive,
+            code::HELD_BACK => Reply::HeldBack,
             code::CLAIMED => {
                 let tag: [u8; 8] = items
                     .get(1)

@@ -283,16 +283,9 @@ impl IdempotencyStore for SqliteStore {
         self.run(move |conn, now| {
             let params: &[&dyn rusqlite::ToSql] =
                 &[&&key[..], &(attempt.get() as i64), &note, &now];
-            if change(conn, &SQL.mark_lapsed, params)? == 1 {
-                return Ok(true);
-            }
-            match refusal(conn, &key, attempt) {
-                // Still ours and IN_PROGRESS: the lease is live again.
-                StoreError::WrongState {
-                    found: RecordStateKind::InProgress,
-                } => Ok(false),
-                refused => Err(refused),
-            }
+            // Ok(false): still ours and IN_PROGRESS, the lease live again.
+            let in_progress = RecordStateKind::InProgress;
+            fenced_unless(conn, &key, attempt, in_progress, &SQL.mark_lapsed, params)
         })
         .await
     }
@@ -363,6 +356,27 @@ impl IdempotencyStore for SqliteStore {
                 &SQL.defer_check,
                 &[&now.saturating_add(nanos(delay))],
             )
+        })
+        .await
+    }
+
+    async fn take_check(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        hold: Duration,
+    ) -> Result<bool, StoreError> {
+        let key = *key.as_bytes();
+        self.run(move |conn, now| {
+            let params: &[&dyn rusqlite::ToSql] = &[
+                &&key[..],
+                &(attempt.get() as i64),
+                &now.saturating_add(nanos(hold)),
+                &now,
+            ];
+            // Ok(false): still UNKNOWN, and another replica holds the check.
+            let unknown = RecordStateKind::Unknown;
+            fenced_unless(conn, &key, attempt, unknown, &SQL.take_check, params)
         })
         .await
     }

@@ -160,6 +160,27 @@ pub(super) fn fenced(
     }
 }
 
+/// A fenced change of the record with `key` by `attempt` whose own
+/// condition may hold it back: `sql` with `?1` = key and `?2` = attempt
+/// among `params`. `Ok(true)` changed; `Ok(false)` still `attempt`'s and
+/// `in_state` (the condition held it back); otherwise refused.
+pub(super) fn fenced_unless(
+    conn: &Connection,
+    key: &[u8; 32],
+    attempt: Attempt,
+    in_state: RecordStateKind,
+    sql: &str,
+    params: &[&dyn rusqlite::ToSql],
+) -> Result<bool, StoreError> {
+    if change(conn, sql, params)? == 1 {
+        return Ok(true);
+    }
+    match refusal(conn, key, attempt) {
+        StoreError::WrongState { found } if found == in_state => Ok(false),
+        refused => Err(refused),
+    }
+}
+
 pub(super) fn row_to_job(row: &rusqlite::Row<'_>) -> rusqlite::Result<Result<Job, StoreError>> {
     let reference: Vec<u8> = row.get(1)?;
     let Some(reference) = Reference::from_bytes(&reference) else {

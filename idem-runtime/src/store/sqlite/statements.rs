@@ -18,6 +18,7 @@ pub(super) struct Statements {
     pub(super) resolve_completed: String,
     pub(super) resolve_not_performed: String,
     pub(super) defer_check: String,
+    pub(super) take_check: String,
     pub(super) heartbeat: String,
     pub(super) lookup: String,
     pub(super) purge: String,
@@ -129,6 +130,12 @@ pub(super) static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::ne
     defer_check: format!(
         "UPDATE idem_records SET next_check_at = ?3, checks = checks + 1 \
          WHERE key = ?1 AND attempt = ?2 AND state = {UNKNOWN}"
+    ),
+    // `next_check_at <= ?4` (now): taken only when due, so of the replicas
+    // that listed the record one asks the processor.
+    take_check: format!(
+        "UPDATE idem_records SET next_check_at = ?3 \
+         WHERE key = ?1 AND attempt = ?2 AND state = {UNKNOWN} AND next_check_at <= ?4"
     ),
     heartbeat: format!(
         "UPDATE idem_records SET lease_until = ?3, updated_at = ?4 \

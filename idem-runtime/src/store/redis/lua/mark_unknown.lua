@@ -8,7 +8,7 @@ if refused then
 end
 local now = clock()
 if ARGV[3] == '1' and r.l > now then
-  return {LEASE_LIVE}
+  return {HELD_BACK}
 end
 r.s, r.b, r.u, r.n, r.x = UNKNOWN, ARGV[2], now, now, 0
 save(rec, r, collided)
