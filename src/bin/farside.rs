@@ -12,6 +12,7 @@
 //!   --jitter-ms N               up to this much more, at random (default 0)
 //!   --lookup-lag-ms N           lookups see the ledger as it was N ms ago: eventual
 //!                               consistency (default 0)
+//!   --lookup-latency-ms N       how long a lookup takes to answer (default 0)
 //!   --failure-rate F            this fraction of requests gets 503 before anything is
 //!                               recorded (default 0)
 //!   --stall-rate F              this fraction of requests has its effect made but its answer
@@ -30,10 +31,13 @@
 //!   409, nothing done. The same key with another body: 422. A drawn failure:
 //!   503 `{"performed": false}`, nothing recorded.
 //! - `GET /charges/{key}` or `GET /messages/{key}`: `{"status":
-//!   "not_found" | "in_flight" | "done", "answer"}`, subject to the lag.
+//!   "not_found" | "in_flight" | "done", "answer"}`, subject to the lag,
+//!   answered after the lookup latency. Every lookup is counted.
 //! - `GET /ledger`: requests, effects, overlapping requests (a request that
 //!   arrived while its key was in flight) and mismatched bodies, per key and
-//!   in total.
+//!   in total; and lookups and overlapping lookups (one that arrived while
+//!   another of its key was being answered), in total and per key
+//!   (`lookups_by_key`).
 //! - `POST /faults` `{"failure_rate", "stall_rate", "latency_ms"}`: change
 //!   the injected faults while running (each field optional).
 //!
@@ -53,7 +57,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::{json, Value};
 
 const USAGE: &str = "usage: farside processor|mailer --db PATH [--listen ADDR] [--keys-kept-ms N] \
-[--latency-ms N] [--jitter-ms N] [--lookup-lag-ms N] [--failure-rate F] [--stall-rate F] \
+[--latency-ms N] [--jitter-ms N] [--lookup-lag-ms N] [--lookup-latency-ms N] [--failure-rate F] [--stall-rate F] \
 [--stall-ms N] [--seed N]";
 
 #[derive(Clone, Copy, Debug)]
@@ -71,6 +75,7 @@ struct Service {
     db: Mutex<Connection>,
     keys_kept_ms: u64,
     lookup_lag_ms: u64,
+    lookup_latency_ms: u64,
     faults: Mutex<Faults>,
     rng: Mutex<u64>,
 }
@@ -126,14 +131,28 @@ impl Service {
                  overlaps INTEGER NOT NULL,
                  mismatches INTEGER NOT NULL
              );
-             CREATE INDEX IF NOT EXISTS requests_by_key ON requests (key, id);",
+             CREATE INDEX IF NOT EXISTS requests_by_key ON requests (key, id);
+             CREATE TABLE IF NOT EXISTS lookups (
+                 id INTEGER PRIMARY KEY AUTOINCREMENT,
+                 key TEXT NOT NULL,
+                 at_ms INTEGER NOT NULL,
+                 answered_ms INTEGER,
+                 overlapped INTEGER NOT NULL
+             );
+             CREATE INDEX IF NOT EXISTS lookups_by_key ON lookups (key, answered_ms);",
         )?;
         Ok(db)
     }
 
-    /// Finishes what was accepted before a kill: its effect is made.
+    /// Finishes what was accepted before a kill: its effect is made. The
+    /// lookups being answered then were cut off: they end now.
     fn finish_accepted(&self) -> rusqlite::Result<usize> {
-        self.db().execute(
+        let db = self.db();
+        db.execute(
+            "UPDATE lookups SET answered_ms = ?1 WHERE answered_ms IS NULL",
+            params![now_ms() as i64],
+        )?;
+        db.execute(
             "UPDATE requests SET done_ms = ?1, effects = 1 WHERE done_ms IS NULL",
             params![now_ms() as i64],
         )
@@ -302,7 +321,42 @@ async fn submit(State(svc): State<Shared>, headers: HeaderMap, body: String) -> 
     text(StatusCode::OK, answer)
 }
 
+/// Counts a lookup of `key` arriving now: its row's id, once it is known
+/// whether another lookup of the key was being answered.
+fn lookup_arrived(svc: &Service, key: &str) -> rusqlite::Result<i64> {
+    let db = svc.db();
+    let overlapped: bool = db.query_row(
+        "SELECT EXISTS (SELECT 1 FROM lookups WHERE key = ?1 AND answered_ms IS NULL)",
+        params![key],
+        |r| r.get(0),
+    )?;
+    db.execute(
+        "INSERT INTO lookups (key, at_ms, answered_ms, overlapped) VALUES (?1, ?2, NULL, ?3)",
+        params![key, now_ms() as i64, overlapped],
+    )?;
+    Ok(db.last_insert_rowid())
+}
+
 async fn lookup(State(svc): State<Shared>, Path(key): Path<String>) -> Response {
+    let id = match lookup_arrived(&svc, &key) {
+        Ok(id) => id,
+        Err(e) => return internal(e),
+    };
+    let answer = look_up(&svc, &key);
+    if svc.lookup_latency_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(svc.lookup_latency_ms)).await;
+    }
+    if let Err(e) = svc.db().execute(
+        "UPDATE lookups SET answered_ms = ?2 WHERE id = ?1",
+        params![id, now_ms() as i64],
+    ) {
+        return internal(e);
+    }
+    answer
+}
+
+/// What a lookup of `key` answers, as the ledger was `lookup_lag_ms` ago.
+fn look_up(svc: &Service, key: &str) -> Response {
     let seen = now_ms().saturating_sub(svc.lookup_lag_ms);
     let db = svc.db();
     let found = db
@@ -335,6 +389,23 @@ async fn lookup(State(svc): State<Shared>, Path(key): Path<String>) -> Response 
 
 async fn ledger(State(svc): State<Shared>) -> Response {
     let db = svc.db();
+    let lookups = db
+        .prepare("SELECT key, COUNT(*), SUM(overlapped) FROM lookups GROUP BY key")
+        .and_then(|mut statement| {
+            statement
+                .query_map([], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, i64>(1)?,
+                        r.get::<_, i64>(2)?,
+                    ))
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()
+        });
+    let lookups = match lookups {
+        Ok(rows) => rows,
+        Err(e) => return internal(e),
+    };
     let rows = db
         .prepare(
             "SELECT key, requests, effects, overlaps, mismatches, answer, body, arrived_ms, done_ms
@@ -383,6 +454,12 @@ async fn ledger(State(svc): State<Shared>) -> Response {
             "effects": effects,
             "overlaps": overlaps,
             "mismatches": mismatches,
+            "lookups": lookups.iter().map(|l| l.1).sum::<i64>(),
+            "lookup_overlaps": lookups.iter().map(|l| l.2).sum::<i64>(),
+            "lookups_by_key": lookups
+                .iter()
+                .map(|(key, n, overlaps)| (key.clone(), json!({ "lookups": n, "overlaps": overlaps })))
+                .collect::<serde_json::Map<_, _>>(),
         })
         .to_string(),
     )
@@ -419,6 +496,7 @@ async fn main() {
     let mut db_path = None;
     let mut keys_kept_ms = 24 * 3600 * 1000;
     let mut lookup_lag_ms = 0;
+    let mut lookup_latency_ms = 0;
     let mut seed = now_ms() | 1;
     let mut faults = Faults {
         latency_ms: 50,
@@ -454,6 +532,7 @@ async fn main() {
             "--latency-ms" => faults.latency_ms = int(),
             "--jitter-ms" => faults.jitter_ms = int(),
             "--lookup-lag-ms" => lookup_lag_ms = int(),
+            "--lookup-latency-ms" => lookup_latency_ms = int(),
             "--failure-rate" => faults.failure_rate = rate(),
             "--stall-rate" => faults.stall_rate = rate(),
             "--stall-ms" => faults.stall_ms = int(),
@@ -471,6 +550,7 @@ async fn main() {
         db: Mutex::new(db),
         keys_kept_ms,
         lookup_lag_ms,
+        lookup_latency_ms,
         faults: Mutex::new(faults),
         rng: Mutex::new(seed),
     });

@@ -28,6 +28,9 @@
 //!   record may be another attempt's, and the store must fence it.
 //! - `SweepMark`: between the sweep's list and its mark (a heartbeat may
 //!   land in between: the mark must re-check the lease).
+//! - `ReconcileTake`: between a reconcile's listing and its take of the
+//!   record's check: the other replica may list, take and ask meanwhile,
+//!   and the take must then find the check held.
 //! - `ReconcileWrite`: between a reconcile's lookup and its resolve or
 //!   deferral (`Resolve`, `DeferCheck`).
 //! - `ReconcilerAnswer`: inside the reconciler, between its lookup at the
@@ -61,6 +64,7 @@ pub enum Point {
     HeartbeatAnswer,
     HeartbeatDetached,
     SweepMark,
+    ReconcileTake,
     ReconcileWrite,
     ReconcilerAnswer,
     RecordWrite,
@@ -72,12 +76,13 @@ pub enum Point {
 }
 
 impl Point {
-    pub const ALL: [Point; 13] = [
+    pub const ALL: [Point; 14] = [
         Point::ClaimAnswer,
         Point::HeartbeatLate,
         Point::HeartbeatAnswer,
         Point::HeartbeatDetached,
         Point::SweepMark,
+        Point::ReconcileTake,
         Point::ReconcileWrite,
         Point::ReconcilerAnswer,
         Point::RecordWrite,
@@ -106,6 +111,7 @@ impl Point {
             Point::HeartbeatAnswer => "buggify: heartbeat answered late",
             Point::HeartbeatDetached => "buggify: heartbeat landed after its caller left",
             Point::SweepMark => "buggify: sweep's mark delayed",
+            Point::ReconcileTake => "buggify: reconcile's take delayed",
             Point::ReconcileWrite => "buggify: reconcile's write delayed",
             Point::ReconcilerAnswer => "buggify: reconciler answered late",
             Point::RecordWrite => "buggify: record write stalled",
@@ -198,6 +204,7 @@ impl Buggify {
             Call::Complete | Call::CompleteWithFollowOns if self.fires(Point::CompletionLost) => {
                 return Some((Point::CompletionLost, Fault::WriteLost));
             }
+            Call::TakeCheck => Point::ReconcileTake,
             Call::Resolve | Call::DeferCheck => Point::ReconcileWrite,
             Call::Complete | Call::CompleteWithFollowOns | Call::Release | Call::MarkUnknown => {
                 Point::RecordWrite
@@ -214,6 +221,7 @@ impl Buggify {
             Point::HeartbeatLate => Fault::Delay(self.between(lease / 3, lease * 2)),
             Point::HeartbeatAnswer => Fault::SlowAnswer(self.between(lease / 3, lease * 2)),
             Point::SweepMark => Fault::Delay(self.between(zero, lease * 2)),
+            Point::ReconcileTake => Fault::Delay(self.between(zero, t.interval * 2)),
             Point::ReconcileWrite => Fault::Delay(self.between(zero, t.settle)),
             Point::RecordWrite => Fault::Delay(self.between(lease, t.retention * 3 / 2)),
             Point::JobLease => Fault::SlowAnswer(self.between(zero, t.job_timeout * 2)),

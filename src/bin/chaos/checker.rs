@@ -1,5 +1,5 @@
 //! The checker: the far sides' ledgers, the clients' observations and the
-//! records, against the nine properties of a chaos run.
+//! records, against the ten properties of a chaos run.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -11,7 +11,7 @@ use crate::clients::Intent;
 /// One broken property.
 #[derive(Debug, Serialize)]
 pub struct Violation {
-    /// Which property (1 to 9, as the README of the run lists them).
+    /// Which property (1 to 10, as RELIABILITY.md lists them).
     pub check: u8,
     /// What was seen.
     pub what: String,
@@ -569,7 +569,43 @@ pub fn check(e: &Evidence<'_>) -> Vec<Violation> {
             );
         }
     }
+
+    // 10. The processor is asked about one reference by one replica at a
+    // time: no lookup arrives while another of its reference is answered.
+    if let Some(keys) = e.processor["lookups_by_key"].as_object() {
+        for (reference, n) in keys {
+            let overlaps = n["overlaps"].as_i64().unwrap_or(0);
+            if overlaps > 0 {
+                flag(
+                    10,
+                    format!(
+                        "{overlaps} of {} lookups arrived while another lookup of it was answered",
+                        n["lookups"]
+                    ),
+                    Some(reference),
+                    None,
+                );
+            }
+        }
+    }
     out
+}
+
+/// The processor's lookups: how many, of how many references, the most of
+/// one reference, and how many references were asked about once.
+pub fn lookups(processor: &Value) -> (i64, usize, i64, usize) {
+    let per_key: Vec<i64> = processor["lookups_by_key"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(_, n)| n["lookups"].as_i64().unwrap_or(0))
+        .collect();
+    (
+        per_key.iter().sum(),
+        per_key.len(),
+        per_key.iter().copied().max().unwrap_or(0),
+        per_key.iter().filter(|n| **n == 1).count(),
+    )
 }
 
 /// An intent's whole history, for a violation's report.

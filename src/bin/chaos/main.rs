@@ -196,6 +196,7 @@ async fn farside(bin: &Path, dir: &Path, kind: &str, port: u16, seed: u64) -> Pr
             ("--latency-ms", "100".to_owned()),
             ("--jitter-ms", "300".to_owned()),
             ("--lookup-lag-ms", LOOKUP_LAG_MS.to_string()),
+            ("--lookup-latency-ms", "200".to_owned()),
             ("--failure-rate", "0.03".to_owned()),
             ("--stall-rate", "0.03".to_owned()),
             ("--stall-ms", "3000".to_owned()),
@@ -669,6 +670,12 @@ async fn main() {
         mailer["effects"],
     );
     println!("chaos: {}: answers {answers:?}", flags.store);
+    let (lookups, looked_up, most, once) = checker::lookups(&processor);
+    println!(
+        "chaos: {}: the processor was asked {lookups} times about {looked_up} references \
+         ({once} once, at most {most}), {} overlapping",
+        flags.store, processor["lookup_overlaps"]
+    );
     for v in &violations {
         println!(
             "VIOLATION (check {}): {} [reference {:?}, intent {:?}]",
@@ -690,6 +697,10 @@ async fn main() {
         "faults": faults,
         "violations": violations,
         "settled_s": settle_s,
+        "lookups": lookups,
+        "looked_up": looked_up,
+        "looked_up_once": once,
+        "lookup_overlaps": processor["lookup_overlaps"],
     });
     let _ = std::fs::write(flags.dir.join("report.json"), report.to_string());
     // Everything the checker read, to read again.
