@@ -36,8 +36,16 @@ where
                 let _permit = gate.acquire_owned().await.expect("open");
                 let (inner, keep) = make().await?;
                 let clock: Arc<dyn Fn() -> SystemTime + Send + Sync> = Arc::new(SystemTime::now);
-                let report =
-                    scenario::run(seed, Timing::real(), Sabotage::None, single, inner, clock).await;
+                let report = scenario::run(
+                    seed,
+                    Timing::real(),
+                    Sabotage::None,
+                    single,
+                    inner,
+                    clock,
+                    vec![],
+                )
+                .await;
                 drop(keep);
                 Some((seed, report))
             }));

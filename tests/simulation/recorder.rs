@@ -27,18 +27,11 @@ use super::world::Sim;
 pub struct Recorder {
     pub inner: Arc<dyn IdempotencyStore>,
     pub sim: Arc<Sim>,
+    /// Shared by every replica's recorder: one write at a time.
     pub lock: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Recorder {
-    pub fn new(inner: Arc<dyn IdempotencyStore>, sim: Arc<Sim>) -> Self {
-        Recorder {
-            inner,
-            sim,
-            lock: Arc::new(tokio::sync::Mutex::new(())),
-        }
-    }
-
     /// Runs `work` (a write) on its own task, holding the write lock, then
     /// `after` with its result.
     async fn write<T, F, Fut>(&self, work: F) -> Result<T, StoreError>

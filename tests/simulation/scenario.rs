@@ -27,7 +27,7 @@ use super::world::{CallPlan, OpSpec, PanicAt, RequestPlan, Sabotage, Sim, Stats,
 pub(super) const STATUS_TOOL: &str = "get_operation_status";
 pub(super) const TENANTS: [&str; 3] = ["acme", "globex", "initech"];
 const SUBJECTS: [&str; 2] = ["alice", "bob"];
-const REPLICAS: usize = 2;
+pub const REPLICAS: usize = 2;
 
 /// What a schedule found.
 #[derive(Debug, Default)]
@@ -38,7 +38,9 @@ pub struct Report {
 }
 
 /// Runs one schedule against `inner` (a fresh store), reading the store's
-/// clock through `clock`.
+/// clock through `clock`. Each replica reaches the store through its own
+/// view in `views` (a clock of its own: skew), or through `inner` when
+/// `views` is empty.
 pub async fn run(
     seed: u64,
     timing: Timing,
@@ -46,6 +48,7 @@ pub async fn run(
     trace: bool,
     inner: Arc<dyn IdempotencyStore>,
     clock: Arc<dyn Fn() -> SystemTime + Send + Sync>,
+    views: Vec<Arc<dyn IdempotencyStore>>,
 ) -> Report {
     timing.assert_consistent();
     let sim = Arc::new(Sim::new(
@@ -57,7 +60,13 @@ pub async fn run(
         clock,
     ));
     let limit = Duration::from_secs(3600);
-    let finished = tokio::time::timeout(limit, schedule(sim.clone(), inner)).await;
+    let views = if views.is_empty() {
+        vec![inner; REPLICAS]
+    } else {
+        views
+    };
+    assert_eq!(views.len(), REPLICAS, "one view per replica");
+    let finished = tokio::time::timeout(limit, schedule(sim.clone(), views)).await;
     if finished.is_err() {
         sim.violate(format!(
             "the schedule did not finish within {limit:?}: something hangs"
@@ -73,14 +82,22 @@ pub async fn run(
 
 pub(super) type Stack = Arc<dyn IdempotencyStore>;
 
-async fn schedule(sim: Arc<Sim>, inner: Arc<dyn IdempotencyStore>) {
+async fn schedule(sim: Arc<Sim>, views: Vec<Arc<dyn IdempotencyStore>>) {
     let t = sim.timing.clone();
     // Two replicas (processes) share the store, each through a connection of
-    // its own; the second may die. Each runs maintenance; the operator runs
-    // on the first.
-    let recorder = Arc::new(Recorder::new(inner, sim.clone()));
-    let stacks: Vec<Stack> = (0..REPLICAS)
-        .map(|replica| {
+    // its own (and a clock of its own: `views`); the second may die. Each
+    // runs maintenance; the operator runs on the first. One lock runs every
+    // replica's writes one at a time.
+    let lock = Arc::new(tokio::sync::Mutex::new(()));
+    let stacks: Vec<Stack> = views
+        .into_iter()
+        .enumerate()
+        .map(|(replica, view)| {
+            let recorder = Arc::new(Recorder {
+                inner: view,
+                sim: sim.clone(),
+                lock: lock.clone(),
+            });
             let faulty = FaultyStore::new(recorder.clone(), plan(sim.clone(), replica));
             Arc::new(Observer {
                 inner: faulty,

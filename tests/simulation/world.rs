@@ -596,12 +596,15 @@ impl Sim {
         // sent under ran out (BUGGIFY slowed it past the bound of the
         // timing): the lease may have lapsed through the store's delay, not
         // the library's. One still on its way past that lease counts too.
+        // With skewed clocks, "ran out" is as the fastest replica's clock
+        // has it: up to `tolerance` earlier.
         let store_now = (self.clock)();
+        let tol = self.timing.tolerance;
         if w.hb_sent.get(&run.key).is_some_and(|sent| {
             sent.iter().any(|h| {
                 Some(h.attempt) == run.attempt
                     && h.lease_until
-                        .is_some_and(|l| h.landed.unwrap_or(store_now) >= l)
+                        .is_some_and(|l| h.landed.unwrap_or(store_now) + tol >= l)
             })
         }) {
             return true;
@@ -648,7 +651,8 @@ impl Sim {
     /// out before the executor renewed it, with no heartbeat failed or slow
     /// to excuse it: the record read as UNKNOWN meanwhile, and a sweep could
     /// have marked it. Judged on the paused clock only (the store's and the
-    /// harness's clocks are one); real time has its own allowance.
+    /// harness's clocks are one, but for the replicas' skew, which
+    /// `tolerance` allows); real time has its own allowance.
     pub fn check_heartbeat_send(
         &self,
         w: &mut World,
@@ -663,7 +667,7 @@ impl Sim {
             return;
         };
         let now = (self.clock)();
-        if lease_until > now {
+        if lease_until + self.timing.tolerance > now {
             return;
         }
         let instant = Instant::now();
@@ -714,7 +718,8 @@ impl Sim {
                 Some(r) if !matches!(r.state, RecordState::InProgress) => {
                     Some(format!("the record is {}", r.state.name()))
                 }
-                Some(r) if r.is_lapsed() => Some(format!(
+                // Written on one replica's clock, read on the true one.
+                Some(r) if r.lease_until + self.timing.tolerance <= r.observed_at => Some(format!(
                     "its lease ran out {:?} ago (reads as UNKNOWN)",
                     r.observed_at
                         .duration_since(r.lease_until)

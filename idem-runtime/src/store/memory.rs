@@ -122,7 +122,7 @@ type Clock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
 /// hashed by the key's first eight bytes (a reference starts with them), so
 /// a record is found by its key or by its reference in one probe.
 pub struct MemoryStore {
-    shards: Box<[Shard]>,
+    shards: Arc<[Shard]>,
     clock: Option<Clock>,
 }
 
@@ -155,6 +155,20 @@ impl MemoryStore {
         MemoryStore {
             clock: Some(Arc::new(clock)),
             ..Self::new()
+        }
+    }
+
+    /// Another handle on this store's records (and jobs) that reads the
+    /// time from `clock`: what one replica whose clock is its own sees of a
+    /// shared store, as `SqliteStore` and `DynamoDbStore` replicas do. For
+    /// simulations of clock skew.
+    pub fn sharing_with_clock(
+        &self,
+        clock: impl Fn() -> SystemTime + Send + Sync + 'static,
+    ) -> Self {
+        MemoryStore {
+            shards: self.shards.clone(),
+            clock: Some(Arc::new(clock)),
         }
     }
 
