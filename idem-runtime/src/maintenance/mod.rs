@@ -232,8 +232,10 @@ pub struct ReconcileConfig {
     /// this long ([`IdempotencyStore::take_check`]), so the other replicas
     /// skip the record meanwhile and the processor is asked once per check,
     /// not once per replica; a lookup that has not answered by then is
-    /// given up (counted as a failed lookup), so no two replicas' lookups
-    /// of one record overlap.
+    /// given up (counted as a failed lookup). The check is held twice this
+    /// long, so no two replicas' lookups of one record overlap while their
+    /// clocks differ by less than this (PostgreSQL and Redis read the
+    /// server's clock).
     pub lookup_timeout: Duration,
 }
 
@@ -315,11 +317,12 @@ pub async fn reconcile_with(
         let (key, attempt) = (&record.key, record.attempt);
         let backoff = config.backoff(record.checks);
         // The lookup is given up at its deadline, counted from before the
-        // take; the check is held an eighth longer, so the lookup has ended
-        // before another replica can take the check, across clocks whose
-        // rates differ by less than that.
+        // take; the check is held twice as long, so the lookup has ended
+        // before another replica can take the check, for replicas whose
+        // clocks (SqliteStore's, DynamoDbStore's) differ by less than the
+        // lookup timeout.
         let deadline = tokio::time::Instant::now() + config.lookup_timeout;
-        let hold = config.lookup_timeout + config.lookup_timeout / 8;
+        let hold = config.lookup_timeout.saturating_mul(2);
         match store.take_check(key, attempt, hold).await {
             Ok(true) => {}
             Ok(false) => {
