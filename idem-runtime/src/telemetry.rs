@@ -9,7 +9,7 @@
 //! | `idem_store_seconds` | histogram | `store` ([`IdempotencyStore::kind`]), `op` (`claim`, `complete`) |
 //! | `idem_purged_total` | counter | |
 //! | `idem_swept_total` | counter | |
-//! | `idem_reconciled_total` | counter | `outcome` (`completed`, `not_performed`, `still_unknown`, `not_mine`) |
+//! | `idem_reconciled_total` | counter | `outcome` (`completed`, `not_performed`, `still_unknown`, `not_mine`, `checked_elsewhere`: another replica held the check) |
 //! | `idem_resolved_by_hand_total` | counter | `outcome` (`completed`, `not_performed`) |
 //! | `idem_outbox_enqueued_total` | counter | |
 //! | `idem_outbox_jobs_total` | counter | `job`, `outcome` (`delivered`, `retried`, `buried`) |

@@ -432,6 +432,7 @@ pub async fn reconcile_with(
         ("not_performed", report.not_performed),
         ("still_unknown", report.still_unknown),
         ("not_mine", report.not_mine),
+        ("checked_elsewhere", report.checked_elsewhere),
     ] {
         if n > 0 {
             crate::telemetry::reconciled(outcome, n);
