@@ -736,3 +736,133 @@ async fn a_claim_whose_answer_was_lost_does_not_block_the_retry() {
     assert!(matches!(retry, Answer::Executed { .. }), "{retry:?}");
     assert_eq!(processor.count(), 1);
 }
+
+/// `store`, counting every call made to it.
+fn counted(store: Arc<dyn IdempotencyStore>) -> (Arc<dyn IdempotencyStore>, Arc<AtomicUsize>) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = calls.clone();
+    let store = FaultyStore::new(store, move |_| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        Fault::None
+    });
+    (Arc::new(store), calls)
+}
+
+/// A retry storm after the first call completed: 1,000 identical calls at
+/// once on the replica that answered it make no store call with the replay
+/// cache on (each is answered with the first charge), and one claim each
+/// without it. A second replica asks the store once, then answers from its
+/// own cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_storm_after_the_first_answer_costs_the_store_nothing() {
+    let shared: Arc<dyn IdempotencyStore> = Arc::new(MemoryStore::new());
+    for cache in [true, false] {
+        let (store, calls) = counted(shared.clone());
+        let bytes = if cache { 1 << 20 } else { 0 };
+        let exec = Executor::new(store.clone()).with_replay_cache(bytes);
+        let processor = Processor::default();
+        let args = visa(if cache { 700 } else { 701 });
+        let first = charge(&exec, &alice(), &args, &processor).await;
+        let Answer::Executed { value, .. } = &first else {
+            panic!("{first:?}")
+        };
+        let before = calls.load(Ordering::SeqCst);
+        let storm: Vec<_> = (0..1000)
+            .map(|_| spawn_charge(&exec, args.clone(), &processor))
+            .collect();
+        for repeat in storm {
+            match repeat.await.unwrap() {
+                Answer::Replayed {
+                    value: replayed,
+                    reference,
+                    ..
+                } => {
+                    assert_eq!(&replayed, value);
+                    assert_eq!(Some(reference), first.reference());
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(processor.count(), 1, "charged once");
+        let storm_calls = calls.load(Ordering::SeqCst) - before;
+        if cache {
+            assert_eq!(storm_calls, 0, "the store was not asked");
+            // Another replica, on the same store, with a cache of its own.
+            let (store, calls) = counted(shared.clone());
+            let other = Executor::new(store).with_replay_cache(1 << 20);
+            for _ in 0..1000 {
+                let repeat = charge(&other, &alice(), &args, &processor).await;
+                assert!(matches!(repeat, Answer::Replayed { .. }), "{repeat:?}");
+            }
+            assert_eq!(calls.load(Ordering::SeqCst), 1, "one claim, then the cache");
+        } else {
+            assert_eq!(storm_calls, 1000, "one claim per repeat without the cache");
+        }
+    }
+}
+
+/// The replay cache answers only what the store would: not after the
+/// window (counted from the claim), not for another tenant, not for other
+/// arguments under one business key. Each of those calls reaches the store
+/// and gets the store's answer: a new charge, another tenant's own charge,
+/// a conflict.
+#[tokio::test(start_paused = true)]
+async fn the_replay_cache_answers_within_the_window_tenant_and_arguments_only() {
+    let exec = Executor::new(on_tokio_clock()).with_replay_cache(1 << 20);
+    let processor = Processor::default();
+    let args = visa(900);
+    let window = Duration::from_secs(10);
+    let run = |caller: Caller| {
+        let (exec, processor, args) = (exec.clone(), processor.clone(), args.clone());
+        async move {
+            let op = Operation {
+                caller: &caller,
+                tool: "charge_card",
+                args: &args,
+                scope: ScopeSpec::Window(window),
+                status_tool: STATUS_TOOL,
+            };
+            let p = processor.clone();
+            let a = args.clone();
+            exec.run(op, move |ctx| async move { p.charge(ctx, a).await })
+                .await
+        }
+    };
+    let first = run(alice()).await;
+    assert!(matches!(first, Answer::Executed { .. }), "{first:?}");
+    tokio::time::advance(Duration::from_secs(9)).await;
+    let inside = run(alice()).await;
+    assert!(matches!(inside, Answer::Replayed { .. }), "{inside:?}");
+    assert_eq!(processor.count(), 1);
+    // Another tenant: its own operation.
+    let other = run(Caller::new("globex", "alice")).await;
+    assert!(matches!(other, Answer::Executed { .. }), "{other:?}");
+    assert_eq!(processor.count(), 2);
+    // The window is over: a new operation, a new charge, a new reference.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let after = run(alice()).await;
+    let Answer::Executed { value, .. } = &after else {
+        panic!("{after:?}")
+    };
+    assert_eq!(processor.count(), 3);
+    assert_ne!(after.reference(), first.reference());
+    assert_eq!(value.charge_id, "ch_3");
+
+    // Other arguments under one business key: the store says conflict.
+    let carrier = Arc::new(AtomicUsize::new(0));
+    let order = Shipment {
+        order_id: "ord_9".into(),
+        address: "1 Main St".into(),
+    };
+    let shipped = ship(&exec, &alice(), &order, &carrier).await;
+    let again = ship(&exec, &alice(), &order, &carrier).await;
+    assert!(matches!(again, Answer::Replayed { .. }), "{again:?}");
+    let moved = Shipment {
+        address: "2 Side St".into(),
+        ..order
+    };
+    let conflict = ship(&exec, &alice(), &moved, &carrier).await;
+    assert_eq!(conflict.name(), "conflict");
+    assert_eq!(conflict.reference(), shipped.reference());
+    assert_eq!(carrier.load(Ordering::SeqCst), 1);
+}

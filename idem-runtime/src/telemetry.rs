@@ -14,6 +14,9 @@
 //! | `idem_outbox_enqueued_total` | counter | |
 //! | `idem_outbox_jobs_total` | counter | `job`, `outcome` (`delivered`, `retried`, `buried`) |
 //! | `idem_outbox_unhandled_jobs` | gauge | `job`: due jobs no handler of the dispatcher runs |
+//! | `idem_replay_cache_total` | counter | `result` (`hit`, `miss`): repeats looked up in the replay cache |
+//! | `idem_replay_cache_evicted_total` | counter | entries dropped to stay within the cache's budget |
+//! | `idem_replay_cache_bytes` | gauge | the bytes the replay cache holds |
 //!
 //! [`IdempotencyStore::kind`]: crate::IdempotencyStore::kind
 
@@ -201,4 +204,23 @@ pub(crate) fn outbox_job(job: &str, outcome: &'static str) {
 pub(crate) fn outbox_unhandled(job: &str, n: u64) {
     #[cfg(feature = "metrics")]
     metrics::gauge!("idem_outbox_unhandled_jobs", "job" => job.to_owned()).set(n as f64);
+}
+
+/// A repeat looked up in the replay cache: answered from it (`hit`) or not.
+pub(crate) fn replay_cache(hit: bool) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("idem_replay_cache_total", "result" => if hit { "hit" } else { "miss" })
+        .increment(1);
+}
+
+/// An entry of the replay cache dropped to stay within its budget.
+pub(crate) fn replay_cache_evicted() {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("idem_replay_cache_evicted_total").increment(1);
+}
+
+/// The replay cache holds `bytes` now.
+pub(crate) fn replay_cache_bytes(bytes: usize) {
+    #[cfg(feature = "metrics")]
+    metrics::gauge!("idem_replay_cache_bytes").set(bytes as f64);
 }

@@ -113,6 +113,7 @@ async fn schedule(sim: Arc<Sim>, views: Vec<Arc<dyn IdempotencyStore>>) {
                 .with_lease(t.lease)
                 .with_retention(t.retention)
                 .with_background_completions(sim.background_completions())
+                .with_replay_cache(if sim.replay_cache() { 1 << 20 } else { 0 })
         })
         .collect();
     let stack = stacks[0].clone();
@@ -183,6 +184,7 @@ async fn schedule(sim: Arc<Sim>, views: Vec<Arc<dyn IdempotencyStore>>) {
                 "schedules with background completions",
                 sim.background_completions(),
             ),
+            ("schedules with a replay cache", sim.replay_cache()),
         ] {
             if happens {
                 w.stats.bump(what);

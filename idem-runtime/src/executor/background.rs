@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
+use super::replays::Replays;
 use super::running::Completing;
 use super::Executor;
 use crate::key::{IdempotencyKey, Reference};
@@ -105,6 +106,9 @@ pub(super) struct Completion {
     pub(super) sent: tokio::time::Instant,
     /// The table's entry that answers repeats with the response meanwhile.
     pub(super) entry: Completing,
+    /// The replay cache, the tenant and the window's end, to keep the
+    /// response in once the completion landed.
+    pub(super) replay: Option<(Arc<Replays>, Box<str>, tokio::time::Instant)>,
 }
 
 impl Executor {
@@ -122,12 +126,18 @@ impl Executor {
             let _in_flight = in_flight;
             let write = write_until_landed(&*store, &steps, &c);
             let beat = super::heartbeats(&*store, &c.key, c.reference, c.attempt, lease, c.sent);
-            tokio::select! {
+            let landed = tokio::select! {
                 biased;
-                () = write => {}
-                () = beat => {}
+                landed = write => landed,
+                () = beat => false,
+            };
+            // Landed: the store holds it COMPLETED, and the replay cache may
+            // answer with it from now on.
+            if let (true, Some((replays, tenant, until))) = (landed, &c.replay) {
+                replays.insert(&c.key, tenant, c.reference, c.response.clone(), *until);
             }
-            // The entry goes with the task: repeats now ask the store.
+            // The entry goes with the task: repeats now ask the store (or
+            // the replay cache).
             drop(c.entry);
         };
         tokio::spawn(task);
@@ -135,12 +145,12 @@ impl Executor {
 }
 
 /// Writes the completion until it lands, is refused for good, or
-/// [`GIVE_UP_AFTER`] passes.
+/// [`GIVE_UP_AFTER`] passes; whether this write landed.
 async fn write_until_landed(
     store: &dyn IdempotencyStore,
     steps: &telemetry::StoreSteps,
     c: &Completion,
-) {
+) -> bool {
     let first = Instant::now();
     let mut pause = Duration::from_millis(50);
     loop {
@@ -154,16 +164,16 @@ async fn write_until_landed(
                 if !c.jobs.is_empty() {
                     telemetry::follow_ons_enqueued(c.jobs.len());
                 }
-                return;
+                return true;
             }
             // An earlier try landed and its answer was lost, or the
             // reconciler resolved the record first: it is settled.
-            Err(StoreError::WrongState { .. }) => return,
+            Err(StoreError::WrongState { .. }) => return false,
             // The store cannot hold it, now or ever: the record says so
             // rather than waiting for the sweep to call the process dead.
             Err(StoreError::Invalid(error)) => {
                 super::mark_refused(store, &c.key, reference, c.attempt, error).await;
-                return;
+                return false;
             }
             Err(error @ StoreError::Unavailable(_)) if first.elapsed() < GIVE_UP_AFTER => {
                 tracing::warn!(%reference, %error, "completion write failed; retrying");
@@ -175,7 +185,7 @@ async fn write_until_landed(
                 // the record stays IN_PROGRESS (or is no longer this
                 // attempt's), and the sweep and the reconciler resolve it.
                 tracing::error!(%reference, %error, "completion write failed after the side effect");
-                return;
+                return false;
             }
         }
     }

@@ -14,8 +14,8 @@ use crate::answer::{note, Answer, Classify, Disposition, Recording, StatusReport
 use crate::key::{is_empty_business_key, Caller, IdempotencyKey, Reference, Scope};
 use crate::outbox::{Declared, DECLARED};
 use crate::store::{
-    complete_with_follow_ons, Attempt, ClaimRequest, IdempotencyStore, Reading, Record, StoreError,
-    DEFAULT_MAX_PAYLOAD,
+    complete_with_follow_ons, Attempt, ClaimRequest, IdempotencyStore, Reading, Record,
+    RecordState, StoreError, DEFAULT_MAX_PAYLOAD,
 };
 use crate::telemetry::{self, Step};
 
@@ -24,6 +24,7 @@ mod claim;
 mod context;
 mod guard;
 mod pace;
+mod replays;
 mod running;
 // Used by the rmcp glue only.
 #[cfg_attr(not(feature = "rmcp"), allow(dead_code, unused_imports))]
@@ -35,6 +36,7 @@ use claim::{Claimed, Won};
 pub use context::OperationContext;
 use guard::{mark, mark_refused, UnknownOnDrop};
 use pace::ToolDurations;
+use replays::Replays;
 use running::{Found, RunningClaims};
 pub use task::TaskCancellation;
 #[cfg(feature = "rmcp")]
@@ -113,6 +115,9 @@ pub struct Executor {
     /// `Some` when completions are written after the answer
     /// ([`Executor::with_background_completions`]): the ones in flight.
     background: Option<Arc<Background>>,
+    /// `Some` when repeats of completed operations are answered from memory
+    /// ([`Executor::with_replay_cache`]), shared by its clones.
+    replays: Option<Arc<Replays>>,
 }
 
 /// Whether a call's completion may be written after its answer.
@@ -163,7 +168,39 @@ impl Executor {
             durations: Arc::default(),
             steps,
             background: None,
+            replays: None,
         }
+    }
+
+    /// Answers repeats of completed operations from memory, within their
+    /// window, holding at most `max_bytes` of responses (default: off; 0
+    /// turns it off).
+    ///
+    /// Without it every repeat asks the store, which answers with the
+    /// stored response: a round trip, and on DynamoDB a refused conditional
+    /// write, billed as a write. With it, once this executor has seen an
+    /// operation completed (its own completion landed, or the store
+    /// answered a claim with the completed record), a repeat of it with the
+    /// same arguments, from the same tenant, is answered with the same
+    /// response, the same reference and `Replayed`, with no store call, until
+    /// the operation's window ends. The window is counted from before the
+    /// claim was sent, on this process's monotonic clock, so the cache
+    /// stops answering no later than the store would, and the call after
+    /// the window asks the store, which starts a new operation. A COMPLETED
+    /// record is final until then (nothing resolves, releases or purges
+    /// it), so what the cache answers is what the store would answer; only
+    /// a repeat on another replica, or one whose entry was dropped, asks
+    /// the store.
+    ///
+    /// The budget counts each response and tenant and about 160 bytes per
+    /// entry; past it, the entry used least recently goes first (by a
+    /// sixteenth of the budget at a time, per shard), and a response larger
+    /// than a sixteenth of the budget is not kept. Metrics:
+    /// `idem_replay_cache_total{result}`, `idem_replay_cache_evicted_total`,
+    /// `idem_replay_cache_bytes`. Clones share the cache.
+    pub fn with_replay_cache(mut self, max_bytes: usize) -> Self {
+        self.replays = (max_bytes > 0).then(|| Arc::new(Replays::new(max_bytes)));
+        self
     }
 
     /// Answers before the completion is written (default: off).
@@ -374,11 +411,24 @@ impl Executor {
                 return replay(&response, reference, op.status_tool.to_owned());
             }
         }
+        // A repeat of an operation this executor saw completed, within its
+        // window: the store would replay the same response.
+        let tenant = op.caller.tenant();
+        if let Some(replays) = &self.replays {
+            if let Some((reference, response)) = replays.get(&key, tenant) {
+                tracing::Span::current().record("reference", tracing::field::display(reference));
+                return replay(&response, reference, op.status_tool.to_owned());
+            }
+        }
+        let asked = tokio::time::Instant::now();
         match self.claim(request, op.tool).await {
             Claimed::Unavailable(error) => Answer::StoreUnavailable { error },
             Claimed::Existing(record) => {
                 tracing::Span::current()
                     .record("reference", tracing::field::display(record.reference));
+                if let Some(replays) = &self.replays {
+                    keep_replay(replays, &record, &key, tenant, asked);
+                }
                 existing(record, &key, op.status_tool, &self.durations)
             }
             Claimed::Won(won) => {
@@ -547,6 +597,10 @@ impl Executor {
                                 jobs,
                                 sent: won.sent,
                                 entry,
+                                replay: self
+                                    .replays
+                                    .clone()
+                                    .map(|replays| (replays, claim.tenant.clone().into(), until)),
                             },
                         );
                         Recording::Pending
@@ -567,7 +621,20 @@ impl Executor {
                         }
                         self.steps.record(Step::Complete, started);
                         match completed {
-                            Ok(()) => Recording::Stored,
+                            Ok(()) => {
+                                if let Some(replays) = &self.replays {
+                                    // The window counted from the claim's send.
+                                    let until = won.sent + claim.window;
+                                    replays.insert(
+                                        key,
+                                        &claim.tenant,
+                                        reference,
+                                        text.into(),
+                                        until,
+                                    );
+                                }
+                                Recording::Stored
+                            }
                             // The store cannot hold it, now or ever: the
                             // record says so rather than waiting for the
                             // sweep to call the process dead.
@@ -773,6 +840,35 @@ fn existing<T: DeserializeOwned, E>(
                 "it was resolved as not performed ({note}), but could not be claimed again"
             ),
         },
+    }
+}
+
+/// Keeps `record`'s response in the replay cache when the store answered
+/// the claim of `key` with it completed, for the same arguments: until its
+/// window ends, counted from `asked` (before the claim was sent), by what
+/// the store said was left of it.
+fn keep_replay(
+    replays: &Replays,
+    record: &Record,
+    key: &IdempotencyKey,
+    tenant: &str,
+    asked: tokio::time::Instant,
+) {
+    if record.key.fingerprint() != key.fingerprint() || record.tenant != tenant {
+        return;
+    }
+    if let RecordState::Completed { response } = &record.state {
+        let left = record
+            .expires_at
+            .duration_since(record.observed_at)
+            .unwrap_or_default();
+        replays.insert(
+            key,
+            tenant,
+            record.reference,
+            response.as_str().into(),
+            asked + left,
+        );
     }
 }
 
