@@ -28,36 +28,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idem_runtime::{
-    store::Attempt, Answer, Caller, Executor, IdempotencyStore, Operation, PostgresStore,
-    ScopeSpec, SqliteStore, ToolError,
+    store::Attempt, Answer, Caller, Executor, IdempotencyStore, PostgresStore, SqliteStore,
 };
 
-/// The arguments of the wrapped call: a fresh `n` each call, a new operation.
-#[derive(serde::Serialize)]
-struct Args {
-    card: &'static str,
-    amount_cents: u64,
-}
-
-/// One call through `exec` with a no-op handler.
+/// One call through `exec` with a no-op handler: a new operation.
 async fn wrapped(exec: &Executor, caller: &Caller, n: u64) {
-    let args = Args {
-        card: "4242424242424242",
-        amount_cents: n,
-    };
-    let op = Operation {
-        caller,
-        tool: "charge_card",
-        args: &args,
-        scope: ScopeSpec::Window(Duration::from_secs(900)),
-        status_tool: "get_operation_status",
-    };
-    match exec
-        .run(op, |_| async {
-            Ok::<_, ToolError>(common::RESPONSE.to_owned())
-        })
-        .await
-    {
+    match common::charge(exec, caller, n).await {
         Answer::Executed { .. } => {}
         other => panic!("every call is a new operation: {other:?}"),
     }

@@ -18,34 +18,11 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem_runtime::{
-    store::Attempt, Answer, Caller, Executor, Operation, PostgresStore, ScopeSpec, ToolError,
-};
+use idem_runtime::{store::Attempt, Answer, Caller, Executor, PostgresStore};
 
-#[derive(serde::Serialize)]
-struct Args {
-    card: &'static str,
-    amount_cents: u64,
-}
-
+/// One call through `exec` with a no-op handler: a new operation.
 async fn wrapped(exec: &Executor, caller: &Caller, n: u64) {
-    let args = Args {
-        card: "4242424242424242",
-        amount_cents: n,
-    };
-    let op = Operation {
-        caller,
-        tool: "charge_card",
-        args: &args,
-        scope: ScopeSpec::Window(Duration::from_secs(900)),
-        status_tool: "get_operation_status",
-    };
-    match exec
-        .run(op, |_| async {
-            Ok::<_, ToolError>(common::RESPONSE.to_owned())
-        })
-        .await
-    {
+    match common::charge(exec, caller, n).await {
         Answer::Executed { .. } => {}
         other => panic!("expected executed, got {other:?}"),
     }

@@ -6,7 +6,10 @@
 //! by reference for a day (like Stripe), lands requests late and shows them
 //! later still, purchases repeated after their window (a new operation the
 //! user wants), and the maintenance jobs (sweep, reconcile with settle and
-//! backoff, purge) and an operator resolving by hand, on their timers.
+//! backoff, purge) on every replica and an operator resolving by hand, on
+//! their timers. In half the schedules the replicas' clocks are skewed
+//! (`clock_offsets`), and in half they answer repeats from a replay cache
+//! (`Sim::replay_cache`).
 //!
 //! One seed drives one schedule: on MemoryStore, a single-threaded tokio
 //! runtime on a paused clock (simulated minutes cost nothing) with every

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use idem_runtime::store::ClaimRequest;
+use idem_runtime::{Answer, Caller, Executor, Operation, ScopeSpec, ToolError};
 
 /// A claim of a fresh random key, as the executor would make it.
 pub fn request() -> ClaimRequest {
@@ -33,4 +34,34 @@ pub fn load() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_else(|_| "unknown".into())
+}
+
+/// The arguments of a benchmarked charge: a fresh `amount_cents` makes a
+/// new operation, the same one a repeat.
+#[derive(serde::Serialize)]
+struct ChargeArgs {
+    card: &'static str,
+    amount_cents: u64,
+}
+
+/// One charge of `amount_cents` through `exec` (a 15-minute window), with a
+/// no-op handler that answers [`RESPONSE`].
+pub async fn charge(
+    exec: &Executor,
+    caller: &Caller,
+    amount_cents: u64,
+) -> Answer<String, ToolError> {
+    let args = ChargeArgs {
+        card: "4242424242424242",
+        amount_cents,
+    };
+    let op = Operation {
+        caller,
+        tool: "charge_card",
+        args: &args,
+        scope: ScopeSpec::Window(Duration::from_secs(900)),
+        status_tool: "get_operation_status",
+    };
+    exec.run(op, |_| async { Ok::<_, ToolError>(RESPONSE.to_owned()) })
+        .await
 }

@@ -337,20 +337,36 @@ fn lookup_arrived(svc: &Service, key: &str) -> rusqlite::Result<i64> {
     Ok(db.last_insert_rowid())
 }
 
+/// A lookup being answered: it ends when its answer is sent, or when the
+/// caller went away first (hyper drops the handler's future then).
+struct Answering {
+    svc: Shared,
+    id: i64,
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        if let Err(e) = self.svc.db().execute(
+            "UPDATE lookups SET answered_ms = ?2 WHERE id = ?1",
+            params![self.id, now_ms() as i64],
+        ) {
+            eprintln!("farside: a lookup's end was not recorded: {e}");
+        }
+    }
+}
+
 async fn lookup(State(svc): State<Shared>, Path(key): Path<String>) -> Response {
     let id = match lookup_arrived(&svc, &key) {
         Ok(id) => id,
         Err(e) => return internal(e),
     };
+    let _answering = Answering {
+        svc: svc.clone(),
+        id,
+    };
     let answer = look_up(&svc, &key);
     if svc.lookup_latency_ms > 0 {
         tokio::time::sleep(Duration::from_millis(svc.lookup_latency_ms)).await;
-    }
-    if let Err(e) = svc.db().execute(
-        "UPDATE lookups SET answered_ms = ?2 WHERE id = ?1",
-        params![id, now_ms() as i64],
-    ) {
-        return internal(e);
     }
     answer
 }

@@ -378,9 +378,11 @@ pub fn check(e: &Evidence<'_>) -> Vec<Violation> {
         }
     }
     // 2. A tap made again after the window is a new purchase: a reference
-    // of its own, not the first tap's receipt. (A record completed only
-    // after it was found UNKNOWN answers repeats until its retention ends,
-    // by design: its `expires_at` says so.)
+    // of its own, not the first tap's receipt. The first tap's operation
+    // still holds its key past the window while it is unresolved (a live
+    // claim, or UNKNOWN): then the tap is told "in progress" or "unknown"
+    // under the first reference, by design, unless the operation had been
+    // seen settled (COMPLETED or NOT_PERFORMED) before the tap was asked.
     for intent in e.intents.iter().filter(|i| i.again_of.is_some()) {
         let first = refs_of.get(&intent.again_of.unwrap_or_default());
         for obs in intent.obs.iter().filter(|o| o.via == "call") {
@@ -395,6 +397,16 @@ pub fn check(e: &Evidence<'_>) -> Vec<Violation> {
                 .get(reference)
                 .and_then(|r| unix_ms(r["expires_at"].as_str()?));
             let asked = e.start_unix_ms + obs.t_ms;
+            let settled_before = e.history.get(reference).is_some_and(|seen| {
+                seen.iter().any(|(_, until, state)| {
+                    matches!(state.as_str(), "COMPLETED" | "NOT_PERFORMED")
+                        && until + 1000 < obs.t_ms
+                })
+            });
+            let unresolved = matches!(obs.outcome.as_str(), "unknown" | "in_progress");
+            if unresolved && !settled_before {
+                continue;
+            }
             if expires.is_none_or(|x| x + 1000 < asked) {
                 flag(2, format!("a tap after the window was answered as the first tap's operation ({}; the record expires at {expires:?}, asked at {asked})", obs.outcome), Some(reference), Some(intent.id));
             }

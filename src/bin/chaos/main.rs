@@ -708,6 +708,8 @@ async fn main() {
         "intents": intents,
         "records": records,
         "history": history.states,
+        "last_seen": history.last_seen,
+        "settled": settled,
         "processor": processor,
         "mailer": mailer,
         "start_unix_ms": start_unix_ms,
