@@ -36,8 +36,9 @@
 //! - `GET /ledger`: requests, effects, overlapping requests (a request that
 //!   arrived while its key was in flight) and mismatched bodies, per key and
 //!   in total; and lookups and overlapping lookups (one that arrived while
-//!   another of its key was being answered), in total and per key
-//!   (`lookups_by_key`).
+//!   another of its key was being answered) and lookups within one check
+//!   (one that arrived less than 400 ms after the previous one of its key
+//!   was answered), in total and per key (`lookups_by_key`).
 //! - `POST /faults` `{"failure_rate", "stall_rate", "latency_ms"}`: change
 //!   the injected faults while running (each field optional).
 //!
@@ -176,6 +177,10 @@ impl Service {
 }
 
 type Shared = Arc<Service>;
+
+/// How soon after the previous lookup of a key was answered another one
+/// counts as asked within the same check (`GET /ledger`).
+const SAME_CHECK_MS: i64 = 400;
 
 fn text(status: StatusCode, body: String) -> Response {
     (status, [("content-type", "application/json")], body).into_response()
@@ -405,15 +410,26 @@ fn look_up(svc: &Service, key: &str) -> Response {
 
 async fn ledger(State(svc): State<Shared>) -> Response {
     let db = svc.db();
+    // Per key: lookups, overlapping ones, and repeats within one check: a
+    // lookup that arrived less than `SAME_CHECK_MS` after the previous one
+    // of its key was answered, sooner than any replica asks again after an
+    // answer (the harness's shortest backoff is 500 ms).
     let lookups = db
-        .prepare("SELECT key, COUNT(*), SUM(overlapped) FROM lookups GROUP BY key")
+        .prepare(
+            "SELECT key, COUNT(*), SUM(overlapped), SUM(at_ms < prev + ?1) FROM ( \
+               SELECT key, overlapped, at_ms, \
+                 LAG(answered_ms) OVER (PARTITION BY key ORDER BY at_ms, id) AS prev \
+               FROM lookups) \
+             GROUP BY key",
+        )
         .and_then(|mut statement| {
             statement
-                .query_map([], |r| {
+                .query_map([SAME_CHECK_MS], |r| {
                     Ok((
                         r.get::<_, String>(0)?,
                         r.get::<_, i64>(1)?,
                         r.get::<_, i64>(2)?,
+                        r.get::<_, Option<i64>>(3)?.unwrap_or(0),
                     ))
                 })?
                 .collect::<rusqlite::Result<Vec<_>>>()
@@ -472,9 +488,13 @@ async fn ledger(State(svc): State<Shared>) -> Response {
             "mismatches": mismatches,
             "lookups": lookups.iter().map(|l| l.1).sum::<i64>(),
             "lookup_overlaps": lookups.iter().map(|l| l.2).sum::<i64>(),
+            "lookups_within_a_check": lookups.iter().map(|l| l.3).sum::<i64>(),
             "lookups_by_key": lookups
                 .iter()
-                .map(|(key, n, overlaps)| (key.clone(), json!({ "lookups": n, "overlaps": overlaps })))
+                .map(|(key, n, overlaps, repeats)| {
+                    let entry = json!({ "lookups": n, "overlaps": overlaps, "within_a_check": repeats });
+                    (key.clone(), entry)
+                })
                 .collect::<serde_json::Map<_, _>>(),
         })
         .to_string(),

@@ -673,8 +673,8 @@ async fn main() {
     let (lookups, looked_up, most, once) = checker::lookups(&processor);
     println!(
         "chaos: {}: the processor was asked {lookups} times about {looked_up} references \
-         ({once} once, at most {most}), {} overlapping",
-        flags.store, processor["lookup_overlaps"]
+         ({once} once, at most {most}), {} overlapping, {} within one check",
+        flags.store, processor["lookup_overlaps"], processor["lookups_within_a_check"]
     );
     for v in &violations {
         println!(
@@ -701,6 +701,7 @@ async fn main() {
         "looked_up": looked_up,
         "looked_up_once": once,
         "lookup_overlaps": processor["lookup_overlaps"],
+        "lookups_within_a_check": processor["lookups_within_a_check"],
     });
     let _ = std::fs::write(flags.dir.join("report.json"), report.to_string());
     // Everything the checker read, to read again.
