@@ -683,12 +683,10 @@ impl Default for MaintenanceConfig {
 /// is swept once, each UNKNOWN record resolved once (a response stored once,
 /// an [`Outcome::Completed`]'s follow-on jobs written once), each expired record
 /// purged once. (Two loops on one PostgreSQL or SQLite store with 40 lapsed
-/// claims are tested so.) What is not shared is the question: a record due
-/// when two replicas run their rounds is asked about by both, so the
-/// reconciler's lookups (read-only, as its contract says) can be as many as
-/// the replicas. To ask the processor once, give the reconciler to one
-/// replica and `reconciler: None` to the others; their sweeps and purges
-/// still help.
+/// claims are tested so.) The question is shared too: before a replica asks
+/// its reconciler about a record, it takes the record's check in the store
+/// ([`IdempotencyStore::take_check`]), so of the replicas that list the
+/// record one asks, once per check ([`ReconcileConfig::lookup_timeout`]).
 #[derive(Debug)]
 pub struct Maintenance {
     stop: tokio::sync::watch::Sender<bool>,
