@@ -14,8 +14,8 @@ use crate::answer::{note, Answer, Classify, Disposition, Recording, StatusReport
 use crate::key::{is_empty_business_key, Caller, IdempotencyKey, Reference, Scope};
 use crate::outbox::{Declared, DECLARED};
 use crate::store::{
-    complete_with_follow_ons, Attempt, ClaimRequest, IdempotencyStore, Reading, Record,
-    RecordState, StoreError, DEFAULT_MAX_PAYLOAD,
+    complete_with_follow_ons, Attempt, ClaimRequest, IdempotencyStore, StoreError,
+    DEFAULT_MAX_PAYLOAD,
 };
 use crate::telemetry::{self, Step};
 
@@ -24,6 +24,7 @@ mod claim;
 mod context;
 mod guard;
 mod pace;
+mod replayed;
 mod replays;
 mod running;
 // Used by the rmcp glue only.
@@ -36,6 +37,7 @@ use claim::{Claimed, Won};
 pub use context::OperationContext;
 use guard::{mark, mark_refused, UnknownOnDrop};
 use pace::ToolDurations;
+use replayed::{existing, keep_replay, replay};
 use replays::Replays;
 use running::{Found, RunningClaims};
 pub use task::TaskCancellation;
@@ -793,104 +795,6 @@ async fn timed<O>(
     let out = step.await;
     telemetry::store_step(store.backend(), op, started);
     out
-}
-
-/// The answer to a repeat that found a live record; a running one is told
-/// when to ask again from `durations`.
-fn existing<T: DeserializeOwned, E>(
-    record: Record,
-    key: &IdempotencyKey,
-    status_tool: &str,
-    durations: &ToolDurations,
-) -> Answer<T, E> {
-    let reference = record.reference;
-    let status_tool = status_tool.to_owned();
-    if record.key.fingerprint() != key.fingerprint() {
-        return Answer::Conflict {
-            reference,
-            status_tool,
-        };
-    }
-    match record.reading() {
-        Reading::Completed { response } => replay(response, reference, status_tool),
-        Reading::Running { retry_after } => Answer::InProgress {
-            reference,
-            status_tool,
-            // Both times on the store's clock.
-            retry_after: durations.retry_hint(
-                &record.tool,
-                record
-                    .observed_at
-                    .duration_since(record.claimed_at)
-                    .unwrap_or_default(),
-                retry_after,
-            ),
-        },
-        Reading::Unknown { note, .. } => Answer::Unknown {
-            reference,
-            status_tool,
-            note: note.to_owned(),
-        },
-        // The store takes a NOT_PERFORMED record over in the claim itself; a
-        // store that hands one back answers honestly rather than guessing.
-        Reading::NotPerformed { note } => Answer::Unknown {
-            reference,
-            status_tool,
-            note: format!(
-                "it was resolved as not performed ({note}), but could not be claimed again"
-            ),
-        },
-    }
-}
-
-/// Keeps `record`'s response in the replay cache when the store answered
-/// the claim of `key` with it completed, for the same arguments: until its
-/// window ends, counted from `asked` (before the claim was sent), by what
-/// the store said was left of it.
-fn keep_replay(
-    replays: &Replays,
-    record: &Record,
-    key: &IdempotencyKey,
-    tenant: &str,
-    asked: tokio::time::Instant,
-) {
-    if record.key.fingerprint() != key.fingerprint() || record.tenant != tenant {
-        return;
-    }
-    if let RecordState::Completed { response } = &record.state {
-        let left = record
-            .expires_at
-            .duration_since(record.observed_at)
-            .unwrap_or_default();
-        replays.insert(
-            key,
-            tenant,
-            record.reference,
-            response.as_str().into(),
-            asked + left,
-        );
-    }
-}
-
-/// The answer of a completed operation: its stored `response`, decoded.
-fn replay<T: DeserializeOwned, E>(
-    response: &str,
-    reference: Reference,
-    status_tool: String,
-) -> Answer<T, E> {
-    match serde_json::from_str(response) {
-        Ok(value) => Answer::Replayed {
-            value,
-            stored: response.to_owned(),
-            reference,
-        },
-        // It completed, so it must not run again; say so rather than guess.
-        Err(e) => Answer::Unknown {
-            reference,
-            status_tool,
-            note: note::unreadable(e),
-        },
-    }
 }
 
 /// The business key from each field's name and value (`None` when the
