@@ -422,13 +422,17 @@ impl Executor {
                 return replay(&response, reference, op.status_tool.to_owned());
             }
         }
-        let asked = tokio::time::Instant::now();
+        // Read only for the replay cache: no clock read on a call without it.
+        let asked = self
+            .replays
+            .as_ref()
+            .map(|r| (r, tokio::time::Instant::now()));
         match self.claim(request, op.tool).await {
             Claimed::Unavailable(error) => Answer::StoreUnavailable { error },
             Claimed::Existing(record) => {
                 tracing::Span::current()
                     .record("reference", tracing::field::display(record.reference));
-                if let Some(replays) = &self.replays {
+                if let Some((replays, asked)) = asked {
                     keep_replay(replays, &record, &key, tenant, asked);
                 }
                 existing(record, &key, op.status_tool, &self.durations)
@@ -574,14 +578,14 @@ impl Executor {
                         }
                         _ => Ok(text),
                     });
+                // The window counted from the claim's send: a store may count
+                // it from the claim, and a repeat after it is a new operation.
+                // The response answers repeats from memory until then at most.
+                let until = won.sent + claim.window;
                 let recording = match (text, background) {
                     (Ok(text), Some(background)) => {
-                        // The response answers repeats here until it lands,
-                        // for no longer than the window counted from the
-                        // claim's send: a store may count it from the claim,
-                        // and a repeat after that is a new operation.
+                        // The response answers repeats here until it lands.
                         let response: Arc<str> = text.into();
-                        let until = won.sent + claim.window;
                         let entry = self.running.hold_completing(
                             *key,
                             reference,
@@ -625,8 +629,6 @@ impl Executor {
                         match completed {
                             Ok(()) => {
                                 if let Some(replays) = &self.replays {
-                                    // The window counted from the claim's send.
-                                    let until = won.sent + claim.window;
                                     replays.insert(
                                         key,
                                         &claim.tenant,
