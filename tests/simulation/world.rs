@@ -400,6 +400,9 @@ pub struct World {
     /// Oracle 11: the replica whose lookup of a reference is in flight
     /// (asked, its answer not yet acted on or given up).
     pub asking: BTreeMap<Reference, usize>,
+    /// (key, attempt) of records a sweep marked within the clocks' spread
+    /// of their lease's end (skewed schedules only): oracle 4's excuse.
+    pub early_marks: BTreeSet<([u8; 32], u64)>,
 }
 
 /// One schedule's shared state.
@@ -724,12 +727,13 @@ impl Sim {
                 )),
                 // With skewed clocks, a sweep whose clock runs ahead marks a
                 // lease up to the clocks' spread before it ends on the
-                // writer's (the documented consequence): a mark within the
-                // spread of the lease's end, by the marker's clock.
+                // writer's (the documented consequence), and what follows
+                // the mark follows from it: a reconciler may resolve the
+                // record while its handler still runs (the handler's own
+                // completion then finds it settled; nothing runs twice).
                 Some(r)
-                    if matches!(r.state, RecordState::Unknown { .. })
-                        && !self.timing.tolerance.is_zero()
-                        && r.updated_at < r.lease_until + self.timing.tolerance =>
+                    if Some(r.attempt) == run.attempt
+                        && w.early_marks.contains(&(run.key, r.attempt.get())) =>
                 {
                     None
                 }
