@@ -542,7 +542,7 @@ async fn a_hung_lookup_is_given_up_and_asked_again_elsewhere() {
     assert!(answering.asked().is_empty());
     // Due again: another replica asks, and resolves it.
     store
-        .defer_check(&req.key, req.attempt, Duration::ZERO)
+        .defer_check(&req.key, req.attempt, Duration::ZERO, None)
         .await
         .unwrap();
     let second = reconcile(&*store, &answering, &config).await.unwrap();

@@ -15,7 +15,7 @@ mod durable;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use idem_runtime::outbox::{FollowOn, FollowOns};
 use idem_runtime::store::{
@@ -108,15 +108,16 @@ impl<S: FollowOnStore> IdempotencyStore for Limited<S> {
         key: &IdempotencyKey,
         attempt: Attempt,
         delay: Duration,
-    ) -> Result<(), StoreError> {
-        self.inner.defer_check(key, attempt, delay).await
+        taken: Option<SystemTime>,
+    ) -> Result<bool, StoreError> {
+        self.inner.defer_check(key, attempt, delay, taken).await
     }
     async fn take_check(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
         hold: Duration,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Option<SystemTime>, StoreError> {
         self.inner.take_check(key, attempt, hold).await
     }
     async fn heartbeat(

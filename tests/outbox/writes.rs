@@ -365,7 +365,7 @@ async fn a_reconciler_writes_follow_ons_with_its_resolution() {
         ..config
     };
     store
-        .defer_check(&record.key, record.attempt, Duration::ZERO)
+        .defer_check(&record.key, record.attempt, Duration::ZERO, None)
         .await
         .unwrap();
     let report = reconcile(&*store, &Found(vec![receipt]), &config)

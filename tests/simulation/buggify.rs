@@ -32,7 +32,9 @@
 //!   record's check: the other replica may list, take and ask meanwhile,
 //!   and the take must then find the check held.
 //! - `ReconcileWrite`: between a reconcile's lookup and its resolve or
-//!   deferral (`Resolve`, `DeferCheck`).
+//!   deferral (`Resolve`, `DeferCheck`), up to twice the settle period:
+//!   past the check's hold, so another replica may have taken the next
+//!   check and be asking when the late deferral lands.
 //! - `ReconcilerAnswer`: inside the reconciler, between its lookup at the
 //!   processor and its answer (the answer describes the past by then).
 //! - `RecordWrite`: a completion, release or unknown mark stalled on its
@@ -222,7 +224,7 @@ impl Buggify {
             Point::HeartbeatAnswer => Fault::SlowAnswer(self.between(lease / 3, lease * 2)),
             Point::SweepMark => Fault::Delay(self.between(zero, lease * 2)),
             Point::ReconcileTake => Fault::Delay(self.between(zero, t.interval * 2)),
-            Point::ReconcileWrite => Fault::Delay(self.between(zero, t.settle)),
+            Point::ReconcileWrite => Fault::Delay(self.between(zero, t.settle * 2)),
             Point::RecordWrite => Fault::Delay(self.between(lease, t.retention * 3 / 2)),
             Point::JobLease => Fault::SlowAnswer(self.between(zero, t.job_timeout * 2)),
             Point::JobFinish => Fault::Delay(self.between(zero, t.job_timeout * 4)),

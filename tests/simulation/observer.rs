@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use idem_runtime::{
@@ -88,19 +88,23 @@ impl<S: IdempotencyStore> IdempotencyStore for Observer<S> {
         key: &IdempotencyKey,
         attempt: Attempt,
         delay: Duration,
-    ) -> Result<(), StoreError> {
-        self.inner.defer_check(key, attempt, delay).await
+        taken: Option<SystemTime>,
+    ) -> Result<bool, StoreError> {
+        self.inner.defer_check(key, attempt, delay, taken).await
     }
     async fn take_check(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
         hold: Duration,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Option<SystemTime>, StoreError> {
+        let taken = self.inner.take_check(key, attempt, hold).await;
         if self.sim.sabotage == Sabotage::EveryReplicaAsks {
-            return Ok(true);
+            // Asks whether or not the check was due; a check not taken has
+            // no hold's end to answer, so its deferral is held back.
+            return taken.map(|t| Some(t.unwrap_or(SystemTime::UNIX_EPOCH)));
         }
-        self.inner.take_check(key, attempt, hold).await
+        taken
     }
     async fn heartbeat(
         &self,

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use idem_runtime::{
@@ -189,11 +189,12 @@ impl IdempotencyStore for Recorder {
         key: &IdempotencyKey,
         attempt: Attempt,
         delay: Duration,
-    ) -> Result<(), StoreError> {
+        taken: Option<SystemTime>,
+    ) -> Result<bool, StoreError> {
         let key = *key;
         self.write(|inner, sim| async move {
-            let out = inner.defer_check(&key, attempt, delay).await;
-            if out.is_ok() {
+            let out = inner.defer_check(&key, attempt, delay, taken).await;
+            if let Ok(true) = out {
                 Self::wrote(&*inner, &sim, &key, attempt, Write::Defer).await;
             }
             out
@@ -206,11 +207,11 @@ impl IdempotencyStore for Recorder {
         key: &IdempotencyKey,
         attempt: Attempt,
         hold: Duration,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Option<SystemTime>, StoreError> {
         let key = *key;
         self.write(|inner, sim| async move {
             let out = inner.take_check(&key, attempt, hold).await;
-            if let Ok(true) = out {
+            if let Ok(Some(_)) = out {
                 Self::wrote(&*inner, &sim, &key, attempt, Write::TakeCheck).await;
             }
             out

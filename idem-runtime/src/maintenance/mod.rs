@@ -323,9 +323,9 @@ pub async fn reconcile_with(
         // lookup timeout.
         let deadline = tokio::time::Instant::now() + config.lookup_timeout;
         let hold = config.lookup_timeout.saturating_mul(2);
-        match store.take_check(key, attempt, hold).await {
-            Ok(true) => {}
-            Ok(false) => {
+        let taken = match store.take_check(key, attempt, hold).await {
+            Ok(Some(until)) => until,
+            Ok(None) => {
                 report.checked_elsewhere += 1;
                 continue;
             }
@@ -334,7 +334,11 @@ pub async fn reconcile_with(
                 continue;
             }
             Err(e) => return Err(e),
-        }
+        };
+        // The answer puts off this check only: once its hold ran out (a slow
+        // write) and another replica took the next one, a late deferral
+        // would make the record due again while that replica asks.
+        let defer = |delay| store.defer_check(key, attempt, delay, Some(taken));
         let asked = tokio::time::timeout_at(deadline, reconciler.reconcile(&record)).await;
         let answer = asked.unwrap_or_else(|_| {
             Err(format!(
@@ -361,10 +365,7 @@ pub async fn reconcile_with(
                         // The reconciler's own mistake: nothing was written; ask
                         // again later rather than resolve without the jobs.
                         tracing::error!(%reference, %error, "reconciler declared invalid follow-ons; the record stays UNKNOWN");
-                        store
-                            .defer_check(key, attempt, backoff)
-                            .await
-                            .map(|()| &mut report.still_unknown)
+                        defer(backoff).await.map(|_| &mut report.still_unknown)
                     }
                     Err(e) => Err(e),
                 }
@@ -376,10 +377,11 @@ pub async fn reconcile_with(
             // the resolve is not enough: a slow answer can come back after
             // the settle period and still describe a moment inside it, when
             // a request in flight did not show yet.
-            Ok(Reconciliation::Found(Outcome::NotPerformed)) if !settles_in.is_zero() => store
-                .defer_check(key, attempt, settles_in.max(shortest))
-                .await
-                .map(|()| &mut report.still_unknown),
+            Ok(Reconciliation::Found(Outcome::NotPerformed)) if !settles_in.is_zero() => {
+                defer(settles_in.max(shortest))
+                    .await
+                    .map(|_| &mut report.still_unknown)
+            }
             Ok(Reconciliation::Found(Outcome::NotPerformed)) => {
                 let not_performed = Resolution::NotPerformed {
                     note: note::RECONCILED_NOT_PERFORMED,
@@ -390,28 +392,22 @@ pub async fn reconcile_with(
                     // Too soon to trust: ask again once it has settled.
                     Err(StoreError::NotSettled { until }) => {
                         let wait = until.duration_since(record.observed_at).unwrap_or_default();
-                        store
-                            .defer_check(key, attempt, wait.max(shortest))
+                        defer(wait.max(shortest))
                             .await
-                            .map(|()| &mut report.still_unknown)
+                            .map(|_| &mut report.still_unknown)
                     }
                     Err(e) => Err(e),
                 }
             }
-            Ok(Reconciliation::StillUnknown) => store
-                .defer_check(key, attempt, backoff)
+            Ok(Reconciliation::StillUnknown) => {
+                defer(backoff).await.map(|_| &mut report.still_unknown)
+            }
+            Ok(Reconciliation::NotMine) => defer(config.max_backoff)
                 .await
-                .map(|()| &mut report.still_unknown),
-            Ok(Reconciliation::NotMine) => store
-                .defer_check(key, attempt, config.max_backoff)
-                .await
-                .map(|()| &mut report.not_mine),
+                .map(|_| &mut report.not_mine),
             Err(error) => {
                 tracing::warn!(%reference, %error, "reconciler failed; the record stays UNKNOWN");
-                store
-                    .defer_check(key, attempt, backoff)
-                    .await
-                    .map(|()| &mut report.still_unknown)
+                defer(backoff).await.map(|_| &mut report.still_unknown)
             }
         };
         match outcome {

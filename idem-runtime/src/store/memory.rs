@@ -503,11 +503,15 @@ impl IdempotencyStore for MemoryStore {
         key: &IdempotencyKey,
         attempt: Attempt,
         delay: Duration,
-    ) -> Result<(), StoreError> {
+        taken: Option<SystemTime>,
+    ) -> Result<bool, StoreError> {
         self.fenced_in(key, attempt, RecordStateKind::Unknown, |record, now| {
+            if taken.is_some_and(|until| record.next_check_at != until) {
+                return Ok(false);
+            }
             record.next_check_at = now + delay;
             record.checks = record.checks.saturating_add(1);
-            Ok(())
+            Ok(true)
         })
     }
 
@@ -516,13 +520,13 @@ impl IdempotencyStore for MemoryStore {
         key: &IdempotencyKey,
         attempt: Attempt,
         hold: Duration,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Option<SystemTime>, StoreError> {
         self.fenced_in(key, attempt, RecordStateKind::Unknown, |record, now| {
             if record.next_check_at > now {
-                return Ok(false);
+                return Ok(None);
             }
             record.next_check_at = now + hold;
-            Ok(true)
+            Ok(Some(record.next_check_at))
         })
     }
 

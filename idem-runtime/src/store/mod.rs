@@ -199,14 +199,22 @@ pub trait IdempotencyStore: Send + Sync + std::fmt::Debug {
 
     /// Puts off the next reconciler check of an UNKNOWN record: its
     /// `next_check_at` becomes now + `delay` (store clock) and `checks` grows
-    /// by one. Errors: `Fenced`, `WrongState` when not UNKNOWN,
-    /// `Unavailable`.
+    /// by one.
+    ///
+    /// With `taken` (the hold's end a [`take_check`](Self::take_check)
+    /// returned), only while that check is still the record's
+    /// (`next_check_at` equal to it): once its hold ran out and another
+    /// replica took the check, `Ok(false)`, nothing changed, so a late
+    /// answer never makes the record due while another lookup is in flight.
+    /// Without, always (`Ok(true)`). Errors: `Fenced`, `WrongState` when not
+    /// UNKNOWN, `Unavailable`.
     async fn defer_check(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
         delay: Duration,
-    ) -> Result<(), StoreError>;
+        taken: Option<SystemTime>,
+    ) -> Result<bool, StoreError>;
 
     /// Takes the next reconciler check of an UNKNOWN record for this
     /// replica, so that one replica asks the processor and the others skip
@@ -214,14 +222,16 @@ pub trait IdempotencyStore: Send + Sync + std::fmt::Debug {
     /// due (`next_check_at <= now`, store clock), `next_check_at` becomes
     /// now + `hold`, in one atomic step. `checks` is left as it is (the
     /// [`defer_check`](Self::defer_check) after the answer counts it).
-    /// `Ok(false)`: the check is not due, so another replica holds it.
-    /// Errors: `Fenced`, `WrongState` when not UNKNOWN, `Unavailable`.
+    /// `Ok(Some(until))`: taken, with the hold's end exactly as the store
+    /// wrote it, for the deferral that answers this check. `Ok(None)`: the
+    /// check is not due, so another replica holds it. Errors: `Fenced`,
+    /// `WrongState` when not UNKNOWN, `Unavailable`.
     async fn take_check(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
         hold: Duration,
-    ) -> Result<bool, StoreError>;
+    ) -> Result<Option<SystemTime>, StoreError>;
 
     /// Extends an IN_PROGRESS record's lease to `lease` from now (a heartbeat
     /// of a live handler), only if `attempt` still owns it. Errors: `Fenced`,
@@ -612,15 +622,16 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<S> {
         key: &IdempotencyKey,
         attempt: Attempt,
         delay: Duration,
-    ) -> Result<(), StoreError> {
-        (**self).defer_check(key, attempt, delay).await
+        taken: Option<SystemTime>,
+    ) -> Result<bool, StoreError> {
+        (**self).defer_check(key, attempt, delay, taken).await
     }
     async fn take_check(
         &self,
         key: &IdempotencyKey,
         attempt: Attempt,
         hold: Duration,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Option<SystemTime>, StoreError> {
         (**self).take_check(key, attempt, hold).await
     }
     async fn heartbeat(

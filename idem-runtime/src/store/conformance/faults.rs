@@ -1,6 +1,7 @@
 //! [`FaultyStore`]: a store wrapped to inject faults call by call.
 
 use super::*;
+use std::time::SystemTime;
 
 /// A store call, as [`FaultyStore`]'s plan sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -227,10 +228,11 @@ impl<S: IdempotencyStore> IdempotencyStore for FaultyStore<S> {
         key: &IdempotencyKey,
         attempt: Attempt,
         delay: Duration,
-    ) -> Result<(), StoreError> {
+        taken: Option<SystemTime>,
+    ) -> Result<bool, StoreError> {
         self.run(
             Call::DeferCheck,
-            self.inner.defer_check(key, attempt, delay),
+            self.inner.defer_check(key, attempt, delay, taken),
         )
         .await
     }
@@ -240,7 +242,7 @@ impl<S: IdempotencyStore> IdempotencyStore for FaultyStore<S> {
         key: &IdempotencyKey,
         attempt: Attempt,
         hold: Duration,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Option<SystemTime>, StoreError> {
         self.run(Call::TakeCheck, self.inner.take_check(key, attempt, hold))
             .await
     }

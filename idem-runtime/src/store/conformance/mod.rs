@@ -172,6 +172,7 @@ macro_rules! __idem_conformance_cases {
             sweep_mark_rechecks_the_lease,
             unknown_records_are_listed_when_due,
             a_check_is_taken_by_one_replica,
+            a_late_answer_leaves_the_next_check_alone,
             resolve_completed_from_unknown_only,
             not_performed_waits_for_settle,
             late_completion_wins_over_not_performed,

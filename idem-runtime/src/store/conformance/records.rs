@@ -571,14 +571,14 @@ pub async fn unknown_records_are_listed_when_due(store: &dyn IdempotencyStore) {
         assert_eq!(r.checks, 0);
     }
     store
-        .defer_check(&far.key, far.attempt, Duration::from_secs(3600))
+        .defer_check(&far.key, far.attempt, Duration::from_secs(3600), None)
         .await
         .unwrap();
     // `soon` is deferred by a second: long enough that the listing right
     // after it comes first on a loaded machine, and checked only if it did.
     let deferred = std::time::Instant::now();
     store
-        .defer_check(&soon.key, soon.attempt, Duration::from_secs(1))
+        .defer_check(&soon.key, soon.attempt, Duration::from_secs(1), None)
         .await
         .unwrap();
     let listed = store.list_unknown(100_000).await.unwrap();
@@ -598,13 +598,15 @@ pub async fn unknown_records_are_listed_when_due(store: &dyn IdempotencyStore) {
     let live = fresh(W);
     claimed(store, &live).await;
     assert!(matches!(
-        store.defer_check(&live.key, live.attempt, W).await,
+        store.defer_check(&live.key, live.attempt, W, None).await,
         Err(StoreError::WrongState {
             found: RecordStateKind::InProgress
         })
     ));
     assert!(matches!(
-        store.defer_check(&far.key, Attempt::random(), W).await,
+        store
+            .defer_check(&far.key, Attempt::random(), W, None)
+            .await,
         Err(StoreError::Fenced)
     ));
 }
@@ -626,14 +628,14 @@ pub async fn a_check_is_taken_by_one_replica(store: &dyn IdempotencyStore) {
     let taken = std::time::Instant::now();
     let (a, b, c) = tokio::join!(take(), take(), take());
     let won = [a.unwrap(), b.unwrap(), c.unwrap()];
-    assert_eq!(won.iter().filter(|w| **w).count(), 1, "{won:?}");
+    assert_eq!(won.iter().flatten().count(), 1, "{won:?}");
     let r = record(store, &req).await.unwrap();
     assert_eq!(r.checks, 0, "a take is not a check");
     assert!(matches!(r.state, RecordState::Unknown { .. }));
     let listed = store.list_unknown(100_000).await.unwrap();
     if taken.elapsed() < Duration::from_millis(900) {
         assert!(!listed.iter().any(|l| l.key == req.key), "held");
-        assert!(!take().await.unwrap(), "held by another replica");
+        assert!(take().await.unwrap().is_none(), "held by another replica");
     }
     // The replica that took it never answered: another takes it after the
     // hold.
@@ -644,14 +646,15 @@ pub async fn a_check_is_taken_by_one_replica(store: &dyn IdempotencyStore) {
         .unwrap()
         .iter()
         .any(|l| l.key == req.key));
-    assert!(take().await.unwrap(), "due again once the hold is over");
+    let second = take().await.unwrap();
+    assert!(second.is_some(), "due again once the hold is over");
     // The answer's deferral replaces the hold.
-    store
-        .defer_check(&req.key, req.attempt, Duration::ZERO)
+    assert!(store
+        .defer_check(&req.key, req.attempt, Duration::ZERO, second)
         .await
-        .unwrap();
+        .unwrap());
     assert!(
-        take().await.unwrap(),
+        take().await.unwrap().is_some(),
         "due at once after a deferral of zero"
     );
     // Fenced, and only UNKNOWN records.
@@ -666,6 +669,66 @@ pub async fn a_check_is_taken_by_one_replica(store: &dyn IdempotencyStore) {
         Err(StoreError::WrongState {
             found: RecordStateKind::InProgress
         })
+    ));
+}
+
+/// The deferral that answers a check applies only while that check is the
+/// record's: once its hold ran out and another replica took the next one, a
+/// late answer to the first changes nothing, so the record does not fall
+/// due under the second replica's lookup.
+pub async fn a_late_answer_leaves_the_next_check_alone(store: &dyn IdempotencyStore) {
+    let req = fresh(W);
+    claimed(store, &req).await;
+    store
+        .mark_unknown(&req.key, req.attempt, "timeout")
+        .await
+        .unwrap();
+    let hold = Duration::from_millis(300);
+    let take = || store.take_check(&req.key, req.attempt, hold);
+    let first = take().await.unwrap().expect("due at once");
+    // The first replica's lookup outlives its hold; a second replica takes
+    // the next check, for an hour.
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let second = store
+        .take_check(&req.key, req.attempt, Duration::from_secs(3600))
+        .await
+        .unwrap()
+        .expect("due again once the hold is over");
+    assert_ne!(first, second);
+    // The first replica's answer comes late, with a deferral of zero.
+    assert!(
+        !store
+            .defer_check(&req.key, req.attempt, Duration::ZERO, Some(first))
+            .await
+            .unwrap(),
+        "a late answer to a check taken since is held back"
+    );
+    let r = record(store, &req).await.unwrap();
+    assert_eq!(r.checks, 0, "the late answer is not counted");
+    assert!(matches!(r.state, RecordState::Unknown { .. }));
+    assert!(
+        !store
+            .list_unknown(100_000)
+            .await
+            .unwrap()
+            .iter()
+            .any(|l| l.key == req.key),
+        "the second replica still holds the check"
+    );
+    assert!(take().await.unwrap().is_none(), "not due: held");
+    // The second replica's answer applies.
+    assert!(store
+        .defer_check(&req.key, req.attempt, Duration::ZERO, Some(second))
+        .await
+        .unwrap());
+    assert_eq!(record(store, &req).await.unwrap().checks, 1);
+    assert!(take().await.unwrap().is_some(), "due after its answer");
+    // Still fenced by the attempt, and only UNKNOWN records.
+    assert!(matches!(
+        store
+            .defer_check(&req.key, Attempt::random(), W, Some(second))
+            .await,
+        Err(StoreError::Fenced)
     ));
 }
 

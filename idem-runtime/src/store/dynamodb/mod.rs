@@ -395,21 +395,29 @@ impl IdempotencyStore for DynamoDbStore {
         key: &IdempotencyKey,
         attempt: Attempt,
         delay: Duration,
-    ) -> Result<(), StoreError> {
+        taken: Option<SystemTime>,
+    ) -> Result<bool, StoreError> {
         let now = self.now();
-        let values = Values::default()
+        let mut values = Values::default()
             .set(":nc", num(micros(now + delay)))
             .set(":one", num(1));
-        self.fenced(
-            key,
-            attempt,
-            &[Unknown],
-            None,
-            "SET nc = :nc, ck = ck + :one",
-            values,
-        )
-        .await?
-        .map_err(|_| StoreError::Fenced)
+        // `nc = :taken`: the deferral answers only the check taken, not one
+        // another replica took once the hold ran out. Refused on that
+        // condition alone, it is still UNKNOWN and nothing changed.
+        if let Some(until) = taken {
+            values = values.set(":taken", num(micros(until)));
+        }
+        Ok(self
+            .fenced(
+                key,
+                attempt,
+                &[Unknown],
+                taken.map(|_| "nc = :taken"),
+                "SET nc = :nc, ck = ck + :one",
+                values,
+            )
+            .await?
+            .is_ok())
     }
 
     async fn take_check(
@@ -417,10 +425,11 @@ impl IdempotencyStore for DynamoDbStore {
         key: &IdempotencyKey,
         attempt: Attempt,
         hold: Duration,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Option<SystemTime>, StoreError> {
         let now = self.now();
+        let until = micros(now + hold);
         let values = Values::default()
-            .set(":nc", num(micros(now + hold)))
+            .set(":nc", num(until))
             .set(":now", num(micros(now)));
         // `nc <= :now`: taken only when due, so of the replicas that listed
         // the record one asks the processor. Refused on that condition
@@ -435,7 +444,8 @@ impl IdempotencyStore for DynamoDbStore {
                 values,
             )
             .await?
-            .is_ok())
+            .ok()
+            .map(|()| items::at(until)))
     }
 
     async fn heartbeat(

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use deadpool_postgres::{Object, Pool};
@@ -384,9 +384,17 @@ impl IdempotencyStore for PostgresStore {
         key: &IdempotencyKey,
         attempt: Attempt,
         delay: Duration,
-    ) -> Result<(), StoreError> {
-        self.fenced_change(|sql| &sql.defer_check, key, attempt, &[&micros(delay)])
-            .await
+        taken: Option<SystemTime>,
+    ) -> Result<bool, StoreError> {
+        let key = &key.as_bytes()[..];
+        self.with(async |db, sql| {
+            let params: &[&dyn Param] = &[&key, &(attempt.get() as i64), &micros(delay), &taken];
+            // Ok(false): still UNKNOWN, and the check taken is no longer the
+            // record's.
+            let unknown = RecordStateKind::Unknown;
+            fenced_unless(db, sql, &sql.defer_check, key, attempt, unknown, params).await
+        })
+        .await
     }
 
     async fn take_check(
@@ -394,13 +402,20 @@ impl IdempotencyStore for PostgresStore {
         key: &IdempotencyKey,
         attempt: Attempt,
         hold: Duration,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Option<SystemTime>, StoreError> {
         let key = &key.as_bytes()[..];
         self.with(async |db, sql| {
             let params: &[&dyn Param] = &[&key, &(attempt.get() as i64), &micros(hold)];
-            // Ok(false): still UNKNOWN, and another replica holds the check.
-            let unknown = RecordStateKind::Unknown;
-            fenced_unless(db, sql, &sql.take_check, key, attempt, unknown, params).await
+            if let Some(row) = db.query_opt(&sql.take_check, params).await? {
+                return Ok(Some(row.try_get(0).map_err(corrupt)?));
+            }
+            // Still UNKNOWN: another replica holds the check.
+            match refusal(db, sql, key, attempt).await? {
+                StoreError::WrongState {
+                    found: RecordStateKind::Unknown,
+                } => Ok(None),
+                refused => Err(refused.into()),
+            }
         })
         .await
     }

@@ -205,17 +205,23 @@ impl Statements {
                    AND updated_at <= now() - {}",
                 micros(5)
             ),
+            // `$4`: the hold's end of the check taken, if any; the deferral
+            // answers only that check, not one another replica took once
+            // the hold ran out.
             defer_check: format!(
                 "UPDATE {t} SET next_check_at = now() + {}, checks = checks + 1 \
-                 WHERE key = $1 AND attempt = $2 AND state = {UNKNOWN}",
+                 WHERE key = $1 AND attempt = $2 AND state = {UNKNOWN} \
+                   AND ($4::timestamptz IS NULL OR next_check_at = $4::timestamptz)",
                 micros(3)
             ),
             // `next_check_at <= now()`: taken only when due, so of the
-            // replicas that listed the record one asks the processor.
+            // replicas that listed the record one asks the processor. The
+            // hold's end comes back for the deferral that answers the check.
             take_check: format!(
                 "UPDATE {t} SET next_check_at = now() + {} \
                  WHERE key = $1 AND attempt = $2 AND state = {UNKNOWN} \
-                   AND next_check_at <= now()",
+                   AND next_check_at <= now() \
+                 RETURNING next_check_at",
                 micros(3)
             ),
             heartbeat: format!(

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use redis::Cmd;
@@ -508,13 +508,24 @@ impl IdempotencyStore for RedisStore {
         key: &IdempotencyKey,
         attempt: Attempt,
         delay: Duration,
-    ) -> Result<(), StoreError> {
-        done(
-            self.fenced(&LIBRARY.defer_check, key, attempt, |cmd| {
-                cmd.arg(micros(delay));
+        taken: Option<SystemTime>,
+    ) -> Result<bool, StoreError> {
+        let taken = taken.map(|t| micros(t.duration_since(UNIX_EPOCH).unwrap_or_default()));
+        let reply = self
+            .fenced(&LIBRARY.defer_check, key, attempt, |cmd| {
+                cmd.arg(micros(delay)).arg("0");
+                match taken {
+                    Some(until) => cmd.arg(until),
+                    None => cmd.arg(""),
+                };
             })
-            .await?,
-        )
+            .await?;
+        match reply {
+            Reply::Ok => Ok(true),
+            // Still UNKNOWN, and the check taken is no longer the record's.
+            Reply::HeldBack => Ok(false),
+            other => Err(refused(other)),
+        }
     }
 
     async fn take_check(
@@ -522,16 +533,16 @@ impl IdempotencyStore for RedisStore {
         key: &IdempotencyKey,
         attempt: Attempt,
         hold: Duration,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Option<SystemTime>, StoreError> {
         let reply = self
             .fenced(&LIBRARY.defer_check, key, attempt, |cmd| {
                 cmd.arg(micros(hold)).arg("1");
             })
             .await?;
         match reply {
-            Reply::Ok => Ok(true),
+            Reply::Taken(until) => Ok(Some(until)),
             // Still UNKNOWN, and another replica holds the check.
-            Reply::HeldBack => Ok(false),
+            Reply::HeldBack => Ok(None),
             other => Err(refused(other)),
         }
     }

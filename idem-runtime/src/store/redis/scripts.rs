@@ -31,6 +31,8 @@ pub(super) mod code {
     pub(super) const CLAIMED: i64 = 5;
     /// A record follows: the server's time (µs), then its fields.
     pub(super) const FOUND: i64 = 6;
+    /// A reconciler check was taken; the hold's end follows (µs).
+    pub(super) const TAKEN: i64 = 7;
 }
 
 /// One function of the library, by its name on the server.
@@ -113,15 +115,16 @@ pub(super) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
         .map(|k| format!("local {} = '{}'\n", k.as_str(), k.code()))
         .concat();
     let codes = format!(
-        "local OK, FENCED, WRONG_STATE, NOT_SETTLED, HELD_BACK, CLAIMED, FOUND = \
-         {}, {}, {}, {}, {}, {}, {}\n",
+        "local OK, FENCED, WRONG_STATE, NOT_SETTLED, HELD_BACK, CLAIMED, FOUND, TAKEN = \
+         {}, {}, {}, {}, {}, {}, {}, {}\n",
         code::OK,
         code::FENCED,
         code::WRONG_STATE,
         code::NOT_SETTLED,
         code::HELD_BACK,
         code::CLAIMED,
-        code::FOUND
+        code::FOUND,
+        code::TAKEN
     );
     // Each script is the body of a function that `library.lua` registers.
     let body: String = [states, codes, include_str!("lua/library.lua").to_owned()]
@@ -175,6 +178,8 @@ pub(super) enum Reply {
     WrongState(RecordStateKind),
     NotSettled(SystemTime),
     HeldBack,
+    /// A reconciler check taken, held until this time (server clock).
+    Taken(SystemTime),
     /// Claimed, under the operation with this tag.
     Claimed(u64),
     Found(Box<Record>),
@@ -197,6 +202,7 @@ impl Reply {
             code::WRONG_STATE => Reply::WrongState(kind(items.get(1))?),
             code::NOT_SETTLED => Reply::NotSettled(time(items.get(1))?),
             code::HELD_BACK => Reply::HeldBack,
+            code::TAKEN => Reply::Taken(time(items.get(1))?),
             code::CLAIMED => {
                 let tag: [u8; 8] = items
                     .get(1)

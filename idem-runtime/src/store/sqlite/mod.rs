@@ -346,16 +346,20 @@ impl IdempotencyStore for SqliteStore {
         key: &IdempotencyKey,
         attempt: Attempt,
         delay: Duration,
-    ) -> Result<(), StoreError> {
+        taken: Option<SystemTime>,
+    ) -> Result<bool, StoreError> {
         let key = *key.as_bytes();
         self.run(move |conn, now| {
-            fenced(
-                conn,
-                &key,
-                attempt,
-                &SQL.defer_check,
-                &[&now.saturating_add(nanos(delay))],
-            )
+            let params: &[&dyn rusqlite::ToSql] = &[
+                &&key[..],
+                &(attempt.get() as i64),
+                &now.saturating_add(nanos(delay)),
+                &taken.map(to_nanos),
+            ];
+            // Ok(false): still UNKNOWN, and the check taken is no longer the
+            // record's.
+            let unknown = RecordStateKind::Unknown;
+            fenced_unless(conn, &key, attempt, unknown, &SQL.defer_check, params)
         })
         .await
     }
@@ -365,18 +369,16 @@ impl IdempotencyStore for SqliteStore {
         key: &IdempotencyKey,
         attempt: Attempt,
         hold: Duration,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Option<SystemTime>, StoreError> {
         let key = *key.as_bytes();
         self.run(move |conn, now| {
-            let params: &[&dyn rusqlite::ToSql] = &[
-                &&key[..],
-                &(attempt.get() as i64),
-                &now.saturating_add(nanos(hold)),
-                &now,
-            ];
-            // Ok(false): still UNKNOWN, and another replica holds the check.
+            let until = now.saturating_add(nanos(hold));
+            let params: &[&dyn rusqlite::ToSql] =
+                &[&&key[..], &(attempt.get() as i64), &until, &now];
+            // Not taken: still UNKNOWN, and another replica holds the check.
             let unknown = RecordStateKind::Unknown;
-            fenced_unless(conn, &key, attempt, unknown, &SQL.take_check, params)
+            let taken = fenced_unless(conn, &key, attempt, unknown, &SQL.take_check, params)?;
+            Ok(taken.then(|| from_nanos(until)))
         })
         .await
     }

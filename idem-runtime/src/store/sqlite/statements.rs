@@ -127,9 +127,12 @@ pub(super) static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::ne
            updated_at = ?5 \
          WHERE key = ?1 AND attempt = ?2 AND state = {UNKNOWN} AND updated_at <= ?6"
     ),
+    // `?4`: the hold's end of the check taken, if any; the deferral answers
+    // only that check, not one another replica took once the hold ran out.
     defer_check: format!(
         "UPDATE idem_records SET next_check_at = ?3, checks = checks + 1 \
-         WHERE key = ?1 AND attempt = ?2 AND state = {UNKNOWN}"
+         WHERE key = ?1 AND attempt = ?2 AND state = {UNKNOWN} \
+           AND (?4 IS NULL OR next_check_at = ?4)"
     ),
     // `next_check_at <= ?4` (now): taken only when due, so of the replicas
     // that listed the record one asks the processor.
