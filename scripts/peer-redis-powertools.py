@@ -3,12 +3,17 @@ Powertools' idempotent_function with its Redis persistence layer, against the
 same Redis as benches/peer_redis.rs.
 
     python peer-redis-powertools.py HOST PORT CALLS
+    python peer-redis-powertools.py HOST PORT CALLS fill
 
 Warms up, then makes CALLS first calls (fresh arguments each: claim, run,
 complete) and CALLS replays (the same arguments again), alternating, and
 prints one JSON object: {"first": [µs, ...], "replay": [µs, ...],
 "handler_calls": n, "version": "..."}. The handler is a no-op, as on the idem
 side. Needs AWS_DEFAULT_REGION set (any value).
+
+With `fill` (benches/record_bytes.rs): CALLS first calls only, no warm-up,
+and {"handler_calls": n, "version": "...", "pattern": "..."}, the pattern
+matching every key they wrote, for the bench to delete them.
 """
 
 import json
@@ -22,6 +27,7 @@ from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig, idemp
 from aws_lambda_powertools.utilities.idempotency.persistence.cache import CachePersistenceLayer
 
 host, port, calls = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+fill_only = sys.argv[4:] == ["fill"]
 
 # 3.x warns that its own CachePersistenceLayer alias will be renamed.
 warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -53,6 +59,14 @@ config.register_lambda_context(Context())
 
 def fresh():
     return {"card": "c_" + uuid.uuid4().hex, "amount_cents": 1999, "currency": "usd"}
+
+
+if fill_only:
+    for _ in range(calls):
+        charge(args=fresh())
+    pattern = layer.function_name + "#*"
+    print(json.dumps({"handler_calls": handler_calls, "version": VERSION, "pattern": pattern}))
+    sys.exit(0)
 
 
 def timed(args):
