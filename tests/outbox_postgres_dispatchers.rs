@@ -163,10 +163,18 @@ fn books(mailer: &Path) -> Books {
     if let Ok(dir) = std::fs::read_dir(mailer.join("sent")) {
         for entry in dir {
             let entry = entry.unwrap();
+            // The mailer creates the file, then writes its pid: a file read
+            // in between (or whose writer was killed in between) is empty.
+            // It is a delivery all the same (`create_new` made it once); its
+            // pid is unknown, 0.
             let pid = std::fs::read_to_string(entry.path()).unwrap();
             delivered.insert(
                 entry.file_name().into_string().unwrap(),
-                pid.parse().unwrap(),
+                if pid.is_empty() {
+                    0
+                } else {
+                    pid.parse().unwrap()
+                },
             );
         }
     }
