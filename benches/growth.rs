@@ -65,14 +65,6 @@ async fn compare(name: &str, small: &dyn IdempotencyStore, big: &dyn Idempotency
     );
 }
 
-async fn sql(url: &str, text: &str) -> Vec<tokio_postgres::Row> {
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    client.query(text, &[]).await.unwrap()
-}
-
 /// A migrated PostgresStore in a fresh schema holding `n` COMPLETED
 /// records; the time the insert took.
 async fn pg_store(url: &str, n: u64) -> (PostgresStore, Duration) {
@@ -84,7 +76,7 @@ async fn pg_store(url: &str, n: u64) -> (PostgresStore, Duration) {
         .unwrap();
     store.migrate().await.unwrap();
     let t = Instant::now();
-    sql(
+    common::sql(
         url,
         &format!(
             "INSERT INTO {schema}.idem_records (attempt, claimed_at, updated_at, lease_until, \
@@ -98,7 +90,7 @@ async fn pg_store(url: &str, n: u64) -> (PostgresStore, Duration) {
     )
     .await;
     let took = t.elapsed();
-    sql(url, &format!("VACUUM ANALYZE {schema}.idem_records")).await;
+    common::sql(url, &format!("VACUUM ANALYZE {schema}.idem_records")).await;
     (store, took)
 }
 
@@ -170,6 +162,6 @@ async fn main() {
     header();
     compare("PostgreSQL (`PostgresStore`)", &small, &large, n).await;
     for store in [small, large] {
-        sql(&url, &format!("DROP SCHEMA {} CASCADE", store.schema())).await;
+        common::sql(&url, &format!("DROP SCHEMA {} CASCADE", store.schema())).await;
     }
 }

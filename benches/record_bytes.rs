@@ -128,16 +128,8 @@ async fn sqlite() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-async fn sql(url: &str, text: &str) -> Vec<tokio_postgres::Row> {
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    client.query(text, &[]).await.unwrap()
-}
-
 async fn schema_bytes(url: &str, schema: &str) -> u64 {
-    let rows = sql(
+    let rows = common::sql(
         url,
         &format!(
             "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::int8 \
@@ -164,14 +156,14 @@ async fn postgres() {
     let before = schema_bytes(&url, &schema).await;
     fill(store.clone(), RECORDS).await;
     let written = schema_bytes(&url, &schema).await;
-    for table in sql(
+    for table in common::sql(
         &url,
         &format!("SELECT tablename::text FROM pg_tables WHERE schemaname = '{schema}'"),
     )
     .await
     {
         let table: String = table.get(0);
-        sql(&url, &format!("VACUUM FULL {schema}.{table}")).await;
+        common::sql(&url, &format!("VACUUM FULL {schema}.{table}")).await;
     }
     let packed = schema_bytes(&url, &schema).await;
     println!(
@@ -182,7 +174,7 @@ async fn postgres() {
         "| PostgreSQL (`PostgresStore`) | the same after `VACUUM FULL` | {:.0} |",
         per_record(before, packed)
     );
-    sql(&url, &format!("DROP SCHEMA {schema} CASCADE")).await;
+    common::sql(&url, &format!("DROP SCHEMA {schema} CASCADE")).await;
 }
 
 fn used_memory(conn: &mut redis::Connection) -> u64 {

@@ -168,16 +168,6 @@ async fn throughput(sides: &Arc<Sides>, side: Side, concurrency: usize, per_task
     (concurrency * per_task) as f64 / started.elapsed().as_secs_f64()
 }
 
-/// Runs set-up SQL on a connection of its own: the store's connections carry
-/// a statement timeout that a bulk insert of a million rows exceeds.
-async fn sql(url: &str, text: &str) -> Vec<tokio_postgres::Row> {
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    client.query(text, &[]).await.unwrap()
-}
-
 /// How many tasks claim while the purge runs.
 const CLAIMERS: usize = 2;
 
@@ -185,7 +175,7 @@ const CLAIMERS: usize = 2;
 /// then VACUUM ANALYZE; returns the insert's duration.
 async fn insert_expired(url: &str, t: &str) -> Duration {
     let inserted = Instant::now();
-    sql(
+    common::sql(
         url,
         &format!(
             "INSERT INTO {t} (attempt, claimed_at, updated_at, lease_until, expires_at, \
@@ -198,7 +188,7 @@ async fn insert_expired(url: &str, t: &str) -> Duration {
     )
     .await;
     let took = inserted.elapsed();
-    sql(url, &format!("VACUUM ANALYZE {t}")).await;
+    common::sql(url, &format!("VACUUM ANALYZE {t}")).await;
     took
 }
 
@@ -356,7 +346,7 @@ async fn main() {
 
     // Bytes per row, from the rows the runs above wrote (COMPLETED, with a
     // response of RESPONSE.len() bytes): the row without its response.
-    let row = &sql(
+    let row = &common::sql(
         &url,
         &format!(
             "SELECT avg(pg_column_size(r.*))::float8, avg(pg_column_size(r.body))::float8, count(*) \
@@ -368,7 +358,7 @@ async fn main() {
 
     // 1,000,000 expired rows (lapsed IN_PROGRESS, retention over; no body).
     let insert_time = insert_expired(&url, &t).await;
-    let row = &sql(
+    let row = &common::sql(
         &url,
         &format!(
             "SELECT pg_total_relation_size('{t}')::float8, pg_relation_size('{t}')::float8, \
@@ -416,6 +406,6 @@ async fn main() {
     insert_expired(&url, &t).await;
     purge_under_claims(&store, Pace::Paced, 250).await;
 
-    sql(&url, &format!("DROP SCHEMA {} CASCADE", store.schema())).await;
+    common::sql(&url, &format!("DROP SCHEMA {} CASCADE", store.schema())).await;
     println!("load average at end: {}", common::load());
 }

@@ -65,3 +65,14 @@ pub async fn charge(
     exec.run(op, |_| async { Ok::<_, ToolError>(RESPONSE.to_owned()) })
         .await
 }
+
+/// Runs `text` on a PostgreSQL connection of its own (set-up and
+/// measurement SQL: the store's connections carry a statement timeout that
+/// a bulk insert exceeds); its rows.
+pub async fn sql(url: &str, text: &str) -> Vec<tokio_postgres::Row> {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client.query(text, &[]).await.unwrap()
+}
