@@ -15,11 +15,36 @@ bytes plus values': a string's UTF-8 bytes, a binary's bytes, a number's
 significant digits / 2 + 1, a boolean 1), which is what a write unit and
 storage are charged on. Prints the table for BENCHMARKS.md, and the raw
 counts as JSON.
+
+The proxy also counts capacity units, since the emulator cannot: moto
+answers `CapacityUnits: 1.0` for every call whatever the item or the
+indexes. It computes them by DynamoDB's documented rules (the developer
+guide's "Read/write capacity mode" and "Provisioned throughput
+considerations for global secondary indexes"), from each request, the
+table's definition and the item before and after the write (read straight
+from the emulator, strongly consistent, under a lock that keeps the
+counted writes one at a time):
+
+- a PutItem, UpdateItem or DeleteItem: 1 write unit per KB of the larger
+  of the item before and after; refused by its condition, 1 per KB of the
+  item as it stands (at least 1); in a TransactWriteItems, twice that;
+- each global secondary index, for a write that went through: an entry
+  added 1 (per KB of the entry), removed 1, its key changed 2 (remove and
+  add), the same key with a projected attribute changed 1, otherwise 0;
+- a GetItem: 1 read unit per 4 KB of the item (at least 1), half when
+  eventually consistent; a BatchGetItem the same for each key; a Query or
+  Scan: 1 per 4 KB of the items it returns together (at least 1), half
+  when eventually consistent (an index is always).
+
+Both sides run twice: with their local caches off, then on (idem's
+`Executor::with_replay_cache`, Powertools' `use_local_cache`).
 """
 
+import base64
 import http.client
 import http.server
 import json
+import math
 import subprocess
 import sys
 import threading
@@ -45,6 +70,170 @@ warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 COUNTS = {}
 LOCK = threading.Lock()
+# Writes are forwarded one at a time, so that the item read before and
+# after each is the one that write changed.
+WRITES = threading.Lock()
+TABLES = {}
+
+
+def raw(op, payload):
+    """One request straight to the emulator, not counted."""
+    conn = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+    conn.request("POST", "/", body=json.dumps(payload), headers={
+        "X-Amz-Target": f"DynamoDB_20120810.{op}",
+        "Content-Type": "application/x-amz-json-1.0",
+        "Authorization": "AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/dynamodb/aws4_request, "
+                         "SignedHeaders=host, Signature=0",
+    })
+    reply = conn.getresponse()
+    body = json.loads(reply.read() or b"{}")
+    conn.close()
+    return reply.status, body
+
+
+def number_size(n):
+    digits = n.lstrip("-").replace(".", "").strip("0") or "0"
+    return (len(digits) + 1) // 2 + 1
+
+
+def wire_size(v):
+    """A value's size by DynamoDB's rule, from its wire form."""
+    (kind, x), = v.items()
+    if kind == "S":
+        return len(x.encode())
+    if kind == "N":
+        return number_size(x)
+    if kind == "B":
+        return len(base64.b64decode(x))
+    if kind in ("BOOL", "NULL"):
+        return 1
+    if kind == "SS":
+        return sum(len(e.encode()) for e in x)
+    if kind == "NS":
+        return sum(number_size(e) for e in x)
+    if kind == "BS":
+        return sum(len(base64.b64decode(e)) for e in x)
+    if kind == "L":
+        return 3 + sum(1 + wire_size(e) for e in x)
+    if kind == "M":
+        return 3 + sum(len(k.encode()) + 1 + wire_size(e) for k, e in x.items())
+    raise ValueError(kind)
+
+
+def wire_item_size(item):
+    return sum(len(k.encode()) + wire_size(v) for k, v in (item or {}).items())
+
+
+def table(name):
+    """The table's key and its indexes' keys and projections."""
+    if name not in TABLES:
+        _, d = raw("DescribeTable", {"TableName": name})
+        t = d["Table"]
+        indexes = []
+        for g in t.get("GlobalSecondaryIndexes", []):
+            keys = [k["AttributeName"] for k in g["KeySchema"]]
+            p = g.get("Projection", {})
+            kind = p.get("ProjectionType", "ALL")
+            indexes.append((keys, None if kind == "ALL" else set(p.get("NonKeyAttributes", []))))
+        TABLES[name] = ([k["AttributeName"] for k in t["KeySchema"]], indexes)
+    return TABLES[name]
+
+
+def current(name, key):
+    _, d = raw("GetItem", {"TableName": name, "Key": key, "ConsistentRead": True})
+    return d.get("Item")
+
+
+def kb(size, unit):
+    return max(1, math.ceil(size / unit))
+
+
+def index_units(name, before, after):
+    """Write units of a table write's global secondary indexes."""
+    table_keys, indexes = table(name)
+    units = 0
+    for keys, projected in indexes:
+        def entry(item):
+            if item is None or not all(k in item for k in keys):
+                return None
+            names = set(keys) | set(table_keys)
+            return {k: v for k, v in item.items() if projected is None or k in names or k in projected}
+        old, new = entry(before), entry(after)
+        if old is None and new is None:
+            continue
+        if old is None:
+            units += kb(wire_item_size(new), 1024)
+        elif new is None:
+            units += kb(wire_item_size(old), 1024)
+        elif any(old[k] != new[k] for k in keys):
+            units += kb(wire_item_size(old), 1024) + kb(wire_item_size(new), 1024)
+        elif old != new:
+            units += kb(wire_item_size(new), 1024)
+    return units
+
+
+def item_key(name, request):
+    if "Key" in request:
+        return request["Key"]
+    table_keys, _ = table(name)
+    return {k: request["Item"][k] for k in table_keys}
+
+
+def read_units(op, request, reply):
+    consistent = 1 if request.get("ConsistentRead") else 0.5
+    if op == "GetItem":
+        return kb(wire_item_size(reply.get("Item")), 4096) * consistent
+    if op == "BatchGetItem":
+        units = 0
+        for name, asked in request["RequestItems"].items():
+            half = 1 if asked.get("ConsistentRead") else 0.5
+            for item in reply.get("Responses", {}).get(name, []):
+                units += kb(wire_item_size(item), 4096) * half
+            found = len(reply.get("Responses", {}).get(name, []))
+            units += (len(asked["Keys"]) - found) * half
+        return units
+    if op in ("Query", "Scan"):
+        if "IndexName" in request:
+            consistent = 0.5
+        return kb(sum(wire_item_size(i) for i in reply.get("Items", [])), 4096) * consistent
+    return 0
+
+
+def counted(op, body, forward):
+    """Forwards the request; returns (status, reply bytes, write units,
+    read units)."""
+    request = json.loads(body or b"{}")
+    writes = {"PutItem": "Put", "UpdateItem": "Update", "DeleteItem": "Delete"}
+    if op in writes or op == "TransactWriteItems":
+        with WRITES:
+            if op == "TransactWriteItems":
+                parts = []
+                for t in request["TransactItems"]:
+                    (kind, part), = t.items()
+                    parts.append((kind, part["TableName"], item_key(part["TableName"], part)))
+                factor = 2
+            else:
+                parts = [(writes[op], request["TableName"], item_key(request["TableName"], request))]
+                factor = 1
+            before = [current(name, key) for _, name, key in parts]
+            status, data = forward()
+            after = [current(name, key) for _, name, key in parts]
+        ok = status == 200
+        wcu = 0
+        for (kind, name, _), b, a in zip(parts, before, after):
+            if kind == "ConditionCheck":
+                wcu += factor * kb(wire_item_size(b), 1024)
+            elif ok:
+                wcu += factor * kb(max(wire_item_size(b), wire_item_size(a)), 1024)
+                wcu += index_units(name, b, a)
+            else:
+                # Refused (a condition or a cancelled transaction): the
+                # item as it stands is charged, nothing is indexed.
+                wcu += factor * kb(wire_item_size(b), 1024)
+        return status, data, wcu, 0
+    status, data = forward()
+    rcu = read_units(op, request, json.loads(data or b"{}")) if status == 200 else 0
+    return status, data, 0, rcu
 
 
 class Proxy(http.server.BaseHTTPRequestHandler):
@@ -74,10 +263,20 @@ class Proxy(http.server.BaseHTTPRequestHandler):
         conn = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
         headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
         headers["Host"] = f"{target.hostname}:{target.port}"
-        conn.request("POST", self.path, body=body, headers=headers)
-        reply = conn.getresponse()
-        data = reply.read()
-        self.send_response(reply.status)
+        got = {}
+
+        def forward():
+            conn.request("POST", self.path, body=body, headers=headers)
+            reply = conn.getresponse()
+            got["reply"] = reply
+            return reply.status, reply.read()
+
+        status, data, wcu, rcu = counted(op, body, forward)
+        reply = got["reply"]
+        with LOCK:
+            COUNTS["WCU"] = COUNTS.get("WCU", 0) + wcu
+            COUNTS["RCU"] = COUNTS.get("RCU", 0) + rcu
+        self.send_response(status)
         for k, v in reply.getheaders():
             if k.lower() not in ("content-length", "transfer-encoding", "connection", "server", "date"):
                 self.send_header(k, v)
@@ -111,29 +310,6 @@ def client(endpoint):
     )
 
 
-# --- Powertools ---------------------------------------------------------
-direct = client(emulator)
-pt_table = "powertools-" + uuid.uuid4().hex[:8]
-direct.create_table(
-    TableName=pt_table,
-    KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
-    AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
-    BillingMode="PAY_PER_REQUEST",
-)
-layer = DynamoDBPersistenceLayer(table_name=pt_table, boto3_client=client(proxy))
-config = IdempotencyConfig(expires_after_seconds=900)
-release = threading.Event()
-handler_calls = 0
-
-
-@idempotent_function(data_keyword_argument="args", persistence_store=layer, config=config)
-def charge(args: dict):
-    global handler_calls
-    handler_calls += 1
-    if args.get("hold"):
-        release.wait(30)
-    return {"receipt": "r_" + args["card"], "amount_cents": args["amount_cents"]}
-
 
 class Context:
     function_name = "peer_dynamodb"
@@ -143,9 +319,6 @@ class Context:
 
     def get_remaining_time_in_millis(self):
         return 300000
-
-
-config.register_lambda_context(Context())
 
 
 def fresh(hold=False):
@@ -166,48 +339,93 @@ def per_call(diffs):
     return {k: v / len(diffs) for k, v in sorted(total.items())}
 
 
-charge(args=fresh())  # the client's first connection, not measured
-args = [fresh() for _ in range(calls)]
-pt = {"first": [], "replay": [], "in_progress": []}
-for a in args:
-    pt["first"].append(measured(lambda: charge(args=a)))
-for a in args:
-    pt["replay"].append(measured(lambda: charge(args=a)))
-for _ in range(min(calls, 20)):
-    release.clear()
-    held = fresh(hold=True)
-    first = threading.Thread(target=lambda: charge(args=held))
-    first.start()
-    time.sleep(0.2)  # the first call's claim is written and its handler waits
+direct = client(emulator)
+handler_calls = 0
 
-    def repeat():
-        try:
-            charge(args=held)
-            raise SystemExit("the repeat ran: expected IdempotencyAlreadyInProgressError")
-        except IdempotencyAlreadyInProgressError:
-            pass
 
-    pt["in_progress"].append(measured(repeat))
-    release.set()
-    first.join()
+# --- Powertools ---------------------------------------------------------
+def powertools(use_local_cache):
+    """Powertools' three paths on a table of its own; the table's name."""
+    global handler_calls
+    table_name = "powertools-" + uuid.uuid4().hex[:8]
+    direct.create_table(
+        TableName=table_name,
+        KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    layer = DynamoDBPersistenceLayer(table_name=table_name, boto3_client=client(proxy))
+    config = IdempotencyConfig(expires_after_seconds=900, use_local_cache=use_local_cache)
+    release = threading.Event()
+
+    def instance(persistence):
+        """The decorated handler on one instance's layer: the same
+        function's name on every instance, as Powertools' key includes it."""
+
+        @idempotent_function(data_keyword_argument="args", persistence_store=persistence, config=config)
+        def charge(args: dict):
+            global handler_calls
+            handler_calls += 1
+            if args.get("hold"):
+                release.wait(30)
+            return {"receipt": "r_" + args["card"], "amount_cents": args["amount_cents"]}
+
+        return charge
+
+    charge = instance(layer)
+    config.register_lambda_context(Context())
+    charge(args=fresh())  # the client's first connection, not measured
+    args = [fresh() for _ in range(calls)]
+    pt = {"first": [], "replay": [], "in_progress": []}
+    for a in args:
+        pt["first"].append(measured(lambda: charge(args=a)))
+    for a in args:
+        pt["replay"].append(measured(lambda: charge(args=a)))
+    for _ in range(min(calls, 20)):
+        release.clear()
+        held = fresh(hold=True)
+        first = threading.Thread(target=lambda: charge(args=held))
+        first.start()
+        time.sleep(0.2)  # the first call's claim is written and its handler waits
+
+        # Another instance: a layer of its own (its own local cache).
+        elsewhere = instance(DynamoDBPersistenceLayer(table_name=table_name, boto3_client=client(proxy)))
+
+        def repeat():
+            try:
+                elsewhere(args=held)
+                raise SystemExit("the repeat answered: expected IdempotencyAlreadyInProgressError")
+            except IdempotencyAlreadyInProgressError:
+                pass
+
+        pt["in_progress"].append(measured(repeat))
+        release.set()
+        first.join()
+    return pt, table_name
+
 
 # --- idem -----------------------------------------------------------------
-idem_table = "idem-peer-" + uuid.uuid4().hex[:8]
-out = subprocess.run(
-    [idem_binary, proxy, f"{proxy}/__counts", idem_table, str(calls)],
-    check=True,
-    capture_output=True,
-    text=True,
-).stdout
-idem = json.loads(out.strip().splitlines()[-1])
+def idem(cache_bytes):
+    table_name = "idem-peer-" + uuid.uuid4().hex[:8]
+    out = subprocess.run(
+        [idem_binary, proxy, f"{proxy}/__counts", table_name, str(calls), str(cache_bytes)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1]), table_name
+
+
+# 64 MiB: far more than the run's responses; Powertools' cache holds 256
+# records by default, also more than one path's calls at the default 200.
+runs = {}
+for cache in (False, True):
+    pt, pt_table = powertools(cache)
+    ours, idem_table = idem(64 << 20 if cache else 0)
+    runs[cache] = (ours, pt, idem_table, pt_table)
 
 
 # --- bytes per record ---------------------------------------------------------
-def number_size(n):
-    digits = n.lstrip("-").replace(".", "").strip("0") or "0"
-    return (len(digits) + 1) // 2 + 1
-
-
 def value_size(v):
     (kind, x), = v.items()
     if kind == "S":
@@ -225,48 +443,57 @@ def item_size(item):
     return sum(len(k.encode()) + value_size(v) for k, v in item.items())
 
 
-def sizes(table, keep):
+def sizes(table_name, keep):
     items, start = [], None
     while True:
-        page = direct.scan(TableName=table, **({"ExclusiveStartKey": start} if start else {}))
+        page = direct.scan(TableName=table_name, **({"ExclusiveStartKey": start} if start else {}))
         items += [i for i in page["Items"] if keep(i)]
         start = page.get("LastEvaluatedKey")
         if not start:
             return [item_size(i) for i in items]
 
 
+_, _, idem_table, pt_table = runs[False]
 pt_sizes = sizes(pt_table, lambda i: i.get("status", {}).get("S") == "COMPLETED")
 idem_sizes = sizes(idem_table, lambda i: i["sk"]["B"][:1] == b"r" and i.get("st", {}).get("N") == "1")
-direct.delete_table(TableName=pt_table)
-direct.delete_table(TableName=idem_table)
+for _, _, a, b in runs.values():
+    direct.delete_table(TableName=a)
+    direct.delete_table(TableName=b)
 
 
-def total(d):
-    return sum(d.values())
+def round_trips(d):
+    ops = {k: v for k, v in d.items() if k not in ("WCU", "RCU")}
+    return f"{sum(ops.values()):g} ({', '.join(f'{k} {v:g}' for k, v in ops.items())})" if ops else "0"
 
 
-def cell(d):
-    ops = ", ".join(f"{k} {v:g}" for k, v in d.items())
-    return f"{total(d):g} ({ops})"
+def units(d):
+    return f"{d.get('WCU', 0):g} WCU, {d.get('RCU', 0):g} RCU"
 
 
-rows = [
-    ("first call", per_call(idem["first"]), per_call(pt["first"])),
-    ("replay", per_call(idem["replay"]), per_call(pt["replay"])),
-    ("in-progress repeat, another instance", per_call(idem["in_progress"]), per_call(pt["in_progress"])),
-]
-print(f"Powertools {VERSION}, boto3 {boto3.__version__}; {calls} calls a path "
-      f"({min(calls, 20)} in-progress repeats); handler runs: Powertools {handler_calls}, idem {idem['handler_runs']}")
-print()
-print("| path | idem (DynamoDbStore) | Powertools (DynamoDBPersistenceLayer) |")
-print("| --- | --- | --- |")
-for name, i, p in rows:
-    print(f"| {name}: round trips | {cell(i)} | {cell(p)} |")
-print(f"| in-progress repeat, same instance: round trips | {cell(per_call(idem['in_progress_same']))} | (no such path) |")
 avg = lambda xs: sum(xs) / len(xs)
-print(f"| bytes per COMPLETED record (DynamoDB's item size) | {avg(idem_sizes):.0f} | {avg(pt_sizes):.0f} |")
+print(f"Powertools {VERSION}, boto3 {boto3.__version__}; {calls} calls a path "
+      f"({min(calls, 20)} in-progress repeats); handler runs: Powertools {handler_calls}, "
+      f"idem {sum(r[0]['handler_runs'] for r in runs.values())}")
 print()
-print(json.dumps({"idem": {k: per_call(v) for k, v in idem.items() if isinstance(v, list)},
-                  "powertools": {k: per_call(v) for k, v in pt.items()},
-                  "bytes": {"idem": avg(idem_sizes), "powertools": avg(pt_sizes)}}))
+print("| path | local caches | idem: units | Powertools: units | idem: round trips | Powertools: round trips |")
+print("| --- | --- | --- | --- | --- | --- |")
+for cache, (ours, pt, _, _) in runs.items():
+    rows = [
+        ("first call", per_call(ours["first"]), per_call(pt["first"])),
+        ("replay, same instance", per_call(ours["replay"]), per_call(pt["replay"])),
+        ("in-progress repeat, another instance", per_call(ours["in_progress"]), per_call(pt["in_progress"])),
+    ]
+    on = "on" if cache else "off"
+    for name, i, p in rows:
+        print(f"| {name} | {on} | {units(i)} | {units(p)} | {round_trips(i)} | {round_trips(p)} |")
+    same = per_call(ours["in_progress_same"])
+    print(f"| in-progress repeat, same instance | {on} | {units(same)} | (no such path) | {round_trips(same)} | |")
+print(f"| bytes per COMPLETED record (DynamoDB's item size) | | {avg(idem_sizes):.0f} | {avg(pt_sizes):.0f} | | |")
+print()
+print(json.dumps({
+    ("cache_on" if cache else "cache_off"): {
+        "idem": {k: per_call(v) for k, v in ours.items() if isinstance(v, list)},
+        "powertools": {k: per_call(v) for k, v in pt.items()},
+    } for cache, (ours, pt, _, _) in runs.items()
+} | {"bytes": {"idem": avg(idem_sizes), "powertools": avg(pt_sizes)}}))
 server.shutdown()

@@ -3,12 +3,15 @@
 //! the calls Powertools makes on the other side, and reporting what each
 //! cost in requests by the proxy's count.
 //!
-//!   peer_dynamodb ENDPOINT COUNTS_URL TABLE CALLS
+//!   peer_dynamodb ENDPOINT COUNTS_URL TABLE CALLS [CACHE_BYTES]
 //!
 //! Prints one JSON object: for each path (`first`, `replay`, `in_progress`
 //! from another executor, `in_progress_same` from the executor whose
-//! handler runs), the requests of each call by operation, and
-//! `handler_runs`. The run's instrument, not an example.
+//! handler runs), the requests of each call by operation and the capacity
+//! units the proxy counted for them (`WCU`, `RCU`), and `handler_runs`.
+//! With `CACHE_BYTES` above 0 the executors have a replay cache of that
+//! size ([`Executor::with_replay_cache`]). The run's instrument, not an
+//! example.
 
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -44,9 +47,10 @@ fn counts(url: &str) -> Map<String, Value> {
     }
 }
 
-/// What was sent between two snapshots.
+/// What was sent between two snapshots (requests are counted in whole
+/// numbers, capacity units in halves).
 fn diff(before: &Map<String, Value>, after: &Map<String, Value>) -> Value {
-    let n = |m: &Map<String, Value>, k: &str| m.get(k).and_then(Value::as_u64).unwrap_or(0);
+    let n = |m: &Map<String, Value>, k: &str| m.get(k).and_then(Value::as_f64).unwrap_or(0.0);
     Value::Object(
         after
             .keys()
@@ -95,18 +99,31 @@ fn rand() -> u64 {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let argv: Vec<String> = std::env::args().collect();
-    let [_, endpoint, counts_url, table, calls] = argv.as_slice() else {
-        eprintln!("usage: peer_dynamodb ENDPOINT COUNTS_URL TABLE CALLS");
-        std::process::exit(2);
+    let (endpoint, counts_url, table, calls, cache) = match argv.as_slice() {
+        [_, e, u, t, c] => (e, u, t, c, "0"),
+        [_, e, u, t, c, b] => (e, u, t, c, b.as_str()),
+        _ => {
+            eprintln!("usage: peer_dynamodb ENDPOINT COUNTS_URL TABLE CALLS [CACHE_BYTES]");
+            std::process::exit(2);
+        }
     };
     let calls: usize = calls.parse().expect("CALLS is a number");
+    let cache: usize = cache.parse().expect("CACHE_BYTES is a number");
     let store = DynamoDbStore::builder(client(endpoint), table.as_str())
         .build()
         .unwrap();
     store.create_table().await.unwrap();
     let store = Arc::new(store);
     // Two instances on one table, as two Lambdas would be.
-    let (one, other) = (Executor::new(store.clone()), Executor::new(store.clone()));
+    let executor = || {
+        let executor = Executor::new(store.clone());
+        if cache > 0 {
+            executor.with_replay_cache(cache)
+        } else {
+            executor
+        }
+    };
+    let (one, other) = (executor(), executor());
     let caller = Caller::new("acme", "alice");
     let runs = Arc::new(AtomicUsize::new(0));
     let hold = Arc::new(tokio::sync::Notify::new());
