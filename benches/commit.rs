@@ -3,7 +3,7 @@
 //! synchronous ones, against the floor: one raw synchronous commit of the
 //! claim's statement. On PostgreSQL and on SQLite, each in one process, the
 //! sides alternated call by call at concurrency 1 and round by round at
-//! concurrency 16.
+//! concurrency 16 and 64, with each side's calls/s and p99.
 //!
 //! `IDEM_TEST_DATABASE_URL=postgres://postgres@127.0.0.1:5432/test cargo bench --bench commit`
 //! (the variable defaults to that address; `-- sqlite` or `-- postgres` runs
@@ -21,6 +21,14 @@
 //! after each call, outside the timed part, so it does not land on the
 //! next side's call; at concurrency 16 the wait for the last ones is inside
 //! the timed part, so the rate counts every completion written.
+//!
+//! A sixth side is the fifth with PostgreSQL's batched completions off
+//! (`batched_completions(false)`: each completion a statement of its own);
+//! on SQLite it is the fifth again, the store having no batching. The
+//! PostgreSQL executors use named, cached statements
+//! (`direct_connection(true)`), as the floor does; a seventh side is the
+//! fifth with the default unnamed statements, which a transaction pooler
+//! needs (on SQLite, the fifth again).
 
 mod common;
 
@@ -207,6 +215,12 @@ struct Sides {
     synchronous: Executor,
     /// `relaxed`'s store, with background completions.
     background: Executor,
+    /// The same with each completion a statement of its own (PostgreSQL's
+    /// `batched_completions(false)`; SQLite's store has no batching).
+    background_alone: Executor,
+    /// `background` with unnamed statements, as behind a transaction
+    /// pooler (PostgreSQL's default; SQLite's store has no such choice).
+    background_unnamed: Executor,
     caller: Caller,
 }
 
@@ -217,14 +231,18 @@ enum Side {
     Relaxed,
     Synchronous,
     Background,
+    BackgroundAlone,
+    BackgroundUnnamed,
 }
 
-const SIDES: [Side; 5] = [
+const SIDES: [Side; 7] = [
     Side::Floor,
     Side::RawPair,
     Side::Relaxed,
     Side::Synchronous,
     Side::Background,
+    Side::BackgroundAlone,
+    Side::BackgroundUnnamed,
 ];
 
 impl Sides {
@@ -236,34 +254,48 @@ impl Sides {
             Side::Relaxed => wrapped(&self.relaxed, &self.caller, n).await,
             Side::Synchronous => wrapped(&self.synchronous, &self.caller, n).await,
             Side::Background => wrapped(&self.background, &self.caller, n).await,
+            Side::BackgroundAlone => wrapped(&self.background_alone, &self.caller, n).await,
+            Side::BackgroundUnnamed => wrapped(&self.background_unnamed, &self.caller, n).await,
         }
         t.elapsed()
     }
 
-    /// Waits for the background side's pending completions.
+    /// Waits for the background sides' pending completions.
     async fn settle(&self) {
         assert_eq!(self.background.drain(Duration::from_secs(30)).await, 0);
+        assert_eq!(
+            self.background_alone.drain(Duration::from_secs(30)).await,
+            0
+        );
+        assert_eq!(
+            self.background_unnamed.drain(Duration::from_secs(30)).await,
+            0
+        );
     }
 
-    /// Calls per second of `side` with 16 tasks making `per_task` calls.
-    async fn throughput(self: &Arc<Self>, side: Side, per_task: u64) -> f64 {
-        const TASKS: u64 = 16;
+    /// Calls per second of `side` with `tasks` tasks making `per_task`
+    /// calls each, and the calls' p99 in µs.
+    async fn throughput(self: &Arc<Self>, side: Side, tasks: u64, per_task: u64) -> (f64, f64) {
         let started = Instant::now();
-        let tasks: Vec<_> = (0..TASKS)
+        let running: Vec<_> = (0..tasks)
             .map(|t| {
                 let sides = self.clone();
                 tokio::spawn(async move {
+                    let mut took = Vec::with_capacity(per_task as usize);
                     for i in 0..per_task {
-                        sides.call(side, next(t * per_task + i)).await;
+                        took.push(sides.call(side, next(t * per_task + i)).await);
                     }
+                    took
                 })
             })
             .collect();
-        for t in tasks {
-            t.await.unwrap();
+        let mut took = Vec::new();
+        for t in running {
+            took.extend(t.await.unwrap());
         }
         self.settle().await;
-        (TASKS * per_task) as f64 / started.elapsed().as_secs_f64()
+        let rate = (tasks * per_task) as f64 / started.elapsed().as_secs_f64();
+        (rate, common::median_p99(&mut took).1)
     }
 }
 
@@ -273,8 +305,12 @@ fn next(salt: u64) -> u64 {
     (N.fetch_add(1, std::sync::atomic::Ordering::Relaxed) << 20) ^ salt
 }
 
+/// The concurrencies the throughput is measured at, each side in turn.
+const CONCURRENCY: [u64; 2] = [16, 64];
+
 /// `rounds` rounds: at concurrency 1, `calls` calls per side alternated
-/// call by call; at concurrency 16, each side in turn. Prints a table.
+/// call by call; at each of [`CONCURRENCY`], each side in turn (the same
+/// number of calls at each). Prints a table.
 async fn compare(sides: Arc<Sides>, rounds: usize, calls: usize, per_task: u64) {
     // Warm-up: connections, prepared statements, caches.
     for side in SIDES {
@@ -286,7 +322,9 @@ async fn compare(sides: Arc<Sides>, rounds: usize, calls: usize, per_task: u64) 
     let mut all: Vec<Vec<Duration>> = vec![Vec::new(); SIDES.len()];
     let mut medians: Vec<Vec<f64>> = vec![Vec::new(); SIDES.len()];
     let mut ratios: Vec<(f64, f64, f64)> = Vec::new();
-    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); SIDES.len()];
+    // rates[c][side]: (calls/s, p99 µs) of each round.
+    let mut rates: Vec<Vec<Vec<(f64, f64)>>> =
+        vec![vec![Vec::new(); SIDES.len()]; CONCURRENCY.len()];
     for _ in 0..rounds {
         let mut round: Vec<Vec<Duration>> = vec![Vec::new(); SIDES.len()];
         for _ in 0..calls {
@@ -301,8 +339,11 @@ async fn compare(sides: Arc<Sides>, rounds: usize, calls: usize, per_task: u64) 
             medians[i].push(m[i]);
             all[i].extend(r);
         }
-        for (i, side) in SIDES.iter().enumerate() {
-            rates[i].push(sides.throughput(*side, per_task).await);
+        for (c, tasks) in CONCURRENCY.iter().enumerate() {
+            for (i, side) in SIDES.iter().enumerate() {
+                let per = per_task * 16 / tasks;
+                rates[c][i].push(sides.throughput(*side, *tasks, per).await);
+            }
         }
     }
     let range = |v: &[f64]| {
@@ -314,34 +355,53 @@ async fn compare(sides: Arc<Sides>, rounds: usize, calls: usize, per_task: u64) 
     let floor = pooled[0].0;
     println!(
         "{}: {rounds} rounds; concurrency 1: {calls} calls per side per round, alternated; \
-         concurrency 16: 16 × {per_task} calls per side per round",
-        sides.name
+         concurrency {CONCURRENCY:?}: {} calls per side per round",
+        sides.name,
+        16 * per_task
     );
-    println!(
-        "| side | median µs (all rounds) | round medians µs | p99 µs | median / floor | \
-         calls/s at 16 (median of rounds) | range |"
-    );
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| side | median µs (all rounds) | round medians µs | p99 µs | median / floor |");
+    println!("| --- | ---: | ---: | ---: | ---: |");
     let names = [
         "floor: raw claim, one synchronous commit",
         "raw claim + raw relaxed completion",
         "executor, relaxed completions",
         "executor, synchronous completions",
         "executor, relaxed completions in the background",
+        "the same, each completion a statement of its own",
+        "the same as the fifth, unnamed statements (as behind PgBouncer)",
     ];
     for i in 0..SIDES.len() {
         let (lo, hi) = range(&medians[i]);
-        let mut r = rates[i].clone();
-        r.sort_by(f64::total_cmp);
-        let (rlo, rhi) = range(&r);
         println!(
-            "| {} | {:.0} | {lo:.0}–{hi:.0} | {:.0} | {:.2}× | {:.0} | {rlo:.0}–{rhi:.0} |",
+            "| {} | {:.0} | {lo:.0}–{hi:.0} | {:.0} | {:.2}× |",
             names[i],
             pooled[i].0,
             pooled[i].1,
             pooled[i].0 / floor,
-            r[r.len() / 2],
         );
+    }
+    println!();
+    println!(
+        "| side | concurrency | calls/s (median of rounds) | range | / floor | p99 µs (median of rounds) |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    for (c, tasks) in CONCURRENCY.iter().enumerate() {
+        let floor_rate = median(rates[c][0].iter().map(|r| r.0).collect());
+        for i in 0..SIDES.len() {
+            let r: Vec<f64> = rates[c][i].iter().map(|r| r.0).collect();
+            let (rlo, rhi) = range(&r);
+            let rate = median(r);
+            let p99 = median(rates[c][i].iter().map(|r| r.1).collect());
+            println!(
+                "| {} | {tasks} | {rate:.0} | {rlo:.0}–{rhi:.0} | {:.2}× | {p99:.0} |",
+                names[i],
+                rate / floor_rate
+            );
+        }
     }
     let relaxed: Vec<f64> = ratios.iter().map(|r| r.0).collect();
     let synchronous: Vec<f64> = ratios.iter().map(|r| r.1).collect();
@@ -363,16 +423,25 @@ async fn postgres(rounds: usize) {
     let url = std::env::var("IDEM_TEST_DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
     let schema = format!("bench_{:016x}", Attempt::random().get());
+    // Named, cached statements, as the floor's: the bench connects to the
+    // server itself. One side keeps the default (unnamed statements, each
+    // parsed and planned again), which a transaction pooler needs.
+    let builder = || PostgresStore::builder(&url).unwrap().schema(&schema);
     let store = |relaxed| {
-        PostgresStore::builder(&url)
-            .unwrap()
-            .schema(&schema)
+        builder()
+            .direct_connection(true)
             .relaxed_completions(relaxed)
             .build()
             .unwrap()
     };
     let (relaxed, synchronous) = (store(true), store(false));
     relaxed.migrate().await.unwrap();
+    let alone = builder()
+        .direct_connection(true)
+        .batched_completions(false)
+        .build()
+        .unwrap();
+    let unnamed = builder().build().unwrap();
     let (claim, complete) = pg_statements(&format!("{}.idem_records", relaxed.schema()));
     let manager = deadpool_postgres::Manager::from_config(
         url.parse().unwrap(),
@@ -398,6 +467,8 @@ async fn postgres(rounds: usize) {
         relaxed: exec(relaxed.clone()),
         synchronous: exec(synchronous),
         background: exec(relaxed.clone()).with_background_completions(true),
+        background_alone: exec(alone).with_background_completions(true),
+        background_unnamed: exec(unnamed).with_background_completions(true),
         caller: Caller::new("acme", "alice"),
     });
     compare(sides, rounds, 1000, 100).await;
@@ -436,6 +507,8 @@ async fn sqlite(rounds: usize) {
         name: "SqliteStore",
         raw: Raw::Sqlite(Mutex::new(conn)),
         background: exec(relaxed.clone()).with_background_completions(true),
+        background_alone: exec(relaxed.clone()).with_background_completions(true),
+        background_unnamed: exec(relaxed.clone()).with_background_completions(true),
         relaxed: exec(relaxed),
         synchronous: exec(synchronous),
         caller: Caller::new("acme", "alice"),

@@ -206,7 +206,8 @@ enum Pace {
 /// expired row is gone, and each claim is counted with the window it started
 /// in. Both sets of claims see the same neighbours on this shared machine, so
 /// the ratio is robust even when the absolute figures drift.
-async fn purge_under_claims(store: &Arc<PostgresStore>, pace: Pace, batch: usize) {
+/// Returns the purge's rows per second.
+async fn purge_under_claims(store: &Arc<PostgresStore>, pace: Pace, batch: usize) -> f64 {
     const WINDOW: Duration = Duration::from_millis(500);
     let purging = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicBool::new(false));
@@ -279,6 +280,7 @@ async fn purge_under_claims(store: &Arc<PostgresStore>, pace: Pace, batch: usize
         took.as_secs_f64(),
         purged as f64 / took.as_secs_f64()
     );
+    purged as f64 / took.as_secs_f64()
 }
 
 #[tokio::main]
@@ -404,7 +406,14 @@ async fn main() {
     insert_expired(&url, &t).await;
     purge_under_claims(&store, Pace::Paced, 1000).await;
     insert_expired(&url, &t).await;
-    purge_under_claims(&store, Pace::Paced, 250).await;
+    let paced = purge_under_claims(&store, Pace::Paced, 250).await;
+    println!();
+    println!(
+        "Purge against the claim rate, this run: the paced purge in batches of 250 (the \
+         maintenance default) deletes {paced:.0} rows/s; PostgresStore makes {st:.0} calls/s at \
+         concurrency 16 (one record each): the purge keeps up with {:.1}× the call rate",
+        paced / st
+    );
 
     common::sql(&url, &format!("DROP SCHEMA {} CASCADE", store.schema())).await;
     println!("load average at end: {}", common::load());

@@ -775,3 +775,122 @@ async fn concurrent_takeovers_of_a_kept_record_yield_one_winner() {
         assert_eq!(kept.attempt, first.attempt);
     }
 }
+
+/// Completions that arrive while another is in flight are written together
+/// (`batched_completions`, on by default), and each still answers for its
+/// own attempt: the owner's lands with its own response, a stranger's is
+/// fenced, a second completion finds the record COMPLETED. Batching is
+/// seen at the far side: rows completed by one statement share its
+/// transaction's `now()` as their `updated_at`. With batching off, the same
+/// answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_in_flight_together_each_answer_for_their_own_attempt() {
+    use idem_runtime::store::{RecordState, StoreError};
+    let Some(pg) = PgSchema::new().await else {
+        return;
+    };
+    for batched in [true, false] {
+        let store = idem_runtime::PostgresStore::builder(&pg.url)
+            .unwrap()
+            .schema(&pg.name)
+            .pool_size(8)
+            .batched_completions(batched)
+            .build()
+            .unwrap();
+        let long = Duration::from_secs(600);
+        // The first completion is held in flight by a row lock, so that the
+        // others arrive while it is written.
+        let first = durable::request(long, long);
+        store.claim(&first).await.unwrap();
+        let (owned, stranger, twice): (Vec<_>, Vec<_>, Vec<_>) = (
+            (0..24).map(|_| durable::request(long, long)).collect(),
+            (0..8).map(|_| durable::request(long, long)).collect(),
+            (0..8).map(|_| durable::request(long, long)).collect(),
+        );
+        for req in owned.iter().chain(&stranger).chain(&twice) {
+            store.claim(req).await.unwrap();
+        }
+        for req in &twice {
+            store
+                .complete(&req.key, req.attempt, "\"before\"")
+                .await
+                .unwrap();
+        }
+        let locker = lock_record(&pg, &first.key).await;
+        let held = {
+            let store = store.clone();
+            let first = first.clone();
+            tokio::spawn(
+                async move { store.complete(&first.key, first.attempt, "\"first\"").await },
+            )
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let body = |i: usize| format!("{{\"n\":{i}}}");
+        let calls = owned
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.key, r.attempt, body(i)))
+            .chain(
+                stranger
+                    .iter()
+                    .map(|r| (r.key, Attempt::random(), "\"stranger\"".into())),
+            )
+            .chain(twice.iter().map(|r| (r.key, r.attempt, "\"again\"".into())))
+            .map(|(key, attempt, response): (_, _, String)| {
+                let store = store.clone();
+                tokio::spawn(async move { store.complete(&key, attempt, &response).await })
+            })
+            .collect::<Vec<_>>();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        locker.batch_execute("ROLLBACK").await.unwrap();
+        held.await.unwrap().unwrap();
+        let mut answers = Vec::new();
+        for c in calls {
+            answers.push(c.await.unwrap());
+        }
+        let (a_owned, rest) = answers.split_at(owned.len());
+        let (a_stranger, a_twice) = rest.split_at(stranger.len());
+        assert!(a_owned.iter().all(Result::is_ok), "{a_owned:?}");
+        assert!(
+            a_stranger
+                .iter()
+                .all(|a| matches!(a, Err(StoreError::Fenced))),
+            "{a_stranger:?}"
+        );
+        assert!(
+            a_twice
+                .iter()
+                .all(|a| matches!(a, Err(StoreError::WrongState { .. }))),
+            "{a_twice:?}"
+        );
+        let read = async |req: &idem_runtime::store::ClaimRequest| {
+            let r = store
+                .lookup(&req.tenant, &req.reference)
+                .await
+                .unwrap()
+                .unwrap();
+            (r.state, r.updated_at)
+        };
+        let mut times = Vec::new();
+        for (i, req) in owned.iter().enumerate() {
+            let (state, at) = read(req).await;
+            assert_eq!(state, RecordState::Completed { response: body(i) });
+            times.push(at);
+        }
+        for req in &stranger {
+            assert_eq!(read(req).await.0, RecordState::InProgress);
+        }
+        for req in &twice {
+            let response = "\"before\"".to_owned();
+            assert_eq!(read(req).await.0, RecordState::Completed { response });
+        }
+        times.sort();
+        let shared = times.windows(2).filter(|w| w[0] == w[1]).count();
+        if batched {
+            assert!(
+                shared > 0,
+                "no two completions shared a statement: {times:?}"
+            );
+        }
+    }
+}

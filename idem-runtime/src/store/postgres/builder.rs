@@ -21,6 +21,7 @@ pub struct PostgresStoreBuilder {
     timeout: Duration,
     relaxed_completions: bool,
     direct_connection: bool,
+    batched_completions: bool,
 }
 
 impl PostgresStoreBuilder {
@@ -32,6 +33,7 @@ impl PostgresStoreBuilder {
             timeout: Duration::from_secs(5),
             relaxed_completions: true,
             direct_connection: false,
+            batched_completions: true,
         }
     }
 
@@ -54,6 +56,17 @@ impl PostgresStoreBuilder {
     /// the server's `statement_timeout`.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self
+    }
+
+    /// Whether completions that arrive while another is being written are
+    /// written together, in one statement and one commit, each fenced by
+    /// its own attempt (default on). A completion with nothing else in
+    /// flight is written at once either way; under concurrency the batch
+    /// saves the server a statement per call. Off, each completion is a
+    /// statement of its own.
+    pub fn batched_completions(mut self, on: bool) -> Self {
+        self.batched_completions = on;
         self
     }
 
@@ -156,6 +169,7 @@ impl PostgresStoreBuilder {
             pool,
             sql: Arc::new(Statements::new(schema, self.relaxed_completions)),
             named_statements: self.direct_connection,
+            combiner: self.batched_completions.then(Default::default),
             // A little over the server's statement_timeout, so that the server
             // usually reports the timeout itself.
             timeout: self.timeout + Duration::from_millis(500),

@@ -51,6 +51,7 @@ pg_types! {
     Vec<&str> => TEXT_ARRAY,
     &[&str] => TEXT_ARRAY,
     Vec<&[u8]> => BYTEA_ARRAY,
+    Vec<i64> => INT8_ARRAY,
     std::time::SystemTime => TIMESTAMPTZ,
 }
 

@@ -22,6 +22,7 @@ use crate::store::{
 };
 
 mod builder;
+mod combine;
 mod exec;
 mod migrate;
 mod rows;
@@ -71,6 +72,9 @@ pub struct PostgresStore {
     timeout: Duration,
     /// Named, cached statements ([`PostgresStoreBuilder::direct_connection`]).
     named_statements: bool,
+    /// Completions written together under concurrency ([`combine`]);
+    /// `None` when each is written alone.
+    combiner: Option<Arc<combine::Combiner>>,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -301,6 +305,26 @@ impl IdempotencyStore for PostgresStore {
         attempt: Attempt,
         response: &str,
     ) -> Result<(), StoreError> {
+        let turn = self.combiner.as_ref().map(|combiner| {
+            let store = self.clone();
+            combiner.turn(key, attempt, response, move || {
+                tokio::spawn(store.write_completions());
+            })
+        });
+        let _alone = match turn {
+            None => None,
+            Some(combine::Turn::Alone(alone)) => Some(alone),
+            Some(combine::Turn::Queued(answer)) => {
+                if answer.await == Ok(true) {
+                    return Ok(());
+                }
+                // Not written by the batch: alone, which completes it or
+                // says why not.
+                return self
+                    .fenced_change(|sql| &sql.complete, key, attempt, &[&response.as_bytes()])
+                    .await;
+            }
+        };
         self.fenced_change(|sql| &sql.complete, key, attempt, &[&response.as_bytes()])
             .await
     }

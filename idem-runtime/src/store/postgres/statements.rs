@@ -16,6 +16,10 @@ pub(super) struct Statements {
     pub(super) take_over: String,
     pub(super) read: String,
     pub(super) complete: String,
+    /// [`Statements::complete`] for many records at once, each fenced by
+    /// its own attempt: `$1` the keys, `$2` the attempts, `$3` the
+    /// responses; returns the (key, attempt) of each row it completed.
+    pub(super) complete_many: String,
     pub(super) release: String,
     pub(super) mark_unknown: String,
     pub(super) mark_lapsed: String,
@@ -174,6 +178,7 @@ impl Statements {
             // settle. Every other change commits synchronously (see
             // docs/decisions.md, "One durable commit per call").
             complete: complete(&t, relaxed_completions),
+            complete_many: complete_many(&t, relaxed_completions),
             release: format!(
                 "DELETE FROM {t} WHERE key = $1 AND attempt = $2 \
                  AND state IN ({IN_PROGRESS}, {UNKNOWN})"
@@ -378,6 +383,23 @@ fn complete(t: &str, relaxed: bool) -> String {
     } else {
         update
     }
+}
+
+/// The completions of many records in one statement ([`complete`] for
+/// each row of the arrays), relaxed as [`complete`] is.
+fn complete_many(t: &str, relaxed: bool) -> String {
+    let (with, from) = if relaxed {
+        (format!("{RELAXED}, "), "relaxed, ")
+    } else {
+        (String::new(), "")
+    };
+    format!(
+        "WITH {with}c AS (SELECT * FROM unnest($1::bytea[], $2::int8[], $3::bytea[]) \
+           AS c(key, attempt, body)) \
+         UPDATE {t} AS r SET state = {COMPLETED}, body = c.body, updated_at = now() \
+         FROM {from}c WHERE r.key = c.key AND r.attempt = c.attempt AND r.state <> {COMPLETED} \
+         RETURNING r.key, r.attempt"
+    )
 }
 
 /// The completion's `UPDATE`, joining `relaxed` if `relaxed` (the CTE itself
