@@ -426,36 +426,20 @@ for cache in (False, True):
 
 
 # --- bytes per record ---------------------------------------------------------
-def value_size(v):
-    (kind, x), = v.items()
-    if kind == "S":
-        return len(x.encode())
-    if kind == "N":
-        return number_size(x)
-    if kind == "B":
-        return len(x)
-    if kind in ("BOOL", "NULL"):
-        return 1
-    raise ValueError(kind)
-
-
-def item_size(item):
-    return sum(len(k.encode()) + value_size(v) for k, v in item.items())
-
-
 def sizes(table_name, keep):
+    """Each kept item's size, read in the wire form the proxy sizes."""
     items, start = [], None
     while True:
-        page = direct.scan(TableName=table_name, **({"ExclusiveStartKey": start} if start else {}))
+        _, page = raw("Scan", {"TableName": table_name} | ({"ExclusiveStartKey": start} if start else {}))
         items += [i for i in page["Items"] if keep(i)]
         start = page.get("LastEvaluatedKey")
         if not start:
-            return [item_size(i) for i in items]
+            return [wire_item_size(i) for i in items]
 
 
 _, _, idem_table, pt_table = runs[False]
 pt_sizes = sizes(pt_table, lambda i: i.get("status", {}).get("S") == "COMPLETED")
-idem_sizes = sizes(idem_table, lambda i: i["sk"]["B"][:1] == b"r" and i.get("st", {}).get("N") == "1")
+idem_sizes = sizes(idem_table, lambda i: base64.b64decode(i["sk"]["B"])[:1] == b"r" and i.get("st", {}).get("N") == "1")
 for _, _, a, b in runs.values():
     direct.delete_table(TableName=a)
     direct.delete_table(TableName=b)
