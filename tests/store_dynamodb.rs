@@ -57,20 +57,22 @@ async fn raw_record(
         .expect("the record's item")
 }
 
-/// A record is in the `lapsed` index only while IN_PROGRESS, in the
-/// `unknown` index only while UNKNOWN, and in the `expiry` index only once
-/// COMPLETED (or NOT_PERFORMED), at its retention end; the TTL backstop is
-/// set only once it is COMPLETED, at its retention end, however late it
-/// completed, and its window's end never moves.
+/// A record is in the `leases` index from its claim on, whatever its
+/// state: a completion writes no index. It is in the `unknown` index only
+/// while UNKNOWN, and in `expiry` only once NOT_PERFORMED (at its retention
+/// end); the TTL is set only once it is COMPLETED, at its retention end,
+/// however late it completed, and its window's end never moves.
 #[tokio::test]
-async fn sparse_index_keys_follow_the_state() {
+async fn index_keys_follow_the_state() {
     let Some(table) = Table::new().await else {
         return;
     };
     let req = claim_request(Duration::from_secs(60));
     table.claim(&req).await.unwrap();
     let item = raw_record(&table, &req.key).await;
-    assert!(item.contains_key("lq") && !item.contains_key("uq"));
+    let shard = number(&item["mq"]);
+    assert_eq!(shard, u64::from(req.key.as_bytes()[0] % 4));
+    assert!(!item.contains_key("lq") && !item.contains_key("uq"));
     assert!(!item.contains_key("xq"), "a claim writes one index");
     assert!(!item.contains_key("tt"), "no TTL while IN_PROGRESS");
 
@@ -79,7 +81,7 @@ async fn sparse_index_keys_follow_the_state() {
         .await
         .unwrap();
     let item = raw_record(&table, &req.key).await;
-    assert!(!item.contains_key("lq") && item.contains_key("uq"));
+    assert!(item.contains_key("mq") && item.contains_key("uq"));
     assert!(!item.contains_key("xq"));
 
     table
@@ -92,17 +94,16 @@ async fn sparse_index_keys_follow_the_state() {
         .await
         .unwrap();
     let item = raw_record(&table, &req.key).await;
-    assert!(!item.contains_key("lq") && !item.contains_key("uq"));
-    assert!(item.contains_key("xq"));
+    assert!(item.contains_key("mq") && !item.contains_key("uq"));
+    assert!(!item.contains_key("xq"), "its TTL deletes it");
     let late = table
         .lookup(&req.tenant, &req.reference)
         .await
         .unwrap()
         .unwrap();
     // A late completion keeps its window, and lives until its retention
-    // ends, with the TTL backstop then.
+    // ends, with its TTL then.
     assert_eq!(number(&item["ea"]), micros(late.expires_at));
-    assert_eq!(number(&item["xk"]), micros(late.retain_until));
     assert_eq!(
         number(&item["tt"]),
         micros(late.retain_until).div_ceil(1_000_000)
@@ -110,6 +111,7 @@ async fn sparse_index_keys_follow_the_state() {
 
     let fresh = claim_request(Duration::from_secs(60));
     table.claim(&fresh).await.unwrap();
+    let claimed = raw_record(&table, &fresh.key).await;
     table
         .complete(&fresh.key, fresh.attempt, "\"ok\"")
         .await
@@ -120,13 +122,45 @@ async fn sparse_index_keys_follow_the_state() {
         .await
         .unwrap()
         .unwrap();
+    // Neither key of `leases` moved: the completion wrote no index.
+    for a in ["mq", "lu"] {
+        assert_eq!(item[a], claimed[a], "{a}");
+    }
+    assert!(!item.contains_key("xq") && !item.contains_key("uq"));
     assert!(record.expires_at < record.retain_until);
     assert_eq!(number(&item["ea"]), micros(record.expires_at));
-    assert_eq!(number(&item["xk"]), micros(record.retain_until));
     assert_eq!(
         number(&item["tt"]),
         micros(record.retain_until).div_ceil(1_000_000)
     );
+
+    // Released into NOT_PERFORMED by a resolution: into `expiry` at its
+    // retention end.
+    let doubt = claim_request(Duration::from_secs(60));
+    table.claim(&doubt).await.unwrap();
+    table
+        .mark_unknown(&doubt.key, doubt.attempt, "timeout")
+        .await
+        .unwrap();
+    table
+        .resolve(
+            &doubt.key,
+            doubt.attempt,
+            idem_runtime::store::Resolution::NotPerformed {
+                note: "no such charge",
+                settle: Duration::ZERO,
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    let item = raw_record(&table, &doubt.key).await;
+    let record = table
+        .lookup(&doubt.tenant, &doubt.reference)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(number(&item["xk"]), micros(record.retain_until));
 }
 
 /// A number attribute of a raw item.
@@ -877,4 +911,273 @@ async fn a_clock_ahead_does_not_shorten_the_settle_period() {
         .unwrap();
     assert_eq!(settled.not_performed, 1, "{settled:?}");
     assert!(clock.is_empty(), "a resolved record is forgotten");
+}
+
+/// A table as versions before the `leases` index created it (08cdba9's
+/// `TABLE_DEFINITION`): `lapsed` over `lq` and `lu` with every attribute,
+/// and the other three indexes as today.
+async fn create_table_before_leases(endpoint: &str) -> Table {
+    use aws_sdk_dynamodb::types::{
+        AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType,
+        Projection, ProjectionType, ScalarAttributeType,
+    };
+    let name = dynamodb_emulator::fresh_table();
+    let key = |name: &str, kind| {
+        KeySchemaElement::builder()
+            .attribute_name(name)
+            .key_type(kind)
+            .build()
+            .unwrap()
+    };
+    let definition = |name: &str, kind| {
+        AttributeDefinition::builder()
+            .attribute_name(name)
+            .attribute_type(kind)
+            .build()
+            .unwrap()
+    };
+    let mut create = client(endpoint)
+        .create_table()
+        .table_name(&name)
+        .billing_mode(BillingMode::PayPerRequest)
+        .key_schema(key("pk", KeyType::Hash))
+        .key_schema(key("sk", KeyType::Range))
+        .attribute_definitions(definition("pk", ScalarAttributeType::B))
+        .attribute_definitions(definition("sk", ScalarAttributeType::B));
+    let indexes = [
+        ("lapsed", "lq", "lu", None),
+        ("unknown", "uq", "nc", None),
+        (
+            "expiry",
+            "xq",
+            "xk",
+            Some(vec!["st".to_owned(), "lu".to_owned()]),
+        ),
+        ("due", "dq", "nr", None),
+    ];
+    for (index, hash, range, include) in indexes {
+        for a in [hash, range] {
+            create = create.attribute_definitions(definition(a, ScalarAttributeType::N));
+        }
+        let projection = match include {
+            None => Projection::builder().projection_type(ProjectionType::All),
+            Some(include) => Projection::builder()
+                .projection_type(ProjectionType::Include)
+                .set_non_key_attributes(Some(include)),
+        };
+        create = create.global_secondary_indexes(
+            GlobalSecondaryIndex::builder()
+                .index_name(index)
+                .key_schema(key(hash, KeyType::Hash))
+                .key_schema(key(range, KeyType::Range))
+                .projection(projection.build())
+                .build()
+                .unwrap(),
+        );
+    }
+    create.send().await.expect("create the table as before");
+    Table {
+        store: DynamoDbStore::builder(client(endpoint), name)
+            .build()
+            .unwrap(),
+        endpoint: endpoint.to_owned(),
+    }
+}
+
+/// Rewrites a record's index keys as a version before `leases` left them:
+/// IN_PROGRESS in `lapsed` (`lq`), or settled in `expiry` at its
+/// retention end (`xq`, `xk`); never in `leases`.
+async fn as_before_leases(table: &Table, key: &idem_runtime::IdempotencyKey, in_progress: bool) {
+    use aws_sdk_dynamodb::types::AttributeValue::{B, N};
+    let bytes = key.as_bytes();
+    let mut sk = vec![b'r'];
+    sk.extend_from_slice(&bytes[8..]);
+    let update = if in_progress {
+        "SET lq = :s REMOVE mq"
+    } else {
+        "SET xq = :s, xk = ra REMOVE mq"
+    };
+    client(&table.endpoint)
+        .update_item()
+        .table_name(table.table())
+        .key("pk", B(bytes[..8].to_vec().into()))
+        .key("sk", B(sk.into()))
+        .update_expression(update)
+        .expression_attribute_values(":s", N((bytes[0] % 4).to_string()))
+        .send()
+        .await
+        .unwrap();
+}
+
+/// A table created before the `leases` index, with records in flight and
+/// settled when it is migrated: `migrate` adds `leases` once (again, it
+/// changes nothing), and the migrated store keeps every promise over the
+/// old records and the new: a claim whose replica died before the
+/// upgrade, and one after, are both found by the sweep; a claim in flight
+/// across the upgrade completes and is no longer listed; a record
+/// completed before the upgrade is purged at its retention end; and a new
+/// claim completes writing no index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_from_before_leases_is_migrated_in_place() {
+    let Some(endpoint) = endpoint() else {
+        return;
+    };
+    let table = create_table_before_leases(&endpoint).await;
+    let short = |lease_ms: u64| {
+        let mut req = claim_request(Duration::from_secs(60));
+        req.lease = Duration::from_millis(lease_ms);
+        req
+    };
+    // Before the upgrade: a claim whose replica died, one in flight, and
+    // one completed whose retention ends soon.
+    let (died, flight) = (short(150), short(60_000));
+    let mut settled = claim_request(Duration::from_millis(200));
+    settled.retention = Duration::from_millis(200);
+    for req in [&died, &flight, &settled] {
+        table.claim(req).await.unwrap();
+    }
+    table
+        .complete(&settled.key, settled.attempt, "\"old\"")
+        .await
+        .unwrap();
+    as_before_leases(&table, &died.key, true).await;
+    as_before_leases(&table, &flight.key, true).await;
+    as_before_leases(&table, &settled.key, false).await;
+
+    assert!(table.migrate().await.unwrap(), "the index is added");
+    assert!(
+        !table.migrate().await.unwrap(),
+        "a second run changes nothing"
+    );
+
+    // After it: a claim whose replica died, and the flight completes.
+    let died_after = short(150);
+    table.claim(&died_after).await.unwrap();
+    table
+        .complete(&flight.key, flight.attempt, "\"ok\"")
+        .await
+        .unwrap();
+    let fresh = claim_request(Duration::from_secs(60));
+    table.claim(&fresh).await.unwrap();
+    let claimed = raw_record(&table, &fresh.key).await;
+    table
+        .complete(&fresh.key, fresh.attempt, "\"ok\"")
+        .await
+        .unwrap();
+    let completed = raw_record(&table, &fresh.key).await;
+    for a in ["mq", "lu"] {
+        assert_eq!(completed[a], claimed[a], "no index written: {a}");
+    }
+    assert!(!completed.contains_key("lq") && !completed.contains_key("xq"));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+
+    let lapsed: Vec<_> = table
+        .list_lapsed(100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.key)
+        .collect();
+    assert!(
+        lapsed.contains(&died.key),
+        "died before the upgrade: listed"
+    );
+    assert!(lapsed.contains(&died_after.key), "died after it: listed");
+    assert_eq!(lapsed.len(), 2, "nothing else: {lapsed:?}");
+    assert_eq!(sweep(&table.store, 100).await.unwrap(), 2);
+    assert!(table.list_lapsed(100).await.unwrap().is_empty());
+    let flown = raw_record(&table, &flight.key).await;
+    assert!(!flown.contains_key("lq"), "out of `lapsed` once completed");
+
+    let mut purged = 0;
+    while let n @ 1.. = table.purge_expired(100).await.unwrap() {
+        purged += n;
+    }
+    assert_eq!(purged, 1, "the record completed before the upgrade");
+    let raw = client(&endpoint)
+        .get_item()
+        .table_name(table.table())
+        .set_key(Some(
+            [("pk", 0..8), ("sk", 8..32)]
+                .into_iter()
+                .map(|(a, r)| {
+                    let mut v = if a == "sk" { vec![b'r'] } else { vec![] };
+                    v.extend_from_slice(&settled.key.as_bytes()[r]);
+                    (
+                        a.to_owned(),
+                        aws_sdk_dynamodb::types::AttributeValue::B(v.into()),
+                    )
+                })
+                .collect(),
+        ))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap();
+    assert!(raw.item.is_none(), "deleted, not just hidden");
+}
+
+/// The sweep finds a dead replica's claim among many completed records,
+/// in every round it is still IN_PROGRESS, and one that lapses after the
+/// walk went past the completed ones; a completed record past its
+/// retention reads as gone, though only its TTL deletes it; and the records
+/// completed on time are listed by no round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweep_finds_every_lapsed_claim_among_completed_records() {
+    let Some(table) = Table::new().await else {
+        return;
+    };
+    let short = |lease_ms: u64, retention_ms: u64| {
+        let mut req = claim_request(Duration::from_millis(retention_ms));
+        req.lease = Duration::from_millis(lease_ms);
+        req.retention = Duration::from_millis(retention_ms);
+        req
+    };
+    let done: Vec<_> = (0..300).map(|_| short(100, 60_000)).collect();
+    let died = short(100, 60_000);
+    let gone = short(100, 300);
+    for (i, req) in done.iter().enumerate() {
+        table.claim(req).await.unwrap();
+        table.complete(&req.key, req.attempt, "1").await.unwrap();
+        if i == 150 {
+            table.claim(&died).await.unwrap();
+            table.claim(&gone).await.unwrap();
+            table.complete(&gone.key, gone.attempt, "1").await.unwrap();
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    for round in 0..2 {
+        let lapsed = table.list_lapsed(100).await.unwrap();
+        let keys: Vec<_> = lapsed.iter().map(|r| r.key).collect();
+        assert_eq!(keys, vec![died.key], "round {round}");
+    }
+    assert_eq!(
+        table.lookup(&gone.tenant, &gone.reference).await.unwrap(),
+        None,
+        "past its retention: gone"
+    );
+    assert!(
+        raw_record(&table, &gone.key).await.contains_key("tt"),
+        "its TTL deletes it"
+    );
+    assert_eq!(sweep(&table.store, 100).await.unwrap(), 1);
+    // The walk went past every completed record; a claim that lapses
+    // now is still found.
+    let later = short(100, 60_000);
+    table.claim(&later).await.unwrap();
+    assert!(table.list_lapsed(100).await.unwrap().is_empty());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let keys: Vec<_> = table
+        .list_lapsed(100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.key)
+        .collect();
+    assert_eq!(keys, vec![later.key]);
+    let counts = table.count_records().await.unwrap();
+    assert_eq!(
+        counts.completed, 300,
+        "the one past its retention is not counted"
+    );
 }

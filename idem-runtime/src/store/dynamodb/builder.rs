@@ -10,7 +10,7 @@ use aws_sdk_dynamodb::types::{
 };
 use aws_sdk_dynamodb::Client;
 
-use super::layout::{attr, INDEXES, TTL_ATTRIBUTE};
+use super::layout::{attr, Projected, INDEXES, LAPSED_INDEX, LEASES_INDEX, TTL_ATTRIBUTE};
 use super::DynamoDbStore;
 use crate::store::StoreError;
 
@@ -56,6 +56,7 @@ impl DynamoDbStoreBuilder {
             client: self.client,
             table: self.table.into(),
             clock: self.clock,
+            lapsed_index: Arc::default(),
         })
     }
 }
@@ -99,8 +100,9 @@ impl DynamoDbStore {
     /// Creates the table as [`TABLE_DEFINITION`](super::TABLE_DEFINITION)
     /// describes it (on-demand billing, the four sparse indexes) and turns
     /// on its TTL, then waits until it is active: for tests and first runs.
-    /// A table that exists already is left as it is. Errors: `Unavailable`,
-    /// `Config` (credentials refused).
+    /// A table that exists already is migrated ([`migrate`](DynamoDbStore::migrate))
+    /// and otherwise left as it is. Errors: `Unavailable`, `Config`
+    /// (credentials refused).
     pub async fn create_table(&self) -> Result<(), StoreError> {
         use aws_sdk_dynamodb::operation::create_table::CreateTableError;
         let built = |e: aws_sdk_dynamodb::error::BuildError| StoreError::Invalid(e.to_string());
@@ -134,29 +136,16 @@ impl DynamoDbStore {
                     .map_err(built)?,
             );
         }
-        for (name, hash, range, include) in INDEXES {
-            let projection = match include {
-                None => Projection::builder().projection_type(ProjectionType::All),
-                Some(include) => Projection::builder()
-                    .projection_type(ProjectionType::Include)
-                    .set_non_key_attributes(Some(
-                        include.iter().map(|a| (*a).to_owned()).collect(),
-                    )),
-            };
-            create = create.global_secondary_indexes(
-                GlobalSecondaryIndex::builder()
-                    .index_name(name)
-                    .key_schema(key(hash, KeyType::Hash)?)
-                    .key_schema(key(range, KeyType::Range)?)
-                    .projection(projection.build())
-                    .build()
-                    .map_err(built)?,
-            );
+        for (name, hash, range, projected) in INDEXES {
+            create = create.global_secondary_indexes(index(name, hash, range, projected)?);
         }
         match create.send().await {
             Ok(_) => {}
             Err(e) => match e.as_service_error() {
-                Some(CreateTableError::ResourceInUseException(_)) => return Ok(()),
+                Some(CreateTableError::ResourceInUseException(_)) => {
+                    self.migrate().await?;
+                    return Ok(());
+                }
                 _ => return Err(self.err(e)),
             },
         }
@@ -175,6 +164,84 @@ impl DynamoDbStore {
             .await
             .map_err(|e| self.err(e))?;
         Ok(())
+    }
+
+    /// Brings a table created before the `leases` index (see "Tables
+    /// created before the `leases` index" in the layout's notes) to this
+    /// version's layout: adds `leases` with one `UpdateTable` and waits
+    /// until DynamoDB has built it (from existing items: none carries its
+    /// hash attribute `mq`, so it starts empty and is quick to build).
+    /// Nothing else is changed: the old `lapsed` index and every item stay
+    /// as they are, and this version reads them where they are. Run it
+    /// before the new version takes traffic (`idem migrate` does, with a
+    /// `dynamodb://` URL); running it again changes nothing. Returns
+    /// whether it added the index. Errors: `Config` when the table does not
+    /// exist, `Unavailable`.
+    pub async fn migrate(&self) -> Result<bool, StoreError> {
+        use aws_sdk_dynamodb::types::{
+            CreateGlobalSecondaryIndexAction, GlobalSecondaryIndexUpdate,
+        };
+        let names = self.index_names().await?;
+        if names.iter().any(|n| n == LEASES_INDEX) {
+            return Ok(false);
+        }
+        let built = |e: aws_sdk_dynamodb::error::BuildError| StoreError::Invalid(e.to_string());
+        let (name, hash, range, projected) = INDEXES[0];
+        let created = index(name, hash, range, projected)?;
+        let action = CreateGlobalSecondaryIndexAction::builder()
+            .index_name(name)
+            .set_key_schema(Some(created.key_schema().to_vec()))
+            .set_projection(created.projection().cloned())
+            .build()
+            .map_err(built)?;
+        let definition = |name: &str| {
+            AttributeDefinition::builder()
+                .attribute_name(name)
+                .attribute_type(ScalarAttributeType::N)
+                .build()
+                .map_err(built)
+        };
+        self.client
+            .update_table()
+            .table_name(&*self.table)
+            .attribute_definitions(definition(hash)?)
+            .attribute_definitions(definition(range)?)
+            .global_secondary_index_updates(
+                GlobalSecondaryIndexUpdate::builder().create(action).build(),
+            )
+            .send()
+            .await
+            .map_err(|e| self.err(e))?;
+        self.wait_active().await?;
+        Ok(true)
+    }
+
+    /// The names of the table's global secondary indexes. Errors:
+    /// `Config` when the table does not exist, `Unavailable`.
+    pub(super) async fn index_names(&self) -> Result<Vec<String>, StoreError> {
+        let table = self
+            .client
+            .describe_table()
+            .table_name(&*self.table)
+            .send()
+            .await
+            .map_err(|e| self.err(e))?
+            .table;
+        Ok(table
+            .iter()
+            .flat_map(|t| t.global_secondary_indexes())
+            .filter_map(|i| i.index_name().map(str::to_owned))
+            .collect())
+    }
+
+    /// Whether the table still has the `lapsed` index of tables created
+    /// before `leases`, asked once per store and remembered.
+    pub(super) async fn has_lapsed_index(&self) -> Result<bool, StoreError> {
+        if let Some(has) = self.lapsed_index.get() {
+            return Ok(*has);
+        }
+        let has = self.index_names().await?.iter().any(|n| n == LAPSED_INDEX);
+        Ok(*self.lapsed_index.get_or_init(|| has))
     }
 
     /// Deletes the table and everything in it: for tests.
@@ -217,6 +284,38 @@ impl DynamoDbStore {
             self.table
         )))
     }
+}
+
+/// The definition of the index `name` over `hash` and `range` (numbers),
+/// holding `projected`.
+fn index(
+    name: &str,
+    hash: &str,
+    range: &str,
+    projected: Projected,
+) -> Result<GlobalSecondaryIndex, StoreError> {
+    let built = |e: aws_sdk_dynamodb::error::BuildError| StoreError::Invalid(e.to_string());
+    let key = |name: &str, kind: KeyType| {
+        KeySchemaElement::builder()
+            .attribute_name(name)
+            .key_type(kind)
+            .build()
+            .map_err(built)
+    };
+    let projection = match projected {
+        Projected::All => Projection::builder().projection_type(ProjectionType::All),
+        Projected::Keys => Projection::builder().projection_type(ProjectionType::KeysOnly),
+        Projected::Include(include) => Projection::builder()
+            .projection_type(ProjectionType::Include)
+            .set_non_key_attributes(Some(include.iter().map(|a| (*a).to_owned()).collect())),
+    };
+    GlobalSecondaryIndex::builder()
+        .index_name(name)
+        .key_schema(key(hash, KeyType::Hash)?)
+        .key_schema(key(range, KeyType::Range)?)
+        .projection(projection.build())
+        .build()
+        .map_err(built)
 }
 
 /// What a `dynamodb://TABLE?region=…&endpoint=…` URL names.

@@ -29,28 +29,51 @@
 //!
 //! | index | hash | range | holds |
 //! | --- | --- | --- | --- |
-//! | `lapsed` | `lq` (N, shard) | `lu` (lease until, µs) | IN_PROGRESS records only: the sweep's lapsed leases |
+//! | `leases` | `mq` (N, shard) | `lu` (lease until, µs) | every current record from its claim to its delete, keys only: the sweep walks it behind a cursor |
 //! | `unknown` | `uq` (N, shard) | `nc` (next check, µs) | UNKNOWN records only: the reconciler's due records |
 //! | `expiry` | `xq` (N, shard) | `xk` (µs) | COMPLETED and NOT_PERFORMED records and superseded operations (`xk`: their retention end) and delivered jobs (kept until); keys, `st` and `lu` only |
 //! | `due` | `dq` (N, shard) | `nr` (next run, µs) | live jobs only (neither dead nor delivered) |
 //!
 //! Each index is sparse: an item is in it only while it carries the index's
-//! hash attribute, which a transition sets or removes in the same write. A
-//! record is in one index at a time, so a claim writes one index and a
-//! completion two (out of `lapsed`, into `expiry`). The purge finds an
-//! IN_PROGRESS record past its life in `lapsed` (its lease ran out) and an
-//! UNKNOWN one in `unknown`, and checks its retention.
+//! hash attribute, which a transition sets or removes in the same write.
+//! A claim enters its record in `leases` and nothing takes it out but the
+//! record's delete: `leases` projects keys only, so a completion, which
+//! changes neither `mq` nor `lu`, writes no index at all (a first call is
+//! 3 write units: the claim's item and its entry, the completion's item).
+//! The sweep walks `leases` in lease order from a cursor per shard (an item
+//! of its own, `cursor_key`), reading each record once as its lease ends
+//! (an eventually consistent `BatchGetItem`), and moves the cursor past
+//! what is settled; an IN_PROGRESS record holds the cursor until it is
+//! marked. A COMPLETED record completed on time is in no other index: its
+//! TTL (its retention end) deletes it, and every read treats it as gone
+//! from then on ([`Record::is_expired`](crate::store::Record::is_expired)).
+//! The purge deletes the others: UNKNOWN ones through `unknown`, the rest
+//! through `expiry`, and an IN_PROGRESS record past its life from the walk.
 //! The hash attribute is a shard (the key's first byte modulo [`SHARDS`]),
 //! so no index partition takes every write of the table; a listing asks the
 //! shards at once.
 //!
-//! `ttl` (epoch seconds) is DynamoDB's TTL attribute, a backstop only (it
-//! deletes up to days late, and the purge is what keeps the table's size
-//! bounded): set on COMPLETED records and superseded operations (their
-//! retention end, from `te`, which the claim writes) and delivered jobs
-//! (their record's retention end), never on an IN_PROGRESS or UNKNOWN
-//! record, whose end depends on a lease a heartbeat moves, nor on a
-//! NOT_PERFORMED one (the purge takes it at its retention end).
+//! `tt` (epoch seconds) is DynamoDB's TTL attribute: set on COMPLETED
+//! records and superseded operations (their retention end, from `te`,
+//! which the claim writes) and delivered jobs (their record's retention
+//! end), never on an IN_PROGRESS or UNKNOWN record, whose end depends on a
+//! lease a heartbeat moves, nor on a NOT_PERFORMED one (the purge takes it
+//! at its retention end). It is what deletes a record completed on time,
+//! free of write units and "typically within a few days" of its retention
+//! end; reads never rely on it having run.
+//!
+//! # Tables created before the `leases` index
+//!
+//! Those tables have a `lapsed` index (`lq`, `lu`, all attributes) that
+//! held IN_PROGRESS records, and their completions put records into
+//! `expiry`. [`DynamoDbStore::migrate`](super::DynamoDbStore::migrate)
+//! adds `leases` (DynamoDB fills it from existing items: none carries `mq`,
+//! so it starts empty). The store then finds the records claimed before
+//! the upgrade, or by a replica not upgraded yet, where they are: the
+//! sweep and the purge still read `lapsed` while the table has it, every
+//! completion and mark still removes `lq`, and a record in `expiry` is
+//! purged from there. Once `lapsed` is empty (every older claim settled),
+//! the operator may delete it.
 //!
 //! # Items written before the window and the retention were two lives
 //!
@@ -138,8 +161,14 @@ pub(super) mod attr {
     /// the window's end here, read back only for the window of an item they
     /// completed late.
     pub(crate) const TTL_AT: &str = "te";
-    /// `lapsed` index hash: present while IN_PROGRESS (N).
+    /// `leases` index hash: present from the claim to the delete (N).
+    pub(crate) const LEASE_SHARD: &str = "mq";
+    /// The legacy `lapsed` index's hash: present while IN_PROGRESS on a
+    /// record claimed before `leases` (N).
     pub(crate) const LAPSED_SHARD: &str = "lq";
+    /// A sweep cursor's position (N, µs): every `leases` entry of its shard
+    /// below it is settled or gone.
+    pub(crate) const CURSOR: &str = "cu";
     /// `unknown` index hash: present while UNKNOWN (N).
     pub(crate) const UNKNOWN_SHARD: &str = "uq";
     /// `expiry` index hash (N).
@@ -176,7 +205,8 @@ pub(super) mod attr {
     pub(crate) const DUE_SHARD: &str = "dq";
 }
 
-/// The indexes' names.
+/// The indexes' names (`lapsed`: tables written before `leases` only).
+pub(super) const LEASES_INDEX: &str = "leases";
 pub(super) const LAPSED_INDEX: &str = "lapsed";
 pub(super) const UNKNOWN_INDEX: &str = "unknown";
 pub(super) const EXPIRY_INDEX: &str = "expiry";
@@ -188,6 +218,20 @@ pub(super) const DUE_INDEX: &str = "due";
 pub(super) const RECORD_TAG: u8 = b'r';
 pub(super) const SUPERSEDED_TAG: u8 = b's';
 pub(super) const JOB_TAG: u8 = b'j';
+/// A sweep cursor's sort key's first byte (then its shard).
+pub(super) const CURSOR_TAG: u8 = b'c';
+
+/// The partition of the sweep's cursors: 5 bytes, where every record's and
+/// job's is 8, so it is no record's.
+const CURSORS: &[u8] = b"idem\0";
+
+/// The sweep cursor of `shard`: its `pk` and `sk`.
+pub(super) fn cursor_key(shard: u8) -> Item {
+    HashMap::from([
+        (attr::PK.to_owned(), blob(CURSORS)),
+        (attr::SK.to_owned(), blob(&[CURSOR_TAG, shard])),
+    ])
+}
 
 /// The shard of a record or job whose key (reference) starts with `first`.
 pub(super) fn shard(first: u8) -> u8 {
@@ -263,7 +307,7 @@ pub const TABLE_DEFINITION: &str = r#"{
   "AttributeDefinitions": [
     {"AttributeName": "pk", "AttributeType": "B"},
     {"AttributeName": "sk", "AttributeType": "B"},
-    {"AttributeName": "lq", "AttributeType": "N"},
+    {"AttributeName": "mq", "AttributeType": "N"},
     {"AttributeName": "lu", "AttributeType": "N"},
     {"AttributeName": "uq", "AttributeType": "N"},
     {"AttributeName": "nc", "AttributeType": "N"},
@@ -277,9 +321,9 @@ pub const TABLE_DEFINITION: &str = r#"{
     {"AttributeName": "sk", "KeyType": "RANGE"}
   ],
   "GlobalSecondaryIndexes": [
-    {"IndexName": "lapsed",
-     "KeySchema": [{"AttributeName": "lq", "KeyType": "HASH"}, {"AttributeName": "lu", "KeyType": "RANGE"}],
-     "Projection": {"ProjectionType": "ALL"}},
+    {"IndexName": "leases",
+     "KeySchema": [{"AttributeName": "mq", "KeyType": "HASH"}, {"AttributeName": "lu", "KeyType": "RANGE"}],
+     "Projection": {"ProjectionType": "KEYS_ONLY"}},
     {"IndexName": "unknown",
      "KeySchema": [{"AttributeName": "uq", "KeyType": "HASH"}, {"AttributeName": "nc", "KeyType": "RANGE"}],
      "Projection": {"ProjectionType": "ALL"}},
@@ -295,18 +339,39 @@ pub const TABLE_DEFINITION: &str = r#"{
 /// The table's TTL attribute, as [`TABLE_DEFINITION`] says to turn it on.
 pub(super) const TTL_ATTRIBUTE: &str = attr::TTL;
 
-/// The indexes as (name, hash, range, projected non-key attributes: `None`
-/// for all): what [`TABLE_DEFINITION`] says, for `create_table`.
-pub(super) const INDEXES: [(&str, &str, &str, Option<&[&str]>); 4] = [
-    (LAPSED_INDEX, attr::LAPSED_SHARD, attr::LEASE, None),
-    (UNKNOWN_INDEX, attr::UNKNOWN_SHARD, attr::NEXT_CHECK, None),
+/// What an index holds of its items besides the keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Projected {
+    /// Every attribute.
+    All,
+    /// The table's and the index's keys only.
+    Keys,
+    /// These attributes too.
+    Include(&'static [&'static str]),
+}
+
+/// The indexes as (name, hash, range, projection): what
+/// [`TABLE_DEFINITION`] says, for `create_table` and `migrate`.
+pub(super) const INDEXES: [(&str, &str, &str, Projected); 4] = [
+    (
+        LEASES_INDEX,
+        attr::LEASE_SHARD,
+        attr::LEASE,
+        Projected::Keys,
+    ),
+    (
+        UNKNOWN_INDEX,
+        attr::UNKNOWN_SHARD,
+        attr::NEXT_CHECK,
+        Projected::All,
+    ),
     (
         EXPIRY_INDEX,
         attr::EXPIRY_SHARD,
         attr::EXPIRY,
-        Some(&[attr::STATE, attr::LEASE]),
+        Projected::Include(&[attr::STATE, attr::LEASE]),
     ),
-    (DUE_INDEX, attr::DUE_SHARD, attr::NEXT_RUN, None),
+    (DUE_INDEX, attr::DUE_SHARD, attr::NEXT_RUN, Projected::All),
 ];
 
 #[cfg(test)]

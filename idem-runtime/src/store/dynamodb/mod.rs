@@ -30,6 +30,7 @@ mod items;
 mod jobs;
 mod layout;
 mod requests;
+mod walk;
 
 pub(crate) use builder::open_url;
 pub use builder::DynamoDbStoreBuilder;
@@ -177,6 +178,9 @@ pub struct DynamoDbStore {
     client: Client,
     table: Arc<str>,
     clock: Option<Clock>,
+    /// Whether the table has the `lapsed` index of tables created before
+    /// `leases`: asked once.
+    lapsed_index: Arc<std::sync::OnceLock<bool>>,
 }
 
 impl std::fmt::Debug for DynamoDbStore {
@@ -497,9 +501,15 @@ impl IdempotencyStore for DynamoDbStore {
                 .send()
                 .await
                 .map_err(|e| self.err(e))?;
-            let found = page.items.unwrap_or_default();
-            if let Some(item) = found.iter().find(|item| items::is_record(item)) {
-                return Ok(Some(items::record(item, now)?));
+            // Past its life, a record reads as purged, whether or not its
+            // TTL or the purge has deleted it yet.
+            for item in page.items.unwrap_or_default() {
+                if items::is_record(&item) {
+                    let record = items::record(&item, now)?;
+                    if !record.is_expired(now) {
+                        return Ok(Some(record));
+                    }
+                }
             }
             start = page.last_evaluated_key;
             if start.is_none() {
@@ -511,11 +521,14 @@ impl IdempotencyStore for DynamoDbStore {
     async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
         let now = self.now();
         let want = batch.saturating_mul(2);
-        // COMPLETED and NOT_PERFORMED records, superseded operations and
-        // delivered jobs are in the `expiry` index; an IN_PROGRESS record past its life has a lapsed
-        // lease, so `lapsed` lists it; an UNKNOWN one is in `unknown`,
-        // whatever its next check (UNKNOWN records are few: each waits
-        // for a reconciler or a person).
+        // NOT_PERFORMED records, records completed late from there,
+        // superseded operations and delivered jobs are in the `expiry`
+        // index (and records completed by versions before `leases`); an
+        // IN_PROGRESS record past its life has a lapsed lease, so the walk
+        // over `leases` finds it; an UNKNOWN one is in `unknown`, whatever
+        // its next check (UNKNOWN records are few: each waits for a
+        // reconciler or a person). A record completed on time is deleted
+        // by its TTL, and no read returns it past its retention.
         let (expiring, lapsed, unknown) = tokio::join!(
             self.due(
                 EXPIRY_INDEX,
@@ -524,13 +537,7 @@ impl IdempotencyStore for DynamoDbStore {
                 want,
                 now
             ),
-            self.due(
-                LAPSED_INDEX,
-                "lq = :s AND lu <= :now",
-                attr::LEASE,
-                want,
-                now
-            ),
+            self.lapsed(want, now),
             self.due(
                 UNKNOWN_INDEX,
                 "uq = :s AND nc <= :now",
@@ -573,15 +580,7 @@ impl IdempotencyStore for DynamoDbStore {
 
     async fn list_lapsed(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
         let now = self.now();
-        let found = self
-            .due(
-                LAPSED_INDEX,
-                "lq = :s AND lu <= :now",
-                attr::LEASE,
-                limit,
-                now,
-            )
-            .await?;
+        let found = self.lapsed(limit, now).await?;
         found.iter().map(|item| items::record(item, now)).collect()
     }
 
@@ -604,7 +603,7 @@ impl IdempotencyStore for DynamoDbStore {
         let mut found = Vec::new();
         for item in self.scan(RECORDS, None).await? {
             let record = items::record(&item, now)?;
-            if filter.matches(&record) {
+            if !record.is_expired(now) && filter.matches(&record) {
                 found.push(record);
             }
         }
@@ -614,9 +613,16 @@ impl IdempotencyStore for DynamoDbStore {
     }
 
     async fn count_records(&self) -> Result<StateCounts, StoreError> {
+        let now = micros(self.now());
         let mut counts = StateCounts::default();
-        for item in self.scan(RECORDS, Some("sk, st")).await? {
-            counts.add(items::state_of(&item)?, 1);
+        for item in self.scan(RECORDS, Some("sk, st, ra, lu")).await? {
+            // Past its life, a record is not counted, as it is not read.
+            let state = items::state_of(&item)?;
+            let ended = items::number(&item, attr::RETAIN)? <= now;
+            let settled = matches!(state, Completed | NotPerformed);
+            if !(ended && (settled || items::number(&item, attr::LEASE)? <= now)) {
+                counts.add(state, 1);
+            }
         }
         Ok(counts)
     }

@@ -82,12 +82,13 @@ impl Values {
 
 /// How a record ends up COMPLETED, whatever state it leaves: its window's
 /// end (`ea`) is not moved, so a completion that lands after it (from
-/// UNKNOWN or NOT_PERFORMED) frees the key at once; the record goes into
-/// the `expiry` index at its retention end, with the TTL backstop then
-/// (`te`, the claim's retention end in seconds; its window's end on a
-/// record an earlier version claimed).
+/// UNKNOWN or NOT_PERFORMED) frees the key at once. No index is written:
+/// the record stays in `leases` where its claim put it, and its TTL (`te`,
+/// the claim's retention end in seconds; its window's end on a record an
+/// earlier version claimed) deletes it. `lq` is removed for a record
+/// claimed before `leases` (absent, removing it writes nothing).
 pub(super) fn completion(note: Option<Option<&str>>) -> String {
-    let mut set = String::from("SET st = :c, rs = :rs, ua = :now, xq = :xq, xk = ra, tt = te");
+    let mut set = String::from("SET st = :c, rs = :rs, ua = :now, tt = te");
     let mut remove = String::from(" REMOVE lq, uq");
     match note {
         Some(Some(_)) => set.push_str(", rv = :rv"),
@@ -114,6 +115,7 @@ pub(super) fn free(now: SystemTime) -> Values {
 pub(super) fn superseded_item(old: &Item, record: &Record) -> Item {
     let mut item = old.clone();
     for name in [
+        attr::LEASE_SHARD,
         attr::LAPSED_SHARD,
         attr::UNKNOWN_SHARD,
         attr::DUE_SHARD,
@@ -163,10 +165,10 @@ impl DynamoDbStore {
         // the claim's time and 0 (a record's bytes are its cost).
         // The TTL a completion sets: the retention's end.
         put(attr::TTL_AT, num(ttl_secs(retain)));
-        // In the `lapsed` index only: an IN_PROGRESS record's end of life is
-        // found through it (and an UNKNOWN one's through `unknown`), so a
-        // claim writes one index, not two.
-        put(attr::LAPSED_SHARD, shard);
+        // In the `leases` index from now until its delete: the sweep finds
+        // it there when its lease ends, and nothing else moves it (a
+        // heartbeat does, by `lu`), so the completion writes no index.
+        put(attr::LEASE_SHARD, shard);
         item
     }
 
@@ -441,7 +443,6 @@ impl DynamoDbStore {
                     .set(":rs", AttributeValue::S(response.to_owned()))
                     .set(":now", num(micros(now)))
                     .set(":ak", num(attempt.get()))
-                    .set(":xq", num(shard(key.as_bytes()[0])))
                     .states(&[state]);
                 if let Some(Some(note)) = note {
                     v = v.set(":rv", AttributeValue::S(note.to_owned()));
@@ -615,6 +616,32 @@ impl DynamoDbStore {
                 return Ok(found);
             }
         }
+    }
+
+    /// The IN_PROGRESS records whose lease ran out at `now`, at most
+    /// `limit`, the earliest lease first: the walk over `leases`, and on a
+    /// table created before it, the `lapsed` index too.
+    pub(super) async fn lapsed(
+        &self,
+        limit: usize,
+        now: SystemTime,
+    ) -> Result<Vec<Item>, StoreError> {
+        let mut found = self.walk_leases(limit, now).await?;
+        if self.has_lapsed_index().await? {
+            found.extend(
+                self.due(
+                    LAPSED_INDEX,
+                    "lq = :s AND lu <= :now",
+                    attr::LEASE,
+                    limit,
+                    now,
+                )
+                .await?,
+            );
+            found.sort_by_key(|item| items::number(item, attr::LEASE).unwrap_or(u64::MAX));
+            found.truncate(limit);
+        }
+        Ok(found)
     }
 
     /// IN_PROGRESS → UNKNOWN with `note`; with `lapsed`, only if the lease
