@@ -472,11 +472,14 @@ for cache, (ours, pt, _, _) in runs.items():
         print(f"| {name} | {on} | {units(i)} | {units(p)} | {round_trips(i)} | {round_trips(p)} |")
     same = per_call(ours["in_progress_same"])
     print(f"| in-progress repeat, same instance | {on} | {units(same)} | (no such path) | {round_trips(same)} | |")
+    upkeep = ours["maintenance"]
+    print(f"| sweep and purge once leases ended, per record | {on} | {units(upkeep)} | (no sweep; TTL deletes) | "
+          f"{round_trips(upkeep)} | |")
 print(f"| bytes per COMPLETED record (DynamoDB's item size) | | {avg(idem_sizes):.0f} | {avg(pt_sizes):.0f} | | |")
 print()
 print(json.dumps({
     ("cache_on" if cache else "cache_off"): {
-        "idem": {k: per_call(v) for k, v in ours.items() if isinstance(v, list)},
+        "idem": {k: per_call(v) for k, v in ours.items() if isinstance(v, list)} | {"maintenance": ours["maintenance"]},
         "powertools": {k: per_call(v) for k, v in pt.items()},
     } for cache, (ours, pt, _, _) in runs.items()
 } | {"bytes": {"idem": avg(idem_sizes), "powertools": avg(pt_sizes)}}))

@@ -1010,13 +1010,14 @@ async fn as_before_leases(table: &Table, key: &idem_runtime::IdempotencyKey, in_
 }
 
 /// A table created before the `leases` index, with records in flight and
-/// settled when it is migrated: `migrate` adds `leases` once (again, it
-/// changes nothing), and the migrated store keeps every promise over the
+/// settled when it is migrated: `connect` refuses it until it is migrated,
+/// saying how; `migrate` adds `leases` once (again, it changes nothing), and the migrated store keeps every promise over the
 /// old records and the new: a claim whose replica died before the
 /// upgrade, and one after, are both found by the sweep; a claim in flight
 /// across the upgrade completes and is no longer listed; a record
-/// completed before the upgrade is purged at its retention end; and a new
-/// claim completes writing no index.
+/// completed before the upgrade is purged at its retention end; a new
+/// claim completes writing no index; and once `lapsed` is deleted, the
+/// running store's sweep goes on without it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_from_before_leases_is_migrated_in_place() {
     let Some(endpoint) = endpoint() else {
@@ -1044,7 +1045,14 @@ async fn a_table_from_before_leases_is_migrated_in_place() {
     as_before_leases(&table, &flight.key, true).await;
     as_before_leases(&table, &settled.key, false).await;
 
+    match DynamoDbStore::connect(client(&endpoint), table.table()).await {
+        Err(StoreError::Config(e)) => assert!(e.contains("migrate"), "{e}"),
+        other => panic!("a table not migrated is a configuration error: {other:?}"),
+    }
     assert!(table.migrate().await.unwrap(), "the index is added");
+    DynamoDbStore::connect(client(&endpoint), table.table())
+        .await
+        .expect("migrated, it connects");
     assert!(
         !table.migrate().await.unwrap(),
         "a second run changes nothing"
@@ -1115,6 +1123,37 @@ async fn a_table_from_before_leases_is_migrated_in_place() {
         .await
         .unwrap();
     assert!(raw.item.is_none(), "deleted, not just hidden");
+
+    // `lapsed` is empty now, and the operator deletes it: the running
+    // store notices, and its sweep goes on over `leases` alone.
+    use aws_sdk_dynamodb::types::{DeleteGlobalSecondaryIndexAction, GlobalSecondaryIndexUpdate};
+    client(&endpoint)
+        .update_table()
+        .table_name(table.table())
+        .global_secondary_index_updates(
+            GlobalSecondaryIndexUpdate::builder()
+                .delete(
+                    DeleteGlobalSecondaryIndexAction::builder()
+                        .index_name("lapsed")
+                        .build()
+                        .unwrap(),
+                )
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let died_last = short(150);
+    table.claim(&died_last).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let lapsed: Vec<_> = table
+        .list_lapsed(100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.key)
+        .collect();
+    assert_eq!(lapsed, vec![died_last.key]);
 }
 
 /// The sweep finds a dead replica's claim among many completed records,

@@ -189,9 +189,33 @@ async fn main() {
         hold.notify_one();
         assert_eq!(running.await.unwrap().name(), "executed");
     }
+    // What the calls leave to maintenance, once their leases ended: one
+    // round of the sweep and of the purge, per record written.
+    tokio::time::sleep(idem_runtime::DEFAULT_LEASE + Duration::from_secs(1)).await;
+    let records = (calls + calls.min(20) + 1) as f64;
+    let before = counts(counts_url);
+    let swept = idem_runtime::maintenance::sweep(&*store, 10_000)
+        .await
+        .unwrap();
+    let purged = idem_runtime::IdempotencyStore::purge_expired(&*store, 1_000)
+        .await
+        .unwrap();
+    assert_eq!(
+        (swept, purged),
+        (0, 0),
+        "every call completed, in its retention"
+    );
+    let maintenance: Map<String, Value> = match diff(&before, &counts(counts_url)) {
+        Value::Object(spent) => spent
+            .into_iter()
+            .map(|(k, v)| (k, json!(v.as_f64().unwrap_or(0.0) / records)))
+            .collect(),
+        _ => Map::new(),
+    };
     println!(
         "{}",
         json!({
+            "maintenance": maintenance,
             "first": first,
             "replay": replay,
             "in_progress": in_progress,

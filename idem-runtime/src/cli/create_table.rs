@@ -9,8 +9,8 @@ use super::{Failure, EXIT_USAGE};
 use crate::store::open_store;
 
 /// `create-table`: the DynamoDB table `url` names, created with its
-/// indexes and TTL (left as it is when it exists), through `open_store`'s
-/// `create=true`.
+/// indexes and TTL, or, when it exists, migrated to this version's indexes
+/// (`DynamoDbStore::migrate`), through `open_store`'s `create=true`.
 pub(super) async fn create_table(url: &str, json: bool) -> Result<String, Failure> {
     let Some(rest) = url.strip_prefix("dynamodb://") else {
         return Err(Failure(

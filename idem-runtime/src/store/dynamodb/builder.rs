@@ -1,6 +1,7 @@
 //! [`DynamoDbStoreBuilder`]: the client, the table and the clock; the
 //! table's creation; and the store a `dynamodb://` URL names.
 
+use std::sync::atomic::AtomicU8;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -13,6 +14,12 @@ use aws_sdk_dynamodb::Client;
 use super::layout::{attr, Projected, INDEXES, LAPSED_INDEX, LEASES_INDEX, TTL_ATTRIBUTE};
 use super::DynamoDbStore;
 use crate::store::StoreError;
+
+/// What a store knows of the table's `lapsed` index: not asked yet, there,
+/// gone.
+pub(super) const LAPSED_UNASKED: u8 = 0;
+const LAPSED_PRESENT: u8 = 1;
+const LAPSED_ABSENT: u8 = 2;
 
 /// Configures a [`DynamoDbStore`]: the table and where the store reads the
 /// time.
@@ -56,7 +63,7 @@ impl DynamoDbStoreBuilder {
             client: self.client,
             table: self.table.into(),
             clock: self.clock,
-            lapsed_index: Arc::default(),
+            lapsed_index: Arc::new(AtomicU8::new(LAPSED_UNASKED)),
         })
     }
 }
@@ -86,14 +93,18 @@ impl DynamoDbStore {
         Ok(store)
     }
 
-    /// Asks DynamoDB for the table: `Config` when it does not exist.
+    /// Asks DynamoDB for the table: `Config` when it does not exist, or
+    /// when it was created before the `leases` index and not migrated.
     pub(crate) async fn check_table(&self) -> Result<(), StoreError> {
-        self.client
-            .describe_table()
-            .table_name(&*self.table)
-            .send()
-            .await
-            .map_err(|e| self.err(e))?;
+        if !self.index_names().await?.iter().any(|n| n == LEASES_INDEX) {
+            return Err(StoreError::Config(format!(
+                "the DynamoDB table {:?} has no `leases` index: it was created by an earlier \
+                 version of idem. Add it before serving with this one: \
+                 DynamoDbStore::migrate, or `idem --store dynamodb://{}?region=… create-table` \
+                 (it migrates a table that exists)",
+                self.table, self.table
+            )));
+        }
         Ok(())
     }
 
@@ -173,8 +184,8 @@ impl DynamoDbStore {
     /// hash attribute `mq`, so it starts empty and is quick to build).
     /// Nothing else is changed: the old `lapsed` index and every item stay
     /// as they are, and this version reads them where they are. Run it
-    /// before the new version takes traffic (`idem migrate` does, with a
-    /// `dynamodb://` URL); running it again changes nothing. Returns
+    /// before the new version takes traffic (`idem create-table` does, on a
+    /// table that exists); running it again changes nothing. Returns
     /// whether it added the index. Errors: `Config` when the table does not
     /// exist, `Unavailable`.
     pub async fn migrate(&self) -> Result<bool, StoreError> {
@@ -235,13 +246,28 @@ impl DynamoDbStore {
     }
 
     /// Whether the table still has the `lapsed` index of tables created
-    /// before `leases`, asked once per store and remembered.
+    /// before `leases`: asked once per store and remembered, until
+    /// [`lapsed_index_gone`](Self::lapsed_index_gone) finds it deleted.
     pub(super) async fn has_lapsed_index(&self) -> Result<bool, StoreError> {
-        if let Some(has) = self.lapsed_index.get() {
-            return Ok(*has);
+        use std::sync::atomic::Ordering;
+        match self.lapsed_index.load(Ordering::Relaxed) {
+            LAPSED_PRESENT => return Ok(true),
+            LAPSED_ABSENT => return Ok(false),
+            _ => {}
         }
         let has = self.index_names().await?.iter().any(|n| n == LAPSED_INDEX);
-        Ok(*self.lapsed_index.get_or_init(|| has))
+        let known = if has { LAPSED_PRESENT } else { LAPSED_ABSENT };
+        self.lapsed_index.store(known, Ordering::Relaxed);
+        Ok(has)
+    }
+
+    /// After a read of `lapsed` failed: whether the operator has deleted
+    /// the index meanwhile (then it is not read again). Errors: those of
+    /// `DescribeTable`.
+    pub(super) async fn lapsed_index_gone(&self) -> Result<bool, StoreError> {
+        self.lapsed_index
+            .store(LAPSED_UNASKED, std::sync::atomic::Ordering::Relaxed);
+        Ok(!self.has_lapsed_index().await?)
     }
 
     /// Deletes the table and everything in it: for tests.

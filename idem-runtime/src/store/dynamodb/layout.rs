@@ -110,8 +110,8 @@ use crate::store::JobId;
 /// maintenance round (sweep, reconcile, purge) and a dispatcher's lease at
 /// a few queries each; a partition key value takes about 1,000 writes a
 /// second before DynamoDB splits it by its sort key, and a call writes the
-/// `lapsed` index twice, so four values carry some 2,000 calls a second
-/// before then.
+/// `leases` index once (a heartbeat moves its entry), so four values carry
+/// some 4,000 calls a second before then.
 pub(super) const SHARDS: u8 = 4;
 
 /// An item as the SDK reads and writes it.

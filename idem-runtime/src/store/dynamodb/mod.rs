@@ -142,18 +142,22 @@ pub const DYNAMODB_MAX_FOLLOW_ONS: usize = TRANSACTION_ITEMS - 1;
 ///
 /// # Expiry
 ///
-/// The purge deletes what is past its life ([`Record::is_expired`]: a
-/// record at its retention end, an IN_PROGRESS or UNKNOWN one once its
-/// lease ran out too), found through the sparse indexes (`expiry` for
-/// COMPLETED and NOT_PERFORMED records, superseded operations and
-/// delivered jobs, `lapsed` and `unknown` for the others), with a condition
-/// that re-checks the life at the delete. A COMPLETED record answers
-/// repeats until its window ends and reads by its reference until its
-/// retention ends.
-/// DynamoDB's TTL (the attribute `tt`) is only a backstop for COMPLETED
-/// records, superseded operations and delivered jobs (at their retention
-/// end): it deletes up to days late, and reads still return an item it has
-/// not deleted yet. Items written by earlier versions: see `layout.rs`.
+/// A record past its life ([`Record::is_expired`]: at its retention end,
+/// and an IN_PROGRESS or UNKNOWN one once its lease ran out too) reads as
+/// purged: `lookup`, `claim`, `list_records` and `count_records` never
+/// return it, whether or not it has been deleted yet. A record completed
+/// on time is deleted by DynamoDB's TTL (the attribute `tt`, its retention
+/// end): free of write units, "typically within a few days" of that end.
+/// The purge deletes the rest with a condition that re-checks the life at
+/// the delete: NOT_PERFORMED records, superseded operations and delivered
+/// jobs through the `expiry` index, UNKNOWN records through `unknown`,
+/// IN_PROGRESS ones through the sweep's walk over `leases`. So a first
+/// call writes no index at its completion: 3 write units in all (the
+/// claim's item and its `leases` entry, the completion's item), where
+/// putting each completion into `expiry` for the purge took 2 more, and
+/// its delete 2 more again. The table's size is bounded by the traffic of
+/// the retention period plus TTL's delay. Tables created before the
+/// `leases` index: [`migrate`](DynamoDbStore::migrate).
 ///
 /// # Errors
 ///
@@ -178,9 +182,9 @@ pub struct DynamoDbStore {
     client: Client,
     table: Arc<str>,
     clock: Option<Clock>,
-    /// Whether the table has the `lapsed` index of tables created before
-    /// `leases`: asked once.
-    lapsed_index: Arc<std::sync::OnceLock<bool>>,
+    /// What the store knows of the `lapsed` index of tables created
+    /// before `leases` (`builder::LAPSED_UNASKED` and the others).
+    lapsed_index: Arc<std::sync::atomic::AtomicU8>,
 }
 
 impl std::fmt::Debug for DynamoDbStore {

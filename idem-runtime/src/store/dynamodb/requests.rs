@@ -628,16 +628,21 @@ impl DynamoDbStore {
     ) -> Result<Vec<Item>, StoreError> {
         let mut found = self.walk_leases(limit, now).await?;
         if self.has_lapsed_index().await? {
-            found.extend(
-                self.due(
+            let listed = self
+                .due(
                     LAPSED_INDEX,
                     "lq = :s AND lu <= :now",
                     attr::LEASE,
                     limit,
                     now,
                 )
-                .await?,
-            );
+                .await;
+            match listed {
+                Ok(listed) => found.extend(listed),
+                // Deleted by the operator once it was empty: not read again.
+                Err(_) if self.lapsed_index_gone().await? => {}
+                Err(e) => return Err(e),
+            }
             found.sort_by_key(|item| items::number(item, attr::LEASE).unwrap_or(u64::MAX));
             found.truncate(limit);
         }
