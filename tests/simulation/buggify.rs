@@ -28,6 +28,10 @@
 //!   record may be another attempt's, and the store must fence it.
 //! - `SweepMark`: between the sweep's list and its mark (a heartbeat may
 //!   land in between: the mark must re-check the lease).
+//! - `SweepMarkLost` (real time only): the store is unreachable at the
+//!   sweep's mark, after its list: a lapsed claim the sweep listed and could
+//!   not mark must be listed again. Drawn from a generator of its own, so
+//!   the other points draw what they drew before it.
 //! - `ReconcileTake`: between a reconcile's listing and its take of the
 //!   record's check: the other replica may list, take and ask meanwhile,
 //!   and the take must then find the check held.
@@ -75,6 +79,7 @@ pub enum Point {
     Mailer,
     ClaimRead,
     CompletionLost,
+    SweepMarkLost,
 }
 
 impl Point {
@@ -122,6 +127,7 @@ impl Point {
             Point::Mailer => "buggify: mailer answered late",
             Point::ClaimRead => "buggify: claim's read delayed",
             Point::CompletionLost => "buggify: acknowledged completion lost in a store crash",
+            Point::SweepMarkLost => "buggify: store unreachable at the sweep's mark",
         }
     }
 }
@@ -142,6 +148,8 @@ pub struct Buggify {
     /// heartbeat (a late heartbeat landing between the sweep's list and its
     /// delayed mark) needs both points on and firing often.
     hot: Vec<Point>,
+    /// `SweepMarkLost`'s generator, when it is on (real time).
+    lost: Option<Rng>,
 }
 
 impl Buggify {
@@ -171,7 +179,9 @@ impl Buggify {
                 hot.push(point);
             }
         }
-        Buggify { rng, on, hot }
+        let lost = (enabled && mode == Mode::Real)
+            .then(|| Rng::new(seed ^ 0x5EE9_0057_u64.rotate_left(24)));
+        Buggify { rng, on, hot, lost }
     }
 
     pub fn is_on(&self, point: Point) -> bool {
@@ -202,6 +212,9 @@ impl Buggify {
             Call::Claim => Point::ClaimAnswer,
             Call::Heartbeat if self.is_on(Point::HeartbeatLate) => Point::HeartbeatLate,
             Call::Heartbeat => Point::HeartbeatAnswer,
+            Call::MarkLapsed if self.lost.as_mut().is_some_and(|r| r.chance(0.2)) => {
+                return Some((Point::SweepMarkLost, Fault::Unreachable));
+            }
             Call::MarkLapsed => Point::SweepMark,
             Call::Complete | Call::CompleteWithFollowOns if self.fires(Point::CompletionLost) => {
                 return Some((Point::CompletionLost, Fault::WriteLost));
