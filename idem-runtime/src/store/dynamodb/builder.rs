@@ -15,6 +15,9 @@ use super::layout::{attr, Projected, INDEXES, LAPSED_INDEX, LEASES_INDEX, TTL_AT
 use super::DynamoDbStore;
 use crate::store::StoreError;
 
+/// The clocks' spread a store assumes unless told.
+const DEFAULT_CLOCK_SPREAD: Duration = Duration::from_secs(1);
+
 /// What a store knows of the table's `lapsed` index: not asked yet, there,
 /// gone.
 pub(super) const LAPSED_UNASKED: u8 = 0;
@@ -28,6 +31,7 @@ pub struct DynamoDbStoreBuilder {
     client: Client,
     table: String,
     clock: Option<super::Clock>,
+    clock_spread: Duration,
 }
 
 impl std::fmt::Debug for DynamoDbStoreBuilder {
@@ -44,6 +48,7 @@ impl DynamoDbStoreBuilder {
             client,
             table,
             clock: None,
+            clock_spread: DEFAULT_CLOCK_SPREAD,
         }
     }
 
@@ -51,6 +56,18 @@ impl DynamoDbStoreBuilder {
     /// simulation runs leases, windows and settle periods on its own time.
     pub fn clock(mut self, clock: impl Fn() -> SystemTime + Send + Sync + 'static) -> Self {
         self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// How far the replicas' clocks may disagree (default 1 s; keep it far
+    /// below the lease, as docs/decisions.md's "Clocks" says). The sweep
+    /// walks the `leases` index from a cursor another replica may have
+    /// moved on its own clock; each walk starts this far behind the cursor,
+    /// so a claim written on a clock that far behind is still found. Each
+    /// round reads the records of that span again (half a read unit each):
+    /// raise it only with the clocks' real spread.
+    pub fn clock_spread(mut self, spread: Duration) -> Self {
+        self.clock_spread = spread;
         self
     }
 
@@ -63,6 +80,7 @@ impl DynamoDbStoreBuilder {
             client: self.client,
             table: self.table.into(),
             clock: self.clock,
+            clock_spread: self.clock_spread,
             lapsed_index: Arc::new(AtomicU8::new(LAPSED_UNASKED)),
         })
     }

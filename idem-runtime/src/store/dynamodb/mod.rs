@@ -182,6 +182,9 @@ pub struct DynamoDbStore {
     client: Client,
     table: Arc<str>,
     clock: Option<Clock>,
+    /// How far the replicas' clocks may disagree: the sweep's walk starts
+    /// this far behind its cursor.
+    clock_spread: Duration,
     /// What the store knows of the `lapsed` index of tables created
     /// before `leases` (`builder::LAPSED_UNASKED` and the others).
     lapsed_index: Arc<std::sync::atomic::AtomicU8>,

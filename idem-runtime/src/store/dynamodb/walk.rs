@@ -22,8 +22,9 @@
 //!
 //! What can still reach the index behind the cursor: an entry written on a
 //! clock behind the walker's by more than its lease, or one the index took
-//! longer than its lease to show. Each walk starts [`REWIND`] before its
-//! cursor, so either would also need to miss by that much more. The
+//! longer than its lease to show. Each walk starts the store's clock
+//! spread ([`DynamoDbStoreBuilder::clock_spread`], 1 s by default) before
+//! its cursor, so either would also need to miss by that much more. The
 //! clocks' bound (docs/decisions.md, "Clocks") keeps skew far below any
 //! lease.
 
@@ -33,10 +34,6 @@ use aws_sdk_dynamodb::types::{KeysAndAttributes, ReturnValue};
 
 use super::*;
 use layout::LEASES_INDEX;
-
-/// How far before its cursor each walk starts: entries within a second
-/// behind it are read again each round.
-const REWIND: Duration = Duration::from_secs(1);
 
 /// The most entries one walk reads per shard; it goes on from there at the
 /// next round.
@@ -86,7 +83,7 @@ impl DynamoDbStore {
         limit: usize,
         now: SystemTime,
     ) -> Result<Vec<Item>, StoreError> {
-        let rewind = u64::try_from(REWIND.as_micros()).unwrap_or(u64::MAX);
+        let rewind = u64::try_from(self.clock_spread.as_micros()).unwrap_or(u64::MAX);
         let from = cursor.saturating_sub(rewind);
         if from > micros(now) {
             // A cursor a walker with a clock ahead of this one's moved:
