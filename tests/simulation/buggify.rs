@@ -28,9 +28,9 @@
 //!   record may be another attempt's, and the store must fence it.
 //! - `SweepMark`: between the sweep's list and its mark (a heartbeat may
 //!   land in between: the mark must re-check the lease).
-//! - `SweepMarkLost` (real time only): the store is unreachable at the
-//!   sweep's mark, after its list: a lapsed claim the sweep listed and could
-//!   not mark must be listed again. Drawn from a generator of its own, so
+//! - `SweepMarkLost` (real time only): the store is unreachable for the
+//!   sweep's marks, after its list, for two leases: a lapsed claim the
+//!   sweep listed and could not mark must be listed again once it can. Drawn from a generator of its own, so
 //!   the other points draw what they drew before it.
 //! - `ReconcileTake`: between a reconcile's listing and its take of the
 //!   record's check: the other replica may list, take and ask meanwhile,
@@ -150,6 +150,8 @@ pub struct Buggify {
     hot: Vec<Point>,
     /// `SweepMarkLost`'s generator, when it is on (real time).
     lost: Option<Rng>,
+    /// Until when the sweep's marks find the store unreachable.
+    lost_until: Option<std::time::Instant>,
 }
 
 impl Buggify {
@@ -181,11 +183,36 @@ impl Buggify {
         }
         let lost = (enabled && mode == Mode::Real)
             .then(|| Rng::new(seed ^ 0x5EE9_0057_u64.rotate_left(24)));
-        Buggify { rng, on, hot, lost }
+        Buggify {
+            rng,
+            on,
+            hot,
+            lost,
+            lost_until: None,
+        }
     }
 
     pub fn is_on(&self, point: Point) -> bool {
         self.on.contains(&point)
+    }
+
+    /// Whether the sweep's mark finds the store unreachable now: within an
+    /// outage of the marks, or at the start of one (a fifth of marks start
+    /// one, `span` long), so that rounds go on listing while the marks
+    /// fail.
+    fn mark_lost(&mut self, span: Duration) -> bool {
+        let Some(rng) = self.lost.as_mut() else {
+            return false;
+        };
+        let now = std::time::Instant::now();
+        if self.lost_until.is_some_and(|until| now < until) {
+            return true;
+        }
+        let starts = rng.chance(0.2);
+        if starts {
+            self.lost_until = Some(now + span);
+        }
+        starts
     }
 
     /// Whether `point` fires now.
@@ -212,7 +239,7 @@ impl Buggify {
             Call::Claim => Point::ClaimAnswer,
             Call::Heartbeat if self.is_on(Point::HeartbeatLate) => Point::HeartbeatLate,
             Call::Heartbeat => Point::HeartbeatAnswer,
-            Call::MarkLapsed if self.lost.as_mut().is_some_and(|r| r.chance(0.2)) => {
+            Call::MarkLapsed if self.mark_lost(lease * 2) => {
                 return Some((Point::SweepMarkLost, Fault::Unreachable));
             }
             Call::MarkLapsed => Point::SweepMark,
