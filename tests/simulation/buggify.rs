@@ -197,7 +197,7 @@ impl Buggify {
     }
 
     /// Whether the sweep's mark finds the store unreachable now: within an
-    /// outage of the marks, or at the start of one (a fifth of marks start
+    /// outage of the marks, or at the start of one (half the marks start
     /// one, `span` long), so that rounds go on listing while the marks
     /// fail.
     fn mark_lost(&mut self, span: Duration) -> bool {
@@ -208,7 +208,7 @@ impl Buggify {
         if self.lost_until.is_some_and(|until| now < until) {
             return true;
         }
-        let starts = rng.chance(0.2);
+        let starts = rng.chance(0.5);
         if starts {
             self.lost_until = Some(now + span);
         }
