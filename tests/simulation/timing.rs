@@ -213,10 +213,17 @@ impl Timing {
     /// How long after the processor became consistent every UNKNOWN record
     /// a reconciler can resolve must be resolved: it waits out its settle
     /// period or its backoff (at most `max_backoff`), a lapsed lease is swept
-    /// within a round, and a round comes within `interval + jitter`.
+    /// within a round once the sweep's marks reach the store (in real time
+    /// BUGGIFY's `SweepMarkLost` keeps them from it for two leases), and a
+    /// round comes within `interval + jitter`.
     pub fn reconcile_bound(&self) -> Duration {
+        let marks_lost = match self.mode {
+            Mode::Real => self.lease * 2,
+            _ => Duration::ZERO,
+        };
         self.settle.max(self.max_backoff)
             + self.lease
+            + marks_lost
             + 2 * (self.interval + self.jitter)
             + self.slack
     }
