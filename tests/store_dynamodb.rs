@@ -913,6 +913,17 @@ async fn a_clock_ahead_does_not_shorten_the_settle_period() {
     assert!(clock.is_empty(), "a resolved record is forgotten");
 }
 
+/// The keys of the records the sweep would mark now.
+async fn lapsed_keys(store: &DynamoDbStore) -> Vec<idem_runtime::IdempotencyKey> {
+    store
+        .list_lapsed(100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.key)
+        .collect()
+}
+
 /// A table as versions before the `leases` index created it (08cdba9's
 /// `TABLE_DEFINITION`): `lapsed` over `lq` and `lu` with every attribute,
 /// and the other three indexes as today.
@@ -1079,13 +1090,7 @@ async fn a_table_from_before_leases_is_migrated_in_place() {
     assert!(!completed.contains_key("lq") && !completed.contains_key("xq"));
     tokio::time::sleep(Duration::from_millis(400)).await;
 
-    let lapsed: Vec<_> = table
-        .list_lapsed(100)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| r.key)
-        .collect();
+    let lapsed = lapsed_keys(&table).await;
     assert!(
         lapsed.contains(&died.key),
         "died before the upgrade: listed"
@@ -1146,13 +1151,7 @@ async fn a_table_from_before_leases_is_migrated_in_place() {
     let died_last = short(150);
     table.claim(&died_last).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let lapsed: Vec<_> = table
-        .list_lapsed(100)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| r.key)
-        .collect();
+    let lapsed = lapsed_keys(&table).await;
     assert_eq!(lapsed, vec![died_last.key]);
 }
 
@@ -1206,13 +1205,7 @@ async fn the_sweep_finds_every_lapsed_claim_among_completed_records() {
     table.claim(&later).await.unwrap();
     assert!(table.list_lapsed(100).await.unwrap().is_empty());
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let keys: Vec<_> = table
-        .list_lapsed(100)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| r.key)
-        .collect();
+    let keys = lapsed_keys(&table).await;
     assert_eq!(keys, vec![later.key]);
     let counts = table.count_records().await.unwrap();
     assert_eq!(
@@ -1251,12 +1244,6 @@ async fn a_walker_behind_the_cursor_finds_nothing_due() {
     late.lease = Duration::from_millis(100);
     table.claim(&late).await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let keys: Vec<_> = ahead
-        .list_lapsed(100)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| r.key)
-        .collect();
+    let keys = lapsed_keys(&ahead).await;
     assert_eq!(keys, vec![late.key]);
 }

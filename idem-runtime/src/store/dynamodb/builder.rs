@@ -248,15 +248,9 @@ impl DynamoDbStore {
     /// The names of the table's global secondary indexes. Errors:
     /// `Config` when the table does not exist, `Unavailable`.
     pub(super) async fn index_names(&self) -> Result<Vec<String>, StoreError> {
-        let table = self
-            .client
-            .describe_table()
-            .table_name(&*self.table)
-            .send()
-            .await
-            .map_err(|e| self.err(e))?
-            .table;
-        Ok(table
+        Ok(self
+            .describe()
+            .await?
             .iter()
             .flat_map(|t| t.global_secondary_indexes())
             .filter_map(|i| i.index_name().map(str::to_owned))
@@ -299,19 +293,27 @@ impl DynamoDbStore {
         Ok(())
     }
 
+    /// The table as DynamoDB describes it. Errors: `Config` when it does
+    /// not exist, `Unavailable`.
+    async fn describe(
+        &self,
+    ) -> Result<Option<aws_sdk_dynamodb::types::TableDescription>, StoreError> {
+        Ok(self
+            .client
+            .describe_table()
+            .table_name(&*self.table)
+            .send()
+            .await
+            .map_err(|e| self.err(e))?
+            .table)
+    }
+
     /// Waits (up to two minutes) until the table and its indexes are
     /// active.
     async fn wait_active(&self) -> Result<(), StoreError> {
         use aws_sdk_dynamodb::types::{IndexStatus, TableStatus};
         for _ in 0..240 {
-            let table = self
-                .client
-                .describe_table()
-                .table_name(&*self.table)
-                .send()
-                .await
-                .map_err(|e| self.err(e))?
-                .table;
+            let table = self.describe().await?;
             let active = table.as_ref().is_some_and(|t| {
                 t.table_status() == Some(&TableStatus::Active)
                     && t.global_secondary_indexes()
