@@ -598,6 +598,74 @@ async fn a_claim_answered_after_its_lease_ran_out_runs_nothing() {
     assert_eq!(processor.count(), 1);
 }
 
+/// A claim its caller gave up on, which the store applies later anyway (a
+/// statement that waited on a lock): the caller was told nothing ran, so
+/// the claim is retracted once it lands. A repeat that meets it before is
+/// told it is in progress, with a retry-after that ends within two leases
+/// of the first call's claim; the retry after it runs the charge, once,
+/// and nothing ever reads as unknown.
+#[tokio::test(start_paused = true)]
+async fn a_claim_that_lands_after_its_caller_gave_up_is_retracted() {
+    let lease = Duration::from_millis(3_000);
+    let memory = on_tokio_clock();
+    let (claims, releases) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let store = {
+        let (claims, releases) = (claims.clone(), releases.clone());
+        FaultyStore::new(memory.clone(), move |call| match call {
+            Call::Claim if claims.fetch_add(1, Ordering::SeqCst) == 0 => Fault::LandsLate {
+                gave_up: Duration::from_millis(1_000),
+                lands: Duration::from_millis(2_500),
+            },
+            Call::Release => {
+                releases.fetch_add(1, Ordering::SeqCst);
+                Fault::None
+            }
+            _ => Fault::None,
+        })
+    };
+    let exec = Executor::new(Arc::new(store)).with_lease(lease);
+    let processor = Processor::sleeping(Duration::from_millis(50));
+    let sent = tokio::time::Instant::now();
+    let first = charge(&exec, &alice(), &visa(9), &processor).await;
+    assert_eq!(first.name(), "store_unavailable", "{first:?}");
+    // Just after the claim landed, the repeats begin.
+    tokio::time::sleep_until(sent + Duration::from_millis(2_520)).await;
+    let bound = sent + lease * 2;
+    loop {
+        let answer = charge(&exec, &alice(), &visa(9), &processor).await;
+        let now = tokio::time::Instant::now();
+        match answer {
+            Answer::Executed { .. } => break,
+            Answer::InProgress { retry_after, .. } => {
+                assert!(
+                    now + retry_after <= bound,
+                    "told to come back {retry_after:?} after {:?}, past the bound of two leases",
+                    now - sent
+                );
+                tokio::time::sleep(retry_after).await;
+            }
+            other => panic!(
+                "{:?} after the first call was told nothing ran: {other:?}",
+                now - sent
+            ),
+        }
+    }
+    assert_eq!(processor.count(), 1);
+    // Long after: one record, the charge's, and the watch has ended.
+    tokio::time::sleep(lease * 10).await;
+    let records = memory
+        .list_records(&idem_runtime::store::RecordFilter::default())
+        .await
+        .unwrap();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0].state.name(), "COMPLETED");
+    let sent_releases = releases.load(Ordering::SeqCst);
+    assert!(
+        (2..=16).contains(&sent_releases),
+        "the watch of one unconfirmed claim sent {sent_releases} releases"
+    );
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct Shipment {
     order_id: String,

@@ -54,17 +54,24 @@ impl Executor {
     ///
     /// - A guard is armed while the claim is in flight: if its answer is
     ///   lost (a timeout after the commit) or the call is dropped before it
-    ///   comes, the claim may have landed and nothing would ever run under
-    ///   it, so dropping the guard releases it (fenced by its attempt,
-    ///   retrying in the background until the store answers).
+    ///   comes, the claim may have landed, or may still land, and nothing
+    ///   would ever run under it, so dropping the guard retracts it: it is
+    ///   released, fenced by its attempt, again and again in the
+    ///   background until its lease counted from its send has run out
+    ///   ([`ReleaseOnDrop`]).
     /// - The send instant is read before the claim goes out: the store's
     ///   lease cannot run out before one counted from it.
     /// - A claim confirmed only after that lease ran out is not confirmed
     ///   ([`late_claim`]): it may already have been swept, reconciled and
     ///   taken over, so it is released and nothing runs.
     pub(crate) async fn claim(&self, request: ClaimRequest, tool: &str) -> Claimed {
-        let mut unconfirmed = ReleaseOnDrop::new(&self.store, request.key, request.attempt);
         let sent = tokio::time::Instant::now();
+        let mut unconfirmed = ReleaseOnDrop::new(
+            &self.store,
+            request.key,
+            request.attempt,
+            sent + request.lease,
+        );
         let answer = self.dyn_store().claim(&request).await;
         // One reading after the answer serves the late-claim check, the
         // step's timer and the handler's (a clock read is about 18 ns, a

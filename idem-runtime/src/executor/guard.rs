@@ -73,32 +73,61 @@ impl Drop for UnknownOnDrop<'_> {
     }
 }
 
-/// Releases a claim whose answer never came (lost after the commit, or the
-/// call dropped while it was in flight), unless disarmed: nothing ran under
-/// it, so the retry the answer invites must find no orphan. The release is
-/// fenced by the attempt (a claim that never landed answers `Fenced`, and
-/// that is the end of it) and retried in the background, with backoff, until
-/// the store answers; after [`GIVE_UP_AFTER`] the lease has long run out and
-/// the sweep and reconciler own the record.
+/// Retracts a claim whose answer never came (lost after the commit, given
+/// up on by the store's client-side timeout, or the call dropped while it
+/// was in flight), unless disarmed: nothing ran under it, and the caller is
+/// told so, so the retry that answer invites must find no orphan.
+///
+/// A request the client stopped waiting for can still be applied by the
+/// server (PostgreSQL finishes a statement that waited on a lock, Redis
+/// runs a script already in its buffer, DynamoDB applies a request whose
+/// answer was lost), so one release is not enough: "nothing ran" is final
+/// only once the claim can no longer land. The guard keeps releasing,
+/// fenced by the claim's attempt, until `watch_until`: the claim's own
+/// lease counted from before it was sent. A claim that lands in that time
+/// is deleted within a pause of its landing (at most [`MAX_PAUSE`], and an
+/// eighth of the lease), and a repeat that meets it meanwhile reads it as
+/// in progress, with a retry-after no later than its lease's end: at most
+/// two leases after it was sent. The last release is sent at or after
+/// `watch_until`. Store errors
+/// are retried with backoff until the store answers, for at most
+/// [`GIVE_UP_AFTER`], after which the sweep and the reconciler own whatever
+/// is left.
 pub(super) struct ReleaseOnDrop<'a> {
     store: Option<&'a Arc<dyn IdempotencyStore>>,
     key: IdempotencyKey,
     attempt: Attempt,
+    watch_until: tokio::time::Instant,
 }
 
-/// How long the background release of an unconfirmed claim keeps trying.
+/// How long the background release of an unconfirmed claim keeps trying
+/// while the store does not answer.
 const GIVE_UP_AFTER: Duration = Duration::from_secs(600);
 
+/// The first pause between two releases of an unconfirmed claim; it
+/// doubles up to [`MAX_PAUSE`].
+const FIRST_PAUSE: Duration = Duration::from_millis(50);
+
+/// The longest pause between two releases of an unconfirmed claim (an
+/// eighth of the lease when that is shorter): how long a claim that landed
+/// late stays at most before it is deleted. A repeat that meets it is told
+/// to ask again in at least a second, by when it is gone.
+const MAX_PAUSE: Duration = Duration::from_secs(1);
+
 impl<'a> ReleaseOnDrop<'a> {
+    /// Guards the claim `attempt` of `key`, which may land until
+    /// `watch_until`.
     pub(super) fn new(
         store: &'a Arc<dyn IdempotencyStore>,
         key: IdempotencyKey,
         attempt: Attempt,
+        watch_until: tokio::time::Instant,
     ) -> Self {
         ReleaseOnDrop {
             store: Some(store),
             key,
             attempt,
+            watch_until,
         }
     }
 
@@ -112,30 +141,52 @@ impl Drop for ReleaseOnDrop<'_> {
         let Some(store) = self.store.take().cloned() else {
             return;
         };
-        let (key, attempt) = (self.key, self.attempt);
+        let (key, attempt, watch_until) = (self.key, self.attempt, self.watch_until);
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        rt.spawn(async move {
-            let started = tokio::time::Instant::now();
-            let mut pause = Duration::from_millis(50);
-            loop {
-                match store.release(&key, attempt).await {
-                    // Released, or it never landed, or it is not ours to undo.
-                    Ok(()) | Err(StoreError::Fenced) | Err(StoreError::WrongState { .. }) => {
-                        return
-                    }
-                    Err(error) if started.elapsed() >= GIVE_UP_AFTER => {
-                        tracing::error!(%key, %error,
-                            "an unconfirmed claim could not be released; the sweep and the reconciler will resolve it");
-                        return;
-                    }
-                    Err(_) => {
-                        tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(Duration::from_secs(5));
-                    }
+        rt.spawn(retract(store, key, attempt, watch_until));
+    }
+}
+
+/// [`ReleaseOnDrop`]'s watch: releases the claim `attempt` of `key` until a
+/// release sent at or after `watch_until` has been answered.
+async fn retract(
+    store: Arc<dyn IdempotencyStore>,
+    key: IdempotencyKey,
+    attempt: Attempt,
+    watch_until: tokio::time::Instant,
+) {
+    let started = tokio::time::Instant::now();
+    let watch = watch_until.saturating_duration_since(started);
+    let max_pause = MAX_PAUSE.min(watch / 8).max(FIRST_PAUSE);
+    let mut pause = FIRST_PAUSE;
+    loop {
+        let asked = tokio::time::Instant::now();
+        match store.release(&key, attempt).await {
+            // Released, or not there (yet): it never landed, or it is not
+            // ours to undo. Final only once the claim can no longer land.
+            Ok(()) | Err(StoreError::Fenced) | Err(StoreError::WrongState { .. }) => {
+                if asked >= watch_until {
+                    return;
                 }
             }
-        });
+            Err(error) if started.elapsed() >= GIVE_UP_AFTER => {
+                tracing::error!(%key, %error,
+                    "an unconfirmed claim could not be released; the sweep and the reconciler will resolve it");
+                return;
+            }
+            Err(_) => {}
+        }
+        // The last release goes out right at `watch_until`, not a whole
+        // pause after it.
+        let now = tokio::time::Instant::now();
+        let wake = if now < watch_until {
+            (now + pause).min(watch_until)
+        } else {
+            now + pause
+        };
+        tokio::time::sleep_until(wake).await;
+        pause = (pause * 2).min(max_pause);
     }
 }

@@ -80,6 +80,19 @@ pub enum Fault {
     /// [`Call::CompleteWithFollowOns`]; any other call is
     /// [`Fault::Unreachable`].
     WriteLost,
+    /// Fail with `Unavailable` after `gave_up` (the client's timeout fired),
+    /// while the store still applies the request after `lands`, both counted
+    /// from the call: a server that finishes a request its client stopped
+    /// waiting for (PostgreSQL's statement that waited on a lock, a Redis
+    /// script already in the server's buffer, a DynamoDB request whose
+    /// answer was lost). For [`Call::Claim`]; any other call is
+    /// [`Fault::Unreachable`].
+    LandsLate {
+        /// When the caller is answered `Unavailable`.
+        gave_up: Duration,
+        /// When the store applies the claim.
+        lands: Duration,
+    },
 }
 
 /// Decides the fault of each call.
@@ -87,10 +100,20 @@ pub type FaultPlan = Arc<dyn Fn(Call) -> Fault + Send + Sync>;
 
 /// A store that forwards to `inner`, with faults injected by a plan: the one
 /// fault-injecting wrapper of the tests, the benches and the simulation.
-#[derive(Clone)]
 pub struct FaultyStore<S> {
-    inner: S,
+    // Shared with the claims that land after their caller gave up
+    // ([`Fault::LandsLate`]).
+    inner: Arc<S>,
     plan: FaultPlan,
+}
+
+impl<S> Clone for FaultyStore<S> {
+    fn clone(&self) -> Self {
+        FaultyStore {
+            inner: self.inner.clone(),
+            plan: self.plan.clone(),
+        }
+    }
 }
 
 impl<S> std::fmt::Debug for FaultyStore<S> {
@@ -99,11 +122,11 @@ impl<S> std::fmt::Debug for FaultyStore<S> {
     }
 }
 
-impl<S: IdempotencyStore> FaultyStore<S> {
+impl<S: IdempotencyStore + 'static> FaultyStore<S> {
     /// `inner` with the faults `plan` picks for each call.
     pub fn new(inner: S, plan: impl Fn(Call) -> Fault + Send + Sync + 'static) -> Self {
         FaultyStore {
-            inner,
+            inner: Arc::new(inner),
             plan: Arc::new(plan),
         }
     }
@@ -142,9 +165,9 @@ impl<S: IdempotencyStore> FaultyStore<S> {
     ) -> Result<T, StoreError> {
         match fault {
             Fault::None => work.await,
-            Fault::Unreachable | Fault::WriteLost => Err(StoreError::Unavailable(format!(
-                "injected: {call:?} did not reach the store"
-            ))),
+            Fault::Unreachable | Fault::WriteLost | Fault::LandsLate { .. } => Err(
+                StoreError::Unavailable(format!("injected: {call:?} did not reach the store")),
+            ),
             Fault::AnswerLost => {
                 let _ = work.await;
                 Err(StoreError::Unavailable(format!(
@@ -166,9 +189,25 @@ impl<S: IdempotencyStore> FaultyStore<S> {
 
 #[deny(clippy::missing_trait_methods)]
 #[async_trait]
-impl<S: IdempotencyStore> IdempotencyStore for FaultyStore<S> {
+impl<S: IdempotencyStore + 'static> IdempotencyStore for FaultyStore<S> {
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
-        self.run(Call::Claim, self.inner.claim(req)).await
+        match (self.plan)(Call::Claim) {
+            Fault::LandsLate { gave_up, lands } => {
+                let (inner, req) = (self.inner.clone(), req.clone());
+                tokio::spawn(async move {
+                    tokio::time::sleep(lands).await;
+                    let _ = inner.claim(&req).await;
+                });
+                tokio::time::sleep(gave_up).await;
+                Err(StoreError::Unavailable(
+                    "injected: the claim was given up on; the store applies it later".into(),
+                ))
+            }
+            fault => {
+                self.run_fault(fault, Call::Claim, self.inner.claim(req))
+                    .await
+            }
+        }
     }
 
     async fn complete(
@@ -310,7 +349,7 @@ impl<S: IdempotencyStore> IdempotencyStore for FaultyStore<S> {
     }
 }
 
-impl<S: IdempotencyStore> FaultyStore<S> {
+impl<S: IdempotencyStore + 'static> FaultyStore<S> {
     /// The wrapped store's jobs: only reached once `follow_ons()` said
     /// there are some.
     fn jobs(&self) -> &dyn FollowOnStore {
@@ -322,7 +361,7 @@ impl<S: IdempotencyStore> FaultyStore<S> {
 
 #[deny(clippy::missing_trait_methods)]
 #[async_trait]
-impl<S: IdempotencyStore> FollowOnStore for FaultyStore<S> {
+impl<S: IdempotencyStore + 'static> FollowOnStore for FaultyStore<S> {
     async fn complete_with_follow_ons(
         &self,
         key: &IdempotencyKey,
