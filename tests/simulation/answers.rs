@@ -71,6 +71,77 @@ fn judge_after_window(
     ))
 }
 
+/// Oracle 12 (nothing ran stays true): a caller told that nothing ran,
+/// because its claim failed or was given up on, may have left a claim the
+/// store applies later. Nobody was given that operation, so no call made
+/// past two leases of the claim's send (a claim lands within its lease, and
+/// holds for one lease more at most) is told of it, and a call made inside
+/// that bound may only find it holding the key: in progress, with a
+/// retry-after that ends within the bound (counted from the call, whose
+/// answer a slow store may bring late), or a conflict of another business
+/// key's arguments; the retry after that finds nothing of it. Excused when
+/// the releases sent since it landed all failed or were slow: the store
+/// could not be told to take it back.
+fn judge_unconfirmed(
+    sim: &Sim,
+    w: &mut World,
+    call: usize,
+    answer: &Answer<Receipt, ToolError>,
+) -> Option<String> {
+    let reference = answer.reference()?;
+    let claim = *w.unconfirmed.get(&reference)?;
+    let now = tokio::time::Instant::now();
+    let made = w.calls[call].made.unwrap_or(now);
+    let t = &sim.timing;
+    let bound = claim.sent + t.lease * 2 + t.tolerance + t.slack;
+    // Excused only when the releases sent since the claim landed (the
+    // executor's to send) all failed or were slow: the store could not be
+    // told to take it back. None sent since is no excuse.
+    let slow = t.lease / 4;
+    let landed = w
+        .claims_landed
+        .get(&(claim.key, claim.attempt))
+        .copied()
+        .unwrap_or(now);
+    let troubled = w
+        .releases
+        .get(&(claim.key, claim.attempt))
+        .is_some_and(|sent| {
+            let since: Vec<_> = sent.iter().filter(|(at, _)| *at >= landed).collect();
+            !since.is_empty()
+                && since.iter().all(|(at, answered)| match answered {
+                    Some((when, ok)) => !ok || *when - *at > slow,
+                    None => now - *at > slow,
+                })
+        });
+    if troubled {
+        w.stats
+            .bump("unconfirmed claims met while their releases failed (excused)");
+        return None;
+    }
+    match answer {
+        Answer::InProgress { retry_after, .. } if made + *retry_after <= bound => {
+            w.stats
+                .bump("unconfirmed claims met in progress within the bound");
+            None
+        }
+        Answer::Conflict { .. } if made <= bound => {
+            w.stats
+                .bump("unconfirmed claims met as a conflict within the bound");
+            None
+        }
+        Answer::InProgress { retry_after, .. } => Some(format!(
+            "oracle 12 (nothing ran stays true): {reference} was claimed {:?} before a call by a caller told nothing ran; the call was told it is in progress, with a retry-after of {retry_after:?}, past the bound of two leases",
+            made - claim.sent
+        )),
+        other => Some(format!(
+            "oracle 12 (nothing ran stays true): {reference} was claimed {:?} before a call by a caller told nothing ran; the call was told {}",
+            made - claim.sent,
+            other.name()
+        )),
+    }
+}
+
 /// Oracles 2 and 3: what the caller was told against what happened.
 pub fn judge(sim: &Sim, call: usize, answer: Option<&Answer<Receipt, ToolError>>) {
     let mut w = sim.world();
@@ -86,6 +157,7 @@ pub fn judge(sim: &Sim, call: usize, answer: Option<&Answer<Receipt, ToolError>>
         super::references::given(&mut w, r);
     }
     let mut problems = Vec::new();
+    problems.extend(judge_unconfirmed(sim, &mut w, call, answer));
     let nothing_ran = |what: &str, problems: &mut Vec<String>| {
         if let Some(r) = run {
             problems.push(format!(

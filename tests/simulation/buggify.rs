@@ -32,6 +32,12 @@
 //!   sweep's marks, after its list, for two leases: a lapsed claim the
 //!   sweep listed and could not mark must be listed again once it can. Drawn from a generator of its own, so
 //!   the other points draw what they drew before it.
+//! - `ClaimLandsLate`: a claim's caller gives up (its client's timeout, up
+//!   to half a lease) and the store applies the claim later anyway, within
+//!   the claim's lease of its send (a statement that waited on a lock, a
+//!   script in the server's buffer, a request whose answer was lost): the
+//!   caller was told nothing ran, so the claim must be retracted. On in
+//!   half the schedules, from a generator of its own.
 //! - `ReconcileTake`: between a reconcile's listing and its take of the
 //!   record's check: the other replica may list, take and ask meanwhile,
 //!   and the take must then find the check held.
@@ -80,6 +86,7 @@ pub enum Point {
     ClaimRead,
     CompletionLost,
     SweepMarkLost,
+    ClaimLandsLate,
 }
 
 impl Point {
@@ -128,6 +135,7 @@ impl Point {
             Point::ClaimRead => "buggify: claim's read delayed",
             Point::CompletionLost => "buggify: acknowledged completion lost in a store crash",
             Point::SweepMarkLost => "buggify: store unreachable at the sweep's mark",
+            Point::ClaimLandsLate => "buggify: claim landed after its caller gave up",
         }
     }
 }
@@ -152,6 +160,8 @@ pub struct Buggify {
     lost: Option<Rng>,
     /// Until when the sweep's marks find the store unreachable.
     lost_until: Option<std::time::Instant>,
+    /// `ClaimLandsLate`'s generator, when it is on.
+    late: Option<Rng>,
 }
 
 impl Buggify {
@@ -183,12 +193,16 @@ impl Buggify {
         }
         let lost = (enabled && mode == Mode::Real)
             .then(|| Rng::new(seed ^ 0x5EE9_0057_u64.rotate_left(24)));
+        let late = enabled
+            .then(|| Rng::new(seed ^ 0x1A7E_C1A1_u64.rotate_left(32)))
+            .and_then(|mut rng| rng.chance(0.5).then_some(rng));
         Buggify {
             rng,
             on,
             hot,
             lost,
             lost_until: None,
+            late,
         }
     }
 
@@ -215,6 +229,20 @@ impl Buggify {
         starts
     }
 
+    /// A claim given up on by its caller, landing later (`ClaimLandsLate`),
+    /// when the point is on and fires: the caller is answered within half
+    /// a lease, and the claim lands after that, within its lease of the
+    /// send.
+    fn lands_late(&mut self, lease: Duration) -> Option<Fault> {
+        let rng = self.late.as_mut()?;
+        if !rng.chance(0.15) {
+            return None;
+        }
+        let gave_up = rng.between(Duration::ZERO, lease / 2);
+        let lands = rng.between(gave_up, lease * 19 / 20);
+        Some(Fault::LandsLate { gave_up, lands })
+    }
+
     /// Whether `point` fires now.
     pub fn fires(&mut self, point: Point) -> bool {
         let rate = if self.hot.contains(&point) {
@@ -236,7 +264,10 @@ impl Buggify {
         let lease = t.lease;
         let zero = Duration::ZERO;
         let point = match call {
-            Call::Claim => Point::ClaimAnswer,
+            Call::Claim => match self.lands_late(lease) {
+                Some(fault) => return Some((Point::ClaimLandsLate, fault)),
+                None => Point::ClaimAnswer,
+            },
             Call::Heartbeat if self.is_on(Point::HeartbeatLate) => Point::HeartbeatLate,
             Call::Heartbeat => Point::HeartbeatAnswer,
             Call::MarkLapsed if self.mark_lost(lease * 2) => {

@@ -50,6 +50,7 @@ pub(super) fn spawn_call(
             run: None,
             answer: None,
             after: None,
+            made: None,
         });
         w.calls.len() - 1
     };
@@ -74,6 +75,7 @@ async fn make_call(sim: &Arc<Sim>, callers: &Callers, call: usize) {
             w.stats.bump("purchases repeated after their window");
         }
         w.calls[call].after = after;
+        w.calls[call].made = Some(tokio::time::Instant::now());
     }
     // A live replica serves the call; one that dies takes its calls along.
     let last = callers.replicas.len() - 1;

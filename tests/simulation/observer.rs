@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use super::buggify::Point;
 use super::stores::jobs_of;
-use super::world::{HeartbeatRec, Sabotage, Sim};
+use super::world::{HeartbeatRec, Sabotage, Sim, Unconfirmed};
 
 /// Outermost: records when each claim that won and each heartbeat that
 /// landed was sent, per key.
@@ -38,12 +38,39 @@ impl<S: IdempotencyStore> IdempotencyStore for Observer<S> {
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         let sent = Instant::now();
         let out = self.inner.claim(req).await;
-        if let Ok(Claim::Claimed { .. }) = out {
-            let mut w = self.sim.world();
-            w.claims_sent
-                .entry(*req.key.as_bytes())
-                .or_default()
-                .push(sent);
+        match out {
+            Ok(Claim::Claimed { .. }) => {
+                let mut w = self.sim.world();
+                w.claims_sent
+                    .entry(*req.key.as_bytes())
+                    .or_default()
+                    .push(sent);
+            }
+            // Its caller is told nothing ran, though the claim may have
+            // landed or land later (oracle 12).
+            Err(ref e) => {
+                {
+                    let mut w = self.sim.world();
+                    self.sim.log(&mut w, || {
+                        format!(
+                            "claim {} attempt {} sent at {:?} lease {:?} failed: {e}",
+                            req.reference,
+                            req.attempt.get(),
+                            sent - self.sim.t0,
+                            req.lease
+                        )
+                    });
+                }
+                self.sim.world().unconfirmed.insert(
+                    req.reference,
+                    Unconfirmed {
+                        key: *req.key.as_bytes(),
+                        attempt: req.attempt.get(),
+                        sent,
+                    },
+                );
+            }
+            Ok(Claim::Existing { .. }) => {}
         }
         out
     }
@@ -56,7 +83,39 @@ impl<S: IdempotencyStore> IdempotencyStore for Observer<S> {
         self.inner.complete(key, attempt, response).await
     }
     async fn release(&self, key: &IdempotencyKey, attempt: Attempt) -> Result<(), StoreError> {
-        self.inner.release(key, attempt).await
+        // Oracle 12's excuse: a release that failed or was slow (or is
+        // still on its way) could not retract a claim that landed.
+        let id = (*key.as_bytes(), attempt.get());
+        let sent = Instant::now();
+        self.sim
+            .world()
+            .releases
+            .entry(id)
+            .or_default()
+            .push((sent, None));
+        let out = self.inner.release(key, attempt).await;
+        let ok = !matches!(out, Err(StoreError::Unavailable(_)));
+        {
+            let mut w = self.sim.world();
+            self.sim.log(&mut w, || {
+                format!(
+                    "release {} attempt {} sent at {:?}: {out:?}",
+                    key,
+                    attempt.get(),
+                    sent - self.sim.t0
+                )
+            });
+        }
+        if let Some(rec) = self
+            .sim
+            .world()
+            .releases
+            .get_mut(&id)
+            .and_then(|v| v.iter_mut().rev().find(|(s, _)| *s == sent))
+        {
+            rec.1 = Some((Instant::now(), ok));
+        }
+        out
     }
     async fn mark_unknown(
         &self,

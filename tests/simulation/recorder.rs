@@ -19,6 +19,7 @@ use super::model::Write;
 use super::stores::jobs_of;
 use super::timing::Mode;
 use super::world::Sim;
+use tokio::time::Instant;
 
 /// Innermost: every write runs one at a time, in real time on a task of its
 /// own (so a dropped call cannot cut the bookkeeping off from a write that
@@ -70,6 +71,9 @@ impl IdempotencyStore for Recorder {
             let out = inner.claim(&req).await;
             match &out {
                 Ok(Claim::Claimed { reference }) => {
+                    sim.world()
+                        .claims_landed
+                        .insert((*req.key.as_bytes(), req.attempt.get()), Instant::now());
                     Self::claimed(&*inner, &sim, &req, *reference, sent).await
                 }
                 Ok(Claim::Existing { record }) => Self::existing(&sim, &req, record),

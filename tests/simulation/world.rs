@@ -170,6 +170,8 @@ pub struct CallRec {
     /// Made after the window of its operation's COMPLETED instance had ended
     /// by more than the margin (oracle 8): a new operation.
     pub after: Option<AfterWindow>,
+    /// When the call was made.
+    pub made: Option<Instant>,
 }
 
 /// A call made after its operation's window: which instance it follows.
@@ -403,6 +405,24 @@ pub struct World {
     /// (key, attempt) of records a sweep marked within the clocks' spread
     /// of their lease's end (skewed schedules only): oracle 4's excuse.
     pub early_marks: BTreeSet<([u8; 32], u64)>,
+    /// Oracle 12: the claims whose caller was told nothing ran (the store
+    /// failed or gave up), by the reference they offered; each may have
+    /// landed, or land later.
+    pub unconfirmed: BTreeMap<Reference, Unconfirmed>,
+    /// When each claim that won took effect, per (key, attempt).
+    pub claims_landed: BTreeMap<([u8; 32], u64), Instant>,
+    /// Every release sent, per (key, attempt): when, and when it was
+    /// answered and whether the store answered (oracle 12's excuse).
+    pub releases: BTreeMap<([u8; 32], u64), Vec<(Instant, Option<(Instant, bool)>)>>,
+}
+
+/// A claim whose caller was told nothing ran (oracle 12).
+#[derive(Clone, Copy, Debug)]
+pub struct Unconfirmed {
+    pub key: [u8; 32],
+    pub attempt: u64,
+    /// When it was sent.
+    pub sent: Instant,
 }
 
 /// One schedule's shared state.

@@ -70,7 +70,8 @@ impl Executor {
             &self.store,
             request.key,
             request.attempt,
-            sent + request.lease,
+            sent,
+            request.lease,
         );
         let answer = self.dyn_store().claim(&request).await;
         // One reading after the answer serves the late-claim check, the

@@ -89,7 +89,9 @@ impl Drop for UnknownOnDrop<'_> {
 /// eighth of the lease), and a repeat that meets it meanwhile reads it as
 /// in progress, with a retry-after no later than its lease's end: at most
 /// two leases after it was sent. The last release is sent at or after
-/// `watch_until`. Store errors
+/// `watch_until`. A release that does not answer within a quarter of the
+/// lease (at most [`MAX_WAIT`]) is given up and sent again: a stalled
+/// connection must not hold the watch. Store errors
 /// are retried with backoff until the store answers, for at most
 /// [`GIVE_UP_AFTER`], after which the sweep and the reconciler own whatever
 /// is left.
@@ -98,6 +100,7 @@ pub(super) struct ReleaseOnDrop<'a> {
     key: IdempotencyKey,
     attempt: Attempt,
     watch_until: tokio::time::Instant,
+    lease: Duration,
 }
 
 /// How long the background release of an unconfirmed claim keeps trying
@@ -114,20 +117,26 @@ const FIRST_PAUSE: Duration = Duration::from_millis(50);
 /// to ask again in at least a second, by when it is gone.
 const MAX_PAUSE: Duration = Duration::from_secs(1);
 
+/// The longest wait for one release's answer (a quarter of the lease when
+/// that is shorter) before it is sent again.
+const MAX_WAIT: Duration = Duration::from_secs(5);
+
 impl<'a> ReleaseOnDrop<'a> {
-    /// Guards the claim `attempt` of `key`, which may land until
-    /// `watch_until`.
+    /// Guards the claim `attempt` of `key` with `lease`, sent at `sent`: it
+    /// may land until `sent + lease`.
     pub(super) fn new(
         store: &'a Arc<dyn IdempotencyStore>,
         key: IdempotencyKey,
         attempt: Attempt,
-        watch_until: tokio::time::Instant,
+        sent: tokio::time::Instant,
+        lease: Duration,
     ) -> Self {
         ReleaseOnDrop {
             store: Some(store),
             key,
             attempt,
-            watch_until,
+            watch_until: sent + lease,
+            lease,
         }
     }
 
@@ -141,11 +150,11 @@ impl Drop for ReleaseOnDrop<'_> {
         let Some(store) = self.store.take().cloned() else {
             return;
         };
-        let (key, attempt, watch_until) = (self.key, self.attempt, self.watch_until);
+        let (key, attempt) = (self.key, self.attempt);
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        rt.spawn(retract(store, key, attempt, watch_until));
+        rt.spawn(retract(store, key, attempt, self.watch_until, self.lease));
     }
 }
 
@@ -156,14 +165,22 @@ async fn retract(
     key: IdempotencyKey,
     attempt: Attempt,
     watch_until: tokio::time::Instant,
+    lease: Duration,
 ) {
+    let wait = MAX_WAIT.min(lease / 4).max(FIRST_PAUSE);
     let started = tokio::time::Instant::now();
     let watch = watch_until.saturating_duration_since(started);
     let max_pause = MAX_PAUSE.min(watch / 8).max(FIRST_PAUSE);
     let mut pause = FIRST_PAUSE;
     loop {
         let asked = tokio::time::Instant::now();
-        match store.release(&key, attempt).await {
+        let released = tokio::time::timeout(wait, store.release(&key, attempt)).await;
+        let released = released.unwrap_or_else(|_| {
+            Err(StoreError::Unavailable(
+                "the release did not answer in time".into(),
+            ))
+        });
+        match released {
             // Released, or not there (yet): it never landed, or it is not
             // ours to undo. Final only once the claim can no longer land.
             Ok(()) | Err(StoreError::Fenced) | Err(StoreError::WrongState { .. }) => {
