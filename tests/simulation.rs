@@ -8,7 +8,7 @@
 //! user wants), and the maintenance jobs (sweep, reconcile with settle and
 //! backoff, purge) on every replica and an operator resolving by hand, on
 //! their timers. In half the schedules the replicas' clocks are skewed
-//! (`clock_offsets`), and in half they answer repeats from a replay cache
+//! (`replica_clocks`; drifting in a quarter), and in half they answer repeats from a replay cache
 //! (`Sim::replay_cache`).
 //!
 //! One seed drives one schedule: on MemoryStore, a single-threaded tokio
@@ -200,22 +200,31 @@ fn memory_seed(seed: u64, sabotage: Sabotage, trace: bool) -> Report {
             let store_clock = clock.clone();
             let memory = MemoryStore::with_clock(move || store_clock());
             // Each replica's own clock, off the true one by an offset drawn
-            // from the seed (none in half the schedules).
+            // from the seed that drifts as the schedule goes (none in half
+            // the schedules).
             let mut timing = Timing::paused();
-            let offsets = clock_offsets(seed, &mut timing);
-            let views: Vec<Arc<dyn IdempotencyStore>> = offsets
+            let clocks = replica_clocks(seed, &mut timing);
+            let views: Vec<Arc<dyn IdempotencyStore>> = clocks
                 .iter()
-                .map(|&offset| {
+                .map(|&own| {
                     let clock = clock.clone();
-                    Arc::new(memory.sharing_with_clock(move || skewed(clock(), offset)))
-                        as Arc<dyn IdempotencyStore>
+                    Arc::new(memory.sharing_with_clock(move || {
+                        let now = clock();
+                        skewed(
+                            now,
+                            own.offset_ms(now.duration_since(base).unwrap_or_default()),
+                        )
+                    })) as Arc<dyn IdempotencyStore>
                 })
                 .collect();
             let store: Arc<dyn IdempotencyStore> = Arc::new(memory);
             let mut report =
                 scenario::run(seed, timing, sabotage, trace, store, clock, views).await;
-            if offsets.iter().any(|o| *o != 0) {
+            if clocks.iter().any(|c| !c.is_true()) {
                 report.stats.bump("schedules with skewed clocks");
+            }
+            if clocks.iter().any(|c| c.drift_ppm != 0) {
+                report.stats.bump("schedules with drifting clocks");
             }
             report
         })
@@ -226,33 +235,96 @@ fn memory_seed(seed: u64, sabotage: Sabotage, trace: bool) -> Report {
     })
 }
 
-/// The replicas' clock offsets in milliseconds, from the seed through a
-/// generator of their own (so the rest of the schedule draws what it drew
-/// before skew existed): in half the schedules none; in the others each
-/// replica's clock within ±650 ms of the true one, so two replicas differ
-/// by at most 1.3 s, inside the stated bound (docs/decisions.md, "Clocks":
-/// under 0.7 of the 2 s lease, the sweep's) and past the margin the settle
-/// period leaves over the time a request takes to show (down to 0.1 s
-/// here), which only the reconciling process's own clock covers. `timing` takes the
-/// consequences the docs state: the model's comparisons across clocks
-/// allow the spread, and oracle 8 does not judge a call within twice the
-/// spread of its window's end (a replica ahead takes a record over that
-/// much early; one behind answers that much late).
-fn clock_offsets(seed: u64, timing: &mut Timing) -> Vec<i64> {
+/// The most a replica's clock is off the true one, in milliseconds: two
+/// replicas differ by at most twice this, 1.3 s, inside the stated bound
+/// (docs/decisions.md, "Clocks": under 0.7 of the 2 s lease, the sweep's).
+const MAX_OFFSET_MS: i64 = 650;
+
+/// A replica's own clock: off the true one by `start_ms` at the start, and
+/// drifting by `drift_ppm` (millionths of the elapsed time, either way),
+/// turning back at ±[`MAX_OFFSET_MS`] as a clock that a time daemon steers
+/// back does, so it never leaves the bound and never runs backwards.
+#[derive(Clone, Copy, Debug)]
+struct OwnClock {
+    start_ms: i64,
+    drift_ppm: i64,
+}
+
+impl OwnClock {
+    const TRUE: OwnClock = OwnClock {
+        start_ms: 0,
+        drift_ppm: 0,
+    };
+
+    fn is_true(&self) -> bool {
+        self.start_ms == 0 && self.drift_ppm == 0
+    }
+
+    /// How far the clock is off the true one `elapsed` into the schedule:
+    /// a triangle wave between the bounds.
+    fn offset_ms(&self, elapsed: Duration) -> i64 {
+        let moved = (elapsed.as_micros() as i64).saturating_mul(self.drift_ppm) / 1_000_000_000;
+        let span = 2 * MAX_OFFSET_MS;
+        // Position on a line of length 2 * span folded back on itself.
+        let at = (self.start_ms + MAX_OFFSET_MS + moved).rem_euclid(2 * span);
+        let folded = if at <= span { at } else { 2 * span - at };
+        folded - MAX_OFFSET_MS
+    }
+}
+
+/// The replicas' own clocks, from the seed through a generator of their own
+/// (so the rest of the schedule draws what it drew before skew existed): in
+/// half the schedules true; in the others each replica's clock starts within
+/// ±650 ms of the true one, and in half of those it drifts, up to 2 % either
+/// way, turning back at the bound (far faster than a real clock, so that one
+/// schedule's minute sweeps the whole range and every pair of replicas meets
+/// at the extremes of the bound). Two replicas
+/// differ by at most 1.3 s, inside the stated bound and past the margin the
+/// settle period leaves over the time a request takes to show (down to
+/// 0.1 s here), which only the reconciling process's own clock covers. In a
+/// quarter of the skewed schedules maintenance runs every 250 ms and the
+/// processor is slow to show what landed (each request's lag in the top
+/// fifth of its range), so a reconciler acts the moment a record seems
+/// settled by a clock ahead, while a request sent just before it was marked
+/// has landed and does not show yet. `timing` takes the consequences the docs state: the model's comparisons
+/// across clocks allow the spread, and oracle 8 does not judge a call within
+/// twice the spread of its window's end (a replica ahead takes a record
+/// over that much early; one behind answers that much late).
+fn replica_clocks(seed: u64, timing: &mut Timing) -> Vec<OwnClock> {
     let mut rng = simulation::rng::Rng::new(seed ^ 0xC10C_5E3D_0FF5_E75A);
     if !rng.chance(0.5) {
-        return vec![0; scenario::REPLICAS];
+        return vec![OwnClock::TRUE; scenario::REPLICAS];
     }
-    let offsets: Vec<i64> = (0..scenario::REPLICAS)
-        .map(|_| rng.below(1301) as i64 - 650)
+    let mut clocks: Vec<OwnClock> = (0..scenario::REPLICAS)
+        .map(|_| OwnClock {
+            start_ms: rng.below(2 * MAX_OFFSET_MS as u64 + 1) as i64 - MAX_OFFSET_MS,
+            drift_ppm: 0,
+        })
         .collect();
-    let spread =
-        offsets.iter().chain([&0]).max().unwrap() - offsets.iter().chain([&0]).min().unwrap();
+    // A generator of its own again: the offsets above are drawn as before
+    // drift existed.
+    let mut drift = simulation::rng::Rng::new(seed ^ 0xD21F_7C10_C5A1_0E77);
+    if drift.chance(0.5) {
+        for clock in &mut clocks {
+            clock.drift_ppm = drift.below(40_001) as i64 - 20_000;
+        }
+    }
+    if drift.chance(0.25) {
+        timing.interval = Duration::from_millis(250);
+        timing.jitter = Duration::from_millis(50);
+        timing.lag_min = timing.lag_max * 4 / 5;
+    }
+    let spread = if clocks.iter().any(|c| c.drift_ppm != 0) {
+        2 * MAX_OFFSET_MS
+    } else {
+        let starts = || clocks.iter().map(|c| c.start_ms).chain([0]);
+        starts().max().unwrap() - starts().min().unwrap()
+    };
     timing.tolerance = Duration::from_millis(spread as u64);
     timing.window_margin = timing
         .window_margin
         .max(timing.tolerance * 2 + Duration::from_millis(50));
-    offsets
+    clocks
 }
 
 /// `t` moved by `offset_ms`.

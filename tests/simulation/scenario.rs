@@ -450,7 +450,7 @@ pub(super) fn call_plan(
     retry_depth: u32,
 ) -> CallPlan {
     let zero = Duration::ZERO;
-    let mut lag = rng.between(zero, t.lag_max);
+    let mut lag = rng.between(t.lag_min, t.lag_max);
     if sabotage == Sabotage::LateVisibility {
         lag += t.settle;
     }

@@ -49,8 +49,10 @@ pub struct Timing {
     /// Processing time of a short request and of a slow one.
     pub latency_short: (Duration, Duration),
     pub latency_long: (Duration, Duration),
-    /// After landing, a charge shows in the lookup within this.
+    /// After landing, a charge shows in the lookup within this, and not
+    /// before `lag_min`.
     pub lag_max: Duration,
+    pub lag_min: Duration,
     /// The handler's own timeout against the processor.
     pub handler_timeout: (Duration, Duration),
     /// Work before the request is sent.
@@ -115,6 +117,7 @@ impl Timing {
             latency_short: (ms(50), ms(1_000)),
             latency_long: (ms(1_000), ms(3_500)),
             lag_max: ms(1_100),
+            lag_min: Duration::ZERO,
             handler_timeout: (ms(1_000), ms(2_500)),
             prework_max: ms(1_000),
             postwork: (ms(500), ms(4_000)),
@@ -155,6 +158,7 @@ impl Timing {
             latency_short: (ms(10), ms(150)),
             latency_long: (ms(150), ms(550)),
             lag_max: ms(250),
+            lag_min: Duration::ZERO,
             handler_timeout: (ms(150), ms(350)),
             prework_max: ms(120),
             postwork: (ms(100), ms(800)),
