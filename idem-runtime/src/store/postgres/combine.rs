@@ -126,6 +126,7 @@ impl PostgresStore {
             let keys: Vec<&[u8]> = batch.iter().map(|w| &w.key.as_bytes()[..]).collect();
             let attempts: Vec<i64> = batch.iter().map(|w| w.attempt.get() as i64).collect();
             let bodies: Vec<&[u8]> = batch.iter().map(|w| w.response.as_bytes()).collect();
+            let bodies = super::exec::Redacted(bodies);
             let written = self
                 .with(async |db, sql| {
                     let rows = db

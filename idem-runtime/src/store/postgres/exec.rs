@@ -15,9 +15,17 @@
 //! An unnamed statement carries its parameters' types: each parameter gives
 //! its own ([`Param`]), from its Rust type, as the named statement's
 //! prepare would have found them.
+//!
+//! tokio-postgres logs a named statement's parameters at DEBUG level, each
+//! by its `Debug`: a parameter that carries what a call brought or left
+//! goes in a [`Redacted`], which logs its size alone.
 
+use std::error::Error as StdError;
+use std::fmt;
+
+use bytes::BytesMut;
 use deadpool_postgres::Object;
-use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::types::{Format, IsNull, ToSql, Type};
 use tokio_postgres::{Error, Row};
 
 /// A statement's parameter: a value and its PostgreSQL type.
@@ -62,6 +70,78 @@ impl<T: PgType> PgType for Option<T> {
 impl<T: PgType + ToSql + Sync> Param for T {
     fn pg_type(&self) -> Type {
         T::TYPE
+    }
+}
+
+/// A parameter that carries what a call brought or left (a response, a
+/// note, the fingerprint of its arguments, a job's payload or error): bound
+/// as its value, and shown by `Debug` as `<redacted N bytes>`, so that no
+/// log of the driver's carries it. It holds the value as the statement
+/// would (a slice, mostly): nothing is copied.
+pub(super) struct Redacted<T>(pub(super) T);
+
+impl<T: Size> fmt::Debug for Redacted<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "<redacted {} bytes>", self.0.size())
+    }
+}
+
+impl<T: ToSql + Size> ToSql for Redacted<T> {
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut BytesMut,
+    ) -> Result<IsNull, Box<dyn StdError + Sync + Send>> {
+        self.0.to_sql(ty, out)
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        T::accepts(ty)
+    }
+
+    fn to_sql_checked(
+        &self,
+        ty: &Type,
+        out: &mut BytesMut,
+    ) -> Result<IsNull, Box<dyn StdError + Sync + Send>> {
+        self.0.to_sql_checked(ty, out)
+    }
+
+    fn encode_format(&self, ty: &Type) -> Format {
+        self.0.encode_format(ty)
+    }
+}
+
+impl<T: PgType> PgType for Redacted<T> {
+    const TYPE: Type = T::TYPE;
+}
+
+/// How many bytes a redacted value holds: all its `Debug` shows.
+pub(super) trait Size {
+    fn size(&self) -> usize;
+}
+
+impl Size for &[u8] {
+    fn size(&self) -> usize {
+        self.len()
+    }
+}
+
+impl Size for &str {
+    fn size(&self) -> usize {
+        self.len()
+    }
+}
+
+impl<T: Size> Size for Option<T> {
+    fn size(&self) -> usize {
+        self.as_ref().map_or(0, Size::size)
+    }
+}
+
+impl<T: Size> Size for Vec<T> {
+    fn size(&self) -> usize {
+        self.iter().map(Size::size).sum()
     }
 }
 

@@ -29,7 +29,7 @@ mod rows;
 mod statements;
 
 pub use builder::PostgresStoreBuilder;
-use exec::{Db, Param};
+use exec::{Db, Param, Redacted};
 use rows::*;
 use statements::Statements;
 
@@ -244,7 +244,7 @@ impl IdempotencyStore for PostgresStore {
                 micros(req.window),
             );
             let (retention, tag) = (micros(req.retain_for()), tag_to_column(&req.reference));
-            let fingerprint = &req.key.fingerprint()[..];
+            let fingerprint = Redacted(&req.key.fingerprint()[..]);
             let params: [&dyn Param; 9] = [
                 &key,
                 &fingerprint,
@@ -305,6 +305,7 @@ impl IdempotencyStore for PostgresStore {
         attempt: Attempt,
         response: &str,
     ) -> Result<(), StoreError> {
+        let stored = Redacted(response.as_bytes());
         let turn = self.combiner.as_ref().map(|combiner| {
             let store = self.clone();
             combiner.turn(key, attempt, response, move || {
@@ -321,11 +322,11 @@ impl IdempotencyStore for PostgresStore {
                 // Not written by the batch: alone, which completes it or
                 // says why not.
                 return self
-                    .fenced_change(|sql| &sql.complete, key, attempt, &[&response.as_bytes()])
+                    .fenced_change(|sql| &sql.complete, key, attempt, &[&stored])
                     .await;
             }
         };
-        self.fenced_change(|sql| &sql.complete, key, attempt, &[&response.as_bytes()])
+        self.fenced_change(|sql| &sql.complete, key, attempt, &[&stored])
             .await
     }
 
@@ -340,7 +341,8 @@ impl IdempotencyStore for PostgresStore {
         attempt: Attempt,
         note: &str,
     ) -> Result<(), StoreError> {
-        self.fenced_change(|sql| &sql.mark_unknown, key, attempt, &[&note.as_bytes()])
+        let note = Redacted(note.as_bytes());
+        self.fenced_change(|sql| &sql.mark_unknown, key, attempt, &[&note])
             .await
     }
 
@@ -351,8 +353,9 @@ impl IdempotencyStore for PostgresStore {
         note: &str,
     ) -> Result<bool, StoreError> {
         let key = &key.as_bytes()[..];
+        let note = Redacted(note.as_bytes());
         self.with(async |db, sql| {
-            let params: &[&dyn Param] = &[&key, &(attempt.get() as i64), &note.as_bytes()];
+            let params: &[&dyn Param] = &[&key, &(attempt.get() as i64), &note];
             // Ok(false): still ours and IN_PROGRESS, the lease live again.
             let in_progress = RecordStateKind::InProgress;
             fenced_unless(db, sql, &sql.mark_lapsed, key, attempt, in_progress, params).await
@@ -368,17 +371,17 @@ impl IdempotencyStore for PostgresStore {
         note: Option<&str>,
     ) -> Result<(), StoreError> {
         let key = &key.as_bytes()[..];
-        let note = note.map(str::as_bytes);
+        let note = Redacted(note.map(str::as_bytes));
         let a = attempt.get() as i64;
         self.with(async |db, sql| {
             let (changed, settle) = match resolution {
                 Resolution::Completed { response } => {
-                    let params: &[&dyn Param] = &[&key, &a, &response.as_bytes(), &note];
+                    let params: &[&dyn Param] = &[&key, &a, &Redacted(response.as_bytes()), &note];
                     (db.execute(&sql.resolve_completed, params).await?, None)
                 }
                 Resolution::NotPerformed { note: body, settle } => {
                     let params: &[&dyn Param] =
-                        &[&key, &a, &body.as_bytes(), &note, &micros(settle)];
+                        &[&key, &a, &Redacted(body.as_bytes()), &note, &micros(settle)];
                     (
                         db.execute(&sql.resolve_not_performed, params).await?,
                         Some(settle),
@@ -553,6 +556,7 @@ impl FollowOnStore for PostgresStore {
             return self.complete(key, attempt, response).await;
         }
         let (names, payloads) = job_columns(&jobs);
+        let (response, payloads) = (Redacted(response.as_bytes()), Redacted(payloads));
         let key = &key.as_bytes()[..];
         self.with(async |db, sql| {
             with_jobs(
@@ -561,13 +565,7 @@ impl FollowOnStore for PostgresStore {
                 &sql.complete_with_follow_ons,
                 key,
                 attempt,
-                &[
-                    &key,
-                    &(attempt.get() as i64),
-                    &response.as_bytes(),
-                    &names,
-                    &payloads,
-                ],
+                &[&key, &(attempt.get() as i64), &response, &names, &payloads],
             )
             .await
         })
@@ -587,8 +585,9 @@ impl FollowOnStore for PostgresStore {
             return self.resolve(key, attempt, completed, note).await;
         }
         let (names, payloads) = job_columns(&jobs);
+        let (response, payloads) = (Redacted(response.as_bytes()), Redacted(payloads));
         let key = &key.as_bytes()[..];
-        let note = note.map(str::as_bytes);
+        let note = Redacted(note.map(str::as_bytes));
         self.with(async |db, sql| {
             with_jobs(
                 db,
@@ -599,7 +598,7 @@ impl FollowOnStore for PostgresStore {
                 &[
                     &key,
                     &(attempt.get() as i64),
-                    &response.as_bytes(),
+                    &response,
                     &note,
                     &names,
                     &payloads,
@@ -653,6 +652,7 @@ impl FollowOnStore for PostgresStore {
         delay: Duration,
         error: &str,
     ) -> Result<(), StoreError> {
+        let error = Redacted(error);
         self.with(async |db, sql| {
             fenced_job(db, &sql.retry_job, id, attempt, &[&micros(delay), &error]).await
         })
@@ -660,6 +660,7 @@ impl FollowOnStore for PostgresStore {
     }
 
     async fn bury_job(&self, id: &JobId, attempt: Attempt, error: &str) -> Result<(), StoreError> {
+        let error = Redacted(error);
         self.with(async |db, sql| fenced_job(db, &sql.bury_job, id, attempt, &[&error]).await)
             .await
     }
