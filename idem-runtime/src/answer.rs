@@ -163,12 +163,12 @@ pub enum Recording {
     /// a repeat on this replica replays it from memory, one on another
     /// replica is told the operation is in progress until it lands. If this
     /// process or the store dies first, the record stays in progress, its
-    /// lease runs out, the sweep marks it UNKNOWN and the reconciler finds
-    /// the effect: a repeat is never run again.
+    /// lease runs out, the sweep marks it UNKNOWN and the reconciler (or an
+    /// operator) finds the effect: a repeat is never run again.
     Pending,
     /// It could not be stored: the result is still real. When the store
-    /// failed, the record stays in progress, and the sweep and the
-    /// reconciler resolve it. When the store cannot hold the response (over
+    /// failed, the record stays in progress, the sweep marks it UNKNOWN,
+    /// and the reconciler (or an operator) resolves it. When the store cannot hold the response (over
     /// its [limit](crate::IdempotencyStore::max_response_bytes), or refused
     /// as invalid), the record is marked UNKNOWN at once with a note that
     /// says why, which a repeat is told.
