@@ -105,7 +105,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     });
 
     let store = Arc::new(SqliteStore::open("idem.sqlite3").await?);
-    // Beside the server, in every replica: purge, sweep and reconcile; run the jobs.
+    // Beside the server, in every replica: purge and sweep (and reconcile, given
+    // MaintenanceConfig::reconciler; without one it warns at start); run the jobs.
     let maintenance = Maintenance::spawn(store.clone(), MaintenanceConfig::default());
     let receipts = JobHandlers::new().on(
         "send_receipt",
@@ -121,7 +122,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let outbox = Outbox::spawn(store.clone(), receipts, OutboxConfig::default())?;
 
     let server = Payments {
-        executor: Executor::new(store),
+        // Answers about an unknown outcome say who resolves it: here, an operator.
+        executor: Executor::new(store).with_resolver(maintenance.resolver()),
     };
     let tokens: Tokens = Arc::new(HashMap::from([
         ("secret-a".to_owned(), Caller::new("acme", "alice")),

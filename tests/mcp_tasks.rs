@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use idem_runtime::{
     current_cancellation, current_reference, idempotent, Caller, Executor, IdempotentServer,
-    MemoryStore, ToolError,
+    MemoryStore, Resolver, ToolError,
 };
 use rmcp::handler::server::wrapper::{Json, Parameters};
 use rmcp::model::{
@@ -172,9 +172,13 @@ impl ServerHandler for Shop {
 }
 
 fn shop(delay: Duration) -> (Shop, Arc<Processor>) {
+    shop_with(Executor::new(Arc::new(MemoryStore::new())), delay)
+}
+
+fn shop_with(executor: Executor, delay: Duration) -> (Shop, Arc<Processor>) {
     let processor = Arc::new(Processor::default());
     let shop = Shop {
-        executor: Executor::new(Arc::new(MemoryStore::new())),
+        executor,
         processor: processor.clone(),
         delay,
         tool_router: Shop::tool_router(),
@@ -338,6 +342,46 @@ async fn a_cancelled_handler_ends_as_it_says_and_the_task_reports_it() {
     client.cancel().await.ok();
 }
 
+/// The status message of a task once its outcome is unknown (it stays
+/// working throughout).
+async fn unknown_task_message<C: rmcp::Service<RoleClient>>(
+    client: &RunningService<RoleClient, C>,
+    task_id: &str,
+) -> String {
+    for _ in 0..100 {
+        let got = client.get_task(GetTaskParams::new(task_id)).await.unwrap();
+        assert_eq!(got.task.status(), TaskStatus::Working, "{got:?}");
+        let message = got.task.task.status_message.unwrap_or_default();
+        if message.contains("not known") {
+            return message;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("task {task_id} never read as unknown");
+}
+
+/// With a reconciler configured, an unknown task says it is being
+/// reconciled, and who resolves what the reconciler cannot.
+#[tokio::test]
+async fn an_unknown_task_is_being_reconciled_where_a_reconciler_runs() {
+    let executor = Executor::new(Arc::new(MemoryStore::new())).with_resolver(Resolver::Reconciler);
+    let (shop, processor) = shop_with(executor, Duration::from_millis(10));
+    let client = connect(shop, with_tasks(), modern()).await;
+    let CallToolResponse::Task(created) = client.call_tool_once(charge(3_000_000)).await.unwrap()
+    else {
+        panic!("a task");
+    };
+    let task_id = created.task.task_id;
+    let message = unknown_task_message(&client, &task_id).await;
+    assert!(message.contains("being reconciled"), "{message}");
+    assert!(
+        message.contains(&format!("`idem resolve {task_id}`")),
+        "{message}"
+    );
+    assert_eq!(processor.requests.load(Ordering::SeqCst), 1);
+    client.cancel().await.ok();
+}
+
 #[tokio::test]
 async fn an_unknown_outcome_stays_working_until_resolved_then_completes_or_fails() {
     let (shop, _processor) = shop(Duration::from_millis(10));
@@ -351,22 +395,16 @@ async fn an_unknown_outcome_stays_working_until_resolved_then_completes_or_fails
         };
         tasks.push(created.task.task_id);
     }
-    // Outcome unknown: not terminal, and it says it is being reconciled.
+    // Outcome unknown: not terminal, and, with no reconciler, it names the
+    // command an operator resolves it with, never "being reconciled".
     for task_id in &tasks {
-        let mut message = String::new();
-        for _ in 0..100 {
-            let got = client
-                .get_task(GetTaskParams::new(task_id.clone()))
-                .await
-                .unwrap();
-            assert_eq!(got.task.status(), TaskStatus::Working, "{got:?}");
-            message = got.task.task.status_message.unwrap_or_default();
-            if message.contains("reconciled") {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let message = unknown_task_message(&client, task_id).await;
         assert!(message.contains("timed out"), "{message}");
+        assert!(
+            message.contains(&format!("`idem resolve {task_id}`")),
+            "{message}"
+        );
+        assert!(!message.contains("reconciled"), "{message}");
     }
 
     // An operator finds the first was charged, the second not.

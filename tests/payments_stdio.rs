@@ -334,6 +334,74 @@ async fn a_resolution_by_hand_with_the_cli_shows_in_the_status_tool() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `--reconciler off`: nothing asks the processor, so no answer about the
+/// unknown charge says it is being reconciled; the failed call, its repeat
+/// and the status tool name the operator's `idem resolve` with the
+/// reference, while maintenance sweeps and purges on. With the reconciler
+/// on (the default), the same charge is being reconciled. The processor is
+/// asked once either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_reconciler_off_an_unknown_charge_names_idem_resolve() {
+    for (reconciler, says, never) in [
+        ("off", "stays unknown until an operator", "reconciled"),
+        ("on", "being reconciled", "stays unknown until an operator"),
+    ] {
+        let client = start(&[
+            "--reconciler",
+            reconciler,
+            "--processor-delay-ms",
+            "60000",
+            "--processor-timeout-ms",
+            "200",
+            "--maintenance-interval-ms",
+            "100",
+        ])
+        .await;
+        let args = json!({ "card": "4242", "amount_cents": 4300 });
+        let first = call(&client, "charge_card", args.clone()).await;
+        assert_eq!(
+            operation(&first)["state"],
+            json!("failed_unknown"),
+            "{first:?}"
+        );
+        let reference = operation(&first)["reference"].as_str().unwrap().to_owned();
+        // A few maintenance rounds: with the reconciler off, nothing changes.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let repeat = call(&client, "charge_card", args).await;
+        assert_eq!(operation(&repeat)["state"], json!("unknown"), "{repeat:?}");
+        let status = call(
+            &client,
+            "get_operation_status",
+            json!({ "reference": reference }),
+        )
+        .await;
+        let report = status.structured_content.expect("a status report");
+        assert_eq!(report["state"], json!("UNKNOWN"), "{report}");
+        let text = |result: &CallToolResult| {
+            result
+                .content
+                .iter()
+                .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+                .collect::<String>()
+        };
+        let next_step = report["next_step"].as_str().unwrap().to_owned();
+        for answer in [text(&first), text(&repeat), next_step] {
+            assert!(answer.contains(says), "--reconciler {reconciler}: {answer}");
+            assert!(
+                !answer.contains(never),
+                "--reconciler {reconciler}: {answer}"
+            );
+            assert!(
+                answer.contains(&format!("`idem resolve {reference}`")),
+                "--reconciler {reconciler}: {answer}"
+            );
+        }
+        let ledger = ledger(&client).await;
+        assert_eq!(ledger["processor_requests"], json!(1), "{ledger}");
+        client.cancel().await.ok();
+    }
+}
+
 /// The payments example behind PgBouncer in transaction mode, with its
 /// tables in a schema of their own named in the URL (`?schema=`, which the
 /// library's `open_store` takes): 120 charges, 40 at a time, then each

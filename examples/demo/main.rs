@@ -15,7 +15,7 @@ use std::time::Duration;
 use idem_runtime::{
     maintenance::{Maintenance, MaintenanceConfig, ReconcileConfig},
     outbox::{Outbox, OutboxConfig},
-    Caller, Executor, IdempotencyStore, SqliteStore,
+    Caller, Executor, IdempotencyStore, Resolver, SqliteStore,
 };
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::service::RunningService;
@@ -80,7 +80,8 @@ async fn main() {
     );
     let backends = Backends::new(Duration::from_millis(300));
     let server = Payments::new(
-        Executor::new(store.clone()),
+        // The maintenance rounds below run a reconciler: the answers say so.
+        Executor::new(store.clone()).with_resolver(Resolver::Reconciler),
         Some(Caller::new("demo", "you")),
         backends.clone(),
         Duration::from_millis(1000),

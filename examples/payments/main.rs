@@ -30,6 +30,9 @@
 //!   --reconcile-backoff-ms N      the pause before a record the processor could not resolve
 //!                                 yet is asked about again; doubles each time, up to 1 h
 //!                                 (default 30000)
+//!   --reconciler on|off           off: no reconciler asks the processor, so an unknown
+//!                                 outcome waits for an operator's `idem resolve`, and the
+//!                                 answers say so (default on)
 //!   --outbox-interval-ms N        time between the outbox's rounds when it is idle (default 1000)
 //!   --outbox-backoff-ms N         the pause after a follow-on job's first failure; doubles
 //!                                 with each further one, with jitter (default 1000)
@@ -49,7 +52,7 @@ use std::time::Duration;
 
 use idem_runtime::{
     audit_hints,
-    maintenance::{Maintenance, MaintenanceConfig, ReconcileConfig},
+    maintenance::{Maintenance, MaintenanceConfig, ReconcileConfig, Reconciler},
     outbox::{Outbox, OutboxConfig},
     Caller, Executor, IdempotencyStore,
 };
@@ -84,6 +87,9 @@ usage: payments [FLAGS]
   --reconcile-backoff-ms N      the pause before a record the processor could not resolve
                                 yet is asked about again; doubles each time, up to 1 h
                                 (default 30000)
+  --reconciler on|off           off: no reconciler asks the processor, so an unknown
+                                outcome waits for an operator's `idem resolve`, and the
+                                answers say so (default on)
   --outbox-interval-ms N        time between the outbox's rounds when it is idle (default 1000)
   --outbox-backoff-ms N         the pause after a follow-on job's first failure; doubles
                                 with each further one, with jitter (default 1000)
@@ -108,6 +114,7 @@ struct Flags {
     maintenance_interval: Duration,
     settle: Duration,
     reconcile_backoff: Duration,
+    reconciler: bool,
     outbox_interval: Duration,
     outbox_backoff: Duration,
     mailer_failures: u32,
@@ -143,6 +150,7 @@ fn parse_flags() -> Flags {
         maintenance_interval: Duration::from_millis(10_000),
         settle: ReconcileConfig::default().settle,
         reconcile_backoff: ReconcileConfig::default().first_backoff,
+        reconciler: true,
         outbox_interval: OutboxConfig::default().interval,
         outbox_backoff: OutboxConfig::default().first_backoff,
         mailer_failures: 0,
@@ -193,6 +201,14 @@ fn parse_flags() -> Flags {
             "--maintenance-interval-ms" => flags.maintenance_interval = millis(value()),
             "--settle-ms" => flags.settle = millis(value()),
             "--reconcile-backoff-ms" => flags.reconcile_backoff = millis(value()),
+            "--reconciler" => {
+                let v = value();
+                flags.reconciler = match v.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    _ => usage(&format!("--reconciler is on or off, not {v:?}")),
+                };
+            }
             "--outbox-interval-ms" => flags.outbox_interval = millis(value()),
             "--outbox-backoff-ms" => flags.outbox_backoff = millis(value()),
             "--mailer-failures" => {
@@ -323,13 +339,18 @@ async fn main() {
         eprintln!("payments: the outbox cannot run on this store: {e}");
         std::process::exit(2)
     });
+    // Without a reconciler, maintenance warns at start, and the answers
+    // name `idem resolve` instead of promising one.
+    let reconciler = flags.reconciler.then(|| {
+        Arc::new(ProcessorReconciler {
+            backends: backends.clone(),
+        }) as Arc<dyn Reconciler>
+    });
     let maintenance = Maintenance::spawn(
         store.clone(),
         MaintenanceConfig {
             interval: flags.maintenance_interval,
-            reconciler: Some(Arc::new(ProcessorReconciler {
-                backends: backends.clone(),
-            })),
+            reconciler,
             reconcile: ReconcileConfig {
                 settle: flags.settle,
                 first_backoff: flags.reconcile_backoff,
@@ -338,7 +359,10 @@ async fn main() {
             ..MaintenanceConfig::default()
         },
     );
+    // The answers about an unknown outcome say who resolves it: the
+    // reconciler above, or an operator.
     let executor = Executor::new(store)
+        .with_resolver(maintenance.resolver())
         .with_lease(flags.lease)
         .with_background_completions(flags.background_completions);
     let pending = executor.clone();

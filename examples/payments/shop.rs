@@ -90,7 +90,7 @@ impl Payments {
             .to_string();
         // Run as a task, the call can be cancelled (`tasks/cancel`); the
         // request is already at the processor by then, so stopping to wait
-        // leaves the outcome unknown, and the reconciler settles it.
+        // leaves the outcome unknown, for the reconciler (or an operator).
         let cancelled = async {
             match current_cancellation() {
                 Some(signal) => signal.cancelled().await,
@@ -124,7 +124,7 @@ impl Payments {
             },
             () = cancelled => Err(ToolError::unknown(
                 "The task was cancelled while the processor was charging; the charge may or may \
-                 not have gone through, and is being reconciled.",
+                 not have gone through.",
             )),
         }
     }

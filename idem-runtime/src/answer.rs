@@ -17,7 +17,8 @@ pub enum Disposition {
     /// before any effect): the claim is released so a corrected call can run.
     Rejected,
     /// The side effect may have happened (a timeout against the processor):
-    /// the record becomes UNKNOWN and is not run again until reconciled.
+    /// the record becomes UNKNOWN and is not run again until it is resolved
+    /// ([`Resolver`] says by whom).
     Unknown,
 }
 
@@ -57,7 +58,8 @@ impl ToolError {
     }
 
     /// The side effect may have happened (a timeout, a lost connection to the
-    /// processor). The record becomes UNKNOWN and is reconciled, never re-run.
+    /// processor). The record becomes UNKNOWN and is never run again: a
+    /// reconciler or an operator resolves it ([`Resolver`]).
     pub fn unknown(message: impl Into<String>) -> Self {
         ToolError {
             disposition: Disposition::Unknown,
@@ -85,6 +87,71 @@ impl Classify for ToolError {
     }
 }
 
+/// Who resolves an operation whose outcome is unknown, as this server's
+/// answers tell the model: set with
+/// [`Executor::with_resolver`](crate::Executor::with_resolver).
+///
+/// Nothing else makes an UNKNOWN record known: it refuses every repeat until
+/// a [`Reconciler`](crate::maintenance::Reconciler) or an operator resolves
+/// it, or until its retention ends (48 h by default). So every answer about
+/// an unknown outcome (the repeat's, the failed call's, the status tool's,
+/// `tasks/get`'s) says who will: [`Resolver::Reconciler`] promises a
+/// reconciler, and [`Resolver::Operator`] names the command an operator
+/// runs, `idem resolve` with the reference.
+///
+/// It describes the deployment, not this process. Replicas share the store,
+/// and a reconciler on any of them resolves every replica's records; so
+/// give every replica of one store the same setting, the one that holds
+/// for the store: `Reconciler` when some replica's
+/// [`Maintenance`](crate::maintenance::Maintenance) runs with a reconciler,
+/// even on a replica that runs none itself. A replica that says nothing
+/// says `Operator`, the default, which is never a false promise: an
+/// operator can resolve any record. [`Maintenance::resolver`] and
+/// [`MaintenanceConfig::resolver`] give the setting that matches a
+/// maintenance configuration.
+///
+/// [`Maintenance::resolver`]: crate::maintenance::Maintenance::resolver
+/// [`MaintenanceConfig::resolver`]: crate::maintenance::MaintenanceConfig::resolver
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Resolver {
+    /// A [`Reconciler`](crate::maintenance::Reconciler) runs against the
+    /// store and asks the processor; what it cannot settle (a tool it does
+    /// not handle, a processor that does not know) waits for an operator.
+    Reconciler,
+    /// No reconciler runs: each record stays UNKNOWN until an operator
+    /// resolves it with `idem resolve` (or
+    /// [`resolve_by_hand`](crate::maintenance::resolve_by_hand)). The
+    /// default.
+    #[default]
+    Operator,
+}
+
+impl Resolver {
+    /// Who resolves operation `reference`, as one sentence of an answer.
+    fn resolves(self, reference: impl fmt::Display) -> String {
+        match self {
+            Resolver::Reconciler => format!(
+                "It is being reconciled with the processor by this server's reconciler; what \
+                 the reconciler cannot settle, an operator resolves with `idem resolve \
+                 {reference}`."
+            ),
+            Resolver::Operator => format!(
+                "No reconciler runs for this server: it stays unknown until an operator \
+                 resolves it with `idem resolve {reference}`."
+            ),
+        }
+    }
+
+    /// What the model may tell the user meanwhile.
+    fn meanwhile(self) -> &'static str {
+        match self {
+            Resolver::Reconciler => "tell the user it is under review",
+            Resolver::Operator => "tell the user it is waiting for an operator's review",
+        }
+    }
+}
+
 /// Whether an executed call's response was stored for replays when the
 /// call was answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,12 +163,12 @@ pub enum Recording {
     /// a repeat on this replica replays it from memory, one on another
     /// replica is told the operation is in progress until it lands. If this
     /// process or the store dies first, the record stays in progress, its
-    /// lease runs out, the sweep marks it UNKNOWN and the reconciler finds
-    /// the effect: a repeat is never run again.
+    /// lease runs out, the sweep marks it UNKNOWN and the reconciler (or an
+    /// operator) finds the effect: a repeat is never run again.
     Pending,
     /// It could not be stored: the result is still real. When the store
-    /// failed, the record stays in progress, and the sweep and the
-    /// reconciler resolve it. When the store cannot hold the response (over
+    /// failed, the record stays in progress, the sweep marks it UNKNOWN,
+    /// and the reconciler (or an operator) resolves it. When the store cannot hold the response (over
     /// its [limit](crate::IdempotencyStore::max_response_bytes), or refused
     /// as invalid), the record is marked UNKNOWN at once with a note that
     /// says why, which a repeat is told.
@@ -159,6 +226,8 @@ pub enum Answer<T, E> {
         status_tool: String,
         /// Why the outcome is unknown.
         note: String,
+        /// Who resolves it.
+        resolver: Resolver,
     },
     /// The business key is taken by an operation with other arguments;
     /// nothing was run and nothing is replayed.
@@ -178,6 +247,8 @@ pub enum Answer<T, E> {
         disposition: Disposition,
         /// The tool to call with the reference.
         status_tool: String,
+        /// Who resolves it, when its disposition is `Unknown`.
+        resolver: Resolver,
     },
     /// The call could not be turned into an operation (its arguments cannot
     /// be canonicalized, a business key is missing); nothing was run.
@@ -186,9 +257,19 @@ pub enum Answer<T, E> {
         reason: String,
     },
     /// The store could not be reached to claim the operation, or confirmed
-    /// the claim only after its lease had run out; nothing was run.
+    /// the claim only after its lease had run out; nothing was run. Calling
+    /// again later runs it.
     StoreUnavailable {
-        /// The store's error.
+        /// The store's error: for the operator's log, never shown to the
+        /// model.
+        error: StoreError,
+    },
+    /// The store refused the claim as misconfigured
+    /// ([`StoreError::Config`]); nothing was run, and calling again will
+    /// not help until the server's configuration is fixed.
+    StoreMisconfigured {
+        /// The store's error: for the operator's log, never shown to the
+        /// model.
         error: StoreError,
     },
 }
@@ -203,7 +284,19 @@ impl<T, E> Answer<T, E> {
             | Answer::Unknown { reference, .. }
             | Answer::Conflict { reference, .. }
             | Answer::Failed { reference, .. } => Some(*reference),
-            Answer::Refused { .. } | Answer::StoreUnavailable { .. } => None,
+            Answer::Refused { .. }
+            | Answer::StoreUnavailable { .. }
+            | Answer::StoreMisconfigured { .. } => None,
+        }
+    }
+
+    /// The answer to a claim the store failed: misconfigured for a
+    /// [`StoreError::Config`] (retrying cannot help), unavailable for any
+    /// other error.
+    pub(crate) fn unclaimed(error: StoreError) -> Self {
+        match error {
+            StoreError::Config(_) => Answer::StoreMisconfigured { error },
+            error => Answer::StoreUnavailable { error },
         }
     }
 
@@ -222,6 +315,7 @@ impl<T, E> Answer<T, E> {
             Answer::Failed { .. } => AnswerState::FailedUnknown,
             Answer::Refused { .. } => AnswerState::Refused,
             Answer::StoreUnavailable { .. } => AnswerState::StoreUnavailable,
+            Answer::StoreMisconfigured { .. } => AnswerState::StoreMisconfigured,
         }
     }
 
@@ -268,13 +362,19 @@ pub enum AnswerState {
     /// ran.
     NoCaller,
     /// The store could not be reached to claim the operation, or confirmed
-    /// the claim only after its lease had run out; nothing ran.
+    /// the claim only after its lease had run out; nothing ran, and a call
+    /// later runs.
     StoreUnavailable,
+    /// The store refused the claim as misconfigured; nothing ran, and
+    /// calling again will not help until the server's operator fixes its
+    /// configuration. A state of its own, so that a client retrying
+    /// `store_unavailable` does not retry this, and a metric can alert on it.
+    StoreMisconfigured,
 }
 
 impl AnswerState {
     /// Every state, in the order the README's table lists them.
-    pub const ALL: [AnswerState; 10] = [
+    pub const ALL: [AnswerState; 11] = [
         AnswerState::Executed,
         AnswerState::Replayed,
         AnswerState::InProgress,
@@ -285,11 +385,12 @@ impl AnswerState {
         AnswerState::Refused,
         AnswerState::NoCaller,
         AnswerState::StoreUnavailable,
+        AnswerState::StoreMisconfigured,
     ];
 
     /// The wire name: `executed`, `replayed`, `in_progress`, `unknown`,
     /// `conflict`, `rejected`, `failed_unknown`, `refused`, `no_caller`,
-    /// `store_unavailable`.
+    /// `store_unavailable`, `store_misconfigured`.
     pub const fn as_str(self) -> &'static str {
         match self {
             AnswerState::Executed => "executed",
@@ -302,6 +403,7 @@ impl AnswerState {
             AnswerState::Refused => "refused",
             AnswerState::NoCaller => "no_caller",
             AnswerState::StoreUnavailable => "store_unavailable",
+            AnswerState::StoreMisconfigured => "store_misconfigured",
         }
     }
 
@@ -338,10 +440,12 @@ impl<T, E: fmt::Display> Answer<T, E> {
                 reference,
                 status_tool,
                 note,
+                resolver,
             } => format!(
                 "The outcome of operation {reference} is unknown ({note}). It may have taken \
-                 effect, so it was not run again. Do not submit it again: call {status_tool} \
-                 with reference \"{reference}\" to learn how it was resolved."
+                 effect, so it was not run again. {} Do not submit it again: call \
+                 {status_tool} with reference \"{reference}\" to learn how it was resolved.",
+                resolver.resolves(reference)
             ),
             Answer::Conflict {
                 reference,
@@ -366,26 +470,28 @@ impl<T, E: fmt::Display> Answer<T, E> {
                 error,
                 reference,
                 status_tool,
+                resolver,
                 ..
             } => format!(
                 "{} The outcome of operation {reference} is unknown: it may have taken \
-                 effect. Do not submit it again: call {status_tool} with reference \
+                 effect. {} Do not submit it again: call {status_tool} with reference \
                  \"{reference}\" to learn how it was resolved.",
-                sentence(&error.to_string())
+                sentence(&error.to_string()),
+                resolver.resolves(reference)
             ),
             Answer::Refused { reason } => format!(
                 "The call was refused and nothing was executed: {reason}. Correct the \
                  arguments and call again."
             ),
-            // The claim may have landed with its answer lost: nothing runs
-            // under it and the executor releases it, but a retry in between
-            // can meet it. Say so, so the model neither gives up nor worries.
-            Answer::StoreUnavailable { error } => format!(
-                "Nothing was executed: {error}. It is safe to call again with the same \
-                 arguments in a little while. If that call answers that the operation is \
-                 already in progress, it is this call's unconfirmed claim being cleared, under \
-                 which nothing ran: wait a few seconds and call again."
-            ),
+            // The store's error is the operator's (the claim step logs it):
+            // the model reads what happened and what to do, never a
+            // driver's words. The claim may have landed with its answer
+            // lost, or land later: nothing runs under it and the executor
+            // retracts it until it can no longer land, but a retry in
+            // between can meet it. Say so, so the model neither gives up nor
+            // worries.
+            Answer::StoreUnavailable { .. } => text::STORE_UNAVAILABLE.to_owned(),
+            Answer::StoreMisconfigured { .. } => text::STORE_MISCONFIGURED.to_owned(),
         })
     }
 }
@@ -420,15 +526,12 @@ pub struct StatusReport {
 }
 
 impl StatusReport {
-    pub(crate) fn from_record(record: &Record) -> Self {
+    pub(crate) fn from_record(record: &Record, resolver: Resolver) -> Self {
         let ms = |t: SystemTime| {
             t.duration_since(SystemTime::UNIX_EPOCH)
                 .unwrap_or_default()
                 .as_millis() as u64
         };
-        const UNDER_REVIEW: &str = "The outcome is not known yet and is being reconciled with \
-            the processor. Do not submit it again; ask again later or tell the user it is under \
-            review.";
         let mut state = record.state.kind();
         let (response, note, next_step) = match record.reading() {
             Reading::Completed { response } => (
@@ -451,7 +554,13 @@ impl StatusReport {
             // repeat call does.
             Reading::Unknown { note, .. } => {
                 state = RecordStateKind::Unknown;
-                (None, Some(note.to_owned()), UNDER_REVIEW.to_owned())
+                let next_step = format!(
+                    "The outcome is not known yet. {} Do not submit it again; ask again later, \
+                     or {}.",
+                    resolver.resolves(record.reference),
+                    resolver.meanwhile()
+                );
+                (None, Some(note.to_owned()), next_step)
             }
             Reading::NotPerformed { note } => (
                 None,
@@ -527,6 +636,9 @@ pub(crate) mod note {
 /// Texts of answers the rmcp glue gives outside [`Answer`].
 #[cfg_attr(not(feature = "rmcp"), allow(dead_code))]
 pub(crate) mod text {
+    use super::Resolver;
+    use crate::store::StoreError;
+
     /// A call with no caller.
     pub(crate) const NO_CALLER: &str = "The call was refused and nothing was executed: the \
         request carries no authenticated caller, and this server has no default caller. Connect \
@@ -537,9 +649,31 @@ pub(crate) mod text {
         format!("No operation with reference \"{reference}\" was found for this caller.")
     }
 
-    /// The status tool could not reach the store.
-    pub(crate) fn store_unreachable(error: impl std::fmt::Display) -> String {
-        format!("The operation store cannot be reached ({error}); ask again shortly.")
+    /// A call whose claim the store could not make, or confirm in time.
+    pub(crate) const STORE_UNAVAILABLE: &str = "Nothing was executed: this server could not \
+        record the call in its idempotency store, so the tool was not run. It is safe to call \
+        again with the same arguments in a little while. If that call answers that the \
+        operation is already in progress, it met this call's unconfirmed claim, under which \
+        nothing ran and which is being retracted: wait as long as that answer says, then call \
+        again, and that call runs.";
+
+    /// A call whose claim the store refused as misconfigured.
+    pub(crate) const STORE_MISCONFIGURED: &str = "Nothing was executed: this server's \
+        idempotency store is misconfigured, so the tool was not run. Calling again will not help \
+        until the server's operator fixes the configuration; tell the user the tool cannot be \
+        used for now.";
+
+    /// The status tool or `tasks/get` could not read the store: what the
+    /// model reads. The store's error goes to the log, never to the model.
+    pub(crate) fn store_unreachable(error: &StoreError) -> &'static str {
+        match error {
+            StoreError::Config(_) => {
+                "This server's idempotency store is misconfigured, so the operation cannot be \
+                 looked up. Asking again will not help until the server's operator fixes the \
+                 configuration; tell the user it cannot be checked for now."
+            }
+            _ => "This server's idempotency store cannot be reached right now; ask again shortly.",
+        }
     }
 
     /// The handler ran but what it returned cannot become a tool result.
@@ -579,12 +713,13 @@ pub(crate) mod text {
         format!("Operation {reference} completed; its result is in `result`.")
     }
 
-    /// A task whose outcome is unknown.
-    pub(crate) fn task_reconciling(reference: &str, note: &str) -> String {
+    /// A task whose outcome is unknown, and who resolves it.
+    pub(crate) fn task_unknown(reference: &str, note: &str, resolver: Resolver) -> String {
         format!(
-            "The outcome of operation {reference} is not known yet ({note}); it is being \
-             reconciled with the processor. Keep polling, less often; do not call the tool \
-             again: a repeat would not run it."
+            "The outcome of operation {reference} is not known yet ({note}). {} Keep polling, \
+             less often, or {}; do not call the tool again: a repeat would not run it.",
+            resolver.resolves(reference),
+            resolver.meanwhile()
         )
     }
 

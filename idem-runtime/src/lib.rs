@@ -140,7 +140,9 @@ mod time;
 // The root holds what an application needs to write and serve a tool; a
 // store author's, an operator's and the background loops' names live in
 // `store`, `maintenance`, `outbox` and `canonical`.
-pub use answer::{Answer, AnswerState, Classify, Disposition, Recording, StatusReport, ToolError};
+pub use answer::{
+    Answer, AnswerState, Classify, Disposition, Recording, Resolver, StatusReport, ToolError,
+};
 /// The attribute a [`Reconciler`](maintenance::Reconciler) implementation needs (its method is
 /// `async`), re-exported so that implementing it takes no dependency of your
 /// own: `#[idem_runtime::async_trait]` on the `impl` block.

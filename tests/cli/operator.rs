@@ -83,12 +83,22 @@ pub async fn operate(url: &str, store: &dyn IdempotencyStore) {
     let tenant = reqs[0].tenant.as_str();
     let refs: Vec<String> = reqs.iter().map(|r| r.reference.to_string()).collect();
 
-    // list: the newest claim first, aligned, no response in it.
+    // list: the newest claim first, aligned, no response in it; under it,
+    // who resolves the one whose outcome is unknown (the command line cannot
+    // know whether the servers run a reconciler, so it says both).
     let listed = idem(url, &["list", "--tenant", tenant]).await;
     assert_eq!(listed.code, EXIT_OK, "{listed:?}");
     let lines: Vec<&str> = listed.out.lines().collect();
     assert!(lines[0].starts_with("REFERENCE"), "{}", listed.out);
-    assert_eq!(lines.len(), 4, "{}", listed.out);
+    assert_eq!(lines.len(), 5, "{}", listed.out);
+    assert!(
+        lines[4].starts_with("1 operation listed has an unknown outcome")
+            && lines[4].contains("reconciler")
+            && lines[4].contains("idem show REFERENCE"),
+        "{}",
+        listed.out
+    );
+    let lines = &lines[..4];
     for (line, (reference, state)) in lines[1..].iter().zip([
         (&refs[2], "IN_PROGRESS"),
         (&refs[1], "UNKNOWN"),
@@ -117,6 +127,23 @@ pub async fn operate(url: &str, store: &dyn IdempotencyStore) {
     assert_eq!(unknown.as_array().unwrap().len(), 1, "{unknown}");
     assert_eq!(unknown[0]["reference"], json!(refs[1]));
     assert_eq!(unknown[0]["note"], json!("the processor timed out"));
+    let next_step = unknown[0]["next_step"].as_str().unwrap();
+    assert!(
+        next_step.contains("a reconciler resolves it if the servers run one")
+            && next_step.contains(&format!("idem resolve {} --tenant", refs[1])),
+        "{next_step}"
+    );
+    // show: an unknown outcome says who resolves it, and the command.
+    let shown = idem(url, &["show", &refs[1], "--tenant", tenant]).await;
+    assert_eq!(shown.code, EXIT_OK, "{shown:?}");
+    assert!(
+        shown.out.contains("next_step:")
+            && shown
+                .out
+                .contains(&format!("idem resolve {} --tenant {tenant:?}", refs[1])),
+        "{}",
+        shown.out
+    );
     let shipments = idem(
         url,
         &[
@@ -133,7 +160,7 @@ pub async fn operate(url: &str, store: &dyn IdempotencyStore) {
     .await;
     assert_eq!(shipments.json()[0]["reference"], json!(refs[2]));
 
-    // show: the response only when asked.
+    // show: the response only when asked; no next step for what is known.
     let shown = idem(url, &["show", &refs[0], "--tenant", tenant]).await;
     assert_eq!(shown.code, EXIT_OK, "{shown:?}");
     assert!(
@@ -141,6 +168,7 @@ pub async fn operate(url: &str, store: &dyn IdempotencyStore) {
         "{}",
         shown.out
     );
+    assert!(!shown.out.contains("next_step"), "{}", shown.out);
     assert!(
         shown.out.contains("--response"),
         "says how to see it: {}",

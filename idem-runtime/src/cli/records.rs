@@ -5,7 +5,8 @@ use serde_json::{json, Value};
 use super::args::{parse_reference, List, Purge, Show};
 use super::escape::shown;
 use super::render::{
-    job_error, job_json, job_runs, job_when, json_text, record_json, state_label, table,
+    job_error, job_json, job_runs, job_when, json_text, outcome_unknown, record_json, state_label,
+    table, unknown_footer,
 };
 use super::{Failure, EXIT_OPERATOR, EXIT_USAGE};
 use crate::key::Reference;
@@ -54,7 +55,12 @@ pub(super) async fn list(
             rfc3339(r.updated_at),
         ]
     }));
-    Ok(table(&rows))
+    let mut text = table(&rows);
+    let unknown = records.iter().filter(|r| outcome_unknown(r)).count();
+    if unknown > 0 {
+        text.push_str(&unknown_footer(unknown));
+    }
+    Ok(text)
 }
 
 /// `show`: one record, in full (its response only when asked), and its

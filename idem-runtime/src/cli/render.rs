@@ -4,7 +4,7 @@
 use serde_json::{json, Value};
 
 use super::escape::shown;
-use crate::store::{Job, JobState, Record, RecordState};
+use crate::store::{Job, JobState, Reading, Record, RecordState};
 use crate::time::rfc3339;
 
 /// Rows as columns padded to their widest cell, each cell [`shown`] escaped.
@@ -57,8 +57,49 @@ pub(super) fn state_label(record: &Record) -> String {
     }
 }
 
+/// What an operator does about a record whose outcome is unknown (UNKNOWN,
+/// or IN_PROGRESS with its lease run out); `None` for any other.
+///
+/// The command line cannot know whether the servers run a reconciler, so
+/// it says both: a reconciler resolves it where one runs, and otherwise,
+/// or when the reconciler cannot tell, the operator does, with the command
+/// written out. (The servers' answers say the one their
+/// [`Resolver`](crate::Resolver) names.)
+pub(super) fn next_step(r: &Record) -> Option<String> {
+    outcome_unknown(r).then(|| {
+        format!(
+            "the outcome is unknown and every repeat is refused until it is resolved: a \
+             reconciler resolves it if the servers run one; if none runs, or it cannot tell, \
+             find out at the processor and resolve it by hand: idem resolve {} --tenant {:?} \
+             with --completed VALUE_JSON, --completed-result RESULT_JSON or --not-performed, \
+             and --note WHO_AND_WHY",
+            r.reference, r.tenant
+        )
+    })
+}
+
+/// Whether `r`'s outcome is unknown: UNKNOWN, or IN_PROGRESS with its lease
+/// run out.
+pub(super) fn outcome_unknown(r: &Record) -> bool {
+    matches!(r.reading(), Reading::Unknown { .. })
+}
+
+/// The line under a listing that holds `unknown` records whose outcome is
+/// unknown: who resolves them, and where to read how.
+pub(super) fn unknown_footer(unknown: usize) -> String {
+    let (n, them) = match unknown {
+        1 => ("1 operation listed has".to_owned(), "it"),
+        n => (format!("{n} operations listed have"), "each"),
+    };
+    format!(
+        "{n} an unknown outcome: a reconciler resolves {them} if the servers run one; if \
+         not, resolve {them} by hand (`idem show REFERENCE` says how)\n"
+    )
+}
+
 /// A record as JSON: never the arguments (a record has none), the response
-/// only when `response`.
+/// only when `response`; `next_step` when its outcome is unknown
+/// ([`next_step`]).
 pub(super) fn record_json(r: &Record, response: bool) -> Value {
     let (note, stored) = match &r.state {
         RecordState::InProgress => (None, None),
@@ -82,6 +123,7 @@ pub(super) fn record_json(r: &Record, response: bool) -> Value {
         "retain_until": rfc3339(r.retain_until),
         "next_check_at": rfc3339(r.next_check_at),
         "checks": r.checks,
+        "next_step": next_step(r),
     });
     if response {
         value["response"] = stored

@@ -82,7 +82,9 @@ impl Executor {
         self.steps.record_took(Step::Claim, answered - sent);
         match claimed {
             Err(error) => {
-                tracing::warn!(tool, %error, "claim failed; not running");
+                // The store's whole error, for the operator: the model's
+                // answer says only what happened and what to do.
+                tracing::warn!(tool, reference = %request.reference, %error, "claim failed; not running");
                 // Dropping the guard releases the claim.
                 drop(unconfirmed);
                 Claimed::Unavailable(error)

@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tracing::Instrument;
 
-use crate::answer::{note, Answer, Classify, Disposition, Recording, StatusReport};
+use crate::answer::{note, Answer, Classify, Disposition, Recording, Resolver, StatusReport};
 use crate::key::{is_empty_business_key, Caller, IdempotencyKey, Reference, Scope};
 use crate::outbox::{Declared, DECLARED};
 use crate::store::{
@@ -120,6 +120,9 @@ pub struct Executor {
     /// `Some` when repeats of completed operations are answered from memory
     /// ([`Executor::with_replay_cache`]), shared by its clones.
     replays: Option<Arc<Replays>>,
+    /// Who resolves an unknown outcome, as the answers say it
+    /// ([`Executor::with_resolver`]).
+    resolver: Resolver,
 }
 
 /// Whether a call's completion may be written after its answer.
@@ -171,7 +174,43 @@ impl Executor {
             steps,
             background: None,
             replays: None,
+            resolver: Resolver::default(),
         }
+    }
+
+    /// Says who resolves an operation whose outcome is unknown, in every
+    /// answer that reports one: the repeat's, the failed call's, the status
+    /// tool's and `tasks/get`'s (default [`Resolver::Operator`]: an
+    /// operator, with `idem resolve` and the reference).
+    ///
+    /// Set [`Resolver::Reconciler`] when a
+    /// [`Reconciler`](crate::maintenance::Reconciler) runs against this
+    /// executor's store, in this process or in another replica sharing the
+    /// store; [`Maintenance::resolver`](crate::maintenance::Maintenance::resolver)
+    /// gives the setting that matches a maintenance task:
+    ///
+    /// ```no_run
+    /// # async fn demo(store: std::sync::Arc<dyn idem_runtime::IdempotencyStore>) {
+    /// use idem_runtime::maintenance::{Maintenance, MaintenanceConfig};
+    /// use idem_runtime::Executor;
+    ///
+    /// let maintenance = Maintenance::spawn(store.clone(), MaintenanceConfig::default());
+    /// let executor = Executor::new(store).with_resolver(maintenance.resolver());
+    /// # }
+    /// ```
+    ///
+    /// What it says is this server's configuration, not a look at the
+    /// other replicas: configure every replica of one store alike
+    /// ([`Resolver`] says why).
+    pub fn with_resolver(mut self, resolver: Resolver) -> Self {
+        self.resolver = resolver;
+        self
+    }
+
+    /// Who resolves an unknown outcome, as the answers say it
+    /// ([`Executor::with_resolver`]).
+    pub fn resolver(&self) -> Resolver {
+        self.resolver
     }
 
     /// Answers repeats of completed operations from memory, within their
@@ -410,7 +449,12 @@ impl Executor {
             // hold, as a replay from the store would give it.
             Some(Found::Completing(reference, response)) => {
                 tracing::Span::current().record("reference", tracing::field::display(reference));
-                return replay(&response, reference, op.status_tool.to_owned());
+                return replay(
+                    &response,
+                    reference,
+                    op.status_tool.to_owned(),
+                    self.resolver,
+                );
             }
         }
         // A repeat of an operation this executor saw completed, within its
@@ -419,7 +463,12 @@ impl Executor {
         if let Some(replays) = &self.replays {
             if let Some((reference, response)) = replays.get(&key, tenant) {
                 tracing::Span::current().record("reference", tracing::field::display(reference));
-                return replay(&response, reference, op.status_tool.to_owned());
+                return replay(
+                    &response,
+                    reference,
+                    op.status_tool.to_owned(),
+                    self.resolver,
+                );
             }
         }
         // Read only for the replay cache: no clock read on a call without it.
@@ -428,14 +477,14 @@ impl Executor {
             .as_ref()
             .map(|r| (r, tokio::time::Instant::now()));
         match self.claim(request, op.tool).await {
-            Claimed::Unavailable(error) => Answer::StoreUnavailable { error },
+            Claimed::Unavailable(error) => Answer::unclaimed(error),
             Claimed::Existing(record) => {
                 tracing::Span::current()
                     .record("reference", tracing::field::display(record.reference));
                 if let Some((replays, asked)) = asked {
                     keep_replay(replays, &record, &key, tenant, asked);
                 }
-                existing(record, &key, op.status_tool, &self.durations)
+                existing(record, &key, op.status_tool, &self.durations, self.resolver)
             }
             Claimed::Won(won) => {
                 let reference = won.reference;
@@ -688,6 +737,7 @@ impl Executor {
                     reference,
                     disposition,
                     status_tool: status_tool.to_owned(),
+                    resolver: self.resolver,
                 }
             }
             Err(panic) => {
@@ -698,6 +748,7 @@ impl Executor {
                     reference,
                     status_tool: status_tool.to_owned(),
                     note,
+                    resolver: self.resolver,
                 }
             }
         }
@@ -753,7 +804,7 @@ impl Executor {
             .dyn_store()
             .lookup(caller.tenant(), &reference)
             .await?
-            .map(|r| StatusReport::from_record(&r)))
+            .map(|r| StatusReport::from_record(&r, self.resolver)))
     }
 }
 

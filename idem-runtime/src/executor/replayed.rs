@@ -6,17 +6,18 @@ use serde::de::DeserializeOwned;
 
 use super::pace::ToolDurations;
 use super::replays::Replays;
-use crate::answer::{note, Answer};
+use crate::answer::{note, Answer, Resolver};
 use crate::key::{IdempotencyKey, Reference};
 use crate::store::{Reading, Record, RecordState};
 
 /// The answer to a repeat that found a live record; a running one is told
-/// when to ask again from `durations`.
+/// when to ask again from `durations`, an unknown one who resolves it.
 pub(super) fn existing<T: DeserializeOwned, E>(
     record: Record,
     key: &IdempotencyKey,
     status_tool: &str,
     durations: &ToolDurations,
+    resolver: Resolver,
 ) -> Answer<T, E> {
     let reference = record.reference;
     let status_tool = status_tool.to_owned();
@@ -27,7 +28,7 @@ pub(super) fn existing<T: DeserializeOwned, E>(
         };
     }
     match record.reading() {
-        Reading::Completed { response } => replay(response, reference, status_tool),
+        Reading::Completed { response } => replay(response, reference, status_tool, resolver),
         Reading::Running { retry_after } => Answer::InProgress {
             reference,
             status_tool,
@@ -45,6 +46,7 @@ pub(super) fn existing<T: DeserializeOwned, E>(
             reference,
             status_tool,
             note: note.to_owned(),
+            resolver,
         },
         // The store takes a NOT_PERFORMED record over in the claim itself; a
         // store that hands one back answers honestly rather than guessing.
@@ -54,6 +56,7 @@ pub(super) fn existing<T: DeserializeOwned, E>(
             note: format!(
                 "it was resolved as not performed ({note}), but could not be claimed again"
             ),
+            resolver,
         },
     }
 }
@@ -87,11 +90,14 @@ pub(super) fn keep_replay(
     }
 }
 
-/// The answer of a completed operation: its stored `response`, decoded.
+/// The answer of a completed operation: its stored `response`, decoded
+/// (or, if it no longer decodes, an unknown outcome that `resolver`
+/// resolves).
 pub(super) fn replay<T: DeserializeOwned, E>(
     response: &str,
     reference: Reference,
     status_tool: String,
+    resolver: Resolver,
 ) -> Answer<T, E> {
     match serde_json::from_str(response) {
         Ok(value) => Answer::Replayed {
@@ -104,6 +110,7 @@ pub(super) fn replay<T: DeserializeOwned, E>(
             reference,
             status_tool,
             note: note::unreadable(e),
+            resolver,
         },
     }
 }

@@ -18,7 +18,7 @@ use serde::Serialize;
 use super::claim::{Claimed, Won};
 use super::pace::ToolDurations;
 use super::{existing, timed, Completes, Executor, OnRejected, Operation, OperationContext};
-use crate::answer::{Answer, Classify};
+use crate::answer::{Answer, Classify, Resolver};
 use crate::key::{IdempotencyKey, Reference};
 use crate::store::{IdempotencyStore, Record, RecordState, Resolution};
 use crate::telemetry;
@@ -84,8 +84,10 @@ impl Executor {
         };
         let key = request.key;
         match self.claim(request, op.tool).await {
-            Claimed::Unavailable(error) => TaskClaim::Answered(Answer::StoreUnavailable { error }),
-            Claimed::Existing(record) => repeat(record, &key, op.status_tool, &self.durations),
+            Claimed::Unavailable(error) => TaskClaim::Answered(Answer::unclaimed(error)),
+            Claimed::Existing(record) => {
+                repeat(record, &key, op.status_tool, &self.durations, self.resolver)
+            }
             Claimed::Won(won) => TaskClaim::Claimed(ClaimedOperation {
                 context: OperationContext::new(won.reference, op.caller, op.tool),
                 won,
@@ -139,10 +141,11 @@ fn repeat<T: DeserializeOwned, E>(
     key: &IdempotencyKey,
     status_tool: &str,
     durations: &ToolDurations,
+    resolver: Resolver,
 ) -> TaskClaim<T, E> {
     let completed = matches!(record.state, RecordState::Completed { .. });
     if completed || record.key.fingerprint() != key.fingerprint() {
-        TaskClaim::Answered(existing(record, key, status_tool, durations))
+        TaskClaim::Answered(existing(record, key, status_tool, durations, resolver))
     } else {
         TaskClaim::Running(record)
     }

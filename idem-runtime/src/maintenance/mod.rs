@@ -9,7 +9,7 @@ mod settle;
 
 pub use settle::SettleClock;
 
-use crate::answer::note;
+use crate::answer::{note, Resolver};
 use crate::key::Reference;
 use crate::store::{
     resolve_with_follow_ons, FollowOn, IdempotencyStore, Record, RecordState, RecordStateKind,
@@ -628,6 +628,20 @@ pub async fn resolve_by_hand(
     }
 }
 
+/// The warning of a maintenance task started without a reconciler: what
+/// will happen to an unknown outcome, and the two ways to deal with it.
+fn warn_no_reconciler() {
+    tracing::warn!(
+        "idem maintenance runs without a reconciler: a call whose process dies, or whose \
+         handler fails in a way that may have taken effect, stays UNKNOWN, and every repeat of \
+         it is refused, until an operator resolves it (or its retention ends). Give \
+         MaintenanceConfig::reconciler a Reconciler that asks the processor, or resolve \
+         each by hand: `idem list --state unknown` lists them, `idem resolve REFERENCE` \
+         resolves one. Answers say an operator resolves them unless the executor is told \
+         otherwise (Executor::with_resolver)."
+    );
+}
+
 /// What one [`Maintenance::round`] did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RoundReport {
@@ -667,6 +681,22 @@ impl Default for MaintenanceConfig {
     }
 }
 
+impl MaintenanceConfig {
+    /// Who resolves the UNKNOWN records with this configuration:
+    /// [`Resolver::Reconciler`] with a [`reconciler`](Self::reconciler),
+    /// [`Resolver::Operator`] without. Give it to
+    /// [`Executor::with_resolver`](crate::Executor::with_resolver) where
+    /// maintenance runs as rounds ([`Maintenance::round`]) rather than as a
+    /// task.
+    pub fn resolver(&self) -> Resolver {
+        if self.reconciler.is_some() {
+            Resolver::Reconciler
+        } else {
+            Resolver::Operator
+        }
+    }
+}
+
 /// A tokio task that runs sweep, reconcile and purge every interval, and
 /// stops cleanly (between rounds, never in the middle of a write).
 ///
@@ -687,11 +717,21 @@ impl Default for MaintenanceConfig {
 pub struct Maintenance {
     stop: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
+    resolver: Resolver,
 }
 
 impl Maintenance {
     /// Starts the task on the current tokio runtime.
+    ///
+    /// Without a [`reconciler`](MaintenanceConfig::reconciler) it says so
+    /// once, now, with a `tracing` warning: every call whose process dies,
+    /// or whose handler fails in a way that may have taken effect, then
+    /// stays UNKNOWN, refusing its repeats, until an operator resolves it.
     pub fn spawn(store: Arc<dyn IdempotencyStore>, config: MaintenanceConfig) -> Self {
+        let resolver = config.resolver();
+        if resolver == Resolver::Operator {
+            warn_no_reconciler();
+        }
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let task = tokio::spawn(async move {
             loop {
@@ -702,7 +742,19 @@ impl Maintenance {
                 }
             }
         });
-        Maintenance { stop, task }
+        Maintenance {
+            stop,
+            task,
+            resolver,
+        }
+    }
+
+    /// Who resolves the UNKNOWN records this task leaves
+    /// ([`MaintenanceConfig::resolver`]): give it to
+    /// [`Executor::with_resolver`](crate::Executor::with_resolver), so the
+    /// answers say what will happen.
+    pub fn resolver(&self) -> Resolver {
+        self.resolver
     }
 
     /// One round: sweep, reconcile (with a reconciler), purge; returns what

@@ -174,10 +174,7 @@ where
                 _ => AnswerState::Unknown,
             };
             crate::telemetry::call(spec.tool, state);
-            Ok(CallToolResponse::Task(tasks::repeated(
-                &record,
-                executor.lease(),
-            )))
+            Ok(CallToolResponse::Task(tasks::repeated(&record, executor)))
         }
         TaskClaim::Claimed(claimed) => {
             let reference = claimed.reference();

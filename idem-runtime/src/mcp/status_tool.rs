@@ -62,7 +62,8 @@ where
                     &args.reference,
                 ))]),
                 Err(error) => {
-                    CallToolResult::error(vec![ContentBlock::text(text::store_unreachable(error))])
+                    tracing::warn!(reference = %args.reference, %error, "status lookup failed");
+                    CallToolResult::error(vec![ContentBlock::text(text::store_unreachable(&error))])
                 }
             };
             Ok(CallToolResponse::Complete(result))

@@ -112,6 +112,7 @@ use crate::executor::REJECTED_RESOLUTION;
 use crate::key::{Caller, Reference};
 use crate::store::{Reading, Record};
 use crate::time::rfc3339;
+use crate::Executor;
 
 /// Whether the request declares the tasks extension in its capabilities
 /// (its `_meta`, or the client's `initialize` on a connection that had one)
@@ -148,8 +149,8 @@ pub(crate) fn created(reference: Reference, window: Duration, lease: Duration) -
 
 /// The task a repeat `tools/call` of a running (or unknown) operation is
 /// answered with: the same task id, its state as `tasks/get` would give it.
-pub(crate) fn repeated(record: &Record, lease: Duration) -> CreateTaskResult {
-    CreateTaskResult::new(detailed(record, lease).task)
+pub(crate) fn repeated(record: &Record, executor: &Executor) -> CreateTaskResult {
+    CreateTaskResult::new(detailed(record, executor).task)
 }
 
 /// `tasks/get`: the caller's record with this reference, as a task. Any
@@ -162,10 +163,7 @@ pub async fn get_task<S: IdempotentServer + ?Sized>(
     context: RequestContext<RoleServer>,
 ) -> Result<GetTaskResult, ErrorData> {
     let record = find(server, &request.task_id, &context).await?;
-    Ok(GetTaskResult::new(detailed(
-        &record,
-        server.executor().lease(),
-    )))
+    Ok(GetTaskResult::new(detailed(&record, server.executor())))
 }
 
 /// `tasks/cancel`: acknowledged for the caller's own task (another's, or
@@ -214,19 +212,23 @@ async fn find<S: IdempotentServer + ?Sized>(
     {
         Ok(Some(record)) => Ok(record),
         Ok(None) => Err(not_found()),
-        Err(error) => Err(ErrorData::internal_error(
-            text::store_unreachable(error),
-            None,
-        )),
+        Err(error) => {
+            tracing::warn!(%reference, %error, "task lookup failed");
+            Err(ErrorData::internal_error(
+                text::store_unreachable(&error),
+                None,
+            ))
+        }
     }
 }
 
 /// A record as a task: IN_PROGRESS with a live lease is working; COMPLETED
 /// is completed with the stored result; UNKNOWN (or IN_PROGRESS with its
-/// lease run out) is working with a message saying it is being reconciled;
-/// NOT_PERFORMED is failed with the handler's message (a rejection) or the
-/// resolution's.
-fn detailed(record: &Record, lease: Duration) -> DetailedTask {
+/// lease run out) is working with a message saying who resolves it (the
+/// executor's [`Resolver`](crate::Resolver)); NOT_PERFORMED is failed with
+/// the handler's message (a rejection) or the resolution's.
+fn detailed(record: &Record, executor: &Executor) -> DetailedTask {
+    let lease = executor.lease();
     let reference = record.reference.to_string();
     let lifetime =
         |until: SystemTime| millis(until.duration_since(record.claimed_at).unwrap_or_default());
@@ -281,9 +283,14 @@ fn detailed(record: &Record, lease: Duration) -> DetailedTask {
             task(record.expires_at).with_status_message(text::task_running(&reference)),
             TaskPayload::Working,
         ),
-        // UNKNOWN, or a claim whose lease ran out: being reconciled.
+        // UNKNOWN, or a claim whose lease ran out: waiting for whoever
+        // resolves it.
         Reading::Unknown { note, .. } => DetailedTask::new(
-            task(record.retain_until).with_status_message(text::task_reconciling(&reference, note)),
+            task(record.retain_until).with_status_message(text::task_unknown(
+                &reference,
+                note,
+                executor.resolver(),
+            )),
             TaskPayload::Working,
         ),
         Reading::NotPerformed { note } => {
