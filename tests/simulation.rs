@@ -55,7 +55,12 @@
 //!     every replica maintains, and no replica asks about a record while
 //!     another's lookup of it is in flight (asked, its answer not yet acted
 //!     on or given up), so a processor's rate-limited lookup API sees one
-//!     question per check, not one per replica.
+//!     question per check, not one per replica;
+//! 12. nothing ran stays true: a claim whose caller was told nothing ran
+//!     (BUGGIFY's `ClaimLandsLate`: the store applies it after its caller
+//!     gave up) is never presented to a call made more than two leases
+//!     after its send, and within that bound only as in progress with a
+//!     retry-after ending within it (or a held business key).
 //!
 //! Beside them, the recording store checks every write that takes effect
 //! against a model of the record (a claim takes over only an expired or
@@ -240,6 +245,11 @@ fn memory_seed(seed: u64, sabotage: Sabotage, trace: bool) -> Report {
 /// (docs/decisions.md, "Clocks": under 0.7 of the 2 s lease, the sweep's).
 const MAX_OFFSET_MS: i64 = 650;
 
+/// How far off the true clock a replica is in a tight schedule: two replicas
+/// 660 ms apart, under a third of the 2 s lease (the sweep's bound,
+/// docs/decisions.md "Clocks").
+const TIGHT_OFFSET_MS: i64 = 330;
+
 /// A replica's own clock: off the true one by `start_ms` at the start, and
 /// drifting by `drift_ppm` (millionths of the elapsed time, either way),
 /// turning back at ±[`MAX_OFFSET_MS`] as a clock that a time daemon steers
@@ -281,12 +291,13 @@ impl OwnClock {
 /// at the extremes of the bound). Two replicas
 /// differ by at most 1.3 s, inside the stated bound and past the margin the
 /// settle period leaves over the time a request takes to show (down to
-/// 0.1 s here), which only the reconciling process's own clock covers. In a
-/// quarter of the skewed schedules maintenance runs every 250 ms and the
-/// processor is slow to show what landed (each request's lag in the top
-/// fifth of its range), so a reconciler acts the moment a record seems
-/// settled by a clock ahead, while a request sent just before it was marked
-/// has landed and does not show yet. `timing` takes the consequences the docs state: the model's comparisons
+/// 0.1 s here), which only the reconciling process's own clock covers. A
+/// quarter of the skewed schedules are tight: the replicas' clocks at
+/// opposite ends of the sweep's bound (660 ms apart), maintenance every 250 ms, a processor that
+/// shows nothing until it is visible and is slow to show what landed,
+/// long requests and impatient clients, so that a reconciler acts the
+/// moment a record seems settled by a clock ahead while a request sent just
+/// before the record was marked does not show yet. `timing` takes the consequences the docs state: the model's comparisons
 /// across clocks allow the spread, and oracle 8 does not judge a call within
 /// twice the spread of its window's end (a replica ahead takes a record
 /// over that much early; one behind answers that much late).
@@ -310,9 +321,28 @@ fn replica_clocks(seed: u64, timing: &mut Timing) -> Vec<OwnClock> {
         }
     }
     if drift.chance(0.25) {
+        // Tight: the replicas at opposite ends of the sweep's bound (two
+        // clocks under a third of the lease apart: no live handler is
+        // swept), so that every promise holds, "not performed" included;
+        // maintenance every 250 ms; a processor that shows nothing until it is
+        // visible, slow to show what landed; long requests at the top of
+        // their range, and impatient clients that drop calls soon after
+        // they were made, so a record is marked unknown with its request
+        // still on its way.
+        let ahead = if drift.chance(0.5) { 1 } else { -1 };
+        for (i, clock) in clocks.iter_mut().enumerate() {
+            clock.start_ms = if i % 2 == 0 { ahead } else { -ahead } * TIGHT_OFFSET_MS;
+            clock.drift_ppm = 0;
+        }
         timing.interval = Duration::from_millis(250);
         timing.jitter = Duration::from_millis(50);
-        timing.lag_min = timing.lag_max * 4 / 5;
+        timing.lag_min = timing.lag_max * 9 / 10;
+        timing.hides_in_flight = true;
+        timing.long_rate = 0.6;
+        timing.latency_long.0 = timing.latency_long.1 * 9 / 10;
+        timing.prework_max = Duration::from_millis(200);
+        timing.cancel_rate = 0.5;
+        timing.cancel_max = Duration::from_millis(1_000);
     }
     let spread = if clocks.iter().any(|c| c.drift_ppm != 0) {
         2 * MAX_OFFSET_MS

@@ -344,7 +344,11 @@ impl Reconciler for SimReconciler {
             let answer = match w.entries.get(&reference).map(|e| &w.charges[e.charge]) {
                 Some(c) if c.tenant != record.tenant => Reconciliation::not_performed(),
                 Some(c) if now < c.lands_at => {
-                    if sim.sabotage == Sabotage::InFlightNotPerformed {
+                    // A processor that shows nothing until it is visible
+                    // (within the settle period): only the settle period
+                    // keeps "not performed" true.
+                    if sim.sabotage == Sabotage::InFlightNotPerformed || sim.timing.hides_in_flight
+                    {
                         Reconciliation::not_performed()
                     } else {
                         Reconciliation::StillUnknown

@@ -457,7 +457,9 @@ pub(super) fn call_plan(
     CallPlan {
         op,
         at,
-        cancel_after: rng.chance(0.12).then(|| rng.between(zero, t.cancel_max)),
+        cancel_after: rng
+            .chance(t.cancel_rate)
+            .then(|| rng.between(zero, t.cancel_max)),
         prework: if rng.chance(0.5) {
             zero
         } else {
@@ -478,7 +480,7 @@ pub(super) fn call_plan(
         },
         request: RequestPlan {
             arrive: rng.between(zero, t.arrive_max),
-            latency: if rng.chance(0.3) {
+            latency: if rng.chance(t.long_rate) {
                 rng.between(t.latency_long.0, t.latency_long.1)
             } else {
                 rng.between(t.latency_short.0, t.latency_short.1)

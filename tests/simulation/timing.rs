@@ -53,6 +53,14 @@ pub struct Timing {
     /// before `lag_min`.
     pub lag_max: Duration,
     pub lag_min: Duration,
+    /// Whether the processor's lookup shows a request that arrived and has
+    /// not landed yet as not found (as a processor without a "processing"
+    /// state does), rather than as still unknown.
+    pub hides_in_flight: bool,
+    /// The share of calls whose future is dropped mid-flight.
+    pub cancel_rate: f64,
+    /// The share of requests that take `latency_long`.
+    pub long_rate: f64,
     /// The handler's own timeout against the processor.
     pub handler_timeout: (Duration, Duration),
     /// Work before the request is sent.
@@ -118,6 +126,9 @@ impl Timing {
             latency_long: (ms(1_000), ms(3_500)),
             lag_max: ms(1_100),
             lag_min: Duration::ZERO,
+            hides_in_flight: false,
+            cancel_rate: 0.12,
+            long_rate: 0.3,
             handler_timeout: (ms(1_000), ms(2_500)),
             prework_max: ms(1_000),
             postwork: (ms(500), ms(4_000)),
@@ -159,6 +170,9 @@ impl Timing {
             latency_long: (ms(150), ms(550)),
             lag_max: ms(250),
             lag_min: Duration::ZERO,
+            hides_in_flight: false,
+            cancel_rate: 0.12,
+            long_rate: 0.3,
             handler_timeout: (ms(150), ms(350)),
             prework_max: ms(120),
             postwork: (ms(100), ms(800)),

@@ -16,10 +16,15 @@ pub(crate) struct Won {
     pub(crate) request: ClaimRequest,
     /// The reference the operation runs under, as the store granted it.
     pub(crate) reference: Reference,
-    /// When the claim was sent, on the timer's clock: the store's lease
-    /// cannot have started before, so the heartbeats and the running-claims
-    /// table count from here.
+    /// When the claim was sent, on the timer's clock: the operation's
+    /// window counts from here at the latest.
     pub(crate) sent: tokio::time::Instant,
+    /// When the lease was last renewed at the latest: the claim's send, or
+    /// the send of the heartbeat that confirmed a slow claim
+    /// ([`Executor::reconfirm`]). The store's lease cannot have started
+    /// before, so the heartbeats and the running-claims table count from
+    /// here.
+    pub(crate) lease_from: tokio::time::Instant,
     /// When the claim's answer was read (the late-claim check's reading):
     /// the handler's run is timed from here, without a clock read of its
     /// own.
@@ -29,7 +34,7 @@ pub(crate) struct Won {
 impl Won {
     /// When the claim's lease runs out at the latest, without a heartbeat.
     pub(crate) fn held_until(&self) -> tokio::time::Instant {
-        self.sent + self.request.lease
+        self.lease_from + self.request.lease
     }
 
     /// The claim's lease.
@@ -64,6 +69,12 @@ impl Executor {
     /// - A claim confirmed only after that lease ran out is not confirmed
     ///   ([`late_claim`]): it may already have been swept, reconciled and
     ///   taken over, so it is released and nothing runs.
+    /// - A claim confirmed after its first heartbeat was due (a third of
+    ///   the lease) is confirmed again by that heartbeat before anything
+    ///   runs ([`Executor::reconfirm`]): a replica whose clock runs ahead,
+    ///   within the bound, may have swept it meanwhile, and a handler that
+    ///   started under a record already UNKNOWN would send its request
+    ///   after the mark, which the settle period does not cover.
     pub(crate) async fn claim(&self, request: ClaimRequest, tool: &str) -> Claimed {
         let sent = tokio::time::Instant::now();
         let mut unconfirmed = ReleaseOnDrop::new(
@@ -93,15 +104,64 @@ impl Executor {
                 unconfirmed.disarm();
                 Claimed::Existing(record)
             }
-            Ok(Claim::Claimed { reference }) => {
+            Ok(Claim::Claimed { reference }) if answered - sent < request.lease / 3 => {
                 unconfirmed.disarm();
                 Claimed::Won(Won {
                     request,
                     reference,
                     sent,
+                    lease_from: sent,
                     answered,
                 })
             }
+            Ok(Claim::Claimed { reference }) => match self.reconfirm(&request).await {
+                Ok((lease_from, answered)) => {
+                    unconfirmed.disarm();
+                    Claimed::Won(Won {
+                        request,
+                        reference,
+                        sent,
+                        lease_from,
+                        answered,
+                    })
+                }
+                Err(error) => {
+                    tracing::warn!(tool, reference = %reference, %error,
+                        "a slow claim could not be confirmed again; not running");
+                    // Dropping the guard retracts the claim: nothing ran.
+                    drop(unconfirmed);
+                    Claimed::Unavailable(error)
+                }
+            },
+        }
+    }
+
+    /// Confirms a claim that was answered slowly with its first heartbeat:
+    /// the lease then counts from the heartbeat's send, which is returned
+    /// with the instant its answer came. A heartbeat refused (the record
+    /// was swept, resolved or taken over), failed, or itself answered
+    /// after the lease it renews ran out is not a confirmation.
+    async fn reconfirm(
+        &self,
+        request: &ClaimRequest,
+    ) -> Result<(tokio::time::Instant, tokio::time::Instant), StoreError> {
+        let sent = tokio::time::Instant::now();
+        let renewed = self
+            .dyn_store()
+            .heartbeat(&request.key, request.attempt, request.lease)
+            .await;
+        let answered = tokio::time::Instant::now();
+        match renewed {
+            Ok(()) if answered - sent < request.lease => Ok((sent, answered)),
+            Ok(()) | Err(StoreError::Fenced) | Err(StoreError::WrongState { .. }) => {
+                Err(StoreError::Unavailable(
+                    "the store confirmed the claim slowly, and it could not be confirmed \
+                     again before the tool ran (the store or this server was too slow), so \
+                     the tool was not run"
+                        .into(),
+                ))
+            }
+            Err(error) => Err(error),
         }
     }
 }

@@ -650,7 +650,7 @@ impl Executor {
                                 attempt,
                                 response,
                                 jobs,
-                                sent: won.sent,
+                                sent: won.lease_from,
                                 entry,
                                 replay: self
                                     .replays
@@ -775,7 +775,7 @@ impl Executor {
             reference,
             claim.attempt,
             self.lease,
-            won.sent,
+            won.lease_from,
         );
         let mut beat = std::pin::pin!(beat);
         std::future::poll_fn(|cx| {
