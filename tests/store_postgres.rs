@@ -895,37 +895,6 @@ async fn completions_in_flight_together_each_answer_for_their_own_attempt() {
     }
 }
 
-/// A card processor stand-in for the stall tests: idempotent by the key it
-/// is given (the operation's reference) for 24 h, counting every request
-/// it receives and every charge it makes.
-#[derive(Clone, Default)]
-struct Processor {
-    requests: Arc<std::sync::atomic::AtomicUsize>,
-    charges: Arc<std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>>,
-}
-
-impl Processor {
-    async fn charge(&self, reference: String) -> Result<String, idem_runtime::ToolError> {
-        self.requests
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let mut charges = self.charges.lock().unwrap();
-        let day = Duration::from_secs(24 * 3600);
-        charges.retain(|_, at| at.elapsed() < day);
-        charges
-            .entry(reference.clone())
-            .or_insert_with(std::time::Instant::now);
-        Ok(format!("ch_{reference}"))
-    }
-
-    fn requests(&self) -> usize {
-        self.requests.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    fn charges(&self) -> usize {
-        self.charges.lock().unwrap().len()
-    }
-}
-
 /// Every insert and update of the store's records, as the server applied
 /// it (committed with the statement that made it): a trigger copies the
 /// key, the attempt and the state of each row written into `audit`.
@@ -988,7 +957,7 @@ async fn running_statements(client: &tokio_postgres::Client, schema: &str) -> Ve
 /// the claim once the lock goes. So the claim never lands, the retry runs
 /// the charge once, and nothing ever reads as unknown.
 async fn a_stalled_claim_is_cancelled_on_the_server(url: &str, direct: bool) {
-    use idem_runtime::{Answer, Caller, Executor, Operation, Scope, ScopeSpec};
+    use idem_runtime::{Answer, Executor};
     let name = format!("t_{:016x}", Attempt::random().get());
     let pg = PgSchema::open(url, &name).await;
     let schema = pg.store.schema().to_owned();
@@ -1001,38 +970,12 @@ async fn a_stalled_claim_is_cancelled_on_the_server(url: &str, direct: bool) {
         .build()
         .unwrap();
     let executor = Executor::new(Arc::new(store));
-    let processor = Processor::default();
-    let caller = Caller::new("acme", "alice");
-    let args = serde_json::json!({"card": "tok_stall", "amount_cents": 500});
-    let window = Duration::from_secs(900);
-    let call = || {
-        let (executor, processor, caller, args) = (
-            executor.clone(),
-            processor.clone(),
-            caller.clone(),
-            args.clone(),
-        );
-        async move {
-            let op = Operation {
-                caller: &caller,
-                tool: "charge_card",
-                args: &args,
-                scope: ScopeSpec::Window(window),
-                status_tool: "get_operation_status",
-            };
-            executor
-                .run(op, |ctx| async move {
-                    processor.charge(ctx.reference().to_string()).await
-                })
-                .await
-        }
-    };
+    let processor = durable::Processor::default();
+    let call = || durable::charge(&executor, &processor, "tok_stall");
 
     // The call's record, past its retention: the call's claim takes it
     // over in one statement, which needs the row's lock.
-    let key =
-        idem_runtime::IdempotencyKey::derive(&caller, "charge_card", &args, &Scope::Window(window))
-            .unwrap();
+    let key = durable::charge_key("tok_stall");
     let short = Duration::from_millis(50);
     let old = idem_runtime::store::ClaimRequest {
         key,

@@ -57,6 +57,12 @@ use writer::*;
 /// back, nothing of it was written, and every item of it is answered
 /// `Unavailable`.
 ///
+/// A claim whose caller stopped waiting before the writer reached it (the
+/// call cancelled or timed out while the claim was queued, or while the
+/// writer waited on another process's write lock, up to 5 s) is skipped,
+/// not applied late: its caller runs nothing under it. A statement that
+/// waits on that lock longer fails the batch, `Unavailable`.
+///
 /// # The clock
 ///
 /// SQLite has no server clock of its own. The writer thread reads the process
@@ -122,18 +128,32 @@ impl SqliteStore {
         &self,
         f: impl FnOnce(&Connection, i64) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        self.run_as(false, f).await
+        self.run_as(false, false, f).await
     }
 
     /// [`run`](Self::run), with a commit that may be relaxed (see
-    /// [`Item::relaxed`]) if `relaxed`.
+    /// [`Item::relaxed`]) if `relaxed`; `if_awaited`: `f` runs only if its
+    /// caller still waits for the answer when the writer reaches it.
+    ///
+    /// A caller that stopped waiting (its call cancelled, a client's
+    /// timeout) while its item was queued, or while the writer waited for
+    /// another connection's write lock, has been told nothing, and a claim
+    /// of it would run nothing: the writer skips it rather than apply it
+    /// after it was given up on. A caller that stops waiting while its
+    /// item runs or commits is the executor's to retract (it releases an
+    /// unconfirmed claim).
     async fn run_as<T: Send + 'static>(
         &self,
         relaxed: bool,
+        if_awaited: bool,
         f: impl FnOnce(&Connection, i64) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
         let (reply, answer) = oneshot::channel();
         let job: Work = Box::new(move |conn| {
+            if if_awaited && reply.is_closed() {
+                let nobody: Finish = Box::new(|_| ());
+                return (nobody, false);
+            }
             let out = match conn {
                 Ok(conn) => f(conn, to_nanos(SystemTime::now())),
                 Err(e) => Err(StoreError::Unavailable(e.to_owned())),
@@ -164,7 +184,7 @@ impl SqliteStore {
         jobs: Vec<FollowOn>,
     ) -> Result<(), StoreError> {
         let (key, response) = (*key.as_bytes(), response.to_owned());
-        self.run_as(self.relaxed_completions, move |conn, now| {
+        self.run_as(self.relaxed_completions, false, move |conn, now| {
             // `attempt = ?2`: a worker whose claim was taken over must not
             // overwrite the new owner's record with its own response.
             fenced(conn, &key, attempt, &SQL.complete, &[&response, &now])?;
@@ -184,7 +204,8 @@ impl IdempotencyStore for SqliteStore {
 
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         let req = req.clone();
-        self.run(move |conn, now| {
+        // Only while its caller waits: a claim given up on is not applied.
+        self.run_as(false, true, move |conn, now| {
             let key = req.key.as_bytes();
             // The writer holds the database's write lock for the batch, so no
             // other claim (of this or another process) can slip between the
