@@ -1179,3 +1179,53 @@ async fn named_statements_behind_a_transaction_pooler_are_a_configuration_error(
     assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 0);
     drop(pg);
 }
+
+/// `idem show REF` reads no whole table: `find_by_reference`'s statement,
+/// on tables of 50,000 records and 50,000 superseded operations (enough
+/// that the planner would not scan them for a handful of rows), searches
+/// each table's primary key by the reference's key range, and scans
+/// neither. The records it finds are the right ones (see the conformance
+/// case `a_reference_is_found_in_every_tenant` for what "right" is).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn find_by_reference_searches_the_primary_keys_and_scans_nothing() {
+    let Some(pg) = PgSchema::new().await else {
+        return;
+    };
+    let s = pg.store.schema().to_owned();
+    let client = durable::connect(&pg.url).await;
+    let columns = "key, fingerprint, tenant, tool, state, attempt, claimed_at, updated_at, \
+                   lease_until, expires_at, retain_until, body, next_check_at, checks, \
+                   resolution, operation";
+    let rows = "SELECT decode(lpad(to_hex(i), 64, '0'), 'hex'), \
+                  decode(lpad(to_hex(i), 64, '0'), 'hex'), 'filler', 'charge_card', 1, i, \
+                  now(), now(), now(), now() + interval '1 hour', now() + interval '1 hour', \
+                  '\\x31'::bytea, now(), 0, NULL, i \
+                FROM generate_series(1, 50000) AS i";
+    client
+        .batch_execute(&format!(
+            "INSERT INTO {s}.idem_records ({columns}) {rows}; \
+             INSERT INTO {s}.idem_superseded ({columns}) {rows}; \
+             ANALYZE {s}.idem_records; ANALYZE {s}.idem_superseded;"
+        ))
+        .await
+        .unwrap();
+    let req = durable::request(Duration::from_secs(30), Duration::from_secs(60));
+    pg.store.claim(&req).await.unwrap();
+
+    let plan = pg
+        .store
+        .plan_of_find_by_reference(&req.reference)
+        .await
+        .unwrap();
+    assert!(!plan.contains("Seq Scan"), "a table is scanned:\n{plan}");
+    for table in ["idem_records", "idem_superseded"] {
+        assert!(
+            plan.lines()
+                .any(|l| l.contains("Index") && l.contains(&format!(" on {table}"))),
+            "{table} is not searched by an index:\n{plan}"
+        );
+    }
+    let found = pg.store.find_by_reference(&req.reference).await.unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].attempt, req.attempt);
+}

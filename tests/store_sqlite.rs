@@ -351,3 +351,54 @@ async fn a_claim_whose_caller_gave_up_is_not_applied_once_the_lock_goes() {
     assert_eq!(processor.requests(), 0);
     the_retry_charges_once(&executor, &processor, "tok_gave_up", &other).await;
 }
+
+/// `idem show REF` reads no whole table: `find_by_reference`'s statement,
+/// on tables of 50,000 records and 50,000 superseded operations, searches
+/// each table's primary key by the reference's key range (SQLite's
+/// `SEARCH … USING PRIMARY KEY`) and scans neither. The records it finds
+/// are the right ones (see the conformance case
+/// `a_reference_is_found_in_every_tenant` for what "right" is).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn find_by_reference_searches_the_primary_keys_and_scans_nothing() {
+    let store = store().await;
+    {
+        let conn = rusqlite::Connection::open(store.path().unwrap()).unwrap();
+        conn.busy_timeout(Duration::from_secs(10)).unwrap();
+        let columns = "key, fingerprint, tenant, tool, state, attempt, claimed_at, updated_at, \
+                       lease_until, expires_at, retain_until, body, next_check_at, checks, \
+                       resolution, operation";
+        let rows = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n \
+                      WHERE i < 50000) \
+                    SELECT zeroblob(24) || cast(printf('%08d', i) AS BLOB), randomblob(32), \
+                      'filler', 'charge_card', 1, i, 0, 0, 0, 9e18, 9e18, '1', 0, 0, NULL, i \
+                    FROM n";
+        conn.execute_batch(&format!(
+            "INSERT INTO idem_records ({columns}) {rows}; \
+             INSERT INTO idem_superseded ({columns}) {rows}; ANALYZE;"
+        ))
+        .unwrap();
+    }
+    let req = request(Duration::from_secs(30), Duration::from_secs(60));
+    store.claim(&req).await.unwrap();
+
+    let plan = store
+        .plan_of_find_by_reference(&req.reference)
+        .await
+        .unwrap();
+    for table in ["idem_records", "idem_superseded"] {
+        assert!(
+            !plan
+                .lines()
+                .any(|l| l.starts_with(&format!("SCAN {table}"))),
+            "{table} is scanned:\n{plan}"
+        );
+        assert!(
+            plan.lines()
+                .any(|l| l.starts_with(&format!("SEARCH {table} USING PRIMARY KEY"))),
+            "{table} is not searched by its primary key:\n{plan}"
+        );
+    }
+    let found = store.find_by_reference(&req.reference).await.unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].attempt, req.attempt);
+}

@@ -131,6 +131,30 @@ impl PostgresStore {
         &self.sql.schema
     }
 
+    /// The server's plan (`EXPLAIN`) of the statement that
+    /// [`find_by_reference`](IdempotencyStore::find_by_reference) sends
+    /// for `reference`, one line per node: for the tests that check it
+    /// searches the tables' primary keys and scans no table.
+    #[cfg(feature = "conformance")]
+    #[doc(hidden)]
+    pub async fn plan_of_find_by_reference(
+        &self,
+        reference: &Reference,
+    ) -> Result<String, StoreError> {
+        let (lo, hi) = key_range(reference);
+        let tag = tag_to_column(reference);
+        self.with(async |db, sql| {
+            let explain = format!("EXPLAIN {}", sql.by_reference);
+            let rows = db.query(&explain, &[&&lo[..], &&hi[..], &tag]).await?;
+            let lines = rows
+                .iter()
+                .map(|r| r.try_get::<_, String>(0))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(lines.join("\n"))
+        })
+        .await
+    }
+
     /// A pooled connection, or `Unavailable` within the timeout.
     async fn client(&self) -> Result<Object, StoreError> {
         self.pool.get().await.map_err(|e| match e {
@@ -517,6 +541,23 @@ impl IdempotencyStore for PostgresStore {
                 Some(row) => Ok(Some(row_to_record(&row)?)),
                 None => Ok(None),
             }
+        })
+        .await
+    }
+
+    /// A range over each table's primary key (the reference is the key's
+    /// first eight bytes), in every tenant: no scan.
+    async fn find_by_reference(&self, reference: &Reference) -> Result<Vec<Record>, StoreError> {
+        let (lo, hi) = key_range(reference);
+        let tag = tag_to_column(reference);
+        self.with(async |db, sql| {
+            let rows = db
+                .query(&sql.by_reference, &[&&lo[..], &&hi[..], &tag])
+                .await?;
+            Ok(rows
+                .iter()
+                .map(row_to_record)
+                .collect::<Result<Vec<_>, _>>()?)
         })
         .await
     }

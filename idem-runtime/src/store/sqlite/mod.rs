@@ -14,8 +14,8 @@ use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::oneshot;
 
 use super::sql::{
-    claimable, counted, counts, expired, filtered, jobs_filtered, key_range, looked_up,
-    outlives_takeover, state_from, superseded_copy, superseded_replace, tag_to_column,
+    claimable, counted, counts, expired, filtered, found_by_reference, jobs_filtered, key_range,
+    looked_up, outlives_takeover, state_from, superseded_copy, superseded_replace, tag_to_column,
     takeover_operation, COLUMNS, COMPLETED, IN_PROGRESS, JOB_COLUMNS, NOT_PERFORMED, REDRIVE_SET,
     UNKNOWN,
 };
@@ -119,6 +119,30 @@ impl SqliteStore {
     /// The database file, or `None` in memory.
     pub fn path(&self) -> Option<&Path> {
         self.path.as_deref()
+    }
+
+    /// SQLite's plan (`EXPLAIN QUERY PLAN`) of the statement that
+    /// [`find_by_reference`](IdempotencyStore::find_by_reference) runs for
+    /// `reference`, one line per step: for the tests that check it
+    /// searches the tables' primary keys and scans no table.
+    #[cfg(feature = "conformance")]
+    #[doc(hidden)]
+    pub async fn plan_of_find_by_reference(
+        &self,
+        reference: &Reference,
+    ) -> Result<String, StoreError> {
+        let (lo, hi) = key_range(reference);
+        let tag = tag_to_column(reference);
+        self.run(move |conn, _| {
+            let explain = format!("EXPLAIN QUERY PLAN {}", SQL.by_reference);
+            let mut stmt = conn.prepare(&explain).map_err(|e| unavailable(&e))?;
+            let lines = stmt
+                .query_map(params![&lo[..], &hi[..], tag], |r| r.get::<_, String>(3))
+                .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| unavailable(&e))?;
+            Ok(lines.join("\n"))
+        })
+        .await
     }
 
     /// Runs `f` on the writer thread inside the current batch's transaction,
@@ -443,6 +467,17 @@ impl IdempotencyStore for SqliteStore {
                 now,
             )?;
             Ok(found.pop())
+        })
+        .await
+    }
+
+    /// A range over each table's primary key (the reference is the key's
+    /// first eight bytes), in every tenant: no scan.
+    async fn find_by_reference(&self, reference: &Reference) -> Result<Vec<Record>, StoreError> {
+        let (lo, hi) = key_range(reference);
+        let tag = tag_to_column(reference);
+        self.run(move |conn, now| {
+            read_many(conn, &SQL.by_reference, params![&lo[..], &hi[..], tag], now)
         })
         .await
     }
