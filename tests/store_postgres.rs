@@ -894,3 +894,338 @@ async fn completions_in_flight_together_each_answer_for_their_own_attempt() {
         }
     }
 }
+
+/// Every insert and update of the store's records, as the server applied
+/// it (committed with the statement that made it): a trigger copies the
+/// key, the attempt and the state of each row written into `audit`.
+async fn audit_writes(client: &tokio_postgres::Client, schema: &str) {
+    client
+        .batch_execute(&format!(
+            "CREATE TABLE {schema}.audit (key bytea, attempt int8, state int2, \
+               at timestamptz NOT NULL DEFAULT clock_timestamp()); \
+             CREATE FUNCTION {schema}.audit() RETURNS trigger LANGUAGE plpgsql AS $$ \
+               BEGIN INSERT INTO {schema}.audit (key, attempt, state) \
+                 VALUES (NEW.key, NEW.attempt, NEW.state); RETURN NEW; END $$; \
+             CREATE TRIGGER audit AFTER INSERT OR UPDATE ON {schema}.idem_records \
+               FOR EACH ROW EXECUTE FUNCTION {schema}.audit();"
+        ))
+        .await
+        .unwrap();
+}
+
+/// The (attempt, state) of every write of `key`'s record since
+/// [`audit_writes`], in order.
+async fn audited(
+    client: &tokio_postgres::Client,
+    schema: &str,
+    key: &idem_runtime::IdempotencyKey,
+) -> Vec<(i64, i16)> {
+    client
+        .query(
+            &format!("SELECT attempt, state FROM {schema}.audit WHERE key = $1 ORDER BY at"),
+            &[&&key.as_bytes()[..]],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+/// The statements of the store in `schema` that the server is running
+/// right now (waiting on a lock included), other than `except`'s own.
+async fn running_statements(client: &tokio_postgres::Client, schema: &str) -> Vec<String> {
+    client
+        .query(
+            "SELECT query FROM pg_stat_activity \
+             WHERE state = 'active' AND pid <> pg_backend_pid() \
+               AND position($1 IN query) > 0",
+            &[&format!("{schema}.idem_records")],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// The default builder's timeout on a statement that waits on a row lock
+/// (another transaction holds the record the claim takes over, as a
+/// checkpoint, a failover or a long reconciler would stall it): the call
+/// is answered store_unavailable within about the timeout, and the
+/// statement is cancelled on the server then, not left waiting to commit
+/// the claim once the lock goes. So the claim never lands, the retry runs
+/// the charge once, and nothing ever reads as unknown.
+async fn a_stalled_claim_is_cancelled_on_the_server(url: &str, direct: bool) {
+    use idem_runtime::{Answer, Executor};
+    let name = format!("t_{:016x}", Attempt::random().get());
+    let pg = PgSchema::open(url, &name).await;
+    let schema = pg.store.schema().to_owned();
+    let timeout = Duration::from_secs(1);
+    let store = idem_runtime::PostgresStore::builder(url)
+        .unwrap()
+        .schema(&name)
+        .timeout(timeout)
+        .direct_connection(direct)
+        .build()
+        .unwrap();
+    let executor = Executor::new(Arc::new(store));
+    let processor = durable::Processor::default();
+    let call = || durable::charge(&executor, &processor, "tok_stall");
+
+    // The call's record, past its retention: the call's claim takes it
+    // over in one statement, which needs the row's lock.
+    let key = durable::charge_key("tok_stall");
+    let short = Duration::from_millis(50);
+    let old = idem_runtime::store::ClaimRequest {
+        key,
+        reference: idem_runtime::Reference::new_operation(&key),
+        tenant: "acme".into(),
+        tool: "charge_card".into(),
+        ..durable::request(short, short)
+    };
+    pg.store.claim(&old).await.unwrap();
+    pg.store
+        .complete(&old.key, old.attempt, "\"old\"")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let observer = durable::connect(url).await;
+    audit_writes(&observer, &schema).await;
+
+    // Another transaction holds the row for about 3 s.
+    let locker = lock_record(&pg, &key).await;
+    let held = std::time::Instant::now();
+    let first = call().await;
+    let answered = held.elapsed();
+    assert_eq!(first.name(), "store_unavailable", "{first:?}");
+    assert!(
+        answered < timeout + Duration::from_millis(1_500),
+        "answered after {answered:?}, with a timeout of {timeout:?}"
+    );
+    // Before the lock goes: the server is running nothing of the store's.
+    let mut running = running_statements(&observer, &schema).await;
+    let looked = std::time::Instant::now();
+    while !running.is_empty() && looked.elapsed() < Duration::from_millis(500) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        running = running_statements(&observer, &schema).await;
+    }
+    assert!(
+        running.is_empty(),
+        "{:?} after the call was answered, the server still runs the claim: {running:?}",
+        held.elapsed()
+    );
+    assert!(
+        held.elapsed() < Duration::from_secs(3),
+        "the test was too slow"
+    );
+    tokio::time::sleep_until(
+        (tokio::time::Instant::now() + Duration::from_secs(3)) - held.elapsed(),
+    )
+    .await;
+    locker.batch_execute("COMMIT").await.unwrap();
+
+    // The claim never lands: no write of the record after the lock went.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let writes = audited(&observer, &schema, &key).await;
+    assert!(
+        writes.is_empty(),
+        "the claim given up on landed after the lock was released: {writes:?}"
+    );
+
+    // The retry runs the charge, once; a repeat replays it.
+    let retry = call().await;
+    assert!(matches!(retry, Answer::Executed { .. }), "{retry:?}");
+    let repeat = call().await;
+    assert!(matches!(repeat, Answer::Replayed { .. }), "{repeat:?}");
+    assert_eq!(processor.requests(), 1, "one request reached the processor");
+    assert_eq!(processor.charges(), 1, "one charge");
+    let writes = audited(&observer, &schema, &key).await;
+    assert!(
+        writes
+            .iter()
+            .all(|(_, state)| *state != idem_runtime::store::RecordStateKind::Unknown.code()),
+        "a write made the record UNKNOWN: {writes:?}"
+    );
+    assert_eq!(
+        writes.len(),
+        2,
+        "the retry's claim and completion: {writes:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_claim_is_cancelled_on_the_server_directly() {
+    let Some(url) = durable::url_from(
+        "IDEM_TEST_DIRECT_DATABASE_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    ) else {
+        return;
+    };
+    a_stalled_claim_is_cancelled_on_the_server(&url, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_claim_is_cancelled_on_the_server_through_pgbouncer() {
+    let Some(url) = durable::url_from(
+        "IDEM_TEST_PGBOUNCER_URL",
+        "postgres://postgres@127.0.0.1:6432/test",
+    ) else {
+        return;
+    };
+    a_stalled_claim_is_cancelled_on_the_server(&url, false).await;
+}
+
+/// With `direct_connection(true)` the server's own statement_timeout ends
+/// the statement, and the cancel stands behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_claim_is_cancelled_on_the_server_on_a_direct_connection() {
+    let Some(url) = durable::url_from(
+        "IDEM_TEST_DIRECT_DATABASE_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    ) else {
+        return;
+    };
+    a_stalled_claim_is_cancelled_on_the_server(&url, true).await;
+}
+
+/// Behind PgBouncer in transaction mode, a store built for a direct
+/// connection (`direct_connection(true)`, named statements) fails as soon
+/// as a statement it prepared is used on another server connection, and
+/// it will fail so on every call: that is `StoreError::Config`, saying what
+/// to change, not "unavailable, call again". Forced here by ending the one
+/// server backend that holds the store's prepared statements (the one whose
+/// last statement named this test's schema).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn named_statements_behind_a_transaction_pooler_are_a_configuration_error() {
+    use idem_runtime::store::StoreError;
+    let Some(url) = durable::url_from(
+        "IDEM_TEST_PGBOUNCER_URL",
+        "postgres://postgres@127.0.0.1:6432/test",
+    ) else {
+        return;
+    };
+    let name = format!("t_{:016x}", Attempt::random().get());
+    let pg = PgSchema::open(&url, &name).await;
+    let store = idem_runtime::PostgresStore::builder(&url)
+        .unwrap()
+        .schema(&name)
+        .pool_size(1)
+        .direct_connection(true)
+        .build()
+        .unwrap();
+    let long = Duration::from_secs(60);
+    // Prepared (and maybe used) on whichever server connection PgBouncer
+    // lent: this may already fail, as it will below.
+    let first = store.claim(&durable::request(long, long)).await;
+    assert!(
+        matches!(first, Ok(_) | Err(StoreError::Config(_))),
+        "{first:?}"
+    );
+    let direct = durable::connect(&url).await;
+    direct
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE pid <> pg_backend_pid() AND position($1 IN query) > 0",
+            &[&format!("\"{name}\"")],
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for _ in 0..3 {
+        match store.claim(&durable::request(long, long)).await {
+            Err(StoreError::Config(message)) => {
+                assert!(
+                    message.contains("(26000)") || message.contains("(42P05)"),
+                    "{message}"
+                );
+                assert!(
+                    message.contains("direct_connection off") && message.contains("direct=true"),
+                    "says what to change: {message}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    // Through the executor: the store-unavailable answer, carrying the
+    // configuration error; the handler never ran.
+    let executor = idem_runtime::Executor::new(Arc::new(store));
+    let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let caller = idem_runtime::Caller::new("acme", "alice");
+    let args = serde_json::json!({"card": "tok_named", "amount_cents": 500});
+    let op = idem_runtime::Operation {
+        caller: &caller,
+        tool: "charge_card",
+        args: &args,
+        scope: idem_runtime::ScopeSpec::Window(Duration::from_secs(900)),
+        status_tool: "get_operation_status",
+    };
+    let counted = ran.clone();
+    let answer = executor
+        .run(op, |_| async move {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok::<_, idem_runtime::ToolError>(1)
+        })
+        .await;
+    assert!(
+        matches!(
+            answer,
+            idem_runtime::Answer::StoreUnavailable {
+                error: StoreError::Config(_)
+            }
+        ),
+        "{answer:?}"
+    );
+    assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 0);
+    drop(pg);
+}
+
+/// `idem show REF` reads no whole table: `find_by_reference`'s statement,
+/// on tables of 50,000 records and 50,000 superseded operations (enough
+/// that the planner would not scan them for a handful of rows), searches
+/// each table's primary key by the reference's key range, and scans
+/// neither. The records it finds are the right ones (see the conformance
+/// case `a_reference_is_found_in_every_tenant` for what "right" is).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn find_by_reference_searches_the_primary_keys_and_scans_nothing() {
+    let Some(pg) = PgSchema::new().await else {
+        return;
+    };
+    let s = pg.store.schema().to_owned();
+    let client = durable::connect(&pg.url).await;
+    let columns = "key, fingerprint, tenant, tool, state, attempt, claimed_at, updated_at, \
+                   lease_until, expires_at, retain_until, body, next_check_at, checks, \
+                   resolution, operation";
+    let rows = "SELECT decode(lpad(to_hex(i), 64, '0'), 'hex'), \
+                  decode(lpad(to_hex(i), 64, '0'), 'hex'), 'filler', 'charge_card', 1, i, \
+                  now(), now(), now(), now() + interval '1 hour', now() + interval '1 hour', \
+                  '\\x31'::bytea, now(), 0, NULL, i \
+                FROM generate_series(1, 50000) AS i";
+    client
+        .batch_execute(&format!(
+            "INSERT INTO {s}.idem_records ({columns}) {rows}; \
+             INSERT INTO {s}.idem_superseded ({columns}) {rows}; \
+             ANALYZE {s}.idem_records; ANALYZE {s}.idem_superseded;"
+        ))
+        .await
+        .unwrap();
+    let req = durable::request(Duration::from_secs(30), Duration::from_secs(60));
+    pg.store.claim(&req).await.unwrap();
+
+    let plan = pg
+        .store
+        .plan_of_find_by_reference(&req.reference)
+        .await
+        .unwrap();
+    assert!(!plan.contains("Seq Scan"), "a table is scanned:\n{plan}");
+    for table in ["idem_records", "idem_superseded"] {
+        assert!(
+            plan.lines()
+                .any(|l| l.contains("Index") && l.contains(&format!(" on {table}"))),
+            "{table} is not searched by an index:\n{plan}"
+        );
+    }
+    let found = pg.store.find_by_reference(&req.reference).await.unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].attempt, req.attempt);
+}

@@ -220,3 +220,185 @@ async fn late_truth_frees_the_key_through_the_executor() {
     ))
     .await;
 }
+
+/// Every insert and update of the store's records, as SQLite applied it
+/// (committed with the transaction that made it): triggers copy the key,
+/// the attempt and the state of each row written into `audit`.
+fn audit_writes(conn: &rusqlite::Connection) {
+    conn.execute_batch(
+        "CREATE TABLE audit (key BLOB, attempt INTEGER, state INTEGER); \
+         CREATE TRIGGER audit_insert AFTER INSERT ON idem_records BEGIN \
+           INSERT INTO audit VALUES (NEW.key, NEW.attempt, NEW.state); END; \
+         CREATE TRIGGER audit_update AFTER UPDATE ON idem_records BEGIN \
+           INSERT INTO audit VALUES (NEW.key, NEW.attempt, NEW.state); END;",
+    )
+    .unwrap();
+}
+
+/// The (attempt, state) of every write of `key`'s record since
+/// [`audit_writes`], in order.
+fn audited(conn: &rusqlite::Connection, key: &idem_runtime::IdempotencyKey) -> Vec<(i64, i64)> {
+    let mut stmt = conn
+        .prepare("SELECT attempt, state FROM audit WHERE key = ?1 ORDER BY rowid")
+        .unwrap();
+    stmt.query_map([&key.as_bytes()[..]], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+/// A store on a file, the executor over it, and a connection of the test's
+/// own on the same file with the writes audited.
+async fn audited_store(name: &str) -> (TempSqlite, idem_runtime::Executor, rusqlite::Connection) {
+    let dir = temp_dir(name);
+    let path = dir.join("idem.sqlite3");
+    let store = SqliteStore::open(&path).await.unwrap();
+    let other = rusqlite::Connection::open(&path).unwrap();
+    other.busy_timeout(Duration::from_secs(10)).unwrap();
+    audit_writes(&other);
+    let executor = idem_runtime::Executor::new(std::sync::Arc::new(store.clone()));
+    (TempSqlite { store, _dir: dir }, executor, other)
+}
+
+/// After a claim that was given up on: its retry runs the charge once, a
+/// repeat replays it, and the key's record was written twice (the retry's
+/// claim and completion), never as UNKNOWN.
+async fn the_retry_charges_once(
+    executor: &idem_runtime::Executor,
+    processor: &durable::Processor,
+    card: &str,
+    other: &rusqlite::Connection,
+) {
+    use idem_runtime::Answer;
+    let retry = durable::charge(executor, processor, card).await;
+    assert!(matches!(retry, Answer::Executed { .. }), "{retry:?}");
+    let repeat = durable::charge(executor, processor, card).await;
+    assert!(matches!(repeat, Answer::Replayed { .. }), "{repeat:?}");
+    assert_eq!(processor.requests(), 1, "one request reached the processor");
+    assert_eq!(processor.charges(), 1, "one charge");
+    let writes = audited(other, &durable::charge_key(card));
+    let unknown = i64::from(idem_runtime::store::RecordStateKind::Unknown.code());
+    assert!(
+        writes.iter().all(|(_, state)| *state != unknown),
+        "a write made the record UNKNOWN: {writes:?}"
+    );
+    assert_eq!(
+        writes.len(),
+        2,
+        "the retry's claim and completion: {writes:?}"
+    );
+}
+
+/// Another connection (another process) holds the database's write lock
+/// (`BEGIN IMMEDIATE`) past the store's busy timeout (5 s): the call is
+/// answered store_unavailable, and its claim is never applied, neither
+/// then nor once the lock goes. The retry runs the charge once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_behind_a_write_lock_held_past_the_timeout_never_lands() {
+    let (_store, executor, other) = audited_store("locked-past").await;
+    let processor = durable::Processor::default();
+    let locker = {
+        let path = _store.path().unwrap().to_path_buf();
+        rusqlite::Connection::open(path).unwrap()
+    };
+    locker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let held = std::time::Instant::now();
+    let first = durable::charge(&executor, &processor, "tok_locked").await;
+    assert_eq!(first.name(), "store_unavailable", "{first:?}");
+    assert!(
+        held.elapsed() < Duration::from_secs(6),
+        "answered after {:?}",
+        held.elapsed()
+    );
+    tokio::time::sleep(Duration::from_secs(6).saturating_sub(held.elapsed())).await;
+    locker.execute_batch("COMMIT").unwrap();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let writes = audited(&other, &durable::charge_key("tok_locked"));
+    assert!(writes.is_empty(), "the claim landed: {writes:?}");
+    assert_eq!(processor.requests(), 0);
+    the_retry_charges_once(&executor, &processor, "tok_locked", &other).await;
+}
+
+/// A call whose caller stops waiting (a client's timeout, a cancelled
+/// request) while its claim waits behind another connection's write lock:
+/// the store's writer does not apply the claim once the lock goes, since
+/// nobody is waiting for it and nothing will run under it. The retry runs
+/// the charge once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_caller_gave_up_is_not_applied_once_the_lock_goes() {
+    let (_store, executor, other) = audited_store("gave-up").await;
+    let processor = durable::Processor::default();
+    let locker = {
+        let path = _store.path().unwrap().to_path_buf();
+        rusqlite::Connection::open(path).unwrap()
+    };
+    locker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let held = std::time::Instant::now();
+    let gave_up = tokio::time::timeout(
+        Duration::from_secs(1),
+        durable::charge(&executor, &processor, "tok_gave_up"),
+    )
+    .await;
+    assert!(gave_up.is_err(), "{gave_up:?}");
+    tokio::time::sleep(Duration::from_secs(3).saturating_sub(held.elapsed())).await;
+    locker.execute_batch("COMMIT").unwrap();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let writes = audited(&other, &durable::charge_key("tok_gave_up"));
+    assert!(
+        writes.is_empty(),
+        "the claim its caller gave up on was applied once the lock went: {writes:?}"
+    );
+    assert_eq!(processor.requests(), 0);
+    the_retry_charges_once(&executor, &processor, "tok_gave_up", &other).await;
+}
+
+/// `idem show REF` reads no whole table: `find_by_reference`'s statement,
+/// on tables of 50,000 records and 50,000 superseded operations, searches
+/// each table's primary key by the reference's key range (SQLite's
+/// `SEARCH … USING PRIMARY KEY`) and scans neither. The records it finds
+/// are the right ones (see the conformance case
+/// `a_reference_is_found_in_every_tenant` for what "right" is).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn find_by_reference_searches_the_primary_keys_and_scans_nothing() {
+    let store = store().await;
+    {
+        let conn = rusqlite::Connection::open(store.path().unwrap()).unwrap();
+        conn.busy_timeout(Duration::from_secs(10)).unwrap();
+        let columns = "key, fingerprint, tenant, tool, state, attempt, claimed_at, updated_at, \
+                       lease_until, expires_at, retain_until, body, next_check_at, checks, \
+                       resolution, operation";
+        let rows = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n \
+                      WHERE i < 50000) \
+                    SELECT zeroblob(24) || cast(printf('%08d', i) AS BLOB), randomblob(32), \
+                      'filler', 'charge_card', 1, i, 0, 0, 0, 9e18, 9e18, '1', 0, 0, NULL, i \
+                    FROM n";
+        conn.execute_batch(&format!(
+            "INSERT INTO idem_records ({columns}) {rows}; \
+             INSERT INTO idem_superseded ({columns}) {rows}; ANALYZE;"
+        ))
+        .unwrap();
+    }
+    let req = request(Duration::from_secs(30), Duration::from_secs(60));
+    store.claim(&req).await.unwrap();
+
+    let plan = store
+        .plan_of_find_by_reference(&req.reference)
+        .await
+        .unwrap();
+    for table in ["idem_records", "idem_superseded"] {
+        assert!(
+            !plan
+                .lines()
+                .any(|l| l.starts_with(&format!("SCAN {table}"))),
+            "{table} is scanned:\n{plan}"
+        );
+        assert!(
+            plan.lines()
+                .any(|l| l.starts_with(&format!("SEARCH {table} USING PRIMARY KEY"))),
+            "{table} is not searched by its primary key:\n{plan}"
+        );
+    }
+    let found = store.find_by_reference(&req.reference).await.unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].attempt, req.attempt);
+}

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use idem_runtime::cli::{EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE};
+use idem_runtime::cli::{EXIT_OK, EXIT_USAGE};
 use idem_runtime::PostgresStore;
 use serde_json::json;
 
@@ -27,9 +27,10 @@ async fn an_operator_works_on_a_postgres_store() {
     let (base, _) = url.rsplit_once('/').unwrap();
     let url_db = format!("{base}/{db}");
 
-    // Not migrated: the store says what to run, and it is "unreachable".
+    // Not migrated: the store says what to run, and it is configuration
+    // (running it again will not help).
     let unmigrated = idem(&url_db, &["stats"]).await;
-    assert_eq!(unmigrated.code, EXIT_UNREACHABLE, "{unmigrated:?}");
+    assert_eq!(unmigrated.code, EXIT_USAGE, "{unmigrated:?}");
     assert!(unmigrated.err.contains("migrate"), "{}", unmigrated.err);
 
     let store = PostgresStore::connect(&url_db).await.unwrap();
@@ -66,7 +67,7 @@ async fn an_operator_reads_a_postgres_store_in_its_own_schema() {
     // In another database `public` may hold idem's tables: point the
     // default at a schema that cannot exist here, as `public` did not.
     let elsewhere = idem(&url, &["--schema", "idem_no_such_schema", "list"]).await;
-    assert_eq!(elsewhere.code, EXIT_UNREACHABLE, "{elsewhere:?}");
+    assert_eq!(elsewhere.code, EXIT_USAGE, "{elsewhere:?}");
     assert!(
         elsewhere.err.contains("\"idem_no_such_schema\"")
             && elsewhere.err.contains("--schema NAME"),

@@ -24,6 +24,84 @@ pub fn request(lease: Duration, window: Duration) -> ClaimRequest {
     }
 }
 
+/// A card processor stand-in: idempotent by the key it is given (the
+/// operation's reference) for 24 h, counting every request it receives
+/// and every charge it makes.
+#[derive(Clone, Debug, Default)]
+pub struct Processor {
+    requests: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    charges:
+        std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>>,
+}
+
+impl Processor {
+    /// Charges once per key (for 24 h); a repeat of a key gets the same
+    /// charge back.
+    pub async fn charge(&self, key: String) -> Result<String, idem_runtime::ToolError> {
+        self.requests
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut charges = self.charges.lock().unwrap();
+        let day = Duration::from_secs(24 * 3600);
+        charges.retain(|_, at| at.elapsed() < day);
+        charges
+            .entry(key.clone())
+            .or_insert_with(std::time::Instant::now);
+        Ok(format!("ch_{key}"))
+    }
+
+    /// How many requests reached it.
+    pub fn requests(&self) -> usize {
+        self.requests.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// How many charges it made.
+    pub fn charges(&self) -> usize {
+        self.charges.lock().unwrap().len()
+    }
+}
+
+/// The arguments of [`charge`] for `card`.
+fn charge_args(card: &str) -> serde_json::Value {
+    serde_json::json!({"card": card, "amount_cents": 500})
+}
+
+/// The window of [`charge`].
+const CHARGE_WINDOW: Duration = Duration::from_secs(900);
+
+/// alice of acme charges 500 cents to `card` through `executor`, at
+/// `processor`, keyed by the operation's reference.
+pub async fn charge(
+    executor: &idem_runtime::Executor,
+    processor: &Processor,
+    card: &str,
+) -> idem_runtime::Answer<String, idem_runtime::ToolError> {
+    let caller = idem_runtime::Caller::new("acme", "alice");
+    let args = charge_args(card);
+    let op = idem_runtime::Operation {
+        caller: &caller,
+        tool: "charge_card",
+        args: &args,
+        scope: idem_runtime::ScopeSpec::Window(CHARGE_WINDOW),
+        status_tool: "get_operation_status",
+    };
+    executor
+        .run(op, |ctx| async move {
+            processor.charge(ctx.reference().to_string()).await
+        })
+        .await
+}
+
+/// The key of [`charge`]'s operation for `card`.
+pub fn charge_key(card: &str) -> idem_runtime::IdempotencyKey {
+    idem_runtime::IdempotencyKey::derive(
+        &idem_runtime::Caller::new("acme", "alice"),
+        "charge_card",
+        &charge_args(card),
+        &idem_runtime::Scope::Window(CHARGE_WINDOW),
+    )
+    .unwrap()
+}
+
 /// A PostgreSQL connection of the test's own, beside the store's pool. When
 /// `url` is PgBouncer's (`IDEM_TEST_PGBOUNCER_URL`'s host and port) and
 /// `IDEM_TEST_DIRECT_DATABASE_URL` names the server behind it, it goes to

@@ -14,7 +14,7 @@ use crate::store::{JobState, RecordStateKind};
     about = "Look after idem's idempotency records: list, show, resolve by hand, purge, count; \
              list follow-on jobs and re-drive dead ones",
     after_help = "Exit codes: 0 ok, 1 refused (not found, not UNKNOWN), 2 usage or \
-                  configuration, 3 store unreachable or not migrated."
+                  configuration (a store not migrated included), 3 store unreachable."
 )]
 pub(super) struct Args {
     /// The store: sqlite:PATH, postgres://USER@HOST/DB, redis://HOST:PORT or

@@ -29,8 +29,8 @@
 //! Exit codes: [`EXIT_OK`] 0; [`EXIT_OPERATOR`] 1, the request was refused
 //! (no such reference, the record is not UNKNOWN, the store holds something
 //! invalid); [`EXIT_USAGE`] 2, the command line or the configuration is
-//! wrong; [`EXIT_UNREACHABLE`] 3, the store did not answer (or is not
-//! migrated).
+//! wrong (a PostgreSQL schema not migrated, a DynamoDB table missing
+//! included); [`EXIT_UNREACHABLE`] 3, the store did not answer.
 //!
 //! [`run`] is the whole program, with its output given, so tests run it in
 //! process; the `idem` binary calls it.
@@ -61,11 +61,11 @@ pub const EXIT_OK: u8 = 0;
 /// Refused: no such reference, the record is not UNKNOWN, or the store
 /// holds something invalid. Nothing was changed.
 pub const EXIT_OPERATOR: u8 = 1;
-/// The command line or the store's configuration is wrong; nothing was
-/// tried.
+/// The command line or the store's configuration is wrong (a PostgreSQL
+/// schema not migrated, a DynamoDB table missing, a privilege or a login
+/// the server refused); nothing was changed.
 pub const EXIT_USAGE: u8 = 2;
-/// The store could not be reached, did not answer in time, or is not
-/// migrated.
+/// The store could not be reached or did not answer in time.
 pub const EXIT_UNREACHABLE: u8 = 3;
 
 /// Why the program stops: the exit code and what to tell the operator.
@@ -76,9 +76,11 @@ impl From<StoreError> for Failure {
         match e {
             StoreError::Unavailable(_) => Failure(
                 EXIT_UNREACHABLE,
-                format!("{e}\ncheck the URL, that the store is up and reachable from here, and (PostgreSQL) that the server has migrated it"),
+                format!("{e}\ncheck the URL, and that the store is up and reachable from here"),
             ),
-            StoreError::Config(_) | StoreError::Unsupported(_) => Failure(EXIT_USAGE, e.to_string()),
+            StoreError::Config(_) | StoreError::Unsupported(_) => {
+                Failure(EXIT_USAGE, e.to_string())
+            }
             e => Failure(EXIT_OPERATOR, e.to_string()),
         }
     }

@@ -177,6 +177,31 @@ pub(crate) fn looked_up(
     )
 }
 
+/// `find_by_reference`: the records with a reference in every tenant,
+/// `param(1)`..`param(3)` the key range and the tag ([`key_range`],
+/// [`tag_to_column`]): the key's current records in `table` and the
+/// superseded operations in `superseded`, the newest claims first, as
+/// `list_records` lists them. Each part is a range over its table's
+/// primary key (`key`, and `(key, operation)`): an index search, never a
+/// scan, however many records the store holds.
+pub(crate) fn found_by_reference(
+    table: &str,
+    superseded: &str,
+    extra: &str,
+    param: impl Fn(u8) -> String,
+) -> String {
+    let (lo, hi, tag) = (param(1), param(2), param(3));
+    format!(
+        "SELECT {COLUMNS}{extra} FROM ( \
+           SELECT {COLUMNS} FROM {table} \
+           WHERE key BETWEEN {lo} AND {hi} AND coalesce(operation, 0) = {tag} \
+           UNION ALL \
+           SELECT {COLUMNS} FROM {superseded} \
+           WHERE key BETWEEN {lo} AND {hi} AND operation = {tag}) AS r \
+         ORDER BY claimed_at DESC"
+    )
+}
+
 /// `count_records`: one row per state code present, with its count, over
 /// `table` and `superseded`.
 pub(crate) fn counted(table: &str, superseded: &str) -> String {

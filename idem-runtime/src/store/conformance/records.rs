@@ -1016,6 +1016,106 @@ pub async fn a_superseded_operation_reads_until_its_retention_ends(store: &dyn I
     assert_eq!(r.attempt, second.attempt);
 }
 
+/// [`IdempotencyStore::find_by_reference`] finds every record with the
+/// reference, whatever its tenant, among the keys' current records and the
+/// superseded operations, the newest claim first, exactly as its default
+/// (every record listed, those with the reference kept) finds them; and no
+/// record of another operation of the same key, or of another key that
+/// starts with the same eight bytes.
+pub async fn a_reference_is_found_in_every_tenant(store: &dyn IdempotencyStore) {
+    // An operation whose key a later one took: kept, superseded.
+    let first = ClaimRequest {
+        retention: Duration::from_secs(3600),
+        ..fresh(Duration::from_millis(150))
+    };
+    claimed(store, &first).await;
+    store
+        .complete(&first.key, first.attempt, "\"first\"")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let second = new_operation(&first);
+    assert_eq!(claimed(store, &second).await, second.reference);
+    // Keys that start with the first's eight bytes: another tenant's
+    // record under the first's reference (a deliberate copy), and an
+    // operation of the first's tenant under a reference of its own.
+    let sibling = |tail: [u8; 32]| {
+        let mut key = tail;
+        key[..8].copy_from_slice(&first.reference.key_prefix());
+        IdempotencyKey::from_parts(key, random32())
+    };
+    let copy_key = sibling(random32());
+    let copy = ClaimRequest {
+        key: copy_key,
+        reference: Reference::with_tag(&copy_key, first.reference.tag()),
+        tenant: format!("{}-copy", first.tenant),
+        attempt: Attempt::random(),
+        ..first.clone()
+    };
+    assert_eq!(copy.reference, first.reference);
+    assert_eq!(claimed(store, &copy).await, first.reference);
+    let neighbour_key = sibling(random32());
+    let neighbour = ClaimRequest {
+        key: neighbour_key,
+        reference: Reference::new_operation(&neighbour_key),
+        attempt: Attempt::random(),
+        ..first.clone()
+    };
+    claimed(store, &neighbour).await;
+
+    let every = store
+        .list_records(&RecordFilter {
+            limit: usize::MAX,
+            ..RecordFilter::default()
+        })
+        .await
+        .unwrap();
+    let seen = |records: &[Record]| -> Vec<(String, Attempt, Reference)> {
+        records
+            .iter()
+            .map(|r| (r.tenant.clone(), r.attempt, r.reference))
+            .collect()
+    };
+    for (reference, want) in [
+        (
+            first.reference,
+            vec![
+                (copy.tenant.clone(), copy.attempt, first.reference),
+                (first.tenant.clone(), first.attempt, first.reference),
+            ],
+        ),
+        (
+            second.reference,
+            vec![(second.tenant.clone(), second.attempt, second.reference)],
+        ),
+        (
+            neighbour.reference,
+            vec![(first.tenant.clone(), neighbour.attempt, neighbour.reference)],
+        ),
+        (Reference::new_operation(&sibling(random32())), vec![]),
+    ] {
+        let found = store.find_by_reference(&reference).await.unwrap();
+        assert_eq!(seen(&found), want, "{reference}: the newest claim first");
+        let by_default: Vec<Record> = every
+            .iter()
+            .filter(|r| r.reference == reference)
+            .cloned()
+            .collect();
+        assert_eq!(
+            seen(&found),
+            seen(&by_default),
+            "{reference}: as the default finds it"
+        );
+    }
+    let superseded = store.find_by_reference(&first.reference).await.unwrap();
+    assert_eq!(
+        superseded[1].state,
+        RecordState::Completed {
+            response: "\"first\"".into()
+        }
+    );
+}
+
 async fn settle_late(store: &dyn IdempotencyStore, req: &ClaimRequest, by_resolution: bool) {
     if by_resolution {
         let found = Resolution::Completed {

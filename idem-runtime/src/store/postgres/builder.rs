@@ -1,12 +1,15 @@
 //! [`PostgresStoreBuilder`]: the connection, the pool and its timeouts.
 
+use std::any::TypeId;
 use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, QueueMode, RecyclingMethod, Runtime};
+use tokio_postgres::config::SslMode;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{NoTls, Socket};
 
+use super::exec::Canceller;
 use super::statements::Statements;
 use super::PostgresStore;
 use crate::store::StoreError;
@@ -52,8 +55,34 @@ impl PostgresStoreBuilder {
 
     /// How long connecting, waiting for a pooled connection, and each
     /// statement may take before the call fails as `Unavailable` (default
-    /// 5 s). With [`direct_connection`](Self::direct_connection) it is also
-    /// the server's `statement_timeout`.
+    /// 5 s).
+    ///
+    /// A statement still running then is cancelled on the server, not
+    /// only given up on: the store sends PostgreSQL a cancel request for
+    /// it (behind PgBouncer, to PgBouncer, which forwards it to the server
+    /// connection the store's was linked to) and waits for the statement
+    /// to end, a second at most (the timeout, when that is shorter), before
+    /// it answers and closes the connection. So a call fails within the
+    /// timeout and at most a second more, and a statement it gave up on is
+    /// not applied afterwards (a claim that waited on a row lock, which
+    /// PostgreSQL would otherwise commit once the lock goes). Nothing of
+    /// it runs on a call that answers in time.
+    ///
+    /// Without TLS ([`build`](Self::build), or `sslmode=disable`) and with
+    /// one host, the cancel request is sent as libpq sends it, which
+    /// PgBouncer forwards. With TLS, or several hosts, it is
+    /// tokio-postgres's own, which PostgreSQL acts on and PgBouncer drops;
+    /// there, behind PgBouncer, a claim applied after its caller gave up
+    /// is retracted by the executor (it releases an unconfirmed claim
+    /// until that claim's lease has run out). With
+    /// [`direct_connection`](Self::direct_connection) the timeout is also
+    /// the server's `statement_timeout`, and the client waits half a second
+    /// more before it cancels.
+    ///
+    /// Keep it, plus that second, well below the executor's lease (30 s
+    /// by default, `Executor::with_lease`): a claim answered after its
+    /// lease is not trusted, and the executor watches an unconfirmed claim
+    /// for one lease.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -103,11 +132,16 @@ impl PostgresStoreBuilder {
     /// prepared once per connection and cached (the server parses and
     /// plans it once), and the timeout is also sent as the session's
     /// `statement_timeout` (a startup option, which a transaction pooler
-    /// refuses: "unsupported startup parameter: options"). BENCHMARKS.md
-    /// gives what it saves per call. Behind a transaction pooler it fails:
-    /// a named statement lives on one server connection, and the next
-    /// transaction gets another (`prepared statement "s71" does not
-    /// exist`).
+    /// refuses unless told to ignore it). Either way a statement still
+    /// running at the [`timeout`](Self::timeout) is cancelled on the
+    /// server. BENCHMARKS.md gives what it saves per call.
+    ///
+    /// Behind a transaction pooler it fails, on every call: a named
+    /// statement lives on one server connection, and the next transaction
+    /// gets another. The store's calls then fail with
+    /// [`StoreError::Config`] ("prepared statement "s0" does not exist
+    /// (26000)", or "already exists (42P05)", or the pooler's "unsupported
+    /// startup parameter"), whose message says to turn this off.
     pub fn direct_connection(mut self, direct: bool) -> Self {
         self.direct_connection = direct;
         self
@@ -143,6 +177,11 @@ impl PostgresStoreBuilder {
             };
             config.options(&options);
         }
+        // Sent without TLS where the connections use none (`NoTls` makes
+        // none, `sslmode=disable` asks for none).
+        let plain =
+            TypeId::of::<T>() == TypeId::of::<NoTls>() || config.get_ssl_mode() == SslMode::Disable;
+        let cancel = Canceller::new(&config, tls.clone(), plain);
         let manager = Manager::from_config(
             config,
             tls,
@@ -167,12 +206,18 @@ impl PostgresStoreBuilder {
             .map_err(|e| StoreError::Config(format!("cannot build the pool: {e}")))?;
         Ok(PostgresStore {
             pool,
+            cancel,
             sql: Arc::new(Statements::new(schema, self.relaxed_completions)),
             named_statements: self.direct_connection,
             combiner: self.batched_completions.then(Default::default),
-            // A little over the server's statement_timeout, so that the server
-            // usually reports the timeout itself.
-            timeout: self.timeout + Duration::from_millis(500),
+            // On a direct connection, a little over the server's
+            // statement_timeout, so that the server usually ends the
+            // statement itself; the cancel stands behind it.
+            timeout: if self.direct_connection {
+                self.timeout + Duration::from_millis(500)
+            } else {
+                self.timeout
+            },
         })
     }
 }

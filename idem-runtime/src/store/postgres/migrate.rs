@@ -2,6 +2,7 @@
 
 use tokio_postgres::types::Type;
 
+use super::exec::bounded;
 use super::PostgresStore;
 use crate::store::StoreError;
 
@@ -50,11 +51,16 @@ impl PostgresStore {
     /// Creates the schema and applies the shipped migrations not applied yet,
     /// recording each in `idem_migrations`. Idempotent, and safe when several
     /// processes migrate at once: they take turns on an advisory lock, and the
-    /// later ones find nothing left to do. Errors: `Unavailable`.
+    /// later ones find nothing left to do. Errors: `Unavailable`, and
+    /// `Config` for what only configuration fixes (a role without the
+    /// privilege to create the schema or its tables, a refused login).
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let mut client = self.client().await?;
         let schema = self.sql.schema.clone();
-        let out = tokio::time::timeout(self.timeout * 4, async {
+        // Read before the transaction borrows the connection; sent only if
+        // the migration does not answer in time.
+        let token = client.cancel_token();
+        let out = bounded(&self.cancel, move || token, self.timeout * 4, async {
             let tx = client.transaction().await?;
             // Unnamed statements (`*_typed`), as every statement of the
             // store: nothing outlives the transaction, behind a pooler too.

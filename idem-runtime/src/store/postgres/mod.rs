@@ -29,7 +29,7 @@ mod rows;
 mod statements;
 
 pub use builder::PostgresStoreBuilder;
-use exec::{Db, Param, Redacted};
+use exec::{Canceller, Db, Param, Redacted, TimedOut};
 use rows::*;
 use statements::Statements;
 
@@ -53,9 +53,14 @@ use statements::Statements;
 ///
 /// Calls fail fast with [`StoreError::Unavailable`] when the server cannot be
 /// reached: connecting, waiting for a pooled connection and each statement are
-/// bounded by the builder's timeout, and a connection that broke or stopped
-/// answering is dropped from the pool, which opens fresh ones once the server
-/// is back (no restart needed).
+/// bounded by the builder's timeout, a statement still running then is
+/// cancelled on the server ([`PostgresStoreBuilder::timeout`]), and a
+/// connection that broke or stopped answering is dropped from the pool, which
+/// opens fresh ones once the server is back (no restart needed). What only a
+/// change of configuration fixes (a transaction pooler in front of a store
+/// built for a direct connection, a schema not migrated, a missing privilege,
+/// a refused login) is [`StoreError::Config`], whose message says what to
+/// change.
 ///
 /// ```no_run
 /// # async fn f() -> Result<(), idem_runtime::StoreError> {
@@ -70,6 +75,8 @@ pub struct PostgresStore {
     pool: Pool,
     sql: Arc<Statements>,
     timeout: Duration,
+    /// Cancels a statement on the server when it did not answer in time.
+    cancel: Canceller,
     /// Named, cached statements ([`PostgresStoreBuilder::direct_connection`]).
     named_statements: bool,
     /// Completions written together under concurrency ([`combine`]);
@@ -113,7 +120,9 @@ impl PostgresStore {
     pub(crate) async fn connect_with(builder: PostgresStoreBuilder) -> Result<Self, StoreError> {
         let store = builder.build()?;
         let client = store.client().await?;
-        let out = tokio::time::timeout(store.timeout, client.simple_query("SELECT 1")).await;
+        let token = || client.cancel_token();
+        let ping = client.simple_query("SELECT 1");
+        let out = exec::bounded(&store.cancel, token, store.timeout, ping).await;
         store.settle(client, out).map(|_| store)
     }
 
@@ -122,26 +131,60 @@ impl PostgresStore {
         &self.sql.schema
     }
 
+    /// The server's plan (`EXPLAIN`) of the statement that
+    /// [`find_by_reference`](IdempotencyStore::find_by_reference) sends
+    /// for `reference`, one line per node: for the tests that check it
+    /// searches the tables' primary keys and scans no table.
+    #[cfg(feature = "conformance")]
+    #[doc(hidden)]
+    pub async fn plan_of_find_by_reference(
+        &self,
+        reference: &Reference,
+    ) -> Result<String, StoreError> {
+        let (lo, hi) = key_range(reference);
+        let tag = tag_to_column(reference);
+        self.with(async |db, sql| {
+            let explain = format!("EXPLAIN {}", sql.by_reference);
+            let rows = db.query(&explain, &[&&lo[..], &&hi[..], &tag]).await?;
+            let lines = rows
+                .iter()
+                .map(|r| r.try_get::<_, String>(0))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(lines.join("\n"))
+        })
+        .await
+    }
+
     /// A pooled connection, or `Unavailable` within the timeout.
     async fn client(&self) -> Result<Object, StoreError> {
-        self.pool.get().await.map_err(|e| {
-            StoreError::Unavailable(format!("cannot get a PostgreSQL connection: {e}"))
+        self.pool.get().await.map_err(|e| match e {
+            // The server refused the connection (a login, a database that
+            // does not exist): configuration, or the server's trouble.
+            deadpool_postgres::PoolError::Backend(e) => match classify(&e, &self.sql.schema) {
+                StoreError::Unavailable(m) => {
+                    StoreError::Unavailable(format!("cannot get a PostgreSQL connection: {m}"))
+                }
+                other => other,
+            },
+            e => StoreError::Unavailable(format!("cannot get a PostgreSQL connection: {e}")),
         })
     }
 
-    /// Runs `work` on a pooled connection within the timeout.
+    /// Runs `work` on a pooled connection within the timeout; a statement
+    /// still running then is cancelled on the server ([`exec::bounded`]).
     async fn with<T, F>(&self, work: F) -> Result<T, StoreError>
     where
         F: AsyncFnOnce(&Db<'_>, &Statements) -> Result<T, CallError>,
     {
         let client = self.client().await?;
         let db = Db::new(&client, self.named_statements);
-        let out = tokio::time::timeout(self.timeout, work(&db, &self.sql)).await;
+        let token = || client.cancel_token();
+        let out = exec::bounded(&self.cancel, token, self.timeout, work(&db, &self.sql)).await;
         match out {
             Ok(Err(CallError::Store(e))) => Err(e),
             Ok(Err(CallError::Pg(e))) => self.settle(client, Ok(Err(e))),
             Ok(Ok(v)) => Ok(v),
-            Err(elapsed) => self.settle::<T>(client, Err(elapsed)),
+            Err(timed_out) => self.settle::<T>(client, Err(timed_out)),
         }
     }
 
@@ -151,7 +194,7 @@ impl PostgresStore {
     fn settle<T>(
         &self,
         client: Object,
-        out: Result<Result<T, tokio_postgres::Error>, tokio::time::error::Elapsed>,
+        out: Result<Result<T, tokio_postgres::Error>, TimedOut>,
     ) -> Result<T, StoreError> {
         match out {
             Ok(Ok(v)) => Ok(v),
@@ -159,15 +202,18 @@ impl PostgresStore {
                 if client.is_closed() || e.as_db_error().is_none() {
                     drop(Object::take(client));
                 }
-                Err(StoreError::Unavailable(format!(
-                    "PostgreSQL: {}",
-                    describe(&e, &self.sql.schema)
-                )))
+                Err(classify(&e, &self.sql.schema))
             }
-            Err(_) => {
+            Err(TimedOut { ended }) => {
                 drop(Object::take(client));
+                let server = if ended {
+                    "the statement was cancelled on the server, and nothing of it was applied"
+                } else {
+                    "a cancel request could not be confirmed, so the server may still apply \
+                     the statement"
+                };
                 Err(StoreError::Unavailable(format!(
-                    "PostgreSQL did not answer within {:?}",
+                    "PostgreSQL did not answer within {:?}; {server}",
                     self.timeout
                 )))
             }
@@ -175,34 +221,60 @@ impl PostgresStore {
     }
 }
 
-/// The error text with its cause (tokio-postgres puts the server's message in
-/// the source, not in `Display`). A missing table or schema names the schema
-/// looked in (`schema`, quoted) and how to name another.
-fn describe(e: &tokio_postgres::Error, schema: &str) -> String {
-    match e.as_db_error() {
-        Some(db) if ["42P01", "3F000"].contains(&db.code().code()) => format!(
-            "{} ({}); this store reads the schema {schema}: has PostgresStore::migrate() run \
-             for it? If the servers keep their tables in another schema \
-             (PostgresStore::builder(url)?.schema(NAME)), name it: ?schema=NAME on the store \
-             URL, or `idem --schema NAME`",
-            db.message(),
-            db.code().code()
-        ),
-        // A named statement that lives on another server connection: a
-        // transaction pooler between.
-        Some(db) if ["26000", "42P05"].contains(&db.code().code()) => format!(
-            "{} ({}); is a transaction pooler (PgBouncer) between? Leave \
-             PostgresStoreBuilder::direct_connection off (and direct=true out of the store \
-             URL) there",
-            db.message(),
-            db.code().code()
-        ),
-        Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => match std::error::Error::source(e) {
-            Some(cause) => format!("{e}: {cause}"),
-            None => e.to_string(),
-        },
+/// A PostgreSQL error as the store's error: [`StoreError::Config`], with
+/// what to change, for what only a change of configuration fixes (calling
+/// again meets it again); [`StoreError::Unavailable`] for the rest.
+fn classify(e: &tokio_postgres::Error, schema: &str) -> StoreError {
+    let Some(db) = e.as_db_error() else {
+        // tokio-postgres puts the cause (an I/O error, a closed
+        // connection) in the source, not in `Display`.
+        return StoreError::Unavailable(match std::error::Error::source(e) {
+            Some(cause) => format!("PostgreSQL: {e}: {cause}"),
+            None => format!("PostgreSQL: {e}"),
+        });
+    };
+    let code = db.code().code();
+    match misconfigured(code, db.message(), schema) {
+        Some(fix) => StoreError::Config(format!("PostgreSQL: {} ({code}); {fix}", db.message())),
+        None => StoreError::Unavailable(format!("PostgreSQL: {} ({code})", db.message())),
     }
+}
+
+/// What to change, when the server's error `code` (with its `message`) is
+/// one that only a change of configuration fixes.
+fn misconfigured(code: &str, message: &str, schema: &str) -> Option<String> {
+    Some(match code {
+        // A named statement prepared on one server connection, used on
+        // another: a transaction pooler between.
+        "26000" | "42P05" => "a transaction pooler (PgBouncer in transaction mode, or the pooler \
+             of Supabase, Neon, Heroku or Azure) is between the store and the server, and the \
+             store was built for a direct connection: turn \
+             PostgresStoreBuilder::direct_connection off (remove direct=true from the store URL), \
+             or point the store at the server itself"
+            .to_owned(),
+        // A pooler that refuses the direct connection's startup option.
+        _ if message.contains("unsupported startup parameter") => "a connection pooler \
+             refused the startup parameter that PostgresStoreBuilder::direct_connection sends: \
+             turn direct_connection off (remove direct=true from the store URL) behind a \
+             pooler"
+            .to_owned(),
+        "42P01" | "3F000" => format!(
+            "this store reads the schema {schema}: has PostgresStore::migrate() run for it? If \
+             the servers keep their tables in another schema \
+             (PostgresStore::builder(url)?.schema(NAME)), name it: ?schema=NAME on the store \
+             URL, or `idem --schema NAME`"
+        ),
+        "42501" => format!(
+            "the store's database user lacks a privilege: grant it USAGE on the schema {schema} \
+             and SELECT, INSERT, UPDATE, DELETE on its tables (docs/deploying.md, \"Grants\"), \
+             or connect as a user that has them"
+        ),
+        "3D000" => "the database named in the store URL does not exist: check its name".to_owned(),
+        _ if code.starts_with("28") => "the server refused the store's login: check the user \
+             and password in the store URL, and the server's pg_hba.conf"
+            .to_owned(),
+        _ => return None,
+    })
 }
 
 /// An error inside a store call: the database's, or the store's verdict.
@@ -472,6 +544,23 @@ impl IdempotencyStore for PostgresStore {
                 Some(row) => Ok(Some(row_to_record(&row)?)),
                 None => Ok(None),
             }
+        })
+        .await
+    }
+
+    /// A range over each table's primary key (the reference is the key's
+    /// first eight bytes), in every tenant: no scan.
+    async fn find_by_reference(&self, reference: &Reference) -> Result<Vec<Record>, StoreError> {
+        let (lo, hi) = key_range(reference);
+        let tag = tag_to_column(reference);
+        self.with(async |db, sql| {
+            let rows = db
+                .query(&sql.by_reference, &[&&lo[..], &&hi[..], &tag])
+                .await?;
+            Ok(rows
+                .iter()
+                .map(row_to_record)
+                .collect::<Result<Vec<_>, _>>()?)
         })
         .await
     }

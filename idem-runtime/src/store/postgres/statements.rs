@@ -2,9 +2,9 @@
 //! [`RecordStateKind`](crate::store::RecordStateKind).
 
 use crate::store::sql::{
-    claimable, counted, expired, filtered, jobs_filtered, looked_up, outlives_takeover,
-    superseded_copy, superseded_replace, takeover_operation, COLUMNS, COMPLETED, IN_PROGRESS,
-    JOB_COLUMNS, NOT_PERFORMED, REDRIVE_SET, UNKNOWN,
+    claimable, counted, expired, filtered, found_by_reference, jobs_filtered, looked_up,
+    outlives_takeover, superseded_copy, superseded_replace, takeover_operation, COLUMNS, COMPLETED,
+    IN_PROGRESS, JOB_COLUMNS, NOT_PERFORMED, REDRIVE_SET, UNKNOWN,
 };
 
 /// The store's SQL, with the schema filled in once. Every statement that
@@ -30,6 +30,9 @@ pub(super) struct Statements {
     pub(super) heartbeat: String,
     pub(super) refusal: String,
     pub(super) lookup: String,
+    /// The records with a reference in every tenant: `$1`, `$2` the key
+    /// range, `$3` the tag.
+    pub(super) by_reference: String,
     pub(super) purge: String,
     pub(super) purge_superseded: String,
     pub(super) purge_jobs: String,
@@ -242,6 +245,10 @@ impl Statements {
                     3 => "text",
                     _ => "int8",
                 };
+                format!("${n}::{ty}")
+            }),
+            by_reference: found_by_reference(&t, &s, ", now()", |n| {
+                let ty = if n == 3 { "int8" } else { "bytea" };
                 format!("${n}::{ty}")
             }),
             // Bounded, and SKIP LOCKED: rows a claim is taking over right now

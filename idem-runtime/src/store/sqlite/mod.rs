@@ -14,8 +14,8 @@ use rusqlite::{params, Connection, OptionalExtension};
 use tokio::sync::oneshot;
 
 use super::sql::{
-    claimable, counted, counts, expired, filtered, jobs_filtered, key_range, looked_up,
-    outlives_takeover, state_from, superseded_copy, superseded_replace, tag_to_column,
+    claimable, counted, counts, expired, filtered, found_by_reference, jobs_filtered, key_range,
+    looked_up, outlives_takeover, state_from, superseded_copy, superseded_replace, tag_to_column,
     takeover_operation, COLUMNS, COMPLETED, IN_PROGRESS, JOB_COLUMNS, NOT_PERFORMED, REDRIVE_SET,
     UNKNOWN,
 };
@@ -56,6 +56,12 @@ use writer::*;
 /// statement of the batch (disk full, an I/O error), the batch is rolled
 /// back, nothing of it was written, and every item of it is answered
 /// `Unavailable`.
+///
+/// A claim whose caller stopped waiting before the writer reached it (the
+/// call cancelled or timed out while the claim was queued, or while the
+/// writer waited on another process's write lock, up to 5 s) is skipped,
+/// not applied late: its caller runs nothing under it. A statement that
+/// waits on that lock longer fails the batch, `Unavailable`.
 ///
 /// # The clock
 ///
@@ -115,6 +121,30 @@ impl SqliteStore {
         self.path.as_deref()
     }
 
+    /// SQLite's plan (`EXPLAIN QUERY PLAN`) of the statement that
+    /// [`find_by_reference`](IdempotencyStore::find_by_reference) runs for
+    /// `reference`, one line per step: for the tests that check it
+    /// searches the tables' primary keys and scans no table.
+    #[cfg(feature = "conformance")]
+    #[doc(hidden)]
+    pub async fn plan_of_find_by_reference(
+        &self,
+        reference: &Reference,
+    ) -> Result<String, StoreError> {
+        let (lo, hi) = key_range(reference);
+        let tag = tag_to_column(reference);
+        self.run(move |conn, _| {
+            let explain = format!("EXPLAIN QUERY PLAN {}", SQL.by_reference);
+            let mut stmt = conn.prepare(&explain).map_err(|e| unavailable(&e))?;
+            let lines = stmt
+                .query_map(params![&lo[..], &hi[..], tag], |r| r.get::<_, String>(3))
+                .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| unavailable(&e))?;
+            Ok(lines.join("\n"))
+        })
+        .await
+    }
+
     /// Runs `f` on the writer thread inside the current batch's transaction,
     /// with the process clock read for this job, and answers after the
     /// commit, a FULL one.
@@ -122,18 +152,32 @@ impl SqliteStore {
         &self,
         f: impl FnOnce(&Connection, i64) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        self.run_as(false, f).await
+        self.run_as(false, false, f).await
     }
 
     /// [`run`](Self::run), with a commit that may be relaxed (see
-    /// [`Item::relaxed`]) if `relaxed`.
+    /// [`Item::relaxed`]) if `relaxed`; `if_awaited`: `f` runs only if its
+    /// caller still waits for the answer when the writer reaches it.
+    ///
+    /// A caller that stopped waiting (its call cancelled, a client's
+    /// timeout) while its item was queued, or while the writer waited for
+    /// another connection's write lock, has been told nothing, and a claim
+    /// of it would run nothing: the writer skips it rather than apply it
+    /// after it was given up on. A caller that stops waiting while its
+    /// item runs or commits is the executor's to retract (it releases an
+    /// unconfirmed claim).
     async fn run_as<T: Send + 'static>(
         &self,
         relaxed: bool,
+        if_awaited: bool,
         f: impl FnOnce(&Connection, i64) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
         let (reply, answer) = oneshot::channel();
         let job: Work = Box::new(move |conn| {
+            if if_awaited && reply.is_closed() {
+                let nobody: Finish = Box::new(|_| ());
+                return (nobody, false);
+            }
             let out = match conn {
                 Ok(conn) => f(conn, to_nanos(SystemTime::now())),
                 Err(e) => Err(StoreError::Unavailable(e.to_owned())),
@@ -164,7 +208,7 @@ impl SqliteStore {
         jobs: Vec<FollowOn>,
     ) -> Result<(), StoreError> {
         let (key, response) = (*key.as_bytes(), response.to_owned());
-        self.run_as(self.relaxed_completions, move |conn, now| {
+        self.run_as(self.relaxed_completions, false, move |conn, now| {
             // `attempt = ?2`: a worker whose claim was taken over must not
             // overwrite the new owner's record with its own response.
             fenced(conn, &key, attempt, &SQL.complete, &[&response, &now])?;
@@ -184,7 +228,8 @@ impl IdempotencyStore for SqliteStore {
 
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         let req = req.clone();
-        self.run(move |conn, now| {
+        // Only while its caller waits: a claim given up on is not applied.
+        self.run_as(false, true, move |conn, now| {
             let key = req.key.as_bytes();
             // The writer holds the database's write lock for the batch, so no
             // other claim (of this or another process) can slip between the
@@ -422,6 +467,17 @@ impl IdempotencyStore for SqliteStore {
                 now,
             )?;
             Ok(found.pop())
+        })
+        .await
+    }
+
+    /// A range over each table's primary key (the reference is the key's
+    /// first eight bytes), in every tenant: no scan.
+    async fn find_by_reference(&self, reference: &Reference) -> Result<Vec<Record>, StoreError> {
+        let (lo, hi) = key_range(reference);
+        let tag = tag_to_column(reference);
+        self.run(move |conn, now| {
+            read_many(conn, &SQL.by_reference, params![&lo[..], &hi[..], tag], now)
         })
         .await
     }

@@ -21,6 +21,9 @@ pub(super) struct Statements {
     pub(super) take_check: String,
     pub(super) heartbeat: String,
     pub(super) lookup: String,
+    /// The records with a reference in every tenant: `?1`, `?2` the key
+    /// range, `?3` the tag.
+    pub(super) by_reference: String,
     pub(super) purge: String,
     pub(super) purge_superseded: String,
     pub(super) purge_jobs: String,
@@ -146,6 +149,7 @@ pub(super) static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::ne
     ),
     // The key's current record, then a superseded operation.
     lookup: looked_up("idem_records", "idem_superseded", "", |n| format!("?{n}")),
+    by_reference: found_by_reference("idem_records", "idem_superseded", "", |n| format!("?{n}")),
     purge: format!(
         "DELETE FROM idem_records WHERE key IN ( \
            SELECT key FROM idem_records WHERE {} LIMIT ?2)",

@@ -8,7 +8,7 @@ use crate::store::conformance::{again, claim_request};
 /// durability to the others.
 async fn probe(store: &SqliteStore) -> i64 {
     store
-        .run_as(true, |conn, _| {
+        .run_as(true, false, |conn, _| {
             conn.query_row("PRAGMA synchronous", [], |r| r.get(0))
                 .map_err(|e| unavailable(&e))
         })
