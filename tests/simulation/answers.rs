@@ -94,24 +94,30 @@ fn judge_unconfirmed(
     let made = w.calls[call].made.unwrap_or(now);
     let t = &sim.timing;
     let bound = claim.sent + t.lease * 2 + t.tolerance + t.slack;
-    // Excused only when the releases sent since the claim landed (the
-    // executor's to send) all failed or were slow: the store could not be
-    // told to take it back. None sent since is no excuse.
+    // Excused only when the releases sent between the claim's landing and
+    // the call, or the end of the landed claim's lease if that came first
+    // (the executor's to send), all failed or were slow, as the call found
+    // them: the store could not be told to take it back before it lapsed.
+    // None sent is no excuse.
     let slow = t.lease / 4;
     let landed = w
         .claims_landed
         .get(&(claim.key, claim.attempt))
         .copied()
-        .unwrap_or(now);
+        .unwrap_or(made);
+    let until = made.min(landed + t.lease);
     let troubled = w
         .releases
         .get(&(claim.key, claim.attempt))
         .is_some_and(|sent| {
-            let since: Vec<_> = sent.iter().filter(|(at, _)| *at >= landed).collect();
+            let since: Vec<_> = sent
+                .iter()
+                .filter(|(at, _)| *at >= landed && *at < until)
+                .collect();
             !since.is_empty()
                 && since.iter().all(|(at, answered)| match answered {
-                    Some((when, ok)) => !ok || *when - *at > slow,
-                    None => now - *at > slow,
+                    Some((when, ok)) if *when <= made => !ok || *when - *at > slow,
+                    _ => made - *at > slow,
                 })
         });
     if troubled {

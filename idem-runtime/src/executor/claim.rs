@@ -96,8 +96,13 @@ impl Executor {
                 // The store's whole error, for the operator: the model's
                 // answer says only what happened and what to do.
                 tracing::warn!(tool, reference = %request.reference, %error, "claim failed; not running");
-                // Dropping the guard releases the claim.
-                drop(unconfirmed);
+                match error {
+                    // The store refused the claim as misconfigured: it did
+                    // nothing, and a release would be refused the same way.
+                    StoreError::Config(_) => unconfirmed.disarm(),
+                    // Dropping the guard retracts the claim, which may land.
+                    _ => drop(unconfirmed),
+                }
                 Claimed::Unavailable(error)
             }
             Ok(Claim::Existing { record }) => {

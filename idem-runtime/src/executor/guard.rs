@@ -188,6 +188,13 @@ async fn retract(
                     return;
                 }
             }
+            // Misconfigured: no release will ever be accepted, and a claim
+            // refused so never landed.
+            Err(error @ StoreError::Config(_)) => {
+                tracing::error!(%key, %error,
+                    "an unconfirmed claim cannot be released: the store is misconfigured");
+                return;
+            }
             Err(error) if started.elapsed() >= GIVE_UP_AFTER => {
                 tracing::error!(%key, %error,
                     "an unconfirmed claim could not be released; the sweep and the reconciler will resolve it");
