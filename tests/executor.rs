@@ -666,6 +666,64 @@ async fn a_claim_that_lands_after_its_caller_gave_up_is_retracted() {
     );
 }
 
+/// A claim answered slowly, after its first heartbeat was due, may have
+/// been swept meanwhile by a replica whose clock runs ahead (within the
+/// bound): the handler must not start under a record already UNKNOWN, whose
+/// settle period counts from the mark, before its request left. The claim
+/// is confirmed by a heartbeat first; refused, nothing runs, the caller is
+/// told so, and the retry runs once.
+#[tokio::test(start_paused = true)]
+async fn a_slow_claim_swept_meanwhile_runs_nothing() {
+    let lease = Duration::from_millis(3_000);
+    let memory = on_tokio_clock();
+    let claims = Arc::new(AtomicUsize::new(0));
+    let slow = {
+        let claims = claims.clone();
+        FaultyStore::new(memory.clone(), move |call| match call {
+            // The first claim lands at once and is answered at 1.5 s, half
+            // its lease: after its first heartbeat was due (1 s).
+            Call::Claim if claims.fetch_add(1, Ordering::SeqCst) == 0 => {
+                Fault::SlowAnswer(Duration::from_millis(1_500))
+            }
+            _ => Fault::None,
+        })
+    };
+    let exec = Executor::new(Arc::new(slow)).with_lease(lease);
+    let processor = Processor::sleeping(Duration::from_millis(50));
+    let call = {
+        let (exec, processor) = (exec.clone(), processor.clone());
+        tokio::spawn(async move { charge(&exec, &alice(), &visa(11), &processor).await })
+    };
+    // A sweep on a replica whose clock runs ahead marks the claim at
+    // 0.5 s, before its answer came.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let claimed = memory
+        .list_records(&idem_runtime::store::RecordFilter::default())
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1, "{claimed:?}");
+    memory
+        .mark_unknown(
+            &claimed[0].key,
+            claimed[0].attempt,
+            "swept by a replica ahead",
+        )
+        .await
+        .unwrap();
+    let answer = call.await.unwrap();
+    assert_eq!(
+        processor.count(),
+        0,
+        "the handler ran under a claim swept before its answer came: {answer:?}"
+    );
+    assert_eq!(answer.name(), "store_unavailable", "{answer:?}");
+    // The claim is retracted in the background; the retry runs, once.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let again = charge(&exec, &alice(), &visa(11), &processor).await;
+    assert!(matches!(again, Answer::Executed { .. }), "{again:?}");
+    assert_eq!(processor.count(), 1);
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct Shipment {
     order_id: String,

@@ -325,8 +325,9 @@ fn replica_clocks(seed: u64, timing: &mut Timing) -> Vec<OwnClock> {
         // clocks under a third of the lease apart: no live handler is
         // swept), so that every promise holds, "not performed" included;
         // maintenance every 250 ms; a processor that shows nothing until it is
-        // visible, slow to show what landed; long requests at the top of
-        // their range, and impatient clients that drop calls soon after
+        // visible, slow to show what landed; a store slow to answer claims
+        // (answered after their first heartbeat was due, in time); long
+        // requests at the top of their range, and impatient clients that drop calls soon after
         // they were made, so a record is marked unknown with its request
         // still on its way.
         let ahead = if drift.chance(0.5) { 1 } else { -1 };
@@ -338,6 +339,7 @@ fn replica_clocks(seed: u64, timing: &mut Timing) -> Vec<OwnClock> {
         timing.jitter = Duration::from_millis(50);
         timing.lag_min = timing.lag_max * 9 / 10;
         timing.hides_in_flight = true;
+        timing.slow_claims = true;
         timing.long_rate = 0.6;
         timing.latency_long.0 = timing.latency_long.1 * 9 / 10;
         timing.prework_max = Duration::from_millis(200);

@@ -17,7 +17,10 @@
 //!
 //! - `ClaimAnswer`: between a claim's send and its answer. The claim takes
 //!   effect at once, its answer comes up to three leases later (the late
-//!   claim, and the first heartbeat counted from the claim's send).
+//!   claim, and the first heartbeat counted from the claim's send); in a
+//!   tight schedule it is always on, and the answer comes after the first
+//!   heartbeat was due and before the lease ran out (a replica ahead may
+//!   sweep the claim before its answer: the claim's confirmation).
 //! - `HeartbeatLate`: before a heartbeat reaches the store: it lands up to
 //!   two leases late, so the lease may lapse under a live handler (the
 //!   sweep then races the heartbeat).
@@ -286,10 +289,21 @@ impl Buggify {
             Call::FinishJob | Call::RetryJob | Call::BuryJob => Point::JobFinish,
             _ => return None,
         };
-        if !self.fires(point) {
+        // A tight schedule's claims are answered slowly but in time: after
+        // their first heartbeat was due, before their lease ran out.
+        let slow_claims = point == Point::ClaimAnswer && t.slow_claims;
+        let fires = if slow_claims {
+            self.rng.chance(point.rate())
+        } else {
+            self.fires(point)
+        };
+        if !fires {
             return None;
         }
         let fault = match point {
+            Point::ClaimAnswer if slow_claims => {
+                Fault::SlowAnswer(self.between(lease / 3, lease * 19 / 20))
+            }
             Point::ClaimAnswer => Fault::SlowAnswer(self.between(zero, lease * 3)),
             Point::HeartbeatLate => Fault::Delay(self.between(lease / 3, lease * 2)),
             Point::HeartbeatAnswer => Fault::SlowAnswer(self.between(lease / 3, lease * 2)),

@@ -57,6 +57,9 @@ pub struct Timing {
     /// not landed yet as not found (as a processor without a "processing"
     /// state does), rather than as still unknown.
     pub hides_in_flight: bool,
+    /// Whether BUGGIFY's `ClaimAnswer` is always on, with answers after the
+    /// first heartbeat was due and before the lease ran out.
+    pub slow_claims: bool,
     /// The share of calls whose future is dropped mid-flight.
     pub cancel_rate: f64,
     /// The share of requests that take `latency_long`.
@@ -127,6 +130,7 @@ impl Timing {
             lag_max: ms(1_100),
             lag_min: Duration::ZERO,
             hides_in_flight: false,
+            slow_claims: false,
             cancel_rate: 0.12,
             long_rate: 0.3,
             handler_timeout: (ms(1_000), ms(2_500)),
@@ -171,6 +175,7 @@ impl Timing {
             lag_max: ms(250),
             lag_min: Duration::ZERO,
             hides_in_flight: false,
+            slow_claims: false,
             cancel_rate: 0.12,
             long_rate: 0.3,
             handler_timeout: (ms(150), ms(350)),
