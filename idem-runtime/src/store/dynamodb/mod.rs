@@ -21,8 +21,8 @@ use crate::future::join_all;
 use crate::key::{IdempotencyKey, Reference};
 use crate::store::{
     self as store, due_order, lease_names, listing_order, sort_leased, Attempt, Claim,
-    ClaimRequest, FollowOn, FollowOnStore, FollowOns, IdempotencyStore, Job, JobFilter, JobId,
-    Record, RecordFilter, RecordStateKind, Resolution, StateCounts, StoreError,
+    ClaimRequest, FollowOn, FollowOnStore, FollowOns, IdempotencyStore, ItemLimit, Job, JobFilter,
+    JobId, Record, RecordFilter, RecordStateKind, Resolution, StateCounts, StoreError,
 };
 
 mod builder;
@@ -54,6 +54,11 @@ const TRANSACTION_ITEMS: usize = 100;
 /// The most follow-on jobs one completion writes: a transaction's items
 /// less the record's.
 pub const DYNAMODB_MAX_FOLLOW_ONS: usize = TRANSACTION_ITEMS - 1;
+
+/// A record's and a job's item, as DynamoDB counts them (`layout.rs`).
+const ITEM_LIMIT: ItemLimit =
+    ItemLimit::new(layout::MAX_ITEM, layout::RECORD_BYTES, layout::JOB_BYTES)
+        .with_job_key(layout::JOB_KEY_TEXTS);
 
 /// Records and follow-on jobs in one DynamoDB table, for servers on AWS
 /// (AWS Lambda above all) that have DynamoDB and no PostgreSQL.
@@ -637,8 +642,13 @@ impl IdempotencyStore for DynamoDbStore {
         Some(self)
     }
 
-    // A 400 KB item, less 16 KiB for the record's other attributes.
+    // A response has no limit of its own: the record's item, with every
+    // other attribute, is at most 400 KB.
     fn max_response_bytes(&self) -> Option<usize> {
-        Some(384 * 1024)
+        None
+    }
+
+    fn item_limit(&self) -> Option<ItemLimit> {
+        Some(ITEM_LIMIT)
     }
 }

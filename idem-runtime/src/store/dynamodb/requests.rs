@@ -86,10 +86,13 @@ impl Values {
 /// the record stays in `leases` where its claim put it, and its TTL (`te`,
 /// the claim's retention end in seconds; its window's end on a record an
 /// earlier version claimed) deletes it. `lq` is removed for a record
-/// claimed before `leases` (absent, removing it writes nothing).
+/// claimed before `leases` (absent, removing it writes nothing), and the
+/// note of an UNKNOWN or NOT_PERFORMED one (a COMPLETED record reads
+/// none), so the item holds what the response was judged beside: its
+/// tenant, tool and resolution note.
 pub(super) fn completion(note: Option<Option<&str>>) -> String {
     let mut set = String::from("SET st = :c, rs = :rs, ua = :now, tt = te");
-    let mut remove = String::from(" REMOVE lq, uq");
+    let mut remove = String::from(" REMOVE lq, uq, nt");
     match note {
         Some(Some(_)) => set.push_str(", rv = :rv"),
         Some(None) => remove.push_str(", rv"),
