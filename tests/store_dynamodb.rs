@@ -1472,3 +1472,53 @@ async fn a_walker_behind_the_cursor_finds_nothing_due() {
     let keys = lapsed_keys(&ahead).await;
     assert_eq!(keys, vec![late.key]);
 }
+
+/// Among 40 records, one is found by its reference (`idem show REF`
+/// without `--tenant`) with one query of its partition, and its jobs with
+/// one more: DynamoDB is never asked for a Scan, which reads (and bills)
+/// the whole table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reference_and_its_jobs_are_found_without_a_scan() {
+    let Some(endpoint) = endpoint() else {
+        return;
+    };
+    let proxy = dynamodb_proxy::Proxy::start(&endpoint).await;
+    let table = Table::on(&proxy.url).await;
+    let reqs: Vec<_> = (0..40)
+        .map(|_| claim_request(Duration::from_secs(900)))
+        .collect();
+    for req in &reqs {
+        table.claim(req).await.unwrap();
+    }
+    let jobs = [FollowOn::new("receipt", &7).unwrap()];
+    table
+        .complete_with_follow_ons(
+            &reqs[7].key,
+            reqs[7].attempt,
+            "\"ok\"",
+            idem_runtime::store::FollowOns::new(&jobs).unwrap(),
+        )
+        .await
+        .unwrap();
+    proxy.reset_counts();
+    let found = table.find_by_reference(&reqs[7].reference).await.unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(
+        (found[0].tenant.as_str(), found[0].attempt),
+        (reqs[7].tenant.as_str(), reqs[7].attempt)
+    );
+    let listed = table
+        .list_jobs(&idem_runtime::store::JobFilter {
+            reference: Some(reqs[7].reference),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let names: Vec<&str> = listed.iter().map(|j| j.id.name.as_str()).collect();
+    assert_eq!(names, ["receipt"]);
+    let counts = proxy.counts();
+    assert_eq!(proxy.count("Scan"), 0, "{counts:?}");
+    assert_eq!(proxy.count("Query"), 2, "{counts:?}");
+    assert_eq!(counts.values().sum::<usize>(), 2, "{counts:?}");
+}
+

@@ -7,13 +7,15 @@
 //! One test binary: here the conformance suite, configuration, separate
 //! clients racing and what the cases share; `records` holds what only Redis
 //! has, `faults` the durability option and the servers' faults, `library`
-//! the Functions library's loading, `upgrades` what earlier versions left.
+//! the Functions library's loading, `upgrades` what earlier versions left,
+//! `by_reference` a reference found in any tenant.
 
 #[path = "../durable/mod.rs"]
 mod durable;
 #[path = "../redis_server/mod.rs"]
 mod redis_server;
 
+mod by_reference;
 mod faults;
 mod library;
 mod records;

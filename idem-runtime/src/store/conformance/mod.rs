@@ -179,6 +179,7 @@ macro_rules! __idem_conformance_cases {
             late_truth_frees_the_key_after_the_window,
             late_truth_inside_the_window_holds_until_the_window_ends,
             a_superseded_operation_reads_until_its_retention_ends,
+            a_reference_is_found_in_every_tenant,
             records_are_listed_by_filter_newest_first,
             records_are_counted_by_state,
             default_record_filter_lists_a_page,

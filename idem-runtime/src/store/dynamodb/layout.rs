@@ -407,6 +407,17 @@ pub(super) fn job_key(id: &JobId) -> Item {
     ])
 }
 
+/// The start of the sort key of every job of the operation `reference`
+/// ([`job_key`]): the job tag, the reference's length and bytes.
+pub(super) fn jobs_prefix(reference: &Reference) -> Vec<u8> {
+    let bytes = reference.as_bytes();
+    let mut prefix = Vec::with_capacity(2 + bytes.len());
+    prefix.push(JOB_TAG);
+    prefix.push(bytes.len() as u8);
+    prefix.extend_from_slice(bytes);
+    prefix
+}
+
 /// A binary attribute.
 pub(super) fn blob(bytes: &[u8]) -> AttributeValue {
     AttributeValue::B(bytes.to_vec().into())

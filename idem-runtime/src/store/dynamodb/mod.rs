@@ -491,43 +491,13 @@ impl IdempotencyStore for DynamoDbStore {
         tenant: &str,
         reference: &Reference,
     ) -> Result<Option<Record>, StoreError> {
-        let now = self.now();
-        // The one partition the reference names, strongly consistent: a
-        // status read right after a claim finds it. Its record and
-        // superseded items (jobs sort before them), the key's current
-        // record first.
-        let mut start = None;
-        loop {
-            let page = self
-                .client
-                .query()
-                .table_name(&*self.table)
-                .consistent_read(true)
-                .key_condition_expression("pk = :pk AND sk >= :r")
-                .filter_expression("tn = :tn AND rf = :rf")
-                .expression_attribute_values(":pk", layout::partition_of(reference))
-                .expression_attribute_values(":r", blob(&[layout::RECORD_TAG]))
-                .expression_attribute_values(":tn", AttributeValue::S(tenant.to_owned()))
-                .expression_attribute_values(":rf", blob(reference.as_bytes()))
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .map_err(|e| self.err(e))?;
-            // Past its life, a record reads as purged, whether or not its
-            // TTL or the purge has deleted it yet.
-            for item in page.items.unwrap_or_default() {
-                if items::is_record(&item) {
-                    let record = items::record(&item, now)?;
-                    if !record.is_expired(now) {
-                        return Ok(Some(record));
-                    }
-                }
-            }
-            start = page.last_evaluated_key;
-            if start.is_none() {
-                return Ok(None);
-            }
-        }
+        let found = self.by_reference(reference, Some(tenant)).await?;
+        Ok(found.into_iter().next())
+    }
+
+    async fn find_by_reference(&self, reference: &Reference) -> Result<Vec<Record>, StoreError> {
+        // Where `lookup` reads, without the tenant: one query, no scan.
+        self.by_reference(reference, None).await
     }
 
     async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
