@@ -1522,3 +1522,109 @@ async fn a_reference_and_its_jobs_are_found_without_a_scan() {
     assert_eq!(counts.values().sum::<usize>(), 2, "{counts:?}");
 }
 
+/// A client for `endpoint` that gives up on a request after `timeout`, and
+/// tries each once (the SDK would otherwise send the claim again).
+fn impatient_client(endpoint: &str, timeout: Duration) -> aws_sdk_dynamodb::Client {
+    use aws_sdk_dynamodb::config::{
+        retry::RetryConfig, timeout::TimeoutConfig, BehaviorVersion, Credentials, Region,
+    };
+    let config = aws_sdk_dynamodb::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .endpoint_url(endpoint)
+        .credentials_provider(Credentials::new("testing", "testing", None, None, "tests"))
+        .http_client(aws_smithy_http_client::Builder::new().build_http())
+        .retry_config(RetryConfig::standard().with_max_attempts(1))
+        .timeout_config(
+            TimeoutConfig::builder()
+                .operation_attempt_timeout(timeout)
+                .build(),
+        )
+        .build();
+    aws_sdk_dynamodb::Client::from_conf(config)
+}
+
+/// The claim of the first call is held by a proxy in front of the emulator
+/// and forwarded 2 s after it was sent, after the store's client gave up on
+/// it at 0.5 s (a request DynamoDB applies after its answer was lost); the
+/// lease is 4 s. The first call is told nothing ran; from the landing on,
+/// every repeat is told the operation is in progress, with a retry-after
+/// that ends within two leases of the first call's send, until the
+/// executor's watch has retracted the orphan and a repeat runs the charge:
+/// once. At the end the table holds that charge's record and no other, and
+/// nothing reads UNKNOWN.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_lands_after_its_caller_gave_up_is_retracted() {
+    let Some(endpoint) = endpoint() else {
+        return;
+    };
+    let lease = Duration::from_secs(4);
+    let proxy = dynamodb_proxy::Proxy::start(&endpoint).await;
+    let table = Table::on(&proxy.url).await;
+    let store = DynamoDbStore::builder(
+        impatient_client(&proxy.url, Duration::from_millis(500)),
+        table.table(),
+    )
+    .build()
+    .unwrap();
+    let executor = Executor::new(Arc::new(store)).with_lease(lease);
+    let (processor, runs) = (Processor::default(), AtomicUsize::new(0));
+
+    // The claim: a PutItem whose condition admits an absent record.
+    proxy.hold_next(
+        |operation, body| operation == "PutItem" && body.contains("attribute_not_exists(pk)"),
+        Duration::from_millis(2_000),
+    );
+    let sent = tokio::time::Instant::now();
+    let first = charge(&executor, &processor, &runs).await;
+    assert_eq!(first.name(), "store_unavailable", "{first:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing ran");
+    let landed = proxy.landed(Duration::from_secs(5)).await;
+    assert_eq!(landed.status, 200, "the held claim was applied: {landed:?}");
+    assert!(sent.elapsed() >= Duration::from_millis(1_900));
+
+    let bound = sent + lease * 2;
+    let mut in_progress = 0;
+    let executed = loop {
+        let answer = charge(&executor, &processor, &runs).await;
+        let now = tokio::time::Instant::now();
+        match answer {
+            Answer::Executed { reference, .. } => break reference,
+            Answer::InProgress { retry_after, .. } => {
+                in_progress += 1;
+                assert!(
+                    now + retry_after <= bound,
+                    "told to come back {retry_after:?} after {:?}, past two leases",
+                    now - sent
+                );
+                tokio::time::sleep(retry_after).await;
+            }
+            other => panic!(
+                "{:?} after the first call was told nothing ran: {other:?}",
+                now - sent
+            ),
+        }
+    };
+    assert!(tokio::time::Instant::now() <= bound);
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "charged once");
+
+    // Once the watch has ended: the charge's record, and no other.
+    tokio::time::sleep_until(sent + lease + Duration::from_millis(500)).await;
+    let records = table
+        .list_records(&idem_runtime::store::RecordFilter {
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let seen: Vec<_> = records
+        .iter()
+        .map(|r| (r.reference, r.state.kind()))
+        .collect();
+    assert_eq!(
+        seen,
+        [(executed, RecordStateKind::Completed)],
+        "{in_progress} repeats were told in progress"
+    );
+    assert_eq!(items(&table).await, 1, "no item of the orphan is left");
+}

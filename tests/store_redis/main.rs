@@ -8,7 +8,8 @@
 //! clients racing and what the cases share; `records` holds what only Redis
 //! has, `faults` the durability option and the servers' faults, `library`
 //! the Functions library's loading, `upgrades` what earlier versions left,
-//! `by_reference` a reference found in any tenant.
+//! `by_reference` a reference found in any tenant, `late_claims` a claim
+//! the server applies after the store gave up on it.
 
 #[path = "../durable/mod.rs"]
 mod durable;
@@ -17,6 +18,7 @@ mod redis_server;
 
 mod by_reference;
 mod faults;
+mod late_claims;
 mod library;
 mod records;
 mod upgrades;
