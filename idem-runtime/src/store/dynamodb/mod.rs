@@ -173,7 +173,11 @@ const ITEM_LIMIT: ItemLimit =
 /// with what to do. A request DynamoDB finds invalid (an item over 400 KB,
 /// also inside a transaction, where it is cancelled with the reason
 /// `ValidationError`) is [`StoreError::Invalid`]: nothing was written, and
-/// the same request again would be refused again. The SDK's own retries,
+/// the same request again would be refused again; the executor judges each
+/// write against the item's size before it sends it
+/// ([`IdempotencyStore::item_limit`]: 400,000 bytes, every attribute's name
+/// and value counted), so a handler never runs only to have its completion
+/// refused for the record's tenant or tool. The SDK's own retries,
 /// timeouts and credentials are the client's, as configured.
 ///
 /// ```no_run
