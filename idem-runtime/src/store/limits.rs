@@ -258,7 +258,7 @@ mod tests {
         let room = 10_000 - 1000 - ItemLimit::NOTE_ROOM;
         assert!(l.claim(&"t".repeat(room - 4), "tool").is_ok());
         let refused = l.claim(&"t".repeat(room - 3), "tool").unwrap_err();
-        assert!(refused.contains("tenant id (4893 bytes)"), "{refused}");
+        assert!(refused.contains("tenant id (4901 bytes)"), "{refused}");
         assert!(refused.contains("at most 4904 of them"), "{refused}");
     }
 
