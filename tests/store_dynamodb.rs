@@ -1545,8 +1545,8 @@ fn impatient_client(endpoint: &str, timeout: Duration) -> aws_sdk_dynamodb::Clie
 }
 
 /// The claim of the first call is held by a proxy in front of the emulator
-/// and forwarded 2 s after it was sent, after the store's client gave up on
-/// it at 0.5 s (a request DynamoDB applies after its answer was lost); the
+/// and forwarded 2.5 s after it was sent, after the store's client gave up
+/// on it at 1 s (a request DynamoDB applies after its answer was lost); the
 /// lease is 4 s. The first call is told nothing ran; from the landing on,
 /// every repeat is told the operation is in progress, with a retry-after
 /// that ends within two leases of the first call's send, until the
@@ -1562,7 +1562,7 @@ async fn a_claim_that_lands_after_its_caller_gave_up_is_retracted() {
     let proxy = dynamodb_proxy::Proxy::start(&endpoint).await;
     let table = Table::on(&proxy.url).await;
     let store = DynamoDbStore::builder(
-        impatient_client(&proxy.url, Duration::from_millis(500)),
+        impatient_client(&proxy.url, Duration::from_secs(1)),
         table.table(),
     )
     .build()
@@ -1573,7 +1573,7 @@ async fn a_claim_that_lands_after_its_caller_gave_up_is_retracted() {
     // The claim: a PutItem whose condition admits an absent record.
     proxy.hold_next(
         |operation, body| operation == "PutItem" && body.contains("attribute_not_exists(pk)"),
-        Duration::from_millis(2_000),
+        Duration::from_millis(2_500),
     );
     let sent = tokio::time::Instant::now();
     let first = charge(&executor, &processor, &runs).await;
@@ -1581,7 +1581,7 @@ async fn a_claim_that_lands_after_its_caller_gave_up_is_retracted() {
     assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing ran");
     let landed = proxy.landed(Duration::from_secs(5)).await;
     assert_eq!(landed.status, 200, "the held claim was applied: {landed:?}");
-    assert!(sent.elapsed() >= Duration::from_millis(1_900));
+    assert!(sent.elapsed() >= Duration::from_millis(2_400));
 
     let bound = sent + lease * 2;
     let mut in_progress = 0;
