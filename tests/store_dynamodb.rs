@@ -10,6 +10,7 @@
 //! latency, and its throttling.
 
 mod dynamodb_emulator;
+mod dynamodb_proxy;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -714,7 +715,7 @@ async fn the_payments_example_runs_on_dynamodb() {
 }
 
 /// A 420,000-byte response, over DynamoDB's 400 KB item: the executor does
-/// not write it (over the store's declared 384 KiB), the caller gets its
+/// not write it (over what the store's item leaves it), the caller gets its
 /// result, the record reads UNKNOWN with a note that says why and a repeat
 /// is told so, never "in progress" then "may have died"; one charge. The
 /// emulator enforces the item limit itself: the same completion written to
@@ -724,7 +725,13 @@ async fn a_response_over_the_item_limit_reads_unknown() {
     let Some(table) = Table::new().await else {
         return;
     };
-    assert_eq!(table.max_response_bytes(), Some(384 * 1024));
+    assert_eq!(table.max_response_bytes(), None);
+    let item = table.item_limit().expect("an item limit");
+    assert_eq!(
+        (item.max_bytes(), item.record_bytes(), item.job_bytes()),
+        (400_000, 522, 1699)
+    );
+    assert_eq!(item.job_key_bytes(), Some(1002));
     let store = Arc::new(table.store.clone());
     let executor = Executor::new(store.clone());
     let caller = Caller::new("acme", "alice");
@@ -766,7 +773,7 @@ async fn a_response_over_the_item_limit_reads_unknown() {
     };
     assert!(
         note.starts_with(
-            "the response could not be stored: 420000 bytes, over the store's limit of 393216 bytes; "
+            "the response could not be stored: 420000 bytes, over the store's limit of 399458 bytes; "
         ),
         "{note}"
     );
@@ -861,6 +868,224 @@ async fn follow_ons_past_the_transaction_size_are_refused_at_declaration() {
         .await
         .unwrap();
     assert_eq!(jobs.len(), 52);
+}
+
+/// How many items the table holds, whatever they are.
+async fn items(table: &Table) -> usize {
+    let mut count = 0;
+    let mut start = None;
+    loop {
+        let page = client(&table.endpoint)
+            .scan()
+            .table_name(table.table())
+            .consistent_read(true)
+            .set_exclusive_start_key(start)
+            .send()
+            .await
+            .unwrap();
+        count += page.items().len();
+        start = page.last_evaluated_key;
+        if start.is_none() {
+            return count;
+        }
+    }
+}
+
+/// One call of `tool` by `caller` whose handler counts its runs in
+/// `charges` and answers `size` bytes of JSON text.
+async fn export(
+    executor: &Executor,
+    caller: &Caller,
+    tool: &str,
+    size: usize,
+    charges: &AtomicUsize,
+) -> Answer<String, ToolError> {
+    executor
+        .run(
+            Operation {
+                caller,
+                tool,
+                args: &serde_json::json!({"month": "2026-04"}),
+                scope: ScopeSpec::Window(Duration::from_secs(900)),
+                status_tool: "get_operation_status",
+            },
+            |_ctx: OperationContext| async move {
+                charges.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, ToolError>("x".repeat(size - 2))
+            },
+        )
+        .await
+}
+
+/// A tenant id of 400,000 bytes: its record would take the whole of
+/// DynamoDB's 400 KB item, with no room for a response or a note (the
+/// emulator would take the claim, run the handler, and refuse its 5,000-byte
+/// response after the effect). The call is refused before the handler runs,
+/// with a reason that says why, and nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_too_long_for_the_item_is_refused_before_the_handler_runs() {
+    let Some(table) = Table::new().await else {
+        return;
+    };
+    let executor = Executor::new(Arc::new(table.store.clone()));
+    let caller = Caller::new("t".repeat(400_000), "alice");
+    let charges = AtomicUsize::new(0);
+    let answer = export(&executor, &caller, "charge_card", 5_000, &charges).await;
+    let Answer::Refused { reason } = &answer else {
+        panic!("refused before the handler, not {}", answer.name());
+    };
+    assert!(
+        reason.contains("tenant id (400000 bytes) and tool name (11 bytes) are too long"),
+        "{reason}"
+    );
+    assert_eq!(charges.load(Ordering::SeqCst), 0, "the handler never ran");
+    assert_eq!(items(&table).await, 0, "nothing was written");
+    // A tenant id of a usual length runs.
+    let answer = export(
+        &executor,
+        &Caller::new("acme", "alice"),
+        "charge_card",
+        5_000,
+        &charges,
+    )
+    .await;
+    assert_eq!(answer.name(), "executed");
+    assert_eq!(charges.load(Ordering::SeqCst), 1);
+}
+
+/// A follow-on job of 450,000 bytes is under the store's 3 MiB per
+/// completion (and the executor's payload limit, raised to 1 MiB), but its
+/// own item cannot exceed DynamoDB's 400 KB: it is refused at its
+/// declaration, while the handler can still act, and the completion, with
+/// the job that fits, is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_too_large_for_its_item_is_refused_at_declaration() {
+    let Some(table) = Table::new().await else {
+        return;
+    };
+    let store = Arc::new(table.store.clone());
+    let executor = Executor::new(store.clone()).with_max_follow_on_payload(1 << 20);
+    let caller = Caller::new("acme", "alice");
+    let charges = AtomicUsize::new(0);
+    let answer: Answer<Vec<String>, ToolError> = executor
+        .run(
+            Operation {
+                caller: &caller,
+                tool: "export_statement",
+                args: &serde_json::json!({"month": "2026-04"}),
+                scope: ScopeSpec::Window(Duration::from_secs(900)),
+                status_tool: "get_operation_status",
+            },
+            |_ctx: OperationContext| async {
+                let mut refused = Vec::new();
+                let statement = "x".repeat(450_000 - 2);
+                if let Err(e) = idem_runtime::follow_on("archive", &statement) {
+                    refused.push(format!("{e:?}|{e}"));
+                }
+                if let Err(e) = idem_runtime::follow_on("notify", &"statement ready") {
+                    refused.push(format!("{e:?}|{e}"));
+                }
+                // It still acts, knowing what was refused.
+                charges.fetch_add(1, Ordering::SeqCst);
+                Ok(refused)
+            },
+        )
+        .await;
+    let Answer::Executed {
+        value: refused,
+        reference,
+        recording,
+    } = answer
+    else {
+        panic!("the handler's own outcome stands: {answer:?}");
+    };
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert!(
+        refused[0].starts_with(r#"ItemTooLarge { name: "archive", size: 450000"#),
+        "{refused:?}"
+    );
+    assert!(
+        refused[0].contains("one job holds on the dynamodb store"),
+        "{refused:?}"
+    );
+    assert_eq!(recording, Recording::Stored);
+    assert_eq!(charges.load(Ordering::SeqCst), 1);
+    let record = table.lookup("acme", &reference).await.unwrap().unwrap();
+    assert_eq!(record.state.kind(), RecordStateKind::Completed);
+    let jobs = store
+        .list_jobs(&idem_runtime::store::JobFilter {
+            reference: Some(reference),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let names: Vec<&str> = jobs.iter().map(|j| j.id.name.as_str()).collect();
+    assert_eq!(names, ["notify"]);
+}
+
+/// A 310,000-byte response fits a record of tenant `acme`, but not one whose
+/// tenant id takes 100,000 bytes (410 KB in all, over DynamoDB's item and
+/// the emulator's): it is judged against its own record, with the record's
+/// real tenant and tool, before the completion is written. The caller gets
+/// its result, the record reads UNKNOWN with a note that gives the room
+/// the record left, and the only write after the claim is that mark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_is_judged_against_its_own_record() {
+    let Some(endpoint) = endpoint() else {
+        return;
+    };
+    let proxy = dynamodb_proxy::Proxy::start(&endpoint).await;
+    let table = Table::on(&proxy.url).await;
+    let executor = Executor::new(Arc::new(table.store.clone()));
+    let charges = AtomicUsize::new(0);
+    let short = Caller::new("acme", "alice");
+    let answer = export(&executor, &short, "export_statement", 310_000, &charges).await;
+    assert!(
+        matches!(
+            answer,
+            Answer::Executed {
+                recording: Recording::Stored,
+                ..
+            }
+        ),
+        "{}",
+        answer.name()
+    );
+    let long = Caller::new("t".repeat(100_000), "alice");
+    proxy.reset_counts();
+    let answer = export(&executor, &long, "export_statement", 310_000, &charges).await;
+    let Answer::Executed {
+        value,
+        reference,
+        recording: Recording::Failed,
+    } = answer
+    else {
+        panic!("the result, not stored: {}", answer.name());
+    };
+    assert_eq!(value.len(), 310_000 - 2);
+    let record = table
+        .lookup(long.tenant(), &reference)
+        .await
+        .unwrap()
+        .expect("the record reads");
+    let idem_runtime::store::RecordState::Unknown { note } = &record.state else {
+        panic!("UNKNOWN: {record:?}");
+    };
+    // 400,000 bytes, less the record's other attributes (522 bytes at
+    // most), its tenant and its tool.
+    let room = 400_000 - 522 - 100_000 - "export_statement".len();
+    assert!(
+        note.starts_with(&format!(
+            "the response could not be stored: 310000 bytes, over the store's limit of {room} \
+             bytes; "
+        )),
+        "{note}"
+    );
+    // The claim, and the mark: no completion was sent.
+    assert_eq!(proxy.count("PutItem"), 1, "{:?}", proxy.counts());
+    assert_eq!(proxy.count("UpdateItem"), 1, "{:?}", proxy.counts());
+    assert_eq!(proxy.count("TransactWriteItems"), 0, "{:?}", proxy.counts());
+    assert_eq!(charges.load(Ordering::SeqCst), 2);
 }
 
 /// A replica whose clock runs ahead of the one that marked a record UNKNOWN
@@ -1246,4 +1471,160 @@ async fn a_walker_behind_the_cursor_finds_nothing_due() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let keys = lapsed_keys(&ahead).await;
     assert_eq!(keys, vec![late.key]);
+}
+
+/// Among 40 records, one is found by its reference (`idem show REF`
+/// without `--tenant`) with one query of its partition, and its jobs with
+/// one more: DynamoDB is never asked for a Scan, which reads (and bills)
+/// the whole table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reference_and_its_jobs_are_found_without_a_scan() {
+    let Some(endpoint) = endpoint() else {
+        return;
+    };
+    let proxy = dynamodb_proxy::Proxy::start(&endpoint).await;
+    let table = Table::on(&proxy.url).await;
+    let reqs: Vec<_> = (0..40)
+        .map(|_| claim_request(Duration::from_secs(900)))
+        .collect();
+    for req in &reqs {
+        table.claim(req).await.unwrap();
+    }
+    let jobs = [FollowOn::new("receipt", &7).unwrap()];
+    table
+        .complete_with_follow_ons(
+            &reqs[7].key,
+            reqs[7].attempt,
+            "\"ok\"",
+            idem_runtime::store::FollowOns::new(&jobs).unwrap(),
+        )
+        .await
+        .unwrap();
+    proxy.reset_counts();
+    let found = table.find_by_reference(&reqs[7].reference).await.unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(
+        (found[0].tenant.as_str(), found[0].attempt),
+        (reqs[7].tenant.as_str(), reqs[7].attempt)
+    );
+    let listed = table
+        .list_jobs(&idem_runtime::store::JobFilter {
+            reference: Some(reqs[7].reference),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let names: Vec<&str> = listed.iter().map(|j| j.id.name.as_str()).collect();
+    assert_eq!(names, ["receipt"]);
+    let counts = proxy.counts();
+    assert_eq!(proxy.count("Scan"), 0, "{counts:?}");
+    assert_eq!(proxy.count("Query"), 2, "{counts:?}");
+    assert_eq!(counts.values().sum::<usize>(), 2, "{counts:?}");
+}
+
+/// A client for `endpoint` that gives up on a request after `timeout`, and
+/// tries each once (the SDK would otherwise send the claim again).
+fn impatient_client(endpoint: &str, timeout: Duration) -> aws_sdk_dynamodb::Client {
+    use aws_sdk_dynamodb::config::{
+        retry::RetryConfig, timeout::TimeoutConfig, BehaviorVersion, Credentials, Region,
+    };
+    let config = aws_sdk_dynamodb::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .endpoint_url(endpoint)
+        .credentials_provider(Credentials::new("testing", "testing", None, None, "tests"))
+        .http_client(aws_smithy_http_client::Builder::new().build_http())
+        .retry_config(RetryConfig::standard().with_max_attempts(1))
+        .timeout_config(
+            TimeoutConfig::builder()
+                .operation_attempt_timeout(timeout)
+                .build(),
+        )
+        .build();
+    aws_sdk_dynamodb::Client::from_conf(config)
+}
+
+/// The claim of the first call is held by a proxy in front of the emulator
+/// and forwarded 2.5 s after it was sent, after the store's client gave up
+/// on it at 1 s (a request DynamoDB applies after its answer was lost); the
+/// lease is 4 s. The first call is told nothing ran; from the landing on,
+/// every repeat is told the operation is in progress, with a retry-after
+/// that ends within two leases of the first call's send, until the
+/// executor's watch has retracted the orphan and a repeat runs the charge:
+/// once. At the end the table holds that charge's record and no other, and
+/// nothing reads UNKNOWN.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_lands_after_its_caller_gave_up_is_retracted() {
+    let Some(endpoint) = endpoint() else {
+        return;
+    };
+    let lease = Duration::from_secs(4);
+    let proxy = dynamodb_proxy::Proxy::start(&endpoint).await;
+    let table = Table::on(&proxy.url).await;
+    let store = DynamoDbStore::builder(
+        impatient_client(&proxy.url, Duration::from_secs(1)),
+        table.table(),
+    )
+    .build()
+    .unwrap();
+    let executor = Executor::new(Arc::new(store)).with_lease(lease);
+    let (processor, runs) = (Processor::default(), AtomicUsize::new(0));
+
+    // The claim: a PutItem whose condition admits an absent record.
+    proxy.hold_next(
+        |operation, body| operation == "PutItem" && body.contains("attribute_not_exists(pk)"),
+        Duration::from_millis(2_500),
+    );
+    let sent = tokio::time::Instant::now();
+    let first = charge(&executor, &processor, &runs).await;
+    assert_eq!(first.name(), "store_unavailable", "{first:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing ran");
+    let landed = proxy.landed(Duration::from_secs(5)).await;
+    assert_eq!(landed.status, 200, "the held claim was applied: {landed:?}");
+    assert!(sent.elapsed() >= Duration::from_millis(2_400));
+
+    let bound = sent + lease * 2;
+    let mut in_progress = 0;
+    let executed = loop {
+        let answer = charge(&executor, &processor, &runs).await;
+        let now = tokio::time::Instant::now();
+        match answer {
+            Answer::Executed { reference, .. } => break reference,
+            Answer::InProgress { retry_after, .. } => {
+                in_progress += 1;
+                assert!(
+                    now + retry_after <= bound,
+                    "told to come back {retry_after:?} after {:?}, past two leases",
+                    now - sent
+                );
+                tokio::time::sleep(retry_after).await;
+            }
+            other => panic!(
+                "{:?} after the first call was told nothing ran: {other:?}",
+                now - sent
+            ),
+        }
+    };
+    assert!(tokio::time::Instant::now() <= bound);
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "charged once");
+
+    // Once the watch has ended: the charge's record, and no other.
+    tokio::time::sleep_until(sent + lease + Duration::from_millis(500)).await;
+    let records = table
+        .list_records(&idem_runtime::store::RecordFilter {
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let seen: Vec<_> = records
+        .iter()
+        .map(|r| (r.reference, r.state.kind()))
+        .collect();
+    assert_eq!(
+        seen,
+        [(executed, RecordStateKind::Completed)],
+        "{in_progress} repeats were told in progress"
+    );
+    assert_eq!(items(&table).await, 1, "no item of the orphan is left");
 }

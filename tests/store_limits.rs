@@ -7,6 +7,13 @@
 //! the sweep calls the process dead; jobs past the total are refused at
 //! their declaration, while the handler can still act.
 //!
+//! A store whose limit is on one item, every field counted
+//! ([`IdempotencyStore::item_limit`], DynamoDB's 400 KB), has each write
+//! judged as the item it makes: a claim whose tenant leaves too little room
+//! is refused before its handler runs, a response is judged beside its
+//! record's tenant and tool, and a job against its own item at its
+//! declaration.
+//!
 //! On MemoryStore and SqliteStore behind a wrapper that declares small
 //! limits; the stores' own limits are checked as declared.
 
@@ -19,23 +26,25 @@ use std::time::{Duration, SystemTime};
 
 use idem_runtime::outbox::{FollowOn, FollowOns};
 use idem_runtime::store::{
-    Attempt, Claim, ClaimRequest, FollowOnStore, Job, JobFilter, JobId, Record, RecordFilter,
-    RecordState, Resolution, StateCounts,
+    Attempt, Claim, ClaimRequest, FollowOnStore, ItemLimit, Job, JobFilter, JobId, Record,
+    RecordFilter, RecordState, Resolution, StateCounts,
 };
 use idem_runtime::{
     async_trait, Answer, Caller, Executor, IdempotencyKey, IdempotencyStore, MemoryStore,
     Operation, Recording, Reference, ScopeSpec, SqliteStore, StoreError, ToolError,
 };
 
-/// `inner`, declaring `response` bytes as its largest response and
-/// `job_bytes` as its most follow-on payload bytes per completion; with
-/// `refuse`, every completion is refused as invalid (as DynamoDB refuses an
-/// item over 400 KB), nothing written.
+/// `inner`, declaring `response` bytes as its largest response,
+/// `job_bytes` as its most follow-on payload bytes per completion and
+/// `item` as its limit on one item; with `refuse`, every completion is
+/// refused as invalid (as DynamoDB refuses an item over 400 KB), nothing
+/// written.
 #[derive(Debug)]
 struct Limited<S> {
     inner: S,
     response: usize,
     job_bytes: usize,
+    item: Option<ItemLimit>,
     refuse: bool,
 }
 
@@ -45,7 +54,19 @@ impl<S> Limited<S> {
             inner,
             response: 1000,
             job_bytes: 1000,
+            item: None,
             refuse: false,
+        }
+    }
+
+    /// `inner` with an item of 10,000 bytes, of which a record's other
+    /// fields take 500 and a job's 500, and no other limit.
+    fn by_item(inner: S) -> Self {
+        Limited {
+            response: usize::MAX,
+            job_bytes: usize::MAX,
+            item: Some(ItemLimit::new(10_000, 500, 500)),
+            ..Limited::new(inner)
         }
     }
 
@@ -164,6 +185,9 @@ impl<S: FollowOnStore> IdempotencyStore for Limited<S> {
     }
     fn max_response_bytes(&self) -> Option<usize> {
         Some(self.response)
+    }
+    fn item_limit(&self) -> Option<ItemLimit> {
+        self.item
     }
 }
 
@@ -569,4 +593,237 @@ async fn stores_declare_their_limits() {
     let shared: Arc<dyn FollowOnStore> = Arc::new(Limited::new(MemoryStore::new()));
     assert_eq!(shared.max_response_bytes(), Some(1000));
     assert_eq!(shared.max_follow_on_bytes_per_completion(), Some(1000));
+}
+
+/// A call of `charge_card` by a caller of `tenant` whose handler counts
+/// its charges and answers `size` bytes of JSON text.
+async fn charge_as(
+    exec: &Executor,
+    tenant: &str,
+    processor: &Processor,
+    size: usize,
+) -> Answer<String, ToolError> {
+    let caller = Caller::new(tenant, "alice");
+    let args = serde_json::json!({"cents": 500, "size": size});
+    let op = Operation {
+        caller: &caller,
+        tool: "charge_card",
+        args: &args,
+        scope: ScopeSpec::Window(Duration::from_secs(900)),
+        status_tool: STATUS_TOOL,
+    };
+    let processor = processor.clone();
+    exec.run(op, move |_| async move {
+        processor.charges.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, ToolError>("x".repeat(size - 2))
+    })
+    .await
+}
+
+/// A tenant id that leaves the record less than 4 KiB of its item for its
+/// notes (6,000 bytes of 10,000, with 500 for the record's other fields):
+/// the call is refused before the handler runs, and nothing is written.
+async fn a_long_tenant_is_refused_before_the_handler(store: Arc<dyn IdempotencyStore>) {
+    let exec = Executor::new(store.clone());
+    let processor = Processor::default();
+    let tenant = "t".repeat(6_000);
+    let answer = charge_as(&exec, &tenant, &processor, 100).await;
+    let Answer::Refused { reason } = &answer else {
+        panic!("refused before the handler, not {}", answer.name());
+    };
+    assert!(
+        reason.contains("tenant id (6000 bytes) and tool name (11 bytes) are too long")
+            && reason.contains("at most 5404 of them"),
+        "{reason}"
+    );
+    assert_eq!(processor.count(), 0, "the handler never ran");
+    let filter = RecordFilter {
+        limit: usize::MAX,
+        ..RecordFilter::default()
+    };
+    assert!(store.list_records(&filter).await.unwrap().is_empty());
+    // 5,393 bytes of tenant id leave the notes their 4 KiB: it runs.
+    let answer = charge_as(&exec, &"t".repeat(5_393), &processor, 100).await;
+    assert_eq!(answer.name(), "executed");
+    assert_eq!(processor.count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_too_long_for_the_item_is_refused_before_the_handler_runs() {
+    let dir = durable::temp_dir("limits-item-tenant");
+    a_long_tenant_is_refused_before_the_handler(Arc::new(Limited::by_item(MemoryStore::new())))
+        .await;
+    a_long_tenant_is_refused_before_the_handler(Arc::new(Limited::by_item(sqlite(&dir).unwrap())))
+        .await;
+}
+
+/// A response of 7,000 bytes fits a record of tenant `acme` (9,485 bytes
+/// left), not one of a 3,000-byte tenant id (6,489 left): the second is
+/// judged against its own record and never written, the caller gets its
+/// result, and the record reads UNKNOWN with the room it had.
+async fn a_response_is_judged_beside_its_tenant(store: Arc<dyn IdempotencyStore>) {
+    let exec = Executor::new(store.clone());
+    let processor = Processor::default();
+    let answer = charge_as(&exec, "acme", &processor, 7_000).await;
+    assert!(
+        matches!(
+            answer,
+            Answer::Executed {
+                recording: Recording::Stored,
+                ..
+            }
+        ),
+        "{}",
+        answer.name()
+    );
+    let tenant = "t".repeat(3_000);
+    let answer = charge_as(&exec, &tenant, &processor, 7_000).await;
+    let Answer::Executed {
+        reference,
+        recording: Recording::Failed,
+        ..
+    } = answer
+    else {
+        panic!("the result, not stored: {}", answer.name());
+    };
+    let read = store.lookup(&tenant, &reference).await.unwrap().unwrap();
+    let RecordState::Unknown { note } = &read.state else {
+        panic!("UNKNOWN: {:?}", read.state.kind());
+    };
+    assert!(
+        note.starts_with(
+            "the response could not be stored: 7000 bytes, over the store's limit of 6489 bytes; "
+        ),
+        "{note}"
+    );
+    assert_eq!(processor.count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_is_judged_against_its_own_record() {
+    let dir = durable::temp_dir("limits-item-response");
+    a_response_is_judged_beside_its_tenant(Arc::new(Limited::by_item(MemoryStore::new()))).await;
+    a_response_is_judged_beside_its_tenant(Arc::new(Limited::by_item(sqlite(&dir).unwrap()))).await;
+}
+
+/// A job whose payload its own item cannot hold (6,000 bytes; the item
+/// leaves 5,393 beside the tenant `acme`, the name `archive`, the job's
+/// other fields and its two error texts of 2,048 bytes) is refused at its
+/// declaration, while the handler can still act; the job that fits is
+/// written with the completion.
+async fn a_large_job_is_refused_at_declaration(store: Arc<dyn IdempotencyStore>) {
+    let exec = Executor::new(store.clone()).with_max_follow_on_payload(1 << 20);
+    let processor = Processor::default();
+    let caller = Caller::new("acme", "alice");
+    let args = serde_json::json!({"cents": 500});
+    let op = Operation {
+        caller: &caller,
+        tool: "charge_card",
+        args: &args,
+        scope: ScopeSpec::Window(Duration::from_secs(900)),
+        status_tool: STATUS_TOOL,
+    };
+    let p = processor.clone();
+    let answer: Answer<Vec<String>, ToolError> = exec
+        .run(op, move |_| async move {
+            let mut refused = Vec::new();
+            for (name, size) in [("archive", 6_000), ("notify", 100)] {
+                if let Err(e) = idem_runtime::follow_on(name, &"x".repeat(size - 2)) {
+                    refused.push(format!("{e:?}|{e}"));
+                }
+            }
+            p.charges.fetch_add(1, Ordering::SeqCst);
+            Ok(refused)
+        })
+        .await;
+    let Answer::Executed {
+        value: refused,
+        reference,
+        recording: Recording::Stored,
+    } = answer
+    else {
+        panic!("executed and stored, not {}", answer.name());
+    };
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert!(
+        refused[0]
+            .starts_with(r#"ItemTooLarge { name: "archive", size: 6000, limit: 5393, store: "#),
+        "{refused:?}"
+    );
+    assert_eq!(processor.count(), 1);
+    let jobs = store
+        .follow_ons()
+        .unwrap()
+        .list_jobs(&JobFilter {
+            reference: Some(reference),
+            ..JobFilter::default()
+        })
+        .await
+        .unwrap();
+    let names: Vec<&str> = jobs.iter().map(|j| j.id.name.as_str()).collect();
+    assert_eq!(names, ["notify"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_too_large_for_its_item_is_refused_at_declaration() {
+    let dir = durable::temp_dir("limits-item-job");
+    a_large_job_is_refused_at_declaration(Arc::new(Limited::by_item(MemoryStore::new()))).await;
+    a_large_job_is_refused_at_declaration(Arc::new(Limited::by_item(sqlite(&dir).unwrap()))).await;
+}
+
+/// A resolution is judged against its record too: its tenant, its tool
+/// and the resolution note it is written with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resolution_is_judged_against_its_own_record() {
+    let store = Limited::by_item(MemoryStore::new());
+    let mut req = idem_runtime::store::conformance::claim_request(Duration::from_secs(900));
+    req.tenant = "t".repeat(3_000);
+    assert!(matches!(
+        store.claim(&req).await.unwrap(),
+        Claim::Claimed { .. }
+    ));
+    store
+        .mark_unknown(&req.key, req.attempt, "the processor timed out")
+        .await
+        .unwrap();
+    let resolve = |size: usize| {
+        let (store, req) = (&store, &req);
+        async move {
+            let outcome = idem_runtime::maintenance::Outcome::Completed {
+                response: format!("\"{}\"", "x".repeat(size - 2)),
+                follow_ons: Vec::new(),
+            };
+            idem_runtime::maintenance::resolve_by_hand(
+                store,
+                &req.tenant,
+                &req.reference,
+                &outcome,
+                "checked the processor",
+            )
+            .await
+        }
+    };
+    // 10,000 - 500 - 3,000 - the tool - the note's 21 bytes.
+    let room = 10_000 - 500 - 3_000 - req.tool.len() - "checked the processor".len();
+    let refused = resolve(room + 1).await.unwrap_err().to_string();
+    assert!(
+        refused.contains(&format!(
+            "{} bytes, over the memory store's limit of {room} bytes",
+            room + 1
+        )),
+        "{refused}"
+    );
+    let read = store
+        .lookup(&req.tenant, &req.reference)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(read.state, RecordState::Unknown { .. }));
+    resolve(room).await.unwrap();
+    let read = store
+        .lookup(&req.tenant, &req.reference)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(read.state, RecordState::Completed { .. }));
 }

@@ -1,8 +1,10 @@
 //! idem makes MCP tool calls safe to repeat.
 //!
 //! An MCP host that sees `idempotentHint: true` retries a tool after a
-//! timeout; so do transports, models and clients. [`macro@idempotent`] makes
-//! that hint true: the wrapped handler runs its side effect at most once per
+//! timeout; so do transports, models and clients.
+#![cfg_attr(feature = "rmcp", doc = "[`macro@idempotent`]")]
+#![cfg_attr(not(feature = "rmcp"), doc = "`#[idempotent]` (feature `rmcp`)")]
+//! makes that hint true: the wrapped handler runs its side effect at most once per
 //! operation (*this caller, this tool, these arguments, within this scope*),
 //! and every repeat is answered from a record.
 //!
@@ -75,10 +77,20 @@
 //!
 //! The root holds what an application needs to write and serve a tool.
 //!
-//! - [`macro@idempotent`] wraps an rmcp tool in the [`Executor`] and gives it
-//!   `idempotentHint: true`; [`macro@tool_router`] on the impl refuses a hint
-//!   no wrapper backs and adds the status tool ([`status_tool`]);
-//!   [`audit_hints`] checks the served router at start-up.
+#![cfg_attr(
+    feature = "rmcp",
+    doc = "- [`macro@idempotent`] wraps an rmcp tool in the [`Executor`] and gives it
+  `idempotentHint: true`; [`macro@tool_router`] on the impl refuses a hint
+  no wrapper backs and adds the status tool ([`status_tool`]);
+  [`audit_hints`] checks the served router at start-up."
+)]
+#![cfg_attr(
+    not(feature = "rmcp"),
+    doc = "- `#[idempotent]` (feature `rmcp`, default) wraps an rmcp tool in the
+  [`Executor`] and gives it `idempotentHint: true`; `#[tool_router]` on the
+  impl refuses a hint no wrapper backs and adds the status tool;
+  `audit_hints` checks the served router at start-up."
+)]
 //! - The [`Executor`] derives the operation's [`IdempotencyKey`] (canonical
 //!   JSON, [`canonical`]), claims a record in an [`IdempotencyStore`]
 //!   before the side effect, records the outcome after it, and answers every

@@ -1,7 +1,7 @@
 //! The operator's command line (`idem_runtime::cli`, the `idem` binary)
 //! against stores a test fills: SQLite always, PostgreSQL when
 //! `IDEM_TEST_DATABASE_URL` is set (see `durable::database_url`), DynamoDB
-//! on its emulator.
+//! on its emulator, Redis on a server of the test's own.
 //!
 //! One test binary, a module per part of the command line as
 //! `idem-runtime/src/cli/` has it; `operator` holds what the cases share.
@@ -10,6 +10,10 @@
 mod durable;
 #[path = "../dynamodb_emulator/mod.rs"]
 mod dynamodb_emulator;
+#[path = "../dynamodb_proxy/mod.rs"]
+mod dynamodb_proxy;
+#[path = "../redis_server/mod.rs"]
+mod redis_server;
 
 mod binary;
 mod configuration;
@@ -20,3 +24,4 @@ mod operator;
 mod postgres;
 mod records;
 mod resolve;
+mod show_anywhere;

@@ -292,6 +292,9 @@ impl IdempotencyStore for Recorder {
     fn max_response_bytes(&self) -> Option<usize> {
         self.inner.max_response_bytes()
     }
+    fn item_limit(&self) -> Option<idem_runtime::store::ItemLimit> {
+        self.inner.item_limit()
+    }
 }
 
 #[deny(clippy::missing_trait_methods)]

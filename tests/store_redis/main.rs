@@ -7,14 +7,18 @@
 //! One test binary: here the conformance suite, configuration, separate
 //! clients racing and what the cases share; `records` holds what only Redis
 //! has, `faults` the durability option and the servers' faults, `library`
-//! the Functions library's loading, `upgrades` what earlier versions left.
+//! the Functions library's loading, `upgrades` what earlier versions left,
+//! `by_reference` a reference found in any tenant, `late_claims` a claim
+//! the server applies after the store gave up on it.
 
 #[path = "../durable/mod.rs"]
 mod durable;
 #[path = "../redis_server/mod.rs"]
 mod redis_server;
 
+mod by_reference;
 mod faults;
+mod late_claims;
 mod library;
 mod records;
 mod upgrades;

@@ -14,7 +14,7 @@ use crate::answer::{note, Answer, Classify, Disposition, Recording, Resolver, St
 use crate::key::{is_empty_business_key, Caller, IdempotencyKey, Reference, Scope};
 use crate::outbox::{Declared, DECLARED};
 use crate::store::{
-    complete_with_follow_ons, Attempt, ClaimRequest, IdempotencyStore, StoreError,
+    complete_with_follow_ons, Attempt, ClaimRequest, IdempotencyStore, Limits, StoreError,
     DEFAULT_MAX_PAYLOAD,
 };
 use crate::telemetry::{self, Step};
@@ -104,8 +104,8 @@ pub struct Executor {
     max_follow_ons: Option<(usize, &'static str)>,
     /// The store's limit of job payload bytes per completion, and its kind.
     max_follow_on_bytes: Option<(usize, &'static str)>,
-    /// The store's limit of a response's bytes.
-    max_response: Option<usize>,
+    /// The store's limits on a response and on one item.
+    limits: Limits,
     /// The claims this executor's handlers are running under, shared by its
     /// clones: a repeat of one is answered in progress without the store.
     running: Arc<RunningClaims>,
@@ -157,7 +157,7 @@ impl Executor {
             .follow_ons()
             .and_then(|jobs| jobs.max_follow_on_bytes_per_completion())
             .map(|limit| (limit, store.backend()));
-        let max_response = store.max_response_bytes();
+        let limits = Limits::of(&*store);
         let steps = Arc::new(telemetry::StoreSteps::new(store.backend()));
         Executor {
             store,
@@ -168,7 +168,7 @@ impl Executor {
             follow_ons_unsupported_by,
             max_follow_ons,
             max_follow_on_bytes,
-            max_response,
+            limits,
             running: Arc::default(),
             durations: Arc::default(),
             steps,
@@ -512,7 +512,9 @@ impl Executor {
 
     /// What a claim of `op` asks the store for: the key derived from the
     /// scope, the lease, the window and the retention. `Err` is why the call
-    /// is refused (a business key missing or empty, a key not derivable).
+    /// is refused (a business key missing or empty, a key not derivable, a
+    /// tenant and tool too long for the store's record), before anything is
+    /// written.
     ///
     /// `keyed` is a business key's `(field, value)` pairs when the caller
     /// took them from the typed arguments (the rmcp glue does); `None` reads
@@ -550,6 +552,9 @@ impl Executor {
         };
         let key =
             IdempotencyKey::derive(op.caller, op.tool, args, &scope).map_err(|e| e.to_string())?;
+        // Judged now, before the handler's side effect: the store would
+        // refuse the completion after it.
+        self.limits.claim(op.caller.tenant(), op.tool)?;
         Ok(ClaimRequest {
             key,
             reference: Reference::new_operation(&key),
@@ -594,6 +599,7 @@ impl Executor {
             self.max_follow_on_payload,
             self.max_follow_ons,
             self.max_follow_on_bytes,
+            (self.limits, claim.tenant.len()),
             self.follow_ons_unsupported_by,
         );
         let mut handler = std::pin::pin!(DECLARED.scope(RefCell::new(declared), handler));
@@ -619,13 +625,17 @@ impl Executor {
                 };
                 let text = serde_json::to_string(&value)
                     .map_err(note::unstorable)
-                    .and_then(|text| match self.max_response {
-                        // Never written: the store would refuse it after
-                        // the side effect, or keep it only in part.
-                        Some(limit) if text.len() > limit => {
-                            Err(note::too_large(text.len(), limit))
+                    .and_then(|text| {
+                        // Judged against the record it goes into: its
+                        // tenant and tool count in the store's item.
+                        match self.limits.response(&claim.tenant, &claim.tool, None) {
+                            // Never written: the store would refuse it after
+                            // the side effect, or keep it only in part.
+                            Some(limit) if text.len() > limit => {
+                                Err(note::too_large(text.len(), limit))
+                            }
+                            _ => Ok(text),
                         }
-                        _ => Ok(text),
                     });
                 // The window counted from the claim's send: a store may count
                 // it from the claim, and a repeat after it is a new operation.

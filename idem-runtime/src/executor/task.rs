@@ -193,9 +193,15 @@ pub(super) async fn record_rejection(
 }
 
 /// A cancellation request for a handler running as a task, as the handler
-/// sees it ([`crate::current_cancellation`]). Cooperative: the handler
-/// decides whether and when to stop, and how its call ended (a rejection if
-/// nothing happened, an unknown outcome if something may have).
+/// sees it
+#[cfg_attr(feature = "rmcp", doc = "([`crate::current_cancellation`]).")]
+#[cfg_attr(
+    not(feature = "rmcp"),
+    doc = "(`current_cancellation`, feature `rmcp`)."
+)]
+/// Cooperative: the handler decides whether and when to stop, and how its
+/// call ended (a rejection if nothing happened, an unknown outcome if
+/// something may have).
 #[derive(Clone, Debug, Default)]
 pub struct TaskCancellation {
     inner: Arc<CancelInner>,

@@ -352,9 +352,7 @@ pub async fn reconcile_with(
                 response,
                 follow_ons,
             })) => {
-                match resolve_with_follow_ons(store, key, attempt, &response, None, &follow_ons)
-                    .await
-                {
+                match resolve_with_follow_ons(store, &record, &response, None, &follow_ons).await {
                     Ok(()) => {
                         if !follow_ons.is_empty() {
                             crate::telemetry::follow_ons_enqueued(follow_ons.len());
@@ -577,15 +575,7 @@ pub async fn resolve_by_hand(
     if matches!(record.state, RecordState::Unknown { .. }) {
         let resolved = match resolution {
             Resolution::Completed { response } => {
-                resolve_with_follow_ons(
-                    store,
-                    &record.key,
-                    record.attempt,
-                    response,
-                    Some(note),
-                    follow_ons,
-                )
-                .await
+                resolve_with_follow_ons(store, &record, response, Some(note), follow_ons).await
             }
             not_performed => {
                 store

@@ -5,7 +5,7 @@ use std::cell::RefCell;
 
 use serde::Serialize;
 
-use crate::store::{FollowOn, FollowOnError};
+use crate::store::{FollowOn, FollowOnError, JobTooLarge, Limits};
 
 /// The follow-on jobs one handler declared so far, and what a declaration
 /// is checked against.
@@ -19,6 +19,9 @@ pub(crate) struct Declared {
     /// The most payload bytes the jobs of one completion may carry, and the
     /// store's kind to say so: `None` where the store sets no limit.
     max_bytes: Option<(usize, &'static str)>,
+    /// The store's limits on one item, and the bytes of the operation's
+    /// tenant: each job's own item is judged at its declaration.
+    item: (Limits, usize),
     /// The payload bytes declared so far.
     bytes: usize,
     /// `None` when the store keeps follow-on jobs; else its kind, to say so.
@@ -31,6 +34,7 @@ impl Declared {
         max_payload: usize,
         max_jobs: Option<(usize, &'static str)>,
         max_bytes: Option<(usize, &'static str)>,
+        item: (Limits, usize),
         unsupported_by: Option<&'static str>,
     ) -> Self {
         Declared {
@@ -38,6 +42,7 @@ impl Declared {
             max_payload,
             max_jobs,
             max_bytes,
+            item,
             bytes: 0,
             unsupported_by,
         }
@@ -76,6 +81,30 @@ impl Declared {
             }
         }
         let job = FollowOn::with_limit(name, payload, self.max_payload)?;
+        let (limits, tenant) = self.item;
+        match limits.job(tenant, name.len(), job.payload().len()) {
+            Ok(()) => {}
+            Err(JobTooLarge::Payload { limit, store }) => {
+                return Err(FollowOnError::ItemTooLarge {
+                    name: name.to_owned(),
+                    size: job.payload().len(),
+                    limit,
+                    store,
+                })
+            }
+            Err(JobTooLarge::Key {
+                bytes,
+                limit,
+                store,
+            }) => {
+                return Err(FollowOnError::NameTooLong {
+                    name: name.to_owned(),
+                    bytes,
+                    limit,
+                    store,
+                })
+            }
+        }
         let total = self.bytes + job.payload().len();
         if let Some((limit, store)) = self.max_bytes {
             if total > limit {
@@ -134,7 +163,10 @@ tokio::task_local! {
 /// ([`FollowOnError::BadName`]), more jobs than the store writes with one
 /// completion ([`FollowOnError::TooMany`]: 99 on DynamoDB), more payload
 /// bytes in all than the store writes with one completion
-/// ([`FollowOnError::TooMuch`]: 3 MiB on DynamoDB), a store that
+/// ([`FollowOnError::TooMuch`]: 3 MiB on DynamoDB), a job whose own item
+/// the store cannot hold ([`FollowOnError::ItemTooLarge`] and
+/// [`FollowOnError::NameTooLong`]: on DynamoDB, 400 KB with its tenant,
+/// name and other fields), a store that
 /// keeps no follow-on jobs, or a
 /// call outside a wrapped handler (or from a task it spawned: the list is
 /// task-local).

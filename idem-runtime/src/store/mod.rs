@@ -10,6 +10,7 @@ use crate::key::{IdempotencyKey, Reference};
 
 mod attempt;
 mod fence;
+mod limits;
 mod memory;
 mod model;
 mod open;
@@ -39,6 +40,8 @@ pub use dynamodb::{
 pub(crate) use fence::fence;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) use fence::refusal;
+pub use limits::ItemLimit;
+pub(crate) use limits::{JobTooLarge, Limits};
 pub use memory::MemoryStore;
 pub use model::{
     Claim, ClaimRequest, Deadlines, Reading, Record, RecordFilter, RecordState, RecordStateKind,
@@ -320,9 +323,10 @@ pub trait IdempotencyStore: Send + Sync + std::fmt::Debug {
     }
 
     /// The largest response, in bytes of its JSON text, that a completion
-    /// (or a resolution as COMPLETED) stores, when the store has a limit:
-    /// `None` (the default) for none. The store's own limit on one record,
-    /// less a margin for the record's other fields (key, tenant, tool, note).
+    /// (or a resolution as COMPLETED) stores, when the store has a limit on
+    /// the response itself: `None` (the default) for none. A store whose
+    /// limit is on the whole record, all its fields counted, says so with
+    /// [`item_limit`](IdempotencyStore::item_limit) instead (or as well).
     ///
     /// The executor checks a handler's response against it before the
     /// completion write: one that cannot be stored is never written (the
@@ -330,6 +334,20 @@ pub trait IdempotencyStore: Send + Sync + std::fmt::Debug {
     /// still gets its result, and the record is marked UNKNOWN with a note
     /// that says why, rather than left IN_PROGRESS for the sweep.
     fn max_response_bytes(&self) -> Option<usize> {
+        None
+    }
+
+    /// The store's limit on one item, when it keeps each record and each
+    /// follow-on job as one item of bounded size with every field counted
+    /// (DynamoDB's 400 KB): `None` (the default) for none.
+    ///
+    /// The executor judges each write against it before it is made
+    /// ([`ItemLimit`] has the rule): a claim whose tenant and tool leave
+    /// too little room is refused before its handler runs, with nothing
+    /// written; a response is judged against what its record's other
+    /// fields leave, before the completion; a follow-on job against its
+    /// own item, at its declaration, while the handler can still act.
+    fn item_limit(&self) -> Option<ItemLimit> {
         None
     }
 }
@@ -476,23 +494,50 @@ pub trait FollowOnStore: IdempotencyStore {
     }
 }
 
+/// The record a completion or resolution writes to, as far as its size
+/// goes ([`IdempotencyStore::item_limit`]): its tenant and tool, and the
+/// resolution note it gets.
+#[derive(Clone, Copy, Debug)]
+struct Texts<'a> {
+    tenant: &'a str,
+    tool: &'a str,
+    resolution: Option<&'a str>,
+}
+
 /// Whether the store can hold `response` and `jobs` in one completion, by
 /// its declared limits ([`IdempotencyStore::max_response_bytes`],
 /// [`FollowOnStore::max_follow_ons_per_completion`],
-/// [`FollowOnStore::max_follow_on_bytes_per_completion`]): `Invalid`, and
-/// nothing asked of the store, when it cannot.
+/// [`FollowOnStore::max_follow_on_bytes_per_completion`], and with
+/// `texts`, the record's and each job's item by
+/// [`IdempotencyStore::item_limit`]): `Invalid`, and nothing asked of the
+/// store, when it cannot.
 fn check_limits(
     store: &dyn IdempotencyStore,
+    texts: Option<Texts<'_>>,
     response: &str,
     jobs: &[FollowOn],
 ) -> Result<(), StoreError> {
-    if let Some(limit) = store.max_response_bytes() {
+    let limits = Limits::of(store);
+    let limit = match texts {
+        Some(t) => limits.response(t.tenant, t.tool, t.resolution),
+        None => store.max_response_bytes(),
+    };
+    if let Some(limit) = limit {
         if response.len() > limit {
             return Err(StoreError::Invalid(format!(
-                "the response is {} bytes, over the {} store's limit of {limit} bytes",
+                "the response is {} bytes, over the {} store's limit of {limit} bytes for this \
+                 record",
                 response.len(),
                 store.backend()
             )));
+        }
+    }
+    if let Some(t) = texts {
+        for job in jobs {
+            let payload = job.payload().len();
+            limits
+                .job(t.tenant.len(), job.name().len(), payload)
+                .map_err(|e| e.refusal(job.name(), payload))?;
         }
     }
     if let (false, Some(follow_ons)) = (jobs.is_empty(), store.follow_ons()) {
@@ -522,7 +567,10 @@ fn check_limits(
 /// [`IdempotencyStore::complete`], with the follow-on `jobs` in the same
 /// step when there are any: on a store that keeps none, a completion with
 /// jobs answers `Unsupported` and writes nothing; one past the store's
-/// declared limits answers `Invalid` and writes nothing.
+/// declared limits answers `Invalid` and writes nothing. The record's and
+/// the jobs' items ([`IdempotencyStore::item_limit`]) are the caller's to
+/// judge, before the side effect where it can: the executor does, with the
+/// claim's tenant and tool, at each declaration and before the completion.
 pub(crate) async fn complete_with_follow_ons(
     store: &dyn IdempotencyStore,
     key: &IdempotencyKey,
@@ -530,7 +578,7 @@ pub(crate) async fn complete_with_follow_ons(
     response: &str,
     jobs: &[FollowOn],
 ) -> Result<(), StoreError> {
-    check_limits(store, response, jobs)?;
+    check_limits(store, None, response, jobs)?;
     match (jobs.is_empty(), store.follow_ons()) {
         (true, _) => store.complete(key, attempt, response).await,
         (false, Some(store)) => {
@@ -543,17 +591,24 @@ pub(crate) async fn complete_with_follow_ons(
     }
 }
 
-/// [`IdempotencyStore::resolve`] to COMPLETED, with the follow-on `jobs` in
-/// the same step when there are any, as [`complete_with_follow_ons`] writes them.
+/// [`IdempotencyStore::resolve`] of `record` to COMPLETED, with the
+/// follow-on `jobs` in the same step when there are any, as
+/// [`complete_with_follow_ons`] writes them; the record (with its
+/// resolution `note`) and each job judged against the store's item too.
 pub(crate) async fn resolve_with_follow_ons(
     store: &dyn IdempotencyStore,
-    key: &IdempotencyKey,
-    attempt: Attempt,
+    record: &Record,
     response: &str,
     note: Option<&str>,
     jobs: &[FollowOn],
 ) -> Result<(), StoreError> {
-    check_limits(store, response, jobs)?;
+    let texts = Texts {
+        tenant: &record.tenant,
+        tool: &record.tool,
+        resolution: note,
+    };
+    check_limits(store, Some(texts), response, jobs)?;
+    let (key, attempt) = (&record.key, record.attempt);
     match (jobs.is_empty(), store.follow_ons()) {
         (true, _) => {
             let completed = Resolution::Completed { response };
@@ -672,6 +727,9 @@ impl<S: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<S> {
     }
     fn max_response_bytes(&self) -> Option<usize> {
         (**self).max_response_bytes()
+    }
+    fn item_limit(&self) -> Option<ItemLimit> {
+        (**self).item_limit()
     }
 }
 

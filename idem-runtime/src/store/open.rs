@@ -12,31 +12,44 @@ use super::{IdempotencyStore, MemoryStore, StoreError};
 /// - `postgres://…` or `postgresql://…`: a PostgreSQL database, connected
 ///   and checked to answer; not migrated (feature `postgres`). The tables
 ///   are in the schema `public` unless the URL names another with the
-///   parameter `schema` (`postgres://app@db/app?schema=idem`, what
-///   [`PostgresStoreBuilder::schema`](crate::PostgresStoreBuilder::schema)
-///   sets); the parameter is taken out before the rest is parsed as a
-///   PostgreSQL connection string. So are `relaxed_completions=false`
-///   (or `true`, the default), what
-///   [`PostgresStoreBuilder::relaxed_completions`](crate::PostgresStoreBuilder::relaxed_completions)
-///   sets, `direct=true` (or `false`, the default), what
-///   [`PostgresStoreBuilder::direct_connection`](crate::PostgresStoreBuilder::direct_connection)
-///   sets (leave it out behind a transaction pooler such as PgBouncer),
-///   and `migrate=true`, which applies the shipped migrations before the
-///   store is returned ([`PostgresStore::migrate`](crate::PostgresStore::migrate));
+///   parameter `schema` (`postgres://app@db/app?schema=idem`, what the
+///   builder's `schema` sets); the parameter is taken out before the rest
+///   is parsed as a PostgreSQL connection string. So are
+///   `relaxed_completions=false` (or `true`, the default), what the
+///   builder's `relaxed_completions` sets, `direct=true` (or `false`, the
+///   default), what its `direct_connection` sets (leave it out behind a
+///   transaction pooler such as PgBouncer), and `migrate=true`, which
+///   applies the shipped migrations before the store is returned
+///   (`PostgresStore::migrate`);
 /// - `redis://…`, `rediss://…` or `redis+unix://…`: one Redis or Valkey
 ///   server, keys under the prefix `idem` (feature `redis`);
 /// - `dynamodb://TABLE?region=REGION&endpoint=URL`: a DynamoDB table,
 ///   checked to exist (feature `dynamodb`); with `create=true`, created
-///   first if absent, as
-///   [`DynamoDbStore::create_table`](crate::DynamoDbStore::create_table)
-///   does (the indexes and the TTL; an existing table is left as it is).
-///   The region may
+///   first if absent, as `DynamoDbStore::create_table` does (the indexes
+///   and the TTL; an existing table is left as it is). The region may
 ///   come from `AWS_REGION` instead, the endpoint is AWS's for the region
 ///   unless given (an emulator's: `endpoint=http://127.0.0.1:4567`), and
 ///   the credentials come from `AWS_ACCESS_KEY_ID`,
 ///   `AWS_SECRET_ACCESS_KEY` and `AWS_SESSION_TOKEN` (no profiles or
 ///   instance roles: build a client with aws-config and use
-///   [`DynamoDbStore::builder`](crate::DynamoDbStore::builder) for those).
+///   `DynamoDbStore::builder` for those).
+#[cfg_attr(
+    feature = "postgres",
+    doc = "
+The PostgreSQL parameters are the builder's
+[`schema`](crate::PostgresStoreBuilder::schema),
+[`relaxed_completions`](crate::PostgresStoreBuilder::relaxed_completions) and
+[`direct_connection`](crate::PostgresStoreBuilder::direct_connection), and
+`migrate=true` runs [`PostgresStore::migrate`](crate::PostgresStore::migrate)."
+)]
+#[cfg_attr(
+    feature = "dynamodb",
+    doc = "
+A DynamoDB table is created as
+[`DynamoDbStore::create_table`](crate::DynamoDbStore::create_table) creates it,
+and a client of your own goes to
+[`DynamoDbStore::builder`](crate::DynamoDbStore::builder)."
+)]
 ///
 /// Errors: `Config` for a URL of none of these forms, or of a backend this
 /// build lacks (the message names the feature); `Unavailable` when the store

@@ -238,6 +238,43 @@ pub enum FollowOnError {
         /// The store's kind.
         store: &'static str,
     },
+    /// The job's own item would be over the store's limit on one item
+    /// ([`IdempotencyStore::item_limit`](super::IdempotencyStore::item_limit)):
+    /// its payload is over what the item leaves beside the job's tenant,
+    /// name and other fields.
+    #[error(
+        "the payload of follow-on job `{name}` is {size} bytes, over the {limit} bytes one job \
+         holds on the {store} store (its item, less the job's tenant, name and other fields); \
+         keep an identifier in the payload and look the rest up when the job runs"
+    )]
+    ItemTooLarge {
+        /// The job's name.
+        name: String,
+        /// The payload's size as JSON text.
+        size: usize,
+        /// The most payload bytes the job's item holds.
+        limit: usize,
+        /// The store's kind.
+        store: &'static str,
+    },
+    /// The job's name and its operation's tenant are over what the store
+    /// keys a job by
+    /// ([`ItemLimit::job_key_bytes`](super::ItemLimit::job_key_bytes)).
+    #[error(
+        "follow-on job `{name}` cannot be kept: its name and its operation's tenant id take \
+         {bytes} bytes, over the {limit} bytes the {store} store keys a job by; use a shorter \
+         job name"
+    )]
+    NameTooLong {
+        /// The job's name.
+        name: String,
+        /// The bytes of the name and the tenant id together.
+        bytes: usize,
+        /// The store's limit.
+        limit: usize,
+        /// The store's kind.
+        store: &'static str,
+    },
     /// The executor's store cannot keep follow-on jobs.
     #[error(
         "follow-on job `{name}` cannot be kept: the {store} store does not support follow-on \

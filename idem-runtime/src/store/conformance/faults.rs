@@ -347,6 +347,9 @@ impl<S: IdempotencyStore + 'static> IdempotencyStore for FaultyStore<S> {
     fn max_response_bytes(&self) -> Option<usize> {
         self.inner.max_response_bytes()
     }
+    fn item_limit(&self) -> Option<crate::store::ItemLimit> {
+        self.inner.item_limit()
+    }
 }
 
 impl<S: IdempotencyStore + 'static> FaultyStore<S> {

@@ -215,8 +215,15 @@ impl FollowOnStore for DynamoDbStore {
     }
 
     async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
+        // An operation's jobs sit in its record's partition, under sort
+        // keys that start with its reference: one query (`idem show`);
+        // any other filter reads every job.
+        let listed = match &filter.reference {
+            Some(reference) => self.jobs_of(reference).await?,
+            None => self.scan(&[layout::JOB_TAG], None).await?,
+        };
         let mut found = Vec::new();
-        for item in self.scan(&[layout::JOB_TAG], None).await? {
+        for item in listed {
             let job = items::job(&item)?;
             if filter.matches(&job) {
                 found.push(job);

@@ -205,6 +205,128 @@ pub(super) mod attr {
     pub(crate) const DUE_SHARD: &str = "dq";
 }
 
+/// DynamoDB's limit on one item, as the store counts it: every
+/// attribute's name and value ([`crate::store::ItemLimit`]).
+///
+/// DynamoDB documents 400 KB, and refuses past 409,600 bytes; the emulator
+/// the tests run on refuses past 405,000. Taken as 400,000 bytes, so that
+/// an item judged to fit is never refused by either.
+pub(super) const MAX_ITEM: usize = 400_000;
+
+/// The most bytes a number takes in an item: DynamoDB counts about one
+/// byte per two significant digits and one more, at most 21 bytes for its
+/// 38 digits; the emulator counts its decimal digits, at most 20 for a
+/// `u64`.
+const NUMBER: usize = 21;
+
+/// The bytes a binary value of `n` bytes takes in an item, at most:
+/// DynamoDB counts the bytes; the emulator counts them as base64, a third
+/// more.
+const fn binary(n: usize) -> usize {
+    n.div_ceil(3) * 4
+}
+
+/// The bytes of these attributes' names.
+const fn names(names: &[&str]) -> usize {
+    let mut total = 0;
+    let mut i = 0;
+    while i < names.len() {
+        total += names[i].len();
+        i += 1;
+    }
+    total
+}
+
+/// The number attributes a record's item holds at some point of its life.
+const RECORD_NUMBERS: [&str; 16] = [
+    attr::ATTEMPT,
+    attr::STATE,
+    attr::CLAIMED,
+    attr::UPDATED,
+    attr::LEASE,
+    attr::EXPIRES,
+    attr::RETAIN,
+    attr::NEXT_CHECK,
+    attr::CHECKS,
+    attr::TTL_AT,
+    attr::LEASE_SHARD,
+    attr::LAPSED_SHARD,
+    attr::UNKNOWN_SHARD,
+    attr::EXPIRY_SHARD,
+    attr::EXPIRY,
+    attr::TTL,
+];
+
+/// The most bytes a record's item (current or superseded) takes besides
+/// its texts (tenant, tool, response, note, resolution): its keys (a
+/// superseded operation's sort key carries its reference, 16 bytes), its
+/// fingerprint and reference, its numbers, and every attribute's name.
+pub(super) const RECORD_BYTES: usize = names(&[
+    attr::PK,
+    attr::SK,
+    attr::FINGERPRINT,
+    attr::REFERENCE,
+    attr::TENANT,
+    attr::TOOL,
+    attr::RESPONSE,
+    attr::NOTE,
+    attr::RESOLUTION,
+]) + names(&RECORD_NUMBERS)
+    + binary(8)
+    + binary(25 + 16)
+    + binary(32)
+    + binary(16)
+    + RECORD_NUMBERS.len() * NUMBER;
+
+/// The number attributes a job's item holds at some point of its life.
+const JOB_NUMBERS: [&str; 12] = [
+    attr::RUNS,
+    attr::NEXT_RUN,
+    attr::CREATED,
+    attr::UPDATED,
+    attr::DUE_SHARD,
+    attr::JOB_ATTEMPT,
+    attr::DELIVERED,
+    attr::KEPT,
+    attr::EXPIRY_SHARD,
+    attr::EXPIRY,
+    attr::TTL,
+    attr::EARLIER_RUNS,
+];
+
+/// DynamoDB's limit on a sort key: 1024 bytes.
+const MAX_SORT_KEY: usize = 1024;
+
+/// A job's sort key besides its tenant and name ([`job_key`]): its tag,
+/// the reference's length and 16 bytes, the tenant's length (4 bytes).
+const JOB_KEY_FIXED: usize = 1 + 1 + 16 + 4;
+
+/// The most bytes of a job's tenant and name together: what its sort key
+/// leaves them.
+pub(super) const JOB_KEY_TEXTS: usize = MAX_SORT_KEY - JOB_KEY_FIXED;
+
+/// The most bytes a job's item takes besides its texts (tenant, name,
+/// payload, the two errors): its keys (a sort key of at most
+/// [`MAX_SORT_KEY`] bytes, which holds the tenant and the name again), its
+/// reference, its numbers, the dead-letter flag, and every attribute's
+/// name.
+pub(super) const JOB_BYTES: usize = names(&[
+    attr::PK,
+    attr::SK,
+    attr::TENANT,
+    attr::REFERENCE,
+    attr::NAME,
+    attr::PAYLOAD,
+    attr::ERROR,
+    attr::ERROR_BEFORE_REDRIVE,
+    attr::DEAD,
+]) + names(&JOB_NUMBERS)
+    + binary(8)
+    + binary(MAX_SORT_KEY)
+    + binary(16)
+    + 1
+    + JOB_NUMBERS.len() * NUMBER;
+
 /// The indexes' names (`lapsed`: tables written before `leases` only).
 pub(super) const LEASES_INDEX: &str = "leases";
 pub(super) const LAPSED_INDEX: &str = "lapsed";
@@ -283,6 +405,17 @@ pub(super) fn job_key(id: &JobId) -> Item {
         (attr::PK.to_owned(), partition_of(&id.reference)),
         (attr::SK.to_owned(), AttributeValue::B(sk.into())),
     ])
+}
+
+/// The start of the sort key of every job of the operation `reference`
+/// ([`job_key`]): the job tag, the reference's length and bytes.
+pub(super) fn jobs_prefix(reference: &Reference) -> Vec<u8> {
+    let bytes = reference.as_bytes();
+    let mut prefix = Vec::with_capacity(2 + bytes.len());
+    prefix.push(JOB_TAG);
+    prefix.push(bytes.len() as u8);
+    prefix.extend_from_slice(bytes);
+    prefix
 }
 
 /// A binary attribute.

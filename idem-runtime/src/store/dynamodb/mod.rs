@@ -21,8 +21,8 @@ use crate::future::join_all;
 use crate::key::{IdempotencyKey, Reference};
 use crate::store::{
     self as store, due_order, lease_names, listing_order, sort_leased, Attempt, Claim,
-    ClaimRequest, FollowOn, FollowOnStore, FollowOns, IdempotencyStore, Job, JobFilter, JobId,
-    Record, RecordFilter, RecordStateKind, Resolution, StateCounts, StoreError,
+    ClaimRequest, FollowOn, FollowOnStore, FollowOns, IdempotencyStore, ItemLimit, Job, JobFilter,
+    JobId, Record, RecordFilter, RecordStateKind, Resolution, StateCounts, StoreError,
 };
 
 mod builder;
@@ -54,6 +54,11 @@ const TRANSACTION_ITEMS: usize = 100;
 /// The most follow-on jobs one completion writes: a transaction's items
 /// less the record's.
 pub const DYNAMODB_MAX_FOLLOW_ONS: usize = TRANSACTION_ITEMS - 1;
+
+/// A record's and a job's item, as DynamoDB counts them (`layout.rs`).
+const ITEM_LIMIT: ItemLimit =
+    ItemLimit::new(layout::MAX_ITEM, layout::RECORD_BYTES, layout::JOB_BYTES)
+        .with_job_key(layout::JOB_KEY_TEXTS);
 
 /// Records and follow-on jobs in one DynamoDB table, for servers on AWS
 /// (AWS Lambda above all) that have DynamoDB and no PostgreSQL.
@@ -168,7 +173,11 @@ pub const DYNAMODB_MAX_FOLLOW_ONS: usize = TRANSACTION_ITEMS - 1;
 /// with what to do. A request DynamoDB finds invalid (an item over 400 KB,
 /// also inside a transaction, where it is cancelled with the reason
 /// `ValidationError`) is [`StoreError::Invalid`]: nothing was written, and
-/// the same request again would be refused again. The SDK's own retries,
+/// the same request again would be refused again; the executor judges each
+/// write against the item's size before it sends it
+/// ([`IdempotencyStore::item_limit`]: 400,000 bytes, every attribute's name
+/// and value counted), so a handler never runs only to have its completion
+/// refused for the record's tenant or tool. The SDK's own retries,
 /// timeouts and credentials are the client's, as configured.
 ///
 /// ```no_run
@@ -486,43 +495,13 @@ impl IdempotencyStore for DynamoDbStore {
         tenant: &str,
         reference: &Reference,
     ) -> Result<Option<Record>, StoreError> {
-        let now = self.now();
-        // The one partition the reference names, strongly consistent: a
-        // status read right after a claim finds it. Its record and
-        // superseded items (jobs sort before them), the key's current
-        // record first.
-        let mut start = None;
-        loop {
-            let page = self
-                .client
-                .query()
-                .table_name(&*self.table)
-                .consistent_read(true)
-                .key_condition_expression("pk = :pk AND sk >= :r")
-                .filter_expression("tn = :tn AND rf = :rf")
-                .expression_attribute_values(":pk", layout::partition_of(reference))
-                .expression_attribute_values(":r", blob(&[layout::RECORD_TAG]))
-                .expression_attribute_values(":tn", AttributeValue::S(tenant.to_owned()))
-                .expression_attribute_values(":rf", blob(reference.as_bytes()))
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .map_err(|e| self.err(e))?;
-            // Past its life, a record reads as purged, whether or not its
-            // TTL or the purge has deleted it yet.
-            for item in page.items.unwrap_or_default() {
-                if items::is_record(&item) {
-                    let record = items::record(&item, now)?;
-                    if !record.is_expired(now) {
-                        return Ok(Some(record));
-                    }
-                }
-            }
-            start = page.last_evaluated_key;
-            if start.is_none() {
-                return Ok(None);
-            }
-        }
+        let found = self.by_reference(reference, Some(tenant)).await?;
+        Ok(found.into_iter().next())
+    }
+
+    async fn find_by_reference(&self, reference: &Reference) -> Result<Vec<Record>, StoreError> {
+        // Where `lookup` reads, without the tenant: one query, no scan.
+        self.by_reference(reference, None).await
     }
 
     async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
@@ -637,8 +616,13 @@ impl IdempotencyStore for DynamoDbStore {
         Some(self)
     }
 
-    // A 400 KB item, less 16 KiB for the record's other attributes.
+    // A response has no limit of its own: the record's item, with every
+    // other attribute, is at most 400 KB.
     fn max_response_bytes(&self) -> Option<usize> {
-        Some(384 * 1024)
+        None
+    }
+
+    fn item_limit(&self) -> Option<ItemLimit> {
+        Some(ITEM_LIMIT)
     }
 }

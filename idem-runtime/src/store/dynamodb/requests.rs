@@ -86,10 +86,13 @@ impl Values {
 /// the record stays in `leases` where its claim put it, and its TTL (`te`,
 /// the claim's retention end in seconds; its window's end on a record an
 /// earlier version claimed) deletes it. `lq` is removed for a record
-/// claimed before `leases` (absent, removing it writes nothing).
+/// claimed before `leases` (absent, removing it writes nothing), and the
+/// note of an UNKNOWN or NOT_PERFORMED one (a COMPLETED record reads
+/// none), so the item holds what the response was judged beside: its
+/// tenant, tool and resolution note.
 pub(super) fn completion(note: Option<Option<&str>>) -> String {
     let mut set = String::from("SET st = :c, rs = :rs, ua = :now, tt = te");
-    let mut remove = String::from(" REMOVE lq, uq");
+    let mut remove = String::from(" REMOVE lq, uq, nt");
     match note {
         Some(Some(_)) => set.push_str(", rv = :rv"),
         Some(None) => remove.push_str(", rv"),
@@ -393,6 +396,89 @@ impl DynamoDbStore {
                 Some(UpdateItemError::ConditionalCheckFailedException(_)) => Ok(false),
                 _ => Err(self.err(e)),
             },
+        }
+    }
+
+    /// The records with `reference` (of `tenant` only, when given) that
+    /// are not past their life, the key's current record first: the one
+    /// partition the reference names, read strongly consistent (a status
+    /// read right after a claim finds it), its record and superseded items
+    /// (jobs sort before them). One query, however many records the table
+    /// holds.
+    pub(super) async fn by_reference(
+        &self,
+        reference: &Reference,
+        tenant: Option<&str>,
+    ) -> Result<Vec<Record>, StoreError> {
+        let now = self.now();
+        let mut values = Values::default()
+            .set(":pk", layout::partition_of(reference))
+            .set(":r", blob(&[layout::RECORD_TAG]))
+            .set(":rf", blob(reference.as_bytes()));
+        let filter = match tenant {
+            Some(tenant) => {
+                values = values.set(":tn", AttributeValue::S(tenant.to_owned()));
+                "tn = :tn AND rf = :rf"
+            }
+            None => "rf = :rf",
+        };
+        let values = values.into_inner();
+        let mut found = Vec::new();
+        let mut start = None;
+        loop {
+            let page = self
+                .client
+                .query()
+                .table_name(&*self.table)
+                .consistent_read(true)
+                .key_condition_expression("pk = :pk AND sk >= :r")
+                .filter_expression(filter)
+                .set_expression_attribute_values(values.clone())
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| self.err(e))?;
+            // Past its life, a record reads as purged, whether or not its
+            // TTL or the purge has deleted it yet.
+            for item in page.items.unwrap_or_default() {
+                if items::is_record(&item) {
+                    let record = items::record(&item, now)?;
+                    if !record.is_expired(now) {
+                        found.push(record);
+                    }
+                }
+            }
+            start = page.last_evaluated_key;
+            if start.is_none() {
+                return Ok(found);
+            }
+        }
+    }
+
+    /// Every job of the operation `reference`: the items of its record's
+    /// partition whose sort key starts with the job tag and the reference,
+    /// read strongly consistent. One query, no scan.
+    pub(super) async fn jobs_of(&self, reference: &Reference) -> Result<Vec<Item>, StoreError> {
+        let mut found = Vec::new();
+        let mut start = None;
+        loop {
+            let page = self
+                .client
+                .query()
+                .table_name(&*self.table)
+                .consistent_read(true)
+                .key_condition_expression("pk = :pk AND begins_with(sk, :j)")
+                .expression_attribute_values(":pk", layout::partition_of(reference))
+                .expression_attribute_values(":j", blob(&layout::jobs_prefix(reference)))
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| self.err(e))?;
+            found.extend(page.items.unwrap_or_default());
+            start = page.last_evaluated_key;
+            if start.is_none() {
+                return Ok(found);
+            }
         }
     }
 

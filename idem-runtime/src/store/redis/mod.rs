@@ -584,6 +584,19 @@ impl IdempotencyStore for RedisStore {
         }
     }
 
+    async fn find_by_reference(&self, reference: &Reference) -> Result<Vec<Record>, StoreError> {
+        // Where `lookup` reads, without the tenant: no SCAN.
+        let record = self.layout.by_reference(reference);
+        let collisions = self.layout.collisions(reference);
+        let mut cmd = fcall(&LIBRARY.find, &[&record, &collisions]);
+        cmd.arg(self.layout.shard(self.layout.shard_of(reference)))
+            .arg(&reference.tag().to_be_bytes()[..])
+            .arg(reference.as_bytes());
+        let mut found = records(self.link.run(&cmd).await?)?;
+        found.retain(|r| r.reference == *reference);
+        Ok(found)
+    }
+
     async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
         // One shard after the other, each a short script, until the batch is
         // full: never more than `batch`, never one long script.

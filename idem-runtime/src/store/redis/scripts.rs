@@ -66,6 +66,7 @@ pub(super) struct Library {
     pub(super) defer_check: Function,
     pub(super) heartbeat: Function,
     pub(super) lookup: Function,
+    pub(super) find: Function,
     pub(super) list: Function,
     pub(super) purge: Function,
     pub(super) scan: Function,
@@ -82,7 +83,7 @@ pub(super) struct Library {
 /// Each script's name, whether it only reads (`no-writes`: the server then
 /// runs it when it refuses writes, out of memory, as it ran the script
 /// before), and its code.
-const SCRIPTS: [(&str, bool, &str); 19] = [
+const SCRIPTS: [(&str, bool, &str); 20] = [
     ("claim", false, include_str!("lua/claim.lua")),
     ("complete", false, include_str!("lua/complete.lua")),
     ("release", false, include_str!("lua/release.lua")),
@@ -91,6 +92,7 @@ const SCRIPTS: [(&str, bool, &str); 19] = [
     ("defer_check", false, include_str!("lua/defer_check.lua")),
     ("heartbeat", false, include_str!("lua/heartbeat.lua")),
     ("lookup", true, include_str!("lua/lookup.lua")),
+    ("find", true, include_str!("lua/find.lua")),
     ("list", false, include_str!("lua/list.lua")),
     ("purge", false, include_str!("lua/purge.lua")),
     ("scan", true, include_str!("lua/scan.lua")),
@@ -154,6 +156,7 @@ pub(super) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
         defer_check: function("defer_check"),
         heartbeat: function("heartbeat"),
         lookup: function("lookup"),
+        find: function("find"),
         list: function("list"),
         purge: function("purge"),
         scan: function("scan"),
