@@ -941,69 +941,6 @@ pub async fn late_truth_inside_the_window_holds_until_the_window_ends(
     }
 }
 
-/// `find_by_reference` finds every record with the reference, whatever its
-/// tenant: a superseded operation, and another tenant's record under the
-/// same reference (a key with the same first 8 bytes, given the reference
-/// by a copy); the key's current operation by its own; nothing for a
-/// reference no operation has.
-pub async fn a_reference_is_found_in_every_tenant(store: &dyn IdempotencyStore) {
-    let first = ClaimRequest {
-        retention: Duration::from_secs(3600),
-        ..fresh(Duration::from_millis(200))
-    };
-    claimed(store, &first).await;
-    store
-        .complete(&first.key, first.attempt, "\"first\"")
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let second = new_operation(&first);
-    assert_eq!(claimed(store, &second).await, second.reference);
-    let mut key = random32();
-    key[..8].copy_from_slice(&first.key.as_bytes()[..8]);
-    let copy = ClaimRequest {
-        key: IdempotencyKey::from_parts(key, random32()),
-        reference: first.reference,
-        tenant: format!("{}-copy", first.tenant),
-        ..fresh(W)
-    };
-    assert_eq!(claimed(store, &copy).await, first.reference);
-
-    let mut found = store.find_by_reference(&first.reference).await.unwrap();
-    found.sort_by(|a, b| a.tenant.cmp(&b.tenant));
-    let seen: Vec<_> = found
-        .iter()
-        .map(|r| (r.tenant.as_str(), r.reference, r.state.kind()))
-        .collect();
-    assert_eq!(
-        seen,
-        [
-            (
-                first.tenant.as_str(),
-                first.reference,
-                RecordStateKind::Completed
-            ),
-            (
-                copy.tenant.as_str(),
-                first.reference,
-                RecordStateKind::InProgress
-            ),
-        ],
-        "the superseded operation and the other tenant's record"
-    );
-    assert_eq!(found[0].attempt, first.attempt);
-    assert_eq!(found[1].attempt, copy.attempt);
-    let current = store.find_by_reference(&second.reference).await.unwrap();
-    assert_eq!(current.len(), 1, "{current:?}");
-    assert_eq!(
-        (current[0].attempt, current[0].reference),
-        (second.attempt, second.reference)
-    );
-    let nobody = Reference::new_operation(&fresh(W).key);
-    let none = store.find_by_reference(&nobody).await.unwrap();
-    assert!(none.is_empty(), "{none:?}");
-}
-
 /// A superseded operation (its key taken by a later one) reads by its own
 /// reference, in its own tenant only, and is listed and counted, until its
 /// retention ends; then purge deletes it and leaves the later one.
