@@ -442,7 +442,7 @@ pub fn summarize(
 fn simulation_memory() {
     let _serial = serial();
     // CI's count; the long runs (RELIABILITY.md) set IDEM_SIM_SEEDS.
-    let (seeds, single) = seeds(3_000);
+    let (seeds, single) = seeds(10_000);
     let threads = std::thread::available_parallelism()
         .map_or(2, |n| n.get())
         .clamp(1, 8);
