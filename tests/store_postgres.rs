@@ -1147,8 +1147,9 @@ async fn named_statements_behind_a_transaction_pooler_are_a_configuration_error(
             other => panic!("{other:?}"),
         }
     }
-    // Through the executor: the store-unavailable answer, carrying the
-    // configuration error; the handler never ran.
+    // Through the executor: the store-misconfigured answer (calling again
+    // will not help), carrying the configuration error; the handler never
+    // ran.
     let executor = idem_runtime::Executor::new(Arc::new(store));
     let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let caller = idem_runtime::Caller::new("acme", "alice");
@@ -1170,12 +1171,13 @@ async fn named_statements_behind_a_transaction_pooler_are_a_configuration_error(
     assert!(
         matches!(
             answer,
-            idem_runtime::Answer::StoreUnavailable {
+            idem_runtime::Answer::StoreMisconfigured {
                 error: StoreError::Config(_)
             }
         ),
         "{answer:?}"
     );
+    assert_eq!(answer.name(), "store_misconfigured");
     assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 0);
     drop(pg);
 }
