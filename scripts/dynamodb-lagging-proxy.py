@@ -7,9 +7,10 @@ moto's indexes are exact: a query of an index sees every write before it.
 DynamoDB's global secondary indexes are updated asynchronously (typically
 well under a second, occasionally longer), and a read that is not strongly
 consistent may be served by a replica behind the latest write. This proxy
-sees every write on its way to the emulator, reads the item back (strongly
-consistent) after it, and keeps, per table and per index, the history of
-what the write left there:
+sees every write on its way to the emulator and records what it left in
+each item it names (a Put's item, a Delete's absence, an Update's item
+read back strongly consistent; nothing when a condition refused it), and
+keeps, per table and per index, the history of those images:
 
 - an index: each write that changes what the index holds of its item (the
   item entering or leaving it, its keys or a projected attribute changing)
@@ -37,22 +38,24 @@ write must go through the proxy: a table first seen mid-life is read
 whole once (as visible everywhere), and a write that went straight to the
 emulator after that is never seen by its indexes here.
 
-SPEC is `MAX_MS` or `MAX_MS,TAIL_P,TAIL_MAX_MS`: each delay is uniform in
-0..MAX_MS, and with probability TAIL_P uniform in MAX_MS..TAIL_MAX_MS
-instead (the occasional longer lag). Defaults: index `150,0.05,400`, read
-`100,0.05,1000`. A test may set a table's delays (a fixed lag, to build a
-case): POST /__lag {"table": NAME, "index": [MIN_MS, MAX_MS], "read":
-[MIN_MS, MAX_MS], "exact": [INDEX, ...]} (each may be left out; `exact`
-names indexes that show every write at once). GET /__stats answers what the
-lag hid so far: `stale_entries` (index entries served as they stood
-before a later write), `missing_entries` (items in an index that a query
-did not see yet), `stale_reads` (eventually consistent reads answered
-with an earlier image than the table's).
+SPEC is `[MIN_MS..]MAX_MS[,TAIL_P,TAIL_MAX_MS]`: each delay is uniform in
+MIN_MS..MAX_MS (MIN_MS is 0 unless given), and with probability TAIL_P
+uniform in MAX_MS..TAIL_MAX_MS instead (the occasional longer lag).
+Defaults: index `150,0.05,400`, read `100,0.05,1000`.
+
+A test sets a table's own lags (a fixed lag to build a case on, indexes
+that do not lag): POST /__lag {"table": NAME, "index": SPEC, "read": SPEC,
+"exact": [INDEX, ...]}, each but `table` optional; `exact` names the
+indexes that show every write at once. GET /__stats answers what the lag
+hid so far: `stale_entries` (index entries a query saw as they stood
+before a later write), `missing_entries` (entries a query did not see
+yet), `stale_reads` (eventually consistent reads answered with an earlier
+image than the table's).
 
 scripts/dynamodb-emulator start runs it on IDEM_DYNAMODB_LAGGING_PORT
 (default 4568) in front of the emulator; `scripts/dynamodb-emulator
-lagging-url` prints its endpoint (the tests' IDEM_TEST_DYNAMODB_LAGGING_ENDPOINT).
-Standard library only.
+lagging-url` prints its endpoint, which the tests read from
+IDEM_TEST_DYNAMODB_LAGGING_ENDPOINT. Standard library only.
 """
 
 import binascii
@@ -83,12 +86,13 @@ class Lag:
 
     @staticmethod
     def parse(spec):
-        parts = [float(p) for p in spec.split(",")]
-        if len(parts) == 1:
-            return Lag(0, parts[0] / 1000)
-        if len(parts) == 3:
-            return Lag(0, parts[0] / 1000, parts[1], parts[2] / 1000)
-        raise SystemExit(f"a lag is MAX_MS or MAX_MS,TAIL_P,TAIL_MAX_MS, not {spec!r}")
+        """`[MIN_MS..]MAX_MS[,TAIL_P,TAIL_MAX_MS]`; ValueError otherwise."""
+        m = re.fullmatch(r"(?:(\d+(?:\.\d+)?)\.\.)?(\d+(?:\.\d+)?)(?:,(0?\.\d+|[01]),(\d+(?:\.\d+)?))?", spec)
+        if not m:
+            raise ValueError(f"a lag is [MIN_MS..]MAX_MS[,TAIL_P,TAIL_MAX_MS], not {spec!r}")
+        least, most, tail, tail_most = m.groups()
+        return Lag(float(least or 0) / 1000, float(most) / 1000, float(tail or 0),
+                   float(tail_most) / 1000 if tail_most else None)
 
     def draw(self):
         if self.tail and random.random() < self.tail:
@@ -237,9 +241,9 @@ class Proxy:
         with self.lock:
             index_lag, read_lag, exact = self.lags.get(name, (self.index_lag, self.read_lag, ()))
             if "index" in request:
-                index_lag = Lag(*(ms / 1000 for ms in request["index"]))
+                index_lag = Lag.parse(request["index"])
             if "read" in request:
-                read_lag = Lag(*(ms / 1000 for ms in request["read"]))
+                read_lag = Lag.parse(request["read"])
             exact = request.get("exact", exact)
             self.lags[name] = (index_lag, read_lag, exact)
             if mirror is not None:
@@ -574,7 +578,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
         if self.path == "/__lag":
-            self.proxy.set_lag(json.loads(body))
+            try:
+                self.proxy.set_lag(json.loads(body))
+            except (ValueError, KeyError) as error:
+                self.answer(400, {"message": f"POST /__lag: {error}"})
+                return
             self.answer(200, {})
             return
         op = self.headers.get("X-Amz-Target", "?").split(".")[-1]
@@ -613,14 +621,17 @@ def main():
     emulator, port = args[0], int(args[1])
     index_lag, read_lag = Lag.parse("150,0.05,400"), Lag.parse("100,0.05,1000")
     rest = args[2:]
-    while rest:
-        flag, spec, rest = rest[0], rest[1], rest[2:]
-        if flag == "--index-lag":
-            index_lag = Lag.parse(spec)
-        elif flag == "--read-lag":
-            read_lag = Lag.parse(spec)
-        else:
-            raise SystemExit(f"unknown option {flag}\n{__doc__}")
+    try:
+        while rest:
+            flag, spec, rest = rest[0], rest[1], rest[2:]
+            if flag == "--index-lag":
+                index_lag = Lag.parse(spec)
+            elif flag == "--read-lag":
+                read_lag = Lag.parse(spec)
+            else:
+                raise SystemExit(f"unknown option {flag}\n{__doc__}")
+    except (ValueError, IndexError) as error:
+        raise SystemExit(f"{error}\n{__doc__}")
     Handler.proxy = Proxy(Emulator(emulator), index_lag, read_lag)
     Server(("127.0.0.1", port), Handler).serve_forever()
 

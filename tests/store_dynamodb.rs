@@ -7,7 +7,7 @@
 //!
 //! The tests run through the lagging proxy in front of the emulator
 //! (`IDEM_TEST_DYNAMODB_LAGGING_ENDPOINT`, scripts/dynamodb-lagging-proxy.py),
-//! whose `leases` index trails the writes a little (`Lag::CASES`: the
+//! whose `leases` index trails the writes a little (`Lag::cases`: the
 //! conformance cases list what they have just written), and the walk's
 //! own tests make its index or its reads trail by seconds. What the
 //! emulator cannot show: DynamoDB's latency and its throttling.

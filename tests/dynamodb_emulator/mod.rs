@@ -72,25 +72,31 @@ pub fn lagging_endpoint() -> Option<String> {
     }
 }
 
-/// How the lagging proxy delays one table's writes: in milliseconds, each
-/// delay uniform between the two bounds; `None` keeps the proxy's own
-/// distribution (scripts/dynamodb-lagging-proxy.py). `exact` names the
+/// How the lagging proxy delays one table's writes, as its lag specs
+/// (scripts/dynamodb-lagging-proxy.py: `[MIN_MS..]MAX_MS[,TAIL_P,TAIL_MAX_MS]`):
+/// when a write reaches the indexes, and how far behind an eventually
+/// consistent read is; `None` keeps the proxy's own. `exact` names the
 /// indexes that show every write at once.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Lag {
-    pub index: Option<(u64, u64)>,
-    pub read: Option<(u64, u64)>,
+    pub index: Option<String>,
+    pub read: Option<String>,
     pub exact: &'static [&'static str],
 }
 
 impl Lag {
-    /// Every index and every eventually consistent read lags, as the proxy
-    /// draws it.
-    pub const ALL: Lag = Lag {
-        index: None,
-        read: None,
-        exact: &[],
-    };
+    /// Every index and every eventually consistent read lags, as the
+    /// simulation has them: an index up to 200 ms behind, and one write in
+    /// seven up to 440 ms, under the simulation's 450 ms lease (so a claim
+    /// shows in `leases` before its lease ends); a read up to 100 ms
+    /// behind, and one in ten up to 1 s, past the lease.
+    pub fn simulation() -> Lag {
+        Lag {
+            index: Some("200,0.15,440".into()),
+            read: Some("100,0.1,1000".into()),
+            exact: &[],
+        }
+    }
 
     /// The conformance cases' (and every test's on [`Table::new`]): the
     /// sweep's index, `leases`, up to 100 ms behind; the other indexes and
@@ -100,19 +106,21 @@ impl Lag {
     /// made due is listed), which DynamoDB's eventually consistent indexes
     /// and reads do not promise: the store acts on what it lists with
     /// conditional writes, and the simulation lags them all.
-    pub const CASES: Lag = Lag {
-        index: Some((0, 100)),
-        read: Some((0, 0)),
-        exact: &["unknown", "expiry", "due"],
-    };
+    pub fn cases() -> Lag {
+        Lag {
+            index: Some("100".into()),
+            read: Some("0".into()),
+            exact: &["unknown", "expiry", "due"],
+        }
+    }
 
     /// Fixed delays: every write reaches the indexes `index_ms` late, and
     /// every eventually consistent read sees the table as it stood
     /// `read_ms` ago.
-    pub const fn fixed(index_ms: u64, read_ms: u64) -> Lag {
+    pub fn fixed(index_ms: u64, read_ms: u64) -> Lag {
         Lag {
-            index: Some((index_ms, index_ms)),
-            read: Some((read_ms, read_ms)),
+            index: Some(format!("{index_ms}..{index_ms}")),
+            read: Some(format!("{read_ms}..{read_ms}")),
             exact: &[],
         }
     }
@@ -121,9 +129,9 @@ impl Lag {
 /// Sets `table`'s lag at the lagging proxy at `proxy`.
 pub fn set_lag(proxy: &str, table: &str, lag: &Lag) {
     let mut body = format!("{{\"table\": \"{table}\", \"exact\": {:?}", lag.exact);
-    for (name, bounds) in [("index", lag.index), ("read", lag.read)] {
-        if let Some((low, high)) = bounds {
-            body += &format!(", \"{name}\": [{low}, {high}]");
+    for (name, spec) in [("index", &lag.index), ("read", &lag.read)] {
+        if let Some(spec) = spec {
+            body += &format!(", \"{name}\": \"{spec}\"");
         }
     }
     body += "}";
@@ -178,11 +186,11 @@ pub struct Table {
 
 impl Table {
     /// A store on a fresh table behind the lagging proxy, lagging as the
-    /// conformance cases allow ([`Lag::CASES`]); on the emulator itself
+    /// conformance cases allow ([`Lag::cases`]); on the emulator itself
     /// when the proxy is not set (outside CI). `None` when the tests are
     /// skipped (see [`endpoint`]).
     pub async fn new() -> Option<Table> {
-        Self::lagging(Lag::CASES).await
+        Self::lagging(Lag::cases()).await
     }
 
     /// A store on a fresh table behind the lagging proxy, lagging as
