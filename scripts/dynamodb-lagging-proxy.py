@@ -60,6 +60,7 @@ IDEM_TEST_DYNAMODB_LAGGING_ENDPOINT. Standard library only.
 
 import binascii
 import decimal
+import functools
 import http.server
 import json
 import random
@@ -280,8 +281,17 @@ class Proxy:
     def write(self, op, request, forward):
         """Forwards a write, then records what it left in each item it
         names: a Put's item and a Delete's absence as the request says when
-        it went through, an Update's item read back, nothing when a
-        condition refused it (a refused transaction changes nothing)."""
+        it went through, an UpdateItem's item as the emulator answers it
+        (asked with `ReturnValues` ALL_NEW when the client asked for
+        nothing, and answered to the client without it), a transaction's
+        Update read back, nothing when a condition refused it (a refused
+        transaction changes nothing)."""
+        # Asking an update's new item costs DynamoDB nothing more, and saves
+        # reading it back.
+        ask_new = op == "UpdateItem" and request.get("ReturnValues", "NONE") == "NONE"
+        if ask_new:
+            request = dict(request, ReturnValues="ALL_NEW")
+            forward = functools.partial(forward, json.dumps(request).encode())
         if op == "TransactWriteItems":
             parts = [next(iter(t.items())) for t in request["TransactItems"]]
             named = [(kind, p["TableName"], p) for kind, p in parts if kind != "ConditionCheck"]
@@ -297,6 +307,13 @@ class Proxy:
                 kind in answer for kind in (b"ConditionalCheckFailedException", b"TransactionCanceledException"))
             # A batch may leave items unprocessed: each is read back.
             sure = status == 200 and op != "BatchWriteItem"
+            new = None
+            if sure and op == "UpdateItem" and request.get("ReturnValues") == "ALL_NEW":
+                answered = json.loads(answer)
+                new = answered.get("Attributes")
+                if ask_new:
+                    answered.pop("Attributes", None)
+                    answer = answered
             for kind, name, part in named:
                 mirror = mirrors[name]
                 if mirror is None or refused:
@@ -306,6 +323,8 @@ class Proxy:
                     image = part["Item"]
                 elif sure and kind == "Delete":
                     image = None
+                elif new is not None:
+                    image = new
                 else:
                     image = self.emulator.current(name, key)
                 with self.lock:
@@ -587,12 +606,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return
         op = self.headers.get("X-Amz-Target", "?").split(".")[-1]
         upstream = self.proxy.emulator
-        headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+        # The body may be sent changed (an update asked for its new item):
+        # its length is counted again.
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
         headers["Host"] = f"{upstream.host}:{upstream.port}"
         came = {}
 
-        def forward():
-            status, came["headers"], data = upstream.send(self.path, body, headers)
+        def forward(sent=body):
+            status, came["headers"], data = upstream.send(self.path, sent, headers)
             return status, data
 
         try:

@@ -230,15 +230,19 @@ impl std::ops::Deref for Table {
 impl Drop for Table {
     fn drop(&mut self) {
         // The table goes with the test, on a thread of its own: drop may
-        // run inside a runtime, which cannot block on another.
-        let store = self.store.clone();
+        // run inside a runtime, which cannot block on another. With a
+        // client of its own: the store's keeps connections that the
+        // runtime blocked here drives (a current-thread test's), and the
+        // delete would wait on one of them until its timeout.
+        let (endpoint, table) = (self.endpoint.clone(), self.store.table().to_owned());
         let _ = std::thread::spawn(move || {
             if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
             {
+                let delete = client(&endpoint).delete_table().table_name(table).send();
                 let _ = rt.block_on(async {
-                    tokio::time::timeout(Duration::from_secs(5), store.delete_table()).await
+                    tokio::time::timeout(Duration::from_secs(5), delete).await
                 });
             }
         })
