@@ -1271,7 +1271,7 @@ async fn lagging_table(lag: Lag) -> Option<(Table, DynamoDbStore)> {
 fn leased(lease_ms: u64) -> idem_runtime::store::ClaimRequest {
     loop {
         let mut req = claim_request(Duration::from_secs(60));
-        if req.key.as_bytes()[0] % 4 == 0 {
+        if req.key.as_bytes()[0].is_multiple_of(4) {
             req.lease = Duration::from_millis(lease_ms);
             return req;
         }

@@ -241,9 +241,8 @@ impl Drop for Table {
                 .build()
             {
                 let delete = client(&endpoint).delete_table().table_name(table).send();
-                let _ = rt.block_on(async {
-                    tokio::time::timeout(Duration::from_secs(5), delete).await
-                });
+                let _ = rt
+                    .block_on(async { tokio::time::timeout(Duration::from_secs(5), delete).await });
             }
         })
         .join();
