@@ -8,8 +8,9 @@ DynamoDB's global secondary indexes are updated asynchronously (typically
 well under a second, occasionally longer), and a read that is not strongly
 consistent may be served by a replica behind the latest write. This proxy
 sees every write on its way to the emulator and records what it left in
-each item it names (a Put's item, a Delete's absence, an Update's item
-read back strongly consistent; nothing when a condition refused it), and
+each item it names (a Put's item, a Delete's absence, an Update's new
+item as the emulator answers it, or read back strongly consistent in a
+transaction; nothing when a condition refused it), and
 keeps, per table and per index, the history of those images:
 
 - an index: each write that changes what the index holds of its item (the
