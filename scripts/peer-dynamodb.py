@@ -63,6 +63,7 @@ from aws_lambda_powertools.utilities.idempotency import (
 from aws_lambda_powertools.utilities.idempotency.exceptions import (
     IdempotencyAlreadyInProgressError,
 )
+from dynamodb_wire import Emulator, wire_item_size, written
 
 emulator, calls, idem_binary = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 target = urllib.parse.urlparse(emulator)
@@ -73,75 +74,21 @@ LOCK = threading.Lock()
 # Writes are forwarded one at a time, so that the item read before and
 # after each is the one that write changed.
 WRITES = threading.Lock()
-TABLES = {}
+EMULATOR = Emulator(emulator)
 
 
 def raw(op, payload):
     """One request straight to the emulator, not counted."""
-    conn = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
-    conn.request("POST", "/", body=json.dumps(payload), headers={
-        "X-Amz-Target": f"DynamoDB_20120810.{op}",
-        "Content-Type": "application/x-amz-json-1.0",
-        "Authorization": "AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/dynamodb/aws4_request, "
-                         "SignedHeaders=host, Signature=0",
-    })
-    reply = conn.getresponse()
-    body = json.loads(reply.read() or b"{}")
-    conn.close()
-    return reply.status, body
-
-
-def number_size(n):
-    digits = n.lstrip("-").replace(".", "").strip("0") or "0"
-    return (len(digits) + 1) // 2 + 1
-
-
-def wire_size(v):
-    """A value's size by DynamoDB's rule, from its wire form."""
-    (kind, x), = v.items()
-    if kind == "S":
-        return len(x.encode())
-    if kind == "N":
-        return number_size(x)
-    if kind == "B":
-        return len(base64.b64decode(x))
-    if kind in ("BOOL", "NULL"):
-        return 1
-    if kind == "SS":
-        return sum(len(e.encode()) for e in x)
-    if kind == "NS":
-        return sum(number_size(e) for e in x)
-    if kind == "BS":
-        return sum(len(base64.b64decode(e)) for e in x)
-    if kind == "L":
-        return 3 + sum(1 + wire_size(e) for e in x)
-    if kind == "M":
-        return 3 + sum(len(k.encode()) + 1 + wire_size(e) for k, e in x.items())
-    raise ValueError(kind)
-
-
-def wire_item_size(item):
-    return sum(len(k.encode()) + wire_size(v) for k, v in (item or {}).items())
+    return EMULATOR.call(op, payload)
 
 
 def table(name):
-    """The table's key and its indexes' keys and projections."""
-    if name not in TABLES:
-        _, d = raw("DescribeTable", {"TableName": name})
-        t = d["Table"]
-        indexes = []
-        for g in t.get("GlobalSecondaryIndexes", []):
-            keys = [k["AttributeName"] for k in g["KeySchema"]]
-            p = g.get("Projection", {})
-            kind = p.get("ProjectionType", "ALL")
-            indexes.append((keys, None if kind == "ALL" else set(p.get("NonKeyAttributes", []))))
-        TABLES[name] = ([k["AttributeName"] for k in t["KeySchema"]], indexes)
-    return TABLES[name]
+    """The table's key and its indexes."""
+    return EMULATOR.table(name)
 
 
 def current(name, key):
-    _, d = raw("GetItem", {"TableName": name, "Key": key, "ConsistentRead": True})
-    return d.get("Item")
+    return EMULATOR.current(name, key)
 
 
 def kb(size, unit):
@@ -150,22 +97,16 @@ def kb(size, unit):
 
 def index_units(name, before, after):
     """Write units of a table write's global secondary indexes."""
-    table_keys, indexes = table(name)
     units = 0
-    for keys, projected in indexes:
-        def entry(item):
-            if item is None or not all(k in item for k in keys):
-                return None
-            names = set(keys) | set(table_keys)
-            return {k: v for k, v in item.items() if projected is None or k in names or k in projected}
-        old, new = entry(before), entry(after)
+    for index in table(name).indexes.values():
+        old, new = index.entry(before), index.entry(after)
         if old is None and new is None:
             continue
         if old is None:
             units += kb(wire_item_size(new), 1024)
         elif new is None:
             units += kb(wire_item_size(old), 1024)
-        elif any(old[k] != new[k] for k in keys):
+        elif any(old[k] != new[k] for k in index.keys):
             units += kb(wire_item_size(old), 1024) + kb(wire_item_size(new), 1024)
         elif old != new:
             units += kb(wire_item_size(new), 1024)
@@ -173,10 +114,7 @@ def index_units(name, before, after):
 
 
 def item_key(name, request):
-    if "Key" in request:
-        return request["Key"]
-    table_keys, _ = table(name)
-    return {k: request["Item"][k] for k in table_keys}
+    return written(table(name), request)
 
 
 def read_units(op, request, reply):

@@ -5,9 +5,12 @@
 //! fresh table. Needs `IDEM_TEST_DYNAMODB_ENDPOINT`; skipped with a reason
 //! without it, failed under `CI=true`.
 //!
-//! What the emulator cannot show: DynamoDB's real consistency (its global
-//! secondary indexes are eventually consistent; moto's are immediate), its
-//! latency, and its throttling.
+//! The tests run through the lagging proxy in front of the emulator
+//! (`IDEM_TEST_DYNAMODB_LAGGING_ENDPOINT`, scripts/dynamodb-lagging-proxy.py),
+//! whose `leases` index trails the writes a little (`Lag::cases`: the
+//! conformance cases list what they have just written), and the walk's
+//! own tests make its index or its reads trail by seconds. What the
+//! emulator cannot show: DynamoDB's latency and its throttling.
 
 mod dynamodb_emulator;
 mod dynamodb_proxy;
@@ -16,7 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use dynamodb_emulator::{client, endpoint, Table};
+use dynamodb_emulator::{client, endpoint, lagging_endpoint, set_lag, Lag, Table, WalkHolds};
 use idem_runtime::store::conformance::{self, claim_request, Call, Fault, FaultyStore};
 use idem_runtime::{
     maintenance::{reconcile, sweep, Reconciler, Reconciliation},
@@ -1627,4 +1630,157 @@ async fn a_claim_that_lands_after_its_caller_gave_up_is_retracted() {
         "{in_progress} repeats were told in progress"
     );
     assert_eq!(items(&table).await, 1, "no item of the orphan is left");
+}
+
+/// A store on a fresh table behind the lagging proxy, lagging as `lag`
+/// says, and a walker on it whose walk rewinds only 50 ms behind its cursor
+/// (one clock here), so a walk that passed an entry it should have held is
+/// not saved by the rewind. `None` without the proxy (outside CI).
+async fn lagging_table(lag: Lag) -> Option<(Table, DynamoDbStore)> {
+    let proxy = lagging_endpoint()?;
+    let table = Table::on(&proxy).await;
+    set_lag(&proxy, table.table(), &lag);
+    let walker = DynamoDbStore::builder(client(&proxy), table.table())
+        .clock_spread(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    Some((table, walker))
+}
+
+/// A claim with its own lease, of a key in the `leases` index's shard 0:
+/// one cursor walks every entry of a case.
+fn leased(lease_ms: u64) -> idem_runtime::store::ClaimRequest {
+    loop {
+        let mut req = claim_request(Duration::from_secs(60));
+        if req.key.as_bytes()[0].is_multiple_of(4) {
+            req.lease = Duration::from_millis(lease_ms);
+            return req;
+        }
+    }
+}
+
+/// Sweeps with `walker` until `req`'s record is UNKNOWN; false if it is
+/// not by `deadline`.
+async fn swept_by(
+    walker: &DynamoDbStore,
+    req: &idem_runtime::store::ClaimRequest,
+    deadline: tokio::time::Instant,
+) -> bool {
+    while tokio::time::Instant::now() < deadline {
+        sweep(walker, 100).await.unwrap();
+        let r = walker.lookup(&req.tenant, &req.reference).await.unwrap();
+        if r.map(|r| r.state.kind()) == Some(RecordStateKind::Unknown) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    false
+}
+
+/// The index lags the table: every write reaches `leases` 2.5 s late. Two
+/// heartbeats move their records' leases, one by 300 ms (then its handler
+/// dies), one by an hour; past the moved short lease and past a settled
+/// record's later one, the walk still meets both entries at their old
+/// leases. It lists neither (the live one must never be), and holds its
+/// cursor there: once the index shows the moved entry, behind the settled
+/// one the walk has read since, the walk finds the lapsed claim and the
+/// sweep marks it. The live record stays IN_PROGRESS.
+#[test]
+fn the_walk_holds_its_cursor_while_the_index_lags() {
+    let holds = WalkHolds::default();
+    holds.run(async {
+        let Some((table, walker)) = lagging_table(Lag::fixed(2_500, 0)).await else {
+            return;
+        };
+        let (dies, lives, done) = (leased(2_800), leased(2_800), leased(3_500));
+        for req in [&dies, &lives, &done] {
+            table.claim(req).await.unwrap();
+        }
+        let claimed = tokio::time::Instant::now();
+        table.complete(&done.key, done.attempt, "1").await.unwrap();
+        // The index shows the three claims; then both heartbeats move their
+        // lease, and the index shows the old one for 2.5 s more.
+        tokio::time::sleep_until(claimed + Duration::from_millis(2_600)).await;
+        table
+            .heartbeat(&dies.key, dies.attempt, Duration::from_millis(300))
+            .await
+            .unwrap();
+        table
+            .heartbeat(&lives.key, lives.attempt, Duration::from_secs(3600))
+            .await
+            .unwrap();
+        // The case: the moved short lease ends before the settled record's.
+        let lease = |item: &std::collections::HashMap<_, _>| number(&item["lu"]);
+        let (moved, settled) = (
+            lease(&raw_record(&table, &dies.key).await),
+            lease(&raw_record(&table, &done.key).await),
+        );
+        assert!(
+            moved + 100_000 < settled,
+            "the heartbeat came too late for this test (a machine too slow?): its lease ends \
+             {} ms after the settled record's",
+            (moved as i64 - settled as i64) / 1_000
+        );
+        // Past both, while the index still shows the old entries.
+        tokio::time::sleep_until(claimed + Duration::from_millis(3_700)).await;
+        let lapsed = lapsed_keys(&walker).await;
+        assert!(!lapsed.contains(&lives.key), "a live record listed");
+        assert!(
+            holds.counts().0 >= 2,
+            "the walk met no entry at a lease its record no longer has (the index caught \
+             up before the walk: a machine too slow for this test?): {:?}",
+            holds.counts()
+        );
+        assert!(
+            swept_by(&walker, &dies, claimed + Duration::from_secs(12)).await,
+            "the lapsed claim was never found: the walk passed its old entry, and the moved \
+             one reached the index behind the cursor"
+        );
+        let alive = table.lookup(&lives.tenant, &lives.reference).await.unwrap();
+        assert_eq!(
+            alive.map(|r| r.state.kind()),
+            Some(RecordStateKind::InProgress)
+        );
+    });
+}
+
+/// The read lags the index: every eventually consistent read sees the
+/// table as it stood 2 s ago, and the index shows every write at once. A
+/// claim whose handler died lapses, then a completed record's lease ends
+/// after it; the walk meets both entries before their records read at all,
+/// lists nothing and holds its cursor, and finds the lapsed claim once the
+/// reads catch up.
+#[test]
+fn the_walk_holds_its_cursor_while_the_read_lags() {
+    let holds = WalkHolds::default();
+    holds.run(async {
+        let Some((table, walker)) = lagging_table(Lag::fixed(0, 2_000)).await else {
+            return;
+        };
+        let (dies, done) = (leased(200), leased(600));
+        for req in [&dies, &done] {
+            table.claim(req).await.unwrap();
+        }
+        let claimed = tokio::time::Instant::now();
+        table.complete(&done.key, done.attempt, "1").await.unwrap();
+        // Past both leases, long before the reads show either claim.
+        tokio::time::sleep_until(claimed + Duration::from_millis(700)).await;
+        assert_eq!(lapsed_keys(&walker).await, vec![]);
+        assert!(
+            holds.counts().1 >= 2,
+            "the walk met no entry whose record did not read yet (a machine too slow for \
+             this test?): {:?}",
+            holds.counts()
+        );
+        assert!(
+            swept_by(&walker, &dies, claimed + Duration::from_secs(8)).await,
+            "the lapsed claim was never found: the walk passed its entry before its record \
+             could be read"
+        );
+        let settled = table.lookup(&done.tenant, &done.reference).await.unwrap();
+        assert_eq!(
+            settled.map(|r| r.state.kind()),
+            Some(RecordStateKind::Completed)
+        );
+    });
 }

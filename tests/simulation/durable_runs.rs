@@ -134,18 +134,29 @@ pub fn redis() {
     });
 }
 
-/// DynamoDbStore on the emulator (`IDEM_TEST_DYNAMODB_ENDPOINT`), each
-/// schedule on a fresh table: fewer seeds than PostgreSQL, since every
-/// store call is an HTTP request to moto, which answers them one at a time,
-/// and two schedules at once (not four) keep its queue short enough for the
-/// maintenance rounds the oracles time.
+/// DynamoDbStore on the emulator behind the lagging proxy
+/// (`IDEM_TEST_DYNAMODB_LAGGING_ENDPOINT`; the emulator itself, whose
+/// indexes never lag, when it is not set outside CI), each schedule on a
+/// fresh table: every index and every eventually consistent read trails
+/// the writes (`Lag::simulation`). Fewer seeds than PostgreSQL, since
+/// every store call is an HTTP request to moto, which answers them one at
+/// a time, and two schedules at once (not four) keep its queue short
+/// enough for the maintenance rounds the oracles time. Prints how often
+/// the walk met the lag (an entry whose record read at another lease, or
+/// not at all).
 pub fn dynamodb() {
+    let holds = crate::dynamodb_emulator::WalkHolds::default();
+    let counted = holds.install();
     run("dynamodb", "simulation_dynamodb", 8, 2, || async {
-        let table = crate::dynamodb_emulator::Table::new().await?;
-        // The clocks are one here, and moto's indexes never lag: the
-        // sweep's walk rewinds 50 ms, not the 1 s a deployment keeps, so a
-        // walk that passed a lapsed claim is not saved by reading it again
-        // at the next rounds (mutant 29).
+        let table =
+            crate::dynamodb_emulator::Table::lagging(crate::dynamodb_emulator::Lag::simulation())
+                .await?;
+        // The clocks are one here: the sweep's walk rewinds 50 ms, not the
+        // 1 s a deployment keeps, so a walk that passed a lapsed claim is
+        // not saved by reading it again at the next rounds (mutant 29).
+        // The index's lag stays under the 450 ms lease: a claim's entry
+        // shows before its lease ends, so it never lands behind the cursor
+        // (a read may lag longer: the walk waits for it).
         let store = idem_runtime::DynamoDbStore::builder(
             crate::dynamodb_emulator::client(&table.endpoint),
             table.table(),
@@ -156,4 +167,11 @@ pub fn dynamodb() {
         let store: Arc<dyn IdempotencyStore> = Arc::new(store);
         Some((store, Box::new(table) as Box<dyn std::any::Any + Send>))
     });
+    if counted {
+        let (other_lease, unread) = holds.counts();
+        say!(
+            "simulation: dynamodb: the walk held its cursor at {other_lease} entries whose record \
+             read at another lease and {unread} whose record did not read yet"
+        );
+    }
 }

@@ -24,6 +24,21 @@ fn expired(r: &Record, now: SystemTime, slack: Duration) -> bool {
     }
 }
 
+/// Whether a record last read as `before` is past its life at `now` once
+/// `what` took effect on it (`Record::is_expired`): its retention ended,
+/// and its lease too unless the write settled it. A heartbeat's new lease
+/// is not known here: it is never past its life after one.
+fn past_life(before: Option<&Record>, what: Write, now: SystemTime) -> bool {
+    let Some(b) = before else {
+        return false;
+    };
+    match what {
+        Write::Heartbeat => false,
+        Write::Complete | Write::Resolve { .. } => b.retain_until <= now,
+        _ => b.retain_until <= now && b.lease_until <= now,
+    }
+}
+
 fn claimable(r: &Record, now: SystemTime) -> bool {
     matches!(r.state, RecordState::NotPerformed { .. })
         || match r.state {
@@ -106,17 +121,33 @@ impl Recorder {
                 }
             }
         };
+        let read_at = (sim.clock)();
         let mut w = sim.world();
         let tol = sim.timing.tolerance;
         let epoch;
         let before;
+        // A store may read a record past its life as gone before the purge
+        // deletes it (DynamoDB does: its TTL may delete it any time), so a
+        // write that took effect as its retention ended can read back gone;
+        // its jobs were written all the same.
+        let gone_past_life;
         {
             let Some(m) = w.keys.get_mut(key.as_bytes()) else {
                 return;
             };
             epoch = m.epoch;
             before = m.snapshot.take();
-            m.snapshot = after.clone();
+            gone_past_life = after.is_none()
+                && !matches!(what, Write::Release)
+                && past_life(before.as_ref(), what, read_at + tol);
+            // Such a record keeps what the model knew of it (its retention,
+            // its lease), for the writes that still land on it until the
+            // purge deletes it.
+            m.snapshot = if gone_past_life {
+                before.clone()
+            } else {
+                after.clone()
+            };
             if matches!(what, Write::Release) {
                 m.released = true;
             }
@@ -125,6 +156,7 @@ impl Recorder {
         let mut problems = Vec::new();
         match (&after, what) {
             (None, Write::Release) => {}
+            (None, _) if gone_past_life => {}
             (None, _) => problems.push(format!(
                 "{what:?} took effect, and then the record was gone"
             )),
@@ -196,18 +228,20 @@ impl Recorder {
                 }
             }
         }
-        if let (Some(r), false) = (&after, jobs.is_empty()) {
-            if matches!(r.state, RecordState::Completed { .. }) && r.attempt == attempt {
-                for job in jobs {
-                    w.jobs.push(JobRec {
-                        tenant: r.tenant.clone(),
-                        reference: r.reference,
-                        name: job.name().to_owned(),
-                        payload: job.payload().to_owned(),
-                        epoch,
-                    });
-                    w.stats.bump("follow-on jobs written");
-                }
+        let wrote_jobs = match &after {
+            Some(r) => matches!(r.state, RecordState::Completed { .. }) && r.attempt == attempt,
+            None => gone_past_life,
+        };
+        if wrote_jobs {
+            for job in jobs {
+                w.jobs.push(JobRec {
+                    tenant: tenant.clone(),
+                    reference: current,
+                    name: job.name().to_owned(),
+                    payload: job.payload().to_owned(),
+                    epoch,
+                });
+                w.stats.bump("follow-on jobs written");
             }
         }
         if let (Some(r), Write::MarkLapsed, Some(b)) = (&after, what, &before) {

@@ -104,6 +104,8 @@ impl DynamoDbStore {
         }
         let (mut passed, mut held) = (cursor, false);
         let (mut found, mut read, mut start) = (Vec::new(), 0, None);
+        // Entries whose record read at another lease, or not at all.
+        let (mut other_lease, mut unread) = (0_usize, 0_usize);
         loop {
             let page = self
                 .client
@@ -136,7 +138,18 @@ impl DynamoDbStore {
                         held = true;
                     }
                     Some(_) if here => {}
-                    _ => held = true,
+                    // The index lags the table (or the read lags the index):
+                    // judged again next round, at the lease it reads at then.
+                    Some(_) => {
+                        other_lease += 1;
+                        held = true;
+                    }
+                    // The read lags the index, or the record is gone and its
+                    // entry not yet.
+                    None => {
+                        unread += 1;
+                        held = true;
+                    }
                 }
                 if !held {
                     passed = passed.max(lease);
@@ -147,6 +160,17 @@ impl DynamoDbStore {
             if start.is_none() || read >= BUDGET || found.len() >= limit {
                 break;
             }
+        }
+        if other_lease + unread > 0 {
+            tracing::debug!(
+                table = %self.table,
+                shard,
+                other_lease,
+                unread,
+                "DynamoDB: the sweep's walk holds its cursor at entries whose record reads at \
+                 another lease (the index lags the table) or not at all (the read lags the \
+                 index); they are judged again next round"
+            );
         }
         if passed > cursor {
             self.move_cursor(shard, passed).await?;
