@@ -923,7 +923,8 @@ async fn export(
 /// A tenant id of 400,000 bytes: its record would take the whole of
 /// DynamoDB's 400 KB item, with no room for a response or a note (the
 /// emulator would take the claim, run the handler, and refuse its 5,000-byte
-/// response after the effect). The call is refused before the handler runs,
+/// response after the effect). The call is answered store_misconfigured
+/// (the operator shortens the tenant id, not the caller) before the handler runs,
 /// with a reason that says why, and nothing is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_too_long_for_the_item_is_refused_before_the_handler_runs() {
@@ -934,9 +935,12 @@ async fn a_tenant_too_long_for_the_item_is_refused_before_the_handler_runs() {
     let caller = Caller::new("t".repeat(400_000), "alice");
     let charges = AtomicUsize::new(0);
     let answer = export(&executor, &caller, "charge_card", 5_000, &charges).await;
-    let Answer::Refused { reason } = &answer else {
+    // The server's to fix, not the caller's: misconfigured, with the
+    // reason for the operator.
+    let Answer::StoreMisconfigured { error } = &answer else {
         panic!("refused before the handler, not {}", answer.name());
     };
+    let reason = error.to_string();
     assert!(
         reason.contains("tenant id (400000 bytes) and tool name (11 bytes) are too long"),
         "{reason}"

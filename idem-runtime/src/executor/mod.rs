@@ -428,7 +428,7 @@ impl Executor {
     {
         let request = match self.claim_request(&op, keyed) {
             Ok(request) => request,
-            Err(reason) => return Answer::Refused { reason },
+            Err(why) => return why.answer(op.tool),
         };
         let key = request.key;
         // A repeat of a call this executor is running: the store would
@@ -523,7 +523,7 @@ impl Executor {
         &self,
         op: &Operation<'_, serde_json::Value>,
         keyed: Keyed<'_>,
-    ) -> Result<ClaimRequest, String> {
+    ) -> Result<ClaimRequest, Unclaimable> {
         let args = op.args;
         // `window` ends a COMPLETED record; an IN_PROGRESS or UNKNOWN one is
         // kept for the executor's retention whatever the scope, because its
@@ -554,7 +554,9 @@ impl Executor {
             IdempotencyKey::derive(op.caller, op.tool, args, &scope).map_err(|e| e.to_string())?;
         // Judged now, before the handler's side effect: the store would
         // refuse the completion after it.
-        self.limits.claim(op.caller.tenant(), op.tool)?;
+        self.limits
+            .claim(op.caller.tenant(), op.tool)
+            .map_err(Unclaimable::Unrecordable)?;
         Ok(ClaimRequest {
             key,
             reference: Reference::new_operation(&key),
@@ -889,5 +891,37 @@ fn business_key<'v>(
                 .map(|(field, value)| (field.to_owned(), value))
                 .collect(),
         )),
+    }
+}
+
+/// Why a call cannot be claimed, found before anything is sent to the store.
+pub(crate) enum Unclaimable {
+    /// Its arguments cannot form an operation: the caller corrects them.
+    Refused(String),
+    /// The store cannot hold its record (a tenant id or tool name too long
+    /// for the store's item): calling again will not help until the
+    /// server's operator changes that.
+    Unrecordable(String),
+}
+
+impl From<String> for Unclaimable {
+    fn from(reason: String) -> Self {
+        Unclaimable::Refused(reason)
+    }
+}
+
+impl Unclaimable {
+    /// The answer: `refused` with the reason for the caller to correct,
+    /// or `store_misconfigured` with the reason in the operator's log.
+    pub(crate) fn answer<T, E>(self, tool: &str) -> Answer<T, E> {
+        match self {
+            Unclaimable::Refused(reason) => Answer::Refused { reason },
+            Unclaimable::Unrecordable(reason) => {
+                tracing::warn!(tool, %reason, "the store cannot record this call; not running");
+                Answer::StoreMisconfigured {
+                    error: StoreError::Config(reason),
+                }
+            }
+        }
     }
 }

@@ -80,7 +80,7 @@ impl Executor {
     {
         let request = match self.claim_request(&op, keyed) {
             Ok(request) => request,
-            Err(reason) => return TaskClaim::Answered(Answer::Refused { reason }),
+            Err(why) => return TaskClaim::Answered(why.answer(op.tool)),
         };
         let key = request.key;
         match self.claim(request, op.tool).await {
