@@ -268,12 +268,20 @@ pub trait IdempotencyStore: Send + Sync + std::fmt::Debug {
 
     /// At most `limit` IN_PROGRESS records whose lease ran out: their handler
     /// may have died mid-call. The sweep marks them UNKNOWN.
+    ///
+    /// On a store whose indexes are eventually consistent (DynamoDB's), a
+    /// listing may trail the latest writes: a record just changed may be
+    /// missing or listed as it was. Every write a listing leads to checks
+    /// its own condition atomically ([`mark_lapsed`](Self::mark_lapsed),
+    /// [`take_check`](Self::take_check)), so a stale entry changes nothing;
+    /// a record missing now is listed by a later round.
     async fn list_lapsed(&self, limit: usize) -> Result<Vec<Record>, StoreError>;
 
     /// At most `limit` UNKNOWN records whose next check is due
     /// (`next_check_at <= now`), the longest due first, for a reconciler.
     /// Records a reconciler cannot resolve are deferred with a backoff, so
-    /// they never hide the others.
+    /// they never hide the others. It may trail the latest writes as
+    /// [`list_lapsed`](Self::list_lapsed) may.
     async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError>;
 
     /// At most `filter.limit` records that match `filter`, the newest claims
