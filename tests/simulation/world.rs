@@ -411,10 +411,13 @@ pub struct World {
     pub unconfirmed: BTreeMap<Reference, Unconfirmed>,
     /// When each claim that won took effect, per (key, attempt).
     pub claims_landed: BTreeMap<([u8; 32], u64), Instant>,
-    /// Every release sent, per (key, attempt): when, and when it was
-    /// answered and whether the store answered (oracle 12's excuse).
-    pub releases: BTreeMap<([u8; 32], u64), Vec<(Instant, Option<(Instant, bool)>)>>,
+    /// Every release sent, per (key, attempt) (oracle 12's excuse).
+    pub releases: BTreeMap<([u8; 32], u64), Vec<ReleaseRec>>,
 }
+
+/// A release sent: when, and when it was answered and whether the store
+/// answered (not `Unavailable`); `None` while it is on its way.
+pub type ReleaseRec = (Instant, Option<(Instant, bool)>);
 
 /// A claim whose caller was told nothing ran (oracle 12).
 #[derive(Clone, Copy, Debug)]
