@@ -243,6 +243,12 @@ where
             "ValidationException" => {
                 StoreError::Invalid(format!("DynamoDB refused the request: {message}"))
             }
+            // An answer without an error code (an HTTP 500 from a proxy
+            // or an emulator): what there is of it, never an empty text.
+            "" => StoreError::Unavailable(format!(
+                "DynamoDB answered with an error that names no code: {}",
+                aws_sdk_dynamodb::error::DisplayErrorContext(&e)
+            )),
             // ProvisionedThroughputExceededException, ThrottlingException,
             // RequestLimitExceeded, InternalServerError, a transaction
             // conflict: the same call later may pass.
