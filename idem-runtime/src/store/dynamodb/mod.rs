@@ -230,14 +230,16 @@ impl DynamoDbStore {
         }
     }
 
-    fn err<E, R>(&self, e: aws_sdk_dynamodb::error::SdkError<E, R>) -> StoreError
+    fn err<E>(
+        &self,
+        e: aws_sdk_dynamodb::error::SdkError<E, aws_sdk_dynamodb::config::http::HttpResponse>,
+    ) -> StoreError
     where
         E: aws_sdk_dynamodb::error::ProvideErrorMetadata
             + std::error::Error
             + Send
             + Sync
             + 'static,
-        R: std::fmt::Debug + Send + Sync + 'static,
     {
         sdk_error(&self.table, e)
     }

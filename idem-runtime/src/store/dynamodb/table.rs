@@ -421,19 +421,24 @@ fn busy(code: Option<&str>) -> bool {
     )
 }
 
-/// A failed `UpdateTable` that adds `leases`, said as what it was for.
+/// A failed `UpdateTable` that adds `leases`, said as what it was for and
+/// what to do.
 fn adding_leases(table: &str, e: StoreError) -> StoreError {
-    let say = |m: String| {
+    let say = |m: String, then: &str| {
         format!(
             "could not add the `leases` index to the DynamoDB table {table:?} ({m}); nothing \
-             was changed. Migrating needs the IAM actions dynamodb:DescribeTable and \
-             dynamodb:UpdateTable; run the migration again once this is fixed"
+             was changed, and replicas of the earlier version serve it meanwhile. {then}"
         )
     };
+    let again = "Run the migration again (`idem create-table`, or DynamoDbStore::migrate)";
     match e {
-        StoreError::Unavailable(m) => StoreError::Unavailable(say(m)),
-        StoreError::Config(m) => StoreError::Config(say(m)),
-        StoreError::Invalid(m) => StoreError::Invalid(say(m)),
+        StoreError::Unavailable(m) => StoreError::Unavailable(say(m, again)),
+        StoreError::Config(m) => StoreError::Config(say(
+            m,
+            "Migrating needs the IAM actions dynamodb:DescribeTable and dynamodb:UpdateTable \
+             on the table; grant them to the role that migrates, then run the migration again",
+        )),
+        StoreError::Invalid(m) => StoreError::Invalid(say(m, again)),
         e => e,
     }
 }
