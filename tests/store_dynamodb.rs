@@ -11,6 +11,8 @@
 
 mod dynamodb_emulator;
 mod dynamodb_proxy;
+#[path = "store_dynamodb/grants.rs"]
+mod grants;
 #[path = "store_dynamodb/migrate.rs"]
 mod migrate;
 

@@ -11,7 +11,7 @@
 //! each request is forwarded on a connection of its own.
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -369,4 +369,68 @@ fn split_answer(answer: &[u8]) -> (u16, String) {
         .split_once("\r\n\r\n")
         .map_or_else(String::new, |(_, b)| b.to_owned());
     (status, body)
+}
+
+/// The IAM actions a request needs (`dynamodb:PutItem`): its operation's,
+/// or for a `TransactWriteItems` those of the writes it holds (IAM has no
+/// action of its own for a transaction).
+pub fn iam_actions(operation: &str, body: &str) -> Vec<String> {
+    if operation != "TransactWriteItems" {
+        return vec![format!("dynamodb:{operation}")];
+    }
+    let body: serde_json::Value = serde_json::from_str(body).expect("a JSON request");
+    let mut actions: Vec<String> = body["TransactItems"]
+        .as_array()
+        .expect("a transaction's items")
+        .iter()
+        .flat_map(|item| item.as_object().unwrap().keys())
+        .map(|write| match write.as_str() {
+            "Put" => "dynamodb:PutItem".to_owned(),
+            "Update" => "dynamodb:UpdateItem".to_owned(),
+            "Delete" => "dynamodb:DeleteItem".to_owned(),
+            "ConditionCheck" => "dynamodb:ConditionCheckItem".to_owned(),
+            other => panic!("a transaction's write {other:?}"),
+        })
+        .collect();
+    actions.dedup();
+    actions
+}
+
+/// The IAM actions requests have needed, by what a test was doing.
+pub type Actions = Arc<Mutex<BTreeSet<String>>>;
+
+impl Proxy {
+    /// From now on, forwards every request and records the IAM actions it
+    /// needs ([`iam_actions`]) in what this returns.
+    pub fn record_actions(&self) -> Actions {
+        let actions = Actions::default();
+        let recorded = actions.clone();
+        self.intercept(move |operation, body| {
+            recorded
+                .lock()
+                .unwrap()
+                .extend(iam_actions(operation, body));
+            Intercepted::Forward
+        });
+        actions
+    }
+}
+
+/// The actions docs/deploying.md grants in its IAM statement `sid` (the
+/// JSON block with `"Sid": "IdemServe"`).
+pub fn documented_actions(sid: &str) -> BTreeSet<String> {
+    let docs = include_str!("../../docs/deploying.md");
+    let at = docs
+        .find(&format!("\"Sid\": \"{sid}\""))
+        .unwrap_or_else(|| panic!("docs/deploying.md has no IAM statement {sid}"));
+    let start = docs[..at].rfind("```json").expect("in a JSON block") + "```json".len();
+    let end = at + docs[at..].find("```").expect("a closed JSON block");
+    let statement: serde_json::Value = serde_json::from_str(&docs[start..end])
+        .unwrap_or_else(|e| panic!("{sid}'s statement is JSON: {e}"));
+    statement["Action"]
+        .as_array()
+        .expect("its actions")
+        .iter()
+        .map(|a| a.as_str().unwrap().to_owned())
+        .collect()
 }

@@ -74,7 +74,7 @@ async fn separate_clients_racing_charge_once() {
     let runs = Arc::new(AtomicUsize::new(0));
     let executors: Vec<Executor> = (0..4)
         .map(|_| {
-            let store = RedisStore::builder(&redis.url)
+            let store = RedisStore::builder(&redis.store_url)
                 .unwrap()
                 .prefix(&redis.prefix)
                 .build()
