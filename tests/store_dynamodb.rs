@@ -15,6 +15,9 @@ mod dynamodb_proxy;
 mod grants;
 #[path = "store_dynamodb/migrate.rs"]
 mod migrate;
+mod rolling;
+#[path = "store_dynamodb/rolling.rs"]
+mod rolling_deploy;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

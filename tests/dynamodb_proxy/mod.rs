@@ -49,6 +49,12 @@ pub enum Intercepted {
     /// Forward it, and answer this status and JSON body instead of the
     /// service's: a request applied whose answer says otherwise.
     Replace(u16, String),
+    /// Forward this JSON body in its place, and answer what the service
+    /// answered to it, rewritten by `answer` if given.
+    Alter {
+        request: String,
+        answer: Option<Rewrite>,
+    },
 }
 
 /// A rewrite of the service's answer's JSON body.
@@ -235,6 +241,21 @@ async fn serve(
             client.write_all(&json_answer(status, &body)).await?;
             return client.shutdown().await;
         }
+        Intercepted::Alter { request, answer } => {
+            let head = with_length(&head, request.len());
+            let sent =
+                exchange(upstream, &with_connection_close(&head, request.as_bytes())).await?;
+            let (status, body) = split_answer(&sent);
+            let body = match answer {
+                Some(rewrite) => {
+                    let body = serde_json::from_str(&body).expect("the service answers JSON");
+                    rewrite(body).to_string()
+                }
+                None => body,
+            };
+            client.write_all(&json_answer(status, &body)).await?;
+            return client.shutdown().await;
+        }
     }
     if let Some(hold) = held {
         // Forwarded later, whatever the client does meanwhile; the client
@@ -334,6 +355,22 @@ fn answer_closing(answer: &[u8]) -> Vec<u8> {
         }
         None => answer.to_vec(),
     }
+}
+
+/// A request's head with `Content-Length: length` in place of its own.
+fn with_length(head: &str, length: usize) -> String {
+    let mut out = String::new();
+    for line in head.trim_end().lines() {
+        let is_length = line
+            .split_once(':')
+            .is_some_and(|(n, _)| n.trim().eq_ignore_ascii_case("content-length"));
+        if !is_length {
+            out.push_str(line);
+            out.push_str("\r\n");
+        }
+    }
+    out.push_str(&format!("Content-Length: {length}\r\n\r\n"));
+    out
 }
 
 /// An answer of the proxy's own: `status`, a JSON `body`.
