@@ -15,12 +15,17 @@
 mod durable;
 #[path = "../redis_server/mod.rs"]
 mod redis_server;
+#[path = "../rolling/mod.rs"]
+mod rolling;
 
 mod by_reference;
+mod earlier;
 mod faults;
 mod late_claims;
 mod library;
 mod records;
+#[path = "rolling.rs"]
+mod rolling_deploy;
 mod upgrades;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
