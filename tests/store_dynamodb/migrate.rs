@@ -74,7 +74,7 @@ fn test_credentials() {
 
 /// Four starters at once on a table from before `leases`, each its own
 /// way (`migrate`, `create_table`, `open_store` with `create=true`, `idem
-/// create-table`), on three tables: every one of them succeeds, and the
+/// create-table`), on two tables: every one of them succeeds, and the
 /// table then serves (`connect` finds `leases`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn starters_migrating_at_once_all_succeed() {
@@ -83,7 +83,7 @@ async fn starters_migrating_at_once_all_succeed() {
     };
     test_credentials();
     let mut failures = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..2 {
         let table = create_table_before_leases(&endpoint).await;
         let (endpoint, name) = (endpoint.as_str(), table.table());
         // One task polls the four: their requests are in flight together.
@@ -294,7 +294,7 @@ async fn a_migration_out_of_time_says_what_to_do() {
     };
     let table = create_table_before_leases(&endpoint).await;
     let proxy = Proxy::start(&endpoint).await;
-    let build = IndexBuild::on(&proxy, Duration::from_secs(3));
+    let build = IndexBuild::on(&proxy, Duration::from_secs(2));
     let impatient = DynamoDbStore::builder(client(&proxy.url), table.table())
         .migrate_timeout(Duration::from_millis(500))
         .build()
