@@ -14,6 +14,13 @@
 
 mod dynamodb_emulator;
 mod dynamodb_proxy;
+#[path = "store_dynamodb/grants.rs"]
+mod grants;
+#[path = "store_dynamodb/migrate.rs"]
+mod migrate;
+mod rolling;
+#[path = "store_dynamodb/rolling.rs"]
+mod rolling_deploy;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -19,6 +19,7 @@ mod binary;
 mod configuration;
 mod create_table;
 mod escape;
+mod grants;
 mod jobs;
 mod operator;
 mod postgres;

@@ -1,15 +1,17 @@
 //! A proxy between a DynamoDbStore and the emulator, for tests that look at
 //! the requests themselves: it counts every request by its operation (the
-//! `X-Amz-Target` header: `DynamoDB_20120810.Scan`), and holds a request a
+//! `X-Amz-Target` header: `DynamoDB_20120810.Scan`), holds a request a
 //! test picks for a while before it forwards it anyway, after its client
-//! gave up: a request the service applies late.
+//! gave up (a request the service applies late), and lets a test answer a
+//! request itself or rewrite the service's answer (what DynamoDB does and
+//! the emulator does not: an index it is still building).
 //!
 //! Plain HTTP/1.1, one request per connection (each answer says
 //! `Connection: close`, so the SDK opens a new connection for the next);
 //! each request is forwarded on a connection of its own.
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -36,10 +38,60 @@ pub struct Landed {
     pub answer: String,
 }
 
+/// What a test's hook ([`Proxy::intercept`]) makes of one request.
+pub enum Intercepted {
+    /// Forward it, and answer what the service answered.
+    Forward,
+    /// Send nothing on, and answer with this status and JSON body.
+    Answer(u16, String),
+    /// Forward it, and answer the service's JSON body rewritten.
+    Rewrite(Rewrite),
+    /// Forward it, and answer this status and JSON body instead of the
+    /// service's: a request applied whose answer says otherwise.
+    Replace(u16, String),
+    /// Forward this JSON body in its place, and answer what the service
+    /// answered to it, rewritten by `answer` if given.
+    Alter {
+        request: String,
+        answer: Option<Rewrite>,
+    },
+}
+
+/// A rewrite of the service's answer's JSON body.
+pub type Rewrite = Box<dyn FnOnce(serde_json::Value) -> serde_json::Value + Send>;
+
+impl Intercepted {
+    /// DynamoDB's answer to a request it refused: HTTP 400 and the error's
+    /// code (`ResourceInUseException`) and message, as the SDK reads them.
+    pub fn error(code: &str, message: &str) -> Intercepted {
+        Intercepted::Answer(400, error_body(code, message))
+    }
+
+    /// The request forwarded, and answered as refused (see
+    /// [`error`](Intercepted::error)).
+    pub fn applied_but_refused(code: &str, message: &str) -> Intercepted {
+        Intercepted::Replace(400, error_body(code, message))
+    }
+}
+
+/// The body of DynamoDB's answer to a request it refused.
+fn error_body(code: &str, message: &str) -> String {
+    serde_json::json!({
+        "__type": format!("com.amazonaws.dynamodb.v20120810#{code}"),
+        "message": message,
+    })
+    .to_string()
+}
+
+/// A test's hook: the operation (without its prefix) and the body in, what
+/// to do with the request out.
+type Hook = Arc<dyn Fn(&str, &str) -> Intercepted + Send + Sync>;
+
 #[derive(Default)]
 struct State {
     counts: Mutex<BTreeMap<String, usize>>,
     hold: Mutex<Option<Hold>>,
+    hook: Mutex<Option<Hook>>,
 }
 
 /// The proxy, serving until dropped.
@@ -123,6 +175,13 @@ impl Proxy {
         });
     }
 
+    /// Hands every request from now on to `hook`, which says whether it is
+    /// forwarded, answered by the proxy, or forwarded and its answer
+    /// rewritten.
+    pub fn intercept(&self, hook: impl Fn(&str, &str) -> Intercepted + Send + Sync + 'static) {
+        *self.state.hook.lock().unwrap() = Some(Arc::new(hook));
+    }
+
     /// Waits (at most `timeout`) until the held request has been forwarded
     /// and answered.
     pub async fn landed(&self, timeout: Duration) -> Landed {
@@ -162,6 +221,42 @@ async fn serve(
         }
     };
     let request = with_connection_close(&head, &body);
+    let hook = state.hook.lock().unwrap().clone();
+    match hook.map_or(Intercepted::Forward, |hook| hook(&operation, &text)) {
+        Intercepted::Forward => {}
+        Intercepted::Answer(status, body) => {
+            client.write_all(&json_answer(status, &body)).await?;
+            return client.shutdown().await;
+        }
+        Intercepted::Rewrite(rewrite) => {
+            let answer = exchange(upstream, &request).await?;
+            let (status, body) = split_answer(&answer);
+            let body = serde_json::from_str(&body).expect("the service answers JSON");
+            let body = rewrite(body).to_string();
+            client.write_all(&json_answer(status, &body)).await?;
+            return client.shutdown().await;
+        }
+        Intercepted::Replace(status, body) => {
+            exchange(upstream, &request).await?;
+            client.write_all(&json_answer(status, &body)).await?;
+            return client.shutdown().await;
+        }
+        Intercepted::Alter { request, answer } => {
+            let head = with_length(&head, request.len());
+            let sent =
+                exchange(upstream, &with_connection_close(&head, request.as_bytes())).await?;
+            let (status, body) = split_answer(&sent);
+            let body = match answer {
+                Some(rewrite) => {
+                    let body = serde_json::from_str(&body).expect("the service answers JSON");
+                    rewrite(body).to_string()
+                }
+                None => body,
+            };
+            client.write_all(&json_answer(status, &body)).await?;
+            return client.shutdown().await;
+        }
+    }
     if let Some(hold) = held {
         // Forwarded later, whatever the client does meanwhile; the client
         // is answered nothing and gives up.
@@ -262,6 +357,33 @@ fn answer_closing(answer: &[u8]) -> Vec<u8> {
     }
 }
 
+/// A request's head with `Content-Length: length` in place of its own.
+fn with_length(head: &str, length: usize) -> String {
+    let mut out = String::new();
+    for line in head.trim_end().lines() {
+        let is_length = line
+            .split_once(':')
+            .is_some_and(|(n, _)| n.trim().eq_ignore_ascii_case("content-length"));
+        if !is_length {
+            out.push_str(line);
+            out.push_str("\r\n");
+        }
+    }
+    out.push_str(&format!("Content-Length: {length}\r\n\r\n"));
+    out
+}
+
+/// An answer of the proxy's own: `status`, a JSON `body`.
+fn json_answer(status: u16, body: &str) -> Vec<u8> {
+    let reason = if status == 200 { "OK" } else { "Bad Request" };
+    format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: application/x-amz-json-1.0\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
 /// Sends `request` on a connection of its own and reads the answer to its
 /// end.
 async fn exchange(upstream: &str, request: &[u8]) -> std::io::Result<Vec<u8>> {
@@ -284,4 +406,68 @@ fn split_answer(answer: &[u8]) -> (u16, String) {
         .split_once("\r\n\r\n")
         .map_or_else(String::new, |(_, b)| b.to_owned());
     (status, body)
+}
+
+/// The IAM actions a request needs (`dynamodb:PutItem`): its operation's,
+/// or for a `TransactWriteItems` those of the writes it holds (IAM has no
+/// action of its own for a transaction).
+pub fn iam_actions(operation: &str, body: &str) -> Vec<String> {
+    if operation != "TransactWriteItems" {
+        return vec![format!("dynamodb:{operation}")];
+    }
+    let body: serde_json::Value = serde_json::from_str(body).expect("a JSON request");
+    let mut actions: Vec<String> = body["TransactItems"]
+        .as_array()
+        .expect("a transaction's items")
+        .iter()
+        .flat_map(|item| item.as_object().unwrap().keys())
+        .map(|write| match write.as_str() {
+            "Put" => "dynamodb:PutItem".to_owned(),
+            "Update" => "dynamodb:UpdateItem".to_owned(),
+            "Delete" => "dynamodb:DeleteItem".to_owned(),
+            "ConditionCheck" => "dynamodb:ConditionCheckItem".to_owned(),
+            other => panic!("a transaction's write {other:?}"),
+        })
+        .collect();
+    actions.dedup();
+    actions
+}
+
+/// The IAM actions requests have needed, by what a test was doing.
+pub type Actions = Arc<Mutex<BTreeSet<String>>>;
+
+impl Proxy {
+    /// From now on, forwards every request and records the IAM actions it
+    /// needs ([`iam_actions`]) in what this returns.
+    pub fn record_actions(&self) -> Actions {
+        let actions = Actions::default();
+        let recorded = actions.clone();
+        self.intercept(move |operation, body| {
+            recorded
+                .lock()
+                .unwrap()
+                .extend(iam_actions(operation, body));
+            Intercepted::Forward
+        });
+        actions
+    }
+}
+
+/// The actions docs/deploying.md grants in its IAM statement `sid` (the
+/// JSON block with `"Sid": "IdemServe"`).
+pub fn documented_actions(sid: &str) -> BTreeSet<String> {
+    let docs = include_str!("../../docs/deploying.md");
+    let at = docs
+        .find(&format!("\"Sid\": \"{sid}\""))
+        .unwrap_or_else(|| panic!("docs/deploying.md has no IAM statement {sid}"));
+    let start = docs[..at].rfind("```json").expect("in a JSON block") + "```json".len();
+    let end = at + docs[at..].find("```").expect("a closed JSON block");
+    let statement: serde_json::Value = serde_json::from_str(&docs[start..end])
+        .unwrap_or_else(|e| panic!("{sid}'s statement is JSON: {e}"));
+    statement["Action"]
+        .as_array()
+        .expect("its actions")
+        .iter()
+        .map(|a| a.as_str().unwrap().to_owned())
+        .collect()
 }

@@ -1,5 +1,6 @@
 //! What the Redis tests share: the shared server (`IDEM_TEST_REDIS_URL`),
-//! stores under fresh key prefixes whose keys are deleted afterwards, and
+//! stores under fresh key prefixes whose keys are deleted afterwards,
+//! connected as the user docs/deploying.md gives a server, and
 //! `redis-server` processes of the tests' own, on free loopback ports.
 #![allow(dead_code)]
 
@@ -57,20 +58,34 @@ pub fn fresh_prefix() -> String {
 #[derive(Debug)]
 pub struct Prefixed {
     pub store: RedisStore,
+    /// The server, as its administrator: for the tests' own commands.
     pub url: String,
+    /// The server as the store's user: for the tests' other stores.
+    pub store_url: String,
     pub prefix: String,
 }
 
 impl Prefixed {
-    /// `None` when the tests are skipped (see [`redis_url`]).
+    /// `None` when the tests are skipped (see [`redis_url`]). The store
+    /// connects as the user docs/deploying.md gives every replica
+    /// ([`serving_url`]).
     pub async fn new() -> Option<Prefixed> {
-        Some(Self::on(&redis_url()?, Duration::from_secs(5)))
+        let url = redis_url()?;
+        let as_server = serving_url(&url).await;
+        Some(Self::as_user(&url, &as_server, Duration::from_secs(5)))
     }
 
-    /// A store under a fresh prefix on the server at `url`.
+    /// A store under a fresh prefix on the server at `url`, as its
+    /// administrator.
     pub fn on(url: &str, timeout: Duration) -> Prefixed {
+        Self::as_user(url, url, timeout)
+    }
+
+    /// A store under a fresh prefix, connected to `store_url`, on the server
+    /// whose administrator is at `url`.
+    fn as_user(url: &str, store_url: &str, timeout: Duration) -> Prefixed {
         let prefix = fresh_prefix();
-        let store = RedisStore::builder(url)
+        let store = RedisStore::builder(store_url)
             .unwrap()
             .prefix(&prefix)
             .timeout(timeout)
@@ -79,9 +94,91 @@ impl Prefixed {
         Prefixed {
             store,
             url: url.into(),
+            store_url: store_url.into(),
             prefix,
         }
     }
+}
+
+/// The rules docs/deploying.md gives the Redis user `user` in its
+/// `ACL SETUSER user …` command: the words after the name, its continuation
+/// lines joined.
+pub fn documented_acl(user: &str) -> Vec<String> {
+    let docs = include_str!("../../docs/deploying.md");
+    let start = format!("ACL SETUSER {user} ");
+    let at = docs
+        .find(&start)
+        .unwrap_or_else(|| panic!("docs/deploying.md gives no `{start}…`"));
+    let mut words = Vec::new();
+    for line in docs[at + start.len()..].lines() {
+        let (line, more) = match line.trim_end().strip_suffix('\\') {
+            Some(line) => (line, true),
+            None => (line, false),
+        };
+        words.extend(line.split_whitespace().map(str::to_owned));
+        if !more {
+            return words;
+        }
+    }
+    words
+}
+
+/// The password of the tests' users.
+const PASSWORD: &str = "idem-tests";
+
+/// A user of the server at `url` (its administrator's) with exactly the
+/// rules docs/deploying.md gives `user`, for the keys `keys` (where the
+/// docs say `idem:*`, the default prefix's: the tests' prefixes are `t-*`),
+/// or for none when the docs name none: the server's URL as that user.
+/// Named after its rules, so that processes sharing a server and the same
+/// docs share the user and set it alike.
+pub async fn documented_user(url: &str, user: &str, keys: &str) -> String {
+    use sha2::Digest;
+    let rules: Vec<String> = documented_acl(user)
+        .into_iter()
+        .map(|word| match word.as_str() {
+            "~idem:*" => format!("~{keys}"),
+            ">PASSWORD" => format!(">{PASSWORD}"),
+            _ => word,
+        })
+        .collect();
+    assert!(
+        rules.first().is_some_and(|w| w == "reset"),
+        "{user}'s documented rules start from `reset`: {rules:?}"
+    );
+    let digest = sha2::Sha256::digest(rules.join(" ").as_bytes());
+    let name = format!(
+        "{user}-{}",
+        digest[..4]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    );
+    let _: () = command(url, redis::cmd("ACL").arg("SETUSER").arg(&name).arg(&rules)).await;
+    let host = url.trim_start_matches("redis://");
+    let host = host.rsplit_once('@').map_or(host, |(_, host)| host);
+    format!("redis://{name}:{PASSWORD}@{host}")
+}
+
+/// The shared server at `url` as the user docs/deploying.md gives every
+/// replica (`idem-server`), with this version's library loaded by the
+/// administrator (that user may not load it): set up once per process.
+pub async fn serving_url(url: &str) -> String {
+    static SERVING: tokio::sync::OnceCell<String> = tokio::sync::OnceCell::const_new();
+    SERVING
+        .get_or_init(|| async {
+            let as_server = documented_user(url, "idem-server", "t-*").await;
+            RedisStore::builder(url)
+                .unwrap()
+                .build()
+                .unwrap()
+                .load_library()
+                .await
+                .expect("the administrator loads the library");
+            as_server
+        })
+        .await
+        .clone()
 }
 
 impl std::ops::Deref for Prefixed {

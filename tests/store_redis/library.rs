@@ -1,6 +1,6 @@
 //! The store's scripts, a Redis Functions library: loaded again when a
 //! server lost it, already on a promoted replica, and a user not allowed to
-//! load it.
+//! load it, and the users docs/deploying.md gives.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use idem_runtime::store::conformance::claim_request;
 use idem_runtime::{store::Claim, Executor, IdempotencyStore, RedisStore, StoreError};
 
-use crate::redis_server::{command, Server};
+use crate::redis_server::{command, documented_user, Server};
 use crate::{charge, libraries, until_executed};
 
 /// The store's scripts are a Redis Functions library, loaded by the first
@@ -166,7 +166,7 @@ async fn a_user_without_function_load_is_a_configuration_error() {
         };
         assert!(message.contains("NOPERM"), "{message}");
         assert!(message.contains("'function|load'"), "{message}");
-        assert!(message.contains("ACL SETUSER <user> +fcall"), "{message}");
+        assert!(message.contains("ACL SETUSER <user> reset"), "{message}");
         assert!(message.contains(RedisStore::library_name()), "{message}");
     }
     assert!(libraries(&url).await.is_empty(), "nothing was loaded");
@@ -184,4 +184,37 @@ async fn a_user_without_function_load_is_a_configuration_error() {
         Claim::Claimed { .. }
     ));
     let _: i64 = command(&url, redis::cmd("ACL").arg("DELUSER").arg(&user)).await;
+}
+
+/// The users docs/deploying.md gives: a server's (`idem-server`), which may
+/// not load the library, finds it missing as a configuration error that
+/// names what to grant; the deploy step's (`idem-loader`) loads it and may
+/// do nothing else; then the server's serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_users_load_the_library_and_serve() {
+    let Some(server) = Server::start(&[]) else {
+        return;
+    };
+    let url = server.url();
+    let as_server = documented_user(&url, "idem-server", "idem:*").await;
+    let as_loader = documented_user(&url, "idem-loader", "idem:*").await;
+    let store = RedisStore::builder(&as_server).unwrap().build().unwrap();
+    let req = claim_request(Duration::from_secs(60));
+    match store.claim(&req).await {
+        Err(StoreError::Config(message)) => {
+            assert!(message.contains("function|load"), "{message}")
+        }
+        other => panic!("the library missing: {other:?}"),
+    }
+    let loader = RedisStore::builder(&as_loader).unwrap().build().unwrap();
+    match loader.claim(&req).await {
+        Err(StoreError::Config(message)) => assert!(message.contains("NOPERM"), "{message}"),
+        other => panic!("the loader may not call the library: {other:?}"),
+    }
+    loader.load_library().await.unwrap();
+    assert_eq!(libraries(&url).await, [RedisStore::library_name()]);
+    assert!(matches!(
+        store.claim(&req).await.unwrap(),
+        Claim::Claimed { .. }
+    ));
 }

@@ -15,12 +15,17 @@
 mod durable;
 #[path = "../redis_server/mod.rs"]
 mod redis_server;
+#[path = "../rolling/mod.rs"]
+mod rolling;
 
 mod by_reference;
+mod earlier;
 mod faults;
 mod late_claims;
 mod library;
 mod records;
+#[path = "rolling.rs"]
+mod rolling_deploy;
 mod upgrades;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -74,7 +79,7 @@ async fn separate_clients_racing_charge_once() {
     let runs = Arc::new(AtomicUsize::new(0));
     let executors: Vec<Executor> = (0..4)
         .map(|_| {
-            let store = RedisStore::builder(&redis.url)
+            let store = RedisStore::builder(&redis.store_url)
                 .unwrap()
                 .prefix(&redis.prefix)
                 .build()

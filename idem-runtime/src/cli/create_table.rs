@@ -5,8 +5,8 @@ use serde_json::json;
 
 use super::escape::shown;
 use super::render::json_text;
-use super::{Failure, EXIT_USAGE};
-use crate::store::open_store;
+use super::{Failure, EXIT_UNREACHABLE, EXIT_USAGE};
+use crate::store::{open_store, StoreError};
 
 /// `create-table`: the DynamoDB table `url` names, created with its
 /// indexes and TTL, or, when it exists, migrated to this version's indexes
@@ -29,7 +29,17 @@ pub(super) async fn create_table(url: &str, json: bool) -> Result<String, Failur
     } else {
         format!("{url}{joiner}create=true")
     };
-    open_store(&url).await?;
+    open_store(&url).await.map_err(|e| match e {
+        StoreError::Unavailable(_) => Failure(
+            EXIT_UNREACHABLE,
+            format!(
+                "{e}\nthe table is left as far as DynamoDB got with it, and earlier replicas \
+                 serve it meanwhile: run create-table again, which goes on from there; if \
+                 DynamoDB did not answer, check the endpoint, the region and the network"
+            ),
+        ),
+        e => e.into(),
+    })?;
     Ok(if json {
         json_text(&json!({ "table": table, "active": true }))
     } else {

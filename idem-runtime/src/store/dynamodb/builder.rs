@@ -1,28 +1,23 @@
-//! [`DynamoDbStoreBuilder`]: the client, the table and the clock; the
-//! table's creation; and the store a `dynamodb://` URL names.
+//! [`DynamoDbStoreBuilder`]: the client, the table, the clock and how long
+//! a migration waits; and the store a `dynamodb://` URL names.
 
 use std::sync::atomic::AtomicU8;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use aws_sdk_dynamodb::types::{
-    AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
-    ProjectionType, ScalarAttributeType, TimeToLiveSpecification,
-};
 use aws_sdk_dynamodb::Client;
 
-use super::layout::{attr, Projected, INDEXES, LAPSED_INDEX, LEASES_INDEX, TTL_ATTRIBUTE};
+use super::table::LAPSED_UNASKED;
 use super::DynamoDbStore;
 use crate::store::StoreError;
 
 /// The clocks' spread a store assumes unless told.
 const DEFAULT_CLOCK_SPREAD: Duration = Duration::from_secs(1);
 
-/// What a store knows of the table's `lapsed` index: not asked yet, there,
-/// gone.
-pub(super) const LAPSED_UNASKED: u8 = 0;
-const LAPSED_PRESENT: u8 = 1;
-const LAPSED_ABSENT: u8 = 2;
+/// How long a migration waits for the table and its indexes unless told:
+/// DynamoDB builds a new index from every item of the table, minutes for a
+/// table of a few GB.
+const DEFAULT_MIGRATE_TIMEOUT: Duration = Duration::from_secs(10 * 60);
 
 /// Configures a [`DynamoDbStore`]: the table and where the store reads the
 /// time.
@@ -32,6 +27,7 @@ pub struct DynamoDbStoreBuilder {
     table: String,
     clock: Option<super::Clock>,
     clock_spread: Duration,
+    migrate_timeout: Duration,
 }
 
 impl std::fmt::Debug for DynamoDbStoreBuilder {
@@ -49,6 +45,7 @@ impl DynamoDbStoreBuilder {
             table,
             clock: None,
             clock_spread: DEFAULT_CLOCK_SPREAD,
+            migrate_timeout: DEFAULT_MIGRATE_TIMEOUT,
         }
     }
 
@@ -71,6 +68,19 @@ impl DynamoDbStoreBuilder {
         self
     }
 
+    /// How long [`migrate`](DynamoDbStore::migrate) and
+    /// [`create_table`](DynamoDbStore::create_table) wait for DynamoDB to
+    /// build the table and its indexes, and [`connect`](DynamoDbStore::connect)
+    /// for a `leases` index another starter is adding (default 10 minutes).
+    /// DynamoDB fills a new index from every item of the table: a few
+    /// minutes for a few GB, longer beyond. A wait that runs out is
+    /// `Unavailable`, and changes nothing: the index goes on being built,
+    /// and the next `migrate` waits for it from where it is.
+    pub fn migrate_timeout(mut self, timeout: Duration) -> Self {
+        self.migrate_timeout = timeout;
+        self
+    }
+
     /// The store. Sends nothing to DynamoDB. Errors: `Config` for a table
     /// name DynamoDB would refuse (3 to 255 characters from `A-Z a-z 0-9 _
     /// - .`).
@@ -81,6 +91,7 @@ impl DynamoDbStoreBuilder {
             table: self.table.into(),
             clock: self.clock,
             clock_spread: self.clock_spread,
+            migrate_timeout: self.migrate_timeout,
             lapsed_index: Arc::new(AtomicU8::new(LAPSED_UNASKED)),
         })
     }
@@ -98,270 +109,6 @@ fn check_table_name(table: &str) -> Result<(), StoreError> {
             "invalid DynamoDB table name {table:?}: use 3 to 255 characters from A-Z a-z 0-9 _ - ."
         )))
     }
-}
-
-impl DynamoDbStore {
-    /// A store over `client` and `table`, after checking that the table
-    /// exists. Errors: `Config` when it does not (create it with
-    /// [`create_table`](DynamoDbStore::create_table) or from
-    /// [`TABLE_DEFINITION`](super::TABLE_DEFINITION)), `Unavailable`.
-    pub async fn connect(client: Client, table: &str) -> Result<Self, StoreError> {
-        let store = Self::builder(client, table).build()?;
-        store.check_table().await?;
-        Ok(store)
-    }
-
-    /// Asks DynamoDB for the table: `Config` when it does not exist, or
-    /// when it was created before the `leases` index and not migrated.
-    pub(crate) async fn check_table(&self) -> Result<(), StoreError> {
-        if !self.index_names().await?.iter().any(|n| n == LEASES_INDEX) {
-            return Err(StoreError::Config(format!(
-                "the DynamoDB table {:?} has no `leases` index: it was created by an earlier \
-                 version of idem. Add it before serving with this one: \
-                 DynamoDbStore::migrate, or `idem --store dynamodb://{}?region=… create-table` \
-                 (it migrates a table that exists)",
-                self.table, self.table
-            )));
-        }
-        Ok(())
-    }
-
-    /// Creates the table as [`TABLE_DEFINITION`](super::TABLE_DEFINITION)
-    /// describes it (on-demand billing, the four sparse indexes) and turns
-    /// on its TTL, then waits until it is active: for tests and first runs.
-    /// A table that exists already is migrated ([`migrate`](DynamoDbStore::migrate))
-    /// and otherwise left as it is. Errors: `Unavailable`, `Config`
-    /// (credentials refused).
-    pub async fn create_table(&self) -> Result<(), StoreError> {
-        use aws_sdk_dynamodb::operation::create_table::CreateTableError;
-        let built = |e: aws_sdk_dynamodb::error::BuildError| StoreError::Invalid(e.to_string());
-        let key = |name: &str, kind: KeyType| {
-            KeySchemaElement::builder()
-                .attribute_name(name)
-                .key_type(kind)
-                .build()
-                .map_err(built)
-        };
-        let mut create = self
-            .client
-            .create_table()
-            .table_name(&*self.table)
-            .billing_mode(BillingMode::PayPerRequest)
-            .key_schema(key(attr::PK, KeyType::Hash)?)
-            .key_schema(key(attr::SK, KeyType::Range)?);
-        let binary = [attr::PK, attr::SK].map(|a| (a, ScalarAttributeType::B));
-        let numbers = INDEXES.iter().flat_map(|(_, hash, range, _)| {
-            [
-                (*hash, ScalarAttributeType::N),
-                (*range, ScalarAttributeType::N),
-            ]
-        });
-        for (name, kind) in binary.into_iter().chain(numbers) {
-            create = create.attribute_definitions(
-                AttributeDefinition::builder()
-                    .attribute_name(name)
-                    .attribute_type(kind)
-                    .build()
-                    .map_err(built)?,
-            );
-        }
-        for (name, hash, range, projected) in INDEXES {
-            create = create.global_secondary_indexes(index(name, hash, range, projected)?);
-        }
-        match create.send().await {
-            Ok(_) => {}
-            Err(e) => match e.as_service_error() {
-                Some(CreateTableError::ResourceInUseException(_)) => {
-                    self.migrate().await?;
-                    return Ok(());
-                }
-                _ => return Err(self.err(e)),
-            },
-        }
-        self.wait_active().await?;
-        self.client
-            .update_time_to_live()
-            .table_name(&*self.table)
-            .time_to_live_specification(
-                TimeToLiveSpecification::builder()
-                    .enabled(true)
-                    .attribute_name(TTL_ATTRIBUTE)
-                    .build()
-                    .map_err(built)?,
-            )
-            .send()
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(())
-    }
-
-    /// Brings a table created before the `leases` index (see "Tables
-    /// created before the `leases` index" in the layout's notes) to this
-    /// version's layout: adds `leases` with one `UpdateTable` and waits
-    /// until DynamoDB has built it (from existing items: none carries its
-    /// hash attribute `mq`, so it starts empty and is quick to build).
-    /// Nothing else is changed: the old `lapsed` index and every item stay
-    /// as they are, and this version reads them where they are. Run it
-    /// before the new version takes traffic (`idem create-table` does, on a
-    /// table that exists); running it again changes nothing. Returns
-    /// whether it added the index. Errors: `Config` when the table does not
-    /// exist, `Unavailable`.
-    pub async fn migrate(&self) -> Result<bool, StoreError> {
-        use aws_sdk_dynamodb::types::{
-            CreateGlobalSecondaryIndexAction, GlobalSecondaryIndexUpdate,
-        };
-        let names = self.index_names().await?;
-        if names.iter().any(|n| n == LEASES_INDEX) {
-            return Ok(false);
-        }
-        let built = |e: aws_sdk_dynamodb::error::BuildError| StoreError::Invalid(e.to_string());
-        let (name, hash, range, projected) = INDEXES[0];
-        let created = index(name, hash, range, projected)?;
-        let action = CreateGlobalSecondaryIndexAction::builder()
-            .index_name(name)
-            .set_key_schema(Some(created.key_schema().to_vec()))
-            .set_projection(created.projection().cloned())
-            .build()
-            .map_err(built)?;
-        let definition = |name: &str| {
-            AttributeDefinition::builder()
-                .attribute_name(name)
-                .attribute_type(ScalarAttributeType::N)
-                .build()
-                .map_err(built)
-        };
-        self.client
-            .update_table()
-            .table_name(&*self.table)
-            .attribute_definitions(definition(hash)?)
-            .attribute_definitions(definition(range)?)
-            .global_secondary_index_updates(
-                GlobalSecondaryIndexUpdate::builder().create(action).build(),
-            )
-            .send()
-            .await
-            .map_err(|e| self.err(e))?;
-        self.wait_active().await?;
-        Ok(true)
-    }
-
-    /// The names of the table's global secondary indexes. Errors:
-    /// `Config` when the table does not exist, `Unavailable`.
-    pub(super) async fn index_names(&self) -> Result<Vec<String>, StoreError> {
-        Ok(self
-            .describe()
-            .await?
-            .iter()
-            .flat_map(|t| t.global_secondary_indexes())
-            .filter_map(|i| i.index_name().map(str::to_owned))
-            .collect())
-    }
-
-    /// Whether the table still has the `lapsed` index of tables created
-    /// before `leases`: asked once per store and remembered, until
-    /// [`lapsed_index_gone`](Self::lapsed_index_gone) finds it deleted.
-    pub(super) async fn has_lapsed_index(&self) -> Result<bool, StoreError> {
-        use std::sync::atomic::Ordering;
-        match self.lapsed_index.load(Ordering::Relaxed) {
-            LAPSED_PRESENT => return Ok(true),
-            LAPSED_ABSENT => return Ok(false),
-            _ => {}
-        }
-        let has = self.index_names().await?.iter().any(|n| n == LAPSED_INDEX);
-        let known = if has { LAPSED_PRESENT } else { LAPSED_ABSENT };
-        self.lapsed_index.store(known, Ordering::Relaxed);
-        Ok(has)
-    }
-
-    /// After a read of `lapsed` failed: whether the operator has deleted
-    /// the index meanwhile (then it is not read again). Errors: those of
-    /// `DescribeTable`.
-    pub(super) async fn lapsed_index_gone(&self) -> Result<bool, StoreError> {
-        self.lapsed_index
-            .store(LAPSED_UNASKED, std::sync::atomic::Ordering::Relaxed);
-        Ok(!self.has_lapsed_index().await?)
-    }
-
-    /// Deletes the table and everything in it: for tests.
-    pub async fn delete_table(&self) -> Result<(), StoreError> {
-        self.client
-            .delete_table()
-            .table_name(&*self.table)
-            .send()
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(())
-    }
-
-    /// The table as DynamoDB describes it. Errors: `Config` when it does
-    /// not exist, `Unavailable`.
-    async fn describe(
-        &self,
-    ) -> Result<Option<aws_sdk_dynamodb::types::TableDescription>, StoreError> {
-        Ok(self
-            .client
-            .describe_table()
-            .table_name(&*self.table)
-            .send()
-            .await
-            .map_err(|e| self.err(e))?
-            .table)
-    }
-
-    /// Waits (up to two minutes) until the table and its indexes are
-    /// active.
-    async fn wait_active(&self) -> Result<(), StoreError> {
-        use aws_sdk_dynamodb::types::{IndexStatus, TableStatus};
-        for _ in 0..240 {
-            let table = self.describe().await?;
-            let active = table.as_ref().is_some_and(|t| {
-                t.table_status() == Some(&TableStatus::Active)
-                    && t.global_secondary_indexes()
-                        .iter()
-                        .all(|i| i.index_status() == Some(&IndexStatus::Active))
-            });
-            if active {
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-        Err(StoreError::Unavailable(format!(
-            "the DynamoDB table {:?} was not active after two minutes",
-            self.table
-        )))
-    }
-}
-
-/// The definition of the index `name` over `hash` and `range` (numbers),
-/// holding `projected`.
-fn index(
-    name: &str,
-    hash: &str,
-    range: &str,
-    projected: Projected,
-) -> Result<GlobalSecondaryIndex, StoreError> {
-    let built = |e: aws_sdk_dynamodb::error::BuildError| StoreError::Invalid(e.to_string());
-    let key = |name: &str, kind: KeyType| {
-        KeySchemaElement::builder()
-            .attribute_name(name)
-            .key_type(kind)
-            .build()
-            .map_err(built)
-    };
-    let projection = match projected {
-        Projected::All => Projection::builder().projection_type(ProjectionType::All),
-        Projected::Keys => Projection::builder().projection_type(ProjectionType::KeysOnly),
-        Projected::Include(include) => Projection::builder()
-            .projection_type(ProjectionType::Include)
-            .set_non_key_attributes(Some(include.iter().map(|a| (*a).to_owned()).collect())),
-    };
-    GlobalSecondaryIndex::builder()
-        .index_name(name)
-        .key_schema(key(hash, KeyType::Hash)?)
-        .key_schema(key(range, KeyType::Range)?)
-        .projection(projection.build())
-        .build()
-        .map_err(built)
 }
 
 /// What a `dynamodb://TABLE?region=…&endpoint=…` URL names.

@@ -3,6 +3,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use aws_sdk_dynamodb::config::http::HttpResponse;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::types::{AttributeValue, CancellationReason};
 
@@ -217,10 +218,9 @@ pub(super) fn invalid_transaction(reasons: &[CancellationReason]) -> Option<Stor
 /// caller can tell); a missing table, or credentials refused, are `Config`
 /// (retrying will not help); a request DynamoDB found invalid (an item over
 /// its 400 KB) is `Invalid`.
-pub(super) fn sdk_error<E, R>(table: &str, e: SdkError<E, R>) -> StoreError
+pub(super) fn sdk_error<E>(table: &str, e: SdkError<E, HttpResponse>) -> StoreError
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
-    R: std::fmt::Debug + Send + Sync + 'static,
 {
     let code = e.code().unwrap_or_default().to_owned();
     let message = e.message().unwrap_or_default().to_owned();
@@ -242,6 +242,20 @@ where
             )),
             "ValidationException" => {
                 StoreError::Invalid(format!("DynamoDB refused the request: {message}"))
+            }
+            // An answer without an error code (an HTTP 500 from a proxy
+            // or an emulator): what there is of it, never an empty text.
+            "" => {
+                let answer = e.raw_response().map(|r| {
+                    let body = r.body().bytes().unwrap_or_default();
+                    let body = String::from_utf8_lossy(&body[..body.len().min(200)]);
+                    format!("HTTP {} {body:?}", r.status().as_u16())
+                });
+                StoreError::Unavailable(format!(
+                    "DynamoDB answered an error that names no code ({}); the same call later \
+                     may pass",
+                    answer.as_deref().unwrap_or("no answer")
+                ))
             }
             // ProvisionedThroughputExceededException, ThrottlingException,
             // RequestLimitExceeded, InternalServerError, a transaction

@@ -4,7 +4,8 @@
 //! conditions, the values, the calls) are in `requests.rs`, the follow-on
 //! jobs in `jobs.rs`, the item keys, attribute names and indexes in
 //! `layout.rs`, reading items back and the SDK's errors in `items.rs`, the
-//! builder, the table's creation and `dynamodb://` URLs in `builder.rs`.
+//! builder and `dynamodb://` URLs in `builder.rs`, the table's creation and
+//! migration in `table.rs`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -30,6 +31,7 @@ mod items;
 mod jobs;
 mod layout;
 mod requests;
+mod table;
 mod walk;
 
 pub(crate) use builder::open_url;
@@ -194,8 +196,10 @@ pub struct DynamoDbStore {
     /// How far the replicas' clocks may disagree: the sweep's walk starts
     /// this far behind its cursor.
     clock_spread: Duration,
+    /// How long a migration waits for DynamoDB to build an index.
+    migrate_timeout: Duration,
     /// What the store knows of the `lapsed` index of tables created
-    /// before `leases` (`builder::LAPSED_UNASKED` and the others).
+    /// before `leases` (`table::LAPSED_UNASKED` and the others).
     lapsed_index: Arc<std::sync::atomic::AtomicU8>,
 }
 
@@ -226,14 +230,16 @@ impl DynamoDbStore {
         }
     }
 
-    fn err<E, R>(&self, e: aws_sdk_dynamodb::error::SdkError<E, R>) -> StoreError
+    fn err<E>(
+        &self,
+        e: aws_sdk_dynamodb::error::SdkError<E, aws_sdk_dynamodb::config::http::HttpResponse>,
+    ) -> StoreError
     where
         E: aws_sdk_dynamodb::error::ProvideErrorMetadata
             + std::error::Error
             + Send
             + Sync
             + 'static,
-        R: std::fmt::Debug + Send + Sync + 'static,
     {
         sdk_error(&self.table, e)
     }

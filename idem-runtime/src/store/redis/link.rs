@@ -105,11 +105,12 @@ impl Link {
         .await;
         match out {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) if e.code() == Some("NOPERM") => Err(StoreError::Config(format!(
-                "Redis refused the store's user a command (NOPERM: {}); grant it FCALL and \
-                 FUNCTION LOAD and the store's keys, for example `ACL SETUSER <user> +fcall \
-                 +fcall_ro +function|load ~<prefix>:*`, or load the library {} once as a user \
-                 that may",
+            Ok(Err(e)) if refused_by_acl(&e) => Err(StoreError::Config(format!(
+                "Redis refused the store's user a command (NOPERM: {}); grant the user what \
+                 docs/deploying.md (\"Redis or Valkey\") gives its role: a server needs FCALL, \
+                 the commands the library runs and the store's keys (`ACL SETUSER <user> reset \
+                 on >PASSWORD ~<prefix>:* +ping +fcall +time +scan +get +set …`), and \
+                 `+function|load`, unless the library {} is loaded by a user that may",
                 e.detail().unwrap_or("no detail"),
                 LIBRARY.name
             ))),
@@ -213,6 +214,16 @@ impl Link {
     }
 }
 
+/// Whether the server refused the store's user a command: `NOPERM` for a
+/// command it sent, and for a command a function ran, Redis 7.0's `ERR The
+/// user executing the script can't run this command` (later versions say
+/// `NOPERM`): an ACL to grant, which no retry fixes.
+fn refused_by_acl(e: &RedisError) -> bool {
+    e.code() == Some("NOPERM")
+        || e.detail()
+            .is_some_and(|d| d.contains("user executing the script can't run this command"))
+}
+
 /// Whether the server answered that it does not have the function (whether
 /// the client reports that as an error or as an error value): `ERR Function
 /// not found`, which has no code of its own.
@@ -230,7 +241,7 @@ fn no_function(reply: &RedisResult<Value>) -> bool {
 /// slots gets it too. `REPLACE`: a library of this name is this very code
 /// (the name is its hash), so loading it again, from several processes at
 /// once, changes nothing.
-async fn load(conn: &mut Conn) -> RedisResult<()> {
+pub(super) async fn load(conn: &mut Conn) -> RedisResult<()> {
     redis::cmd("FUNCTION")
         .arg("LOAD")
         .arg("REPLACE")

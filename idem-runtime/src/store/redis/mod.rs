@@ -145,10 +145,13 @@ use scripts::{
 /// process is needed.
 ///
 /// Needs Redis 7.0 or later, or Valkey 7.2 or later (Redis Functions). The
-/// store's user must be allowed `FCALL` and `FUNCTION LOAD` (for example
-/// `ACL SETUSER <user> +fcall +fcall_ro +function|load ~<prefix>:*`): a
-/// server that refuses either (`NOPERM`) is a [`StoreError::Config`], not
-/// an outage.
+/// store's user must be allowed `FCALL`, the commands the library runs
+/// (Redis checks them against the calling user's ACL) and the store's keys,
+/// and `FUNCTION LOAD` unless the library is loaded by another user
+/// ([`load_library`](RedisStore::load_library)); docs/deploying.md ("Redis
+/// or Valkey") gives the exact ACL of each role. A server that refuses a
+/// command (`NOPERM`, also from inside a function) is a
+/// [`StoreError::Config`], not an outage.
 ///
 /// ```no_run
 /// # async fn f() -> Result<(), idem_runtime::StoreError> {
@@ -205,6 +208,19 @@ impl RedisStore {
     /// `FUNCTION DELETE` with its name removes it from the servers.
     pub fn library_name() -> &'static str {
         &LIBRARY.name
+    }
+
+    /// Loads this version's function library onto the server (on a
+    /// Cluster, onto every primary), as the first call that finds it
+    /// missing does: for a deploy step run by a user allowed `FUNCTION
+    /// LOAD` when the servers' user is not (docs/deploying.md, "Redis or
+    /// Valkey"). Loading it again changes nothing. Errors: `Config` when
+    /// the server refuses the user `FUNCTION LOAD` (`NOPERM`),
+    /// `Unavailable`.
+    pub async fn load_library(&self) -> Result<(), StoreError> {
+        self.link
+            .call(self.link.timeout(), async |conn| link::load(conn).await)
+            .await
     }
 
     /// An FCALL of `function` over the record of `key`: its one key, the
