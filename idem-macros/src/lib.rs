@@ -64,7 +64,8 @@ use proc_macro::TokenStream;
 /// # Options
 ///
 /// Each option is given at most once. A scope (`window` or `business_key`)
-/// is required.
+/// is required, unless the tool is idempotent by construction
+/// (`by_construction`, below).
 ///
 /// ## `window = "15m"`
 ///
@@ -199,6 +200,30 @@ use proc_macro::TokenStream;
 ///     let cancel = idem_runtime::current_cancellation(); // Some(..) when run as a task
 ///     ..
 /// }
+/// ```
+///
+/// ## `by_construction = "sets the status to the given value; a repeat writes the same value"`
+///
+/// For a tool whose own code makes a repeat harmless: it sets a value,
+/// deletes by id, or only reads (and the host should still retry it). The
+/// tool keeps `idempotentHint: true`, and idem neither claims nor records
+/// its calls: the method is left exactly as written, and no store is called.
+/// The reason is required and must say, in words, which lines of the
+/// handler make a repeat harmless; it appears in the tool's
+/// `_meta["idem/idempotent"]` as `{"byConstruction": "<reason>"}`, and in
+/// `idem_runtime::hint_report` (and the log of `audit_hints`), so that a
+/// reviewer can hold it against the code. The review question for any hint
+/// is which lines of the handler make it true.
+///
+/// It stands alone: `window`, `business_key`, `client_key`, `status_tool`
+/// and `task` are options of a recorded tool, and each is an error beside
+/// it. `by_construction` without a reason, or with an empty one, is an error
+/// too.
+///
+/// ```rust,ignore
+/// #[idempotent(by_construction = "sets the status to the given value; a repeat writes the same value")]
+/// #[tool(description = "Set an order's status")]
+/// async fn set_status(&self, Parameters(args): Parameters<StatusArgs>) -> Result<String, ToolError> { .. }
 /// ```
 ///
 /// ## `crate = "path"`
