@@ -23,14 +23,14 @@ mod remote;
 use std::time::Duration;
 
 use idem_runtime::{
-    current_cancellation, current_reference, follow_on, idempotent, Caller, Executor,
-    IdempotentServer, ToolError,
+    current_cancellation, current_continuation, current_reference, follow_on, idempotent, Ask,
+    Caller, Executor, IdempotentServer, ToolError,
 };
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::{Json, Parameters};
 use rmcp::model::{
-    CancelTaskParams, GetTaskParams, GetTaskResult, Implementation, ServerCapabilities,
-    ServerConfig,
+    CancelTaskParams, ElicitResult, ElicitationAction, ElicitationSchema, GetTaskParams,
+    GetTaskResult, Implementation, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_handler, ErrorData, RoleServer, ServerHandler};
@@ -39,6 +39,42 @@ use serde::Serialize;
 pub use backends::Backends;
 pub use model::*;
 pub use reconcile::ProcessorReconciler;
+
+/// From this amount (in cents) up, `charge_card` asks the user to confirm
+/// before it charges.
+pub const CONFIRM_FROM_CENTS: u64 = 100_000;
+
+/// The key of `charge_card`'s confirmation among its input requests.
+pub const CONFIRM_KEY: &str = "confirm";
+
+/// The confirmation `charge_card` asks for: a form with one boolean,
+/// `confirm`.
+fn confirmation(args: &ChargeArgs) -> Ask<Json<Receipt>> {
+    let schema = ElicitationSchema::builder()
+        .required_bool("confirm")
+        .description("Set confirm to true to charge the card")
+        .build()
+        .expect("a schema with one boolean property");
+    Ask::elicit(
+        CONFIRM_KEY,
+        format!(
+            "Charge {} {} to card {}? Nothing is charged unless you confirm.",
+            args.amount_cents, args.currency, args.card
+        ),
+        schema,
+    )
+}
+
+/// An accept whose form says `confirm: true`; anything else declines.
+fn confirmed(answer: &ElicitResult) -> bool {
+    answer.action == ElicitationAction::Accept
+        && answer
+            .content
+            .as_ref()
+            .and_then(|content| content.get("confirm"))
+            .and_then(serde_json::Value::as_bool)
+            == Some(true)
+}
 
 /// The payments MCP server.
 #[derive(Clone, Debug)]
@@ -164,13 +200,29 @@ impl Payments {
     )]
     #[tool(
         description = "Charge a card. Safe to retry: a repeat within 15 minutes returns the \
-                          first charge's receipt instead of charging again."
+                          first charge's receipt instead of charging again. From 1000.00 up \
+                          (amount_cents >= 100000) the user is asked to confirm first."
     )]
     async fn charge_card(
         &self,
         Parameters(args): Parameters<ChargeArgs>,
-    ) -> Result<Json<Receipt>, ToolError> {
-        self.charge(args).await
+    ) -> Result<Ask<Json<Receipt>>, ToolError> {
+        // A large charge is confirmed by the user before anything happens:
+        // the first call asks (idem records nothing and releases the claim),
+        // the continuation carries the answer and is the operation.
+        if args.amount_cents >= CONFIRM_FROM_CENTS {
+            match current_continuation().and_then(|c| c.elicitation(CONFIRM_KEY)) {
+                None => return Ok(confirmation(&args)),
+                Some(answer) if confirmed(&answer) => {}
+                Some(_) => {
+                    return Err(ToolError::rejected(
+                        "The user did not confirm the charge, so nothing was charged. Call \
+                         charge_card again to ask again.",
+                    ))
+                }
+            }
+        }
+        self.charge(args).await.map(Ask::Done)
     }
 
     /// A card tapped at a till: a second tap of the same card for the same
