@@ -20,6 +20,8 @@ mod reconcile;
 #[path = "remote.rs"]
 mod remote;
 
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_runtime::{
@@ -83,6 +85,9 @@ pub struct Payments {
     default_caller: Option<Caller>,
     backends: Backends,
     processor_timeout: Duration,
+    /// Each card's nickname: set by `set_card_nickname`, which writes the
+    /// value it is given, so a repeat changes nothing.
+    nicknames: Arc<Mutex<BTreeMap<String, String>>>,
     tool_router: ToolRouter<Self>,
 }
 
@@ -101,6 +106,7 @@ impl Payments {
             default_caller,
             backends,
             processor_timeout,
+            nicknames: Arc::default(),
             tool_router: Self::router(),
         }
     }
@@ -266,6 +272,23 @@ impl Payments {
         };
         self.queue("notify_warehouse", &notice, "The shipment was booked")?;
         Ok(Json(shipment))
+    }
+
+    /// Sets a card's nickname: idempotent by construction (it writes the
+    /// value it is given), so idem records nothing for it.
+    #[idempotent(
+        by_construction = "sets the card's nickname to the given value; a repeat writes the same value"
+    )]
+    #[tool(
+        description = "Set the nickname shown for a card. Safe to retry: a repeat sets the same name."
+    )]
+    async fn set_card_nickname(&self, Parameters(args): Parameters<NicknameArgs>) -> String {
+        let mut nicknames = self
+            .nicknames
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        nicknames.insert(args.card.clone(), args.nickname.clone());
+        format!("Card {} is now called {:?}.", args.card, args.nickname)
     }
 
     /// Demo only: what the stub processor and carrier were asked to do.
