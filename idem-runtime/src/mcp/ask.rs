@@ -346,14 +346,16 @@ fn continuation<S: IdempotentServer + ?Sized>(
     let again = text_call_again(spec.tool);
     let continuation = match (state, responses) {
         (None, None) => None,
-        (None, Some(_)) => return Err(refusal(
-            spec.tool,
-            format!(
+        (None, Some(_)) => {
+            return Err(refusal(
+                spec.tool,
+                format!(
                 "This call carries inputResponses but no requestState: `{}` did not ask for them, \
                      so nothing ran. {again}",
                 spec.tool
             ),
-        )),
+            ))
+        }
         (Some(sealed), responses) => {
             let opened = bound
                 .as_deref()
