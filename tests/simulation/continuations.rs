@@ -31,8 +31,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_runtime::{
-    current_continuation, current_reference, idempotent, Ask, Caller, Executor,
-    IdempotencyStore, IdempotentServer, MemoryStore, ToolError,
+    current_continuation, current_reference, idempotent, Ask, Caller, Executor, IdempotencyStore,
+    IdempotentServer, MemoryStore, ToolError,
 };
 use rmcp::handler::server::wrapper::{Json, Parameters};
 use rmcp::model::{
@@ -277,7 +277,9 @@ async fn send(
     let response = user.clients[replica].call_tool_once(params).await;
     let answered = tokio::time::Instant::now();
     let (state, charge_id, input) = match response {
-        Ok(CallToolResponse::InputRequired(input)) => ("input_required".to_owned(), None, Some(input)),
+        Ok(CallToolResponse::InputRequired(input)) => {
+            ("input_required".to_owned(), None, Some(input))
+        }
         Ok(CallToolResponse::Complete(result)) => {
             let (state, charge_id) = state_of(&result);
             (state, charge_id, None)
@@ -296,7 +298,11 @@ async fn send(
     input
 }
 
-fn continuation(user: &User, input: &InputRequiredResult, answers: InputResponses) -> CallToolRequestParams {
+fn continuation(
+    user: &User,
+    input: &InputRequiredResult,
+    answers: InputResponses,
+) -> CallToolRequestParams {
     charge(&user.card, user.amount)
         .with_input_responses(answers)
         .with_request_state(input.request_state.clone().unwrap_or_default())
@@ -311,7 +317,13 @@ async fn play(schedule: Arc<Schedule>, user: User) {
     tokio::time::sleep(schedule.think()).await;
     match user.behaviour {
         Behaviour::Accept | Behaviour::Small => {
-            send(&schedule, &user, "continuation", continuation(&user, &input, accept())).await;
+            send(
+                &schedule,
+                &user,
+                "continuation",
+                continuation(&user, &input, accept()),
+            )
+            .await;
         }
         Behaviour::Decline | Behaviour::DeclineThenAccept => {
             let answer = match schedule.pick(3) {
@@ -319,13 +331,24 @@ async fn play(schedule: Arc<Schedule>, user: User) {
                 1 => responses(json!({ "action": "cancel" })),
                 _ => responses(json!({ "action": "accept", "content": { "confirm": false } })),
             };
-            send(&schedule, &user, "continuation", continuation(&user, &input, answer)).await;
+            send(
+                &schedule,
+                &user,
+                "continuation",
+                continuation(&user, &input, answer),
+            )
+            .await;
             if user.behaviour == Behaviour::DeclineThenAccept {
                 tokio::time::sleep(schedule.think()).await;
                 let again = send(&schedule, &user, "first", charge(&user.card, user.amount)).await;
                 if let Some(input) = again {
-                    send(&schedule, &user, "continuation", continuation(&user, &input, accept()))
-                        .await;
+                    send(
+                        &schedule,
+                        &user,
+                        "continuation",
+                        continuation(&user, &input, accept()),
+                    )
+                    .await;
                 }
             }
         }
@@ -339,18 +362,40 @@ async fn play(schedule: Arc<Schedule>, user: User) {
                 .with_input_responses(accept())
                 .with_request_state(String::from_utf8_lossy(&sealed).into_owned());
             send(&schedule, &user, "tampered", tampered).await;
-            send(&schedule, &user, "continuation", continuation(&user, &input, accept())).await;
+            send(
+                &schedule,
+                &user,
+                "continuation",
+                continuation(&user, &input, accept()),
+            )
+            .await;
         }
         Behaviour::Twice => {
-            let a = send(&schedule, &user, "continuation", continuation(&user, &input, accept()));
+            let a = send(
+                &schedule,
+                &user,
+                "continuation",
+                continuation(&user, &input, accept()),
+            );
             let b = async {
                 tokio::time::sleep(Duration::from_millis(schedule.pick(30) as u64)).await;
-                send(&schedule, &user, "continuation", continuation(&user, &input, accept())).await
+                send(
+                    &schedule,
+                    &user,
+                    "continuation",
+                    continuation(&user, &input, accept()),
+                )
+                .await
             };
             tokio::join!(a, b);
         }
         Behaviour::Reissue => {
-            let a = send(&schedule, &user, "continuation", continuation(&user, &input, accept()));
+            let a = send(
+                &schedule,
+                &user,
+                "continuation",
+                continuation(&user, &input, accept()),
+            );
             let b = async {
                 tokio::time::sleep(Duration::from_millis(schedule.pick(30) as u64)).await;
                 send(&schedule, &user, "reissue", charge(&user.card, user.amount)).await
@@ -381,7 +426,9 @@ enum Sabotage {
 }
 
 async fn schedule(seed: u64, sabotage: Sabotage) -> Found {
-    idem_runtime::store::conformance::seed_this_thread(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    idem_runtime::store::conformance::seed_this_thread(
+        seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
+    );
     let mut rng = Rng::new(seed);
     let store: Arc<dyn IdempotencyStore> = Arc::new(MemoryStore::new());
     let replicas: Vec<Executor> = (0..rng.range(1, 4))
@@ -510,10 +557,13 @@ fn judge(schedule: &Schedule, processor: &Processor, behaviours: &[Behaviour], s
             }
             // 5: a tampered state is refused.
             if answer.kind == "tampered" && answer.state != "refused" {
-                schedule.violation(5, format!(
-                    "user {user}: a tampered requestState was answered {}",
-                    answer.state
-                ));
+                schedule.violation(
+                    5,
+                    format!(
+                        "user {user}: a tampered requestState was answered {}",
+                        answer.state
+                    ),
+                );
             }
             // 3: "in progress" only while another call of the operation is in flight.
             if answer.state == "in_progress" {
@@ -521,7 +571,10 @@ fn judge(schedule: &Schedule, processor: &Processor, behaviours: &[Behaviour], s
                     !std::ptr::eq(*other, *answer)
                         && other.sent <= answer.answered
                         && other.answered >= answer.sent
-                        && matches!(other.state.as_str(), "executed" | "replayed" | "in_progress")
+                        && matches!(
+                            other.state.as_str(),
+                            "executed" | "replayed" | "in_progress"
+                        )
                 });
                 if !overlapped {
                     schedule.violation(3, format!(
@@ -558,10 +611,13 @@ fn judge(schedule: &Schedule, processor: &Processor, behaviours: &[Behaviour], s
         if behaviour == Behaviour::Small
             && answers.first().map(|t| t.state.as_str()) != Some("executed")
         {
-            schedule.violation(1, format!(
-                "user {user}: a small charge was answered {:?}",
-                answers.first().map(|t| &t.state)
-            ));
+            schedule.violation(
+                1,
+                format!(
+                    "user {user}: a small charge was answered {:?}",
+                    answers.first().map(|t| &t.state)
+                ),
+            );
         }
     }
 }
@@ -606,7 +662,10 @@ fn simulation_continuations() {
     }
     if !by_oracle.is_empty() {
         let list: Vec<String> = by_oracle.iter().map(|(o, n)| format!("{o}: {n}")).collect();
-        say!("simulation: continuations: violations by oracle: {}", list.join(", "));
+        say!(
+            "simulation: continuations: violations by oracle: {}",
+            list.join(", ")
+        );
     }
     say!(
         "simulation: continuations: {} schedules, {answers} answers, {failed} with violations",
