@@ -248,6 +248,19 @@ use proc_macro::TokenStream;
 /// told to check the status tool instead of running again. A plain return
 /// type is always recorded and replayed.
 ///
+/// `Result<Ask<T>, E>` (or `Ask<T>`) for a tool that may ask the user
+/// before its effect (a multi-round-trip request, protocol 2026-07-28):
+/// `Ask::Done(value)` is recorded as any value; `Ask::Input(..)` (built with
+/// `Ask::elicit` or `Ask::input`) releases the claim and records nothing,
+/// and idem answers `input_required` with a sealed `requestState`. The
+/// continuation, the same call with the answers, is the same operation: its
+/// handler finds them in `idem_runtime::current_continuation()`. The macro
+/// recognises `Ask` by name (an alias of it does not compile: `Ask` is not a
+/// tool output), and the method then also takes rmcp's `RequestState` and
+/// `InputResponses` and returns rmcp's `CallToolResponse`. With `task =
+/// "optional"`, a task whose handler asks fails (nothing ran) with a message
+/// to call again without the tasks extension.
+///
 /// The output schema of a `Json<T>` tool is kept. A repeat of a completed
 /// operation returns the stored result of the first call, identical, with
 /// `_meta["idem/operation"].replayed = true`. Answers that carry no value
