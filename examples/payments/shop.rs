@@ -60,8 +60,11 @@ fn confirmation(args: &ChargeArgs) -> Ask<Json<Receipt>> {
     Ask::elicit(
         CONFIRM_KEY,
         format!(
-            "Charge {} {} to card {}? Nothing is charged unless you confirm.",
-            args.amount_cents, args.currency, args.card
+            "Charge {}.{:02} {} to card {}? Nothing is charged unless you confirm.",
+            args.amount_cents / 100,
+            args.amount_cents % 100,
+            args.currency.to_uppercase(),
+            args.card
         ),
         schema,
     )
