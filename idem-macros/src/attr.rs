@@ -203,14 +203,6 @@ impl Parse for Args {
             }
             input.parse::<Token![,]>()?;
         }
-        if let Some((reason, _)) = by_construction {
-            return Ok(Args {
-                scope: Scope::ByConstruction(reason),
-                status_tool,
-                krate,
-                task,
-            });
-        }
         // With a business key, `window` is how long the record is kept.
         let scope = match (business_key, window) {
             (Some((fields, keyword)), retention) => Scope::BusinessKey {
@@ -219,14 +211,16 @@ impl Parse for Args {
                 keyword,
             },
             (None, Some(window)) => Scope::Window(window),
-            (None, None) => {
-                return Err(syn::Error::new(
+            // `by_construction` stands alone: no window, no business key.
+            (None, None) => match by_construction {
+                Some((reason, _)) => Scope::ByConstruction(reason),
+                None => return Err(syn::Error::new(
                     Span::call_site(),
                     "`#[idempotent]` needs a scope: write `#[idempotent(window = \"15m\")]` (repeats of the same call within 15 minutes are one operation) \
                      or `#[idempotent(business_key = \"order_id\")]` (one operation per order id); \
                      for a tool whose own code makes a repeat harmless, `#[idempotent(by_construction = \"why\")]`",
-                ))
-            }
+                )),
+            },
         };
         Ok(Args {
             scope,

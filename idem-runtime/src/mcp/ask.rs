@@ -196,9 +196,14 @@ fn binding(caller: &Caller, tool: &str, args: &Value) -> Option<Vec<u8>> {
 /// business key's retention), so that a continuation is always the
 /// operation that asked.
 fn state_ttl(scope: ScopeSpec<'_>) -> Duration {
-    match scope {
-        ScopeSpec::Window(window) => window,
-        ScopeSpec::BusinessKey { retention, .. } => retention.unwrap_or(DEFAULT_RETENTION),
+    // Written as a chain, not a match: a scope added later (a client key's)
+    // gets the default retention until it is given its own.
+    if let ScopeSpec::Window(window) = scope {
+        window
+    } else if let ScopeSpec::BusinessKey { retention, .. } = scope {
+        retention.unwrap_or(DEFAULT_RETENTION)
+    } else {
+        DEFAULT_RETENTION
     }
 }
 
