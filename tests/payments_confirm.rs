@@ -66,6 +66,7 @@ async fn serve_http() -> Server {
         .args(["--transport", "http", "--listen", "127.0.0.1:0"])
         .args(["--store", "memory", "--processor-delay-ms", "300"])
         .args(["--token", "tok-acme=acme/alice"])
+        .args(["--token", "tok-globex=globex/bob"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -493,4 +494,43 @@ async fn the_nickname_tool_is_hinted_by_construction() {
         }
         client.cancel().await.ok();
     }
+}
+
+/// rmcp's HTTP client as the caller behind `token`, on a running server.
+async fn connect_as(server: &Server, token: &str) -> RunningService<RoleClient, ClientConfig> {
+    let http = StreamableHttpClientTransport::from_config(
+        StreamableHttpClientTransportConfig::with_uri(server.url.clone()).auth_header(token),
+    );
+    plain()
+        .serve_with_lifecycle(http, modern())
+        .await
+        .expect("the client connects")
+}
+
+#[tokio::test]
+async fn another_callers_request_state_is_refused() {
+    let server = serve_http().await;
+    let alice = connect_as(&server, "tok-acme").await;
+    let bob = connect_as(&server, "tok-globex").await;
+    let input = asked(alice.call_tool_once(charge(LARGE)).await.unwrap());
+    // Bob sends Alice's question back as his own continuation.
+    let borrowed = complete(
+        bob.call_tool_once(continuation(LARGE, &input, accept(true)))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(borrowed.is_error, Some(true));
+    assert_eq!(operation(&borrowed)["state"], json!("refused"));
+    assert_eq!(charges(&alice).await, json!(0));
+    // Alice's own continuation charges, once.
+    let charged = complete(
+        alice
+            .call_tool_once(continuation(LARGE, &input, accept(true)))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(operation(&charged)["state"], json!("executed"));
+    assert_eq!(charges(&alice).await, json!(1));
+    alice.cancel().await.ok();
+    bob.cancel().await.ok();
 }
