@@ -208,9 +208,12 @@ fn state_ttl(scope: ScopeSpec<'_>) -> Duration {
 }
 
 /// A tool error that refuses the call before anything ran, with
-/// `_meta["idem/operation"].state = "refused"`.
-fn refusal(tool: &str, message: String) -> CallToolResult {
-    crate::telemetry::call(tool, AnswerState::Refused);
+/// `_meta["idem/operation"].state = "refused"`. Counted in the metrics as
+/// refused, unless the executor has already counted the call (`counted`).
+fn refusal(tool: &str, message: String, counted: bool) -> CallToolResult {
+    if !counted {
+        crate::telemetry::call(tool, AnswerState::Refused);
+    }
     let mut result = CallToolResult::error(vec![ContentBlock::text(message)]);
     result.meta.get_or_insert_with(MetaObject::new).insert(
         RESULT_META_KEY.to_owned(),
@@ -305,6 +308,8 @@ where
                  protocol 2026-07-28 or later (`server/discover`) to answer the question and continue.",
                 spec.tool
             ),
+            // The executor counted the asking run as rejected.
+            true,
         )));
     }
     let Some(bound) = bound else {
@@ -320,7 +325,12 @@ where
                 .associated_data(&bound)
                 .ttl(state_ttl(spec.scope)),
         )
-        .map_err(|e| ErrorData::internal_error(format!("requestState: {e}"), None))?;
+        .map_err(|e| {
+            ErrorData::internal_error(
+                format!("the requestState could not be sealed ({e}); nothing ran, call again"),
+                None,
+            )
+        })?;
     input.request_state = Some(sealed);
     input.meta.get_or_insert_with(MetaObject::new).insert(
         RESULT_META_KEY.to_owned(),
@@ -352,14 +362,12 @@ fn continuation<S: IdempotentServer + ?Sized>(
     let continuation = match (state, responses) {
         (None, None) => None,
         (None, Some(_)) => {
-            return Err(refusal(
-                spec.tool,
-                format!(
+            let message = format!(
                 "This call carries inputResponses but no requestState: `{}` did not ask for them, \
-                     so nothing ran. {again}",
+                 so nothing ran. {again}",
                 spec.tool
-            ),
-            ))
+            );
+            return Err(refusal(spec.tool, message, false));
         }
         (Some(sealed), responses) => {
             let opened = bound
@@ -380,6 +388,7 @@ fn continuation<S: IdempotentServer + ?Sized>(
                             "The requestState of this call was not issued by this server for this caller, \
                              tool and arguments, or it has expired ({error}), so nothing ran. {again}"
                         ),
+                        false,
                     ));
                 }
             }
