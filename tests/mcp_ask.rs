@@ -527,7 +527,26 @@ async fn a_tool_idempotent_by_construction_makes_no_store_call() {
         calls.lock().unwrap()
     );
 
-    audit_hints(&router).expect("every hint is backed");
+    // `audit_hints` passes the tool, and says in its log why it may.
+    let log = Arc::new(Mutex::new(Vec::<u8>::new()));
+    let writer = {
+        let log = log.clone();
+        move || LogWriter(log.clone())
+    };
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(writer)
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        audit_hints(&router).expect("every hint is backed");
+    });
+    let log = String::from_utf8(log.lock().unwrap().clone()).unwrap();
+    assert!(
+        log.contains("set_nickname")
+            && log.contains("sets the nickname to the given value; a repeat writes the same value"),
+        "{log}"
+    );
     let report = hint_report(&router);
     assert!(report.contains(&HintBacking::ByConstruction {
         tool: "set_nickname".to_owned(),
@@ -536,4 +555,17 @@ async fn a_tool_idempotent_by_construction_makes_no_store_call() {
     assert!(report.contains(&HintBacking::Wrapper {
         tool: "charge_card".to_owned()
     }));
+}
+
+/// A log written into a buffer the test reads.
+struct LogWriter(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
