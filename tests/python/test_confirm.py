@@ -194,3 +194,34 @@ async def test_the_nickname_tool_is_idempotent_by_construction(connect: Connect)
         assert text(result) == 'Card 4242 is now called "travel".'
         # Nothing recorded: no operation in the answer.
         assert not (result.meta or {}).get(META_KEY)
+
+
+async def test_another_callers_request_state_is_refused(http_server: Callable[..., HttpServer]) -> None:
+    server = http_server({"tok-acme": "acme/alice", "tok-globex": "globex/bob"}, "--store", "memory")
+    accept = {"confirm": {"action": "accept", "content": {"confirm": True}}}
+    with anyio.fail_after(TEST_TIMEOUT_S):
+        async with server.client("tok-acme") as alice, server.client("tok-globex") as bob:
+            asked = await alice.session.call_tool("charge_card", dict(LARGE), allow_input_required=True)
+            assert isinstance(asked, InputRequiredResult), asked
+            borrowed = await bob.session.call_tool(
+                "charge_card",
+                dict(LARGE),
+                input_responses=accept,
+                request_state=asked.request_state,
+                allow_input_required=True,
+            )
+            before = await charges(alice)
+            own = await alice.session.call_tool(
+                "charge_card",
+                dict(LARGE),
+                input_responses=accept,
+                request_state=asked.request_state,
+                allow_input_required=True,
+            )
+            after = await charges(alice)
+
+    assert isinstance(borrowed, CallToolResult) and borrowed.is_error, borrowed
+    assert op(borrowed)["state"] == "refused"
+    assert before == 0
+    assert isinstance(own, CallToolResult) and op(own)["state"] == "executed", own
+    assert after == 1
