@@ -73,7 +73,15 @@ async fn the_hint_is_on_exactly_the_wrapped_tools() {
         .map(|t| t.name.to_string())
         .collect();
     hinted.sort();
-    assert_eq!(hinted, ["charge_card", "create_shipment", "tap_to_pay"]);
+    assert_eq!(
+        hinted,
+        [
+            "charge_card",
+            "create_shipment",
+            "set_card_nickname",
+            "tap_to_pay"
+        ]
+    );
     let mut all: Vec<String> = tools.iter().map(|t| t.name.to_string()).collect();
     all.sort();
     assert_eq!(
@@ -83,6 +91,7 @@ async fn the_hint_is_on_exactly_the_wrapped_tools() {
             "create_shipment",
             "get_operation_status",
             "processor_ledger",
+            "set_card_nickname",
             "tap_to_pay"
         ]
     );

@@ -17,9 +17,12 @@ use idem_runtime::{
     outbox::{Outbox, OutboxConfig},
     Caller, Executor, IdempotencyStore, Resolver, SqliteStore,
 };
-use rmcp::model::{CallToolRequestParams, CallToolResult};
-use rmcp::service::RunningService;
-use rmcp::{RoleClient, ServiceExt};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, ElicitRequestParams, ElicitResult, ElicitationAction,
+    ProtocolVersion,
+};
+use rmcp::service::{ClientLifecycleMode, ClientServiceExt, RequestContext, RunningService};
+use rmcp::{ClientHandler, ErrorData, RoleClient, ServiceExt};
 use serde_json::{json, Value};
 use shop::{Backends, Payments, ProcessorReconciler};
 
@@ -37,6 +40,27 @@ async fn call(client: &Client, tool: &'static str, args: Value) -> CallToolResul
         .call_tool(CallToolRequestParams::new(tool).with_arguments(args))
         .await
         .expect("the server answers")
+}
+
+/// A host on protocol 2026-07-28 whose user confirms what it is asked:
+/// rmcp's `call_tool` shows it the question and sends the answer back.
+#[derive(Clone, Default)]
+struct ConfirmingUser;
+
+impl ClientHandler for ConfirmingUser {
+    async fn create_elicitation(
+        &self,
+        request: ElicitRequestParams,
+        _: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, ErrorData> {
+        if let ElicitRequestParams::FormElicitationParams { message, .. } = &request {
+            println!("  the host asks the user: {message}");
+            println!("  the user answers:       confirm = true");
+        }
+        let mut answer = ElicitResult::new(ElicitationAction::Accept);
+        answer.content = Some(json!({ "confirm": true }));
+        Ok(answer)
+    }
 }
 
 /// Prints a result the way a model receives it: the error flag, the text,
@@ -86,6 +110,8 @@ async fn main() {
         backends.clone(),
         Duration::from_millis(1000),
     );
+    // A second connection, for the host on the newest protocol (step 9).
+    let modern_server = server.clone();
     let (server_io, client_io) = tokio::io::duplex(64 * 1024);
     tokio::spawn(async move {
         let running = server.serve(server_io).await.expect("the server starts");
@@ -241,6 +267,47 @@ async fn main() {
 
     step(
         8,
+        "A large charge (1,500.00): the server asks the user to confirm before anything \
+         happens, through a host on protocol 2026-07-28.",
+    );
+    let (server_io, client_io) = tokio::io::duplex(64 * 1024);
+    tokio::spawn(async move {
+        let running = modern_server
+            .serve(server_io)
+            .await
+            .expect("the server starts");
+        let _ = running.waiting().await;
+    });
+    let host = ConfirmingUser
+        .serve_with_lifecycle(
+            client_io,
+            ClientLifecycleMode::Discover {
+                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+            },
+        )
+        .await
+        .expect("the host connects");
+    let large = json!({ "card": "4242", "amount_cents": 150_000, "currency": "usd" });
+    let Value::Object(large) = large else {
+        unreachable!()
+    };
+    let confirm = || CallToolRequestParams::new("charge_card").with_arguments(large.clone());
+    CALLS.lock().unwrap().extend(["charge_card", "charge_card"]);
+    let confirmed = host.call_tool(confirm()).await.expect("the server answers");
+    show(
+        "charge_card, answered after the user confirmed (two rounds, one operation)",
+        &confirmed,
+    );
+    CALLS.lock().unwrap().push("charge_card");
+    let again = host.call_tool(confirm()).await.expect("the server answers");
+    show(
+        "charge_card again: the stored receipt; the user is not asked twice",
+        &again,
+    );
+    let _ = host.cancel().await;
+
+    step(
+        9,
         "The outbox: each charge queued a receipt and the shipment a warehouse notice, \
          written with the completion; a dispatcher sends them.",
     );
@@ -287,7 +354,7 @@ async fn main() {
     );
 
     step(
-        9,
+        10,
         "The ledger: what the processor, the carrier, the mailer and the warehouse were \
          really asked to do.",
     );

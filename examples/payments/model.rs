@@ -21,6 +21,15 @@ fn usd() -> String {
     "usd".to_owned()
 }
 
+/// `set_card_nickname`'s arguments.
+#[derive(Debug, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct NicknameArgs {
+    /// The card (a token or the last four digits in this demo).
+    pub card: String,
+    /// The name to show for it.
+    pub nickname: String,
+}
+
 /// What a charge returns.
 #[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Receipt {

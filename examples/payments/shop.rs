@@ -20,17 +20,19 @@ mod reconcile;
 #[path = "remote.rs"]
 mod remote;
 
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_runtime::{
-    current_cancellation, current_reference, follow_on, idempotent, Caller, Executor,
-    IdempotentServer, ToolError,
+    current_cancellation, current_continuation, current_reference, follow_on, idempotent, Ask,
+    Caller, Executor, IdempotentServer, ToolError,
 };
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::{Json, Parameters};
 use rmcp::model::{
-    CancelTaskParams, GetTaskParams, GetTaskResult, Implementation, ServerCapabilities,
-    ServerConfig,
+    CancelTaskParams, ElicitResult, ElicitationAction, ElicitationSchema, GetTaskParams,
+    GetTaskResult, Implementation, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_handler, ErrorData, RoleServer, ServerHandler};
@@ -40,6 +42,45 @@ pub use backends::Backends;
 pub use model::*;
 pub use reconcile::ProcessorReconciler;
 
+/// From this amount (in cents) up, `charge_card` asks the user to confirm
+/// before it charges.
+pub const CONFIRM_FROM_CENTS: u64 = 100_000;
+
+/// The key of `charge_card`'s confirmation among its input requests.
+pub const CONFIRM_KEY: &str = "confirm";
+
+/// The confirmation `charge_card` asks for: a form with one boolean,
+/// `confirm`.
+fn confirmation(args: &ChargeArgs) -> Ask<Json<Receipt>> {
+    let schema = ElicitationSchema::builder()
+        .required_bool("confirm")
+        .description("Set confirm to true to charge the card")
+        .build()
+        .expect("a schema with one boolean property");
+    Ask::elicit(
+        CONFIRM_KEY,
+        format!(
+            "Charge {}.{:02} {} to card {}? Nothing is charged unless you confirm.",
+            args.amount_cents / 100,
+            args.amount_cents % 100,
+            args.currency.to_uppercase(),
+            args.card
+        ),
+        schema,
+    )
+}
+
+/// An accept whose form says `confirm: true`; anything else declines.
+fn confirmed(answer: &ElicitResult) -> bool {
+    answer.action == ElicitationAction::Accept
+        && answer
+            .content
+            .as_ref()
+            .and_then(|content| content.get("confirm"))
+            .and_then(serde_json::Value::as_bool)
+            == Some(true)
+}
+
 /// The payments MCP server.
 #[derive(Clone, Debug)]
 pub struct Payments {
@@ -47,6 +88,9 @@ pub struct Payments {
     default_caller: Option<Caller>,
     backends: Backends,
     processor_timeout: Duration,
+    /// Each card's nickname: set by `set_card_nickname`, which writes the
+    /// value it is given, so a repeat changes nothing.
+    nicknames: Arc<Mutex<BTreeMap<String, String>>>,
     tool_router: ToolRouter<Self>,
 }
 
@@ -65,6 +109,7 @@ impl Payments {
             default_caller,
             backends,
             processor_timeout,
+            nicknames: Arc::default(),
             tool_router: Self::router(),
         }
     }
@@ -164,13 +209,29 @@ impl Payments {
     )]
     #[tool(
         description = "Charge a card. Safe to retry: a repeat within 15 minutes returns the \
-                          first charge's receipt instead of charging again."
+                          first charge's receipt instead of charging again. From 1000.00 up \
+                          (amount_cents >= 100000) the user is asked to confirm first."
     )]
     async fn charge_card(
         &self,
         Parameters(args): Parameters<ChargeArgs>,
-    ) -> Result<Json<Receipt>, ToolError> {
-        self.charge(args).await
+    ) -> Result<Ask<Json<Receipt>>, ToolError> {
+        // A large charge is confirmed by the user before anything happens:
+        // the first call asks (idem records nothing and releases the claim),
+        // the continuation carries the answer and is the operation.
+        if args.amount_cents >= CONFIRM_FROM_CENTS {
+            match current_continuation().and_then(|c| c.elicitation(CONFIRM_KEY)) {
+                None => return Ok(confirmation(&args)),
+                Some(answer) if confirmed(&answer) => {}
+                Some(_) => {
+                    return Err(ToolError::rejected(
+                        "The user did not confirm the charge, so nothing was charged. Call \
+                         charge_card again to ask again.",
+                    ))
+                }
+            }
+        }
+        self.charge(args).await.map(Ask::Done)
     }
 
     /// A card tapped at a till: a second tap of the same card for the same
@@ -214,6 +275,23 @@ impl Payments {
         };
         self.queue("notify_warehouse", &notice, "The shipment was booked")?;
         Ok(Json(shipment))
+    }
+
+    /// Sets a card's nickname: idempotent by construction (it writes the
+    /// value it is given), so idem records nothing for it.
+    #[idempotent(
+        by_construction = "sets the card's nickname to the given value; a repeat writes the same value"
+    )]
+    #[tool(
+        description = "Set the nickname shown for a card. Safe to retry: a repeat sets the same name."
+    )]
+    async fn set_card_nickname(&self, Parameters(args): Parameters<NicknameArgs>) -> String {
+        let mut nicknames = self
+            .nicknames
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        nicknames.insert(args.card.clone(), args.nickname.clone());
+        format!("Card {} is now called {:?}.", args.card, args.nickname)
     }
 
     /// Demo only: what the stub processor and carrier were asked to do.

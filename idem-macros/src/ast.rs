@@ -234,6 +234,8 @@ pub(crate) struct Returns {
     pub(crate) fallible: bool,
     /// `T` of a `Json<T>` success value: the tool's output schema.
     pub(crate) json: Option<Type>,
+    /// The success value is `Ask<..>`: the tool may ask before its effect.
+    pub(crate) asks: bool,
 }
 
 impl Returns {
@@ -243,10 +245,13 @@ impl Returns {
             syn::ReturnType::Type(_, ty) => (**ty).clone(),
         };
         let ok = single_type_arg(&ty, "Result");
-        let json = single_type_arg(ok.unwrap_or(&ty), "Json").cloned();
+        let value = ok.unwrap_or(&ty);
+        let asked = single_type_arg(value, "Ask");
+        let json = single_type_arg(asked.unwrap_or(value), "Json").cloned();
         Returns {
             fallible: ok.is_some(),
             json,
+            asks: asked.is_some(),
             ty,
         }
     }

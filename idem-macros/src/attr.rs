@@ -2,6 +2,7 @@
 //! each value, each option at most once, and a scope.
 
 use proc_macro2::Span;
+use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream};
 use syn::spanned::Spanned;
 use syn::{bracketed, Ident, LitBool, LitStr, Path, Token, Visibility};
@@ -13,6 +14,7 @@ mod kw {
     syn::custom_keyword!(business_key);
     syn::custom_keyword!(status_tool);
     syn::custom_keyword!(task);
+    syn::custom_keyword!(by_construction);
     // `#[idem_runtime::tool_router(...)]`: rmcp's options, then `status_tool`
     // and `crate` again.
     syn::custom_keyword!(router);
@@ -24,7 +26,8 @@ mod kw {
 /// The list shown when an option is unknown.
 const ACCEPTED: &str = "`window = \"15m\"`, `business_key = \"order_id\"` (or `[\"a\", \"b\"]`), \
                         `status_tool = \"get_operation_status\"`, `task = \"optional\"` (or `\"never\"`), \
-                        `crate = \"path\"`";
+                        `crate = \"path\"`, \
+                        `by_construction = \"sets the status to the given value\"`";
 
 /// The list shown when an option of the impl-level macro is unknown.
 const ROUTER_ACCEPTED: &str = "rmcp's `router = name`, `vis = \"pub(crate)\"`, `server_handler` \
@@ -95,6 +98,9 @@ pub(crate) enum Scope {
         /// The `business_key` keyword, for errors about the option as a whole.
         keyword: Span,
     },
+    /// `by_construction = "..."`: the tool's own code makes a repeat
+    /// harmless, for the reason given; no claim, no store.
+    ByConstruction(LitStr),
 }
 
 /// `window = "1h30m"`: the duration in seconds and the literal it came from.
@@ -130,7 +136,11 @@ impl Parse for Args {
         let mut status_tool: Option<LitStr> = None;
         let mut krate: Option<Path> = None;
         let mut task: Option<TaskSupport> = None;
+        let mut by_construction: Option<(LitStr, Span)> = None;
+        // The options given so far that `by_construction` excludes.
+        let mut recorded: Vec<String> = Vec::new();
         while !input.is_empty() {
+            check_by_construction(input, by_construction.as_ref(), &mut recorded)?;
             let lookahead = input.lookahead1();
             if lookahead.peek(kw::window) {
                 let key: kw::window = input.parse()?;
@@ -156,6 +166,24 @@ impl Parse for Args {
                 }
                 let value = parse_task(&input.parse()?)?;
                 Args::set(&mut task, value, &key, "task")?;
+            } else if lookahead.peek(kw::by_construction) {
+                let key: kw::by_construction = input.parse()?;
+                if !input.peek(Token![=]) {
+                    return Err(syn::Error::new(
+                        key.span,
+                        "`by_construction` needs its reason: write `by_construction = \"...\"` with the lines \
+                         of the handler that make a repeat harmless, e.g. \
+                         `by_construction = \"sets the status to the given value; a repeat writes the same value\"`",
+                    ));
+                }
+                input.parse::<Token![=]>()?;
+                let reason = parse_reason(input)?;
+                Args::set(
+                    &mut by_construction,
+                    (reason, key.span),
+                    &key,
+                    "by_construction",
+                )?;
             } else if lookahead.peek(Token![crate]) {
                 let key: Token![crate] = input.parse()?;
                 input.parse::<Token![=]>()?;
@@ -183,13 +211,16 @@ impl Parse for Args {
                 keyword,
             },
             (None, Some(window)) => Scope::Window(window),
-            (None, None) => {
-                return Err(syn::Error::new(
+            // `by_construction` stands alone: no window, no business key.
+            (None, None) => match by_construction {
+                Some((reason, _)) => Scope::ByConstruction(reason),
+                None => return Err(syn::Error::new(
                     Span::call_site(),
                     "`#[idempotent]` needs a scope: write `#[idempotent(window = \"15m\")]` (repeats of the same call within 15 minutes are one operation) \
-                     or `#[idempotent(business_key = \"order_id\")]` (one operation per order id)",
-                ))
-            }
+                     or `#[idempotent(business_key = \"order_id\")]` (one operation per order id); \
+                     for a tool whose own code makes a repeat harmless, `#[idempotent(by_construction = \"why\")]`",
+                )),
+            },
         };
         Ok(Args {
             scope,
@@ -300,6 +331,77 @@ impl Parse for RouterArgs {
         }
         Ok(args)
     }
+}
+
+/// `by_construction = "..."`: the reason, a non-empty string.
+fn parse_reason(input: ParseStream<'_>) -> syn::Result<LitStr> {
+    const EXAMPLE: &str = "`by_construction = \"sets the status to the given value; a repeat writes the same value\"`";
+    if !input.peek(LitStr) {
+        return Err(input.error(format!(
+            "`by_construction` takes the reason a repeat of this tool is harmless, in words: {EXAMPLE}"
+        )));
+    }
+    let reason: LitStr = input.parse()?;
+    if reason.value().trim().is_empty() {
+        return Err(syn::Error::new_spanned(
+            &reason,
+            format!(
+                "the reason is empty: say which lines of the handler make a repeat harmless, so a reviewer \
+                 can hold the hint against them, e.g. {EXAMPLE}"
+            ),
+        ));
+    }
+    Ok(reason)
+}
+
+/// The options of a tool idem claims and records, which a tool idempotent
+/// by construction has no use for.
+const RECORDED_ONLY: [&str; 5] = [
+    "window",
+    "business_key",
+    "client_key",
+    "status_tool",
+    "task",
+];
+
+/// Before each option: `by_construction` together with an option of
+/// [`RECORDED_ONLY`], in either order, is an error on the second one. Done
+/// on the option's name, before it is parsed, so that the error is the same
+/// whatever the option's own parser says of its value.
+fn check_by_construction(
+    input: ParseStream<'_>,
+    by_construction: Option<&(LitStr, Span)>,
+    recorded: &mut Vec<String>,
+) -> syn::Result<()> {
+    let Ok(option) = input.fork().call(Ident::parse_any) else {
+        return Ok(());
+    };
+    let name = option.to_string();
+    if name == "by_construction" {
+        if let Some(other) = recorded.first() {
+            return Err(by_construction_with(option.span(), other));
+        }
+    } else if RECORDED_ONLY.contains(&name.as_str()) {
+        if by_construction.is_some() {
+            return Err(by_construction_with(option.span(), &name));
+        }
+        recorded.push(name);
+    }
+    Ok(())
+}
+
+/// `by_construction` given with an option of a wrapped tool, which it
+/// would silently ignore: a tool idempotent by construction has no claim,
+/// no record and no operation to name.
+fn by_construction_with(span: Span, other: &str) -> syn::Error {
+    syn::Error::new(
+        span,
+        format!(
+            "`by_construction` says the tool's own code makes a repeat harmless, so idem neither claims \
+             nor records its calls, and `{other}` would have no effect. Keep `by_construction = \"...\"` \
+             alone, or remove it and keep `{other}` to have idem record each operation"
+        ),
+    )
 }
 
 /// `crate = "path"`: the path idem-runtime is reachable at.
@@ -483,7 +585,7 @@ mod tests {
             .step_by(2)
             .filter_map(|code| code.split_once(" = ").map(|(name, _)| name))
             .collect();
-        assert_eq!(options.len(), 5, "{options:?}");
+        assert_eq!(options.len(), 6, "{options:?}");
         for option in options {
             assert!(
                 docs.contains(&format!("/// ## `{option} = ")),

@@ -49,6 +49,10 @@ fn private_ident(name: &str) -> Ident {
 }
 
 fn expand(tool: Tool) -> TokenStream {
+    if let Scope::ByConstruction(reason) = &tool.scope {
+        let reason = reason.clone();
+        return by_construction(tool, &reason);
+    }
     let krate = &tool.krate;
     let private = quote!(#krate::__private);
     let tool_name = tool
@@ -105,10 +109,11 @@ fn expand(tool: Tool) -> TokenStream {
     // Spanned on the declared return type, so an error type that is not
     // `Classify` is reported once, there.
     let returned = private_ident("__idem_returned");
-    let finish = if tool.returns.fallible {
-        located_at(quote!(#private::outcome(#returned)), ret.span())
-    } else {
-        located_at(quote!(#private::output(#returned)), ret.span())
+    let finish = match (tool.returns.asks, tool.returns.fallible) {
+        (false, true) => located_at(quote!(#private::outcome(#returned)), ret.span()),
+        (false, false) => located_at(quote!(#private::output(#returned)), ret.span()),
+        (true, true) => located_at(quote!(#private::ask_outcome(#returned)), ret.span()),
+        (true, false) => located_at(quote!(#private::ask_output(#returned)), ret.span()),
     };
     // A business key is read from the typed fields (so serde's renames do
     // not hide it), before the handler takes the parameters.
@@ -118,7 +123,7 @@ fn expand(tool: Tool) -> TokenStream {
             let values = business_key_values(fields, &params_ident, &private);
             quote!(let #business_key = #values;)
         }
-        Scope::Window(_) => quote!(let #business_key = [];),
+        Scope::Window(_) | Scope::ByConstruction(_) => quote!(let #business_key = [];),
     };
     let typed = typed_body(
         &unpack,
@@ -144,6 +149,28 @@ fn expand(tool: Tool) -> TokenStream {
                 request_ident,
                 params_ty,
                 typed,
+                asks: tool.returns.asks,
+            },
+        );
+    }
+
+    if tool.returns.asks {
+        return expand_asking(
+            method,
+            AskingParts {
+                private: &private,
+                tool_name: &tool_name,
+                scope: &scope,
+                status_tool,
+                take_business_key,
+                arguments,
+                business_key,
+                params_ident,
+                params_value: params,
+                request_ident,
+                params_ty,
+                typed,
+                asks: true,
             },
         );
     }
@@ -204,6 +231,65 @@ fn typed_body(
     }
 }
 
+/// What the expansion of a tool that asks takes over from [`expand`]: the
+/// same parts as a task's.
+type AskingParts<'a> = TaskParts<'a>;
+
+/// A tool whose handler returns `Ask<..>`: the method also takes rmcp's
+/// `RequestState` and `InputResponses` extractors, hands them to
+/// `call_asking`, and returns rmcp's `CallToolResponse` (a result, or
+/// `input_required`).
+fn expand_asking(mut method: ImplItemFn, parts: AskingParts<'_>) -> TokenStream {
+    let TaskParts {
+        private,
+        tool_name,
+        scope,
+        status_tool,
+        take_business_key,
+        arguments,
+        business_key,
+        params_ident,
+        params_value,
+        request_ident,
+        params_ty,
+        typed,
+        asks: _,
+    } = parts;
+    let state_ident = private_ident("__idem_request_state");
+    let responses_ident = private_ident("__idem_input_responses");
+    method
+        .sig
+        .inputs
+        .push(parse_quote!(#state_ident: #private::RequestStateArg));
+    method
+        .sig
+        .inputs
+        .push(parse_quote!(#responses_ident: #private::InputResponsesArg));
+    method.sig.output = parse_quote!(
+        -> ::core::result::Result<#private::CallToolResponse, #private::ErrorData>
+    );
+    method.block = parse_quote!({
+        #take_business_key
+        #private::call_asking(
+            self,
+            #request_ident,
+            #private::ToolSpec {
+                tool: #tool_name,
+                scope: #scope,
+                status_tool: #status_tool,
+            },
+            #arguments,
+            #business_key,
+            #state_ident,
+            #responses_ident,
+            #params_value,
+            move |#params_ident: #params_ty| async move { #typed },
+        )
+        .await
+    });
+    method.into_token_stream()
+}
+
 /// What the task expansion takes over from [`expand`].
 struct TaskParts<'a> {
     private: &'a TokenStream,
@@ -220,6 +306,8 @@ struct TaskParts<'a> {
     params_ty: TokenStream,
     /// The body as [`typed_body`] writes it.
     typed: TokenStream,
+    /// The body returns `Ask<..>`: it may ask before its effect.
+    asks: bool,
 }
 
 /// A tool with `task = "optional"`: the body moves to a hidden method of
@@ -240,6 +328,7 @@ fn expand_task(mut method: ImplItemFn, parts: TaskParts<'_>) -> TokenStream {
         request_ident,
         params_ty,
         typed,
+        asks,
     } = parts;
     let body_ident = Ident::new(
         &format!("__idem_task_body_{}", method.sig.ident),
@@ -266,6 +355,13 @@ fn expand_task(mut method: ImplItemFn, parts: TaskParts<'_>) -> TokenStream {
         *typed.pat = parse_quote!(#name);
         extra_names.push(name);
     }
+    // A body that may ask returns `Ask<CallToolResult>`, and the tool
+    // method takes the continuation's `requestState` and `inputResponses`.
+    let body_output = if asks {
+        quote!(#private::Ask<#private::CallToolResult>)
+    } else {
+        quote!(#private::CallToolResult)
+    };
     let body: ImplItemFn = parse_quote! {
         #[doc(hidden)]
         #[allow(non_snake_case)]
@@ -273,9 +369,27 @@ fn expand_task(mut method: ImplItemFn, parts: TaskParts<'_>) -> TokenStream {
             &self,
             #params_ident: #params_ty,
             #(#extra_args),*
-        ) -> ::core::result::Result<#private::CallToolResult, #private::HandlerFailure> {
+        ) -> ::core::result::Result<#body_output, #private::HandlerFailure> {
             #typed
         }
+    };
+    let state_ident = private_ident("__idem_request_state");
+    let responses_ident = private_ident("__idem_input_responses");
+    let (runner, continuation) = if asks {
+        method
+            .sig
+            .inputs
+            .push(parse_quote!(#state_ident: #private::RequestStateArg));
+        method
+            .sig
+            .inputs
+            .push(parse_quote!(#responses_ident: #private::InputResponsesArg));
+        (
+            quote!(#private::call_task_asking),
+            quote!(#state_ident, #responses_ident,),
+        )
+    } else {
+        (quote!(#private::call_task), TokenStream::new())
     };
     method.sig.output = parse_quote!(
         -> ::core::result::Result<#private::CallToolResponse, #private::ErrorData>
@@ -287,7 +401,7 @@ fn expand_task(mut method: ImplItemFn, parts: TaskParts<'_>) -> TokenStream {
     );
     method.block = parse_quote!({
         #take_business_key
-        #private::call_task(
+        #runner(
             self,
             #request_ident,
             #private::ToolSpec {
@@ -297,6 +411,7 @@ fn expand_task(mut method: ImplItemFn, parts: TaskParts<'_>) -> TokenStream {
             },
             #arguments,
             #business_key,
+            #continuation
             (#params_value, #(#extra_names),*),
             move |(#params_ident, #(#extra_names),*)| self.#body_ident(#params_ident, #(#extra_names),*),
             move |(#params_ident, #(#extra_names),*)| {
@@ -309,6 +424,62 @@ fn expand_task(mut method: ImplItemFn, parts: TaskParts<'_>) -> TokenStream {
     let mut out = method.into_token_stream();
     out.extend(body.into_token_stream());
     out
+}
+
+/// A tool idempotent by construction: the method is kept as written (no
+/// claim, no store call), and its `#[tool(...)]` gets `idempotent_hint =
+/// true` and, in its `_meta`, the reason, for `audit_hints` and reviewers.
+fn by_construction(tool: Tool, reason: &LitStr) -> TokenStream {
+    let private = {
+        let krate = &tool.krate;
+        quote!(#krate::__private)
+    };
+    let mut items: Vec<TokenStream> = Vec::new();
+    let mut has_annotations = false;
+    let mut has_meta = false;
+    for meta in &tool.tool_args.items {
+        match meta {
+            Meta::List(list) if list.path.is_ident("annotations") => {
+                has_annotations = true;
+                items.push(with_hint(list));
+            }
+            Meta::NameValue(nv) if nv.path.is_ident("meta") => {
+                has_meta = true;
+                let user = &nv.value;
+                items.push(quote! {
+                    meta = #private::construction_tool_meta(::core::option::Option::Some(#user), #reason)
+                });
+            }
+            other => items.push(other.to_token_stream()),
+        }
+    }
+    if !has_annotations {
+        items.push(quote!(annotations(idempotent_hint = true)));
+    }
+    if !has_meta {
+        items.push(quote! {
+            meta = #private::construction_tool_meta(::core::option::Option::None, #reason)
+        });
+    }
+    let mut method = tool.method;
+    let path = method.attrs[tool.tool_index].path().clone();
+    method.attrs[tool.tool_index] = parse_quote!(#[#path(#(#items),*)]);
+    method.into_token_stream()
+}
+
+/// `annotations(...)` with `idempotent_hint = true` added, unless written.
+fn with_hint(list: &syn::MetaList) -> TokenStream {
+    let mut annotations: Punctuated<Meta, Token![,]> = list
+        .parse_args_with(Punctuated::parse_terminated)
+        .unwrap_or_default();
+    if !annotations
+        .iter()
+        .any(|m| m.path().is_ident("idempotent_hint"))
+    {
+        annotations.push(parse_quote!(idempotent_hint = true));
+    }
+    let path = &list.path;
+    quote!(#path(#annotations))
 }
 
 /// The same tokens, reported at `span` but resolved as before: what a
@@ -358,6 +529,8 @@ fn scope(scope: &Scope, private: &TokenStream) -> TokenStream {
             let duration = seconds(window);
             quote!(#private::ScopeSpec::Window(#duration))
         }
+        // Expanded by `by_construction`, which names no scope.
+        Scope::ByConstruction(_) => TokenStream::new(),
     }
 }
 

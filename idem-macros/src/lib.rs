@@ -64,7 +64,8 @@ use proc_macro::TokenStream;
 /// # Options
 ///
 /// Each option is given at most once. A scope (`window` or `business_key`)
-/// is required.
+/// is required, unless the tool is idempotent by construction
+/// (`by_construction`, below).
 ///
 /// ## `window = "15m"`
 ///
@@ -201,6 +202,30 @@ use proc_macro::TokenStream;
 /// }
 /// ```
 ///
+/// ## `by_construction = "sets the status to the given value; a repeat writes the same value"`
+///
+/// For a tool whose own code makes a repeat harmless: it sets a value,
+/// deletes by id, or only reads (and the host should still retry it). The
+/// tool keeps `idempotentHint: true`, and idem neither claims nor records
+/// its calls: the method is left exactly as written, and no store is called.
+/// The reason is required and must say, in words, which lines of the
+/// handler make a repeat harmless; it appears in the tool's
+/// `_meta["idem/idempotent"]` as `{"byConstruction": "<reason>"}`, and in
+/// `idem_runtime::hint_report` (and the log of `audit_hints`), so that a
+/// reviewer can hold it against the code. The review question for any hint
+/// is which lines of the handler make it true.
+///
+/// It stands alone: `window`, `business_key`, `client_key`, `status_tool`
+/// and `task` are options of a recorded tool, and each is an error beside
+/// it. `by_construction` without a reason, or with an empty one, is an error
+/// too.
+///
+/// ```rust,ignore
+/// #[idempotent(by_construction = "sets the status to the given value; a repeat writes the same value")]
+/// #[tool(description = "Set an order's status")]
+/// async fn set_status(&self, Parameters(args): Parameters<StatusArgs>) -> Result<String, ToolError> { .. }
+/// ```
+///
 /// ## `crate = "path"`
 ///
 /// The path idem-runtime is reachable at, when it is renamed or re-exported:
@@ -222,6 +247,19 @@ use proc_macro::TokenStream;
 /// call can run; anything else leaves the outcome *unknown*, and repeats are
 /// told to check the status tool instead of running again. A plain return
 /// type is always recorded and replayed.
+///
+/// `Result<Ask<T>, E>` (or `Ask<T>`) for a tool that may ask the user
+/// before its effect (a multi-round-trip request, protocol 2026-07-28):
+/// `Ask::Done(value)` is recorded as any value; `Ask::Input(..)` (built with
+/// `Ask::elicit` or `Ask::input`) releases the claim and records nothing,
+/// and idem answers `input_required` with a sealed `requestState`. The
+/// continuation, the same call with the answers, is the same operation: its
+/// handler finds them in `idem_runtime::current_continuation()`. The macro
+/// recognises `Ask` by name (an alias of it does not compile: `Ask` is not a
+/// tool output), and the method then also takes rmcp's `RequestState` and
+/// `InputResponses` and returns rmcp's `CallToolResponse`. With `task =
+/// "optional"`, a task whose handler asks fails (nothing ran) with a message
+/// to call again without the tasks extension.
 ///
 /// The output schema of a `Json<T>` tool is kept. A repeat of a completed
 /// operation returns the stored result of the first call, identical, with

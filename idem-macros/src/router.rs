@@ -11,7 +11,7 @@ use syn::spanned::Spanned;
 use syn::{parse_quote, Attribute, ImplItem, ItemImpl, Path};
 
 use crate::ast::{self, ToolArgs, BELOW_TOOL};
-use crate::attr::{Args, RouterArgs};
+use crate::attr::{Args, RouterArgs, Scope};
 use crate::expand::{located_at, with_error};
 
 const UNBACKED_HINT: &str = "`idempotent_hint = true` on a tool that `#[idempotent]` does not wrap: \
@@ -160,12 +160,16 @@ impl Wrapped {
         let Ok(args) = attr.parse_args::<Args>() else {
             return;
         };
+        if self.krate.is_none() {
+            self.krate.clone_from(&args.krate);
+        }
+        // A tool idempotent by construction has no operation to report on.
+        if matches!(args.scope, Scope::ByConstruction(_)) {
+            return;
+        }
         let name = args.status_tool();
         if !self.status_tools.contains(&name) {
             self.status_tools.push(name);
-        }
-        if self.krate.is_none() {
-            self.krate = args.krate;
         }
     }
 }

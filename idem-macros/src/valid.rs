@@ -21,7 +21,11 @@ pub(crate) fn check(tool: &Tool) -> syn::Result<()> {
         ));
     }
 
-    if sig.asyncness.is_none() {
+    // A tool idempotent by construction is not rewritten: it may be any
+    // tool rmcp takes.
+    let wrapped = !matches!(tool.scope, Scope::ByConstruction(_));
+
+    if wrapped && sig.asyncness.is_none() {
         errors.push(syn::Error::new_spanned(
             sig.fn_token,
             "`#[idempotent]` wraps an async tool: write `async fn`",
@@ -29,6 +33,7 @@ pub(crate) fn check(tool: &Tool) -> syn::Result<()> {
     }
 
     match sig.inputs.first() {
+        _ if !wrapped => {}
         Some(FnArg::Receiver(receiver))
             if receiver.reference.is_some() && receiver.mutability.is_none() => {}
         _ => errors.push(syn::Error::new_spanned(

@@ -175,6 +175,8 @@ pub use mcp::{
     audit_hints, current_cancellation, current_reference, request_caller, status_tool,
     stored_response, tasks, HintProblem, IdempotentServer, RESULT_META_KEY, TOOL_META_KEY,
 };
+#[cfg(feature = "rmcp")]
+pub use mcp::{current_continuation, hint_report, Ask, Continuation, HintBacking};
 pub use outbox::follow_on;
 pub use store::{open_store, IdempotencyStore, MemoryStore, StoreError};
 #[cfg(feature = "dynamodb")]

@@ -61,16 +61,17 @@ class StdioServer:
     log_dir: Path
     logs: list[IO[str]] = field(default_factory=list)
 
-    def client(self, *args: str, mode: str = "auto") -> Client:
+    def client(self, *args: str, mode: str = "auto", **options: Any) -> Client:
         """A client on a fresh server process started with `args` (the store
-        flag is the caller's: give `--store memory` or a temp sqlite path)."""
+        flag is the caller's: give `--store memory` or a temp sqlite path);
+        `options` go to `Client` (an `elicitation_callback`, say)."""
         assert "--store" in args, "always pass --store to the payments server"
         # The server's stderr goes to a file: pytest's captured sys.stderr has
         # no file descriptor for a child process to inherit.
         errlog = open(self.log_dir / f"stdio-{len(self.logs)}.stderr", "w")  # noqa: SIM115
         self.logs.append(errlog)
         params = StdioServerParameters(command=self.bin, args=["--transport", "stdio", *args])
-        return Client(stdio_client(params, errlog=errlog), mode=mode)
+        return Client(stdio_client(params, errlog=errlog), mode=mode, **options)
 
 
 @pytest.fixture
@@ -105,12 +106,13 @@ class HttpServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/mcp"
 
-    def client(self, token: str | None, mode: str = "auto") -> Client:
+    def client(self, token: str | None, mode: str = "auto", **options: Any) -> Client:
         """An MCP client that sends `Authorization: Bearer <token>` (no
-        Authorization header at all when token is None)."""
+        Authorization header at all when token is None); `options` go to
+        `Client` (an `elicitation_callback`, say)."""
         headers = {} if token is None else {"Authorization": f"Bearer {token}"}
         http = create_mcp_http_client(headers=headers)
-        return Client(streamable_http_client(self.url, http_client=http), mode=mode)
+        return Client(streamable_http_client(self.url, http_client=http), mode=mode, **options)
 
     def raw_post(self, message: dict[str, Any], headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], str]:
         """POSTs one JSON-RPC message with urllib, outside the MCP client:

@@ -30,6 +30,8 @@ pytestmark = pytest.mark.anyio
 TEST_TIMEOUT_S = 60
 CHARGE = {"card": "4242", "amount_cents": 1250, "currency": "usd"}
 WRAPPED_TOOLS = {"charge_card", "create_shipment", "tap_to_pay"}
+# Hinted without a record: its own code makes a repeat harmless.
+BY_CONSTRUCTION_TOOLS = {"set_card_nickname"}
 STATUS_TOOL = "get_operation_status"
 # One request and one charge under a reference: what the ledger must show
 # for an operation, however often it was called.
@@ -259,13 +261,17 @@ async def test_stdio_idempotent_hint_on_exactly_the_wrapped_tools(stdio_server: 
     expected_versions = MODERN_PROTOCOL_VERSIONS if mode == "auto" else HANDSHAKE_PROTOCOL_VERSIONS
     assert version in expected_versions, (mode, version)
 
-    assert set(tools) == WRAPPED_TOOLS | {STATUS_TOOL, "processor_ledger"}
+    assert set(tools) == WRAPPED_TOOLS | BY_CONSTRUCTION_TOOLS | {STATUS_TOOL, "processor_ledger"}
     hinted = {
         name
         for name, tool in tools.items()
         if tool.annotations is not None and tool.annotations.idempotent_hint is True
     }
-    assert hinted == WRAPPED_TOOLS
+    assert hinted == WRAPPED_TOOLS | BY_CONSTRUCTION_TOOLS
+    for name in BY_CONSTRUCTION_TOOLS:
+        marker = tools[name].meta["idem/idempotent"]
+        assert marker["byConstruction"].startswith("sets the card's nickname"), marker
+        assert "statusTool" not in marker
     # As it is on the wire.
     for name in WRAPPED_TOOLS:
         wire = tools[name].model_dump(by_alias=True, exclude_none=True)

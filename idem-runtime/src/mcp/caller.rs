@@ -46,6 +46,17 @@ pub trait IdempotentServer {
     fn default_caller(&self) -> Option<&Caller> {
         None
     }
+
+    /// What seals the `requestState` of a tool that asks before its effect
+    /// ([`Ask`](crate::Ask)), so that a tampered, expired or borrowed state
+    /// is refused. `None` (the default) uses a key drawn once per process:
+    /// enough for one replica, but a continuation that reaches another
+    /// replica is refused there. Servers with several replicas return a
+    /// codec built from a secret they share, at least 32 bytes
+    /// (`RequestStateCodec::try_new(secret)`), kept out of clients' reach.
+    fn request_state_codec(&self) -> Option<&rmcp::model::RequestStateCodec> {
+        None
+    }
 }
 
 tokio::task_local! {

@@ -7,6 +7,7 @@ use rmcp::ErrorData;
 
 use crate::answer::{Classify, Disposition, ToolError};
 
+mod ask;
 mod audit;
 mod call;
 mod caller;
@@ -16,7 +17,8 @@ mod render;
 mod status_tool;
 pub mod tasks;
 
-pub use audit::{audit_hints, HintProblem};
+pub use ask::{current_continuation, Ask, Continuation};
+pub use audit::{audit_hints, hint_report, HintBacking, HintProblem};
 pub use caller::{current_cancellation, current_reference, request_caller, IdempotentServer};
 pub use render::stored_response;
 pub use status_tool::status_tool;

@@ -15,9 +15,13 @@ pub use rmcp::model::{CallToolResponse, CallToolResult};
 pub use rmcp::service::RequestContext;
 pub use rmcp::{ErrorData, RoleServer};
 
+pub use super::ask::{ask_outcome, ask_output, call_asking, call_task_asking, Ask};
 pub use super::call::{call, call_task};
 pub use super::render::HandlerFailure;
 pub use crate::executor::ScopeSpec;
+pub use rmcp::handler::server::tool::{
+    InputResponses as InputResponsesArg, RequestState as RequestStateArg,
+};
 
 use super::caller::IdempotentServer;
 use super::render::completed;
@@ -196,6 +200,18 @@ pub fn tool_meta(user: Option<MetaObject>, scope: ScopeSpec<'_>, status_tool: &s
         marker.extend(scope.clone());
     }
     meta.insert(TOOL_META_KEY.to_owned(), marker);
+    meta
+}
+
+/// The `_meta` of a tool idempotent by construction: the user's, plus the
+/// marker with the reason, which [`audit_hints`](super::audit_hints) accepts
+/// as what backs the hint and [`hint_report`](super::hint_report) shows.
+pub fn construction_tool_meta(user: Option<MetaObject>, reason: &str) -> MetaObject {
+    let mut meta = user.unwrap_or_default();
+    meta.insert(
+        TOOL_META_KEY.to_owned(),
+        json!({ "byConstruction": reason }),
+    );
     meta
 }
 
