@@ -248,7 +248,7 @@ mod tests {
         while keys.len() < 4 {
             let k = key("acme", serde_json::json!({ "n": n }));
             n += 1;
-            if k.key[0] as usize % SHARDS == 0 {
+            if (k.key[0] as usize).is_multiple_of(SHARDS) {
                 keys.push(k);
             }
         }
