@@ -12,8 +12,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, Implementation,
-    ProtocolVersion, RequestMetaObject,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ClientCapabilities, ClientConfig,
+    Implementation, ProtocolVersion, RequestMetaObject,
 };
 use rmcp::service::{ClientLifecycleMode, ClientServiceExt, RunningService};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -70,6 +70,10 @@ struct Server {
 }
 
 async fn http_server() -> Server {
+    http_server_with(&[]).await
+}
+
+async fn http_server_with(extra: &[&str]) -> Server {
     let mut command = Command::new(payments_binary());
     command
         .args([
@@ -84,6 +88,7 @@ async fn http_server() -> Server {
             "--token",
             "tok-bob=acme/bob",
         ])
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -107,6 +112,15 @@ async fn http_server() -> Server {
 /// rmcp's HTTP client on the modern protocol, as the caller behind
 /// `token`, sending `Idempotency-Key: header` on every request when given.
 async fn http(server: &Server, token: &str, header: Option<&str>) -> Client {
+    http_client(server, token, header, ClientCapabilities::default()).await
+}
+
+async fn http_client(
+    server: &Server,
+    token: &str,
+    header: Option<&str>,
+    capabilities: ClientCapabilities,
+) -> Client {
     let mut headers = HashMap::new();
     if let Some(key) = header {
         headers.insert(
@@ -119,18 +133,15 @@ async fn http(server: &Server, token: &str, header: Option<&str>) -> Client {
             .auth_header(token)
             .custom_headers(headers),
     );
-    let client = ClientConfig::new(
-        ClientCapabilities::default(),
-        Implementation::new("idem-keys-test", "0"),
-    )
-    .serve_with_lifecycle(
-        transport,
-        ClientLifecycleMode::Discover {
-            preferred_versions: vec![ProtocolVersion::V_2026_07_28],
-        },
-    )
-    .await
-    .expect("the client connects");
+    let client = ClientConfig::new(capabilities, Implementation::new("idem-keys-test", "0"))
+        .serve_with_lifecycle(
+            transport,
+            ClientLifecycleMode::Discover {
+                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+            },
+        )
+        .await
+        .expect("the client connects");
     Client::Http(client)
 }
 
@@ -345,4 +356,49 @@ async fn stdio_the_listing_says_clientkey() {
             tool.name
         );
     }
+}
+
+/// `charge_card` answers with MCP tasks when the client declares the
+/// extension: under a client key, a repeat gets the same task (the same
+/// operation, still running), other arguments a conflict, and the task's
+/// result is the one charge.
+#[tokio::test]
+async fn http_a_keyed_task_is_one_operation() {
+    let server = http_server_with(&["--processor-delay-ms", "800"]).await;
+    let client = http_client(
+        &server,
+        "tok-alice",
+        None,
+        ClientCapabilities::builder().enable_tasks().build(),
+    )
+    .await;
+    let Client::Http(tasks) = &client else {
+        unreachable!()
+    };
+    let start =
+        |args: Value, key: &str| tasks.call_tool_once(params("charge_card", args, Some(key)));
+    let first = match start(charge(6100), "engine/step-9").await.expect("answers") {
+        CallToolResponse::Task(task) => task,
+        other => panic!("expected a task, got {other:?}"),
+    };
+    match start(charge(6100), "engine/step-9").await.expect("answers") {
+        CallToolResponse::Task(again) => assert_eq!(again.task.task_id, first.task.task_id),
+        other => panic!("expected the same task, got {other:?}"),
+    }
+    match start(charge(6200), "engine/step-9").await.expect("answers") {
+        CallToolResponse::Complete(conflict) => {
+            assert_eq!(state(&conflict), "conflict", "{conflict:?}");
+            assert_eq!(op(&conflict)["keyedBy"], "clientKey");
+        }
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    match start(charge(6100), "engine/step-9").await.expect("answers") {
+        CallToolResponse::Complete(done) => {
+            assert_eq!(state(&done), "replayed", "{done:?}");
+            assert_eq!(op(&done)["reference"], json!(first.task.task_id));
+        }
+        other => panic!("expected the stored result, got {other:?}"),
+    }
+    assert_eq!(charges(&client).await, 1);
 }
