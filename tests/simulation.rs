@@ -60,7 +60,14 @@
 //!     (BUGGIFY's `ClaimLandsLate`: the store applies it after its caller
 //!     gave up) is never presented to a call made more than two leases
 //!     after its send, and within that bound only as in progress with a
-//!     retry-after ending within it (or a held business key).
+//!     retry-after ending within it (or a held business key);
+//! 13. client keys (`simulation/client_keys.rs`): some callers' hosts send
+//!     an idempotency key, kept by their retries; a wanted repeat comes under
+//!     a new key, and some keys are reused with other arguments or by
+//!     another caller. One effect per client key per caller; an answer with
+//!     a charge carries one made for this caller, key and arguments (a new
+//!     key runs); a conflict runs nothing and answers only a key that was
+//!     sent with other arguments too.
 //!
 //! Beside them, the recording store checks every write that takes effect
 //! against a model of the record (a claim takes over only an expired or
@@ -107,6 +114,7 @@ mod simulation {
     pub mod buggify;
     pub mod callers;
     pub mod continuations;
+    pub mod client_keys;
     pub mod durable_runs;
     pub mod maintenance;
     pub mod model;
@@ -503,6 +511,7 @@ fn simulation_oracles_catch_sabotage() {
             Sabotage::StaleReference => &["oracle 8"],
             Sabotage::ForgetSuperseded => &["oracle 10"],
             Sabotage::EveryReplicaAsks => &["oracle 11"],
+            Sabotage::IgnoreClientKey => &["oracle 13"],
         }
     };
     // IDEM_SIM_SABOTAGE_SCAN=n: how many of n schedules catch each one.

@@ -201,11 +201,15 @@ impl IdempotentServer for Payments {
 impl Payments {
     /// Charges a card at most once per (caller, card, amount, currency) within
     /// 15 minutes, however often the call is repeated. A client that declares
-    /// the MCP tasks extension gets a task at once and polls it.
+    /// the MCP tasks extension gets a task at once and polls it. A host that
+    /// sends an idempotency key (`_meta["idem/idempotency-key"]`, or the
+    /// `Idempotency-Key` header over HTTP) names the operation itself: the
+    /// same key is one charge for 24 hours, another key another charge.
     #[idempotent(
         window = "15m",
         status_tool = "get_operation_status",
-        task = "optional"
+        task = "optional",
+        client_key = "optional"
     )]
     #[tool(
         description = "Charge a card. Safe to retry: a repeat within 15 minutes returns the \
@@ -236,8 +240,14 @@ impl Payments {
 
     /// A card tapped at a till: a second tap of the same card for the same
     /// amount within 5 seconds is the same payment (a double tap), and a tap
-    /// after that is a new purchase, under a new reference, charged again.
-    #[idempotent(window = "5s", status_tool = "get_operation_status")]
+    /// after that is a new purchase, under a new reference, charged again. A
+    /// till that sends an idempotency key per purchase says which taps are
+    /// one purchase, whatever the clock.
+    #[idempotent(
+        window = "5s",
+        status_tool = "get_operation_status",
+        client_key = "optional"
+    )]
     #[tool(
         description = "Charge a card tapped at a till. A second tap of the same card for the \
                           same amount within 5 seconds is the same payment; after that it is a \

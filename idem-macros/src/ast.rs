@@ -39,6 +39,9 @@ pub(crate) struct Tool {
     pub(crate) returns: Returns,
     /// Whether a request that declares the tasks extension gets a task.
     pub(crate) task: bool,
+    /// `client_key = "..."`: whether a call's client key names its
+    /// operation.
+    pub(crate) client_key: Option<crate::attr::ClientKey>,
 }
 
 impl Tool {
@@ -66,6 +69,7 @@ impl Tool {
         let task = args.task == Some(TaskSupport::Optional);
         Ok(Tool {
             task,
+            client_key: args.client_key,
             scope: args.scope,
             status_tool,
             krate,

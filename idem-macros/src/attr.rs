@@ -15,6 +15,7 @@ mod kw {
     syn::custom_keyword!(status_tool);
     syn::custom_keyword!(task);
     syn::custom_keyword!(by_construction);
+    syn::custom_keyword!(client_key);
     // `#[idem_runtime::tool_router(...)]`: rmcp's options, then `status_tool`
     // and `crate` again.
     syn::custom_keyword!(router);
@@ -26,7 +27,7 @@ mod kw {
 /// The list shown when an option is unknown.
 const ACCEPTED: &str = "`window = \"15m\"`, `business_key = \"order_id\"` (or `[\"a\", \"b\"]`), \
                         `status_tool = \"get_operation_status\"`, `task = \"optional\"` (or `\"never\"`), \
-                        `crate = \"path\"`, \
+                        `client_key = \"optional\"` (or `\"required\"`), `crate = \"path\"`, \
                         `by_construction = \"sets the status to the given value\"`";
 
 /// The list shown when an option of the impl-level macro is unknown.
@@ -45,6 +46,35 @@ pub(crate) struct Args {
     /// `task = "optional"`: answer with an MCP task when the request
     /// declares the tasks extension. `None` and `task = "never"`: never.
     pub(crate) task: Option<TaskSupport>,
+    /// `client_key = "optional" | "required"`: a call's client key names
+    /// its operation. `None`: the tool ignores client keys.
+    pub(crate) client_key: Option<ClientKey>,
+}
+
+/// `client_key = "..."`: whether a call may, or must, carry a client key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ClientKey {
+    /// A call may carry one; without it, the window decides.
+    Optional,
+    /// A call without one is refused.
+    Required,
+}
+
+/// What `client_key` accepts, for its errors.
+const CLIENT_KEY_VALUES: &str = "`client_key = \"optional\"` (a call may carry a key in \
+    `_meta[\"idem/idempotency-key\"]` or the `Idempotency-Key` header; without one, the window \
+    decides) or `client_key = \"required\"` (a call without a key is refused)";
+
+/// `client_key = "optional"` or `client_key = "required"`.
+fn parse_client_key(lit: &LitStr) -> syn::Result<ClientKey> {
+    match lit.value().as_str() {
+        "optional" => Ok(ClientKey::Optional),
+        "required" => Ok(ClientKey::Required),
+        other => Err(syn::Error::new_spanned(
+            lit,
+            format!("`client_key = {other:?}` is not a client key mode; write {CLIENT_KEY_VALUES}"),
+        )),
+    }
 }
 
 /// `task = "..."`: whether a call may be answered with an MCP task.
@@ -139,6 +169,7 @@ impl Parse for Args {
         let mut by_construction: Option<(LitStr, Span)> = None;
         // The options given so far that `by_construction` excludes.
         let mut recorded: Vec<String> = Vec::new();
+        let mut client_key: Option<(ClientKey, Span)> = None;
         while !input.is_empty() {
             check_by_construction(input, by_construction.as_ref(), &mut recorded)?;
             let lookahead = input.lookahead1();
@@ -184,6 +215,16 @@ impl Parse for Args {
                     &key,
                     "by_construction",
                 )?;
+            } else if lookahead.peek(kw::client_key) {
+                let key: kw::client_key = input.parse()?;
+                input.parse::<Token![=]>()?;
+                if !input.peek(LitStr) {
+                    return Err(
+                        input.error(format!("`client_key` takes a string: {CLIENT_KEY_VALUES}"))
+                    );
+                }
+                let value = parse_client_key(&input.parse()?)?;
+                Args::set(&mut client_key, (value, key.span), &key, "client_key")?;
             } else if lookahead.peek(Token![crate]) {
                 let key: Token![crate] = input.parse()?;
                 input.parse::<Token![=]>()?;
@@ -203,6 +244,16 @@ impl Parse for Args {
             }
             input.parse::<Token![,]>()?;
         }
+        // A business key already names the operation, whoever asks: a
+        // client key beside it would name it twice.
+        if let (Some((_, keyword)), Some(_)) = (&client_key, &business_key) {
+            return Err(syn::Error::new(
+                *keyword,
+                "`client_key` names an operation by the key the host sends, and `business_key` by a field of \
+                 the arguments: a tool takes one of them. Keep `business_key` (one operation per value, whoever \
+                 asks), or write `window = \"15m\", client_key = \"optional\"`",
+            ));
+        }
         // With a business key, `window` is how long the record is kept.
         let scope = match (business_key, window) {
             (Some((fields, keyword)), retention) => Scope::BusinessKey {
@@ -211,6 +262,13 @@ impl Parse for Args {
                 keyword,
             },
             (None, Some(window)) => Scope::Window(window),
+            (None, None) if client_key.is_some() => {
+                return Err(syn::Error::new(
+                    Span::call_site(),
+                    "`client_key` needs a window for calls without a key, and to tell when identical arguments \
+                     arrive under a new key: write `#[idempotent(window = \"15m\", client_key = \"optional\")]`",
+                ))
+            }
             // `by_construction` stands alone: no window, no business key.
             (None, None) => match by_construction {
                 Some((reason, _)) => Scope::ByConstruction(reason),
@@ -227,6 +285,7 @@ impl Parse for Args {
             status_tool,
             krate,
             task,
+            client_key: client_key.map(|(mode, _)| mode),
         })
     }
 }
@@ -585,7 +644,7 @@ mod tests {
             .step_by(2)
             .filter_map(|code| code.split_once(" = ").map(|(name, _)| name))
             .collect();
-        assert_eq!(options.len(), 6, "{options:?}");
+        assert_eq!(options.len(), 7, "{options:?}");
         for option in options {
             assert!(
                 docs.contains(&format!("/// ## `{option} = ")),

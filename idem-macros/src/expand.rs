@@ -8,7 +8,7 @@ use syn::spanned::Spanned;
 use syn::{parse_quote, Ident, ImplItemFn, LitStr, Meta, Token};
 
 use crate::ast::Tool;
-use crate::attr::{Args, Scope, Window};
+use crate::attr::{Args, ClientKey, Scope, Window};
 use crate::valid;
 
 /// The item as written plus the error: the rest of the crate keeps compiling.
@@ -61,6 +61,7 @@ fn expand(tool: Tool) -> TokenStream {
         .map_or_else(|| tool.method.sig.ident.to_string(), |name| name.value());
     let status_tool = &tool.status_tool;
     let scope = scope(&tool.scope, &private);
+    let client_key = client_key_mode(tool.client_key, &private);
 
     let tool_attr = tool_attribute(&tool, &private, &scope);
     let mut method = tool.method;
@@ -141,6 +142,7 @@ fn expand(tool: Tool) -> TokenStream {
                 tool_name: &tool_name,
                 scope: &scope,
                 status_tool,
+                client_key: &client_key,
                 take_business_key,
                 arguments,
                 business_key,
@@ -162,6 +164,7 @@ fn expand(tool: Tool) -> TokenStream {
                 tool_name: &tool_name,
                 scope: &scope,
                 status_tool,
+                client_key: &client_key,
                 take_business_key,
                 arguments,
                 business_key,
@@ -184,6 +187,7 @@ fn expand(tool: Tool) -> TokenStream {
                 tool: #tool_name,
                 scope: #scope,
                 status_tool: #status_tool,
+                client_key: #client_key,
             },
             #arguments,
             #business_key,
@@ -245,6 +249,7 @@ fn expand_asking(mut method: ImplItemFn, parts: AskingParts<'_>) -> TokenStream 
         tool_name,
         scope,
         status_tool,
+        client_key,
         take_business_key,
         arguments,
         business_key,
@@ -277,6 +282,7 @@ fn expand_asking(mut method: ImplItemFn, parts: AskingParts<'_>) -> TokenStream 
                 tool: #tool_name,
                 scope: #scope,
                 status_tool: #status_tool,
+                client_key: #client_key,
             },
             #arguments,
             #business_key,
@@ -296,6 +302,7 @@ struct TaskParts<'a> {
     tool_name: &'a str,
     scope: &'a TokenStream,
     status_tool: &'a str,
+    client_key: &'a TokenStream,
     take_business_key: TokenStream,
     arguments: TokenStream,
     business_key: Ident,
@@ -320,6 +327,7 @@ fn expand_task(mut method: ImplItemFn, parts: TaskParts<'_>) -> TokenStream {
         tool_name,
         scope,
         status_tool,
+        client_key,
         take_business_key,
         arguments,
         business_key,
@@ -408,6 +416,7 @@ fn expand_task(mut method: ImplItemFn, parts: TaskParts<'_>) -> TokenStream {
                 tool: #tool_name,
                 scope: #scope,
                 status_tool: #status_tool,
+                client_key: #client_key,
             },
             #arguments,
             #business_key,
@@ -534,6 +543,19 @@ fn scope(scope: &Scope, private: &TokenStream) -> TokenStream {
     }
 }
 
+/// `Some(ClientKeyMode::..)` for a tool with `client_key = "..."`, else `None`.
+fn client_key_mode(mode: Option<ClientKey>, private: &TokenStream) -> TokenStream {
+    match mode {
+        Some(ClientKey::Optional) => {
+            quote!(::core::option::Option::Some(#private::ClientKeyMode::Optional))
+        }
+        Some(ClientKey::Required) => {
+            quote!(::core::option::Option::Some(#private::ClientKeyMode::Required))
+        }
+        None => quote!(::core::option::Option::None),
+    }
+}
+
 /// rmcp's `#[tool(...)]` with `idempotent_hint = true` merged into its
 /// annotations, the output schema of a `Json<T>` result kept, and the wrapper
 /// marker that `audit_hints` looks for added to its `_meta`.
@@ -544,6 +566,14 @@ fn tool_attribute(tool: &Tool, private: &TokenStream, scope: &TokenStream) -> sy
         quote!(#private::task_tool_meta)
     } else {
         quote!(#private::tool_meta)
+    };
+    // A tool that accepts client keys says so in its marker too.
+    let marked = |meta: TokenStream| match tool.client_key {
+        None => meta,
+        Some(_) => {
+            let mode = client_key_mode(tool.client_key, private);
+            quote!(#private::with_client_key(#meta, #mode))
+        }
     };
     let mut items: Vec<TokenStream> = Vec::new();
     let mut has_annotations = false;
@@ -567,9 +597,10 @@ fn tool_attribute(tool: &Tool, private: &TokenStream, scope: &TokenStream) -> sy
             Meta::NameValue(nv) if nv.path.is_ident("meta") => {
                 has_meta = true;
                 let user = &nv.value;
-                items.push(quote! {
-                    meta = #tool_meta(::core::option::Option::Some(#user), #scope, #status_tool)
-                });
+                let meta = marked(quote!(
+                    #tool_meta(::core::option::Option::Some(#user), #scope, #status_tool)
+                ));
+                items.push(quote!(meta = #meta));
             }
             other => items.push(other.to_token_stream()),
         }
@@ -578,9 +609,10 @@ fn tool_attribute(tool: &Tool, private: &TokenStream, scope: &TokenStream) -> sy
         items.push(quote!(annotations(idempotent_hint = true)));
     }
     if !has_meta {
-        items.push(quote! {
-            meta = #tool_meta(::core::option::Option::None, #scope, #status_tool)
-        });
+        let meta = marked(quote!(
+            #tool_meta(::core::option::Option::None, #scope, #status_tool)
+        ));
+        items.push(quote!(meta = #meta));
     }
     // rmcp derives the output schema from a `Json<T>` return type; the
     // rewritten method returns `CallToolResult`, so the schema is named here.

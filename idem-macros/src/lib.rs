@@ -226,6 +226,42 @@ use proc_macro::TokenStream;
 /// async fn set_status(&self, Parameters(args): Parameters<StatusArgs>) -> Result<String, ToolError> { .. }
 /// ```
 ///
+/// ## `client_key = "optional"` (or `client_key = "required"`)
+///
+/// Lets the host say which calls are one operation, with a key it sends
+/// outside the arguments: `params._meta["idem/idempotency-key"]` on
+/// `tools/call`, or, over streamable HTTP, the `Idempotency-Key` request
+/// header (both present and different: refused). A valid key is 1 to 255
+/// visible ASCII characters (0x21 to 0x7E); anything else is refused, and
+/// nothing runs. The model never fills it in: it is not in the input schema.
+/// Needs a `window` (what decides for calls without a key); a business key
+/// already names its operation, so the two do not combine.
+///
+/// Per caller (tenant and subject):
+/// - the same key with the same arguments is one operation for the key's
+///   retention (24 h by default, `Executor::with_client_key_retention`;
+///   never less than the window): a repeat is told "in progress" or gets
+///   the stored result, even after the window;
+/// - the same key with other arguments is a conflict: nothing runs, and the
+///   first operation is untouched;
+/// - another key is another operation, even with the same arguments inside
+///   the window, and even while the first is still running. Such a call is
+///   counted (`idem_client_key_new_key_repeats_total`) and logged: a host
+///   that sends a fresh key per retry runs every retry;
+/// - no key: the window decides, as without this option (`"required"`
+///   refuses the call instead).
+///
+/// The tool's listing shows `"clientKey": "optional"` (or `"required"`) in
+/// `_meta["idem/idempotent"]`, and every answer says what identified the
+/// operation in `_meta["idem/operation"].keyedBy`: `"clientKey"`,
+/// `"businessKey"` or `"arguments"`.
+///
+/// ```rust,ignore
+/// #[idempotent(window = "15m", client_key = "optional")]
+/// #[tool(description = "Charge a card")]
+/// async fn charge_card(&self, Parameters(args): Parameters<ChargeArgs>) -> Result<Json<Receipt>, ToolError> { .. }
+/// ```
+///
 /// ## `crate = "path"`
 ///
 /// The path idem-runtime is reachable at, when it is renamed or re-exported:

@@ -237,6 +237,15 @@ pub enum Answer<T, E> {
         /// The tool to call with the reference.
         status_tool: String,
     },
+    /// The client key names an operation with other arguments (the same
+    /// caller sent the same key for another call); nothing was run and
+    /// nothing is replayed. Its state is [`AnswerState::Conflict`].
+    ClientKeyConflict {
+        /// The existing operation's reference.
+        reference: Reference,
+        /// The tool to call with the reference.
+        status_tool: String,
+    },
     /// The handler ran and returned an error.
     Failed {
         /// The handler's error.
@@ -283,6 +292,7 @@ impl<T, E> Answer<T, E> {
             | Answer::InProgress { reference, .. }
             | Answer::Unknown { reference, .. }
             | Answer::Conflict { reference, .. }
+            | Answer::ClientKeyConflict { reference, .. }
             | Answer::Failed { reference, .. } => Some(*reference),
             Answer::Refused { .. }
             | Answer::StoreUnavailable { .. }
@@ -307,7 +317,7 @@ impl<T, E> Answer<T, E> {
             Answer::Replayed { .. } => AnswerState::Replayed,
             Answer::InProgress { .. } => AnswerState::InProgress,
             Answer::Unknown { .. } => AnswerState::Unknown,
-            Answer::Conflict { .. } => AnswerState::Conflict,
+            Answer::Conflict { .. } | Answer::ClientKeyConflict { .. } => AnswerState::Conflict,
             Answer::Failed {
                 disposition: Disposition::Rejected,
                 ..
@@ -350,7 +360,8 @@ pub enum AnswerState {
     InProgress,
     /// Nobody knows whether the operation took effect; nothing ran.
     Unknown,
-    /// The business key belongs to an operation with other arguments.
+    /// The business key, or the caller's client key, belongs to an
+    /// operation with other arguments.
     Conflict,
     /// The handler ran and said nothing happened; the claim was released.
     Rejected,
@@ -455,6 +466,15 @@ impl<T, E: fmt::Display> Answer<T, E> {
                  different arguments. Nothing was executed. To see the existing operation, call \
                  {status_tool} with reference \"{reference}\"; for a new operation, use a new \
                  business key."
+            ),
+            Answer::ClientKeyConflict {
+                reference,
+                status_tool,
+            } => format!(
+                "Conflict: this idempotency key already names operation {reference}, made with \
+                 different arguments. Nothing was executed. To see that operation, call \
+                 {status_tool} with reference \"{reference}\"; for a new operation, send a new \
+                 idempotency key."
             ),
             Answer::Failed {
                 error,

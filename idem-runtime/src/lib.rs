@@ -160,20 +160,23 @@ pub use answer::{
 /// own: `#[idem_runtime::async_trait]` on the `impl` block.
 pub use async_trait::async_trait;
 pub use executor::{
-    Executor, Operation, OperationContext, ScopeSpec, TaskCancellation, DEFAULT_LEASE,
-    DEFAULT_RETENTION,
+    Executor, Operation, OperationContext, ScopeSpec, TaskCancellation,
+    DEFAULT_CLIENT_KEY_RETENTION, DEFAULT_LEASE, DEFAULT_RETENTION,
 };
 /// The attribute that makes an rmcp tool safe to repeat.
 #[cfg(feature = "rmcp")]
 pub use idem_macros::{idempotent, tool_router};
-pub use key::{Caller, IdempotencyKey, KeyError, Reference, Scope};
+pub use key::{
+    valid_client_key, Caller, IdempotencyKey, KeyError, Reference, Scope, MAX_CLIENT_KEY_LEN,
+};
 #[cfg(feature = "rmcp")]
 #[doc(hidden)]
 pub use mcp::private as __private;
 #[cfg(feature = "rmcp")]
 pub use mcp::{
-    audit_hints, current_cancellation, current_reference, request_caller, status_tool,
-    stored_response, tasks, HintProblem, IdempotentServer, RESULT_META_KEY, TOOL_META_KEY,
+    audit_hints, current_cancellation, current_reference, request_caller, request_client_key,
+    status_tool, stored_response, tasks, ClientKeyMode, HintProblem, IdempotentServer,
+    CLIENT_KEY_HEADER, CLIENT_KEY_META, RESULT_META_KEY, TOOL_META_KEY,
 };
 #[cfg(feature = "rmcp")]
 pub use mcp::{current_continuation, hint_report, Ask, Continuation, HintBacking};

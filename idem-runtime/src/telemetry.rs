@@ -17,6 +17,7 @@
 //! | `idem_replay_cache_total` | counter | `result` (`hit`, `miss`): repeats looked up in the replay cache |
 //! | `idem_replay_cache_evicted_total` | counter | entries dropped to stay within the cache's budget |
 //! | `idem_replay_cache_bytes` | gauge | the bytes the replay cache holds |
+//! | `idem_client_key_new_key_repeats_total` | counter | `tool`: a call with a client key whose caller sent identical arguments under another client key inside the tool's window (a host that sends a fresh key per retry makes every retry a new operation) |
 //!
 //! [`IdempotencyStore::kind`]: crate::IdempotencyStore::kind
 
@@ -25,6 +26,14 @@
 use std::time::Instant;
 
 use crate::answer::AnswerState;
+
+/// Identical arguments from one caller arrived under a new client key
+/// inside `tool`'s window.
+pub(crate) fn client_key_new_key_repeat(tool: &str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("idem_client_key_new_key_repeats_total", "tool" => tool.to_owned())
+        .increment(1);
+}
 
 /// One call of `tool` answered `state`.
 ///

@@ -343,7 +343,7 @@ async def test_stdio_shipment_replays_and_conflicts_on_its_business_key(stdio_se
     assert shipped.structured_content["reference"] == reference
 
     assert not again.is_error, text(again)
-    assert op(again) == {"reference": reference, "state": "replayed", "replayed": True}
+    assert op(again) == {"reference": reference, "state": "replayed", "replayed": True, "keyedBy": "businessKey"}
     assert again.structured_content == shipped.structured_content
 
     # Same order id, other details: refused as a conflict, nothing shipped.

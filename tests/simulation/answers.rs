@@ -131,7 +131,7 @@ fn judge_unconfirmed(
                 .bump("unconfirmed claims met in progress within the bound");
             None
         }
-        Answer::Conflict { .. } if made <= bound => {
+        Answer::Conflict { .. } | Answer::ClientKeyConflict { .. } if made <= bound => {
             w.stats
                 .bump("unconfirmed claims met as a conflict within the bound");
             None
@@ -245,6 +245,8 @@ pub fn judge(sim: &Sim, call: usize, answer: Option<&Answer<Receipt, ToolError>>
                 ));
             }
         }
+        // Oracle 13 judges whose key it is.
+        Answer::ClientKeyConflict { .. } => nothing_ran("of a conflict", &mut problems),
         Answer::Refused { .. } => nothing_ran("it was refused", &mut problems),
         Answer::StoreUnavailable { .. } => nothing_ran("the store was unavailable", &mut problems),
         Answer::Unknown { .. } => {
@@ -277,6 +279,7 @@ pub fn judge(sim: &Sim, call: usize, answer: Option<&Answer<Receipt, ToolError>>
         }
         _ => problems.push(format!("an answer the simulation does not know: {kind}")),
     }
+    super::client_keys::judge(sim, &mut w, call, answer, &mut problems);
     // Oracle 8: an operation answered as executed got its own charge, and
     // a call after its operation's window got a new operation's.
     let charged = match answer {

@@ -91,9 +91,12 @@ async fn make_call(sim: &Arc<Sim>, callers: &Callers, call: usize) {
         (plan.clone(), w.ops[plan.op].clone())
     };
     let caller = Caller::new(op.tenant.clone(), op.subject.clone());
-    let scope = match op.tool {
-        Tool::Charge { window } | Tool::Legacy { window } => ScopeSpec::Window(window),
-        Tool::Ship { retention } => ScopeSpec::BusinessKey {
+    let scope = match (op.tool, op.client_key.as_deref()) {
+        (Tool::Charge { window }, Some(key)) if sim.sabotage != Sabotage::IgnoreClientKey => {
+            ScopeSpec::ClientKey { key, window }
+        }
+        (Tool::Charge { window } | Tool::Legacy { window }, _) => ScopeSpec::Window(window),
+        (Tool::Ship { retention }, _) => ScopeSpec::BusinessKey {
             fields: &["order_id"],
             retention,
         },

@@ -299,11 +299,13 @@ impl Recorder {
         if after.tenant != req.tenant || after.tool != req.tool {
             problems.push("the claimed record has another tenant or tool".to_owned());
         }
+        // A client key's window (its retention, a day) outlasts the
+        // executor's retention: the record is kept for the longer of the two.
         let retention = t.retention.max(req.window);
-        if req.retention != retention {
+        if req.retain_for() != retention {
             problems.push(format!(
                 "the executor claimed with retention {:?}, not {retention:?}",
-                req.retention
+                req.retain_for()
             ));
         }
         if !close(after.expires_at, now + req.window, tol)

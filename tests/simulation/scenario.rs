@@ -124,7 +124,7 @@ async fn schedule(sim: Arc<Sim>, views: Vec<Arc<dyn IdempotencyStore>>) {
     // The schedule: operations, calls, an outage of heartbeats.
     let (planned, legacy_not_mine, death_at) = {
         let mut rng = sim.rng();
-        let ops = operations(&mut rng, &t);
+        let mut ops = operations(&mut rng, &t);
         let mut planned = Vec::new();
         for _ in 0..rng.range(t.calls.0, t.calls.1) {
             let op = rng.below(ops.len() as u64) as usize;
@@ -159,6 +159,8 @@ async fn schedule(sim: Arc<Sim>, views: Vec<Arc<dyn IdempotencyStore>>) {
                 planned.push(again);
             }
         }
+        // Keyed calls, planned from a generator of their own.
+        super::client_keys::plan(sim.seed, &t, sim.sabotage, &mut ops, &mut planned);
         let outage = rng.chance(0.4).then(|| {
             let from = sim.t0 + rng.between(Duration::ZERO, t.horizon);
             (from, from + rng.between(t.outage.0, t.outage.1))
@@ -371,6 +373,7 @@ async fn schedule(sim: Arc<Sim>, views: Vec<Arc<dyn IdempotencyStore>>) {
         }
     }
     super::outbox::final_check(&sim);
+    super::client_keys::final_check(&sim);
     let mut w = sim.world();
     let not_performed: Vec<_> = w
         .resolutions
@@ -436,6 +439,7 @@ fn operations(rng: &mut super::rng::Rng, t: &Timing) -> Vec<OpSpec> {
                 tool,
                 args,
                 amount,
+                client_key: None,
             }
         })
         .collect()

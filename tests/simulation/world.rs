@@ -56,10 +56,14 @@ pub enum Sabotage {
     /// Every replica's store answers that the check is its to take, so every
     /// replica asks the processor about each record it lists.
     EveryReplicaAsks,
+    /// The server ignores client keys: keyed calls are keyed by their
+    /// arguments within the window, so a wanted repeat under a new key is
+    /// answered with the first key's charge.
+    IgnoreClientKey,
 }
 
 impl Sabotage {
-    pub const ALL: [Sabotage; 11] = [
+    pub const ALL: [Sabotage; 12] = [
         Sabotage::NoDedupe,
         Sabotage::LateVisibility,
         Sabotage::InFlightNotPerformed,
@@ -71,6 +75,7 @@ impl Sabotage {
         Sabotage::StaleReference,
         Sabotage::ForgetSuperseded,
         Sabotage::EveryReplicaAsks,
+        Sabotage::IgnoreClientKey,
     ];
 }
 
@@ -122,6 +127,9 @@ pub struct OpSpec {
     pub tool: Tool,
     pub args: serde_json::Value,
     pub amount: u64,
+    /// The idempotency key the caller's host sends with every call of this
+    /// operation (`simulation/client_keys.rs`); `None`: no key.
+    pub client_key: Option<String>,
 }
 
 /// How the processor will treat one request.

@@ -21,6 +21,7 @@ use crate::telemetry::{self, Step};
 
 mod background;
 mod claim;
+mod client_keys;
 mod context;
 mod guard;
 mod pace;
@@ -49,6 +50,9 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// The default retention of a business-key record, and of any record whose
 /// outcome is unknown.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(48 * 3600);
+/// The default retention of a client key: how long the same key with the
+/// same arguments is one operation, counted from its claim.
+pub const DEFAULT_CLIENT_KEY_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
 /// What makes two calls the same operation, as a tool declares it. The
 /// executor turns it into a [`Scope`] once it has the serialized arguments.
@@ -63,6 +67,23 @@ pub enum ScopeSpec<'a> {
         fields: &'a [&'a str],
         /// How long the record is kept.
         retention: Option<Duration>,
+    },
+    /// A key the client sent outside the arguments (MCP:
+    /// `_meta["idem/idempotency-key"]` or the `Idempotency-Key` header), for
+    /// a tool whose scope is otherwise `window`. Per caller, the same key
+    /// and arguments are one operation for the key's retention
+    /// ([`Executor::with_client_key_retention`], 24 h by default, and never
+    /// less than `window`); the same key with other arguments is a conflict
+    /// ([`Answer::ClientKeyConflict`]); another key is another operation,
+    /// even inside the window. An invalid key (not 1 to 255 visible ASCII
+    /// characters) is refused before anything runs.
+    ClientKey {
+        /// The client's key, as sent.
+        key: &'a str,
+        /// The tool's window: identical arguments under another key inside
+        /// it are counted and logged (a host that sends a fresh key per
+        /// retry), never merged.
+        window: Duration,
     },
 }
 
@@ -123,6 +144,12 @@ pub struct Executor {
     /// Who resolves an unknown outcome, as the answers say it
     /// ([`Executor::with_resolver`]).
     resolver: Resolver,
+    /// How long a client key names its operation
+    /// ([`Executor::with_client_key_retention`]).
+    client_key_retention: Duration,
+    /// The client keys seen per caller and arguments, shared by its clones:
+    /// a new key for identical arguments inside the window is reported.
+    new_key_repeats: Arc<client_keys::NewKeyRepeats>,
 }
 
 /// Whether a call's completion may be written after its answer.
@@ -175,7 +202,27 @@ impl Executor {
             background: None,
             replays: None,
             resolver: Resolver::default(),
+            client_key_retention: DEFAULT_CLIENT_KEY_RETENTION,
+            new_key_repeats: Arc::default(),
         }
+    }
+
+    /// Sets how long a client key names its operation, counted from the
+    /// claim (default 24 h; never less than the tool's window): within it,
+    /// the same caller's same key with the same arguments gets the stored
+    /// answer (or "in progress"), with other arguments a conflict. After
+    /// it, the key is free again, and the call runs as a new operation. An
+    /// engine that retries a step hours later needs the retention to cover
+    /// its longest retry schedule.
+    pub fn with_client_key_retention(mut self, retention: Duration) -> Self {
+        self.client_key_retention = retention;
+        self
+    }
+
+    /// How long a client key names its operation
+    /// ([`Executor::with_client_key_retention`]).
+    pub fn client_key_retention(&self) -> Duration {
+        self.client_key_retention
     }
 
     /// Says who resolves an operation whose outcome is unknown, in every
@@ -484,7 +531,10 @@ impl Executor {
                 if let Some((replays, asked)) = asked {
                     keep_replay(replays, &record, &key, tenant, asked);
                 }
-                existing(record, &key, op.status_tool, &self.durations, self.resolver)
+                for_scope(
+                    existing(record, &key, op.status_tool, &self.durations, self.resolver),
+                    op.scope,
+                )
             }
             Claimed::Won(won) => {
                 let reference = won.reference;
@@ -549,9 +599,21 @@ impl Executor {
                     retention.unwrap_or(self.retention),
                 )
             }
+            // The key's retention, not the tool's window, ends a completed
+            // record: the host says which calls are one operation, and an
+            // engine may retry a step hours later.
+            (ScopeSpec::ClientKey { key, window }, _) => (
+                Scope::ClientKey(key.to_owned()),
+                self.client_key_retention.max(window),
+            ),
         };
         let key =
             IdempotencyKey::derive(op.caller, op.tool, args, &scope).map_err(|e| e.to_string())?;
+        let reference = Reference::new_operation(&key);
+        if let ScopeSpec::ClientKey { window, .. } = op.scope {
+            self.new_key_repeats
+                .observe(op.caller, op.tool, &key, reference, window);
+        }
         // Judged now, before the handler's side effect: the store would
         // refuse the completion after it.
         self.limits
@@ -559,7 +621,7 @@ impl Executor {
             .map_err(Unclaimable::Unrecordable)?;
         Ok(ClaimRequest {
             key,
-            reference: Reference::new_operation(&key),
+            reference,
             tenant: op.caller.tenant().to_owned(),
             tool: op.tool.to_owned(),
             attempt: Attempt::random(),
@@ -891,6 +953,24 @@ fn business_key<'v>(
                 .map(|(field, value)| (field.to_owned(), value))
                 .collect(),
         )),
+    }
+}
+
+/// `answer` as a call under `scope` gets it: a conflict under a client key
+/// says so (the key, not a business key, names the other operation).
+pub(crate) fn for_scope<T, E>(answer: Answer<T, E>, scope: ScopeSpec<'_>) -> Answer<T, E> {
+    match (answer, scope) {
+        (
+            Answer::Conflict {
+                reference,
+                status_tool,
+            },
+            ScopeSpec::ClientKey { .. },
+        ) => Answer::ClientKeyConflict {
+            reference,
+            status_tool,
+        },
+        (answer, _) => answer,
     }
 }
 

@@ -86,7 +86,12 @@ impl Executor {
         match self.claim(request, op.tool).await {
             Claimed::Unavailable(error) => TaskClaim::Answered(Answer::unclaimed(error)),
             Claimed::Existing(record) => {
-                repeat(record, &key, op.status_tool, &self.durations, self.resolver)
+                match repeat(record, &key, op.status_tool, &self.durations, self.resolver) {
+                    TaskClaim::Answered(answer) => {
+                        TaskClaim::Answered(super::for_scope(answer, op.scope))
+                    }
+                    other => other,
+                }
             }
             Claimed::Won(won) => TaskClaim::Claimed(ClaimedOperation {
                 context: OperationContext::new(won.reference, op.caller, op.tool),

@@ -52,6 +52,26 @@ pub enum Scope {
     /// other arguments. The full arguments are kept as a fingerprint: the same
     /// business key with other arguments is a conflict.
     BusinessKey(serde_json::Value),
+    /// The key covers the caller (tenant and subject) and a key the client
+    /// sent outside the arguments (`_meta["idem/idempotency-key"]`, or the
+    /// `Idempotency-Key` header): the host says which calls are one
+    /// operation. The full arguments are kept as a fingerprint: the same
+    /// client key with other arguments is a conflict. A valid client key is
+    /// 1 to 255 visible ASCII characters ([`valid_client_key`]).
+    ClientKey(String),
+}
+
+/// The longest client key accepted, in bytes (each one visible ASCII
+/// character).
+pub const MAX_CLIENT_KEY_LEN: usize = 255;
+
+/// Whether `key` is a valid client key: 1 to [`MAX_CLIENT_KEY_LEN`]
+/// characters, each visible ASCII (`!` to `~`, 0x21 to 0x7E: no space, no
+/// control character, nothing outside ASCII). Anything else is refused
+/// before anything runs; it is never trimmed or normalized, so two keys
+/// are one only when they are byte for byte the same.
+pub fn valid_client_key(key: &str) -> bool {
+    (1..=MAX_CLIENT_KEY_LEN).contains(&key.len()) && key.bytes().all(|b| (0x21..=0x7e).contains(&b))
 }
 
 /// The derived identity of one operation: a SHA-256 key and a fingerprint of
@@ -76,6 +96,13 @@ pub enum KeyError {
          every call needs a value for it, so fill in the business-key field(s)"
     )]
     EmptyBusinessKey,
+    /// A client key that is empty, longer than 255 bytes, or holds a
+    /// character outside visible ASCII.
+    #[error(
+        "the idempotency key is not valid: it must be 1 to 255 visible ASCII characters \
+         (0x21 to 0x7E, no spaces); send a valid key, or none"
+    )]
+    InvalidClientKey,
 }
 
 impl IdempotencyKey {
@@ -100,6 +127,11 @@ impl IdempotencyKey {
     /// | --- | --- | --- | --- |
     /// | [`Scope::Window`] | the caller's subject | `window` | `args_digest` |
     /// | [`Scope::BusinessKey`] | empty | `business_key` | `SHA-256(canonical_json(business key))` |
+    /// | [`Scope::ClientKey`] | the caller's subject | `client_key` | `SHA-256(field(client key))` |
+    ///
+    /// The scope tag is a field of its own, so a client-keyed operation can
+    /// never share a key with an unkeyed one (nor with a business key),
+    /// whatever the client key's text: the tags differ.
     ///
     /// Length prefixes make the encoding unambiguous: with a separator, tenant
     /// `a|b` and subject `c` would collide with tenant `a` and subject `b|c`.
@@ -151,6 +183,15 @@ impl IdempotencyKey {
                     return Err(KeyError::EmptyBusinessKey);
                 }
                 ("", "business_key", Some(canonical_digest(business_key)?))
+            }
+            Scope::ClientKey(client_key) => {
+                if !valid_client_key(client_key) {
+                    return Err(KeyError::InvalidClientKey);
+                }
+                let digest = Fields::new(CLIENT_KEY_VERSION)
+                    .field(client_key.as_bytes())
+                    .finish();
+                (caller.subject(), "client_key", Some(digest))
             }
         };
         let args_digest = canonical_digest(args)?;
@@ -325,6 +366,9 @@ impl fmt::Debug for Reference {
 /// the canonical form) needs a new tag, so old and new keys never collide.
 const KEY_VERSION: &[u8] = b"idem/key/v1";
 const FINGERPRINT_VERSION: &[u8] = b"idem/fingerprint/v1";
+/// The tag of a client key's digest, the scope material of
+/// [`Scope::ClientKey`].
+const CLIENT_KEY_VERSION: &[u8] = b"idem/client-key/v1";
 
 /// A SHA-256 over length-prefixed fields, the encoding of keys and
 /// fingerprints.
@@ -449,6 +493,47 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn client_keys_are_visible_ascii_of_1_to_255_bytes() {
+        for good in ["a", "~", "!", "step-42/attempt:1", &"k".repeat(255)] {
+            assert!(valid_client_key(good), "{good:?} was refused");
+        }
+        for bad in [
+            "",
+            " ",
+            "a b",
+            "tab\t",
+            "nl\n",
+            "é",
+            "\u{7f}",
+            &"k".repeat(256),
+        ] {
+            assert!(!valid_client_key(bad), "{bad:?} was accepted");
+        }
+    }
+
+    #[test]
+    fn a_client_key_never_shares_a_key_with_an_unkeyed_call() {
+        let caller = Caller::new("acme", "alice");
+        let args = serde_json::json!({});
+        let window =
+            IdempotencyKey::derive(&caller, "t", &args, &Scope::Window(Duration::from_secs(1)))
+                .unwrap();
+        let keyed =
+            IdempotencyKey::derive(&caller, "t", &args, &Scope::ClientKey("k".into())).unwrap();
+        assert_ne!(window.as_bytes(), keyed.as_bytes());
+        // The arguments' fingerprint is the same: a conflict is judged by it.
+        assert_eq!(window.fingerprint(), keyed.fingerprint());
+        let other = Caller::new("acme", "bob");
+        let theirs =
+            IdempotencyKey::derive(&other, "t", &args, &Scope::ClientKey("k".into())).unwrap();
+        assert_ne!(keyed.as_bytes(), theirs.as_bytes());
+        assert!(matches!(
+            IdempotencyKey::derive(&caller, "t", &args, &Scope::ClientKey(" ".into())),
+            Err(KeyError::InvalidClientKey)
+        ));
+    }
 
     #[test]
     fn the_hashing_sink_hashes_exactly_the_canonical_text() {

@@ -11,11 +11,13 @@ use serde_json::Value;
 use tracing::Instrument;
 
 use super::caller::{resolve_caller, IdempotentServer, CURRENT_CANCELLATION, CURRENT_REFERENCE};
+use super::client_key::{self, ClientKeyMode};
 use super::private::{ToolSpec, WrappedServer};
 use super::render::{no_caller, render, HandlerFailure};
 use super::tasks;
+use super::RESULT_META_KEY;
 use crate::answer::{Answer, AnswerState};
-use crate::executor::{Keyed, Operation, TaskClaim};
+use crate::executor::{Keyed, Operation, ScopeSpec, TaskClaim};
 use crate::key::Caller;
 
 /// The body of a wrapped tool: find the caller, run the handler through
@@ -37,18 +39,33 @@ where
     F: FnOnce(P) -> Fut,
     Fut: Future<Output = Result<CallToolResult, HandlerFailure>>,
 {
-    let prepared = match prepare(server, &request, spec.tool, args, business_key) {
+    let prepared = match prepare(server, &request, spec, args, business_key) {
         Ok(prepared) => prepared,
         Err(refused) => return Ok(refused),
     };
     drop(request);
+    let operation = prepared.operation(spec);
+    let keyed_by = client_key::keyed_by(operation.scope);
     let answer = server
         .executor()
-        .run_json(prepared.operation(spec), prepared.keyed(), move |context| {
+        .run_json(operation, prepared.keyed(), move |context| {
             CURRENT_REFERENCE.scope(context.reference(), handler(params))
         })
         .await;
-    Ok(render(answer))
+    Ok(with_keyed_by(render(answer), keyed_by))
+}
+
+/// `result` with `_meta["idem/operation"].keyedBy`: what identified the
+/// operation.
+fn with_keyed_by(mut result: CallToolResult, keyed_by: &'static str) -> CallToolResult {
+    if let Some(Value::Object(operation)) = result
+        .meta
+        .as_mut()
+        .and_then(|meta| meta.get_mut(RESULT_META_KEY))
+    {
+        operation.insert("keyedBy".to_owned(), Value::String(keyed_by.to_owned()));
+    }
+    result
 }
 
 /// What a call runs as: its caller, its arguments and its business key's
@@ -57,17 +74,26 @@ struct Prepared<'k> {
     caller: Caller,
     args: Value,
     values: Vec<(&'k str, Value)>,
+    /// The call's client key, for a tool that accepts one and a request
+    /// that carries one.
+    client_key: Option<String>,
 }
 
 impl Prepared<'_> {
     /// The operation `spec`'s tool runs for this call: the one way both
     /// bodies build it.
     fn operation<'a>(&'a self, spec: ToolSpec<'a>) -> Operation<'a, Value> {
+        // A client key names the operation in place of the window (the
+        // macro accepts `client_key` with a window only).
+        let scope = match (&self.client_key, spec.scope) {
+            (Some(key), ScopeSpec::Window(window)) => ScopeSpec::ClientKey { key, window },
+            (_, scope) => scope,
+        };
         Operation {
             caller: &self.caller,
             tool: spec.tool,
             args: &self.args,
-            scope: spec.scope,
+            scope,
             status_tool: spec.status_tool,
         }
     }
@@ -84,13 +110,34 @@ impl Prepared<'_> {
 fn prepare<'k, S: IdempotentServer + ?Sized>(
     server: &S,
     request: &RequestContext<RoleServer>,
-    tool: &str,
+    spec: ToolSpec<'_>,
     args: Result<Value, serde_json::Error>,
     business_key: impl IntoIterator<Item = (&'k str, Result<Value, serde_json::Error>)>,
 ) -> Result<Prepared<'k>, CallToolResult> {
+    let tool = spec.tool;
     let Some(caller) = resolve_caller(server, request) else {
         crate::telemetry::call(tool, AnswerState::NoCaller);
         return Err(no_caller());
+    };
+    // A tool that did not opt in never reads a key: its calls are keyed as
+    // they always were.
+    let client_key = match spec.client_key {
+        None => None,
+        Some(mode) => {
+            let refused = |reason: String| {
+                let answer: Answer<CallToolResult, HandlerFailure> = Answer::Refused { reason };
+                crate::telemetry::call(tool, answer.state());
+                with_keyed_by(render(answer), "clientKey")
+            };
+            match client_key::from_request(request) {
+                Ok(Some(key)) => Some(key),
+                Ok(None) if mode == ClientKeyMode::Required => {
+                    return Err(refused(client_key::required()))
+                }
+                Ok(None) => None,
+                Err(reason) => return Err(refused(reason)),
+            }
+        }
     };
     let args = match args {
         Ok(args) => args,
@@ -111,6 +158,7 @@ fn prepare<'k, S: IdempotentServer + ?Sized>(
             caller,
             args,
             values,
+            client_key,
         }),
         Err((field, error)) => {
             let answer: Answer<CallToolResult, HandlerFailure> = Answer::Refused {
@@ -153,20 +201,25 @@ where
             .await
             .map(CallToolResponse::Complete);
     }
-    let prepared = match prepare(server, &request, spec.tool, args, business_key) {
+    let prepared = match prepare(server, &request, spec, args, business_key) {
         Ok(prepared) => prepared,
         Err(refused) => return Ok(CallToolResponse::Complete(refused)),
     };
     drop(request);
     let caller = &prepared.caller;
     let executor = server.executor();
+    let operation = prepared.operation(spec);
+    let keyed_by = client_key::keyed_by(operation.scope);
     match executor
-        .claim_task::<CallToolResult, HandlerFailure>(prepared.operation(spec), prepared.keyed())
+        .claim_task::<CallToolResult, HandlerFailure>(operation, prepared.keyed())
         .await
     {
         TaskClaim::Answered(answer) => {
             crate::telemetry::call(spec.tool, answer.state());
-            Ok(CallToolResponse::Complete(render(answer)))
+            Ok(CallToolResponse::Complete(with_keyed_by(
+                render(answer),
+                keyed_by,
+            )))
         }
         TaskClaim::Running(record) => {
             let state = match record.reading() {

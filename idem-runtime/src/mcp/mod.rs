@@ -11,6 +11,7 @@ mod ask;
 mod audit;
 mod call;
 mod caller;
+mod client_key;
 #[doc(hidden)]
 pub mod private;
 mod render;
@@ -20,11 +21,15 @@ pub mod tasks;
 pub use ask::{current_continuation, Ask, Continuation};
 pub use audit::{audit_hints, hint_report, HintBacking, HintProblem};
 pub use caller::{current_cancellation, current_reference, request_caller, IdempotentServer};
+pub use client_key::{request_client_key, ClientKeyMode, CLIENT_KEY_HEADER, CLIENT_KEY_META};
 pub use render::stored_response;
 pub use status_tool::status_tool;
 
 /// The `_meta` key of a tool result that describes its operation:
-/// `{"reference", "state", "replayed", "statusTool", "retryAfterSeconds"}`.
+/// `{"reference", "state", "replayed", "keyedBy", "statusTool", "retryAfterSeconds"}`.
+/// `keyedBy` says what identified the operation: `"clientKey"` (the call's
+/// client key, for a tool that accepts one), `"businessKey"` or
+/// `"arguments"` (the caller's arguments within the tool's window).
 pub const RESULT_META_KEY: &str = "idem/operation";
 
 /// The `_meta` key of a tool definition that `#[idempotent]` wraps; its value

@@ -17,6 +17,7 @@ pub use rmcp::{ErrorData, RoleServer};
 
 pub use super::ask::{ask_outcome, ask_output, call_asking, call_task_asking, Ask};
 pub use super::call::{call, call_task};
+pub use super::client_key::ClientKeyMode;
 pub use super::render::HandlerFailure;
 pub use crate::executor::ScopeSpec;
 pub use rmcp::handler::server::tool::{
@@ -36,6 +37,9 @@ pub struct ToolSpec<'a> {
     pub tool: &'a str,
     pub scope: ScopeSpec<'a>,
     pub status_tool: &'a str,
+    /// `client_key = "..."`: whether a call's client key names its
+    /// operation (`None`: the tool ignores client keys).
+    pub client_key: Option<ClientKeyMode>,
 }
 
 /// A return type `#[idempotent]` can record: `Result<V, E>`.
@@ -194,6 +198,9 @@ pub fn tool_meta(user: Option<MetaObject>, scope: ScopeSpec<'_>, status_tool: &s
             "businessKey": fields,
             "retentionSeconds": retention.unwrap_or(DEFAULT_RETENTION).as_secs(),
         }),
+        // Not a scope a tool declares (a call's client key is), but shown
+        // as what it is if one is passed.
+        ScopeSpec::ClientKey { window, .. } => json!({ "windowSeconds": window.as_secs() }),
     };
     let mut marker = json!({ "statusTool": status_tool });
     if let (Some(marker), Some(scope)) = (marker.as_object_mut(), scope.as_object()) {
@@ -212,6 +219,18 @@ pub fn construction_tool_meta(user: Option<MetaObject>, reason: &str) -> MetaObj
         TOOL_META_KEY.to_owned(),
         json!({ "byConstruction": reason }),
     );
+    meta
+}
+
+/// `meta` (a [`tool_meta`]) of a tool with `client_key = "..."`: its
+/// marker says whether a call may, or must, carry a client key.
+pub fn with_client_key(mut meta: MetaObject, mode: Option<ClientKeyMode>) -> MetaObject {
+    if let (Some(marker), Some(mode)) = (
+        meta.get_mut(TOOL_META_KEY).and_then(Value::as_object_mut),
+        mode,
+    ) {
+        marker.insert("clientKey".to_owned(), json!(mode.as_str()));
+    }
     meta
 }
 

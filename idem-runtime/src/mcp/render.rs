@@ -178,6 +178,7 @@ pub(super) fn render<E: fmt::Display>(answer: Answer<CallToolResult, E>) -> Call
                 }
                 Answer::Unknown { status_tool, .. }
                 | Answer::Conflict { status_tool, .. }
+                | Answer::ClientKeyConflict { status_tool, .. }
                 | Answer::Failed { status_tool, .. } => {
                     meta.insert("statusTool".to_owned(), json!(status_tool));
                 }

@@ -167,6 +167,7 @@ macro_rules! __idem_conformance_cases {
             heartbeat_extends_lease,
             lookup_is_scoped_to_tenant,
             existing_record_keeps_its_fingerprint,
+            a_long_held_key_answers_replays_and_conflicts_until_it_ends,
             purge_deletes_expired_in_batches,
             expiry_sweep_and_purge,
             sweep_mark_rechecks_the_lease,

@@ -474,6 +474,84 @@ pub async fn existing_record_keeps_its_fingerprint(store: &dyn IdempotencyStore)
     assert_ne!(r.key.fingerprint(), other_args.key.fingerprint());
 }
 
+/// What a client key needs: its operation is held for the key's retention,
+/// passed as the claim's `window` and far longer than a tool's window (24 h
+/// by default). A completed record keeps the key, with its response and its
+/// fingerprint, until then: a repeat with the same fingerprint finds the
+/// response, one with another fingerprint finds the first record (the
+/// executor answers a conflict) and changes nothing. A day-long window is
+/// held as such (its expiry is a day after the claim), and a short one ends
+/// when it ends: after it, either call is a new operation.
+pub async fn a_long_held_key_answers_replays_and_conflicts_until_it_ends(
+    store: &dyn IdempotencyStore,
+) {
+    let other_args = |req: &ClaimRequest| ClaimRequest {
+        key: IdempotencyKey::from_parts(*req.key.as_bytes(), random32()),
+        ..new_operation(req)
+    };
+    let day = Duration::from_secs(24 * 3600);
+    let keyed = ClaimRequest {
+        retention: 2 * day,
+        ..fresh(day)
+    };
+    claimed(store, &keyed).await;
+    store
+        .complete(&keyed.key, keyed.attempt, "r1")
+        .await
+        .unwrap();
+    let held = record(store, &keyed).await.unwrap();
+    let hold = held
+        .expires_at
+        .duration_since(held.claimed_at)
+        .unwrap_or_default();
+    assert!(
+        hold + Duration::from_secs(5) >= day,
+        "a day-long window is held for a day, not {hold:?}"
+    );
+    let conflict = existing(store, &other_args(&keyed)).await;
+    assert_eq!(conflict.reference, keyed.reference);
+    assert_eq!(conflict.key.fingerprint(), keyed.key.fingerprint());
+    let repeat = existing(store, &new_operation(&keyed)).await;
+    assert_eq!(
+        (repeat.reference, repeat.state),
+        (
+            keyed.reference,
+            RecordState::Completed {
+                response: "r1".into()
+            }
+        ),
+        "the other arguments' claim changed nothing"
+    );
+
+    // The same in real time: a held key of 600 ms, past a (tool's) 200 ms.
+    let short = ClaimRequest {
+        retention: Duration::from_secs(3600),
+        ..fresh(Duration::from_millis(600))
+    };
+    claimed(store, &short).await;
+    store
+        .complete(&short.key, short.attempt, "r2")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let conflict = existing(store, &other_args(&short)).await;
+    assert_eq!(conflict.key.fingerprint(), short.key.fingerprint());
+    let repeat = existing(store, &new_operation(&short)).await;
+    assert_eq!(
+        repeat.state,
+        RecordState::Completed {
+            response: "r2".into()
+        }
+    );
+    tokio::time::sleep(Duration::from_millis(550)).await;
+    let next = other_args(&short);
+    assert_eq!(
+        claimed(store, &next).await,
+        next.reference,
+        "past the held key, other arguments start a new operation"
+    );
+}
+
 /// purge deletes COMPLETED records past their retention in batches and
 /// keeps the others.
 pub async fn purge_deletes_expired_in_batches(store: &dyn IdempotencyStore) {
