@@ -1,0 +1,51 @@
+//! Rolling deploys on the SQL stores from an earlier layout
+//! (`tests/rolling`): a replica of the version that served that layout and
+//! one of this version serve one store at once, this version's migrating
+//! it at its start, then the old one stops; nothing is lost, nothing runs
+//! twice, every reference reads true. Each earlier replica's module says
+//! what it replays, and why that is faithful.
+
+#[path = "durable/mod.rs"]
+mod durable;
+#[path = "rolling/mod.rs"]
+mod rolling;
+#[path = "sql_layouts/mod.rs"]
+mod sql_layouts;
+#[path = "sql_upgrades/sqlite_earlier.rs"]
+mod sqlite_earlier;
+
+use std::sync::Arc;
+
+use idem_runtime::SqliteStore;
+
+use crate::durable::temp_dir;
+use crate::rolling::{rolling_deploy, Replica, World};
+use crate::sql_layouts::{sqlite_at, sqlite_layout, LATEST};
+use crate::sqlite_earlier::{EarlierSqlite, COMMIT};
+
+/// Issue 46: a file at layout 6, served by e11d36c's replica; this
+/// version's starts, migrates the file (to 8) and serves beside it.
+/// Migration 7 alone (which renamed `attempts`) failed the old replica's
+/// completions that carry a receipt, after the charge, and its leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_deploy_from_layout_6_on_sqlite_loses_nothing() {
+    let dir = temp_dir("rolling-sqlite-6");
+    let path = dir.join("idem.sqlite3");
+    sqlite_at(&path, 6);
+    let world = Arc::new(World::default());
+    let earlier = EarlierSqlite::open(&path).await;
+    let start_new = async {
+        let store = SqliteStore::open(&path).await.unwrap();
+        assert_eq!(sqlite_layout(&path).0, LATEST as i64);
+        Replica::new("this version", Arc::new(store), &world)
+    };
+    let old = Replica::new(COMMIT, Arc::new(earlier.clone()), &world);
+    rolling_deploy(old, start_new, world.clone()).await;
+    let ran = earlier.ran.lock().unwrap().clone();
+    for call in ["complete_with_follow_ons", "lease_jobs", "finish_job"] {
+        assert!(
+            ran.get(call).copied().unwrap_or(0) > 0,
+            "{COMMIT}'s {call} never ran: {ran:?}"
+        );
+    }
+}
