@@ -20,7 +20,7 @@ use idem_runtime::SqliteStore;
 
 use crate::durable::temp_dir;
 use crate::rolling::{rolling_deploy, Replica, World};
-use crate::sql_layouts::{sqlite_at, sqlite_layout, LATEST};
+use crate::sql_layouts::{sqlite_at, sqlite_layout};
 use crate::sqlite_earlier::{EarlierSqlite, COMMIT};
 
 /// Issue 46: a file at layout 6, served by e11d36c's replica; this
@@ -36,7 +36,7 @@ async fn a_rolling_deploy_from_layout_6_on_sqlite_loses_nothing() {
     let earlier = EarlierSqlite::open(&path).await;
     let start_new = async {
         let store = SqliteStore::open(&path).await.unwrap();
-        assert_eq!(sqlite_layout(&path).0, LATEST as i64);
+        assert!(sqlite_layout(&path).0 > 6, "migrated at its start");
         Replica::new("this version", Arc::new(store), &world)
     };
     let old = Replica::new(COMMIT, Arc::new(earlier.clone()), &world);

@@ -41,11 +41,13 @@ const RESOLVE_COMPLETED: &str = "UPDATE idem_records SET state = 1, body = ?3, r
 const DEFER_CHECK: &str = "UPDATE idem_records SET next_check_at = ?3, checks = checks + 1 \
          WHERE key = ?1 AND attempt = ?2 AND state = 2";
 const RECORD_TENANT: &str = "SELECT tenant, operation FROM idem_records WHERE key = ?1";
-const INSERT_JOB: &str = "INSERT INTO idem_jobs (tenant, reference, name, payload, attempts, token, \
+const INSERT_JOB: &str =
+    "INSERT INTO idem_jobs (tenant, reference, name, payload, attempts, token, \
            next_run_at, last_error, dead, created_at, updated_at) \
          VALUES (?1, ?2, ?3, ?4, 0, NULL, ?5, NULL, 0, ?5, ?5) \
          ON CONFLICT (tenant, reference, name) DO NOTHING";
-const LEASE_JOBS: &str = "UPDATE idem_jobs SET token = ?1, attempts = attempts + 1, next_run_at = ?2, \
+const LEASE_JOBS: &str =
+    "UPDATE idem_jobs SET token = ?1, attempts = attempts + 1, next_run_at = ?2, \
            updated_at = ?3 \
          WHERE (tenant, reference, name) IN ( \
            SELECT tenant, reference, name FROM idem_jobs \
@@ -66,9 +68,11 @@ const FINISH_JOB: &str = "UPDATE idem_jobs SET token = NULL, delivered_at = ?5, 
 const RETRY_JOB: &str = "UPDATE idem_jobs SET token = NULL, next_run_at = ?5, last_error = ?6, \
            updated_at = ?7 \
          WHERE tenant = ?1 AND reference = ?2 AND name = ?3 AND token = ?4";
-const BURY_JOB: &str = "UPDATE idem_jobs SET token = NULL, dead = 1, last_error = ?5, updated_at = ?6 \
+const BURY_JOB: &str =
+    "UPDATE idem_jobs SET token = NULL, dead = 1, last_error = ?5, updated_at = ?6 \
          WHERE tenant = ?1 AND reference = ?2 AND name = ?3 AND token = ?4";
-const REDRIVE_JOB: &str = "UPDATE idem_jobs SET dead = 0, attempts = 0, token = NULL, next_run_at = ?4, \
+const REDRIVE_JOB: &str =
+    "UPDATE idem_jobs SET dead = 0, attempts = 0, token = NULL, next_run_at = ?4, \
            updated_at = ?4 \
          WHERE tenant = ?1 AND reference = ?2 AND name = ?3 AND dead = 1";
 const JOBS_FILTERED: &str = "SELECT tenant, reference, name, payload, attempts, token, \
@@ -150,12 +154,20 @@ fn fenced(
     sql: &str,
     params: &[&dyn rusqlite::ToSql],
 ) -> Result<(), StoreError> {
-    if conn.prepare_cached(sql).and_then(|mut s| s.execute(params)).map_err(unavailable)? == 1 {
+    if conn
+        .prepare_cached(sql)
+        .and_then(|mut s| s.execute(params))
+        .map_err(unavailable)?
+        == 1
+    {
         return Ok(());
     }
     let found: Option<(i64, i16)> = conn
         .prepare_cached(REFUSAL)
-        .and_then(|mut s| s.query_row([&key[..]], |r| Ok((r.get(0)?, r.get(1)?))).optional())
+        .and_then(|mut s| {
+            s.query_row([&key[..]], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()
+        })
         .map_err(unavailable)?;
     Err(match found {
         Some((owner, state)) if owner as u64 == attempt.get() => StoreError::WrongState {
@@ -204,7 +216,11 @@ fn fenced_job(
     let (attempt, reference) = (attempt.get() as i64, id.reference.as_bytes());
     let mut params: Vec<&dyn rusqlite::ToSql> = vec![&id.tenant, &reference, &id.name, &attempt];
     params.extend_from_slice(rest);
-    match conn.prepare_cached(sql).and_then(|mut s| s.execute(&params[..])).map_err(unavailable)? {
+    match conn
+        .prepare_cached(sql)
+        .and_then(|mut s| s.execute(&params[..]))
+        .map_err(unavailable)?
+    {
         0 => Err(StoreError::Fenced),
         _ => Ok(()),
     }
@@ -219,7 +235,9 @@ impl EarlierSqlite {
     /// connection with its pragmas.
     pub async fn open(path: &std::path::Path) -> EarlierSqlite {
         let conn = Connection::open(path).unwrap();
-        let layout: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
+        let layout: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
         conn.pragma_update(None, "user_version", crate::sql_layouts::LATEST as i64)
             .unwrap();
         let shared = SqliteStore::builder().migrate(false).open(path).await;
@@ -467,8 +485,10 @@ impl FollowOnStore for EarlierSqlite {
 
     async fn bury_job(&self, id: &JobId, attempt: Attempt, error: &str) -> Result<(), StoreError> {
         let (id, error) = (id.clone(), error.to_owned());
-        self.run("bury_job", move |conn, now| fenced_job(conn, BURY_JOB, &id, attempt, &[&error, &now]))
-            .await
+        self.run("bury_job", move |conn, now| {
+            fenced_job(conn, BURY_JOB, &id, attempt, &[&error, &now])
+        })
+        .await
     }
 
     async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
