@@ -7,6 +7,8 @@
 
 #[path = "durable/mod.rs"]
 mod durable;
+#[path = "sql_upgrades/postgres_earlier.rs"]
+mod postgres_earlier;
 #[path = "rolling/mod.rs"]
 mod rolling;
 #[path = "sql_layouts/mod.rs"]
@@ -18,9 +20,12 @@ use std::sync::Arc;
 
 use idem_runtime::SqliteStore;
 
-use crate::durable::temp_dir;
+use crate::durable::{database_url, temp_dir};
+use crate::postgres_earlier::EarlierPostgres;
 use crate::rolling::{rolling_deploy, Replica, World};
-use crate::sql_layouts::{sqlite_at, sqlite_layout};
+use crate::sql_layouts::{
+    postgres_at, postgres_layout, schema_name, sqlite_at, sqlite_layout, DropSchema,
+};
 use crate::sqlite_earlier::{EarlierSqlite, COMMIT};
 
 /// Issue 46: a file at layout 6, served by e11d36c's replica; this
@@ -46,6 +51,43 @@ async fn a_rolling_deploy_from_layout_6_on_sqlite_loses_nothing() {
         assert!(
             ran.get(call).copied().unwrap_or(0) > 0,
             "{COMMIT}'s {call} never ran: {ran:?}"
+        );
+    }
+}
+
+/// The same on PostgreSQL: a schema at layout 6, served by e11d36c's
+/// replica; this version's starts with `open_store`'s `migrate=true`
+/// (migrating the schema, to 8) and serves beside it. Migration 7 alone
+/// failed the old replica's completions that carry a receipt (42703,
+/// column "attempts" does not exist), and its leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_deploy_from_layout_6_on_postgres_loses_nothing() {
+    let Some(url) = database_url() else { return };
+    let name = schema_name("rolling_6");
+    let _drop = DropSchema(url.clone(), name.clone());
+    postgres_at(&url, &name, 6).await;
+    let world = Arc::new(World::default());
+    let earlier = EarlierPostgres::open(&url, &name).await;
+    let start_new = async {
+        let joiner = if url.contains('?') { '&' } else { '?' };
+        let store = idem_runtime::open_store(&format!("{url}{joiner}schema={name}&migrate=true"))
+            .await
+            .unwrap();
+        let (versions, _) = postgres_layout(&url, &name).await;
+        assert!(versions.len() > 6, "migrated at its start: {versions:?}");
+        Replica::new("this version", store, &world)
+    };
+    let old = Replica::new(
+        crate::postgres_earlier::COMMIT,
+        Arc::new(earlier.clone()),
+        &world,
+    );
+    rolling_deploy(old, start_new, world.clone()).await;
+    let ran = earlier.ran.lock().unwrap().clone();
+    for call in ["complete_with_follow_ons", "lease_jobs", "finish_job"] {
+        assert!(
+            ran.get(call).copied().unwrap_or(0) > 0,
+            "its {call} never ran: {ran:?}"
         );
     }
 }
