@@ -179,3 +179,15 @@ impl Drop for DropSchema {
         .join();
     }
 }
+
+/// The statements of a file in `tests/data/sql_earlier`, by name: each
+/// follows a line `-- statement: NAME`; the lines before the first are
+/// the file's notes.
+pub fn statements(text: &'static str) -> std::collections::HashMap<&'static str, &'static str> {
+    let mut out = std::collections::HashMap::new();
+    for part in text.split("-- statement: ").skip(1) {
+        let (name, sql) = part.split_once('\n').expect("a name, then the statement");
+        out.insert(name.trim(), sql.trim());
+    }
+    out
+}
