@@ -7,6 +7,8 @@
 
 #[path = "durable/mod.rs"]
 mod durable;
+#[path = "sql_upgrades/postgres_8d26ab9.rs"]
+mod postgres_8d26ab9;
 #[path = "sql_upgrades/postgres_earlier.rs"]
 mod postgres_earlier;
 #[path = "rolling/mod.rs"]
@@ -125,6 +127,49 @@ async fn a_rolling_deploy_from_layout_6_on_postgres_loses_nothing() {
     rolling_deploy(old, start_new, world.clone()).await;
     let ran = earlier.ran.lock().unwrap().clone();
     for call in ["complete_with_follow_ons", "lease_jobs", "finish_job"] {
+        assert!(
+            ran.get(call).copied().unwrap_or(0) > 0,
+            "its {call} never ran: {ran:?}"
+        );
+    }
+}
+
+/// A schema at layout 5, what 0.1.0 leaves, served by 8d26ab9's replica
+/// (every statement its own); this version's starts with `migrate=true`
+/// (6, 7, 8) and serves beside it. That replica keeps an operation for
+/// its window only (it knows nothing of `idem_superseded`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_deploy_from_layout_5_on_postgres_loses_nothing() {
+    let Some(url) = database_url() else { return };
+    let name = schema_name("rolling_5");
+    let _drop = DropSchema(url.clone(), name.clone());
+    postgres_at(&url, &name, 5).await;
+    let world = Arc::new(World::default());
+    let earlier = crate::postgres_8d26ab9::Postgres8d26ab9::open(&url, &name).await;
+    let start_new = async {
+        let joiner = if url.contains('?') { '&' } else { '?' };
+        let store = idem_runtime::open_store(&format!("{url}{joiner}schema={name}&migrate=true"))
+            .await
+            .unwrap();
+        let (versions, _) = postgres_layout(&url, &name).await;
+        assert!(versions.len() > 5, "migrated at its start: {versions:?}");
+        Replica::new("this version", store, &world)
+    };
+    let old = Replica::new(
+        crate::postgres_8d26ab9::COMMIT,
+        Arc::new(earlier.clone()),
+        &world,
+    )
+    .window_only();
+    rolling_deploy(old, start_new, world.clone()).await;
+    let ran = earlier.ran.lock().unwrap().clone();
+    for call in [
+        "claim",
+        "complete_with_follow_ons",
+        "lease_jobs",
+        "finish_job",
+        "list_lapsed",
+    ] {
         assert!(
             ran.get(call).copied().unwrap_or(0) > 0,
             "its {call} never ran: {ran:?}"
