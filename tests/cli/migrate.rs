@@ -222,3 +222,56 @@ async fn only_migrate_changes_an_older_postgres_schema_and_at_once_all_succeed()
         "a schema migrated from layout 6 is the same as one migrated from nothing"
     );
 }
+
+/// On Redis, `idem migrate` loads this version's function library, as the
+/// deploy step docs/deploying.md gives its own user (`idem-loader`);
+/// four at once all succeed, and the library is there after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_loads_the_redis_library_as_the_documented_loader() {
+    let Some(server) = crate::redis_server::Server::start(&[]) else {
+        return;
+    };
+    let url = server.url();
+    let listed = || async {
+        let list: redis::Value =
+            crate::redis_server::command(&url, &redis::cmd("FUNCTION").arg("LIST")).await;
+        format!("{list:?}")
+    };
+    let library = idem_runtime::RedisStore::library_name();
+    assert!(!listed().await.contains(library), "not loaded yet");
+    let loader = crate::redis_server::documented_user(&url, "idem-loader", "idem:*").await;
+    let runs = (0..4).map(|_| idem(&loader, &["migrate"]));
+    for ran in futures::future::join_all(runs).await {
+        assert_eq!(ran.code, EXIT_OK, "{ran:?}");
+        assert!(ran.out.contains(library), "{}", ran.out);
+    }
+    assert!(listed().await.contains(library), "{}", listed().await);
+}
+
+/// On DynamoDB (the emulator), `idem migrate` creates the table as
+/// `create-table` does, three at once; the store then serves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_makes_the_dynamodb_table_three_at_once() {
+    let Some(endpoint) = crate::dynamodb_emulator::endpoint() else {
+        return;
+    };
+    for name in ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"] {
+        if std::env::var_os(name).is_none() {
+            std::env::set_var(name, "testing");
+        }
+    }
+    let table = crate::dynamodb_emulator::fresh_table();
+    let url = format!("dynamodb://{table}?region=us-east-1&endpoint={endpoint}");
+    let runs = (0..3).map(|_| idem(&url, &["migrate"]));
+    for ran in futures::future::join_all(runs).await {
+        assert_eq!(ran.code, EXIT_OK, "{ran:?}");
+    }
+    let stats = idem(&url, &["--json", "stats"]).await;
+    assert_eq!(stats.code, EXIT_OK, "{stats:?}");
+    assert_eq!(stats.json()["total"], json!(0));
+    let store = idem_runtime::DynamoDbStore::from_url(&url)
+        .unwrap()
+        .build()
+        .unwrap();
+    let _ = store.delete_table().await;
+}
