@@ -228,7 +228,7 @@ impl Replica {
     }
 
     /// One maintenance round and one outbox round; `Err` says what failed.
-    async fn upkeep(&self) -> Result<(), String> {
+    pub async fn upkeep(&self) -> Result<(), String> {
         let round = Maintenance::round(&*self.store, &self.maintenance).await;
         let outbox = OutboxConfig {
             timeout: Duration::from_secs(2),

@@ -1,9 +1,9 @@
-//! A SQLite replica of commit 8d26ab9, the last version of layout 5 (the
-//! layout of 0.1.0, before migration 6), serving a file beside this
-//! version's.
+//! A SQLite replica of an earlier commit, serving a file beside this
+//! version's: 8d26ab9, the last of layout 5 (the layout of 0.1.0, before
+//! migration 6), or d97a05f, the last of layout 4 (before migration 5).
 //!
 //! What makes it faithful: every statement it sends is that commit's own
-//! text (`tests/data/sql_earlier/8d26ab9-sqlite.sql`, printed by that
+//! text (`tests/data/sql_earlier/COMMIT-sqlite.sql`, printed by that
 //! commit's `statements.rs` and `sql.rs` compiled alone), with its
 //! parameters in its order, on a connection of its own (the process it
 //! was), each call in one write transaction as its writer thread ran it
@@ -15,7 +15,9 @@
 //! no checks (its `take_check` is answered taken, nothing written), and
 //! it knew nothing of `idem_superseded`: a record it takes over after the
 //! window is replaced whole, and its purge deletes a record once its
-//! window has ended.
+//! window has ended. d97a05f also deleted a job once it was delivered (a
+//! job had no `delivered_at` before migration 5), and listed jobs by
+//! `dead` alone.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, LazyLock, Mutex};
@@ -30,30 +32,57 @@ use idem_runtime::store::{
 use idem_runtime::{IdempotencyKey, Reference};
 use rusqlite::{params, Connection, OptionalExtension};
 
-/// The commit whose statements these are.
-pub const COMMIT: &str = "8d26ab9";
+/// The commits replayed, each with its layout and its statements by the
+/// name of the field that held each.
+static EARLIER: LazyLock<BTreeMap<&'static str, (usize, HashMap<&'static str, &'static str>)>> =
+    LazyLock::new(|| {
+        use crate::sql_layouts::statements;
+        BTreeMap::from([
+            (
+                "8d26ab9",
+                (
+                    5,
+                    statements(include_str!("../data/sql_earlier/8d26ab9-sqlite.sql")),
+                ),
+            ),
+            (
+                "d97a05f",
+                (
+                    4,
+                    statements(include_str!("../data/sql_earlier/d97a05f-sqlite.sql")),
+                ),
+            ),
+        ])
+    });
 
-/// Its statements, by the name of the field that held each.
-static SQL: LazyLock<HashMap<&'static str, &'static str>> = LazyLock::new(|| {
-    crate::sql_layouts::statements(include_str!("../data/sql_earlier/8d26ab9-sqlite.sql"))
-});
-
+/// The statement `name` of the commit being replayed (one per thread: the
+/// replica's calls each run on a blocking thread, told which first).
 fn sql(name: &str) -> &'static str {
-    SQL.get(name)
-        .unwrap_or_else(|| panic!("8d26ab9 has no statement {name}"))
+    let commit = COMMIT_NOW.with(|c| c.get());
+    EARLIER[commit]
+        .1
+        .get(name)
+        .unwrap_or_else(|| panic!("{commit} has no statement {name}"))
+}
+
+thread_local! {
+    static COMMIT_NOW: std::cell::Cell<&'static str> = const { std::cell::Cell::new("8d26ab9") };
 }
 
 /// The replica's store: 8d26ab9's statements on a connection of its own.
 #[derive(Clone)]
-pub struct Sqlite8d26ab9 {
+pub struct SqliteReplayed {
+    /// The commit replayed.
+    pub commit: &'static str,
+    layout: usize,
     conn: Arc<Mutex<Connection>>,
     /// How many times each of its calls committed.
     pub ran: Arc<Mutex<BTreeMap<&'static str, usize>>>,
 }
 
-impl std::fmt::Debug for Sqlite8d26ab9 {
+impl std::fmt::Debug for SqliteReplayed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Sqlite{COMMIT}")
+        write!(f, "SqliteReplayed({})", self.commit)
     }
 }
 
@@ -205,8 +234,9 @@ fn fenced(
     }
 }
 
-/// 8d26ab9's `row_to_job`, its 13 columns.
+/// The commit's `row_to_job`: 13 columns, or 11 before migration 5.
 fn row_to_job(row: &rusqlite::Row<'_>) -> rusqlite::Result<Job> {
+    let delivered = row.as_ref().column_count() > 11;
     let reference: Vec<u8> = row.get(1)?;
     Ok(Job {
         id: JobId {
@@ -226,8 +256,16 @@ fn row_to_job(row: &rusqlite::Row<'_>) -> rusqlite::Result<Job> {
         dead: row.get::<_, i64>(8)? != 0,
         created_at: from_nanos(row.get(9)?),
         updated_at: from_nanos(row.get(10)?),
-        delivered_at: row.get::<_, Option<i64>>(11)?.map(from_nanos),
-        kept_until: row.get::<_, Option<i64>>(12)?.map(from_nanos),
+        delivered_at: if delivered {
+            row.get::<_, Option<i64>>(11)?.map(from_nanos)
+        } else {
+            None
+        },
+        kept_until: if delivered {
+            row.get::<_, Option<i64>>(12)?.map(from_nanos)
+        } else {
+            None
+        },
     })
 }
 
@@ -293,16 +331,20 @@ fn key_range(reference: &Reference) -> ([u8; 32], [u8; 32]) {
     (lo, hi)
 }
 
-impl Sqlite8d26ab9 {
-    /// The replica on the file at `path`, with that commit's pragmas.
-    pub fn open(path: &std::path::Path) -> Sqlite8d26ab9 {
+impl SqliteReplayed {
+    /// The replica of `commit` on the file at `path`, with that commit's
+    /// pragmas.
+    pub fn open(path: &std::path::Path, commit: &'static str) -> SqliteReplayed {
+        let layout = EARLIER[commit].0;
         let conn = Connection::open(path).unwrap();
         conn.busy_timeout(Duration::from_secs(5)).unwrap();
         let _: String = conn
             .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
             .unwrap();
         conn.pragma_update(None, "synchronous", "FULL").unwrap();
-        Sqlite8d26ab9 {
+        SqliteReplayed {
+            commit,
+            layout,
             conn: Arc::new(Mutex::new(conn)),
             ran: Arc::default(),
         }
@@ -315,8 +357,9 @@ impl Sqlite8d26ab9 {
         call: &'static str,
         f: impl FnOnce(&Connection, i64) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let (conn, ran) = (self.conn.clone(), self.ran.clone());
+        let (conn, ran, commit) = (self.conn.clone(), self.ran.clone(), self.commit);
         tokio::task::spawn_blocking(move || {
+            COMMIT_NOW.with(|c| c.set(commit));
             let conn = conn.lock().unwrap();
             conn.execute_batch("BEGIN IMMEDIATE").map_err(unavailable)?;
             let out = f(&conn, to_nanos(SystemTime::now()));
@@ -357,7 +400,7 @@ impl Sqlite8d26ab9 {
 }
 
 #[async_trait]
-impl IdempotencyStore for Sqlite8d26ab9 {
+impl IdempotencyStore for SqliteReplayed {
     fn backend(&self) -> &'static str {
         "sqlite"
     }
@@ -631,11 +674,15 @@ impl IdempotencyStore for Sqlite8d26ab9 {
 
     async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
         let batch = i64::try_from(batch).unwrap_or(i64::MAX);
+        let delivered = self.layout >= 5;
         self.run("purge_expired", move |conn, now| {
             let records = conn
                 .prepare_cached(sql("purge"))
                 .and_then(|mut s| s.execute(params![now, batch]))
                 .map_err(unavailable)?;
+            if !delivered {
+                return Ok(records);
+            }
             let left = batch - i64::try_from(records).unwrap_or(batch);
             let jobs = conn
                 .prepare_cached(sql("purge_jobs"))
@@ -668,7 +715,7 @@ impl IdempotencyStore for Sqlite8d26ab9 {
 }
 
 #[async_trait]
-impl FollowOnStore for Sqlite8d26ab9 {
+impl FollowOnStore for SqliteReplayed {
     async fn complete_with_follow_ons(
         &self,
         key: &IdempotencyKey,
@@ -743,7 +790,12 @@ impl FollowOnStore for Sqlite8d26ab9 {
         let id = id.clone();
         let (lo, hi) = key_range(&id.reference);
         let tag = id.reference.tag() as i64;
+        let delivered = self.layout >= 5;
         self.run("finish_job", move |conn, now| {
+            if !delivered {
+                // It deleted the job.
+                return fenced_job(conn, sql("finish_job"), &id, attempt, &[]);
+            }
             let rest: [&dyn rusqlite::ToSql; 4] = [&now, &&lo[..], &&hi[..], &tag];
             fenced_job(conn, sql("finish_job"), &id, attempt, &rest)
         })

@@ -1,11 +1,12 @@
-//! A PostgreSQL replica of commit 8d26ab9, the last version of layout 5
-//! (the layout of 0.1.0, before migration 6), serving a schema beside this
-//! version's.
+//! A PostgreSQL replica of an earlier commit, serving a schema beside
+//! this version's: 8d26ab9, the last of layout 5 (the layout of 0.1.0,
+//! before migration 6), or d97a05f, the last of layout 4 (before
+//! migration 5).
 //!
 //! What makes it faithful: every statement it sends is that commit's own
-//! text (`tests/data/sql_earlier/8d26ab9-postgres.sql`, printed by that
+//! text (`tests/data/sql_earlier/COMMIT-postgres.sql`, printed by that
 //! commit's `statements.rs` and `sql.rs` compiled alone, completions
-//! relaxed as by default), as named statements with its parameters in its
+//! relaxed as 8d26ab9 did by default), as named statements with its parameters in its
 //! order and types, on a connection of its own to the server itself (as
 //! it prepared them). The Rust between the statements is that commit's
 //! `postgres/mod.rs` as it was (a claim is its upsert, then the read of
@@ -14,7 +15,9 @@
 //! types. It took no checks (its `take_check` is answered taken, nothing
 //! written), and knew nothing of `idem_superseded`: a record it takes over
 //! after the window is replaced whole, and its purge deletes a record once
-//! its window has ended.
+//! its window has ended. d97a05f also deleted a job once it was delivered
+//! (a job had no `delivered_at` before migration 5), and listed jobs by
+//! `dead` alone.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -30,21 +33,21 @@ use idem_runtime::{IdempotencyKey, Reference};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Row};
 
-/// The commit whose statements these are.
-pub const COMMIT: &str = "8d26ab9";
-
 /// The replica's store: 8d26ab9's statements on a connection of its own.
 #[derive(Clone)]
-pub struct Postgres8d26ab9 {
+pub struct PostgresReplayed {
+    /// The commit replayed.
+    pub commit: &'static str,
+    layout: usize,
     client: Arc<Client>,
     sql: Arc<HashMap<&'static str, String>>,
     /// How many times each of its calls was answered.
     pub ran: Arc<Mutex<BTreeMap<&'static str, usize>>>,
 }
 
-impl std::fmt::Debug for Postgres8d26ab9 {
+impl std::fmt::Debug for PostgresReplayed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Postgres{COMMIT}")
+        write!(f, "PostgresReplayed({})", self.commit)
     }
 }
 
@@ -99,8 +102,9 @@ fn row_to_record(row: &Row) -> Record {
         observed_at: row.get(16),
     }
 }
-/// 8d26ab9's `row_to_job`, its 13 columns.
+/// The commit's `row_to_job`: 13 columns, or 11 before migration 5.
 fn row_to_job(row: &Row) -> Job {
+    let delivered = row.len() > 11;
     let reference: &[u8] = row.get(1);
     let payload: Vec<u8> = row.get(3);
     Job {
@@ -121,23 +125,28 @@ fn row_to_job(row: &Row) -> Job {
         dead: row.get(8),
         created_at: row.get(9),
         updated_at: row.get(10),
-        delivered_at: row.get(11),
-        kept_until: row.get(12),
+        delivered_at: if delivered { row.get(11) } else { None },
+        kept_until: if delivered { row.get(12) } else { None },
     }
 }
 
-impl Postgres8d26ab9 {
-    /// The replica on the schema `name` at `url`, on a connection of its
-    /// own.
-    pub async fn open(url: &str, name: &str) -> Postgres8d26ab9 {
+impl PostgresReplayed {
+    /// The replica of `commit` on the schema `name` at `url`, on a
+    /// connection of its own.
+    pub async fn open(url: &str, name: &str, commit: &'static str) -> PostgresReplayed {
         let schema = format!("\"{name}\"");
-        let sql = crate::sql_layouts::statements(include_str!(
-            "../data/sql_earlier/8d26ab9-postgres.sql"
-        ))
-        .into_iter()
-        .map(|(k, v)| (k, v.replace("{schema}", &schema)))
-        .collect();
-        Postgres8d26ab9 {
+        let (layout, text) = match commit {
+            "8d26ab9" => (5, include_str!("../data/sql_earlier/8d26ab9-postgres.sql")),
+            "d97a05f" => (4, include_str!("../data/sql_earlier/d97a05f-postgres.sql")),
+            other => panic!("no statements of {other}"),
+        };
+        let sql = crate::sql_layouts::statements(text)
+            .into_iter()
+            .map(|(k, v)| (k, v.replace("{schema}", &schema)))
+            .collect();
+        PostgresReplayed {
+            commit,
+            layout,
             client: Arc::new(crate::durable::connect(url).await),
             sql: Arc::new(sql),
             ran: Arc::default(),
@@ -147,7 +156,7 @@ impl Postgres8d26ab9 {
     fn sql(&self, name: &str) -> &str {
         self.sql
             .get(name)
-            .unwrap_or_else(|| panic!("8d26ab9 has no statement {name}"))
+            .unwrap_or_else(|| panic!("{} has no statement {name}", self.commit))
     }
 
     fn ran(&self, call: &'static str) {
@@ -266,7 +275,7 @@ fn key_range(reference: &Reference) -> ([u8; 32], [u8; 32]) {
 }
 
 #[async_trait]
-impl IdempotencyStore for Postgres8d26ab9 {
+impl IdempotencyStore for PostgresReplayed {
     fn backend(&self) -> &'static str {
         "postgres"
     }
@@ -496,7 +505,7 @@ impl IdempotencyStore for Postgres8d26ab9 {
         let records = self.execute("purge", &[&batch]).await?;
         self.ran("purge_expired");
         let left = batch - i64::try_from(records).unwrap_or(batch);
-        if left <= 0 {
+        if left <= 0 || self.layout < 5 {
             return Ok(records as usize);
         }
         let jobs = self.execute("purge_jobs", &[&left]).await?;
@@ -518,7 +527,7 @@ impl IdempotencyStore for Postgres8d26ab9 {
     }
 }
 #[async_trait]
-impl FollowOnStore for Postgres8d26ab9 {
+impl FollowOnStore for PostgresReplayed {
     async fn complete_with_follow_ons(
         &self,
         key: &IdempotencyKey,
@@ -608,7 +617,9 @@ impl FollowOnStore for Postgres8d26ab9 {
         hi[..8].copy_from_slice(&id.reference.key_prefix());
         let tag = id.reference.tag() as i64;
         let rest: [&(dyn ToSql + Sync); 3] = [&&lo[..], &&hi[..], &tag];
-        self.fenced_job("finish_job", id, attempt, &rest).await?;
+        // Before migration 5 it deleted the job.
+        let rest: &[&(dyn ToSql + Sync)] = if self.layout >= 5 { &rest } else { &[] };
+        self.fenced_job("finish_job", id, attempt, rest).await?;
         self.ran("finish_job");
         Ok(())
     }
@@ -645,12 +656,25 @@ impl FollowOnStore for Postgres8d26ab9 {
                 }
             })
         });
-        let rows = self
-            .query(
+        // Before migration 5 a listing took `dead`, not states.
+        let dead = match filter.states.as_slice() {
+            [] => None,
+            [JobState::Dead] => Some(true),
+            _ => Some(false),
+        };
+        let rows = if self.layout >= 5 {
+            self.query(
                 "jobs_filtered",
                 &[&filter.tenant, &reference, &filter.name, &states, &limit],
             )
-            .await?;
+            .await?
+        } else {
+            self.query(
+                "jobs_filtered",
+                &[&filter.tenant, &reference, &filter.name, &dead, &limit],
+            )
+            .await?
+        };
         self.ran("list_jobs");
         Ok(rows.iter().map(row_to_job).collect())
     }
