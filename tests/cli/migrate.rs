@@ -275,3 +275,42 @@ async fn migrate_makes_the_dynamodb_table_three_at_once() {
         .unwrap();
     let _ = store.delete_table().await;
 }
+
+/// A SQLite file and a PostgreSQL schema at every earlier layout in the
+/// repository (1 to 7, each built from the shipped migrations) end, after
+/// `idem migrate`, with the same layout as one this version migrated from
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_earlier_layout_migrates_to_this_one() {
+    let dir = temp_dir("cli-every-layout");
+    let fresh = dir.join("fresh.sqlite3");
+    let ran = idem(&format!("sqlite:{}", fresh.display()), &["migrate"]).await;
+    assert_eq!(ran.code, EXIT_OK, "{ran:?}");
+    let expected = sqlite_layout(&fresh);
+    for layout in 1..LATEST {
+        let path = dir.join(format!("layout-{layout}.sqlite3"));
+        sqlite_at(&path, layout);
+        let ran = idem(&format!("sqlite:{}", path.display()), &["migrate"]).await;
+        assert_eq!(ran.code, EXIT_OK, "layout {layout}: {ran:?}");
+        assert_eq!(sqlite_layout(&path), expected, "layout {layout}");
+    }
+
+    let Some(url) = database_url() else { return };
+    let never = schema_name("cli_every_never");
+    let _drop_never = DropSchema(url.clone(), never.clone());
+    let ran = idem(&url, &["--schema", &never, "migrate"]).await;
+    assert_eq!(ran.code, EXIT_OK, "{ran:?}");
+    let expected = postgres_layout(&url, &never).await;
+    for layout in 1..LATEST {
+        let name = schema_name(&format!("cli_every_{layout}"));
+        let _drop = DropSchema(url.clone(), name.clone());
+        postgres_at(&url, &name, layout).await;
+        let ran = idem(&url, &["--schema", &name, "migrate"]).await;
+        assert_eq!(ran.code, EXIT_OK, "layout {layout}: {ran:?}");
+        assert_eq!(
+            postgres_layout(&url, &name).await,
+            expected,
+            "layout {layout}"
+        );
+    }
+}
