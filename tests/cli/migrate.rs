@@ -234,7 +234,7 @@ async fn migrate_loads_the_redis_library_as_the_documented_loader() {
     let url = server.url();
     let listed = || async {
         let list: redis::Value =
-            crate::redis_server::command(&url, &redis::cmd("FUNCTION").arg("LIST")).await;
+            crate::redis_server::command(&url, redis::cmd("FUNCTION").arg("LIST")).await;
         format!("{list:?}")
     };
     let library = idem_runtime::RedisStore::library_name();

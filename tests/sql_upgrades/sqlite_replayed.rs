@@ -32,28 +32,30 @@ use idem_runtime::store::{
 use idem_runtime::{IdempotencyKey, Reference};
 use rusqlite::{params, Connection, OptionalExtension};
 
+/// A commit's statements by the name of the field that held each.
+type Statements = HashMap<&'static str, &'static str>;
+
 /// The commits replayed, each with its layout and its statements by the
 /// name of the field that held each.
-static EARLIER: LazyLock<BTreeMap<&'static str, (usize, HashMap<&'static str, &'static str>)>> =
-    LazyLock::new(|| {
-        use crate::sql_layouts::statements;
-        BTreeMap::from([
+static EARLIER: LazyLock<BTreeMap<&'static str, (usize, Statements)>> = LazyLock::new(|| {
+    use crate::sql_layouts::statements;
+    BTreeMap::from([
+        (
+            "8d26ab9",
             (
-                "8d26ab9",
-                (
-                    5,
-                    statements(include_str!("../data/sql_earlier/8d26ab9-sqlite.sql")),
-                ),
+                5,
+                statements(include_str!("../data/sql_earlier/8d26ab9-sqlite.sql")),
             ),
+        ),
+        (
+            "d97a05f",
             (
-                "d97a05f",
-                (
-                    4,
-                    statements(include_str!("../data/sql_earlier/d97a05f-sqlite.sql")),
-                ),
+                4,
+                statements(include_str!("../data/sql_earlier/d97a05f-sqlite.sql")),
             ),
-        ])
-    });
+        ),
+    ])
+});
 
 /// The statement `name` of the commit being replayed (one per thread: the
 /// replica's calls each run on a blocking thread, told which first).
