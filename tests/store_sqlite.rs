@@ -128,7 +128,6 @@ async fn records_and_jobs_written_before_tags_keep_their_references() {
              ALTER TABLE idem_jobs DROP COLUMN kept_until; \
              ALTER TABLE idem_jobs DROP COLUMN earlier_runs; \
              ALTER TABLE idem_jobs DROP COLUMN error_before_redrive; \
-             ALTER TABLE idem_jobs RENAME COLUMN runs TO attempts; \
              CREATE INDEX idem_jobs_due ON idem_jobs (next_run_at) WHERE dead = 0; \
              DROP TABLE idem_superseded; DROP INDEX idem_records_retain_until; \
              CREATE INDEX idem_records_expires_at ON idem_records (expires_at); \

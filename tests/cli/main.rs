@@ -14,6 +14,8 @@ mod dynamodb_emulator;
 mod dynamodb_proxy;
 #[path = "../redis_server/mod.rs"]
 mod redis_server;
+#[path = "../sql_layouts/mod.rs"]
+mod sql_layouts;
 
 mod binary;
 mod configuration;
@@ -21,6 +23,7 @@ mod create_table;
 mod escape;
 mod grants;
 mod jobs;
+mod migrate;
 mod operator;
 mod postgres;
 mod records;

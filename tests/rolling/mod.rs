@@ -228,7 +228,7 @@ impl Replica {
     }
 
     /// One maintenance round and one outbox round; `Err` says what failed.
-    async fn upkeep(&self) -> Result<(), String> {
+    pub async fn upkeep(&self) -> Result<(), String> {
         let round = Maintenance::round(&*self.store, &self.maintenance).await;
         let outbox = OutboxConfig {
             timeout: Duration::from_secs(2),
@@ -313,12 +313,17 @@ impl Replica {
             window: WINDOW,
             retention: Duration::from_secs(3600),
         };
+        // The reference the claim answered, under which its handler charged
+        // (a store from before references had tags answers the key's first
+        // eight bytes).
         let claim = self.store.claim(&req).await.unwrap();
-        assert!(matches!(claim, Claim::Claimed { .. }), "{claim:?}");
-        world.given(req.reference, card);
+        let Claim::Claimed { reference } = claim else {
+            panic!("{claim:?}")
+        };
+        world.given(reference, card);
         if charged {
             world.ran(card);
-            world.processor.charge(&req.reference, card);
+            world.processor.charge(&reference, card);
         }
     }
 }

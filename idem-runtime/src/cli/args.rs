@@ -14,7 +14,8 @@ use crate::store::{JobState, RecordStateKind};
     about = "Look after idem's idempotency records: list, show, resolve by hand, purge, count; \
              list follow-on jobs and re-drive dead ones",
     after_help = "Exit codes: 0 ok, 1 refused (not found, not UNKNOWN), 2 usage or \
-                  configuration (a store not migrated included), 3 store unreachable."
+                  configuration (a store not migrated included: run `idem migrate`), 3 store \
+                  unreachable."
 )]
 pub(super) struct Args {
     /// The store: sqlite:PATH, postgres://USER@HOST/DB, redis://HOST:PORT or
@@ -53,11 +54,18 @@ pub(super) enum Command {
     Jobs(Jobs),
     /// DynamoDB: create the table the store needs (its indexes, on-demand
     /// billing, TTL on), and wait until it is active; a table that exists is
-    /// left as it is. Other stores need no such step: SQLite creates its
-    /// file, and a PostgreSQL server migrates its database (`migrate()`).
+    /// left as it is. The same as `migrate` on a DynamoDB store.
     CreateTable,
     /// Take a job out of the dead letter: it runs again from its first attempt.
     Redrive(Redrive),
+    /// Apply this version's migrations to the store, the one command that
+    /// changes its layout: SQLite's file and a PostgreSQL schema get the
+    /// shipped migrations they lack (the file is created if absent),
+    /// Redis this version's function library, and a DynamoDB table is
+    /// created or migrated as by create-table. Run it before this
+    /// version's replicas start; the version before keeps serving the
+    /// store meanwhile. Several at once all succeed.
+    Migrate,
 }
 
 /// The arguments of `list`.

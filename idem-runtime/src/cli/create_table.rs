@@ -16,9 +16,8 @@ pub(super) async fn create_table(url: &str, json: bool) -> Result<String, Failur
         return Err(Failure(
             EXIT_USAGE,
             format!(
-                "create-table makes a DynamoDB table, and {url:?} is not a dynamodb:// URL; a \
-                 SQLite file is created by the server that opens it, and a PostgreSQL database \
-                 is migrated by the server (PostgresStore::migrate)"
+                "create-table makes a DynamoDB table, and {url:?} is not a dynamodb:// URL; \
+                 `idem migrate` creates or migrates a SQLite file or a PostgreSQL schema"
             ),
         ));
     };

@@ -11,13 +11,17 @@
 //! idem --store URL jobs [--state waiting|running|dead|delivered | --dead] [--tenant T] [--reference REF] [--name N] [--limit N]
 //! idem --store URL redrive REF NAME --tenant T
 //! idem --store dynamodb://TABLE?region=R create-table   (DynamoDB: the table, its indexes, TTL)
+//! idem --store URL migrate   (this version's migrations; the only command that changes a layout)
 //! ```
 //!
 //! `URL` is what [`open_store`](crate::store::open_store) takes (`sqlite:PATH`, `postgres://…`,
 //! `redis://…`, and `dynamodb://TABLE?region=…` when built with the
-//! `dynamodb` feature); a SQLite file must exist, PostgreSQL must have been
-//! migrated by the server, and a DynamoDB table must exist (`create-table`
-//! makes it). `show` finds a reference in whichever tenant holds it;
+//! `dynamodb` feature). Only `migrate` (and `create-table`) changes a
+//! store's layout, and several at once all succeed; every other command
+//! opens the store as it is: a SQLite file must exist, and a SQLite file or
+//! a PostgreSQL schema that lacks one of this version's migrations is
+//! refused with exit code 2, naming `idem migrate`, and left as it was. A
+//! DynamoDB table must exist (`create-table` or `migrate` makes it). `show` finds a reference in whichever tenant holds it;
 //! `--tenant` is needed only when two tenants hold one (it says so). A PostgreSQL store in a schema other than
 //! `public` (`PostgresStore::builder(url)?.schema("nc2")`) is read with
 //! `--schema nc2` (or `?schema=nc2` on the URL). Output is an aligned table, or JSON with
@@ -51,6 +55,7 @@ mod args;
 mod create_table;
 mod escape;
 mod jobs;
+mod migrate;
 mod open;
 mod records;
 mod render;
@@ -61,9 +66,10 @@ pub const EXIT_OK: u8 = 0;
 /// Refused: no such reference, the record is not UNKNOWN, or the store
 /// holds something invalid. Nothing was changed.
 pub const EXIT_OPERATOR: u8 = 1;
-/// The command line or the store's configuration is wrong (a PostgreSQL
-/// schema not migrated, a DynamoDB table missing, a privilege or a login
-/// the server refused); nothing was changed.
+/// The command line or the store's configuration is wrong (a SQL store
+/// not migrated to this version's layout, which `idem migrate` fixes, a
+/// DynamoDB table missing, a privilege or a login the server refused);
+/// nothing was changed.
 pub const EXIT_USAGE: u8 = 2;
 /// The store could not be reached or did not answer in time.
 pub const EXIT_UNREACHABLE: u8 = 3;
@@ -140,6 +146,8 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
     } = args;
     let text = if let Command::CreateTable = command {
         create_table::create_table(&url, json).await?
+    } else if let Command::Migrate = command {
+        migrate::migrate(&open::store_url(&url, schema.as_deref())?, json).await?
     } else {
         let store = open::open(&url, schema.as_deref()).await?;
         let store = &*store;
@@ -151,7 +159,9 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
             Command::Stats => records::stats(store, json).await?,
             Command::Jobs(args) => jobs::list(store, args, json).await?,
             Command::Redrive(args) => jobs::redrive(store, args, json).await?,
-            Command::CreateTable => unreachable!("answered before the store is opened"),
+            Command::CreateTable | Command::Migrate => {
+                unreachable!("answered before the store is opened")
+            }
         }
     };
     out.write_all(text.as_bytes())

@@ -1,19 +1,41 @@
-//! The store `--store` names (with `--schema`), opened as a server would
-//! open it, or refused with what to give instead.
+//! The store `--store` names (with `--schema`), opened as a server that
+//! does not migrate would open it (its layout left as it is), or refused
+//! with what to give instead.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use super::{Failure, EXIT_USAGE};
 use crate::store::{open_store, IdempotencyStore};
 
 /// The store at `url`, in the PostgreSQL `schema` when one is given; never
-/// a memory store (it lives inside its server) nor a SQLite file that is
-/// not there.
+/// a memory store (it lives inside its server), a SQLite file that is not
+/// there, nor a SQL store that lacks one of this version's migrations
+/// (the error names `idem migrate`): only `migrate` changes a layout.
 pub(super) async fn open(
     url: &str,
     schema: Option<&str>,
 ) -> Result<Arc<dyn IdempotencyStore>, Failure> {
+    let url = store_url(url, schema)?;
+    let sql = url.starts_with("sqlite:")
+        || url.starts_with("postgres://")
+        || url.starts_with("postgresql://");
+    let url = if sql {
+        with_param(&url, "migrate=false")
+    } else {
+        url
+    };
+    Ok(open_store(&url).await?)
+}
+
+/// `url` with the query parameter `param` (`name=value`) added; the last
+/// one given wins, so it overrides one the operator gave.
+pub(super) fn with_param(url: &str, param: &str) -> String {
+    let joiner = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{joiner}{param}")
+}
+
+/// The store URL `url` and `--schema` give together, or why they do not.
+pub(super) fn store_url(url: &str, schema: Option<&str>) -> Result<String, Failure> {
     if let Some(schema) = schema {
         if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
             return Err(Failure(
@@ -33,8 +55,7 @@ pub(super) async fn open(
                 ),
             ));
         }
-        let joiner = if url.contains('?') { '&' } else { '?' };
-        return Ok(open_store(&format!("{url}{joiner}schema={schema}")).await?);
+        return Ok(with_param(url, &format!("schema={schema}")));
     }
     if url == "memory" {
         return Err(Failure(
@@ -44,15 +65,5 @@ pub(super) async fn open(
                 .to_owned(),
         ));
     }
-    // Opening a mistyped path would create an empty database, and every
-    // answer from it would be wrong.
-    if let Some(path) = url.strip_prefix("sqlite:") {
-        if !Path::new(path).is_file() {
-            return Err(Failure(
-                EXIT_USAGE,
-                format!("no SQLite database at {path:?}; give the path the server uses"),
-            ));
-        }
-    }
-    Ok(open_store(url).await?)
+    Ok(url.to_owned())
 }

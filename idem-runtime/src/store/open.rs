@@ -7,8 +7,11 @@ use super::{IdempotencyStore, MemoryStore, StoreError};
 /// Opens the store a URL names:
 ///
 /// - `memory`: a new, empty [`MemoryStore`];
-/// - `sqlite:PATH`: the SQLite database at `PATH`, created (and migrated)
-///   if absent (feature `sqlite`);
+/// - `sqlite:PATH`: the SQLite database at `PATH`, created if absent and
+///   migrated (feature `sqlite`); with `?migrate=false`, only opened: a
+///   file that is not there, or not migrated to this version's layout, is
+///   refused (`Config`, naming `idem migrate`) and left as it is
+///   (`SqliteStoreBuilder::migrate`);
 /// - `postgres://…` or `postgresql://…`: a PostgreSQL database, connected
 ///   and checked to answer; not migrated (feature `postgres`). The tables
 ///   are in the schema `public` unless the URL names another with the
@@ -20,7 +23,9 @@ use super::{IdempotencyStore, MemoryStore, StoreError};
 ///   default), what its `direct_connection` sets (leave it out behind a
 ///   transaction pooler such as PgBouncer), and `migrate=true`, which
 ///   applies the shipped migrations before the store is returned
-///   (`PostgresStore::migrate`);
+///   (`PostgresStore::migrate`); without it (or with `migrate=false`) a
+///   schema not migrated to this version's layout is refused (`Config`,
+///   naming `idem migrate`; `PostgresStore::check_layout`);
 /// - `redis://…`, `rediss://…` or `redis+unix://…`: one Redis or Valkey
 ///   server, keys under the prefix `idem` (feature `redis`);
 /// - `dynamodb://TABLE?region=REGION&endpoint=URL`: a DynamoDB table,
@@ -65,7 +70,15 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn IdempotencyStore>, StoreErr
     }
     if let Some(path) = url.strip_prefix("sqlite:") {
         #[cfg(feature = "sqlite")]
-        return Ok(Arc::new(super::SqliteStore::open(path).await?));
+        {
+            let (path, migrate) = take_param(path, "migrate");
+            let migrate = match migrate {
+                Some(value) => parse_bool("migrate", &value)?,
+                None => true,
+            };
+            let builder = super::SqliteStore::builder().migrate(migrate);
+            return Ok(Arc::new(builder.open(path).await?));
+        }
         #[cfg(not(feature = "sqlite"))]
         {
             let _ = path;
@@ -93,6 +106,8 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn IdempotencyStore>, StoreErr
             let store = super::PostgresStore::connect_with(builder).await?;
             if migrate == Some(true) {
                 store.migrate().await?;
+            } else {
+                store.check_layout().await?;
             }
             return Ok(Arc::new(store));
         }
@@ -142,7 +157,10 @@ fn take_schema(url: &str) -> (String, Option<String>) {
 }
 
 /// `true` or `false`, as the URL parameter `name` of idem's gives it.
-#[cfg_attr(not(any(feature = "postgres", feature = "dynamodb")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "dynamodb", feature = "sqlite")),
+    allow(dead_code)
+)]
 fn parse_bool(name: &str, value: &str) -> Result<bool, StoreError> {
     match value {
         "true" => Ok(true),
@@ -156,7 +174,10 @@ fn parse_bool(name: &str, value: &str) -> Result<bool, StoreError> {
 /// `url` without its query parameter `name` (idem's, which tokio-postgres
 /// would refuse as unknown), and the parameter's value; the last one given
 /// wins.
-#[cfg_attr(not(any(feature = "postgres", feature = "dynamodb")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "dynamodb", feature = "sqlite")),
+    allow(dead_code)
+)]
 fn take_param(url: &str, name: &str) -> (String, Option<String>) {
     let Some((base, query)) = url.split_once('?') else {
         return (url.to_owned(), None);

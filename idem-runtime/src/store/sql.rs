@@ -230,7 +230,7 @@ pub(crate) fn counts(
 /// `next_run_at <= now`; a lease sets `next_run_at` to the lease's end, so a
 /// leased job is not due until its lease runs out. A delivered job keeps its
 /// row until `kept_until` (its record's expiry), when the purge deletes it.
-pub(crate) const JOB_COLUMNS: &str = "tenant, reference, name, payload, runs, token, \
+pub(crate) const JOB_COLUMNS: &str = "tenant, reference, name, payload, attempts, token, \
                                       next_run_at, last_error, dead, created_at, updated_at, \
                                       delivered_at, kept_until, earlier_runs, \
                                       error_before_redrive";
@@ -239,7 +239,7 @@ pub(crate) const JOB_COLUMNS: &str = "tenant, reference, name, payload, runs, to
 /// SQL stores ([`Job::redrive`](super::Job)'s fields): the runs counted from
 /// 0 again and added to `earlier_runs`, the last error kept as
 /// `error_before_redrive`, no lease.
-pub(crate) const REDRIVE_SET: &str = "earlier_runs = earlier_runs + runs, runs = 0, \
+pub(crate) const REDRIVE_SET: &str = "earlier_runs = earlier_runs + attempts, attempts = 0, \
                                       error_before_redrive = last_error, last_error = NULL, \
                                       token = NULL";
 

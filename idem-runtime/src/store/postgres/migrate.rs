@@ -45,6 +45,13 @@ const MIGRATIONS: &[(i32, &str)] = &[
         7,
         include_str!("../../../migrations/postgres/0007_redrives.sql"),
     ),
+    // The column of a job's runs is `attempts` again, as the version
+    // before 7 reads and writes it (7 renamed it, and so broke that
+    // version's replicas during a rolling deploy).
+    (
+        8,
+        include_str!("../../../migrations/postgres/0008_attempts_again.sql"),
+    ),
 ];
 
 impl PostgresStore {
@@ -98,6 +105,47 @@ impl PostgresStore {
         })
         .await;
         self.settle(client, out)
+    }
+}
+
+impl PostgresStore {
+    /// Checks that every shipped migration has been applied to the store's
+    /// schema, changing nothing: what a server that does not migrate at
+    /// start (`open_store` without `migrate=true`) and the `idem` command
+    /// line do before they serve. A schema migrated further, by a later
+    /// version, is served as it is: each migration only adds what the
+    /// version before it does not know (docs/deploying.md, "Upgrading").
+    /// Errors: `Config` for a schema not migrated, or migrated only to an
+    /// earlier layout, naming what to run; `Unavailable`.
+    pub async fn check_layout(&self) -> Result<(), StoreError> {
+        let schema = self.sql.schema.clone();
+        let applied: Vec<i32> = self
+            .with(async |db, _| {
+                let rows = db
+                    .query(
+                        &format!("SELECT version FROM {schema}.idem_migrations"),
+                        &[],
+                    )
+                    .await?;
+                Ok(rows.iter().map(|r| r.get(0)).collect())
+            })
+            .await?;
+        let missing: Vec<String> = MIGRATIONS
+            .iter()
+            .filter(|(version, _)| !applied.contains(version))
+            .map(|(version, _)| version.to_string())
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(StoreError::Config(format!(
+            "the PostgreSQL schema {schema} lacks this version's migrations {}: run `idem \
+             migrate --store URL` (with the URL's schema), PostgresStore::migrate(), or \
+             open the store with migrate=true, as a role that may change the schema; \
+             replicas of the version before keep serving the schema meanwhile, and this \
+             one serves it once migrated",
+            missing.join(", ")
+        )))
     }
 }
 

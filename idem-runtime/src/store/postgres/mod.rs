@@ -259,7 +259,8 @@ fn misconfigured(code: &str, message: &str, schema: &str) -> Option<String> {
              pooler"
             .to_owned(),
         "42P01" | "3F000" => format!(
-            "this store reads the schema {schema}: has PostgresStore::migrate() run for it? If \
+            "this store reads the schema {schema}: has PostgresStore::migrate() (or `idem \
+             migrate --store URL`) run for it? If \
              the servers keep their tables in another schema \
              (PostgresStore::builder(url)?.schema(NAME)), name it: ?schema=NAME on the store \
              URL, or `idem --schema NAME`"

@@ -69,7 +69,7 @@ fn with_jobs(first: &str, change: &str, jobs: &str, n: u8) -> String {
     format!(
         "WITH {first}done AS ({change} RETURNING tenant, {REFERENCE}), \
          written AS ( \
-           INSERT INTO {jobs} (tenant, reference, name, payload, runs, token, next_run_at, \
+           INSERT INTO {jobs} (tenant, reference, name, payload, attempts, token, next_run_at, \
              last_error, dead, created_at, updated_at) \
            SELECT done.tenant, done.reference, f.name, f.payload, 0, NULL, now(), NULL, \
              false, now(), now() \
@@ -308,7 +308,7 @@ impl Statements {
             // out. `NOT dead AND delivered_at IS NULL` is written as the
             // partial index's predicate.
             lease_jobs: format!(
-                "UPDATE {j} SET token = $1, runs = runs + 1, \
+                "UPDATE {j} SET token = $1, attempts = attempts + 1, \
                    next_run_at = now() + {}, updated_at = now() \
                  WHERE (tenant, reference, name) IN ( \
                    SELECT tenant, reference, name FROM {j} \

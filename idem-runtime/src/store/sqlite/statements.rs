@@ -184,7 +184,7 @@ pub(super) static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::ne
     // A job's identity is its operation's reference and its name: one
     // completion per operation writes jobs, and a job already there is
     // never replaced, live or dead.
-    insert_job: "INSERT INTO idem_jobs (tenant, reference, name, payload, runs, token, \
+    insert_job: "INSERT INTO idem_jobs (tenant, reference, name, payload, attempts, token, \
            next_run_at, last_error, dead, created_at, updated_at) \
          VALUES (?1, ?2, ?3, ?4, 0, NULL, ?5, NULL, 0, ?5, ?5) \
          ON CONFLICT (tenant, reference, name) DO NOTHING"
@@ -193,7 +193,7 @@ pub(super) static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::ne
     // cannot be split by another process's lease. `dead = 0 AND
     // delivered_at IS NULL` is written as the partial index's predicate.
     lease_jobs: format!(
-        "UPDATE idem_jobs SET token = ?1, runs = runs + 1, next_run_at = ?2, \
+        "UPDATE idem_jobs SET token = ?1, attempts = attempts + 1, next_run_at = ?2, \
            updated_at = ?3 \
          WHERE (tenant, reference, name) IN ( \
            SELECT tenant, reference, name FROM idem_jobs \

@@ -45,6 +45,10 @@ pub(super) const MIGRATIONS: &[&str] = &[
     include_str!("../../../migrations/sqlite/0006_superseded.sql"),
     // A job's runs and last error from before its last re-drive.
     include_str!("../../../migrations/sqlite/0007_redrives.sql"),
+    // The column of a job's runs is `attempts` again, as the version
+    // before 7 reads and writes it (7 renamed it, and so broke that
+    // version's replicas during a rolling deploy).
+    include_str!("../../../migrations/sqlite/0008_attempts_again.sql"),
 ];
 
 pub(super) fn stopped() -> StoreError {
@@ -55,14 +59,39 @@ pub(super) fn unavailable(e: &rusqlite::Error) -> StoreError {
     StoreError::Unavailable(format!("SQLite: {e}"))
 }
 
-/// Pragmas and migrations, on the writer thread before it serves.
-pub(super) fn init(conn: &Connection) -> rusqlite::Result<()> {
-    conn.busy_timeout(BUSY_TIMEOUT)?;
+/// Pragmas and migrations, on the writer thread before it serves; with
+/// `migrate` off, the check that the database at `path` (as shown in
+/// errors) has every shipped migration instead, made before anything is
+/// written to it.
+pub(super) fn init(conn: &Connection, migrate: bool, path: &str) -> Result<(), StoreError> {
+    let failed = |e: rusqlite::Error| unavailable(&e);
+    conn.busy_timeout(BUSY_TIMEOUT).map_err(failed)?;
+    if !migrate {
+        let done: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(failed)?;
+        let needed = MIGRATIONS.len() as i64;
+        if done < needed {
+            return Err(StoreError::Config(format!(
+                "the SQLite database {path:?} is at layout {done}, and this version of idem \
+                 serves layout {needed}: run `idem migrate --store sqlite:{path}` (or open it \
+                 with migrations on: SqliteStore::open, or sqlite:PATH without \
+                 migrate=false); replicas of the version before keep serving it meanwhile, \
+                 and this one serves it once migrated"
+            )));
+        }
+    }
     // WAL: readers of other processes never block the writer, and a commit
     // appends to one file. In-memory databases answer "memory"; that is fine.
-    let _mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
-    conn.pragma_update(None, "synchronous", "FULL")?;
-    conn.execute_batch("BEGIN IMMEDIATE")?;
+    let _mode: String = conn
+        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+        .map_err(failed)?;
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(failed)?;
+    if !migrate {
+        return Ok(());
+    }
+    conn.execute_batch("BEGIN IMMEDIATE").map_err(failed)?;
     let migrated = (|| {
         let done: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
         for (i, sql) in MIGRATIONS.iter().enumerate().skip(done.max(0) as usize) {
@@ -72,10 +101,10 @@ pub(super) fn init(conn: &Connection) -> rusqlite::Result<()> {
         Ok(())
     })();
     match migrated {
-        Ok(()) => conn.execute_batch("COMMIT"),
+        Ok(()) => conn.execute_batch("COMMIT").map_err(failed),
         Err(e) => {
             let _ = conn.execute_batch("ROLLBACK");
-            Err(e)
+            Err(failed(e))
         }
     }
 }

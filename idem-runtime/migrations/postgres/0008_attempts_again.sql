@@ -1,0 +1,11 @@
+-- Migration 7 renamed idem_jobs.attempts to runs, and so broke every
+-- replica of the version before it still serving the schema during a
+-- rolling deploy: its completions that carry follow-on jobs, its leases
+-- and its re-drives name `attempts` (42703, column "attempts" does not
+-- exist), after the side effect ran. A migration only adds what the
+-- version before it does not know (expand), and removes or renames only
+-- what no version still serving reads (contract): the column is
+-- `attempts` again, the count of a job's runs as it always was. The
+-- columns migration 7 added stay; the version before ignores them. A
+-- rename changes the catalog only (no rewrite, a brief lock).
+ALTER TABLE {schema}.idem_jobs RENAME COLUMN runs TO attempts;

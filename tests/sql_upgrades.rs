@@ -1,0 +1,216 @@
+//! Rolling deploys on the SQL stores from an earlier layout
+//! (`tests/rolling`): a replica of the version that served that layout and
+//! one of this version serve one store at once, this version's migrating
+//! it at its start, then the old one stops; nothing is lost, nothing runs
+//! twice, every reference reads true. Each earlier replica's module says
+//! what it replays, and why that is faithful.
+
+#[path = "durable/mod.rs"]
+mod durable;
+#[path = "sql_upgrades/postgres_earlier.rs"]
+mod postgres_earlier;
+#[path = "sql_upgrades/postgres_replayed.rs"]
+mod postgres_replayed;
+#[path = "rolling/mod.rs"]
+mod rolling;
+#[path = "sql_layouts/mod.rs"]
+mod sql_layouts;
+#[path = "sql_upgrades/sqlite_earlier.rs"]
+mod sqlite_earlier;
+#[path = "sql_upgrades/sqlite_replayed.rs"]
+mod sqlite_replayed;
+
+use std::sync::Arc;
+
+use idem_runtime::SqliteStore;
+
+use crate::durable::{database_url, temp_dir};
+use crate::postgres_earlier::EarlierPostgres;
+use crate::rolling::{rolling_deploy, Replica, World};
+use crate::sql_layouts::{
+    postgres_at, postgres_layout, schema_name, sqlite_at, sqlite_layout, DropSchema,
+};
+use crate::sqlite_earlier::{EarlierSqlite, COMMIT};
+
+/// Issue 46: a file at layout 6, served by e11d36c's replica; this
+/// version's starts, migrates the file (to 8) and serves beside it.
+/// Migration 7 alone (which renamed `attempts`) failed the old replica's
+/// completions that carry a receipt, after the charge, and its leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_deploy_from_layout_6_on_sqlite_loses_nothing() {
+    let dir = temp_dir("rolling-sqlite-6");
+    let path = dir.join("idem.sqlite3");
+    sqlite_at(&path, 6);
+    let world = Arc::new(World::default());
+    let earlier = EarlierSqlite::open(&path).await;
+    let start_new = async {
+        // The old version's upkeep before the new one starts: its outbox
+        // delivers what it completed alone, by its own statements.
+        let old = Replica::new(COMMIT, Arc::new(earlier.clone()), &world);
+        old.upkeep().await.unwrap();
+        let store = SqliteStore::open(&path).await.unwrap();
+        assert!(sqlite_layout(&path).0 > 6, "migrated at its start");
+        Replica::new("this version", Arc::new(store), &world)
+    };
+    let old = Replica::new(COMMIT, Arc::new(earlier.clone()), &world);
+    rolling_deploy(old, start_new, world.clone()).await;
+    let ran = earlier.ran.lock().unwrap().clone();
+    for call in ["complete_with_follow_ons", "lease_jobs", "finish_job"] {
+        assert!(
+            ran.get(call).copied().unwrap_or(0) > 0,
+            "{COMMIT}'s {call} never ran: {ran:?}"
+        );
+    }
+}
+
+/// A file at `layout`, served by the replica of `commit`, the last at
+/// that layout (every statement its own); this version's starts, migrates
+/// the file and serves beside it. That replica keeps an operation for its
+/// window only (it knows nothing of `idem_superseded`).
+async fn sqlite_from(commit: &'static str, layout: usize) {
+    let dir = temp_dir(&format!("rolling-sqlite-{layout}"));
+    let path = dir.join("idem.sqlite3");
+    sqlite_at(&path, layout);
+    let world = Arc::new(World::default());
+    let earlier = crate::sqlite_replayed::SqliteReplayed::open(&path, commit);
+    let start_new = async {
+        // The old version's upkeep before the new one starts: its outbox
+        // delivers what it completed alone, by its own statements.
+        let old = Replica::new(commit, Arc::new(earlier.clone()), &world);
+        old.upkeep().await.unwrap();
+        let store = SqliteStore::open(&path).await.unwrap();
+        assert!(
+            sqlite_layout(&path).0 > layout as i64,
+            "migrated at its start"
+        );
+        Replica::new("this version", Arc::new(store), &world)
+    };
+    let old = Replica::new(commit, Arc::new(earlier.clone()), &world).window_only();
+    rolling_deploy(old, start_new, world.clone()).await;
+    let ran = earlier.ran.lock().unwrap().clone();
+    for call in [
+        "claim",
+        "complete_with_follow_ons",
+        "lease_jobs",
+        "finish_job",
+        "list_lapsed",
+    ] {
+        assert!(
+            ran.get(call).copied().unwrap_or(0) > 0,
+            "{commit}'s {call} never ran: {ran:?}"
+        );
+    }
+}
+
+/// From layout 5, what 0.1.0 leaves: 8d26ab9's replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_deploy_from_layout_5_on_sqlite_loses_nothing() {
+    sqlite_from("8d26ab9", 5).await;
+}
+
+/// From layout 4: d97a05f's replica, which deletes a job it delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_deploy_from_layout_4_on_sqlite_loses_nothing() {
+    sqlite_from("d97a05f", 4).await;
+}
+
+/// The same on PostgreSQL: a schema at layout 6, served by e11d36c's
+/// replica; this version's starts with `open_store`'s `migrate=true`
+/// (migrating the schema, to 8) and serves beside it. Migration 7 alone
+/// failed the old replica's completions that carry a receipt (42703,
+/// column "attempts" does not exist), and its leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_deploy_from_layout_6_on_postgres_loses_nothing() {
+    let Some(url) = database_url() else { return };
+    let name = schema_name("rolling_6");
+    let _drop = DropSchema(url.clone(), name.clone());
+    postgres_at(&url, &name, 6).await;
+    let world = Arc::new(World::default());
+    let earlier = EarlierPostgres::open(&url, &name).await;
+    let start_new = async {
+        // The old version's upkeep before the new one starts: its outbox
+        // delivers what it completed alone, by its own statements.
+        let old = Replica::new(
+            crate::postgres_earlier::COMMIT,
+            Arc::new(earlier.clone()),
+            &world,
+        );
+        old.upkeep().await.unwrap();
+        let joiner = if url.contains('?') { '&' } else { '?' };
+        let store = idem_runtime::open_store(&format!("{url}{joiner}schema={name}&migrate=true"))
+            .await
+            .unwrap();
+        let (versions, _) = postgres_layout(&url, &name).await;
+        assert!(versions.len() > 6, "migrated at its start: {versions:?}");
+        Replica::new("this version", store, &world)
+    };
+    let old = Replica::new(
+        crate::postgres_earlier::COMMIT,
+        Arc::new(earlier.clone()),
+        &world,
+    );
+    rolling_deploy(old, start_new, world.clone()).await;
+    let ran = earlier.ran.lock().unwrap().clone();
+    for call in ["complete_with_follow_ons", "lease_jobs", "finish_job"] {
+        assert!(
+            ran.get(call).copied().unwrap_or(0) > 0,
+            "its {call} never ran: {ran:?}"
+        );
+    }
+}
+
+/// A schema at `layout`, served by the replica of `commit`, the last at
+/// that layout (every statement its own); this version's starts with
+/// `migrate=true` and serves beside it. That replica keeps an operation for
+/// its window only (it knows nothing of `idem_superseded`).
+async fn postgres_from(commit: &'static str, layout: usize) {
+    let Some(url) = database_url() else { return };
+    let name = schema_name(&format!("rolling_{layout}"));
+    let _drop = DropSchema(url.clone(), name.clone());
+    postgres_at(&url, &name, layout).await;
+    let world = Arc::new(World::default());
+    let earlier = crate::postgres_replayed::PostgresReplayed::open(&url, &name, commit).await;
+    let start_new = async {
+        // The old version's upkeep before the new one starts: its outbox
+        // delivers what it completed alone, by its own statements.
+        let old = Replica::new(commit, Arc::new(earlier.clone()), &world);
+        old.upkeep().await.unwrap();
+        let joiner = if url.contains('?') { '&' } else { '?' };
+        let store = idem_runtime::open_store(&format!("{url}{joiner}schema={name}&migrate=true"))
+            .await
+            .unwrap();
+        let (versions, _) = postgres_layout(&url, &name).await;
+        assert!(
+            versions.len() > layout,
+            "migrated at its start: {versions:?}"
+        );
+        Replica::new("this version", store, &world)
+    };
+    let old = Replica::new(commit, Arc::new(earlier.clone()), &world).window_only();
+    rolling_deploy(old, start_new, world.clone()).await;
+    let ran = earlier.ran.lock().unwrap().clone();
+    for call in [
+        "claim",
+        "complete_with_follow_ons",
+        "lease_jobs",
+        "finish_job",
+        "list_lapsed",
+    ] {
+        assert!(
+            ran.get(call).copied().unwrap_or(0) > 0,
+            "{commit}'s {call} never ran: {ran:?}"
+        );
+    }
+}
+
+/// From layout 5, what 0.1.0 leaves: 8d26ab9's replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_deploy_from_layout_5_on_postgres_loses_nothing() {
+    postgres_from("8d26ab9", 5).await;
+}
+
+/// From layout 4: d97a05f's replica, which deletes a job it delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_deploy_from_layout_4_on_postgres_loses_nothing() {
+    postgres_from("d97a05f", 4).await;
+}
