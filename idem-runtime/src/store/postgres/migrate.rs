@@ -13,7 +13,10 @@
 //! - Starters take turns on a transaction-scoped advisory lock held, for
 //!   the whole migration, by a transaction left open on a connection of its
 //!   own (a transaction pooler keeps it on one server connection for that
-//!   long); the statements run on a second connection.
+//!   long); the statements run on a second connection. The others try the
+//!   lock every half second at most, each try a transaction they end at
+//!   once: one that waited on the lock would hold a snapshot, which a
+//!   concurrent index build waits for.
 //! - A migration is recorded in `idem_migrations` once all of it has run;
 //!   each of its steps can run again, so an interrupted one runs again from
 //!   its start, and an index whose concurrent build was cut off (left
@@ -29,7 +32,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
-use tokio_postgres::Client;
+use tokio_postgres::{Client, SimpleQueryMessage};
 
 use super::exec::{bounded, TimedOut};
 use super::{classify, PostgresStore};
@@ -141,6 +144,9 @@ fn steps(sql: &str) -> Vec<Step> {
     steps
 }
 
+/// The longest pause between two tries of the starters' lock.
+const LOCK_POLL: Duration = Duration::from_millis(500);
+
 /// The longest pause between two tries of a change that did not get its
 /// lock in time.
 const MAX_PAUSE: Duration = Duration::from_secs(1);
@@ -219,14 +225,40 @@ impl PostgresStore {
     ) -> Result<(), StoreError> {
         let schema = self.sql.schema.clone();
         let name = schema.trim_matches('"').to_owned();
-        // Other starters wait here, for as long as this one migrates.
+        // Other starters wait here, for as long as this one migrates. They
+        // try the lock in a transaction they end at once when it is taken:
+        // a transaction that waited on it would hold a snapshot, and
+        // `CREATE INDEX CONCURRENTLY` waits for every transaction holding
+        // an older snapshot to end (the holder's, idle, holds none).
         let id = lock_id(&schema);
-        self.run(lock, deadline, async |lock| {
-            lock.batch_execute("BEGIN").await?;
-            lock.execute_typed("SELECT pg_advisory_xact_lock($1)", &[(&id, Type::INT8)])
-                .await
-        })
-        .await?;
+        let mut pause = Duration::from_millis(20);
+        loop {
+            let taken = self
+                .run(lock, deadline, async |lock| {
+                    // The simple query protocol: the extended one's
+                    // unnamed portal would keep its snapshot until the
+                    // next statement, and the transaction sends none.
+                    let answer = lock
+                        .simple_query(&format!("BEGIN; SELECT pg_try_advisory_xact_lock({id})"))
+                        .await?;
+                    let taken = answer.iter().any(
+                        |m| matches!(m, SimpleQueryMessage::Row(row) if row.get(0) == Some("t")),
+                    );
+                    if !taken {
+                        lock.batch_execute("ROLLBACK").await?;
+                    }
+                    Ok(taken)
+                })
+                .await?;
+            if taken {
+                break;
+            }
+            if Instant::now() + pause >= deadline {
+                return Err(self.out_of_time(None));
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(LOCK_POLL);
+        }
 
         // Each only when missing: the role that migrates may own the schema
         // without the right to create schemas in the database.
