@@ -20,6 +20,7 @@ mod configuration;
 mod create_table;
 mod escape;
 mod grants;
+mod grants_postgres;
 mod jobs;
 mod operator;
 mod postgres;
