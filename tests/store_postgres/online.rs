@@ -275,10 +275,12 @@ async fn no_write_waits_behind_a_migration_longer_than_the_lock_timeout() {
     let jobs = format!("{}.idem_jobs", schema.quoted());
     let reader = hold_a_reader(&url, &jobs).await;
 
-    // Timeout 2 s: the lock timeout is 500 ms.
+    // Timeout 2 s: the lock timeout is 500 ms. (A migration that took
+    // its lock and held the writes behind it would end at 30 s.)
     let store = schema
         .store()
         .timeout(Duration::from_secs(2))
+        .migrate_timeout(Duration::from_secs(30))
         .build()
         .unwrap();
     let started = Instant::now();
