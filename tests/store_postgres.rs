@@ -2,6 +2,8 @@
 //! server store has. Needs `IDEM_TEST_DATABASE_URL` (see `durable::database_url`).
 
 mod durable;
+#[path = "store_postgres/online.rs"]
+mod online;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -21,12 +21,12 @@ use crate::{dynamodb_emulator, redis_server};
 /// What the roles work on, in one tenant: an operation whose job is in the
 /// dead letter, one whose outcome is unknown, and one whose replica died
 /// and whose life ends 300 ms after the fill (for the purge).
-struct Filled {
-    dead: ClaimRequest,
-    unknown: ClaimRequest,
+pub(crate) struct Filled {
+    pub(crate) dead: ClaimRequest,
+    pub(crate) unknown: ClaimRequest,
 }
 
-async fn fill(store: &dyn IdempotencyStore) -> Filled {
+pub(crate) async fn fill(store: &dyn IdempotencyStore) -> Filled {
     let dead = claim_request(Duration::from_secs(900));
     let unknown = ClaimRequest {
         tenant: dead.tenant.clone(),
@@ -68,7 +68,7 @@ async fn fill(store: &dyn IdempotencyStore) -> Filled {
 }
 
 /// Each reading command, answered.
-async fn read(url: &str, filled: &Filled) {
+pub(crate) async fn read(url: &str, filled: &Filled) {
     let tenant = filled.dead.tenant.as_str();
     let dead = filled.dead.reference.to_string();
     let unknown = filled.unknown.reference.to_string();
@@ -87,7 +87,7 @@ async fn read(url: &str, filled: &Filled) {
 
 /// The resolving commands: the unknown outcome resolved with a job, the
 /// dead job re-driven, a purge (once the dead replica's record has ended).
-async fn resolve(url: &str, filled: &Filled) {
+pub(crate) async fn resolve(url: &str, filled: &Filled) {
     tokio::time::sleep(Duration::from_millis(400)).await;
     let tenant = filled.dead.tenant.as_str();
     let dead = filled.dead.reference.to_string();
@@ -102,7 +102,7 @@ async fn resolve(url: &str, filled: &Filled) {
     }
 }
 
-fn resolution<'a>(reference: &'a str, tenant: &'a str) -> [&'a str; 9] {
+pub(crate) fn resolution<'a>(reference: &'a str, tenant: &'a str) -> [&'a str; 9] {
     [
         "resolve",
         reference,

@@ -22,6 +22,7 @@ mod configuration;
 mod create_table;
 mod escape;
 mod grants;
+mod grants_postgres;
 mod jobs;
 mod migrate;
 mod operator;

@@ -21,11 +21,13 @@ use super::{IdempotencyStore, MemoryStore, StoreError};
 ///   `relaxed_completions=false` (or `true`, the default), what the
 ///   builder's `relaxed_completions` sets, `direct=true` (or `false`, the
 ///   default), what its `direct_connection` sets (leave it out behind a
-///   transaction pooler such as PgBouncer), and `migrate=true`, which
+///   transaction pooler such as PgBouncer), `migrate=true`, which
 ///   applies the shipped migrations before the store is returned
-///   (`PostgresStore::migrate`); without it (or with `migrate=false`) a
-///   schema not migrated to this version's layout is refused (`Config`,
-///   naming `idem migrate`; `PostgresStore::check_layout`);
+///   (`PostgresStore::migrate`), and `migrate_timeout=SECONDS`, how long
+///   that may take (10 minutes by default); without `migrate=true` (or
+///   with `migrate=false`) a schema not migrated to this version's layout
+///   is refused (`Config`, naming `idem migrate`;
+///   `PostgresStore::check_layout`);
 /// - `redis://…`, `rediss://…` or `redis+unix://…`: one Redis or Valkey
 ///   server, keys under the prefix `idem` (feature `redis`);
 /// - `dynamodb://TABLE?region=REGION&endpoint=URL`: a DynamoDB table,
@@ -44,8 +46,10 @@ use super::{IdempotencyStore, MemoryStore, StoreError};
 The PostgreSQL parameters are the builder's
 [`schema`](crate::PostgresStoreBuilder::schema),
 [`relaxed_completions`](crate::PostgresStoreBuilder::relaxed_completions) and
-[`direct_connection`](crate::PostgresStoreBuilder::direct_connection), and
-`migrate=true` runs [`PostgresStore::migrate`](crate::PostgresStore::migrate)."
+[`direct_connection`](crate::PostgresStoreBuilder::direct_connection) and
+[`migrate_timeout`](crate::PostgresStoreBuilder::migrate_timeout) (in
+seconds), and `migrate=true` runs
+[`PostgresStore::migrate`](crate::PostgresStore::migrate)."
 )]
 #[cfg_attr(
     feature = "dynamodb",
@@ -92,6 +96,7 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn IdempotencyStore>, StoreErr
             let (url, relaxed) = take_param(&url, "relaxed_completions");
             let (url, direct) = take_param(&url, "direct");
             let (url, migrate) = take_param(&url, "migrate");
+            let (url, migrate_timeout) = take_param(&url, "migrate_timeout");
             let mut builder = super::PostgresStore::builder(&url)?;
             if let Some(schema) = schema {
                 builder = builder.schema(schema);
@@ -101,6 +106,9 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn IdempotencyStore>, StoreErr
             }
             if let Some(direct) = direct {
                 builder = builder.direct_connection(parse_bool("direct", &direct)?);
+            }
+            if let Some(seconds) = migrate_timeout {
+                builder = builder.migrate_timeout(parse_seconds("migrate_timeout", &seconds)?);
             }
             let migrate = migrate.map(|m| parse_bool("migrate", &m)).transpose()?;
             let store = super::PostgresStore::connect_with(builder).await?;
@@ -171,6 +179,21 @@ fn parse_bool(name: &str, value: &str) -> Result<bool, StoreError> {
     }
 }
 
+/// A URL parameter `name` that is a duration in seconds (`600`, `0.5`).
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+fn parse_seconds(name: &str, value: &str) -> Result<std::time::Duration, StoreError> {
+    value
+        .parse::<f64>()
+        .ok()
+        .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            StoreError::Config(format!(
+                "{name}={value:?} in the store URL is not a duration: give a number of                  seconds above 0, e.g. {name}=600"
+            ))
+        })
+}
+
 /// `url` without its query parameter `name` (idem's, which tokio-postgres
 /// would refuse as unknown), and the parameter's value; the last one given
 /// wins.
@@ -205,7 +228,18 @@ fn take_param(url: &str, name: &str) -> (String, Option<String>) {
 
 #[cfg(test)]
 mod tests {
-    use super::{take_param, take_schema};
+    use super::{parse_seconds, take_param, take_schema};
+
+    #[test]
+    fn migrate_timeout_is_seconds_above_zero() {
+        let d = |s| parse_seconds("migrate_timeout", s);
+        assert_eq!(d("600").unwrap(), std::time::Duration::from_secs(600));
+        assert_eq!(d("0.5").unwrap(), std::time::Duration::from_millis(500));
+        for bad in ["", "0", "-1", "10m", "NaN"] {
+            let err = d(bad).unwrap_err().to_string();
+            assert!(err.contains("migrate_timeout=600"), "{bad:?}: {err}");
+        }
+    }
 
     #[test]
     fn relaxed_completions_is_taken_out_of_the_url() {

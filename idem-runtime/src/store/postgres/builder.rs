@@ -10,9 +10,16 @@ use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{NoTls, Socket};
 
 use super::exec::Canceller;
+use super::migrate::Connector;
 use super::statements::Statements;
 use super::PostgresStore;
 use crate::store::StoreError;
+
+/// How long [`PostgresStore::migrate`] may take unless told: a migration
+/// builds its indexes with `CREATE INDEX CONCURRENTLY`, which reads the
+/// table twice without blocking its writes; a few seconds a million rows
+/// (BENCHMARKS.md), minutes for tables of tens of millions.
+const DEFAULT_MIGRATE_TIMEOUT: Duration = Duration::from_secs(10 * 60);
 
 /// Configures a [`PostgresStore`]: schema, pool size, timeout, and how
 /// durable a completion's commit is.
@@ -22,6 +29,7 @@ pub struct PostgresStoreBuilder {
     schema: String,
     pool_size: usize,
     timeout: Duration,
+    migrate_timeout: Duration,
     relaxed_completions: bool,
     direct_connection: bool,
     batched_completions: bool,
@@ -34,6 +42,7 @@ impl PostgresStoreBuilder {
             schema: "public".into(),
             pool_size: 16,
             timeout: Duration::from_secs(5),
+            migrate_timeout: DEFAULT_MIGRATE_TIMEOUT,
             relaxed_completions: true,
             direct_connection: false,
             batched_completions: true,
@@ -85,6 +94,26 @@ impl PostgresStoreBuilder {
     /// for one lease.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self
+    }
+
+    /// How long [`migrate`](PostgresStore::migrate) may take in all, the
+    /// wait for another starter's migration included (default 10
+    /// minutes; `migrate_timeout=SECONDS` on a store URL).
+    ///
+    /// A migration builds its indexes with `CREATE INDEX CONCURRENTLY`,
+    /// which reads the whole table (twice) while writes go on: seconds for
+    /// a million records, minutes for tens of millions, so the bound is
+    /// the migration's own, not the [`timeout`](Self::timeout) of a call.
+    /// The changes that lock a table (adding a column, renaming one) each
+    /// wait at most a quarter of that timeout for their lock, and are
+    /// tried again until this bound: writes never queue behind a
+    /// migration for longer. A migration that runs out is `Unavailable`
+    /// and keeps what it finished: the next `migrate` goes on from the
+    /// first migration not applied, and builds again an index whose
+    /// build was cut off.
+    pub fn migrate_timeout(mut self, timeout: Duration) -> Self {
+        self.migrate_timeout = timeout;
         self
     }
 
@@ -164,6 +193,19 @@ impl PostgresStoreBuilder {
     {
         let schema = quote_schema(&self.schema)?;
         let mut config = self.config;
+        // Before the statement timeout below: a migration builds indexes
+        // for longer than a call's statement may take.
+        let mut migrating = config.clone();
+        migrating.connect_timeout(self.timeout);
+        if self.direct_connection {
+            let statement_timeout =
+                format!("-c statement_timeout={}", self.migrate_timeout.as_millis());
+            let options = match migrating.get_options() {
+                Some(o) if !o.is_empty() => format!("{o} {statement_timeout}"),
+                _ => statement_timeout,
+            };
+            migrating.options(&options);
+        }
         // Fail fast instead of hanging on an unreachable server; keepalives
         // find a silently dead peer on idle connections.
         config.connect_timeout(self.timeout);
@@ -182,6 +224,19 @@ impl PostgresStoreBuilder {
         let plain =
             TypeId::of::<T>() == TypeId::of::<NoTls>() || config.get_ssl_mode() == SslMode::Disable;
         let cancel = Canceller::new(&config, tls.clone(), plain);
+        // A migration's connections are its own, outside the pool: one
+        // holds the lock other starters wait on while the other builds.
+        migrating.keepalives(true);
+        migrating.keepalives_idle(Duration::from_secs(30));
+        let migrate_tls = tls.clone();
+        let migrations: Connector = Arc::new(move || {
+            let (config, tls) = (migrating.clone(), migrate_tls.clone());
+            Box::pin(async move {
+                let (client, connection) = config.connect(tls).await?;
+                tokio::spawn(connection);
+                Ok(client)
+            })
+        });
         let manager = Manager::from_config(
             config,
             tls,
@@ -210,6 +265,9 @@ impl PostgresStoreBuilder {
             sql: Arc::new(Statements::new(schema, self.relaxed_completions)),
             named_statements: self.direct_connection,
             combiner: self.batched_completions.then(Default::default),
+            migrations,
+            migrate_timeout: self.migrate_timeout,
+            lock_timeout: (self.timeout / 4).max(Duration::from_millis(100)),
             // On a direct connection, a little over the server's
             // statement_timeout, so that the server usually ends the
             // statement itself; the cancel stands behind it.

@@ -82,6 +82,15 @@ pub struct PostgresStore {
     /// Completions written together under concurrency ([`combine`]);
     /// `None` when each is written alone.
     combiner: Option<Arc<combine::Combiner>>,
+    /// Makes the connections of [`migrate`](Self::migrate), outside the
+    /// pool.
+    migrations: migrate::Connector,
+    /// [`PostgresStoreBuilder::migrate_timeout`].
+    migrate_timeout: Duration,
+    /// How long a migration's change that locks a live table waits for
+    /// its lock before it gives way to the writes queued behind it, and
+    /// is tried again: a quarter of the timeout.
+    lock_timeout: Duration,
 }
 
 impl fmt::Debug for PostgresStore {
