@@ -124,11 +124,9 @@ async fn drain(url: &str, dispatchers: usize, n: usize, work: Duration) -> f64 {
     seed.migrate().await.unwrap();
     backlog(&seed, n).await;
     let ran = Arc::new(AtomicUsize::new(0));
-    let config = OutboxConfig {
-        interval: Duration::from_millis(10),
-        batch: 32,
-        ..OutboxConfig::default()
-    };
+    let config = OutboxConfig::default()
+        .with_interval(Duration::from_millis(10))
+        .with_batch(32);
     let started = Instant::now();
     let outboxes: Vec<Outbox> = (0..dispatchers)
         .map(|_| {

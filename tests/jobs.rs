@@ -47,10 +47,7 @@ async fn abandoned_claim(store: &dyn IdempotencyStore) -> ClaimRequest {
 /// Reconciliation that trusts "not performed" at once: these tests are about
 /// the jobs, not the settle period (see `not_performed_waits_for_the_settle_period`).
 fn trusting() -> ReconcileConfig {
-    ReconcileConfig {
-        settle: Duration::ZERO,
-        ..ReconcileConfig::default()
-    }
+    ReconcileConfig::default().with_settle(Duration::ZERO)
 }
 
 async fn state(store: &dyn IdempotencyStore, req: &ClaimRequest) -> Option<RecordState> {
@@ -180,12 +177,11 @@ async fn maintenance_runs_in_the_background_and_stops() {
     });
     let task = Maintenance::spawn(
         store.clone(),
-        MaintenanceConfig {
-            interval: Duration::from_millis(50),
-            batch: 10,
-            reconciler: Some(ledger.clone()),
-            reconcile: trusting(),
-        },
+        MaintenanceConfig::default()
+            .with_interval(Duration::from_millis(50))
+            .with_batch(10)
+            .with_reconciler(ledger.clone())
+            .with_reconcile(trusting()),
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
     task.stop().await;
@@ -248,11 +244,9 @@ async fn not_performed_waits_for_the_settle_period() {
         answer: Reconciliation::not_performed(),
         asked: AtomicUsize::new(0),
     };
-    let config = ReconcileConfig {
-        settle: Duration::from_millis(300),
-        first_backoff: Duration::from_millis(50),
-        ..ReconcileConfig::default()
-    };
+    let config = ReconcileConfig::default()
+        .with_settle(Duration::from_millis(300))
+        .with_first_backoff(Duration::from_millis(50));
     let early = reconcile(&store, &ledger, &config).await.unwrap();
     assert_eq!(early.not_performed, 0, "{early:?}");
     assert_eq!(early.still_unknown, 1, "{early:?}");
@@ -293,10 +287,7 @@ async fn unresolvable_records_do_not_starve_the_others() {
             shipment: shipment.clone(),
             asked: Default::default(),
         };
-        let config = ReconcileConfig {
-            batch: 10,
-            ..ReconcileConfig::default()
-        };
+        let config = ReconcileConfig::default().with_batch(10);
         let mut rounds = 0;
         while !matches!(
             state(&store, &charge).await,
@@ -319,11 +310,9 @@ async fn unresolvable_records_do_not_starve_the_others() {
 /// The backoff doubles per fruitless check and stops at the maximum.
 #[test]
 fn backoff_doubles_up_to_the_maximum() {
-    let config = ReconcileConfig {
-        first_backoff: Duration::from_secs(30),
-        max_backoff: Duration::from_secs(3600),
-        ..ReconcileConfig::default()
-    };
+    let config = ReconcileConfig::default()
+        .with_first_backoff(Duration::from_secs(30))
+        .with_max_backoff(Duration::from_secs(3600));
     let pauses: Vec<u64> = (0..9).map(|n| config.backoff(n).as_secs()).collect();
     assert_eq!(pauses, [30, 60, 120, 240, 480, 960, 1920, 3600, 3600]);
     assert_eq!(config.backoff(u32::MAX), Duration::from_secs(3600));
@@ -524,10 +513,7 @@ async fn three_replicas_ask_the_processor_once_per_record() {
 async fn a_hung_lookup_is_given_up_and_asked_again_elsewhere() {
     let store = Arc::new(MemoryStore::new());
     let req = unknown_record(&*store, "charge_card").await;
-    let config = ReconcileConfig {
-        lookup_timeout: Duration::from_millis(200),
-        ..ReconcileConfig::default()
-    };
+    let config = ReconcileConfig::default().with_lookup_timeout(Duration::from_millis(200));
     let hung = SlowLookup::new(Duration::from_secs(3600));
     let answering = SlowLookup::new(Duration::ZERO);
     let started = std::time::Instant::now();

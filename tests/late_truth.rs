@@ -216,11 +216,9 @@ async fn reconciled(store: Arc<dyn IdempotencyStore>, inside_the_window: bool) {
             "an UNKNOWN charge holds its key past the window until resolved: {still:?}"
         );
     }
-    let config = ReconcileConfig {
-        settle: Duration::ZERO,
-        batch: 100_000,
-        ..ReconcileConfig::default()
-    };
+    let config = ReconcileConfig::default()
+        .with_settle(Duration::ZERO)
+        .with_batch(100_000);
     reconcile(&*store, &processor, &config).await.unwrap();
     let read = executor
         .status(&alice(), &first.to_string())

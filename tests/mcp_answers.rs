@@ -653,10 +653,7 @@ impl Reconciler for Undecided {
 fn maintenance_without_a_reconciler_warns_once_at_start() {
     let (resolver, logs) = logged(async {
         let store: Arc<dyn IdempotencyStore> = Arc::new(MemoryStore::new());
-        let config = MaintenanceConfig {
-            interval: Duration::from_millis(5),
-            ..MaintenanceConfig::default()
-        };
+        let config = MaintenanceConfig::default().with_interval(Duration::from_millis(5));
         assert_eq!(config.resolver(), Resolver::Operator);
         let maintenance = Maintenance::spawn(store, config);
         // Several rounds: still one warning.
@@ -678,11 +675,9 @@ fn maintenance_without_a_reconciler_warns_once_at_start() {
 
     let (resolver, logs) = logged(async {
         let store: Arc<dyn IdempotencyStore> = Arc::new(MemoryStore::new());
-        let config = MaintenanceConfig {
-            interval: Duration::from_millis(5),
-            reconciler: Some(Arc::new(Undecided)),
-            ..MaintenanceConfig::default()
-        };
+        let config = MaintenanceConfig::default()
+            .with_interval(Duration::from_millis(5))
+            .with_reconciler(Arc::new(Undecided));
         assert_eq!(config.resolver(), Resolver::Reconciler);
         let maintenance = Maintenance::spawn(store, config);
         tokio::time::sleep(Duration::from_millis(20)).await;

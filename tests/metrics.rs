@@ -171,11 +171,9 @@ fn the_outbox_counts_enqueued_delivered_retried_buried_and_unhandled() {
         let handlers = JobHandlers::new()
             .on("send_receipt", job_fn(|_| async { Ok(()) }))
             .on("flaky", job_fn(|_| async { Err("down".into()) }));
-        let config = OutboxConfig {
-            max_runs: 2,
-            first_backoff: Duration::ZERO,
-            ..OutboxConfig::default()
-        };
+        let config = OutboxConfig::default()
+            .with_max_runs(2)
+            .with_first_backoff(Duration::ZERO);
         for _ in 0..3 {
             Outbox::round(&*store, &handlers, &config).await.unwrap();
         }
@@ -393,16 +391,14 @@ async fn two_maintenance_loops_resolve_each_record_once(store: Arc<dyn Idempoten
     // The claims' process "died": their leases run out unrenewed.
     tokio::time::sleep(Duration::from_millis(100)).await;
 
-    let config = MaintenanceConfig {
-        interval: Duration::from_millis(20),
-        reconciler: Some(processor.clone()),
-        reconcile: ReconcileConfig {
-            settle: Duration::ZERO,
-            first_backoff: Duration::from_millis(10),
-            ..ReconcileConfig::default()
-        },
-        ..MaintenanceConfig::default()
-    };
+    let config = MaintenanceConfig::default()
+        .with_interval(Duration::from_millis(20))
+        .with_reconciler(processor.clone())
+        .with_reconcile(
+            ReconcileConfig::default()
+                .with_settle(Duration::ZERO)
+                .with_first_backoff(Duration::from_millis(10)),
+        );
     let replicas = [
         Maintenance::spawn(store.clone(), config.clone()),
         Maintenance::spawn(store.clone(), config),

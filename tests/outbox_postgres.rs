@@ -24,14 +24,13 @@ use serde_json::json;
 /// failed run is retried after a millisecond, and a lease runs out after
 /// half a second.
 fn quick(max_runs: u32) -> OutboxConfig {
-    OutboxConfig {
-        interval: Duration::from_millis(10),
-        batch: 8,
-        timeout: Duration::from_millis(250),
-        max_runs,
-        first_backoff: Duration::from_millis(1),
-        max_backoff: Duration::from_millis(1),
-    }
+    OutboxConfig::default()
+        .with_interval(Duration::from_millis(10))
+        .with_batch(8)
+        .with_timeout(Duration::from_millis(250))
+        .with_max_runs(max_runs)
+        .with_first_backoff(Duration::from_millis(1))
+        .with_max_backoff(Duration::from_millis(1))
 }
 
 async fn all_jobs(store: &dyn FollowOnStore, tenant: &str) -> Vec<idem_runtime::store::Job> {

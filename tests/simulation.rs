@@ -113,8 +113,8 @@ mod simulation {
     pub mod answers;
     pub mod buggify;
     pub mod callers;
-    pub mod continuations;
     pub mod client_keys;
+    pub mod continuations;
     pub mod durable_runs;
     pub mod maintenance;
     pub mod model;

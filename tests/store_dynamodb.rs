@@ -1126,11 +1126,9 @@ async fn a_clock_ahead_does_not_shorten_the_settle_period() {
         .mark_unknown(&req.key, req.attempt, "timed out")
         .await
         .unwrap();
-    let config = ReconcileConfig {
-        settle: Duration::from_secs(2),
-        first_backoff: Duration::from_millis(100),
-        ..ReconcileConfig::default()
-    };
+    let config = ReconcileConfig::default()
+        .with_settle(Duration::from_secs(2))
+        .with_first_backoff(Duration::from_millis(100));
     // Nothing reached the processor (yet).
     let processor = Processor::default();
     let clock = SettleClock::new();

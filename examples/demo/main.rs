@@ -163,16 +163,11 @@ async fn main() {
     // A server runs these rounds in the background (`Maintenance::spawn`);
     // the demo runs them by hand, and asks about an unresolved record again
     // at once instead of after a backoff.
-    let maintenance = MaintenanceConfig {
-        reconciler: Some(Arc::new(ProcessorReconciler {
+    let maintenance = MaintenanceConfig::default()
+        .with_reconciler(Arc::new(ProcessorReconciler {
             backends: backends.clone(),
-        })),
-        reconcile: ReconcileConfig {
-            first_backoff: Duration::ZERO,
-            ..ReconcileConfig::default()
-        },
-        ..MaintenanceConfig::default()
-    };
+        }))
+        .with_reconcile(ReconcileConfig::default().with_first_backoff(Duration::ZERO));
     println!(
         "  ... a maintenance round: the reconciler asks the processor about {slow_ref}, \
          which is still charging it."
@@ -315,10 +310,7 @@ async fn main() {
     // demo runs its rounds by hand, and retries a failed job at once instead
     // of after a backoff.
     let handlers = backends.job_handlers();
-    let outbox = OutboxConfig {
-        first_backoff: Duration::ZERO,
-        ..OutboxConfig::default()
-    };
+    let outbox = OutboxConfig::default().with_first_backoff(Duration::ZERO);
     let drained = Outbox::round(&*store, &handlers, &outbox)
         .await
         .expect("the store answers");

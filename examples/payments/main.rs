@@ -329,11 +329,9 @@ async fn main() {
     let outbox = Outbox::spawn(
         store.clone(),
         backends.job_handlers(),
-        OutboxConfig {
-            interval: flags.outbox_interval,
-            first_backoff: flags.outbox_backoff,
-            ..OutboxConfig::default()
-        },
+        OutboxConfig::default()
+            .with_interval(flags.outbox_interval)
+            .with_first_backoff(flags.outbox_backoff),
     )
     .unwrap_or_else(|e| {
         eprintln!("payments: the outbox cannot run on this store: {e}");
@@ -341,24 +339,19 @@ async fn main() {
     });
     // Without a reconciler, maintenance warns at start, and the answers
     // name `idem resolve` instead of promising one.
-    let reconciler = flags.reconciler.then(|| {
-        Arc::new(ProcessorReconciler {
+    let mut config = MaintenanceConfig::default()
+        .with_interval(flags.maintenance_interval)
+        .with_reconcile(
+            ReconcileConfig::default()
+                .with_settle(flags.settle)
+                .with_first_backoff(flags.reconcile_backoff),
+        );
+    if flags.reconciler {
+        config = config.with_reconciler(Arc::new(ProcessorReconciler {
             backends: backends.clone(),
-        }) as Arc<dyn Reconciler>
-    });
-    let maintenance = Maintenance::spawn(
-        store.clone(),
-        MaintenanceConfig {
-            interval: flags.maintenance_interval,
-            reconciler,
-            reconcile: ReconcileConfig {
-                settle: flags.settle,
-                first_backoff: flags.reconcile_backoff,
-                ..ReconcileConfig::default()
-            },
-            ..MaintenanceConfig::default()
-        },
-    );
+        }));
+    }
+    let maintenance = Maintenance::spawn(store.clone(), config);
     // The answers about an unknown outcome say who resolves it: the
     // reconciler above, or an operator.
     let executor = Executor::new(store)

@@ -186,13 +186,13 @@ fn expand(mut item_impl: ItemImpl, args: &RouterArgs, wrapped: &Wrapped) -> Toke
     let allow_empty = args.allow_empty.map(|key| quote!(#key));
     let adds_status_tool = args.adds_status_tool() && !wrapped.status_tools.is_empty();
 
+    let krate: Path = args
+        .krate
+        .clone()
+        .or_else(|| wrapped.krate.clone())
+        .unwrap_or_else(|| parse_quote!(::idem_runtime));
     let rmcp_args = if adds_status_tool {
         let routes = format_ident!("__idem_{}_routes", router.unraw());
-        let krate = args
-            .krate
-            .clone()
-            .or_else(|| wrapped.krate.clone())
-            .unwrap_or_else(|| parse_quote!(::idem_runtime));
         let names = &wrapped.status_tools;
         // Spanned on the type, so a server that is not an
         // `IdempotentServer` is reported there.
@@ -230,18 +230,42 @@ fn expand(mut item_impl: ItemImpl, args: &RouterArgs, wrapped: &Wrapped) -> Toke
         .map(|_| {
             let self_ty = &item_impl.self_ty;
             let (impl_generics, ty_generics, where_clause) = item_impl.generics.split_for_impl();
+            // A wrapped tool's window or retention may be set at start-up
+            // (`Executor::with_window`): the listing shows the one served.
+            let listing = |served: TokenStream| {
+                (!wrapped.status_tools.is_empty()).then(|| {
+                    quote! {
+                        async fn list_tools(
+                            &self,
+                            _request: ::core::option::Option<rmcp::model::PaginatedRequestParams>,
+                            context: rmcp::service::RequestContext<rmcp::RoleServer>,
+                        ) -> ::core::result::Result<rmcp::model::ListToolsResult, rmcp::ErrorData> {
+                            ::core::result::Result::Ok(
+                                #krate::__private::served_tools(self, &#served, &context),
+                            )
+                        }
+                        fn get_tool(&self, name: &str) -> ::core::option::Option<rmcp::model::Tool> {
+                            #krate::__private::served_tool(self, &#served, name)
+                        }
+                    }
+                })
+            };
             if !item_impl.generics.params.is_empty() {
                 // A static cannot name a generic type: built for each call,
                 // as rmcp's own `server_handler` does.
+                let served_listing = listing(quote!(Self::#router()));
                 return quote! {
                     #[rmcp::tool_handler(router = Self::#router())]
-                    impl #impl_generics rmcp::ServerHandler for #self_ty #ty_generics #where_clause {}
+                    impl #impl_generics rmcp::ServerHandler for #self_ty #ty_generics #where_clause {
+                        #served_listing
+                    }
                 };
             }
             // rmcp's `server_handler` builds the router again for every call
             // (a third of a bare call's cost): the router fn is pure, so it is
             // built once, on the first request, and that router is served.
             let served = format_ident!("__idem_{}_served", router.unraw());
+            let served_listing = listing(quote!(*Self::#served()));
             quote! {
                 impl #self_ty {
                     #[doc(hidden)]
@@ -253,7 +277,9 @@ fn expand(mut item_impl: ItemImpl, args: &RouterArgs, wrapped: &Wrapped) -> Toke
                     }
                 }
                 #[rmcp::tool_handler(router = Self::#served())]
-                impl rmcp::ServerHandler for #self_ty {}
+                impl rmcp::ServerHandler for #self_ty {
+                    #served_listing
+                }
             }
         });
     quote! {

@@ -160,8 +160,8 @@ pub use answer::{
 /// own: `#[idem_runtime::async_trait]` on the `impl` block.
 pub use async_trait::async_trait;
 pub use executor::{
-    Executor, Operation, OperationContext, ScopeSpec, TaskCancellation,
-    DEFAULT_CLIENT_KEY_RETENTION, DEFAULT_LEASE, DEFAULT_RETENTION,
+    ConfigError, Executor, Operation, OperationContext, ScopeSpec, TaskCancellation,
+    DEFAULT_CLIENT_KEY_RETENTION, DEFAULT_LEASE, DEFAULT_RETENTION, MAX_TOOL_WINDOW,
 };
 /// The attribute that makes an rmcp tool safe to repeat.
 #[cfg(feature = "rmcp")]
@@ -174,9 +174,9 @@ pub use key::{
 pub use mcp::private as __private;
 #[cfg(feature = "rmcp")]
 pub use mcp::{
-    audit_hints, current_cancellation, current_reference, request_caller, request_client_key,
-    status_tool, stored_response, tasks, ClientKeyMode, HintProblem, IdempotentServer,
-    CLIENT_KEY_HEADER, CLIENT_KEY_META, RESULT_META_KEY, TOOL_META_KEY,
+    audit_hints, current_cancellation, current_reference, list_tools, request_caller,
+    request_client_key, status_tool, stored_response, tasks, ClientKeyMode, HintProblem,
+    IdempotentServer, CLIENT_KEY_HEADER, CLIENT_KEY_META, RESULT_META_KEY, TOOL_META_KEY,
 };
 #[cfg(feature = "rmcp")]
 pub use mcp::{current_continuation, hint_report, Ask, Continuation, HintBacking};

@@ -87,13 +87,11 @@ async fn main() {
                     }
                 }),
             );
-            let config = OutboxConfig {
-                interval: Duration::from_millis(50),
+            let config = OutboxConfig::default()
+                .with_interval(Duration::from_millis(50))
                 // The lease is twice this: a killed run's job is free again
                 // two seconds after it was leased.
-                timeout: Duration::from_secs(1),
-                ..OutboxConfig::default()
-            };
+                .with_timeout(Duration::from_secs(1));
             let _outbox =
                 Outbox::spawn(store, handlers, config).expect("the store keeps follow-on jobs");
             std::future::pending::<()>().await;

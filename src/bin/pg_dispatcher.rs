@@ -57,13 +57,11 @@ async fn main() {
             }
         }),
     );
-    let config = OutboxConfig {
-        interval: Duration::from_millis(50),
-        batch: 8,
-        timeout: Duration::from_secs(2),
-        first_backoff: Duration::from_millis(100),
-        ..OutboxConfig::default()
-    };
+    let config = OutboxConfig::default()
+        .with_interval(Duration::from_millis(50))
+        .with_batch(8)
+        .with_timeout(Duration::from_secs(2))
+        .with_first_backoff(Duration::from_millis(100));
     let _outbox =
         Outbox::spawn(Arc::new(store), handlers, config).expect("the store keeps follow-on jobs");
     println!("READY");

@@ -54,11 +54,9 @@ async fn dead_letter_then_redrive() {
     let charges = AtomicUsize::new(0);
     charge(&executor, &json!({"card": "4242"}), &charges).await;
     let mailer = Mailer::new(Duration::ZERO, usize::MAX);
-    let config = OutboxConfig {
-        max_runs: 2,
-        first_backoff: Duration::from_millis(10),
-        ..config()
-    };
+    let config = config()
+        .with_max_runs(2)
+        .with_first_backoff(Duration::from_millis(10));
     let outbox = Outbox::spawn(store.clone(), mailer.handlers(), config.clone())
         .expect("the store keeps follow-on jobs");
     let dead = JobFilter {
@@ -212,10 +210,7 @@ async fn two_dispatchers_share_no_job(
             }),
         )
     };
-    let config = OutboxConfig {
-        batch: 3,
-        ..config()
-    };
+    let config = config().with_batch(3);
     let a = Outbox::spawn(
         first.clone(),
         handlers(by_dispatcher[0].clone()),
@@ -276,11 +271,9 @@ async fn a_run_over_its_timeout_runs_again_with_the_same_key() {
     let charges = AtomicUsize::new(0);
     charge(&executor, &json!({"card": "4242"}), &charges).await;
     let slow = Mailer::new(Duration::from_millis(300), 0);
-    let config = OutboxConfig {
-        timeout: Duration::from_millis(100),
-        first_backoff: Duration::from_millis(10),
-        ..config()
-    };
+    let config = config()
+        .with_timeout(Duration::from_millis(100))
+        .with_first_backoff(Duration::from_millis(10));
     let report = Outbox::round(&*store, &slow.handlers(), &config)
         .await
         .unwrap();
@@ -347,10 +340,7 @@ async fn store_down_during_dispatch_loses_nothing() {
 
     down.store(true, Ordering::SeqCst);
     let mailer = Mailer::new(Duration::ZERO, 0);
-    let config = OutboxConfig {
-        timeout: Duration::from_millis(150),
-        ..config()
-    };
+    let config = config().with_timeout(Duration::from_millis(150));
     let outbox = Outbox::spawn(store.clone(), mailer.handlers(), config)
         .expect("the store keeps follow-on jobs");
     tokio::time::sleep(Duration::from_millis(300)).await;

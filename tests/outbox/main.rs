@@ -168,14 +168,13 @@ async fn charge(
 }
 
 fn config() -> OutboxConfig {
-    OutboxConfig {
-        interval: Duration::from_millis(20),
-        batch: 8,
-        timeout: Duration::from_secs(5),
-        max_runs: 5,
-        first_backoff: Duration::from_millis(100),
-        max_backoff: Duration::from_secs(2),
-    }
+    OutboxConfig::default()
+        .with_interval(Duration::from_millis(20))
+        .with_batch(8)
+        .with_timeout(Duration::from_secs(5))
+        .with_max_runs(5)
+        .with_first_backoff(Duration::from_millis(100))
+        .with_max_backoff(Duration::from_secs(2))
 }
 
 async fn wait_until(what: &str, deadline: Duration, mut done: impl FnMut() -> bool) {

@@ -360,10 +360,7 @@ async fn a_reconciler_writes_follow_ons_with_its_resolution() {
     assert_eq!(record.state.name(), "UNKNOWN");
 
     // Deferred by the failed round: make it due again.
-    let config = ReconcileConfig {
-        first_backoff: Duration::ZERO,
-        ..config
-    };
+    let config = config.with_first_backoff(Duration::ZERO);
     store
         .defer_check(&record.key, record.attempt, Duration::ZERO, None)
         .await

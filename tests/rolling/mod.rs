@@ -180,18 +180,18 @@ pub struct Replica {
 
 impl Replica {
     pub fn new(name: &'static str, store: Arc<dyn IdempotencyStore>, world: &World) -> Replica {
-        let maintenance = MaintenanceConfig {
-            interval: Duration::from_millis(100),
-            batch: 100,
-            reconciler: Some(Arc::new(AskTheProcessor(world.processor.clone()))),
-            reconcile: ReconcileConfig {
-                settle: Duration::from_millis(300),
-                first_backoff: Duration::from_millis(100),
-                max_backoff: Duration::from_millis(400),
-                batch: 100,
-                lookup_timeout: Duration::from_secs(2),
-            },
-        };
+        let maintenance = MaintenanceConfig::default()
+            .with_interval(Duration::from_millis(100))
+            .with_batch(100)
+            .with_reconciler(Arc::new(AskTheProcessor(world.processor.clone())))
+            .with_reconcile(
+                ReconcileConfig::default()
+                    .with_settle(Duration::from_millis(300))
+                    .with_first_backoff(Duration::from_millis(100))
+                    .with_max_backoff(Duration::from_millis(400))
+                    .with_batch(100)
+                    .with_lookup_timeout(Duration::from_secs(2)),
+            );
         let mailer = world.mailer.clone();
         let handlers = JobHandlers::new().on(
             "receipt",
@@ -230,11 +230,9 @@ impl Replica {
     /// One maintenance round and one outbox round; `Err` says what failed.
     pub async fn upkeep(&self) -> Result<(), String> {
         let round = Maintenance::round(&*self.store, &self.maintenance).await;
-        let outbox = OutboxConfig {
-            timeout: Duration::from_secs(2),
-            first_backoff: Duration::from_millis(50),
-            ..OutboxConfig::default()
-        };
+        let outbox = OutboxConfig::default()
+            .with_timeout(Duration::from_secs(2))
+            .with_first_backoff(Duration::from_millis(50));
         let dispatched = Outbox::round(&*self.store, &self.handlers, &outbox).await;
         match (round.errors, dispatched) {
             (0, Ok(_)) => Ok(()),

@@ -37,14 +37,13 @@ pub fn job_name(tool: &str) -> Option<&'static str> {
 /// attempts that no job reaches the dead letter while the faults last.
 pub fn config(sim: &Sim) -> OutboxConfig {
     let t = &sim.timing;
-    OutboxConfig {
-        interval: t.dispatch_every,
-        batch: 8,
-        timeout: t.job_timeout,
-        max_runs: 1_000,
-        first_backoff: t.job_timeout / 4,
-        max_backoff: t.job_timeout * 2,
-    }
+    OutboxConfig::default()
+        .with_interval(t.dispatch_every)
+        .with_batch(8)
+        .with_timeout(t.job_timeout)
+        .with_max_runs(1_000)
+        .with_first_backoff(t.job_timeout / 4)
+        .with_max_backoff(t.job_timeout * 2)
 }
 
 /// The handlers of both job names: the mailer.

@@ -209,14 +209,13 @@ async fn schedule(sim: Arc<Sim>, views: Vec<Arc<dyn IdempotencyStore>>) {
 
     // Maintenance on its timer.
     let stop = Arc::new(AtomicBool::new(false));
-    let mut config = ReconcileConfig {
-        settle: t.settle,
-        first_backoff: t.first_backoff,
-        max_backoff: t.max_backoff,
-        batch: t.reconcile_batch,
+    let mut config = ReconcileConfig::default()
+        .with_settle(t.settle)
+        .with_first_backoff(t.first_backoff)
+        .with_max_backoff(t.max_backoff)
+        .with_batch(t.reconcile_batch)
         // Some lookups (BUGGIFY's slow answers) are given up.
-        lookup_timeout: t.settle * 3 / 4,
-    };
+        .with_lookup_timeout(t.settle * 3 / 4);
     if sim.sabotage == Sabotage::InFlightNotPerformed {
         config.settle = Duration::ZERO;
     }

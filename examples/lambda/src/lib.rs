@@ -373,8 +373,5 @@ fn shape(event: &Value) -> String {
 /// The outbox settings for a function: a run's timeout short enough that
 /// a few rounds fit in a one-minute invocation.
 pub fn outbox_config() -> OutboxConfig {
-    OutboxConfig {
-        timeout: Duration::from_secs(10),
-        ..OutboxConfig::default()
-    }
+    OutboxConfig::default().with_timeout(Duration::from_secs(10))
 }

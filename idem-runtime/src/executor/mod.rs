@@ -31,6 +31,7 @@ mod running;
 // Used by the rmcp glue only.
 #[cfg_attr(not(feature = "rmcp"), allow(dead_code, unused_imports))]
 mod task;
+mod tool_scopes;
 
 use crate::future::{panic_message, CatchUnwind};
 use background::{Background, Completion};
@@ -44,6 +45,8 @@ use running::{Found, RunningClaims};
 pub use task::TaskCancellation;
 #[cfg(feature = "rmcp")]
 pub(crate) use task::{TaskClaim, REJECTED_RESOLUTION};
+use tool_scopes::ToolScopes;
+pub use tool_scopes::{ConfigError, MAX_TOOL_WINDOW};
 
 /// The default lease: how long a claim holds without a heartbeat.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -150,6 +153,9 @@ pub struct Executor {
     /// The client keys seen per caller and arguments, shared by its clones:
     /// a new key for identical arguments inside the window is reported.
     new_key_repeats: Arc<client_keys::NewKeyRepeats>,
+    /// The windows and business-key retentions set per tool at start-up
+    /// ([`Executor::with_window`]), shared by its clones.
+    tool_scopes: Arc<ToolScopes>,
 }
 
 /// Whether a call's completion may be written after its answer.
@@ -204,6 +210,88 @@ impl Executor {
             resolver: Resolver::default(),
             client_key_retention: DEFAULT_CLIENT_KEY_RETENTION,
             new_key_repeats: Arc::default(),
+            tool_scopes: Arc::default(),
+        }
+    }
+
+    /// Sets `tool`'s window at start-up, in place of the one its attribute
+    /// declares (`#[idempotent(window = "15m")]`, which stays the default):
+    /// an operator tunes a window per deployment without a rebuild.
+    ///
+    /// Everything the tool serves follows it: which repeats are the same
+    /// operation, how long a completed answer is replayed, the listing's
+    /// `windowSeconds` in `_meta["idem/idempotent"]` (through the router a
+    /// [`tool_router(server_handler)`](crate::tool_router) impl serves, or
+    /// [`list_tools`](crate::list_tools) for a handler of your own), and
+    /// the window of a client key's tool (whose key's retention stays at
+    /// least this window). `tool` is the name the tool is listed under.
+    ///
+    /// ```
+    /// # fn demo() -> Result<(), idem_runtime::ConfigError> {
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use idem_runtime::{Executor, MemoryStore};
+    ///
+    /// let executor = Executor::new(Arc::new(MemoryStore::new()))
+    ///     .with_window("charge_card", Duration::from_secs(5 * 60))?;
+    /// assert_eq!(executor.window_of("charge_card"), Some(Duration::from_secs(300)));
+    /// # Ok(()) }
+    /// # demo().unwrap();
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// A window under 1 s, with a fraction of a second, or over a year
+    /// ([`MAX_TOOL_WINDOW`], a unit mistake), or an empty tool name: the
+    /// [`ConfigError`] says which, and what to pass.
+    pub fn with_window(mut self, tool: &str, window: Duration) -> Result<Self, ConfigError> {
+        Arc::make_mut(&mut self.tool_scopes).set_window(tool, window)?;
+        Ok(self)
+    }
+
+    /// Sets how long `tool`'s business-key records are kept, at start-up,
+    /// in place of its attribute's `retention` (or, without one, the
+    /// executor's [`with_retention`](Executor::with_retention)): the
+    /// listing's `retentionSeconds` and the records follow it.
+    ///
+    /// # Errors
+    ///
+    /// As [`with_window`](Executor::with_window): under 1 s, a fraction of
+    /// a second, over a year, or an empty tool name.
+    pub fn with_business_key_retention(
+        mut self,
+        tool: &str,
+        retention: Duration,
+    ) -> Result<Self, ConfigError> {
+        Arc::make_mut(&mut self.tool_scopes).set_retention(tool, retention)?;
+        Ok(self)
+    }
+
+    /// `tool`'s window as set by [`with_window`](Executor::with_window);
+    /// `None`: the attribute's.
+    pub fn window_of(&self, tool: &str) -> Option<Duration> {
+        self.tool_scopes.window(tool)
+    }
+
+    /// `tool`'s business-key retention as set by
+    /// [`with_business_key_retention`](Executor::with_business_key_retention);
+    /// `None`: the attribute's, or the executor's retention.
+    pub fn business_key_retention_of(&self, tool: &str) -> Option<Duration> {
+        self.tool_scopes.retention(tool)
+    }
+
+    /// The scope `tool` runs under: `declared` (its attribute's) with the
+    /// window or retention start-up set for it.
+    pub fn scope_of<'a>(&self, tool: &str, declared: ScopeSpec<'a>) -> ScopeSpec<'a> {
+        match self.tool_scopes.apply(tool, declared) {
+            ScopeSpec::BusinessKey {
+                fields,
+                retention: None,
+            } => ScopeSpec::BusinessKey {
+                fields,
+                retention: Some(self.retention),
+            },
+            scope => scope,
         }
     }
 
@@ -575,11 +663,12 @@ impl Executor {
         keyed: Keyed<'_>,
     ) -> Result<ClaimRequest, Unclaimable> {
         let args = op.args;
+        let scope = self.scope_of(op.tool, op.scope);
         // `window` ends a COMPLETED record; an IN_PROGRESS or UNKNOWN one is
         // kept for the executor's retention whatever the scope, because its
         // side effect may have happened (a business key's `window` shortens
         // how long its result answers, never how long a doubt is kept).
-        let (scope, window) = match (op.scope, keyed) {
+        let (scope, window) = match (scope, keyed) {
             (ScopeSpec::Window(window), _) => (Scope::Window(window), window),
             // The values the caller took from the typed arguments itself
             // (what `#[idempotent]` does, so a field renamed by serde is
@@ -610,7 +699,7 @@ impl Executor {
         let key =
             IdempotencyKey::derive(op.caller, op.tool, args, &scope).map_err(|e| e.to_string())?;
         let reference = Reference::new_operation(&key);
-        if let ScopeSpec::ClientKey { window, .. } = op.scope {
+        if let ScopeSpec::ClientKey { window, .. } = self.scope_of(op.tool, op.scope) {
             self.new_key_repeats
                 .observe(op.caller, op.tool, &key, reference, window);
         }

@@ -211,8 +211,12 @@ pub async fn sweep(store: &dyn IdempotencyStore, limit: usize) -> Result<usize, 
     Ok(marked)
 }
 
-/// How reconciliation trusts answers and paces its questions.
+/// How reconciliation trusts answers and paces its questions: the
+/// defaults, changed with the `with_*` methods
+/// (`ReconcileConfig::default().with_settle(Duration::from_secs(600))`), so
+/// that an option added later breaks no configuration.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct ReconcileConfig {
     /// "Not performed" is trusted only for a record unchanged this long: a
     /// processor may not show a request still in flight (replication lag,
@@ -252,6 +256,41 @@ impl Default for ReconcileConfig {
 }
 
 impl ReconcileConfig {
+    /// Sets [`settle`](Self::settle).
+    #[must_use]
+    pub fn with_settle(mut self, settle: Duration) -> Self {
+        self.settle = settle;
+        self
+    }
+
+    /// Sets [`first_backoff`](Self::first_backoff).
+    #[must_use]
+    pub fn with_first_backoff(mut self, first_backoff: Duration) -> Self {
+        self.first_backoff = first_backoff;
+        self
+    }
+
+    /// Sets [`max_backoff`](Self::max_backoff).
+    #[must_use]
+    pub fn with_max_backoff(mut self, max_backoff: Duration) -> Self {
+        self.max_backoff = max_backoff;
+        self
+    }
+
+    /// Sets [`batch`](Self::batch).
+    #[must_use]
+    pub fn with_batch(mut self, batch: usize) -> Self {
+        self.batch = batch;
+        self
+    }
+
+    /// Sets [`lookup_timeout`](Self::lookup_timeout).
+    #[must_use]
+    pub fn with_lookup_timeout(mut self, lookup_timeout: Duration) -> Self {
+        self.lookup_timeout = lookup_timeout;
+        self
+    }
+
     /// The pause before the next check of a record already checked `checks`
     /// times without a resolution: `first_backoff × 2^checks`, at most
     /// `max_backoff`.
@@ -646,8 +685,12 @@ pub struct RoundReport {
     pub errors: usize,
 }
 
-/// Settings of the background [`Maintenance`] task.
+/// Settings of the background [`Maintenance`] task: the defaults, changed
+/// with the `with_*` methods
+/// (`MaintenanceConfig::default().with_reconciler(Arc::new(MyReconciler))`),
+/// so that an option added later breaks no configuration.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct MaintenanceConfig {
     /// Time between rounds.
     pub interval: Duration,
@@ -672,6 +715,35 @@ impl Default for MaintenanceConfig {
 }
 
 impl MaintenanceConfig {
+    /// Sets [`interval`](Self::interval).
+    #[must_use]
+    pub fn with_interval(mut self, interval: Duration) -> Self {
+        self.interval = interval;
+        self
+    }
+
+    /// Sets [`batch`](Self::batch).
+    #[must_use]
+    pub fn with_batch(mut self, batch: usize) -> Self {
+        self.batch = batch;
+        self
+    }
+
+    /// Sets [`reconcile`](Self::reconcile).
+    #[must_use]
+    pub fn with_reconcile(mut self, reconcile: ReconcileConfig) -> Self {
+        self.reconcile = reconcile;
+        self
+    }
+
+    /// Sets the [`reconciler`](Self::reconciler) that resolves UNKNOWN
+    /// records.
+    #[must_use]
+    pub fn with_reconciler(mut self, reconciler: Arc<dyn Reconciler>) -> Self {
+        self.reconciler = Some(reconciler);
+        self
+    }
+
     /// Who resolves the UNKNOWN records with this configuration:
     /// [`Resolver::Reconciler`] with a [`reconciler`](Self::reconciler),
     /// [`Resolver::Operator`] without. Give it to

@@ -323,7 +323,7 @@ where
             },
             &SealOptions::new()
                 .associated_data(&bound)
-                .ttl(state_ttl(spec.scope)),
+                .ttl(state_ttl(server.executor().scope_of(spec.tool, spec.scope))),
         )
         .map_err(|e| {
             ErrorData::internal_error(

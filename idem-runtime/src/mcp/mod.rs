@@ -12,6 +12,7 @@ mod audit;
 mod call;
 mod caller;
 mod client_key;
+mod listing;
 #[doc(hidden)]
 pub mod private;
 mod render;
@@ -22,6 +23,7 @@ pub use ask::{current_continuation, Ask, Continuation};
 pub use audit::{audit_hints, hint_report, HintBacking, HintProblem};
 pub use caller::{current_cancellation, current_reference, request_caller, IdempotentServer};
 pub use client_key::{request_client_key, ClientKeyMode, CLIENT_KEY_HEADER, CLIENT_KEY_META};
+pub use listing::list_tools;
 pub use render::stored_response;
 pub use status_tool::status_tool;
 

@@ -175,6 +175,27 @@ pub fn with_status_tools<S: StatusServer>(
     router
 }
 
+/// The `list_tools` answer of a generated `ServerHandler`: the tools with
+/// the windows and retentions `server`'s executor serves.
+pub fn served_tools<S: IdempotentServer + ?Sized, R: Send + Sync + 'static>(
+    server: &S,
+    router: &ToolRouter<R>,
+    context: &RequestContext<RoleServer>,
+) -> rmcp::model::ListToolsResult {
+    super::listing::served_result(router, server.executor(), context)
+}
+
+/// The `get_tool` of a generated `ServerHandler`: `name`'s definition as
+/// `server`'s executor serves it.
+pub fn served_tool<S: IdempotentServer + ?Sized, R: Send + Sync + 'static>(
+    server: &S,
+    router: &ToolRouter<R>,
+    name: &str,
+) -> Option<rmcp::model::Tool> {
+    let tool = router.get(name)?.clone();
+    Some(super::listing::served(tool, server.executor()))
+}
+
 /// A `Result<V, E>` body's outcome, spanned on the declared return type.
 pub fn outcome<R: Outcome>(returned: R) -> Result<CallToolResult, HandlerFailure> {
     completed(returned.into_result().map_err(HandlerFailure::tool)?)

@@ -163,8 +163,11 @@ impl JobHandlers {
     }
 }
 
-/// Settings of an [`Outbox`] dispatcher.
+/// Settings of an [`Outbox`] dispatcher: the defaults, changed with the
+/// `with_*` methods (`OutboxConfig::default().with_max_runs(5)`), so that
+/// an option added later breaks no configuration.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct OutboxConfig {
     /// The pause between rounds that found less than a full batch
     /// (default 1 s).
@@ -199,6 +202,48 @@ impl Default for OutboxConfig {
 }
 
 impl OutboxConfig {
+    /// Sets [`interval`](Self::interval).
+    #[must_use]
+    pub fn with_interval(mut self, interval: Duration) -> Self {
+        self.interval = interval;
+        self
+    }
+
+    /// Sets [`batch`](Self::batch).
+    #[must_use]
+    pub fn with_batch(mut self, batch: usize) -> Self {
+        self.batch = batch;
+        self
+    }
+
+    /// Sets [`timeout`](Self::timeout).
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sets [`max_runs`](Self::max_runs).
+    #[must_use]
+    pub fn with_max_runs(mut self, max_runs: u32) -> Self {
+        self.max_runs = max_runs;
+        self
+    }
+
+    /// Sets [`first_backoff`](Self::first_backoff).
+    #[must_use]
+    pub fn with_first_backoff(mut self, first_backoff: Duration) -> Self {
+        self.first_backoff = first_backoff;
+        self
+    }
+
+    /// Sets [`max_backoff`](Self::max_backoff).
+    #[must_use]
+    pub fn with_max_backoff(mut self, max_backoff: Duration) -> Self {
+        self.max_backoff = max_backoff;
+        self
+    }
+
     /// The timeout of one run, at least a millisecond.
     fn run_timeout(&self) -> Duration {
         self.timeout.max(Duration::from_millis(1))

@@ -158,6 +158,32 @@ impl MemoryStore {
         }
     }
 
+    /// An empty store whose time is tokio's: the time it was made, plus
+    /// what `tokio::time::Instant` has advanced since. The executor reads
+    /// tokio's clock too (the replay cache, the in-progress hints), and the
+    /// store decides when a window, a lease and a retention end, so under
+    /// tokio's paused time (`#[tokio::test(start_paused = true)]`, tokio's
+    /// `test-util` feature, in a test's dev-dependencies)
+    /// `tokio::time::advance` moves a tool past its window without waiting,
+    /// and without a copy of the tool with a shorter one:
+    ///
+    /// ```ignore
+    /// #[tokio::test(start_paused = true)]
+    /// async fn a_charge_after_the_window_is_a_new_charge() {
+    ///     let executor = Executor::new(Arc::new(MemoryStore::on_tokio_time()));
+    ///     // call charge_card: charged once
+    ///     tokio::time::advance(Duration::from_secs(15 * 60 + 1)).await;
+    ///     // call charge_card again: charged a second time
+    /// }
+    /// ```
+    ///
+    /// Outside paused time it runs at the wall clock's pace, from the wall
+    /// clock's reading when it was made.
+    pub fn on_tokio_time() -> Self {
+        let (wall, start) = (SystemTime::now(), tokio::time::Instant::now());
+        Self::with_clock(move || wall + start.elapsed())
+    }
+
     /// Another handle on this store's records (and jobs) that reads the
     /// time from `clock`: what one replica whose clock is its own sees of a
     /// shared store, as `SqliteStore` and `DynamoDbStore` replicas do. For
