@@ -150,10 +150,7 @@ impl Reconciliation {
 ///     }
 /// }
 ///
-/// let config = MaintenanceConfig {
-///     reconciler: Some(std::sync::Arc::new(Processor)),
-///     ..Default::default()
-/// };
+/// let config = MaintenanceConfig::default().with_reconciler(std::sync::Arc::new(Processor));
 /// # let _ = config;
 /// ```
 #[async_trait]
