@@ -84,7 +84,10 @@ pub enum Reconciliation {
 }
 
 impl Reconciliation {
-    /// Found completed, with `response` ([`Outcome::completed`]).
+    /// Found completed, with `response` and no follow-on jobs
+    /// ([`Outcome::completed`]). For a tool that declares jobs, answer
+    /// `Reconciliation::Found(Outcome::completed_with(response, jobs))`:
+    /// otherwise they are never sent.
     pub fn completed(response: impl Into<String>) -> Self {
         Reconciliation::Found(Outcome::completed(response))
     }
@@ -107,8 +110,18 @@ impl Reconciliation {
 /// value the handler returns on success (`Json(receipt)` for a tool that
 /// returns `Result<Json<Receipt>, _>`).
 ///
+/// **A "performed" answer carries the follow-on jobs too.** The handler's
+/// own jobs (the receipt e-mail it declared with
+/// [`follow_on`](crate::follow_on)) were lost with its outcome: nothing
+/// sends them unless the reconciler declares them again, with
+/// [`Outcome::completed_with`] and one [`FollowOn`](crate::outbox::FollowOn)
+/// each. They are written with the resolution, in the same atomic step, and
+/// the [`Outbox`](crate::outbox::Outbox) runs them as it runs the handler's.
+/// [`Reconciliation::completed`] is for a tool that declares no jobs.
+///
 /// ```
-/// use idem_runtime::maintenance::{MaintenanceConfig, Reconciler, Reconciliation};
+/// use idem_runtime::maintenance::{MaintenanceConfig, Outcome, Reconciler, Reconciliation};
+/// use idem_runtime::outbox::FollowOn;
 /// use idem_runtime::store::Record;
 /// use idem_runtime::{async_trait, stored_response};
 /// use rmcp::handler::server::wrapper::Json;
@@ -118,14 +131,20 @@ impl Reconciliation {
 ///     charge_id: String,
 /// }
 ///
+/// /// A charge as the processor reports it.
+/// struct Charge {
+///     id: String,
+///     email: String,
+/// }
+///
 /// /// Your processor's client.
 /// #[derive(Debug)]
 /// struct Processor;
 ///
 /// impl Processor {
 ///     /// The charge made under this idempotency key, if any.
-///     async fn charge_by_key(&self, _key: &str) -> Result<Option<String>, std::io::Error> {
-///         Ok(Some("ch_42".to_owned()))
+///     async fn charge_by_key(&self, _key: &str) -> Result<Option<Charge>, std::io::Error> {
+///         Ok(Some(Charge { id: "ch_42".to_owned(), email: "alice@example.com".to_owned() }))
 ///     }
 /// }
 ///
@@ -140,9 +159,13 @@ impl Reconciliation {
 ///         }
 ///         // The handler gave the processor current_reference() as its key.
 ///         Ok(match self.charge_by_key(&record.reference.to_string()).await? {
-///             // Exactly what charge_card stores when it returns Json(receipt).
-///             Some(charge_id) => {
-///                 Reconciliation::completed(stored_response(Json(Receipt { charge_id }))?)
+///             Some(charge) => {
+///                 // Exactly what charge_card stores when it returns Json(receipt)...
+///                 let response = stored_response(Json(Receipt { charge_id: charge.id }))?;
+///                 // ...and the job charge_card declares after charging:
+///                 // follow_on("send_receipt", &email). Without it, no receipt is sent.
+///                 let receipt = FollowOn::new("send_receipt", &charge.email)?;
+///                 Reconciliation::Found(Outcome::completed_with(response, vec![receipt]))
 ///             }
 ///             // Trusted only once the record has settled (ReconcileConfig::settle).
 ///             None => Reconciliation::not_performed(),
