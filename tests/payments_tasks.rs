@@ -224,7 +224,7 @@ async fn a_repeat_while_working_gets_the_same_task_and_the_processor_charges_onc
     let receipt = completed_result(&done)["structuredContent"].clone();
 
     // A repeat of the completed operation gets its stored result at once
-    // (docs/decisions.md): the same receipt, marked replayed, no new charge.
+    // (docs/tasks.md): the same receipt, marked replayed, no new charge.
     let replay = complete(call_once(&client, "charge_card", args).await);
     assert_eq!(replay.is_error, Some(false));
     assert_eq!(replay.structured_content, Some(receipt));

@@ -251,12 +251,12 @@ fn memory_seed(seed: u64, sabotage: Sabotage, trace: bool) -> Report {
 
 /// The most a replica's clock is off the true one, in milliseconds: two
 /// replicas differ by at most twice this, 1.3 s, inside the stated bound
-/// (docs/decisions.md, "Clocks": under 0.7 of the 2 s lease, the sweep's).
+/// (docs/clocks.md: under 0.7 of the 2 s lease, the sweep's).
 const MAX_OFFSET_MS: i64 = 650;
 
 /// How far off the true clock a replica is in a tight schedule: two replicas
 /// 660 ms apart, under a third of the 2 s lease (the sweep's bound,
-/// docs/decisions.md "Clocks").
+/// docs/clocks.md).
 const TIGHT_OFFSET_MS: i64 = 330;
 
 /// A replica's own clock: off the true one by `start_ms` at the start, and

@@ -249,8 +249,7 @@ impl Recorder {
                 problems.push("the sweep marked a record whose lease had not run out".to_owned());
             }
             // Marked within the clocks' spread of the lease's end: what a
-            // sweep whose clock runs ahead may do (docs/decisions.md,
-            // "Clocks").
+            // sweep whose clock runs ahead may do (docs/clocks.md).
             if !tol.is_zero() && r.updated_at < b.lease_until + tol {
                 w.early_marks.insert((*key.as_bytes(), attempt.get()));
             }

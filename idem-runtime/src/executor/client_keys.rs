@@ -7,7 +7,7 @@
 //! identical arguments from one caller to one tool arrive under another
 //! client key inside the tool's window, it counts
 //! `idem_client_key_new_key_repeats_total{tool}` and logs a warning. The
-//! call still runs (docs/decisions.md, "Client keys").
+//! call still runs (docs/keys.md, "Client keys: why they work as they do").
 //!
 //! What it remembers is this process's: one replica sees the keys its own
 //! calls carried. Entries live for the tool's window and are bounded in

@@ -398,8 +398,8 @@ impl Executor {
     /// "unknown", and the status tool says the same; it is never run again.
     /// Call [`Executor::drain`] before a planned shutdown, so a deploy loses
     /// nothing. An MCP task's completion is always written before the task
-    /// ends (its result is read from the record). docs/decisions.md says why
-    /// this is off by default, and why it does not pay on `SqliteStore`,
+    /// ends (its result is read from the record). docs/states.md ("Answering before
+    /// the completion") says why this is off by default, and why it does not pay on `SqliteStore`,
     /// whose relaxed completion costs the caller a few µs already.
     ///
     /// # Not on AWS Lambda
@@ -412,8 +412,8 @@ impl Executor {
     /// this setting is ignored: completions stay inline, written before the
     /// answer, and the first executor so configured says so once with a
     /// `tracing` warning. The builder does not fail, so one configuration
-    /// serves both a long-lived service and a function (docs/decisions.md,
-    /// "Background completions on AWS Lambda").
+    /// serves both a long-lived service and a function (docs/states.md,
+    /// "On AWS Lambda").
     pub fn with_background_completions(mut self, on: bool) -> Self {
         if on && background::frozen_after_answer() {
             background::say_refused_once();

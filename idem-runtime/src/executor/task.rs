@@ -138,8 +138,8 @@ impl Executor {
     }
 }
 
-/// A repeat's answer: the stored result of a completed operation (the
-/// decision in docs/decisions.md), a conflict as ever, and the same task for
+/// A repeat's answer: the stored result of a completed operation (docs/tasks.md,
+/// "Tasks: why they work as they do"), a conflict as ever, and the same task for
 /// anything else.
 fn repeat<T: DeserializeOwned, E>(
     record: Record,

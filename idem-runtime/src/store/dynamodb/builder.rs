@@ -57,7 +57,7 @@ impl DynamoDbStoreBuilder {
     }
 
     /// How far the replicas' clocks may disagree (default 1 s; keep it far
-    /// below the lease, as docs/decisions.md's "Clocks" says). The sweep
+    /// below the lease, as docs/clocks.md says). The sweep
     /// walks the `leases` index from a cursor another replica may have
     /// moved on its own clock; each walk starts this far behind the cursor,
     /// so a claim written on a clock that far behind is still found. Each

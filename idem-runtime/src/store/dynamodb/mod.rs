@@ -142,7 +142,7 @@ const ITEM_LIMIT: ItemLimit =
 /// "Not performed" is never trusted early, whatever the skew: the settle
 /// period also runs on the reconciling process's own monotonic clock
 /// ([`SettleClock`](crate::maintenance::SettleClock)). The bounds, in terms
-/// of lease, window and settle period, are in docs/decisions.md ("Clocks").
+/// of lease, window and settle period, are in docs/clocks.md.
 /// Keep the replicas' clocks in sync (NTP, which AWS Lambda and EC2 keep to
 /// well under a second), with windows, leases and the settle period far
 /// longer than the skew.

@@ -25,7 +25,7 @@
 //! longer than its lease to show. Each walk starts the store's clock
 //! spread ([`DynamoDbStoreBuilder::clock_spread`], 1 s by default) before
 //! its cursor, so either would also need to miss by that much more. The
-//! clocks' bound (docs/decisions.md, "Clocks") keeps skew far below any
+//! clocks' bound (docs/clocks.md) keeps skew far below any
 //! lease.
 
 use std::collections::HashMap;
@@ -91,8 +91,7 @@ impl DynamoDbStore {
             // A cursor a walker with a clock ahead of this one's moved:
             // nothing behind it is due by this clock. Beyond the spread,
             // the clocks are outside the bound the walk rests on: claims
-            // written behind the cursor are not walked (docs/decisions.md,
-            // "Clocks").
+            // written behind the cursor are not walked (docs/clocks.md).
             tracing::warn!(
                 table = %self.table,
                 shard,

@@ -179,7 +179,7 @@ impl Statements {
             // Only the completion may be relaxed: losing it in a crash leaves
             // the record IN_PROGRESS, which the sweep and the reconciler
             // settle. Every other change commits synchronously (see
-            // docs/decisions.md, "One durable commit per call").
+            // docs/states.md, "One durable commit per call").
             complete: complete(&t, relaxed_completions),
             complete_many: complete_many(&t, relaxed_completions),
             release: format!(

@@ -71,7 +71,7 @@ use writer::*;
 /// database file each use their own clock: keep their clocks in sync (NTP), or
 /// use `PostgresStore`, whose times come from the
 /// database server. What a skewed process can and cannot do is
-/// `DynamoDbStore`'s list (docs/decisions.md, "Clocks").
+/// `DynamoDbStore`'s list (docs/clocks.md).
 ///
 /// # Durability
 ///
