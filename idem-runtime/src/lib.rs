@@ -73,6 +73,62 @@
 //! }
 //! ```
 //!
+//! What it does: `#[idempotent]` claims a record before the handler runs
+//! and records the outcome after it; `#[idem_runtime::tool_router]` adds
+//! the status tool (`get_operation_status`) and refuses a hand-written hint
+//! nothing backs. Return `ToolError::rejected(..)` when nothing happened
+//! (the claim is released) and `ToolError::unknown(..)` when it may have
+//! (the record waits for reconciliation; the call is not run again). Give
+//! the processor `current_reference()` as its own idempotency key.
+//!
+//! # Choosing what names an operation
+//!
+//! - `window = "15m"`: the same caller, tool and arguments within 15
+//!   minutes are one operation; after it, the same call is a new one.
+//! - `business_key = "order_id"` (or several fields): the field's value
+//!   names the operation within the tenant, whoever asks; the same value
+//!   with other arguments is a conflict. Kept 48 h unless `window` says.
+//! - `client_key = "optional"` or `"required"`: the host's key
+//!   (`_meta["idem/idempotency-key"]` or the `Idempotency-Key` header)
+//!   names it, for 24 h.
+//! - `by_construction = "why"`: no record; the tool's own code makes a
+//!   repeat harmless.
+//!
+//! # Stores
+//!
+//! | store | URL for [`open_store`] | for |
+//! | --- | --- | --- |
+//! | [`MemoryStore`] | `memory` | tests, one process |
+//! | `SqliteStore` (`sqlite`, default) | `sqlite:PATH` | one service, durable |
+//! | `PostgresStore` (`postgres`) | `postgres://USER@HOST/DB?schema=NAME` | several replicas |
+//! | `RedisStore` (`redis`) | `redis://HOST:6379` | several replicas on Redis or Valkey |
+//! | `DynamoDbStore` (`dynamodb`) | `dynamodb://TABLE?region=R` (an emulator: `&endpoint=URL`) | AWS Lambda, teams on AWS |
+//!
+//! # What an answer means
+//!
+//! Every result carries `_meta["idem/operation"]` with the reference and
+//! an [`AnswerState`]: `executed` (ran once), `replayed` (the stored
+//! result), `in_progress`, `unknown` (a repeat met an operation whose
+//! outcome nobody knows), `failed_unknown` (this call's handler failed in a
+//! way that may have taken effect), `conflict`, `rejected`, `refused`,
+//! `no_caller`, `store_unavailable`, `store_misconfigured`. Only `executed`
+//! ran the handler; after `unknown` or `failed_unknown`, the model must not
+//! submit again: the [`Reconciler`](maintenance::Reconciler) (or an operator
+//! with `idem resolve`) settles it.
+//!
+//! # Operating it
+//!
+//! Run [`Maintenance`](maintenance::Maintenance) (purge, sweep, reconcile)
+//! and [`Outbox`](outbox::Outbox) (follow-on jobs) beside the server in every
+//! replica, or their `round`s from a schedule on AWS Lambda. A reconciler
+//! that finds an operation performed answers with its response and the
+//! follow-on jobs the handler would have declared
+//! ([`Outcome::completed_with`](maintenance::Outcome::completed_with)).
+//!
+//! The guide, with a server over HTTP, the stores' limits, deployment and
+//! upgrades, is the README and the pages under `docs/` of
+//! <https://github.com/idem-rs/idem>.
+//!
 //! # The parts
 //!
 //! The root holds what an application needs to write and serve a tool.
@@ -119,7 +175,7 @@
 //! - [`canonical`]: the RFC 8785 canonical JSON the keys hash.
 //! - Operating it: calls, store latencies and maintenance are counted
 //!   through the `metrics` facade (feature `metrics`, default; the names are
-//!   in the README's "Operating it"), each call runs in an `idem.call`
+//!   in docs/operating.md), each call runs in an `idem.call`
 //!   tracing span, and the `idem` command line (feature `cli`, module
 //!   `cli`) lists, shows, resolves by hand, purges and counts records.
 // On docs.rs (`--cfg docsrs`, nightly rustdoc), each item is labelled with

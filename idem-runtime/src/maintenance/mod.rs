@@ -114,7 +114,7 @@ impl Reconciliation {
 /// own jobs (the receipt e-mail it declared with
 /// [`follow_on`](crate::follow_on)) were lost with its outcome: nothing
 /// sends them unless the reconciler declares them again, with
-/// [`Outcome::completed_with`] and one [`FollowOn`](crate::outbox::FollowOn)
+/// [`Outcome::completed_with`] and one [`FollowOn`]
 /// each. They are written with the resolution, in the same atomic step, and
 /// the [`Outbox`](crate::outbox::Outbox) runs them as it runs the handler's.
 /// [`Reconciliation::completed`] is for a tool that declares no jobs.
