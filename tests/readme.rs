@@ -1,7 +1,9 @@
-//! The README's servers: their text is `examples/readme_server.rs` and
-//! `examples/readme_http.rs` to the byte, and each, run as a child process
-//! (over stdio, over streamable HTTP) and driven by rmcp's client, works as
-//! the README says.
+//! The guide's servers: the README's stdio server and docs/serving.md's
+//! HTTP server are `examples/readme_server.rs` and `examples/readme_http.rs`
+//! to the byte (docs/follow-ons.md's outbox example is
+//! `examples/readme_outbox.rs`), and each, run as a child process (over
+//! stdio, over streamable HTTP) and driven by rmcp's client, works as the
+//! guide says.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -16,6 +18,8 @@ use rmcp::{RoleClient, ServiceExt};
 use serde_json::{json, Value};
 
 const README: &str = include_str!("../README.md");
+const SERVING: &str = include_str!("../docs/serving.md");
+const FOLLOW_ONS: &str = include_str!("../docs/follow-ons.md");
 const EXAMPLE: &str = include_str!("../examples/readme_server.rs");
 const OUTBOX_EXAMPLE: &str = include_str!("../examples/readme_outbox.rs");
 const HTTP_EXAMPLE: &str = include_str!("../examples/readme_http.rs");
@@ -33,11 +37,11 @@ fn readme_server() -> &'static str {
     &block[..block.find("```").expect("the block ends")]
 }
 
-/// The README's first ```rust block under the heading `heading`.
-fn rust_block(heading: &str) -> &'static str {
-    let section = README
+/// The first ```rust block of `page` under the heading `heading`.
+fn rust_block(page: &'static str, heading: &str) -> &'static str {
+    let section = page
         .split_once(heading)
-        .expect("the README has the section")
+        .expect("the page has the section")
         .1;
     let block = section
         .split_once("```rust\n")
@@ -46,16 +50,16 @@ fn rust_block(heading: &str) -> &'static str {
     &block[..block.find("```").expect("the block ends")]
 }
 
-/// The README's ```rust block under "Follow-on work: the outbox".
+/// docs/follow-ons.md's ```rust block under "A complete example".
 fn readme_outbox() -> &'static str {
-    rust_block("## Follow-on work: the outbox")
+    rust_block(FOLLOW_ONS, "## A complete example")
 }
 
 #[test]
 fn the_readme_http_server_is_the_example_verbatim() {
     assert!(
-        rust_block("## Serving over HTTP") == HTTP_EXAMPLE,
-        "README.md's HTTP server and examples/readme_http.rs differ: change both"
+        rust_block(SERVING, "## The server") == HTTP_EXAMPLE,
+        "docs/serving.md's HTTP server and examples/readme_http.rs differ: change both"
     );
 }
 
@@ -90,7 +94,7 @@ fn the_readme_names_every_feature() {
 fn the_readme_outbox_is_the_example_verbatim() {
     assert!(
         readme_outbox() == OUTBOX_EXAMPLE,
-        "README.md's outbox snippet and examples/readme_outbox.rs differ: change both"
+        "docs/follow-ons.md's outbox example and examples/readme_outbox.rs differ: change both"
     );
 }
 
@@ -190,7 +194,7 @@ async fn the_readme_server_works_over_stdio() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The README's HTTP server, as a child process on a free port, in a
+/// docs/serving.md's HTTP server, as a child process on a free port, in a
 /// directory of its own; killed when dropped. Its stdout (the receipts the
 /// outbox sent) is collected in `receipts`.
 struct HttpServer {
@@ -335,7 +339,7 @@ async fn the_readme_http_server_works_over_http() {
     drop(server);
     assert!(
         dir.join("idem.sqlite3").exists(),
-        "the store is where the README says"
+        "the store is where docs/serving.md says"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
