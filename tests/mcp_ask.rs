@@ -23,8 +23,8 @@ use rmcp::handler::server::wrapper::{Json, Parameters};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ClientCapabilities, ClientConfig,
     ElicitRequestParams, ElicitResult, ElicitationAction, ElicitationSchema, Implementation,
-    InputRequest, InputRequiredResult, InputResponses, ProtocolVersion, ServerCapabilities,
-    ServerConfig,
+    InputRequest, InputRequiredResult, InputResponses, ProtocolVersion, RequestMetaObject,
+    ServerCapabilities, ServerConfig,
 };
 use rmcp::service::{ClientLifecycleMode, ClientServiceExt, RequestContext, RunningService};
 use rmcp::{tool, tool_handler, ClientHandler, ErrorData, RoleClient, ServerHandler, ServiceExt};
@@ -83,7 +83,7 @@ fn confirm_schema() -> ElicitationSchema {
 #[idem_runtime::tool_router]
 impl Shop {
     /// Asks from 1000 cents up; charges once confirmed.
-    #[idempotent(window = "15m")]
+    #[idempotent(window = "15m", client_key = "optional")]
     #[tool(description = "Charge a card; large amounts are confirmed first")]
     async fn charge_card(
         &self,
@@ -302,6 +302,87 @@ async fn asking_runs_nothing_and_the_confirmed_continuation_charges_once() {
         );
         assert_eq!(again.structured_content, first.structured_content);
     }
+    assert_eq!(processor.charges.load(Ordering::SeqCst), 1);
+}
+
+/// `params` sent under the client key `key`.
+fn keyed(mut params: CallToolRequestParams, key: &str) -> CallToolRequestParams {
+    let mut meta = RequestMetaObject::new();
+    meta.0.insert("idem/idempotency-key".to_owned(), json!(key));
+    params.meta = Some(meta);
+    params
+}
+
+/// A question asked under a client key stays answerable for the key's
+/// retention, not only the tool's window: a host that answers after the
+/// window, under the same key, continues the same operation and charges
+/// once. Without a key the question lasts the window, and a late answer is
+/// refused, charging nothing.
+#[tokio::test]
+async fn under_a_client_key_the_question_outlives_the_window() {
+    let processor = Arc::new(Processor::default());
+    let executor = Executor::new(Arc::new(MemoryStore::new()))
+        .with_window("charge_card", Duration::from_secs(1))
+        .expect("a valid window");
+    let shop = Shop {
+        executor,
+        processor: processor.clone(),
+        delay: Duration::ZERO,
+        tool_router: Shop::tool_router(),
+    };
+    let client = connect(shop, config(), modern()).await;
+
+    let key = "order-7/confirm";
+    let input = asked(
+        client
+            .call_tool_once(keyed(charge(5000), key))
+            .await
+            .unwrap(),
+    );
+    let unkeyed = asked(client.call_tool_once(charge(6000)).await.unwrap());
+    // The requestState's expiry is on the wall clock.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    let late = complete(
+        client
+            .call_tool_once(keyed(continuation(5000, &input, answer(json!(true))), key))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        operation(&late)["state"],
+        json!("executed"),
+        "{}",
+        text(&late)
+    );
+    assert_eq!(operation(&late)["keyedBy"], json!("clientKey"));
+    assert_eq!(processor.charges.load(Ordering::SeqCst), 1);
+
+    let expired = complete(
+        client
+            .call_tool_once(continuation(6000, &unkeyed, answer(json!(true))))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        operation(&expired)["state"],
+        json!("refused"),
+        "{expired:?}"
+    );
+    assert!(text(&expired).contains("expired"), "{}", text(&expired));
+
+    // The original call re-issued under the key: the stored receipt.
+    let reissue = complete(
+        client
+            .call_tool_once(keyed(charge(5000), key))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(operation(&reissue)["replayed"], json!(true), "{reissue:?}");
+    assert_eq!(
+        operation(&reissue)["reference"],
+        operation(&late)["reference"]
+    );
     assert_eq!(processor.charges.load(Ordering::SeqCst), 1);
 }
 

@@ -5,6 +5,42 @@
 //! window, reused with other arguments, invalid, sent by another caller,
 //! and sent twice with two values. Every test counts the charges the
 //! example's processor stub really made (`processor_ledger`).
+//!
+//! Where each path of client keys, confirmations and re-issues is driven
+//! end to end against the example, by transport and client (rmcp's here
+//! and in payments_confirm.rs and payments_reissue.rs; the Python SDK's
+//! on the modern protocol in tests/python/test_client_keys.py,
+//! test_confirm.py and test_reissue.py; the test names are the same
+//! across files where they can be):
+//!
+//! ```text
+//! path                        rmcp stdio    rmcp HTTP     Python stdio  Python HTTP
+//! key in _meta                keys_in_meta  keys_in_meta  keys_in_meta  keys_in_meta
+//! key as the header           -             key_header    -             key_header
+//! key reused after the window after_window  after_window  after_window  after_window
+//! same key, other arguments   keys_in_meta  keys_in_meta  keys_in_meta  keys_in_meta
+//! invalid keys                keys_in_meta  both          keys_in_meta  both
+//! another caller's same key   callers       callers       callers       callers
+//! confirmation accepted       confirmed     confirmed     confirmed     confirmed
+//!   declined                  decline       decline       decline       decline
+//!   repeated, re-issued       confirmed     confirmed     by_hand       by_hand
+//!   tampered                  tampered      tampered      by_hand       by_hand
+//! by construction             nickname      nickname      nickname      nickname
+//! re-issue, dropped stream    -             reissue       -             reissue
+//! ```
+//!
+//! `keys_in_meta`, `key_header` (`the_idempotency_key_header`),
+//! `after_window` (`a_key_reused_after_the_window_replays`), `callers`
+//! (`another_callers_identical_key_is_its_own_charge`; over stdio, two
+//! processes with their own `--subject` on one store file), `both` (in
+//! `_meta` and as the header): this file and test_client_keys.py.
+//! `confirmed`, `decline`, `tampered`, `nickname`, `by_hand`
+//! (`test_rounds_driven_by_hand_repeated_reissued_and_tampered`):
+//! payments_confirm.rs and test_confirm.py. `reissue`: payments_reissue.rs
+//! and test_reissue.py. `-`: stdio has no headers, and no response stream
+//! that breaks while the process lives.
+
+mod durable;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -56,8 +92,13 @@ impl Client {
 }
 
 async fn stdio() -> Client {
+    stdio_with(&["--store", "memory"]).await
+}
+
+/// The example over stdio with these flags (`--store` among them).
+async fn stdio_with(flags: &[&str]) -> Client {
     let mut command = Command::new(payments_binary());
-    command.args(["--transport", "stdio", "--store", "memory"]);
+    command.args(["--transport", "stdio"]).args(flags);
     command.stderr(Stdio::null());
     let transport = TokioChildProcess::new(command).expect("the example starts");
     Client::Stdio(().serve(transport).await.expect("the client connects"))
@@ -264,23 +305,32 @@ async fn http_keys_in_meta() {
 
 /// `tap_to_pay`'s window is 5 s: a key reused after it replays (the key's
 /// retention is 24 h), where the same tap without a key charges again.
-#[tokio::test]
-async fn stdio_a_key_reused_after_the_window_replays() {
-    let client = stdio().await;
-    let first = call(&client, "tap_to_pay", charge(450), Some("till-7/sale-31")).await;
-    let unkeyed = call(&client, "tap_to_pay", charge(460), None).await;
+async fn a_key_reused_after_the_window(client: &Client) {
+    let first = call(client, "tap_to_pay", charge(450), Some("till-7/sale-31")).await;
+    let unkeyed = call(client, "tap_to_pay", charge(460), None).await;
     assert_eq!([state(&first), state(&unkeyed)], ["executed", "executed"]);
     tokio::time::sleep(Duration::from_millis(5500)).await;
-    let later = call(&client, "tap_to_pay", charge(450), Some("till-7/sale-31")).await;
+    let later = call(client, "tap_to_pay", charge(450), Some("till-7/sale-31")).await;
     assert_eq!(state(&later), "replayed", "{later:?}");
     assert_eq!(op(&later)["reference"], op(&first)["reference"]);
-    let unkeyed_later = call(&client, "tap_to_pay", charge(460), None).await;
+    let unkeyed_later = call(client, "tap_to_pay", charge(460), None).await;
     assert_eq!(
         state(&unkeyed_later),
         "executed",
         "past the window, a new tap"
     );
-    assert_eq!(charges(&client).await, 3);
+    assert_eq!(charges(client).await, 3);
+}
+
+#[tokio::test]
+async fn stdio_a_key_reused_after_the_window_replays() {
+    a_key_reused_after_the_window(&stdio().await).await;
+}
+
+#[tokio::test]
+async fn http_a_key_reused_after_the_window_replays() {
+    let server = http_server().await;
+    a_key_reused_after_the_window(&http(&server, "tok-alice", None).await).await;
 }
 
 /// Over HTTP the key may come as the `Idempotency-Key` header: the same
@@ -331,6 +381,38 @@ async fn http_another_callers_identical_key_is_its_own_charge() {
     let b_again = call(&bob, "charge_card", charge(3000), Some("k-1")).await;
     assert_eq!(op(&b_again)["reference"], op(&b)["reference"]);
     assert_eq!(charges(&alice).await, 2);
+}
+
+/// Over stdio the caller is the process's `--tenant`/`--subject`: three
+/// processes on one store file, Alice twice and Bob once. Bob's identical
+/// key is his own charge, made by his process's processor; Alice's second
+/// process, on the same store, replays her first charge and charges
+/// nothing (so the store is shared, and Bob's charge is not a store of his
+/// own).
+#[tokio::test]
+async fn stdio_another_callers_identical_key_is_its_own_charge() {
+    let dir = durable::temp_dir("keys-callers");
+    let store = format!("sqlite:{}", dir.join("payments.sqlite3").display());
+    let as_caller = |subject: &'static str| {
+        let store = store.clone();
+        async move { stdio_with(&["--store", &store, "--tenant", "acme", "--subject", subject]).await }
+    };
+    let alice = as_caller("alice").await;
+    let a = call(&alice, "charge_card", charge(3000), Some("k-1")).await;
+    let bob = as_caller("bob").await;
+    let b = call(&bob, "charge_card", charge(3000), Some("k-1")).await;
+    assert_eq!([state(&a), state(&b)], ["executed", "executed"], "{b:?}");
+    assert_ne!(op(&a)["reference"], op(&b)["reference"]);
+    let b_again = call(&bob, "charge_card", charge(3000), Some("k-1")).await;
+    assert_eq!(state(&b_again), "replayed", "{b_again:?}");
+    assert_eq!(op(&b_again)["reference"], op(&b)["reference"]);
+    assert_eq!([charges(&alice).await, charges(&bob).await], [1, 1]);
+
+    let alice_again = as_caller("alice").await;
+    let a_again = call(&alice_again, "charge_card", charge(3000), Some("k-1")).await;
+    assert_eq!(state(&a_again), "replayed", "{a_again:?}");
+    assert_eq!(op(&a_again)["reference"], op(&a)["reference"]);
+    assert_eq!(charges(&alice_again).await, 0);
 }
 
 /// The listing says which tools accept a key.

@@ -10,6 +10,7 @@ in. Every test counts the charges the stub processor really made.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -115,21 +116,31 @@ async def test_http_keys_in_meta(http_server, mode: str) -> None:
             await keys_in_meta(client)
 
 
-async def test_http_a_key_reused_after_the_window_replays(http_server) -> None:
+async def a_key_reused_after_the_window(client: Client) -> None:
     """`tap_to_pay`'s window is 5 s; the key's retention is 24 h."""
+    first = await call(client, "tap_to_pay", charge(450), "till-7/sale-31")
+    unkeyed = await call(client, "tap_to_pay", charge(460))
+    assert [op(first)["state"], op(unkeyed)["state"]] == ["executed", "executed"]
+    await asyncio.sleep(5.5)
+    later = await call(client, "tap_to_pay", charge(450), "till-7/sale-31")
+    assert op(later)["state"] == "replayed", text(later)
+    assert op(later)["reference"] == op(first)["reference"]
+    unkeyed_later = await call(client, "tap_to_pay", charge(460))
+    assert op(unkeyed_later)["state"] == "executed", "past the window, a new tap"
+    assert await charges(client) == 3
+
+
+async def test_stdio_a_key_reused_after_the_window_replays(stdio_server: StdioServer) -> None:
+    with anyio.fail_after(TEST_TIMEOUT_S):
+        async with stdio_server.client("--store", "memory") as client:
+            await a_key_reused_after_the_window(client)
+
+
+async def test_http_a_key_reused_after_the_window_replays(http_server) -> None:
     server: HttpServer = http_server(TOKENS, "--store", "memory")
     with anyio.fail_after(TEST_TIMEOUT_S):
         async with server.client("tok-alice") as client:
-            first = await call(client, "tap_to_pay", charge(450), "till-7/sale-31")
-            unkeyed = await call(client, "tap_to_pay", charge(460))
-            assert [op(first)["state"], op(unkeyed)["state"]] == ["executed", "executed"]
-            await asyncio.sleep(5.5)
-            later = await call(client, "tap_to_pay", charge(450), "till-7/sale-31")
-            assert op(later)["state"] == "replayed", text(later)
-            assert op(later)["reference"] == op(first)["reference"]
-            unkeyed_later = await call(client, "tap_to_pay", charge(460))
-            assert op(unkeyed_later)["state"] == "executed", "past the window, a new tap"
-            assert await charges(client) == 3
+            await a_key_reused_after_the_window(client)
 
 
 async def test_http_the_idempotency_key_header(http_server, mode: str) -> None:
@@ -167,6 +178,32 @@ async def test_http_another_callers_identical_key_is_its_own_charge(http_server)
             b_again = await call(bob, "charge_card", charge(3000), "k-1")
             assert op(b_again)["reference"] == op(b)["reference"]
             assert await charges(alice) == 2
+
+
+async def test_stdio_another_callers_identical_key_is_its_own_charge(stdio_server: StdioServer, tmp_path: Path) -> None:
+    """Over stdio the caller is the process's `--tenant`/`--subject`: three
+    processes on one store file, Alice twice and Bob once. Bob's identical key
+    is his own charge, by his process's processor; Alice's second process
+    replays her charge and charges nothing, so the store is shared."""
+    store = f"sqlite:{tmp_path / 'payments.sqlite3'}"
+
+    def as_caller(subject: str) -> Client:
+        return stdio_server.client("--store", store, "--tenant", "acme", "--subject", subject)
+
+    with anyio.fail_after(TEST_TIMEOUT_S):
+        async with as_caller("alice") as alice:
+            a = await call(alice, "charge_card", charge(3000), "k-1")
+            async with as_caller("bob") as bob:
+                b = await call(bob, "charge_card", charge(3000), "k-1")
+                b_again = await call(bob, "charge_card", charge(3000), "k-1")
+                assert [await charges(alice), await charges(bob)] == [1, 1]
+        async with as_caller("alice") as alice_again:
+            a_again = await call(alice_again, "charge_card", charge(3000), "k-1")
+            assert await charges(alice_again) == 0
+    assert [op(a)["state"], op(b)["state"]] == ["executed", "executed"], text(b)
+    assert op(a)["reference"] != op(b)["reference"]
+    assert op(b_again)["state"] == "replayed" and op(b_again)["reference"] == op(b)["reference"]
+    assert op(a_again)["state"] == "replayed" and op(a_again)["reference"] == op(a)["reference"]
 
 
 async def test_stdio_the_listing_says_clientkey(stdio_server: StdioServer) -> None:

@@ -27,12 +27,13 @@ use serde_json::{json, Value};
 
 use super::call::call;
 use super::caller::{resolve_caller, IdempotentServer};
+use super::client_key;
 use super::private::{ToolSpec, WrappedServer};
 use super::render::{completed, HandlerFailure};
 use super::RESULT_META_KEY;
 use crate::answer::{AnswerState, Classify, ToolError};
 use crate::canonical::canonical_json;
-use crate::executor::{ScopeSpec, DEFAULT_RETENTION};
+use crate::executor::{Executor, ScopeSpec, DEFAULT_RETENTION};
 use crate::key::Caller;
 
 /// What a wrapped tool that may ask before its effect returns: its result,
@@ -192,18 +193,25 @@ fn binding(caller: &Caller, tool: &str, args: &Value) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// How long a question stays answerable: the operation's window (a
-/// business key's retention), so that a continuation is always the
-/// operation that asked.
-fn state_ttl(scope: ScopeSpec<'_>) -> Duration {
-    // Written as a chain, not a match: a scope added later (a client key's)
-    // gets the default retention until it is given its own.
-    if let ScopeSpec::Window(window) = scope {
-        window
-    } else if let ScopeSpec::BusinessKey { retention, .. } = scope {
-        retention.unwrap_or(DEFAULT_RETENTION)
-    } else {
-        DEFAULT_RETENTION
+/// How long a question stays answerable: as long as the continuation
+/// still names the operation that asked. That is the window, a business
+/// key's retention, or, for a call under a client key, the key's retention
+/// ([`Executor::with_client_key_retention`], never less than the window):
+/// a host that answers an hour later under the same key continues the
+/// same operation.
+fn state_ttl(
+    executor: &Executor,
+    spec: ToolSpec<'_>,
+    request: &RequestContext<RoleServer>,
+) -> Duration {
+    // A key the call cannot use is refused by `call` before anything runs.
+    let keyed =
+        spec.client_key.is_some() && matches!(client_key::from_request(request), Ok(Some(_)));
+    match executor.scope_of(spec.tool, spec.scope) {
+        ScopeSpec::Window(window) if keyed => executor.client_key_retention().max(window),
+        ScopeSpec::Window(window) => window,
+        ScopeSpec::BusinessKey { retention, .. } => retention.unwrap_or(DEFAULT_RETENTION),
+        ScopeSpec::ClientKey { window, .. } => executor.client_key_retention().max(window),
     }
 }
 
@@ -262,6 +270,7 @@ where
         None => process_codec(),
     };
     let (modern, version) = modern(&request);
+    let ttl = state_ttl(server.executor(), spec, &request);
     let (bound, continuation) = match continuation(server, &request, spec, &args, state, responses)
     {
         Ok(found) => found,
@@ -321,9 +330,7 @@ where
             &Sealed {
                 state: input.request_state.take(),
             },
-            &SealOptions::new()
-                .associated_data(&bound)
-                .ttl(state_ttl(server.executor().scope_of(spec.tool, spec.scope))),
+            &SealOptions::new().associated_data(&bound).ttl(ttl),
         )
         .map_err(|e| {
             ErrorData::internal_error(
