@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idem_runtime::{
-    store::Attempt, Answer, Caller, Executor, IdempotencyStore, PostgresStore, SqliteStore,
+    answer::Answer, store::Attempt, Caller, Executor, IdempotencyStore, PostgresStore, SqliteStore,
 };
 
 /// One call through `exec` with a no-op handler: a new operation.

@@ -15,7 +15,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{black_box, criterion_group, Criterion, Throughput};
-use idem_runtime::{Answer, Caller, Executor, MemoryStore, Operation, ScopeSpec, ToolError};
+use idem_runtime::{
+    answer::Answer,
+    executor::{Operation, ScopeSpec},
+    Caller, Executor, MemoryStore, ToolError,
+};
 use serde::Serialize;
 
 #[derive(Serialize)]

@@ -17,7 +17,11 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
-use idem_runtime::{canonical::canonical_json, Caller, IdempotencyKey, Scope};
+use idem_runtime::{
+    key::canonical::canonical_json,
+    key::{IdempotencyKey, Scope},
+    Caller,
+};
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 

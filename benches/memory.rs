@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::Duration;
 
 use idem_runtime::{
+    key::IdempotencyKey,
     store::{Attempt, ClaimRequest},
-    IdempotencyKey, IdempotencyStore, MemoryStore,
+    IdempotencyStore, MemoryStore,
 };
 
 struct Counting;

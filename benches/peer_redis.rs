@@ -39,7 +39,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem_runtime::{store::Attempt, Caller, Executor, Operation, RedisStore, ScopeSpec, ToolError};
+use idem_runtime::{
+    executor::{Operation, ScopeSpec},
+    store::Attempt,
+    Caller, Executor, RedisStore, ToolError,
+};
 use serde::{Deserialize, Serialize};
 
 /// Calls of each kind per round and runtime, and rounds.

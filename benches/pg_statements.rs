@@ -18,7 +18,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem_runtime::{store::Attempt, Answer, Caller, Executor, PostgresStore};
+use idem_runtime::{answer::Answer, store::Attempt, Caller, Executor, PostgresStore};
 
 /// One call through `exec` with a no-op handler: a new operation.
 async fn wrapped(exec: &Executor, caller: &Caller, n: u64) {

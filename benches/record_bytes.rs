@@ -34,7 +34,8 @@ use std::time::Duration;
 
 use idem_runtime::store::{Attempt, IdempotencyStore};
 use idem_runtime::{
-    Caller, Executor, Operation, PostgresStore, RedisStore, ScopeSpec, SqliteStore, ToolError,
+    executor::{Operation, ScopeSpec},
+    Caller, Executor, PostgresStore, RedisStore, SqliteStore, ToolError,
 };
 use serde::{Deserialize, Serialize};
 

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use idem_runtime::store::conformance::{Fault, FaultyStore};
-use idem_runtime::{open_store, Answer, Caller, Executor, IdempotencyStore};
+use idem_runtime::{answer::Answer, open_store, Caller, Executor, IdempotencyStore};
 
 /// One call of `amount` through `exec`; whether it was replayed.
 async fn call(exec: &Executor, caller: &Caller, amount: u64) -> bool {

@@ -2,9 +2,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_runtime::{
+    executor::{Operation, ScopeSpec},
     follow_on,
     outbox::{job_fn, JobHandlers, Outbox, OutboxConfig},
-    Caller, Executor, MemoryStore, Operation, ScopeSpec, ToolError,
+    Caller, Executor, MemoryStore, ToolError,
 };
 use serde_json::json;
 

@@ -13,8 +13,9 @@ use idem_runtime::maintenance::sweep;
 use idem_runtime::store::conformance::{Call, Fault, FaultyStore};
 use idem_runtime::store::RecordStateKind;
 use idem_runtime::{
-    Answer, Caller, Executor, IdempotencyStore, MemoryStore, Operation, OperationContext,
-    Recording, ScopeSpec, ToolError,
+    answer::{Answer, Recording},
+    executor::{Operation, OperationContext, ScopeSpec},
+    Caller, Executor, IdempotencyStore, MemoryStore, ToolError,
 };
 use serde::{Deserialize, Serialize};
 

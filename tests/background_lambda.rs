@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use idem_runtime::store::RecordStateKind;
 use idem_runtime::{
-    Answer, Caller, Executor, IdempotencyStore, MemoryStore, Operation, Recording, ScopeSpec,
-    ToolError,
+    answer::{Answer, Recording},
+    executor::{Operation, ScopeSpec},
+    Caller, Executor, IdempotencyStore, MemoryStore, ToolError,
 };
 use tracing_subscriber::util::SubscriberInitExt;
 

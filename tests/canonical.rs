@@ -5,7 +5,7 @@
 use std::fs;
 use std::path::PathBuf;
 
-use idem_runtime::canonical::{
+use idem_runtime::key::canonical::{
     canonical_json, canonicalize_str, format_number_es6, CanonicalError, MAX_DEPTH,
 };
 use proptest::prelude::*;

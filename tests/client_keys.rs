@@ -17,8 +17,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_runtime::{
-    idempotent, Answer, Caller, Executor, IdempotentServer, MemoryStore, Operation, ScopeSpec,
-    ToolError, RESULT_META_KEY, TOOL_META_KEY,
+    answer::Answer,
+    executor::{Operation, ScopeSpec},
+    idempotent,
+    mcp::{RESULT_META_KEY, TOOL_META_KEY},
+    Caller, Executor, IdempotentServer, MemoryStore, ToolError,
 };
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use rmcp::handler::server::wrapper::{Json, Parameters};

@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use idem_runtime::store::conformance::{Call, Fault, FaultyStore};
 use idem_runtime::{
-    Answer, Caller, Executor, IdempotencyStore, MemoryStore, Operation, OperationContext,
-    Recording, ScopeSpec, ToolError,
+    answer::{Answer, Recording},
+    executor::{Operation, OperationContext, ScopeSpec},
+    Caller, Executor, IdempotencyStore, MemoryStore, ToolError,
 };
 use serde::{Deserialize, Serialize};
 

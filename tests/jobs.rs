@@ -6,12 +6,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_runtime::{
+    answer::Answer,
+    executor::{Operation, ScopeSpec},
     maintenance::{
         purge, reconcile, resolve_by_hand, sweep, Maintenance, MaintenanceConfig, Outcome,
         ReconcileConfig, Reconciler, Reconciliation, ResolveError,
     },
     store::{Claim, ClaimRequest, Record, RecordState},
-    Answer, Caller, Executor, IdempotencyStore, MemoryStore, Operation, ScopeSpec, ToolError,
+    Caller, Executor, IdempotencyStore, MemoryStore, ToolError,
 };
 
 /// A processor's view: which references it has charged.

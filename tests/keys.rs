@@ -4,8 +4,9 @@
 use std::time::Duration;
 
 use idem_runtime::{
-    canonical::{canonical_json, CanonicalError},
-    Caller, IdempotencyKey, KeyError, Reference, Scope,
+    key::canonical::{canonical_json, CanonicalError},
+    key::{IdempotencyKey, KeyError, Scope},
+    Caller, Reference,
 };
 use proptest::prelude::*;
 use serde_json::{json, Value};

@@ -24,8 +24,10 @@ use idem_runtime::maintenance::{reconcile, sweep, ReconcileConfig, Reconciler, R
 use idem_runtime::store::conformance::{Call, Fault, FaultyStore};
 use idem_runtime::store::{Record, RecordStateKind};
 use idem_runtime::{
-    async_trait, Answer, Caller, Disposition, Executor, IdempotencyStore, MemoryStore, Operation,
-    OperationContext, Reference, ScopeSpec, SqliteStore, ToolError,
+    answer::{Answer, Disposition},
+    async_trait,
+    executor::{Operation, OperationContext, ScopeSpec},
+    Caller, Executor, IdempotencyStore, MemoryStore, Reference, SqliteStore, ToolError,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;

@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 
 use idem_runtime::store::conformance::{Call, Fault, FaultyStore};
 use idem_runtime::{
-    Answer, Caller, Executor, IdempotencyStore, MemoryStore, Operation, OperationContext,
-    ScopeSpec, ToolError,
+    answer::Answer,
+    executor::{Operation, OperationContext, ScopeSpec},
+    Caller, Executor, IdempotencyStore, MemoryStore, ToolError,
 };
 use serde::{Deserialize, Serialize};
 

@@ -28,8 +28,10 @@ use idem_runtime::maintenance::{resolve_by_hand, Outcome};
 use idem_runtime::outbox::{job_fn, FollowOn, JobHandlers, JobRun, Outbox, OutboxConfig};
 use idem_runtime::store::{Attempt, RecordStateKind};
 use idem_runtime::{
-    Answer, Caller, Executor, IdempotencyStore, MemoryStore, Operation, PostgresStore, Reference,
-    ScopeSpec, SqliteStore, ToolError,
+    answer::Answer,
+    executor::{Operation, ScopeSpec},
+    Caller, Executor, IdempotencyStore, MemoryStore, PostgresStore, Reference, SqliteStore,
+    ToolError,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -253,7 +255,7 @@ async fn call_replay_resolve(store: Arc<dyn IdempotencyStore>) -> Vec<Secret> {
     };
     let charged = |charge_id: String, mail_to: String| {
         let effects = effects.clone();
-        move |ctx: idem_runtime::OperationContext| async move {
+        move |ctx: idem_runtime::executor::OperationContext| async move {
             effects.charges.lock().unwrap().push(charge_id.clone());
             ctx.follow_on(JOB, &json!({"to": mail_to}))
                 .map_err(|e| ToolError::rejected(e.to_string()))?;

@@ -17,8 +17,11 @@ use idem_runtime::store::{
     StoreError,
 };
 use idem_runtime::{
-    idempotent, Caller, Executor, IdempotencyKey, IdempotentServer, MemoryStore, Reference,
-    Resolver, Scope, ToolError, RESULT_META_KEY,
+    answer::Resolver,
+    idempotent,
+    key::{IdempotencyKey, Scope},
+    mcp::RESULT_META_KEY,
+    Caller, Executor, IdempotentServer, MemoryStore, Reference, ToolError,
 };
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
@@ -99,7 +102,9 @@ impl Refunds {
 
 impl Refunds {
     fn router() -> ToolRouter<Self> {
-        Self::tool_router().with_route(idem_runtime::status_tool::<Self>("get_operation_status"))
+        Self::tool_router().with_route(idem_runtime::mcp::status_tool::<Self>(
+            "get_operation_status",
+        ))
     }
 }
 

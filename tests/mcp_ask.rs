@@ -16,8 +16,9 @@ use std::time::Duration;
 
 use idem_runtime::store::conformance::{Call, Fault, FaultyStore};
 use idem_runtime::{
-    audit_hints, current_continuation, hint_report, idempotent, Ask, Caller, Executor, HintBacking,
-    IdempotentServer, MemoryStore, ToolError, TOOL_META_KEY,
+    audit_hints, idempotent,
+    mcp::{current_continuation, hint_report, HintBacking, TOOL_META_KEY},
+    Ask, Caller, Executor, IdempotentServer, MemoryStore, ToolError,
 };
 use rmcp::handler::server::wrapper::{Json, Parameters};
 use rmcp::model::{

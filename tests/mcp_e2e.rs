@@ -8,8 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_runtime::{
-    audit_hints, current_reference, idempotent, Caller, Executor, HintProblem, IdempotentServer,
-    MemoryStore, ToolError, RESULT_META_KEY,
+    audit_hints, current_reference, idempotent,
+    mcp::{HintProblem, RESULT_META_KEY},
+    Caller, Executor, IdempotentServer, MemoryStore, ToolError,
 };
 use rmcp::handler::server::router::tool::ToolRoute;
 use rmcp::handler::server::wrapper::{Json, Parameters};
@@ -688,7 +689,7 @@ fn a_business_key_without_a_window_shows_the_default_retention() {
     assert_eq!(marker["businessKey"], json!(["order_id"]));
     assert_eq!(
         marker["retentionSeconds"],
-        json!(idem_runtime::DEFAULT_RETENTION.as_secs())
+        json!(idem_runtime::executor::DEFAULT_RETENTION.as_secs())
     );
 }
 
@@ -700,11 +701,11 @@ async fn a_business_key_is_derived_as_before_from_the_typed_field() {
     let client = connect(shop(&executor, alice(), &processor)).await;
     let args = json!({ "order_id": "o-9", "address": "9 Elm St" });
     let result = call(&client, "create_shipment", args.clone()).await;
-    let expected = idem_runtime::IdempotencyKey::derive(
+    let expected = idem_runtime::key::IdempotencyKey::derive(
         &Caller::new("acme", "alice"),
         "create_shipment",
         &args,
-        &idem_runtime::Scope::BusinessKey(json!("o-9")),
+        &idem_runtime::key::Scope::BusinessKey(json!("o-9")),
     )
     .unwrap();
     let reference = idem_runtime::Reference::parse(
@@ -759,11 +760,11 @@ async fn a_business_key_reaches_renamed_and_nested_fields() {
 
     // Several fields are keyed by an object of them, under the names the
     // attribute gives.
-    let expected = idem_runtime::IdempotencyKey::derive(
+    let expected = idem_runtime::key::IdempotencyKey::derive(
         &Caller::new("acme", "alice"),
         "reserve_stock",
         &json!({}),
-        &idem_runtime::Scope::BusinessKey(json!({ "warehouse": "w1", "customer.id": "c-1" })),
+        &idem_runtime::key::Scope::BusinessKey(json!({ "warehouse": "w1", "customer.id": "c-1" })),
     )
     .unwrap();
     let reference = idem_runtime::Reference::parse(

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_runtime::{
-    current_cancellation, current_reference, idempotent, Caller, Executor, IdempotentServer,
-    MemoryStore, Resolver, ToolError,
+    answer::Resolver, current_reference, idempotent, mcp::current_cancellation, Caller, Executor,
+    IdempotentServer, MemoryStore, ToolError,
 };
 use rmcp::handler::server::wrapper::{Json, Parameters};
 use rmcp::model::{
@@ -159,7 +159,7 @@ impl ServerHandler for Shop {
         request: GetTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<GetTaskResult, ErrorData> {
-        idem_runtime::tasks::get_task(self, request, context).await
+        idem_runtime::mcp::tasks::get_task(self, request, context).await
     }
 
     async fn cancel_task(
@@ -167,7 +167,7 @@ impl ServerHandler for Shop {
         request: CancelTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        idem_runtime::tasks::cancel_task(self, request, context).await
+        idem_runtime::mcp::tasks::cancel_task(self, request, context).await
     }
 }
 
@@ -533,7 +533,8 @@ async fn an_old_task_reads_as_its_own_resolution_after_the_same_call_ran_again()
     // The reconciler (here, by hand) finds the charge.
     let reference = idem_runtime::Reference::parse(&first).unwrap();
     let record = store.lookup("acme", &reference).await.unwrap().unwrap();
-    let found = idem_runtime::stored_response(Json(json!({ "charge_id": "ch_found" }))).unwrap();
+    let found =
+        idem_runtime::mcp::stored_response(Json(json!({ "charge_id": "ch_found" }))).unwrap();
     store
         .resolve(
             &record.key,

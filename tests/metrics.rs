@@ -12,13 +12,15 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_runtime::store::conformance::claim_request;
 use idem_runtime::{
+    answer::Answer,
+    executor::{Operation, ScopeSpec},
     maintenance::{
         purge, reconcile, resolve_by_hand, sweep, Outcome, ReconcileConfig, Reconciler,
         Reconciliation,
     },
     outbox::{job_fn, FollowOn, JobHandlers, Outbox, OutboxConfig},
     store::{Claim, Record},
-    Answer, Caller, Executor, IdempotencyStore, MemoryStore, Operation, ScopeSpec, ToolError,
+    Caller, Executor, IdempotencyStore, MemoryStore, ToolError,
 };
 use metrics::{SharedString, Unit};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};

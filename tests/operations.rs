@@ -14,10 +14,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idem_runtime::{
+    answer::Answer,
+    executor::{Operation, OperationContext, ScopeSpec},
     follow_on,
     outbox::{job_fn, JobHandlers, JobRun, Outbox, OutboxConfig},
-    Answer, Caller, Executor, IdempotencyStore, MemoryStore, Operation, OperationContext,
-    Reference, ScopeSpec, SqliteStore, ToolError,
+    Caller, Executor, IdempotencyStore, MemoryStore, Reference, SqliteStore, ToolError,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};

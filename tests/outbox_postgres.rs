@@ -13,10 +13,12 @@ use std::time::{Duration, Instant};
 
 use durable::PgSchema;
 use idem_runtime::{
+    answer::{Answer, Recording},
+    executor::{Operation, ScopeSpec},
     follow_on,
     outbox::{job_fn, FollowOn, FollowOnError, JobHandlers, Outbox, OutboxConfig},
     store::{FollowOnStore, JobFilter, RecordState},
-    Answer, Caller, Executor, IdempotencyStore, Operation, Recording, ScopeSpec, ToolError,
+    Caller, Executor, IdempotencyStore, ToolError,
 };
 use serde_json::json;
 

@@ -177,7 +177,7 @@ fn operation(result: &CallToolResult) -> Value {
     result
         .meta
         .as_ref()
-        .and_then(|meta| meta.get(idem_runtime::RESULT_META_KEY))
+        .and_then(|meta| meta.get(idem_runtime::mcp::RESULT_META_KEY))
         .cloned()
         .unwrap_or(Value::Null)
 }
@@ -474,7 +474,7 @@ async fn the_nickname_tool_is_hinted_by_construction() {
             tool.annotations.as_ref().and_then(|a| a.idempotent_hint),
             Some(true)
         );
-        let marker = &tool.meta.as_ref().unwrap()[idem_runtime::TOOL_META_KEY];
+        let marker = &tool.meta.as_ref().unwrap()[idem_runtime::mcp::TOOL_META_KEY];
         assert_eq!(
             marker,
             &json!({ "byConstruction": "sets the card's nickname to the given value; a repeat writes the same value" })

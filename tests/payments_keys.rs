@@ -219,7 +219,7 @@ async fn charges(client: &Client) -> u64 {
 }
 
 fn op(result: &CallToolResult) -> &Value {
-    &result.meta.as_ref().expect("_meta")[idem_runtime::RESULT_META_KEY]
+    &result.meta.as_ref().expect("_meta")[idem_runtime::mcp::RESULT_META_KEY]
 }
 
 fn state(result: &CallToolResult) -> &str {
@@ -426,7 +426,7 @@ async fn stdio_the_listing_says_clientkey() {
         let marker = tool
             .meta
             .as_ref()
-            .and_then(|meta| meta.get(idem_runtime::TOOL_META_KEY));
+            .and_then(|meta| meta.get(idem_runtime::mcp::TOOL_META_KEY));
         let expected = match &*tool.name {
             "charge_card" | "tap_to_pay" => Some(json!("optional")),
             _ => None,

@@ -143,7 +143,7 @@ async fn charge(client: &Client) -> CallToolResult {
 }
 
 fn op(result: &CallToolResult) -> &Value {
-    &result.meta.as_ref().expect("_meta")[idem_runtime::RESULT_META_KEY]
+    &result.meta.as_ref().expect("_meta")[idem_runtime::mcp::RESULT_META_KEY]
 }
 
 async fn ledger(client: &Client) -> Value {

@@ -60,7 +60,7 @@ async fn ledger(client: &Client) -> Value {
 }
 
 fn operation(result: &CallToolResult) -> &Value {
-    &result.meta.as_ref().expect("_meta")[idem_runtime::RESULT_META_KEY]
+    &result.meta.as_ref().expect("_meta")[idem_runtime::mcp::RESULT_META_KEY]
 }
 
 #[tokio::test]

@@ -194,7 +194,7 @@ async fn a_slow_charge_returns_a_task_and_polling_ends_completed_with_the_receip
     // The processor was given the task id as its idempotency reference.
     assert_eq!(receipt["reference"], json!(task_id));
     assert_eq!(
-        result["_meta"][idem_runtime::RESULT_META_KEY]["reference"],
+        result["_meta"][idem_runtime::mcp::RESULT_META_KEY]["reference"],
         json!(task_id)
     );
 
@@ -228,7 +228,7 @@ async fn a_repeat_while_working_gets_the_same_task_and_the_processor_charges_onc
     let replay = complete(call_once(&client, "charge_card", args).await);
     assert_eq!(replay.is_error, Some(false));
     assert_eq!(replay.structured_content, Some(receipt));
-    let meta = &replay.meta.as_ref().expect("_meta")[idem_runtime::RESULT_META_KEY];
+    let meta = &replay.meta.as_ref().expect("_meta")[idem_runtime::mcp::RESULT_META_KEY];
     assert_eq!(meta["state"], json!("replayed"));
     assert_eq!(meta["reference"], json!(a.task.task_id));
 
@@ -253,7 +253,7 @@ async fn a_client_without_the_extension_gets_the_result_inline() {
         result.structured_content.as_ref().unwrap()["amount_cents"],
         json!(700)
     );
-    let meta = &result.meta.as_ref().expect("_meta")[idem_runtime::RESULT_META_KEY];
+    let meta = &result.meta.as_ref().expect("_meta")[idem_runtime::mcp::RESULT_META_KEY];
     assert_eq!(meta["state"], json!("executed"));
     client.cancel().await.ok();
 }

@@ -138,7 +138,7 @@ async fn call(client: &Client, tool: &'static str, args: Value) -> CallToolResul
 }
 
 fn operation(result: &CallToolResult) -> &Value {
-    &result.meta.as_ref().expect("_meta")[idem_runtime::RESULT_META_KEY]
+    &result.meta.as_ref().expect("_meta")[idem_runtime::mcp::RESULT_META_KEY]
 }
 
 #[tokio::test]

@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 
 use idem_runtime::store::conformance::claim_request;
 use idem_runtime::{
+    executor::{Operation, ScopeSpec},
     store::{conformance, Claim, FollowOnStore},
-    Caller, Executor, IdempotencyStore, Operation, RedisStore, ScopeSpec,
+    Caller, Executor, IdempotencyStore, RedisStore,
 };
 use redis_server::{command, free_port, fresh_prefix, Server};
 

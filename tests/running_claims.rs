@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use idem_runtime::store::conformance::{Call, Fault, FaultyStore};
 use idem_runtime::{
-    Answer, Caller, Executor, MemoryStore, Operation, OperationContext, ScopeSpec, ToolError,
+    answer::Answer,
+    executor::{Operation, OperationContext, ScopeSpec},
+    Caller, Executor, MemoryStore, ToolError,
 };
 use serde_json::{json, Value};
 

@@ -29,11 +29,12 @@ use std::time::Duration;
 use dynamodb_emulator::{client, endpoint, lagging_endpoint, set_lag, Lag, Table, WalkHolds};
 use idem_runtime::store::conformance::{self, claim_request, Call, Fault, FaultyStore};
 use idem_runtime::{
+    answer::{Answer, Recording},
+    executor::{Operation, OperationContext, ScopeSpec},
     maintenance::{reconcile, sweep, Reconciler, Reconciliation},
     outbox::{FollowOn, FollowOnError},
     store::{FollowOnStore, Record, RecordStateKind},
-    Answer, Caller, DynamoDbStore, Executor, IdempotencyStore, Operation, OperationContext,
-    Recording, ScopeSpec, StoreError, ToolError,
+    Caller, DynamoDbStore, Executor, IdempotencyStore, StoreError, ToolError,
 };
 
 idem_runtime::conformance_tests!(Table::new().await);
@@ -49,7 +50,7 @@ async fn all_cases_share_one_table() {
 /// The item of a record, read raw, to see the attributes the indexes key on.
 async fn raw_record(
     table: &Table,
-    key: &idem_runtime::IdempotencyKey,
+    key: &idem_runtime::key::IdempotencyKey,
 ) -> std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue> {
     use aws_sdk_dynamodb::types::AttributeValue;
     let bytes = key.as_bytes();
@@ -696,7 +697,7 @@ async fn the_payments_example_runs_on_dynamodb() {
             .expect("tools/call answers")
     };
     let state = |r: &rmcp::model::CallToolResult| {
-        r.meta.as_ref().expect("_meta")[idem_runtime::RESULT_META_KEY]["state"].clone()
+        r.meta.as_ref().expect("_meta")[idem_runtime::mcp::RESULT_META_KEY]["state"].clone()
     };
     let first = charge().await;
     assert_eq!(state(&first), serde_json::json!("executed"), "{first:?}");
@@ -1151,7 +1152,7 @@ async fn a_clock_ahead_does_not_shorten_the_settle_period() {
 }
 
 /// The keys of the records the sweep would mark now.
-async fn lapsed_keys(store: &DynamoDbStore) -> Vec<idem_runtime::IdempotencyKey> {
+async fn lapsed_keys(store: &DynamoDbStore) -> Vec<idem_runtime::key::IdempotencyKey> {
     store
         .list_lapsed(100)
         .await
@@ -1235,7 +1236,11 @@ async fn create_table_before_leases(endpoint: &str) -> Table {
 /// Rewrites a record's index keys as a version before `leases` left them:
 /// IN_PROGRESS in `lapsed` (`lq`), or settled in `expiry` at its
 /// retention end (`xq`, `xk`); never in `leases`.
-async fn as_before_leases(table: &Table, key: &idem_runtime::IdempotencyKey, in_progress: bool) {
+async fn as_before_leases(
+    table: &Table,
+    key: &idem_runtime::key::IdempotencyKey,
+    in_progress: bool,
+) {
     use aws_sdk_dynamodb::types::AttributeValue::{B, N};
     let bytes = key.as_bytes();
     let mut sk = vec![b'r'];

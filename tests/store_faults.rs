@@ -19,10 +19,11 @@ use async_trait::async_trait;
 use durable::{temp_dir, Link, PgSchema, Proxy};
 use idem_runtime::store::conformance::{Call, Fault, FaultyStore};
 use idem_runtime::{
+    answer::{Answer, Recording},
+    executor::{Operation, OperationContext, ScopeSpec},
     maintenance::{reconcile, sweep, Reconciler, Reconciliation},
     store::Record,
-    Answer, Caller, Executor, IdempotencyStore, Operation, OperationContext, PostgresStore,
-    Recording, ScopeSpec, SqliteStore, ToolError,
+    Caller, Executor, IdempotencyStore, PostgresStore, SqliteStore, ToolError,
 };
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, BufReader};

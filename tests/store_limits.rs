@@ -30,8 +30,11 @@ use idem_runtime::store::{
     RecordFilter, RecordState, Resolution, StateCounts,
 };
 use idem_runtime::{
-    async_trait, Answer, Caller, Executor, IdempotencyKey, IdempotencyStore, MemoryStore,
-    Operation, Recording, Reference, ScopeSpec, SqliteStore, StoreError, ToolError,
+    answer::{Answer, Recording},
+    async_trait,
+    executor::{Operation, ScopeSpec},
+    key::IdempotencyKey,
+    Caller, Executor, IdempotencyStore, MemoryStore, Reference, SqliteStore, StoreError, ToolError,
 };
 
 /// `inner`, declaring `response` bytes as its largest response,

@@ -162,7 +162,10 @@ async fn unmigrated_schema_says_to_migrate() {
 /// A connection of the test's own holding the record of `key` locked, in a
 /// transaction it ends with `COMMIT` or `ROLLBACK` (as a concurrent claim or
 /// a reconciler would hold it).
-async fn lock_record(pg: &PgSchema, key: &idem_runtime::IdempotencyKey) -> tokio_postgres::Client {
+async fn lock_record(
+    pg: &PgSchema,
+    key: &idem_runtime::key::IdempotencyKey,
+) -> tokio_postgres::Client {
     let locker = durable::connect(&pg.url).await;
     locker.batch_execute("BEGIN").await.unwrap();
     locker
@@ -444,7 +447,11 @@ async fn all_cases_pass_with_named_statements_on_a_direct_connection() {
 /// does not exist` or `already exists`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn behind_a_transaction_pooler_40_concurrent_callers_make_no_store_error() {
-    use idem_runtime::{Answer, Caller, Executor, Operation, ScopeSpec, ToolError};
+    use idem_runtime::{
+        answer::Answer,
+        executor::{Operation, ScopeSpec},
+        Caller, Executor, ToolError,
+    };
     use std::sync::atomic::{AtomicUsize, Ordering};
     let Some(url) = durable::url_from(
         "IDEM_TEST_PGBOUNCER_URL",
@@ -920,7 +927,7 @@ async fn audit_writes(client: &tokio_postgres::Client, schema: &str) {
 async fn audited(
     client: &tokio_postgres::Client,
     schema: &str,
-    key: &idem_runtime::IdempotencyKey,
+    key: &idem_runtime::key::IdempotencyKey,
 ) -> Vec<(i64, i16)> {
     client
         .query(
@@ -959,7 +966,7 @@ async fn running_statements(client: &tokio_postgres::Client, schema: &str) -> Ve
 /// the claim once the lock goes. So the claim never lands, the retry runs
 /// the charge once, and nothing ever reads as unknown.
 async fn a_stalled_claim_is_cancelled_on_the_server(url: &str, direct: bool) {
-    use idem_runtime::{Answer, Executor};
+    use idem_runtime::{answer::Answer, Executor};
     let name = format!("t_{:016x}", Attempt::random().get());
     let pg = PgSchema::open(url, &name).await;
     let schema = pg.store.schema().to_owned();
@@ -1156,11 +1163,11 @@ async fn named_statements_behind_a_transaction_pooler_are_a_configuration_error(
     let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let caller = idem_runtime::Caller::new("acme", "alice");
     let args = serde_json::json!({"card": "tok_named", "amount_cents": 500});
-    let op = idem_runtime::Operation {
+    let op = idem_runtime::executor::Operation {
         caller: &caller,
         tool: "charge_card",
         args: &args,
-        scope: idem_runtime::ScopeSpec::Window(Duration::from_secs(900)),
+        scope: idem_runtime::executor::ScopeSpec::Window(Duration::from_secs(900)),
         status_tool: "get_operation_status",
     };
     let counted = ran.clone();
@@ -1173,7 +1180,7 @@ async fn named_statements_behind_a_transaction_pooler_are_a_configuration_error(
     assert!(
         matches!(
             answer,
-            idem_runtime::Answer::StoreMisconfigured {
+            idem_runtime::answer::Answer::StoreMisconfigured {
                 error: StoreError::Config(_)
             }
         ),

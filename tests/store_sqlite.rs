@@ -236,7 +236,10 @@ fn audit_writes(conn: &rusqlite::Connection) {
 
 /// The (attempt, state) of every write of `key`'s record since
 /// [`audit_writes`], in order.
-fn audited(conn: &rusqlite::Connection, key: &idem_runtime::IdempotencyKey) -> Vec<(i64, i64)> {
+fn audited(
+    conn: &rusqlite::Connection,
+    key: &idem_runtime::key::IdempotencyKey,
+) -> Vec<(i64, i64)> {
     let mut stmt = conn
         .prepare("SELECT attempt, state FROM audit WHERE key = ?1 ORDER BY rowid")
         .unwrap();
@@ -268,7 +271,7 @@ async fn the_retry_charges_once(
     card: &str,
     other: &rusqlite::Connection,
 ) {
-    use idem_runtime::Answer;
+    use idem_runtime::answer::Answer;
     let retry = durable::charge(executor, processor, card).await;
     assert!(matches!(retry, Answer::Executed { .. }), "{retry:?}");
     let repeat = durable::charge(executor, processor, card).await;

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_runtime::{
-    idempotent, Caller, Executor, IdempotentServer, MemoryStore, ToolError, RESULT_META_KEY,
-    TOOL_META_KEY,
+    idempotent,
+    mcp::{RESULT_META_KEY, TOOL_META_KEY},
+    Caller, Executor, IdempotentServer, MemoryStore, ToolError,
 };
 use rmcp::handler::server::wrapper::{Json, Parameters};
 use rmcp::model::{CallToolRequestParams, CallToolResult};

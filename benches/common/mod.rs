@@ -4,7 +4,11 @@
 use std::time::Duration;
 
 use idem_runtime::store::ClaimRequest;
-use idem_runtime::{Answer, Caller, Executor, Operation, ScopeSpec, ToolError};
+use idem_runtime::{
+    answer::Answer,
+    executor::{Operation, ScopeSpec},
+    Caller, Executor, ToolError,
+};
 
 /// A claim of a fresh random key, as the executor would make it.
 pub fn request() -> ClaimRequest {

@@ -13,9 +13,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_runtime::{
+    answer::Resolver,
     maintenance::{Maintenance, MaintenanceConfig, ReconcileConfig},
     outbox::{Outbox, OutboxConfig},
-    Caller, Executor, IdempotencyStore, Resolver, SqliteStore,
+    Caller, Executor, IdempotencyStore, SqliteStore,
 };
 use rmcp::model::{
     CallToolRequestParams, CallToolResult, ElicitRequestParams, ElicitResult, ElicitationAction,
@@ -76,14 +77,14 @@ fn show(label: &str, result: &CallToolResult) {
     if let Some(op) = result
         .meta
         .as_ref()
-        .and_then(|m| m.get(idem_runtime::RESULT_META_KEY))
+        .and_then(|m| m.get(idem_runtime::mcp::RESULT_META_KEY))
     {
         println!("    _meta:   {op}");
     }
 }
 
 fn reference(result: &CallToolResult) -> String {
-    result.meta.as_ref().unwrap()[idem_runtime::RESULT_META_KEY]["reference"]
+    result.meta.as_ref().unwrap()[idem_runtime::mcp::RESULT_META_KEY]["reference"]
         .as_str()
         .unwrap()
         .to_owned()

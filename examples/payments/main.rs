@@ -145,7 +145,7 @@ fn parse_flags() -> Flags {
         store: default_store(),
         processor_delay: Duration::from_millis(300),
         processor_timeout: Duration::from_millis(5000),
-        lease: idem_runtime::DEFAULT_LEASE,
+        lease: idem_runtime::executor::DEFAULT_LEASE,
         background_completions: false,
         maintenance_interval: Duration::from_millis(10_000),
         settle: ReconcileConfig::default().settle,

@@ -64,5 +64,5 @@ impl Reconciler for ProcessorReconciler {
 /// Exactly what `charge_card` stores for `receipt` (it returns
 /// `Json<Receipt>`), so a repeat replays the receipt as the tool would.
 fn tool_response(receipt: Receipt) -> Result<String, Box<dyn std::error::Error + Send + Sync>> {
-    Ok(idem_runtime::stored_response(Json(receipt))?)
+    Ok(idem_runtime::mcp::stored_response(Json(receipt))?)
 }

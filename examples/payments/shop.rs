@@ -25,8 +25,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_runtime::{
-    current_cancellation, current_continuation, current_reference, follow_on, idempotent, Ask,
-    Caller, Executor, IdempotentServer, ToolError,
+    current_reference, follow_on, idempotent,
+    mcp::{current_cancellation, current_continuation},
+    Ask, Caller, Executor, IdempotentServer, ToolError,
 };
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::{Json, Parameters};
@@ -344,7 +345,7 @@ impl ServerHandler for Payments {
         request: GetTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<GetTaskResult, ErrorData> {
-        idem_runtime::tasks::get_task(self, request, context).await
+        idem_runtime::mcp::tasks::get_task(self, request, context).await
     }
 
     /// `tasks/cancel`: signals the handler if it runs in this process.
@@ -353,6 +354,6 @@ impl ServerHandler for Payments {
         request: CancelTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        idem_runtime::tasks::cancel_task(self, request, context).await
+        idem_runtime::mcp::tasks::cancel_task(self, request, context).await
     }
 }

@@ -108,7 +108,7 @@ use proc_macro::TokenStream;
 ///
 /// With a business key, `window` sets how long the record is kept. Without
 /// it the record is kept for the executor's retention: 48 h
-/// (`idem_runtime::DEFAULT_RETENTION`) unless the server's executor was built
+/// (`idem_runtime::executor::DEFAULT_RETENTION`) unless the server's executor was built
 /// `with_retention(..)`. The tool's `_meta` shows `window`, or 48 h: it is
 /// written at compile time and does not see `with_retention`.
 ///
@@ -182,7 +182,7 @@ use proc_macro::TokenStream;
 ///   the field `error` when the handler rejected the call or the operation
 ///   was resolved as not performed. Another tenant's task id is not found.
 /// - **`tasks/cancel`** is acknowledged and signals the handler, if it runs
-///   in this process: `idem_runtime::current_cancellation()` is `Some` inside
+///   in this process: `idem_runtime::mcp::current_cancellation()` is `Some` inside
 ///   a handler running as a task. The record is never deleted; the task ends
 ///   with what the handler really did.
 ///
@@ -190,14 +190,14 @@ use proc_macro::TokenStream;
 /// on a clone of the server), advertise the extension
 /// (`ServerCapabilities::builder().enable_tools().enable_tasks()` in
 /// `get_info`) and answer `tasks/get` and `tasks/cancel` with
-/// `idem_runtime::tasks::get_task` and `idem_runtime::tasks::cancel_task`
-/// in its `ServerHandler` (the module `idem_runtime::tasks` shows the impl).
+/// `idem_runtime::mcp::tasks::get_task` and `idem_runtime::mcp::tasks::cancel_task`
+/// in its `ServerHandler` (the module `idem_runtime::mcp::tasks` shows the impl).
 ///
 /// ```rust,ignore
 /// #[idempotent(window = "24h", task = "optional")]
 /// #[tool(description = "Export the account's history as CSV (minutes)")]
 /// async fn export_history(&self, Parameters(args): Parameters<ExportArgs>) -> Result<Json<Export>, ToolError> {
-///     let cancel = idem_runtime::current_cancellation(); // Some(..) when run as a task
+///     let cancel = idem_runtime::mcp::current_cancellation(); // Some(..) when run as a task
 ///     ..
 /// }
 /// ```
@@ -211,7 +211,7 @@ use proc_macro::TokenStream;
 /// The reason is required and must say, in words, which lines of the
 /// handler make a repeat harmless; it appears in the tool's
 /// `_meta["idem/idempotent"]` as `{"byConstruction": "<reason>"}`, and in
-/// `idem_runtime::hint_report` (and the log of `audit_hints`), so that a
+/// `idem_runtime::mcp::hint_report` (and the log of `audit_hints`), so that a
 /// reviewer can hold it against the code. The review question for any hint
 /// is which lines of the handler make it true.
 ///
@@ -290,7 +290,7 @@ use proc_macro::TokenStream;
 /// `Ask::elicit` or `Ask::input`) releases the claim and records nothing,
 /// and idem answers `input_required` with a sealed `requestState`. The
 /// continuation, the same call with the answers, is the same operation: its
-/// handler finds them in `idem_runtime::current_continuation()`. The macro
+/// handler finds them in `idem_runtime::mcp::current_continuation()`. The macro
 /// recognises `Ask` by name (an alias of it does not compile: `Ask` is not a
 /// tool output), and the method then also takes rmcp's `RequestState` and
 /// `InputResponses` and returns rmcp's `CallToolResponse`. With `task =
@@ -430,7 +430,7 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
 ///
 /// In-flight and outcome-unknown answers tell the model to call a status
 /// tool with the operation's reference. `Self::tool_router()` has it: one
-/// `idem_runtime::status_tool::<Self>(name)` per name the wrapped tools give
+/// `idem_runtime::mcp::status_tool::<Self>(name)` per name the wrapped tools give
 /// (`get_operation_status` unless `#[idempotent(status_tool = "..")]` says
 /// otherwise), unless the impl has a tool of that name itself. The server
 /// type implements `idem_runtime::IdempotentServer` (and is `Send + Sync +

@@ -107,7 +107,7 @@
 //! # What an answer means
 //!
 //! Every result carries `_meta["idem/operation"]` with the reference and
-//! an [`AnswerState`]: `executed` (ran once), `replayed` (the stored
+//! an [`AnswerState`](answer::AnswerState): `executed` (ran once), `replayed` (the stored
 //! result), `in_progress`, `unknown` (a repeat met an operation whose
 //! outcome nobody knows), `failed_unknown` (this call's handler failed in a
 //! way that may have taken effect), `conflict`, `rejected`, `refused`,
@@ -137,7 +137,7 @@
     feature = "rmcp",
     doc = "- [`macro@idempotent`] wraps an rmcp tool in the [`Executor`] and gives it
   `idempotentHint: true`; [`macro@tool_router`] on the impl refuses a hint
-  no wrapper backs and adds the status tool ([`status_tool`]);
+  no wrapper backs and adds the status tool ([`status_tool`](mcp::status_tool));
   [`audit_hints`] checks the served router at start-up."
 )]
 #![cfg_attr(
@@ -147,11 +147,11 @@
   impl refuses a hint no wrapper backs and adds the status tool;
   `audit_hints` checks the served router at start-up."
 )]
-//! - The [`Executor`] derives the operation's [`IdempotencyKey`] (canonical
-//!   JSON, [`canonical`]), claims a record in an [`IdempotencyStore`]
+//! - The [`Executor`] derives the operation's [`IdempotencyKey`](key::IdempotencyKey) (canonical
+//!   JSON, [`canonical`](key::canonical)), claims a record in an [`IdempotencyStore`]
 //!   before the side effect, records the outcome after it, and answers every
 //!   repeat from the record: in progress, replayed, unknown or conflict (see
-//!   [`Answer`] and [`AnswerState`]).
+//!   [`Answer`](answer::Answer) and [`AnswerState`](answer::AnswerState)).
 //! - Stores: [`MemoryStore`], `SqliteStore` (feature `sqlite`, default),
 //!   `PostgresStore` (`postgres`), `RedisStore` (`redis`), `DynamoDbStore`
 //!   (`dynamodb`); [`open_store`]
@@ -159,6 +159,15 @@
 //!
 //! The rest lives in a module of its own:
 //!
+//! - [`answer`]: what a call receives ([`Answer`](answer::Answer), its
+//!   [`AnswerState`](answer::AnswerState), the status report).
+//! - [`executor`]: an operation run without the macro
+//!   ([`ScopeSpec`](executor::ScopeSpec), [`Operation`](executor::Operation)),
+//!   and the defaults of windows, leases and retentions.
+//! - [`key`]: operation keys, their scopes, and the canonical JSON they hash.
+//! - `mcp` (feature `rmcp`): the rmcp glue beyond the attributes: the
+//!   status tool, MCP tasks, client keys, tools that ask first, and the
+//!   hints' report.
 //! - [`maintenance`]: the loop that purges, sweeps dead calls to UNKNOWN and
 //!   reconciles them through your
 //!   [`Reconciler`](maintenance::Reconciler); an operator's
@@ -172,7 +181,6 @@
 //! - [`store`]: the contract a store implements ([`IdempotencyStore`],
 //!   [`FollowOnStore`](store::FollowOnStore)), the records and jobs it
 //!   keeps, and (feature `conformance`) the suite a store of your own runs.
-//! - [`canonical`]: the RFC 8785 canonical JSON the keys hash.
 //! - Operating it: calls, store latencies and maintenance are counted
 //!   through the `metrics` facade (feature `metrics`, default; the names are
 //!   in docs/operating.md), each call runs in an `idem.call`
@@ -188,16 +196,15 @@
     rust_2018_idioms
 )]
 
-mod answer;
-pub mod canonical;
+pub mod answer;
 #[cfg(feature = "cli")]
 pub mod cli;
-mod executor;
+pub mod executor;
 mod future;
-mod key;
+pub mod key;
 pub mod maintenance;
 #[cfg(feature = "rmcp")]
-mod mcp;
+pub mod mcp;
 pub mod outbox;
 mod random;
 pub mod store;
@@ -205,44 +212,35 @@ mod telemetry;
 #[cfg(any(feature = "cli", feature = "rmcp"))]
 mod time;
 
-// The root holds what an application needs to write and serve a tool; a
-// store author's, an operator's and the background loops' names live in
-// `store`, `maintenance`, `outbox` and `canonical`.
-pub use answer::{
-    Answer, AnswerState, Classify, Disposition, Recording, Resolver, StatusReport, ToolError,
-};
-/// The attribute a [`Reconciler`](maintenance::Reconciler) implementation needs (its method is
-/// `async`), re-exported so that implementing it takes no dependency of your
-/// own: `#[idem_runtime::async_trait]` on the `impl` block.
+// The root holds what writing and serving a tool needs. The rest lives in
+// named modules: `answer` (what a call receives), `executor` (running an
+// operation without the macro), `key` (operation keys and their canonical
+// JSON), `mcp` (the rmcp glue: the status tool, tasks, client keys, the
+// hints' audit), `store` (the stores' contracts and builders),
+// `maintenance` and `outbox`.
+pub use answer::{Classify, ToolError};
+/// The attribute a [`Reconciler`](maintenance::Reconciler) or a store
+/// implementation needs (their methods are `async`), re-exported so that
+/// implementing one takes no dependency of your own:
+/// `#[idem_runtime::async_trait]` on the `impl` block.
 pub use async_trait::async_trait;
-pub use executor::{
-    ConfigError, Executor, Operation, OperationContext, ScopeSpec, TaskCancellation,
-    DEFAULT_CLIENT_KEY_RETENTION, DEFAULT_LEASE, DEFAULT_RETENTION, MAX_TOOL_WINDOW,
-};
+pub use executor::Executor;
 /// The attribute that makes an rmcp tool safe to repeat.
 #[cfg(feature = "rmcp")]
 pub use idem_macros::{idempotent, tool_router};
-pub use key::{
-    valid_client_key, Caller, IdempotencyKey, KeyError, Reference, Scope, MAX_CLIENT_KEY_LEN,
-};
+pub use key::{Caller, Reference};
 #[cfg(feature = "rmcp")]
 #[doc(hidden)]
 pub use mcp::private as __private;
 #[cfg(feature = "rmcp")]
-pub use mcp::{
-    audit_hints, current_cancellation, current_reference, list_tools, request_caller,
-    request_client_key, status_tool, stored_response, tasks, ClientKeyMode, HintProblem,
-    IdempotentServer, CLIENT_KEY_HEADER, CLIENT_KEY_META, RESULT_META_KEY, TOOL_META_KEY,
-};
-#[cfg(feature = "rmcp")]
-pub use mcp::{current_continuation, hint_report, Ask, Continuation, HintBacking};
+pub use mcp::{audit_hints, current_reference, Ask, IdempotentServer};
 pub use outbox::follow_on;
-pub use store::{open_store, IdempotencyStore, MemoryStore, StoreError};
 #[cfg(feature = "dynamodb")]
-pub use store::{DynamoDbStore, DynamoDbStoreBuilder};
+pub use store::DynamoDbStore;
 #[cfg(feature = "postgres")]
-pub use store::{PostgresStore, PostgresStoreBuilder};
+pub use store::PostgresStore;
 #[cfg(feature = "redis")]
-pub use store::{RedisStore, RedisStoreBuilder};
+pub use store::RedisStore;
 #[cfg(feature = "sqlite")]
-pub use store::{SqliteStore, SqliteStoreBuilder};
+pub use store::SqliteStore;
+pub use store::{open_store, IdempotencyStore, MemoryStore, StoreError};

@@ -21,9 +21,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_runtime::{
+    executor::{Operation, ScopeSpec},
     follow_on,
     outbox::{job_fn, JobHandlers, Outbox, OutboxConfig},
-    Caller, Executor, IdempotencyStore, Operation, ScopeSpec, SqliteStore, ToolError,
+    Caller, Executor, IdempotencyStore, SqliteStore, ToolError,
 };
 
 #[tokio::main]

@@ -18,7 +18,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_runtime::{Answer, Caller, DynamoDbStore, Executor, Operation, ScopeSpec, ToolError};
+use idem_runtime::{
+    answer::Answer,
+    executor::{Operation, ScopeSpec},
+    Caller, DynamoDbStore, Executor, ToolError,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
@@ -191,7 +195,7 @@ async fn main() {
     }
     // What the calls leave to maintenance, once their leases ended: one
     // round of the sweep and of the purge, per record written.
-    tokio::time::sleep(idem_runtime::DEFAULT_LEASE + Duration::from_secs(1)).await;
+    tokio::time::sleep(idem_runtime::executor::DEFAULT_LEASE + Duration::from_secs(1)).await;
     let records = (calls + calls.min(20) + 1) as f64;
     let before = counts(counts_url);
     let swept = idem_runtime::maintenance::sweep(&*store, 10_000)

@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem_runtime::{
-    Caller, Executor, IdempotencyStore, Operation, OperationContext, PostgresStore, ScopeSpec,
-    SqliteStore, ToolError,
+    executor::{Operation, OperationContext, ScopeSpec},
+    Caller, Executor, IdempotencyStore, PostgresStore, SqliteStore, ToolError,
 };
 use serde::{Deserialize, Serialize};
 

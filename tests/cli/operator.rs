@@ -233,7 +233,7 @@ pub async fn operate(url: &str, store: &dyn IdempotencyStore) {
     assert_eq!(
         record.state,
         RecordState::Completed {
-            response: idem_runtime::stored_response(rmcp::handler::server::wrapper::Json(
+            response: idem_runtime::mcp::stored_response(rmcp::handler::server::wrapper::Json(
                 json!({"charge_id": "ch_42"})
             ))
             .unwrap()

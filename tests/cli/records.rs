@@ -46,7 +46,7 @@ async fn show_finds_a_reference_without_its_tenant() {
     // key's first eight bytes and the operation's tag): ambiguous.
     let mut bytes = *reqs[1].key.as_bytes();
     bytes[31] ^= 0xff;
-    let key = idem_runtime::IdempotencyKey::from_parts(bytes, bytes);
+    let key = idem_runtime::key::IdempotencyKey::from_parts(bytes, bytes);
     let copy = ClaimRequest {
         tenant: "globex".to_owned(),
         key,

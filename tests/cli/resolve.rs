@@ -24,14 +24,14 @@ async fn unknown_charge(
     caller: &idem_runtime::Caller,
     cents: u64,
     runs: &std::sync::atomic::AtomicUsize,
-) -> idem_runtime::Answer<rmcp::model::CallToolResult, idem_runtime::ToolError> {
+) -> idem_runtime::answer::Answer<rmcp::model::CallToolResult, idem_runtime::ToolError> {
     use std::sync::atomic::Ordering;
     let args = json!({"card": "4242", "cents": cents});
-    let op = idem_runtime::Operation {
+    let op = idem_runtime::executor::Operation {
         caller,
         tool: "charge_card",
         args: &args,
-        scope: idem_runtime::ScopeSpec::Window(Duration::from_secs(900)),
+        scope: idem_runtime::executor::ScopeSpec::Window(Duration::from_secs(900)),
         status_tool: "get_operation_status",
     };
     executor
@@ -58,8 +58,8 @@ async fn a_resolution_by_hand_is_replayed_as_the_tools_result() {
     let runs = AtomicUsize::new(0);
     let first = unknown_charge(&executor, &caller, 500, &runs).await;
     let reference = match &first {
-        idem_runtime::Answer::Failed { reference, .. }
-        | idem_runtime::Answer::Unknown { reference, .. } => reference.to_string(),
+        idem_runtime::answer::Answer::Failed { reference, .. }
+        | idem_runtime::answer::Answer::Unknown { reference, .. } => reference.to_string(),
         other => panic!("{other:?}"),
     };
     assert_eq!(runs.load(Ordering::SeqCst), 1);
@@ -87,7 +87,7 @@ async fn a_resolution_by_hand_is_replayed_as_the_tools_result() {
         "the handler did not run again"
     );
     match again {
-        idem_runtime::Answer::Replayed { value, .. } => {
+        idem_runtime::answer::Answer::Replayed { value, .. } => {
             assert_eq!(
                 value.structured_content,
                 Some(json!({"charge_id": "ch_42"}))
@@ -167,7 +167,7 @@ async fn a_resolution_by_hand_is_replayed_as_the_tools_result() {
     .await;
     assert_eq!(whole.code, EXIT_OK, "{whole:?}");
     match unknown_charge(&executor, &caller, 700, &runs).await {
-        idem_runtime::Answer::Replayed { value, .. } => {
+        idem_runtime::answer::Answer::Replayed { value, .. } => {
             assert_eq!(value.content.len(), 1);
             assert_eq!(
                 value.content[0].as_text().map(|t| t.text.as_str()),

@@ -74,14 +74,14 @@ pub async fn charge(
     executor: &idem_runtime::Executor,
     processor: &Processor,
     card: &str,
-) -> idem_runtime::Answer<String, idem_runtime::ToolError> {
+) -> idem_runtime::answer::Answer<String, idem_runtime::ToolError> {
     let caller = idem_runtime::Caller::new("acme", "alice");
     let args = charge_args(card);
-    let op = idem_runtime::Operation {
+    let op = idem_runtime::executor::Operation {
         caller: &caller,
         tool: "charge_card",
         args: &args,
-        scope: idem_runtime::ScopeSpec::Window(CHARGE_WINDOW),
+        scope: idem_runtime::executor::ScopeSpec::Window(CHARGE_WINDOW),
         status_tool: "get_operation_status",
     };
     executor
@@ -92,12 +92,12 @@ pub async fn charge(
 }
 
 /// The key of [`charge`]'s operation for `card`.
-pub fn charge_key(card: &str) -> idem_runtime::IdempotencyKey {
-    idem_runtime::IdempotencyKey::derive(
+pub fn charge_key(card: &str) -> idem_runtime::key::IdempotencyKey {
+    idem_runtime::key::IdempotencyKey::derive(
         &idem_runtime::Caller::new("acme", "alice"),
         "charge_card",
         &charge_args(card),
-        &idem_runtime::Scope::Window(CHARGE_WINDOW),
+        &idem_runtime::key::Scope::Window(CHARGE_WINDOW),
     )
     .unwrap()
 }
@@ -600,7 +600,11 @@ pub async fn late_truth_frees_the_key_through_the_executor(
     store: std::sync::Arc<dyn idem_runtime::IdempotencyStore>,
 ) {
     use idem_runtime::store::{RecordStateKind, Resolution};
-    use idem_runtime::{Answer, Caller, Executor, Operation, ScopeSpec, ToolError};
+    use idem_runtime::{
+        answer::Answer,
+        executor::{Operation, ScopeSpec},
+        Caller, Executor, ToolError,
+    };
     use std::sync::atomic::{AtomicUsize, Ordering};
     let exec = Executor::new(store.clone());
     let caller = Caller::new(format!("t{}", Attempt::random().get()), "alice");

@@ -7,10 +7,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_runtime::{
+    answer::{Answer, Recording},
     follow_on,
     outbox::{job_fn, JobHandlers, Outbox},
     store::{JobFilter, JobState},
-    Answer, Executor, IdempotencyStore, MemoryStore, Recording, SqliteStore, ToolError,
+    Executor, IdempotencyStore, MemoryStore, SqliteStore, ToolError,
 };
 use serde_json::json;
 

@@ -22,10 +22,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idem_runtime::{
+    answer::Answer,
+    executor::{Operation, ScopeSpec},
     follow_on,
     outbox::{job_fn, JobHandlers, JobRun, OutboxConfig},
     store::{JobFilter, JobState},
-    Answer, Caller, Executor, IdempotencyStore, MemoryStore, Operation, ScopeSpec, ToolError,
+    Caller, Executor, IdempotencyStore, MemoryStore, ToolError,
 };
 use serde_json::{json, Value};
 

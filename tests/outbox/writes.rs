@@ -8,9 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_runtime::{
+    answer::{Answer, Recording},
     follow_on,
     outbox::{FollowOnError, Outbox, OutboxConfig},
-    Answer, Executor, IdempotencyStore, Recording, ToolError,
+    Executor, IdempotencyStore, ToolError,
 };
 use serde_json::{json, Value};
 

@@ -24,8 +24,10 @@ use idem_runtime::maintenance::{
 use idem_runtime::outbox::{job_fn, FollowOn, JobHandlers, JobRun, Outbox, OutboxConfig};
 use idem_runtime::store::{Attempt, Claim, ClaimRequest, Record, RecordState};
 use idem_runtime::{
-    Answer, Caller, Executor, IdempotencyKey, IdempotencyStore, Operation, Reference, Scope,
-    ScopeSpec, ToolError,
+    answer::Answer,
+    executor::{Operation, ScopeSpec},
+    key::{IdempotencyKey, Scope},
+    Caller, Executor, IdempotencyStore, Reference, ToolError,
 };
 
 /// The tenant and the tool of every call.

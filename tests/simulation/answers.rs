@@ -2,7 +2,11 @@
 //! answer's effect, or its absence) and oracle 8 from the caller's side (a
 //! call after its operation's window is a new operation).
 
-use idem_runtime::{store::RecordState, Answer, Disposition, Recording, ToolError};
+use idem_runtime::{
+    answer::{Answer, Disposition, Recording},
+    store::RecordState,
+    ToolError,
+};
 
 use super::world::{AfterWindow, Outcome, Receipt, Sim, Tool, World};
 

@@ -4,7 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_runtime::{Answer, Caller, Executor, Operation, OperationContext, ScopeSpec, ToolError};
+use idem_runtime::{
+    answer::Answer,
+    executor::{Operation, OperationContext, ScopeSpec},
+    Caller, Executor, ToolError,
+};
 use tokio::time::Instant;
 
 use super::answers::{after_window, judge};

@@ -19,7 +19,7 @@
 //! - a conflict runs nothing (oracle 3 as well), and is answered only where
 //!   the caller sent the key with other arguments too.
 
-use idem_runtime::{Answer, ToolError};
+use idem_runtime::{answer::Answer, ToolError};
 
 use super::rng::Rng;
 use super::scenario::{call_plan, TENANTS};

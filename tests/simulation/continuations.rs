@@ -31,8 +31,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_runtime::{
-    current_continuation, current_reference, idempotent, Ask, Caller, Executor, IdempotencyStore,
-    IdempotentServer, MemoryStore, ToolError,
+    current_reference, idempotent, mcp::current_continuation, Ask, Caller, Executor,
+    IdempotencyStore, IdempotentServer, MemoryStore, ToolError,
 };
 use rmcp::handler::server::wrapper::{Json, Parameters};
 use rmcp::model::{

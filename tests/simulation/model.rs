@@ -6,9 +6,10 @@
 use std::time::{Duration, SystemTime};
 
 use idem_runtime::{
+    key::IdempotencyKey,
     outbox::FollowOn,
     store::{Attempt, ClaimRequest, Record, RecordState},
-    IdempotencyKey, IdempotencyStore, Reference,
+    IdempotencyStore, Reference,
 };
 
 use super::recorder::Recorder;

@@ -7,12 +7,13 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use idem_runtime::{
+    key::IdempotencyKey,
     outbox::FollowOns,
     store::{
         Attempt, Claim, ClaimRequest, FollowOnStore, Job, JobFilter, JobId, Record, RecordFilter,
         RecordState, Resolution, StateCounts,
     },
-    IdempotencyKey, IdempotencyStore, Reference, StoreError,
+    IdempotencyStore, Reference, StoreError,
 };
 use tokio::time::Instant;
 

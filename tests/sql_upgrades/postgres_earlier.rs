@@ -28,7 +28,7 @@ use idem_runtime::store::{
     Attempt, Claim, ClaimRequest, FollowOnStore, FollowOns, IdempotencyStore, Job, JobFilter,
     JobId, JobState, Record, RecordFilter, RecordStateKind, Resolution, StateCounts, StoreError,
 };
-use idem_runtime::{IdempotencyKey, PostgresStore, Reference};
+use idem_runtime::{key::IdempotencyKey, PostgresStore, Reference};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Row};
 

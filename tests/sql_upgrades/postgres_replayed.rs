@@ -29,7 +29,7 @@ use idem_runtime::store::{
     JobId, JobState, Record, RecordFilter, RecordState, RecordStateKind, Resolution, StateCounts,
     StoreError,
 };
-use idem_runtime::{IdempotencyKey, Reference};
+use idem_runtime::{key::IdempotencyKey, Reference};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Row};
 

@@ -26,7 +26,7 @@ use idem_runtime::store::{
     Attempt, Claim, ClaimRequest, FollowOnStore, FollowOns, IdempotencyStore, Job, JobFilter,
     JobId, Record, RecordFilter, RecordStateKind, Resolution, StateCounts, StoreError,
 };
-use idem_runtime::{IdempotencyKey, Reference, SqliteStore};
+use idem_runtime::{key::IdempotencyKey, Reference, SqliteStore};
 use rusqlite::{params, Connection, OptionalExtension};
 
 /// The commit whose statements these are.

@@ -29,7 +29,7 @@ use idem_runtime::store::{
     JobId, JobState, Record, RecordFilter, RecordState, RecordStateKind, Resolution, StateCounts,
     StoreError,
 };
-use idem_runtime::{IdempotencyKey, Reference};
+use idem_runtime::{key::IdempotencyKey, Reference};
 use rusqlite::{params, Connection, OptionalExtension};
 
 /// A commit's statements by the name of the field that held each.

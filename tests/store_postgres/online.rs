@@ -74,7 +74,7 @@ impl Schema {
         }
     }
 
-    fn store(&self) -> idem_runtime::PostgresStoreBuilder {
+    fn store(&self) -> idem_runtime::store::PostgresStoreBuilder {
         PostgresStore::builder(&self.url)
             .unwrap()
             .schema(&self.name)

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_runtime::store::{RecordFilter, RecordStateKind};
-use idem_runtime::{Answer, Executor, IdempotencyStore, RedisStore};
+use idem_runtime::{answer::Answer, Executor, IdempotencyStore, RedisStore};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;

@@ -33,8 +33,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use idem_runtime::{
-    store::conformance, Answer, Caller, Executor, IdempotencyKey, Operation, RedisStore, ScopeSpec,
-    StoreError, ToolError,
+    answer::Answer,
+    executor::{Operation, ScopeSpec},
+    key::IdempotencyKey,
+    store::conformance,
+    Caller, Executor, RedisStore, StoreError, ToolError,
 };
 use redis_server::{command, Prefixed};
 

@@ -6,8 +6,9 @@ use std::time::{Duration, SystemTime};
 
 use idem_runtime::store::conformance::{again, claim_request};
 use idem_runtime::{
+    key::IdempotencyKey,
     store::{Claim, ClaimRequest, FollowOnStore, RecordState, Resolution},
-    IdempotencyKey, IdempotencyStore, StoreError,
+    IdempotencyStore, StoreError,
 };
 
 use crate::durable;

@@ -20,7 +20,9 @@ use idem_lambda_example::{
 use idem_runtime::maintenance::MaintenanceConfig;
 use idem_runtime::outbox::{job_fn, JobHandlers};
 use idem_runtime::store::{Attempt, Claim, ClaimRequest, RecordStateKind};
-use idem_runtime::{open_store, DynamoDbStore, Executor, IdempotencyKey, Reference, ToolError};
+use idem_runtime::{
+    key::IdempotencyKey, open_store, DynamoDbStore, Executor, Reference, ToolError,
+};
 use lambda_http::{Body, Request, Response, Service};
 use serde_json::{json, Value};
 

@@ -64,7 +64,7 @@ pub(super) fn state_label(record: &Record) -> String {
 /// it says both: a reconciler resolves it where one runs, and otherwise,
 /// or when the reconciler cannot tell, the operator does, with the command
 /// written out. (The servers' answers say the one their
-/// [`Resolver`](crate::Resolver) names.)
+/// [`Resolver`](crate::answer::Resolver) names.)
 pub(super) fn next_step(r: &Record) -> Option<String> {
     outcome_unknown(r).then(|| {
         format!(

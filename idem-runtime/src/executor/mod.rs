@@ -222,12 +222,12 @@ impl Executor {
     /// operation, how long a completed answer is replayed, the listing's
     /// `windowSeconds` in `_meta["idem/idempotent"]` (through the router a
     /// [`tool_router(server_handler)`](crate::tool_router) impl serves, or
-    /// [`list_tools`](crate::list_tools) for a handler of your own), and
+    /// [`list_tools`](crate::mcp::list_tools) for a handler of your own), and
     /// the window of a client key's tool (whose key's retention stays at
     /// least this window). `tool` is the name the tool is listed under.
     ///
     /// ```
-    /// # fn demo() -> Result<(), idem_runtime::ConfigError> {
+    /// # fn demo() -> Result<(), idem_runtime::executor::ConfigError> {
     /// use std::sync::Arc;
     /// use std::time::Duration;
     /// use idem_runtime::{Executor, MemoryStore};
@@ -388,7 +388,7 @@ impl Executor {
     /// until it lands. Meanwhile a repeat on this executor is answered with
     /// the response from memory, and one on another replica is told the
     /// operation is in progress. The answer says
-    /// [`Recording::Pending`](crate::Recording::Pending) (`_meta`:
+    /// [`Recording::Pending`] (`_meta`:
     /// `"recorded": false, "recording": "pending"`).
     ///
     /// What a crash may lose: a completion this process had not written yet.

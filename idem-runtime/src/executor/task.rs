@@ -199,7 +199,7 @@ pub(super) async fn record_rejection(
 
 /// A cancellation request for a handler running as a task, as the handler
 /// sees it
-#[cfg_attr(feature = "rmcp", doc = "([`crate::current_cancellation`]).")]
+#[cfg_attr(feature = "rmcp", doc = "([`crate::mcp::current_cancellation`]).")]
 #[cfg_attr(
     not(feature = "rmcp"),
     doc = "(`current_cancellation`, feature `rmcp`)."
@@ -310,9 +310,9 @@ impl Drop for SignalGuard {
 mod tests {
     use super::*;
     use crate::answer::ToolError;
+    use crate::executor::ScopeSpec;
     use crate::key::Caller;
     use crate::store::MemoryStore;
-    use crate::ScopeSpec;
 
     fn op<'a>(caller: &'a Caller, args: &'a serde_json::Value) -> Operation<'a, serde_json::Value> {
         Operation {

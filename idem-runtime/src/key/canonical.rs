@@ -83,7 +83,7 @@ pub enum CanonicalError {
 /// ```
 /// let value = serde_json::json!({"b": [1000.0, "é\n"], "a": 9007199254740993u64});
 /// assert_eq!(
-///     idem_runtime::canonical::canonical_json(&value).unwrap(),
+///     idem_runtime::key::canonical::canonical_json(&value).unwrap(),
 ///     r#"{"a":9007199254740993,"b":[1000,"é\n"]}"#,
 /// );
 /// ```
@@ -104,7 +104,7 @@ pub fn canonical_json(value: &Value) -> Result<String, CanonicalError> {
 /// # Examples
 ///
 /// ```
-/// let canonical = idem_runtime::canonical::canonicalize_str(r#"{ "b": 1e3, "a": "\u00e9" }"#).unwrap();
+/// let canonical = idem_runtime::key::canonical::canonicalize_str(r#"{ "b": 1e3, "a": "\u00e9" }"#).unwrap();
 /// assert_eq!(canonical, r#"{"a":"é","b":1000}"#);
 /// ```
 pub fn canonicalize_str(text: &str) -> Result<String, CanonicalError> {
@@ -140,7 +140,7 @@ pub fn canonicalize_str(text: &str) -> Result<String, CanonicalError> {
 /// # Examples
 ///
 /// ```
-/// use idem_runtime::canonical::format_number_es6;
+/// use idem_runtime::key::canonical::format_number_es6;
 /// assert_eq!(format_number_es6(1e21).unwrap(), "1e+21");
 /// assert_eq!(format_number_es6(333333333.33333329).unwrap(), "333333333.3333333");
 /// assert_eq!(format_number_es6(-0.0).unwrap(), "0");

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-pub(crate) mod canonical;
+pub mod canonical;
 
 use canonical::{write_canonical, CanonicalError, Sink};
 
@@ -151,7 +151,7 @@ impl IdempotencyKey {
     /// # Errors
     ///
     /// - [`KeyError::Canonical`] if the arguments or the business key nest
-    ///   deeper than [`canonical::MAX_DEPTH`](crate::canonical::MAX_DEPTH).
+    ///   deeper than [`canonical::MAX_DEPTH`].
     /// - [`KeyError::EmptyBusinessKey`] if the business key is `null`, `""`,
     ///   or an array or object holding only such empty values (`[]`, `{}`,
     ///   `{"order_id": null}`): every call without a value would otherwise be
@@ -161,14 +161,14 @@ impl IdempotencyKey {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idem_runtime::{Caller, IdempotencyKey, Scope};
+    /// use idem_runtime::{Caller, key::{IdempotencyKey, Scope}};
     ///
     /// let caller = Caller::new("acme", "alice");
     /// let scope = Scope::Window(Duration::from_secs(900));
     /// let a = IdempotencyKey::derive(&caller, "charge", &serde_json::json!({"cents": 500, "to": "bob"}), &scope)?;
     /// let b = IdempotencyKey::derive(&caller, "charge", &serde_json::json!({"to": "bob", "cents": 500}), &scope)?;
     /// assert_eq!(a, b);
-    /// # Ok::<(), idem_runtime::KeyError>(())
+    /// # Ok::<(), idem_runtime::key::KeyError>(())
     /// ```
     pub fn derive(
         caller: &Caller,

@@ -106,7 +106,7 @@ impl Reconciliation {
 /// [`#[idem_runtime::async_trait]`](crate::async_trait) (the `async-trait`
 /// crate's attribute, re-exported; no dependency of your own needed). A
 /// "performed" answer carries the tool's result as the tool would have
-/// returned it: build it with `idem_runtime::stored_response`, from the
+/// returned it: build it with `idem_runtime::mcp::stored_response`, from the
 /// value the handler returns on success (`Json(receipt)` for a tool that
 /// returns `Result<Json<Receipt>, _>`).
 ///
@@ -123,7 +123,7 @@ impl Reconciliation {
 /// use idem_runtime::maintenance::{MaintenanceConfig, Outcome, Reconciler, Reconciliation};
 /// use idem_runtime::outbox::FollowOn;
 /// use idem_runtime::store::Record;
-/// use idem_runtime::{async_trait, stored_response};
+/// use idem_runtime::{async_trait, mcp::stored_response};
 /// use rmcp::handler::server::wrapper::Json;
 ///
 /// #[derive(serde::Serialize, schemars::JsonSchema)]

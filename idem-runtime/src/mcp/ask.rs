@@ -32,8 +32,8 @@ use super::private::{ToolSpec, WrappedServer};
 use super::render::{completed, HandlerFailure};
 use super::RESULT_META_KEY;
 use crate::answer::{AnswerState, Classify, ToolError};
-use crate::canonical::canonical_json;
 use crate::executor::{Executor, ScopeSpec, DEFAULT_RETENTION};
+use crate::key::canonical::canonical_json;
 use crate::key::Caller;
 
 /// What a wrapped tool that may ask before its effect returns: its result,
@@ -46,7 +46,7 @@ use crate::key::Caller;
 /// #[tool(description = "Charge a card")]
 /// async fn charge_card(&self, Parameters(args): Parameters<ChargeArgs>) -> Result<Ask<Json<Receipt>>, ToolError> {
 ///     if args.amount_cents >= 100_000 {
-///         match idem_runtime::current_continuation().and_then(|c| c.elicitation("confirm")) {
+///         match idem_runtime::mcp::current_continuation().and_then(|c| c.elicitation("confirm")) {
 ///             // First round: ask, before anything happens.
 ///             None => return Ok(Ask::elicit("confirm", "Charge this card?", confirm_schema())),
 ///             Some(answer) if accepted(&answer) => {}

@@ -40,7 +40,7 @@ impl fmt::Display for HintProblem {
             HintProblem::MissingStatusTool { tool, status_tool } => write!(
                 f,
                 "tool `{tool}` sends models to status tool `{status_tool}`, which this router \
-                 does not have; add it (idem_runtime::status_tool) or name another"
+                 does not have; add it (idem_runtime::mcp::status_tool) or name another"
             ),
         }
     }

@@ -25,7 +25,7 @@ use crate::executor::Executor;
 /// async fn list_tools(&self, _: Option<PaginatedRequestParams>, _: RequestContext<RoleServer>)
 ///     -> Result<ListToolsResult, ErrorData>
 /// {
-///     Ok(ListToolsResult::with_all_items(idem_runtime::list_tools(&self.tool_router, self.executor())))
+///     Ok(ListToolsResult::with_all_items(idem_runtime::mcp::list_tools(&self.tool_router, self.executor())))
 /// }
 /// ```
 pub fn list_tools<S: Send + Sync + 'static>(

@@ -121,7 +121,7 @@ pub(super) fn completed(value: impl IntoCallToolResult) -> Result<CallToolResult
 /// use rmcp::model::CallToolResult;
 /// use serde_json::json;
 ///
-/// let stored = idem_runtime::stored_response(Json(json!({ "charge_id": "ch_42" }))).unwrap();
+/// let stored = idem_runtime::mcp::stored_response(Json(json!({ "charge_id": "ch_42" }))).unwrap();
 /// let replayed: CallToolResult = serde_json::from_str(&stored).unwrap();
 /// assert_eq!(replayed.structured_content, Some(json!({ "charge_id": "ch_42" })));
 /// ```

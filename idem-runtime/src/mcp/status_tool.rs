@@ -27,7 +27,7 @@ struct StatusArgs {
 ///
 /// ```ignore
 /// let router = Payments::tool_router()
-///     .with_route(idem_runtime::status_tool::<Payments>("get_operation_status"));
+///     .with_route(idem_runtime::mcp::status_tool::<Payments>("get_operation_status"));
 /// ```
 pub fn status_tool<S>(name: &'static str) -> ToolRoute<S>
 where

@@ -59,7 +59,7 @@
 //!         Parameters(args): Parameters<ExportArgs>,
 //!     ) -> Result<Json<Export>, ToolError> {
 //!         // Some(..) when the call runs as a task: tasks/cancel signals it.
-//!         let _cancel = idem_runtime::current_cancellation();
+//!         let _cancel = idem_runtime::mcp::current_cancellation();
 //!         Ok(Json(Export { rows: args.customer_id.len() as u64 }))
 //!     }
 //! }
@@ -74,14 +74,14 @@
 //!         request: GetTaskParams,
 //!         context: RequestContext<RoleServer>,
 //!     ) -> Result<GetTaskResult, ErrorData> {
-//!         idem_runtime::tasks::get_task(self, request, context).await
+//!         idem_runtime::mcp::tasks::get_task(self, request, context).await
 //!     }
 //!     async fn cancel_task(
 //!         &self,
 //!         request: CancelTaskParams,
 //!         context: RequestContext<RoleServer>,
 //!     ) -> Result<(), ErrorData> {
-//!         idem_runtime::tasks::cancel_task(self, request, context).await
+//!         idem_runtime::mcp::tasks::cancel_task(self, request, context).await
 //!     }
 //! }
 //! ```
@@ -168,7 +168,7 @@ pub async fn get_task<S: IdempotentServer + ?Sized>(
 
 /// `tasks/cancel`: acknowledged for the caller's own task (another's, or
 /// none, is "not found" as for `tasks/get`). When the task's handler runs in
-/// this process, it is signalled ([`crate::current_cancellation`]); on any
+/// this process, it is signalled ([`crate::mcp::current_cancellation`]); on any
 /// other replica, or once the handler has finished, nothing happens. The
 /// record is never changed by it: the handler's own outcome is what the
 /// task ends with.
@@ -225,7 +225,7 @@ async fn find<S: IdempotentServer + ?Sized>(
 /// A record as a task: IN_PROGRESS with a live lease is working; COMPLETED
 /// is completed with the stored result; UNKNOWN (or IN_PROGRESS with its
 /// lease run out) is working with a message saying who resolves it (the
-/// executor's [`Resolver`](crate::Resolver)); NOT_PERFORMED is failed with
+/// executor's [`Resolver`](crate::answer::Resolver)); NOT_PERFORMED is failed with
 /// the handler's message (a rejection) or the resolution's.
 fn detailed(record: &Record, executor: &Executor) -> DetailedTask {
     let lease = executor.lease();

@@ -137,7 +137,7 @@ tokio::task_local! {
 ///
 /// ```
 /// # use std::sync::Arc;
-/// # use idem_runtime::{Caller, Executor, MemoryStore, Operation, ScopeSpec, ToolError};
+/// # use idem_runtime::{Caller, Executor, MemoryStore, executor::{Operation, ScopeSpec}, ToolError};
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
 /// # let executor = Executor::new(Arc::new(MemoryStore::new()));
@@ -152,7 +152,7 @@ tokio::task_local! {
 ///         Ok::<_, ToolError>("charged".to_owned())
 ///     })
 ///     .await;
-/// # assert!(matches!(answer, idem_runtime::Answer::Executed { .. }));
+/// # assert!(matches!(answer, idem_runtime::answer::Answer::Executed { .. }));
 /// # }
 /// ```
 ///

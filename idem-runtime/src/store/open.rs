@@ -44,10 +44,10 @@ use super::{IdempotencyStore, MemoryStore, StoreError};
     feature = "postgres",
     doc = "
 The PostgreSQL parameters are the builder's
-[`schema`](crate::PostgresStoreBuilder::schema),
-[`relaxed_completions`](crate::PostgresStoreBuilder::relaxed_completions) and
-[`direct_connection`](crate::PostgresStoreBuilder::direct_connection) and
-[`migrate_timeout`](crate::PostgresStoreBuilder::migrate_timeout) (in
+[`schema`](crate::store::PostgresStoreBuilder::schema),
+[`relaxed_completions`](crate::store::PostgresStoreBuilder::relaxed_completions) and
+[`direct_connection`](crate::store::PostgresStoreBuilder::direct_connection) and
+[`migrate_timeout`](crate::store::PostgresStoreBuilder::migrate_timeout) (in
 seconds), and `migrate=true` runs
 [`PostgresStore::migrate`](crate::PostgresStore::migrate)."
 )]

@@ -156,7 +156,7 @@ fn observe_call(
     let op = result
         .meta
         .as_ref()
-        .and_then(|m| m.get(idem_runtime::RESULT_META_KEY))
+        .and_then(|m| m.get(idem_runtime::mcp::RESULT_META_KEY))
         .cloned()
         .unwrap_or(Value::Null);
     let state = op["state"].as_str().unwrap_or("no_meta").to_owned();

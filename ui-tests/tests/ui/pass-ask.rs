@@ -3,7 +3,7 @@
 mod common;
 use common::*;
 
-use idem_runtime::{current_continuation, Ask};
+use idem_runtime::{mcp::current_continuation, Ask};
 use rmcp::model::ElicitationSchema;
 use rmcp::service::RequestContext;
 use rmcp::RoleServer;

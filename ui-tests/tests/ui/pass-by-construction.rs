@@ -3,7 +3,10 @@
 mod common;
 use common::*;
 
-use idem_runtime::{audit_hints, hint_report, HintBacking, TOOL_META_KEY};
+use idem_runtime::{
+    audit_hints,
+    mcp::{hint_report, HintBacking, TOOL_META_KEY},
+};
 use rmcp::model::MetaObject;
 
 #[idem_runtime::tool_router]

@@ -26,7 +26,7 @@ impl Payments {
         &self,
         Parameters(args): Parameters<ChargeArgs>,
     ) -> Result<Json<Receipt>, ToolError> {
-        if let Some(cancel) = idem_runtime::current_cancellation() {
+        if let Some(cancel) = idem_runtime::mcp::current_cancellation() {
             if cancel.is_cancelled() {
                 return Err(ToolError::rejected("cancelled before the charge"));
             }
