@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use super::replays::Replays;
+use super::replay_cache::Replays;
 use super::running::Completing;
 use super::Executor;
 use crate::key::{IdempotencyKey, Reference};

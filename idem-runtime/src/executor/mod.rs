@@ -23,28 +23,28 @@ mod background;
 mod claim;
 mod client_keys;
 mod context;
+mod from_record;
 mod guard;
 mod pace;
-mod replayed;
-mod replays;
+mod replay_cache;
 mod running;
 // Used by the rmcp glue only.
 #[cfg_attr(not(feature = "rmcp"), allow(dead_code, unused_imports))]
-mod task;
+mod detached;
 mod tool_scopes;
 
 use crate::future::{panic_message, CatchUnwind};
 use background::{Background, Completion};
 use claim::{Claimed, Won};
 pub use context::OperationContext;
+pub use detached::TaskCancellation;
+#[cfg(feature = "rmcp")]
+pub(crate) use detached::{TaskClaim, REJECTED_RESOLUTION};
+use from_record::{existing, keep_replay, replay};
 use guard::{mark, mark_refused, UnknownOnDrop};
 use pace::ToolDurations;
-use replayed::{existing, keep_replay, replay};
-use replays::Replays;
+use replay_cache::Replays;
 use running::{Found, RunningClaims};
-pub use task::TaskCancellation;
-#[cfg(feature = "rmcp")]
-pub(crate) use task::{TaskClaim, REJECTED_RESOLUTION};
 use tool_scopes::ToolScopes;
 pub use tool_scopes::{ConfigError, MAX_TOOL_WINDOW};
 
@@ -118,7 +118,7 @@ pub struct Executor {
     lease: Duration,
     retention: Duration,
     /// The cancellation signals of the handlers it runs as MCP tasks.
-    tasks: Arc<task::TaskSignals>,
+    tasks: Arc<detached::TaskSignals>,
     max_follow_on_payload: usize,
     /// `None` when the store keeps follow-on jobs, else its backend: read
     /// once here, not on every call.
@@ -883,8 +883,14 @@ impl Executor {
                 let disposition = error.disposition();
                 match disposition {
                     Disposition::Rejected if on_rejected == OnRejected::Record => {
-                        task::record_rejection(store, key, reference, attempt, &error.to_string())
-                            .await;
+                        detached::record_rejection(
+                            store,
+                            key,
+                            reference,
+                            attempt,
+                            &error.to_string(),
+                        )
+                        .await;
                     }
                     Disposition::Rejected => {
                         if let Err(e) = store.release(key, attempt).await {

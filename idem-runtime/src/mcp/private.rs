@@ -49,13 +49,13 @@ pub struct ToolSpec<'a> {
     note = "return `Result<T, ToolError>` (T: `Json<_>`, `CallToolResult`, `String`, ...), \
             or implement `idem_runtime::Classify` for your error type"
 )]
-pub trait Outcome {
+pub trait ToolReturn {
     type Value: IntoCallToolResult;
     type Error: Classify + fmt::Display;
     fn into_result(self) -> Result<Self::Value, Self::Error>;
 }
 
-impl<V: IntoCallToolResult, E: Classify + fmt::Display> Outcome for Result<V, E> {
+impl<V: IntoCallToolResult, E: Classify + fmt::Display> ToolReturn for Result<V, E> {
     type Value = V;
     type Error = E;
     fn into_result(self) -> Result<V, E> {
@@ -197,7 +197,7 @@ pub fn served_tool<S: IdempotentServer + ?Sized, R: Send + Sync + 'static>(
 }
 
 /// A `Result<V, E>` body's outcome, spanned on the declared return type.
-pub fn outcome<R: Outcome>(returned: R) -> Result<CallToolResult, HandlerFailure> {
+pub fn outcome<R: ToolReturn>(returned: R) -> Result<CallToolResult, HandlerFailure> {
     completed(returned.into_result().map_err(HandlerFailure::tool)?)
 }
 

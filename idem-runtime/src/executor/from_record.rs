@@ -5,7 +5,7 @@
 use serde::de::DeserializeOwned;
 
 use super::pace::ToolDurations;
-use super::replays::Replays;
+use super::replay_cache::Replays;
 use crate::answer::{note, Answer, Resolver};
 use crate::key::{IdempotencyKey, Reference};
 use crate::store::{Reading, Record, RecordState};
