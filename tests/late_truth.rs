@@ -531,7 +531,7 @@ async fn idem(store: &str, args: &[&str]) -> (u8, String, String) {
         .into_iter()
         .chain(args.iter().copied())
         .collect();
-    let code = idem_runtime::cli::run(argv, &mut out, &mut err).await;
+    let code = idem_cli::run(argv, &mut out, &mut err).await;
     (
         code,
         String::from_utf8(out).unwrap(),

@@ -310,7 +310,7 @@ async fn a_resolution_by_hand_with_the_cli_shows_in_the_status_tool() {
         "--note",
         note,
     ];
-    let code = idem_runtime::cli::run(argv, &mut out, &mut err).await;
+    let code = idem_cli::run(argv, &mut out, &mut err).await;
     assert_eq!(
         code,
         0,

@@ -120,8 +120,9 @@
 //! - Operating it: calls, store latencies and maintenance are counted
 //!   through the `metrics` facade (feature `metrics`, default; the names are
 //!   in the README's "Operating it"), each call runs in an `idem.call`
-//!   tracing span, and the `idem` command line (feature `cli`, module
-//!   `cli`) lists, shows, resolves by hand, purges and counts records.
+//!   tracing span, and the `idem` command line (the `idem-cli` crate:
+//!   `cargo install idem-cli`) lists, shows, resolves by hand, purges and
+//!   counts records.
 // On docs.rs (`--cfg docsrs`, nightly rustdoc), each item is labelled with
 // the features it needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -134,8 +135,6 @@
 
 mod answer;
 pub mod canonical;
-#[cfg(feature = "cli")]
-pub mod cli;
 mod executor;
 mod future;
 mod key;
@@ -146,7 +145,7 @@ pub mod outbox;
 mod random;
 pub mod store;
 mod telemetry;
-#[cfg(any(feature = "cli", feature = "rmcp"))]
+#[cfg(feature = "rmcp")]
 mod time;
 
 // The root holds what an application needs to write and serve a tool; a

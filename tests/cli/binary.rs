@@ -6,8 +6,8 @@ use serde_json::{json, Value};
 use crate::durable::temp_dir;
 use crate::operator::fill;
 
-/// The real binary, as `cargo install idem-runtime --features cli` gives
-/// it: the root package builds the same source file as `idem_cli`.
+/// The binary as a process: `idem_cli` here is `idem_cli::main`, the whole
+/// of the `idem` binary `cargo install idem-cli` gives.
 #[test]
 fn the_idem_binary_runs() {
     let bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_idem_cli"));

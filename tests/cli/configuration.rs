@@ -1,7 +1,7 @@
 //! A store URL that cannot be read, or a command line that is wrong: refused
 //! with what to do instead.
 
-use idem_runtime::cli::{EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE};
+use idem_cli::{EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE};
 
 use crate::operator::idem;
 

@@ -8,7 +8,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use idem_runtime::cli::{EXIT_OK, EXIT_USAGE};
+use idem_cli::{EXIT_OK, EXIT_USAGE};
 use idem_runtime::outbox::FollowOn;
 use idem_runtime::store::conformance::claim_request;
 use idem_runtime::store::{Attempt, ClaimRequest, FollowOns, RecordStateKind};

@@ -5,7 +5,7 @@
 //! `idem_server`, the command line as `idem_reader` and `idem_resolver`;
 //! and every table of the schema granted to each of the three.
 
-use idem_runtime::cli::EXIT_USAGE;
+use idem_cli::EXIT_USAGE;
 use idem_runtime::store::{conformance, Attempt, RecordStateKind};
 use idem_runtime::{IdempotencyStore, PostgresStore};
 

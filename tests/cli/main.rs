@@ -1,10 +1,10 @@
-//! The operator's command line (`idem_runtime::cli`, the `idem` binary)
+//! The operator's command line (`idem_cli`, the `idem` binary)
 //! against stores a test fills: SQLite always, PostgreSQL when
 //! `IDEM_TEST_DATABASE_URL` is set (see `durable::database_url`), DynamoDB
 //! on its emulator, Redis on a server of the test's own.
 //!
 //! One test binary, a module per part of the command line as
-//! `idem-runtime/src/cli/` has it; `operator` holds what the cases share.
+//! `idem-cli/src/` has it; `operator` holds what the cases share.
 
 #[path = "../durable/mod.rs"]
 mod durable;

@@ -2,7 +2,7 @@
 //! other command leaves an older layout as it is (and says to run
 //! `idem migrate`), and several migrations at once all succeed.
 
-use idem_runtime::cli::{EXIT_OK, EXIT_USAGE};
+use idem_cli::{EXIT_OK, EXIT_USAGE};
 use serde_json::json;
 
 use crate::durable::{database_url, temp_dir};

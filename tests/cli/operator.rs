@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use idem_runtime::cli::{EXIT_OK, EXIT_OPERATOR, EXIT_USAGE};
+use idem_cli::{EXIT_OK, EXIT_OPERATOR, EXIT_USAGE};
 use idem_runtime::store::conformance::claim_request;
 use idem_runtime::{
     store::{Claim, ClaimRequest, RecordState},
@@ -33,7 +33,7 @@ pub async fn idem(store: &str, args: &[&str]) -> Ran {
         .into_iter()
         .chain(args.iter().copied())
         .collect();
-    let code = idem_runtime::cli::run(argv, &mut out, &mut err).await;
+    let code = idem_cli::run(argv, &mut out, &mut err).await;
     Ran {
         code,
         out: String::from_utf8(out).unwrap(),

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use idem_runtime::cli::{EXIT_OK, EXIT_USAGE};
+use idem_cli::{EXIT_OK, EXIT_USAGE};
 use idem_runtime::PostgresStore;
 use serde_json::json;
 

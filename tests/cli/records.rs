@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use idem_runtime::cli::{EXIT_OK, EXIT_OPERATOR, EXIT_USAGE};
+use idem_cli::{EXIT_OK, EXIT_OPERATOR, EXIT_USAGE};
 use idem_runtime::store::conformance::claim_request;
 use idem_runtime::{
     store::{Claim, ClaimRequest},

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_runtime::cli::{EXIT_OK, EXIT_USAGE};
+use idem_cli::{EXIT_OK, EXIT_USAGE};
 use idem_runtime::store::conformance::claim_request;
 use idem_runtime::{
     store::{Claim, FollowOnStore, RecordState},

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use idem_runtime::cli::EXIT_OK;
+use idem_cli::EXIT_OK;
 use idem_runtime::outbox::FollowOn;
 use idem_runtime::store::conformance::claim_request;
 use idem_runtime::store::FollowOns;

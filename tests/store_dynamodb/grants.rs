@@ -218,7 +218,7 @@ async fn creating_and_migrating_need_the_documented_actions() {
     let created = fresh_table();
     let url = |table: &str| format!("dynamodb://{table}?region=us-east-1&endpoint={}", proxy.url);
     let (mut out, mut err) = (Vec::new(), Vec::new());
-    let code = idem_runtime::cli::run(
+    let code = idem_cli::run(
         ["idem", "--store", &url(&created), "create-table"],
         &mut out,
         &mut err,
@@ -231,7 +231,7 @@ async fn creating_and_migrating_need_the_documented_actions() {
         .delete_table()
         .await;
     let old = create_table_before_leases(&endpoint).await;
-    let code = idem_runtime::cli::run(
+    let code = idem_cli::run(
         ["idem", "--store", &url(old.table()), "create-table"],
         &mut out,
         &mut err,

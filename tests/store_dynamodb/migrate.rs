@@ -47,13 +47,13 @@ async fn start(starter: Starter, endpoint: &str, table: &str) -> Result<(), Stri
             .map_err(said),
         Starter::CommandLine => {
             let (mut out, mut err) = (Vec::new(), Vec::new());
-            let code = idem_runtime::cli::run(
+            let code = idem_cli::run(
                 ["idem", "--store", &url, "create-table"],
                 &mut out,
                 &mut err,
             )
             .await;
-            if code == idem_runtime::cli::EXIT_OK {
+            if code == idem_cli::EXIT_OK {
                 Ok(())
             } else {
                 Err(format!("exit {code}: {}", String::from_utf8_lossy(&err)))
@@ -342,14 +342,14 @@ async fn a_failed_migration_says_what_to_do() {
         proxy.url
     );
     let (mut out, mut err) = (Vec::new(), Vec::new());
-    let code = idem_runtime::cli::run(
+    let code = idem_cli::run(
         ["idem", "--store", &url, "create-table"],
         &mut out,
         &mut err,
     )
     .await;
     let err = String::from_utf8(err).unwrap();
-    assert_eq!(code, idem_runtime::cli::EXIT_UNREACHABLE, "{err}");
+    assert_eq!(code, idem_cli::EXIT_UNREACHABLE, "{err}");
     for words in [
         "could not add the `leases` index",
         "InternalServerError",

@@ -2,19 +2,19 @@
 
 use serde_json::{json, Value};
 
-use super::args::{parse_reference, List, Purge, Show};
-use super::escape::shown;
-use super::render::{
+use crate::args::{parse_reference, List, Purge, Show};
+use crate::escape::shown;
+use crate::render::{
     job_error, job_json, job_runs, job_when, json_text, outcome_unknown, record_json, state_label,
     table, unknown_footer,
 };
-use super::{Failure, EXIT_OPERATOR, EXIT_USAGE};
-use crate::key::Reference;
-use crate::maintenance;
-use crate::store::{
+use crate::time::rfc3339;
+use crate::{Failure, EXIT_OPERATOR, EXIT_USAGE};
+use idem_runtime::maintenance;
+use idem_runtime::store::{
     IdempotencyStore, JobFilter, Record, RecordFilter, RecordState, RecordStateKind,
 };
-use crate::time::rfc3339;
+use idem_runtime::Reference;
 
 /// `list`: the newest records first (by claim), filtered.
 pub(super) async fn list(

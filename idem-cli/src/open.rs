@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use super::{Failure, EXIT_USAGE};
-use crate::store::{open_store, IdempotencyStore};
+use crate::{Failure, EXIT_USAGE};
+use idem_runtime::store::{open_store, IdempotencyStore};
 
 /// The store at `url`, in the PostgreSQL `schema` when one is given; never
 /// a memory store (it lives inside its server), a SQLite file that is not

@@ -3,9 +3,9 @@
 
 use serde_json::{json, Value};
 
-use super::escape::shown;
-use crate::store::{Job, JobState, Reading, Record, RecordState};
+use crate::escape::shown;
 use crate::time::rfc3339;
+use idem_runtime::store::{Job, JobState, Reading, Record, RecordState};
 
 /// Rows as columns padded to their widest cell, each cell [`shown`] escaped.
 pub(super) fn table(rows: &[Vec<String>]) -> String {

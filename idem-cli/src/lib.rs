@@ -1,6 +1,11 @@
-//! The operator's command line, `idem` (feature `cli`): list, show, resolve
-//! by hand, purge and count the records of a store; list follow-on jobs and
-//! re-drive a dead one.
+//! The operator's command line, `idem`: list, show, resolve by hand, purge
+//! and count the records of an [idem](https://docs.rs/idem-runtime) store;
+//! list follow-on jobs and re-drive a dead one.
+//!
+//! ```text
+//! cargo install idem-cli                       # SQLite, PostgreSQL, Redis
+//! cargo install idem-cli --features dynamodb   # and DynamoDB
+//! ```
 //!
 //! ```text
 //! idem --store URL [--schema NAME] list [--state unknown|in_progress|completed|not_performed] [--tenant T] [--tool X] [--limit N]
@@ -14,7 +19,7 @@
 //! idem --store URL migrate   (this version's migrations; the only command that changes a layout)
 //! ```
 //!
-//! `URL` is what [`open_store`](crate::store::open_store) takes (`sqlite:PATH`, `postgres://…`,
+//! `URL` is what [`open_store`](idem_runtime::open_store) takes (`sqlite:PATH`, `postgres://…`,
 //! `redis://…`, and `dynamodb://TABLE?region=…` when built with the
 //! `dynamodb` feature). Only `migrate` (and `create-table`) changes a
 //! store's layout, and several at once all succeed; every other command
@@ -37,20 +42,21 @@
 //! included); [`EXIT_UNREACHABLE`] 3, the store did not answer.
 //!
 //! [`run`] is the whole program, with its output given, so tests run it in
-//! process; the `idem` binary calls it.
+//! process; [`main`] runs it on the process's own arguments and streams,
+//! and the `idem` binary is that call.
 
 use std::ffi::OsString;
 use std::io::Write;
 
 use clap::Parser;
 
-use crate::maintenance::ResolveError;
-use crate::store::StoreError;
 use args::{Args, Command};
+use idem_runtime::maintenance::ResolveError;
+use idem_runtime::store::StoreError;
 
 // What clap reads (`args`), the store it opens (`open`), a function per
-// command (`records`, `resolve`, `jobs`, `create_table`), and how their
-// answers read (`render`, `escape`).
+// command (`records`, `resolve`, `jobs`, `create_table`, `migrate`), and
+// how their answers read (`render`, `escape`, `time`).
 mod args;
 mod create_table;
 mod escape;
@@ -60,6 +66,7 @@ mod open;
 mod records;
 mod render;
 mod resolve;
+mod time;
 
 /// Done.
 pub const EXIT_OK: u8 = 0;
@@ -133,6 +140,25 @@ where
             code
         }
     }
+}
+
+/// The `idem` program: [`run`] on the process's arguments, its standard
+/// output and standard error, on a runtime of its own; returns the exit
+/// code to end the process with.
+pub fn main() -> std::process::ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("idem: cannot start the async runtime: {e}\ncheck the process's limits on threads and open files");
+            return std::process::ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
+    let code = runtime.block_on(run(std::env::args_os(), &mut out, &mut err));
+    std::process::ExitCode::from(code)
 }
 
 /// The command `args` names, its answer written to `out`: `create-table`

@@ -4,11 +4,11 @@
 
 use serde_json::json;
 
-use super::escape::shown;
-use super::open::with_param;
-use super::render::json_text;
-use super::{create_table, Failure, EXIT_USAGE};
-use crate::store::{open_store, RedisStore};
+use crate::escape::shown;
+use crate::open::with_param;
+use crate::render::json_text;
+use crate::{create_table, Failure, EXIT_USAGE};
+use idem_runtime::store::{open_store, RedisStore};
 
 /// `migrate`: applies this version's migrations to the store `url` names
 /// (`--schema` already joined to it), each at most once however many

@@ -3,9 +3,9 @@
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use super::{Failure, EXIT_USAGE};
-use crate::key::Reference;
-use crate::store::{JobState, RecordStateKind};
+use crate::{Failure, EXIT_USAGE};
+use idem_runtime::store::{JobState, RecordStateKind};
+use idem_runtime::Reference;
 
 #[derive(Debug, Parser)]
 #[command(

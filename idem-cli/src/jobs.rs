@@ -3,10 +3,10 @@
 
 use serde_json::{json, Value};
 
-use super::args::{parse_reference, Jobs, Redrive};
-use super::render::{job_error, job_json, job_runs, job_when, json_text, table};
-use super::{Failure, EXIT_OPERATOR, EXIT_USAGE};
-use crate::store::{FollowOnStore, IdempotencyStore, JobFilter, JobId, JobState};
+use crate::args::{parse_reference, Jobs, Redrive};
+use crate::render::{job_error, job_json, job_runs, job_when, json_text, table};
+use crate::{Failure, EXIT_OPERATOR, EXIT_USAGE};
+use idem_runtime::store::{FollowOnStore, IdempotencyStore, JobFilter, JobId, JobState};
 
 /// `jobs`: the jobs waiting or running, or those in the state asked for,
 /// the oldest first.

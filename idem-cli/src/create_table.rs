@@ -3,10 +3,10 @@
 
 use serde_json::json;
 
-use super::escape::shown;
-use super::render::json_text;
-use super::{Failure, EXIT_UNREACHABLE, EXIT_USAGE};
-use crate::store::{open_store, StoreError};
+use crate::escape::shown;
+use crate::render::json_text;
+use crate::{Failure, EXIT_UNREACHABLE, EXIT_USAGE};
+use idem_runtime::store::{open_store, StoreError};
 
 /// `create-table`: the DynamoDB table `url` names, created with its
 /// indexes and TTL, or, when it exists, migrated to this version's indexes

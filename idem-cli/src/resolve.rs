@@ -5,13 +5,14 @@ use rmcp::handler::server::wrapper::Json;
 use rmcp::model::CallToolResult;
 use serde_json::{json, Value};
 
-use super::args::{parse_reference, Resolve};
-use super::escape::shown;
-use super::render::{json_text, record_json};
-use super::{Failure, EXIT_USAGE};
-use crate::maintenance::{resolve_by_hand, Outcome};
-use crate::mcp::stored_response;
-use crate::store::{FollowOn, IdempotencyStore};
+use crate::args::{parse_reference, Resolve};
+use crate::escape::shown;
+use crate::render::{json_text, record_json};
+use crate::{Failure, EXIT_USAGE};
+use idem_runtime::maintenance::{resolve_by_hand, Outcome};
+use idem_runtime::outbox::FollowOn;
+use idem_runtime::store::IdempotencyStore;
+use idem_runtime::stored_response;
 
 /// `resolve`: the outcome given (`--completed`, `--completed-result` or
 /// `--not-performed`) written to the UNKNOWN record, with the follow-on
