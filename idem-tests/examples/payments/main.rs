@@ -52,7 +52,7 @@ use std::time::Duration;
 
 use idem_runtime::{
     audit_hints,
-    maintenance::{Maintenance, MaintenanceConfig, ReconcileConfig, Reconciler},
+    maintenance::{Maintenance, MaintenanceConfig, ReconcileConfig},
     outbox::{Outbox, OutboxConfig},
     Caller, Executor, IdempotencyStore,
 };

@@ -443,7 +443,7 @@ fn this_library_is_assembled_so() {
     macro_rules! lua {
         ($name:literal) => {
             include_str!(concat!(
-                "../../idem-runtime/src/store/redis/lua/",
+                "../../../idem-runtime/src/store/redis/lua/",
                 $name,
                 ".lua"
             ))

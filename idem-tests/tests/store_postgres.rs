@@ -639,11 +639,11 @@ async fn a_relaxed_completion_does_not_outlive_its_statement() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_schema_of_migration_5_upgrades() {
     const OLD: [&str; 5] = [
-        include_str!("../idem-runtime/migrations/postgres/0001_records.sql"),
-        include_str!("../idem-runtime/migrations/postgres/0002_lifecycle.sql"),
-        include_str!("../idem-runtime/migrations/postgres/0003_outbox.sql"),
-        include_str!("../idem-runtime/migrations/postgres/0004_operations.sql"),
-        include_str!("../idem-runtime/migrations/postgres/0005_delivered_jobs.sql"),
+        include_str!("../../idem-runtime/migrations/postgres/0001_records.sql"),
+        include_str!("../../idem-runtime/migrations/postgres/0002_lifecycle.sql"),
+        include_str!("../../idem-runtime/migrations/postgres/0003_outbox.sql"),
+        include_str!("../../idem-runtime/migrations/postgres/0004_operations.sql"),
+        include_str!("../../idem-runtime/migrations/postgres/0005_delivered_jobs.sql"),
     ];
     let Some(url) = durable::database_url() else {
         return;

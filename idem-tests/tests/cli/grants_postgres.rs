@@ -15,7 +15,7 @@ use crate::operator::idem;
 
 /// The SQL blocks of deploying.md's PostgreSQL section, in order.
 fn documented_sql() -> Vec<String> {
-    let page = include_str!("../../docs/deploying.md");
+    let page = include_str!("../../../docs/deploying.md");
     let start = page
         .find("\n### PostgreSQL\n")
         .expect("docs/deploying.md has a PostgreSQL section")

@@ -456,7 +456,7 @@ impl Proxy {
 /// The actions docs/deploying.md grants in its IAM statement `sid` (the
 /// JSON block with `"Sid": "IdemServe"`).
 pub fn documented_actions(sid: &str) -> BTreeSet<String> {
-    let docs = include_str!("../../docs/deploying.md");
+    let docs = include_str!("../../../docs/deploying.md");
     let at = docs
         .find(&format!("\"Sid\": \"{sid}\""))
         .unwrap_or_else(|| panic!("docs/deploying.md has no IAM statement {sid}"));

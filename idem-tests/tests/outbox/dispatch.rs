@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use idem_runtime::{
     follow_on,
-    outbox::{job_fn, JobHandlers, Outbox, OutboxConfig},
+    outbox::{job_fn, JobHandlers, Outbox},
     store::{JobFilter, JobState},
     Answer, Executor, IdempotencyStore, MemoryStore, Recording, SqliteStore, ToolError,
 };

@@ -104,7 +104,7 @@ impl Prefixed {
 /// `ACL SETUSER user …` command: the words after the name, its continuation
 /// lines joined.
 pub fn documented_acl(user: &str) -> Vec<String> {
-    let docs = include_str!("../../docs/deploying.md");
+    let docs = include_str!("../../../docs/deploying.md");
     let start = format!("ACL SETUSER {user} ");
     let at = docs
         .find(&start)

@@ -15,7 +15,7 @@ use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{json, Value};
 
-const README: &str = include_str!("../README.md");
+const README: &str = include_str!("../../README.md");
 const EXAMPLE: &str = include_str!("../examples/readme_server.rs");
 const OUTBOX_EXAMPLE: &str = include_str!("../examples/readme_outbox.rs");
 const HTTP_EXAMPLE: &str = include_str!("../examples/readme_http.rs");
@@ -66,7 +66,7 @@ fn the_readme_names_every_feature() {
         .lines()
         .find(|l| l.starts_with("idem-runtime = ") && l.contains("# features:"))
         .expect("the README's dependency line with its features");
-    let manifest = include_str!("../idem-runtime/Cargo.toml");
+    let manifest = include_str!("../../idem-runtime/Cargo.toml");
     let features = manifest
         .split_once("[features]\n")
         .expect("idem-runtime has features")
@@ -340,33 +340,41 @@ async fn the_readme_http_server_works_over_http() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The README's list of examples names every one in examples/, and nothing
-/// that is not there.
+/// The README's list of examples names every one in idem-tests/examples/
+/// and examples/ (the Lambda server, a workspace member of its own), and
+/// nothing that is not there.
 #[test]
 fn the_readme_lists_every_example() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
-    let mut present: Vec<String> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("idem-tests sits in the workspace");
+    let mut present: Vec<String> = Vec::new();
+    for dir in ["idem-tests/examples", "examples"] {
+        for entry in std::fs::read_dir(root.join(dir)).unwrap() {
+            let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+            present.push(format!("{dir}/{name}"));
+        }
+    }
     present.sort();
-    for name in &present {
+    for path in &present {
         assert!(
-            README.contains(&format!("[`examples/{name}`]")),
-            "README.md's list of examples lacks examples/{name}"
+            README.contains(&format!("[`{path}`]")),
+            "README.md's list of examples lacks {path}"
         );
     }
     let listed: Vec<&str> = README
-        .match_indices("[`examples/")
+        .match_indices("[`")
         .map(|(at, _)| {
-            let rest = &README[at + "[`examples/".len()..];
+            let rest = &README[at + "[`".len()..];
             rest[..rest.find('`').unwrap()].trim_end_matches('/')
         })
+        .filter(|path| path.starts_with("examples/") || path.starts_with("idem-tests/examples/"))
         .collect();
-    for name in listed {
+    assert!(listed.len() >= present.len(), "{listed:?}");
+    for path in listed {
         assert!(
-            present.iter().any(|p| p == name),
-            "README.md names examples/{name}, which does not exist"
+            present.iter().any(|p| p == path),
+            "README.md names {path}, which does not exist"
         );
     }
 }

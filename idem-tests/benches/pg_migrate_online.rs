@@ -32,13 +32,13 @@ use idem_runtime::store::{Attempt, Claim};
 use idem_runtime::{IdempotencyStore, PostgresStore};
 
 const SHIPPED: &[&str] = &[
-    include_str!("../idem-runtime/migrations/postgres/0001_records.sql"),
-    include_str!("../idem-runtime/migrations/postgres/0002_lifecycle.sql"),
-    include_str!("../idem-runtime/migrations/postgres/0003_outbox.sql"),
-    include_str!("../idem-runtime/migrations/postgres/0004_operations.sql"),
-    include_str!("../idem-runtime/migrations/postgres/0005_delivered_jobs.sql"),
-    include_str!("../idem-runtime/migrations/postgres/0006_superseded.sql"),
-    include_str!("../idem-runtime/migrations/postgres/0007_redrives.sql"),
+    include_str!("../../idem-runtime/migrations/postgres/0001_records.sql"),
+    include_str!("../../idem-runtime/migrations/postgres/0002_lifecycle.sql"),
+    include_str!("../../idem-runtime/migrations/postgres/0003_outbox.sql"),
+    include_str!("../../idem-runtime/migrations/postgres/0004_operations.sql"),
+    include_str!("../../idem-runtime/migrations/postgres/0005_delivered_jobs.sql"),
+    include_str!("../../idem-runtime/migrations/postgres/0006_superseded.sql"),
+    include_str!("../../idem-runtime/migrations/postgres/0007_redrives.sql"),
 ];
 
 /// The writes' latencies, each with when it started.

@@ -6,27 +6,27 @@
 
 /// The shipped SQLite migrations, in order: layout `N` is the first `N`.
 pub const SQLITE: [&str; 8] = [
-    include_str!("../../idem-runtime/migrations/sqlite/0001_records.sql"),
-    include_str!("../../idem-runtime/migrations/sqlite/0002_lifecycle.sql"),
-    include_str!("../../idem-runtime/migrations/sqlite/0003_outbox.sql"),
-    include_str!("../../idem-runtime/migrations/sqlite/0004_operations.sql"),
-    include_str!("../../idem-runtime/migrations/sqlite/0005_delivered_jobs.sql"),
-    include_str!("../../idem-runtime/migrations/sqlite/0006_superseded.sql"),
-    include_str!("../../idem-runtime/migrations/sqlite/0007_redrives.sql"),
-    include_str!("../../idem-runtime/migrations/sqlite/0008_attempts_again.sql"),
+    include_str!("../../../idem-runtime/migrations/sqlite/0001_records.sql"),
+    include_str!("../../../idem-runtime/migrations/sqlite/0002_lifecycle.sql"),
+    include_str!("../../../idem-runtime/migrations/sqlite/0003_outbox.sql"),
+    include_str!("../../../idem-runtime/migrations/sqlite/0004_operations.sql"),
+    include_str!("../../../idem-runtime/migrations/sqlite/0005_delivered_jobs.sql"),
+    include_str!("../../../idem-runtime/migrations/sqlite/0006_superseded.sql"),
+    include_str!("../../../idem-runtime/migrations/sqlite/0007_redrives.sql"),
+    include_str!("../../../idem-runtime/migrations/sqlite/0008_attempts_again.sql"),
 ];
 
 /// The shipped PostgreSQL migrations, in order (`{schema}` stands for the
 /// quoted schema).
 pub const POSTGRES: [&str; 8] = [
-    include_str!("../../idem-runtime/migrations/postgres/0001_records.sql"),
-    include_str!("../../idem-runtime/migrations/postgres/0002_lifecycle.sql"),
-    include_str!("../../idem-runtime/migrations/postgres/0003_outbox.sql"),
-    include_str!("../../idem-runtime/migrations/postgres/0004_operations.sql"),
-    include_str!("../../idem-runtime/migrations/postgres/0005_delivered_jobs.sql"),
-    include_str!("../../idem-runtime/migrations/postgres/0006_superseded.sql"),
-    include_str!("../../idem-runtime/migrations/postgres/0007_redrives.sql"),
-    include_str!("../../idem-runtime/migrations/postgres/0008_attempts_again.sql"),
+    include_str!("../../../idem-runtime/migrations/postgres/0001_records.sql"),
+    include_str!("../../../idem-runtime/migrations/postgres/0002_lifecycle.sql"),
+    include_str!("../../../idem-runtime/migrations/postgres/0003_outbox.sql"),
+    include_str!("../../../idem-runtime/migrations/postgres/0004_operations.sql"),
+    include_str!("../../../idem-runtime/migrations/postgres/0005_delivered_jobs.sql"),
+    include_str!("../../../idem-runtime/migrations/postgres/0006_superseded.sql"),
+    include_str!("../../../idem-runtime/migrations/postgres/0007_redrives.sql"),
+    include_str!("../../../idem-runtime/migrations/postgres/0008_attempts_again.sql"),
 ];
 
 /// This version's layout: how many migrations it ships.

@@ -146,11 +146,11 @@ async fn records_and_jobs_written_before_tags_keep_their_references() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_of_migration_5_upgrades() {
     const OLD: [&str; 5] = [
-        include_str!("../idem-runtime/migrations/sqlite/0001_records.sql"),
-        include_str!("../idem-runtime/migrations/sqlite/0002_lifecycle.sql"),
-        include_str!("../idem-runtime/migrations/sqlite/0003_outbox.sql"),
-        include_str!("../idem-runtime/migrations/sqlite/0004_operations.sql"),
-        include_str!("../idem-runtime/migrations/sqlite/0005_delivered_jobs.sql"),
+        include_str!("../../idem-runtime/migrations/sqlite/0001_records.sql"),
+        include_str!("../../idem-runtime/migrations/sqlite/0002_lifecycle.sql"),
+        include_str!("../../idem-runtime/migrations/sqlite/0003_outbox.sql"),
+        include_str!("../../idem-runtime/migrations/sqlite/0004_operations.sql"),
+        include_str!("../../idem-runtime/migrations/sqlite/0005_delivered_jobs.sql"),
     ];
     let dir = temp_dir("migration-5");
     let path = dir.join("idem.sqlite3");
