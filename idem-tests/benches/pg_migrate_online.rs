@@ -264,10 +264,12 @@ async fn run() {
              {calm:.1?} in the 5 s before ({n_calm} writes)"
         );
     }
-    let errors = errors.lock().unwrap();
-    println!("write errors: {}", errors.len());
-    for e in errors.iter().take(5) {
-        println!("  {e}");
+    {
+        let errors = errors.lock().unwrap();
+        println!("write errors: {}", errors.len());
+        for e in errors.iter().take(5) {
+            println!("  {e}");
+        }
     }
     admin
         .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
