@@ -45,6 +45,13 @@
 //! process; [`main`] runs it on the process's own arguments and streams,
 //! and the `idem` binary is that call.
 
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    unreachable_pub,
+    rust_2018_idioms
+)]
+
 use std::ffi::OsString;
 use std::io::Write;
 
