@@ -14,7 +14,7 @@ use crate::durable::{self, database_url};
 fn shipped() -> Vec<(i32, String)> {
     let dir = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/idem-runtime/migrations/postgres"
+        "/../idem-runtime/migrations/postgres"
     );
     let mut files: Vec<(i32, String)> = std::fs::read_dir(dir)
         .unwrap()

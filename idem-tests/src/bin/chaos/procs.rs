@@ -299,7 +299,7 @@ impl StoreServer {
         else {
             return Ok(());
         };
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/pgbouncer");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/pgbouncer");
         let out = Command::new(&script)
             .arg(action)
             .env("IDEM_PGBOUNCER_PORT", pooler.to_string())
@@ -393,7 +393,7 @@ impl StoreServer {
     /// serve`: moto, in memory) on `port`, never the shared one on 4567,
     /// with the table `table` created in it.
     pub async fn dynamodb(dir: &Path, port: u16, table: &str) -> Result<StoreServer, String> {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/dynamodb-emulator");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/dynamodb-emulator");
         let mut proc = Proc {
             program: script,
             args: vec!["serve".into()],
