@@ -1,5 +1,5 @@
 """The side-by-side run on DynamoDB (scripts/peer-dynamodb): idem's
-DynamoDbStore (src/bin/peer_dynamodb.rs) and AWS Lambda Powertools'
+DynamoDbStore (idem-tests/src/bin/peer_dynamodb.rs) and AWS Lambda Powertools'
 DynamoDBPersistenceLayer, against the same emulator, in one run, through one
 counting HTTP proxy.
 

@@ -1,6 +1,6 @@
 """The peer side of the side-by-side run (scripts/peer-redis): AWS Lambda
 Powertools' idempotent_function with its Redis persistence layer, against the
-same Redis as benches/peer_redis.rs.
+same Redis as idem-tests/benches/peer_redis.rs.
 
     python peer-redis-powertools.py HOST PORT CALLS
     python peer-redis-powertools.py HOST PORT CALLS fill
@@ -11,7 +11,7 @@ prints one JSON object: {"first": [µs, ...], "replay": [µs, ...],
 "handler_calls": n, "version": "..."}. The handler is a no-op, as on the idem
 side. Needs AWS_DEFAULT_REGION set (any value).
 
-With `fill` (benches/record_bytes.rs): CALLS first calls only, no warm-up,
+With `fill` (idem-tests/benches/record_bytes.rs): CALLS first calls only, no warm-up,
 and {"handler_calls": n, "version": "...", "pattern": "..."}, the pattern
 matching every key they wrote, for the bench to delete them.
 """

@@ -184,8 +184,9 @@
 //! - Operating it: calls, store latencies and maintenance are counted
 //!   through the `metrics` facade (feature `metrics`, default; the names are
 //!   in docs/operating.md), each call runs in an `idem.call`
-//!   tracing span, and the `idem` command line (feature `cli`, module
-//!   `cli`) lists, shows, resolves by hand, purges and counts records.
+//!   tracing span, and the `idem` command line (the `idem-cli` crate:
+//!   `cargo install idem-cli`) lists, shows, resolves by hand, purges and
+//!   counts records.
 // On docs.rs (`--cfg docsrs`, nightly rustdoc), each item is labelled with
 // the features it needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -197,8 +198,6 @@
 )]
 
 pub mod answer;
-#[cfg(feature = "cli")]
-pub mod cli;
 pub mod executor;
 mod future;
 pub mod key;
@@ -209,7 +208,7 @@ pub mod outbox;
 mod random;
 pub mod store;
 mod telemetry;
-#[cfg(any(feature = "cli", feature = "rmcp"))]
+#[cfg(feature = "rmcp")]
 mod time;
 
 // The root holds what writing and serving a tool needs. The rest lives in
