@@ -10,9 +10,9 @@ use crate::escape::shown;
 use crate::render::{json_text, record_json};
 use crate::{Failure, EXIT_USAGE};
 use idem_runtime::maintenance::{resolve_by_hand, Outcome};
+use idem_runtime::mcp::stored_response;
 use idem_runtime::outbox::FollowOn;
 use idem_runtime::store::IdempotencyStore;
-use idem_runtime::stored_response;
 
 /// `resolve`: the outcome given (`--completed`, `--completed-result` or
 /// `--not-performed`) written to the UNKNOWN record, with the follow-on
