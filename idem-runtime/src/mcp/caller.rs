@@ -48,7 +48,7 @@ pub trait IdempotentServer {
     }
 
     /// What seals the `requestState` of a tool that asks before its effect
-    /// ([`Ask`](crate::Ask)), so that a tampered, expired or borrowed state
+    /// ([`Ask`](super::Ask)), so that a tampered, expired or borrowed state
     /// is refused. `None` (the default) uses a key drawn once per process:
     /// enough for one replica, but a continuation that reaches another
     /// replica is refused there. Servers with several replicas return a

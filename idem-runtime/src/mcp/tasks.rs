@@ -112,7 +112,7 @@ use crate::executor::REJECTED_RESOLUTION;
 use crate::key::{Caller, Reference};
 use crate::store::{Reading, Record};
 use crate::time::rfc3339;
-use crate::Executor;
+use crate::executor::Executor;
 
 /// Whether the request declares the tasks extension in its capabilities
 /// (its `_meta`, or the client's `initialize` on a connection that had one)
