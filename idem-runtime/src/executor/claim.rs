@@ -86,8 +86,8 @@ impl Executor {
         );
         let answer = self.dyn_store().claim(&request).await;
         // One reading after the answer serves the late-claim check, the
-        // step's timer and the handler's (a clock read is about 18 ns, a
-        // tenth of a MemoryStore claim).
+        // step's timer and the handler's (a clock read's cost is in
+        // BENCHMARKS.md, "The executor on MemoryStore").
         let answered = tokio::time::Instant::now();
         let claimed = late_claim(answer, answered, sent + request.lease);
         self.steps.record_took(Step::Claim, answered - sent);

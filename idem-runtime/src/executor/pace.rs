@@ -73,9 +73,9 @@ impl ToolDurations {
     /// Called once per call that ran, from every worker thread, so it
     /// writes nothing shared that it need not: a thread finds the tool's
     /// slot in its own list (the table's lock, taken by every call, kept
-    /// two cores passing its cache line back and forth: about 90 ns a call
-    /// with two tasks on MemoryStore), and the estimate is stored only when
-    /// it changed.
+    /// two cores passing its cache line back and forth; BENCHMARKS.md, "The
+    /// executor on MemoryStore"), and the estimate is stored only when it
+    /// changed.
     pub(super) fn record(&self, tool: &str, took: Duration) {
         let sample = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
         // The slot is borrowed where the thread keeps it: a clone of its
