@@ -34,9 +34,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore, FollowOns, IdempotencyStore, Job,
-    JobFilter, JobId, JobState, Reading, Record, RecordFilter, RecordState, RecordStateKind,
-    Resolution, StateCounts, StoreError,
+    Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore, FollowOns, IdempotencyStore, Inspect,
+    Job, JobFilter, JobId, JobState, Limits, Reading, Record, RecordFilter, RecordState,
+    RecordStateKind, Resolution, StateCounts, StoreError, Upkeep,
 };
 use crate::key::{IdempotencyKey, Reference};
 

@@ -1094,7 +1094,7 @@ pub async fn a_superseded_operation_reads_until_its_retention_ends(store: &dyn I
     assert_eq!(r.attempt, second.attempt);
 }
 
-/// [`IdempotencyStore::find_by_reference`] finds every record with the
+/// [`Inspect::find_by_reference`] finds every record with the
 /// reference, whatever its tenant, among the keys' current records and the
 /// superseded operations, the newest claim first, exactly as its default
 /// (every record listed, those with the reference kept) finds them; and no
