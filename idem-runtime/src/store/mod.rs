@@ -19,6 +19,8 @@ mod memory;
 mod model;
 mod open;
 pub(crate) mod outbox;
+#[cfg(feature = "postgres")]
+mod pause;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod sql;
 
@@ -55,6 +57,10 @@ pub use open::open_store;
 pub(crate) use outbox::{due_order, lease_names, listing_order, sort_leased};
 pub(crate) use outbox::{FollowOn, FollowOnError, DEFAULT_MAX_PAYLOAD};
 pub use outbox::{FollowOns, Job, JobFilter, JobId, JobState};
+#[cfg(feature = "postgres")]
+pub(crate) use pause::Pauses;
+#[cfg(feature = "postgres")]
+pub use pause::{PauseHook, PausePoint};
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, PostgresStoreBuilder};
 #[cfg(feature = "redis")]

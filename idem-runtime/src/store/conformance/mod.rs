@@ -58,16 +58,12 @@ use crate::key::{IdempotencyKey, Reference};
 mod faults;
 mod inspect;
 mod outbox;
-mod pause;
 mod steps;
 mod upkeep;
 
 pub use faults::{Call, Fault, FaultPlan, FaultyStore};
 pub use inspect::*;
 pub use outbox::*;
-#[cfg(feature = "postgres")]
-pub(crate) use pause::pause;
-pub use pause::{set_pause_hook, PauseHook, PausePoint};
 pub use steps::*;
 pub use upkeep::*;
 

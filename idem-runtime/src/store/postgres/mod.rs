@@ -17,8 +17,8 @@ use crate::key::{IdempotencyKey, Reference};
 use crate::store::sql::{counts, key_range, tag_to_column};
 use crate::store::{
     lease_names, sort_leased, Attempt, Claim, ClaimRequest, FollowOnStore, FollowOns,
-    IdempotencyStore, Inspect, Job, JobFilter, JobId, Limits, Record, RecordFilter,
-    RecordStateKind, Resolution, StateCounts, StoreError, Upkeep,
+    IdempotencyStore, Inspect, Job, JobFilter, JobId, Limits, PausePoint, Pauses, Record,
+    RecordFilter, RecordStateKind, Resolution, StateCounts, StoreError, Upkeep,
 };
 
 mod builder;
@@ -91,6 +91,8 @@ pub struct PostgresStore {
     /// its lock before it gives way to the writes queued behind it, and
     /// is tried again: a quarter of the timeout.
     lock_timeout: Duration,
+    /// [`PostgresStoreBuilder::pause_hook`].
+    pauses: Pauses,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -347,11 +349,7 @@ impl IdempotencyStore for PostgresStore {
                 if let Some(row) = db.query_opt(&sql.claim, &params).await? {
                     return claimed_as(row);
                 }
-                #[cfg(feature = "conformance")]
-                crate::store::conformance::pause(
-                    crate::store::conformance::PausePoint::PostgresClaimRead,
-                )
-                .await;
+                self.pauses.at(PausePoint::PostgresClaimRead).await;
                 let Some(row) = db.query_opt(&sql.read, &[&key]).await? else {
                     continue;
                 };
