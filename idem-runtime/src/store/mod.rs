@@ -134,8 +134,8 @@ pub enum StoreError {
 ///   `idem stats`), which change nothing.
 ///
 /// `IdempotencyStore` requires the other two, so a `dyn IdempotencyStore`
-/// offers every method of the three (bring [`Upkeep`] and [`Inspect`] into
-/// scope to call theirs). A store that also keeps follow-on jobs implements
+/// offers every method of the three (on a concrete store, bring [`Upkeep`]
+/// and [`Inspect`] into scope to call theirs). A store that also keeps follow-on jobs implements
 /// [`FollowOnStore`] and returns itself from
 /// [`follow_ons`](IdempotencyStore::follow_ons): the executor, the
 /// maintenance loop and the outbox find out there, when they are built,
@@ -239,7 +239,7 @@ pub trait IdempotencyStore: Upkeep + Inspect + Send + Sync + std::fmt::Debug {
     /// response, on one item, and on the follow-on jobs of one completion.
     /// [`Limits::NONE`] (the default) for a store without limits.
     ///
-    /// Read once, when an executor is built: the executor judges each write
+    /// The executor reads them when it is built, and judges each write
     /// against them before it is made, where it can be made before the
     /// handler's side effect, so that a write the store would refuse for
     /// its size is never sent.
