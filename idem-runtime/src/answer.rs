@@ -169,7 +169,7 @@ pub enum Recording {
     /// It could not be stored: the result is still real. When the store
     /// failed, the record stays in progress, the sweep marks it UNKNOWN,
     /// and the reconciler (or an operator) resolves it. When the store cannot hold the response (over
-    /// its [limit](crate::IdempotencyStore::max_response_bytes), or refused
+    /// its [limit](crate::store::Limits::max_response_bytes), or refused
     /// as invalid), the record is marked UNKNOWN at once with a note that
     /// says why, which a repeat is told.
     Failed,
@@ -632,9 +632,9 @@ pub(crate) mod note {
         repeat can replay it: check the far side for the effect, and have the tool return \
         less (an identifier to look the rest up by)";
 
-    /// A response over the store's limit ([`IdempotencyStore::max_response_bytes`]).
+    /// A response over the store's limit ([`Limits::max_response_bytes`]).
     ///
-    /// [`IdempotencyStore::max_response_bytes`]: crate::IdempotencyStore::max_response_bytes
+    /// [`Limits::max_response_bytes`]: crate::store::Limits::max_response_bytes
     pub(crate) fn too_large(size: usize, limit: usize) -> String {
         format!(
             "the response could not be stored: {size} bytes, over the store's limit of {limit} \

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use idem_runtime::store::Upkeep;
 use idem_runtime::{
     store::{Attempt, Claim, ClaimRequest},
     IdempotencyStore, PostgresStore,

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_runtime::store::conformance::{Call, Fault, FaultyStore};
+use idem_runtime::store::{Inspect, Upkeep};
 use idem_runtime::{
     answer::{Answer, Recording},
     executor::{Operation, OperationContext, ScopeSpec},

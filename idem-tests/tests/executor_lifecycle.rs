@@ -8,10 +8,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idem_runtime::store::conformance::{Call, Fault, FaultyStore};
+use idem_runtime::store::Upkeep;
 use idem_runtime::{
     answer::Answer,
     executor::{Operation, OperationContext, ScopeSpec},
-    Caller, Executor, IdempotencyStore, MemoryStore, ToolError,
+    Caller, Executor, MemoryStore, ToolError,
 };
 use serde::{Deserialize, Serialize};
 

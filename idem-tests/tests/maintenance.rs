@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use idem_runtime::store::Upkeep;
 use idem_runtime::{
     answer::Answer,
     executor::{Operation, ScopeSpec},

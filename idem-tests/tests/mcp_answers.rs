@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use idem_runtime::maintenance::{Maintenance, MaintenanceConfig, Reconciler, Reconciliation};
 use idem_runtime::store::{
-    Attempt, Claim, ClaimRequest, IdempotencyStore, Record, RecordFilter, Resolution, StateCounts,
-    StoreError,
+    Attempt, Claim, ClaimRequest, IdempotencyStore, Inspect, Record, RecordFilter, Resolution,
+    StateCounts, StoreError, Upkeep,
 };
 use idem_runtime::{
     answer::Resolver,
@@ -465,6 +465,25 @@ impl IdempotencyStore for Failing {
     ) -> Result<(), StoreError> {
         self.inner.mark_unknown(key, attempt, note).await
     }
+    async fn heartbeat(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        self.inner.heartbeat(key, attempt, lease).await
+    }
+    async fn lookup(
+        &self,
+        _tenant: &str,
+        _reference: &Reference,
+    ) -> Result<Option<Record>, StoreError> {
+        Err((self.fail)(DRIVER_TEXT.to_owned()))
+    }
+}
+
+#[idem_runtime::async_trait]
+impl Upkeep for Failing {
     async fn mark_lapsed(
         &self,
         key: &IdempotencyKey,
@@ -499,21 +518,6 @@ impl IdempotencyStore for Failing {
     ) -> Result<Option<std::time::SystemTime>, StoreError> {
         self.inner.take_check(key, attempt, hold).await
     }
-    async fn heartbeat(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        lease: Duration,
-    ) -> Result<(), StoreError> {
-        self.inner.heartbeat(key, attempt, lease).await
-    }
-    async fn lookup(
-        &self,
-        _tenant: &str,
-        _reference: &Reference,
-    ) -> Result<Option<Record>, StoreError> {
-        Err((self.fail)(DRIVER_TEXT.to_owned()))
-    }
     async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
         self.inner.purge_expired(batch).await
     }
@@ -523,6 +527,10 @@ impl IdempotencyStore for Failing {
     async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
         self.inner.list_unknown(limit).await
     }
+}
+
+#[idem_runtime::async_trait]
+impl Inspect for Failing {
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
         self.inner.list_records(filter).await
     }

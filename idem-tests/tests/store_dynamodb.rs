@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use dynamodb_emulator::{client, endpoint, lagging_endpoint, set_lag, Lag, Table, WalkHolds};
 use idem_runtime::store::conformance::{self, claim_request, Call, Fault, FaultyStore};
+use idem_runtime::store::{Inspect, Upkeep};
 use idem_runtime::{
     answer::{Answer, Recording},
     executor::{Operation, OperationContext, ScopeSpec},
@@ -351,7 +352,7 @@ async fn follow_ons_are_limited_to_one_transaction() {
     let Some(table) = Table::new().await else {
         return;
     };
-    assert_eq!(table.max_follow_ons_per_completion(), Some(99));
+    assert_eq!(table.limits().max_follow_ons_per_completion, Some(99));
     let store = Arc::new(table.store.clone());
     let executor = Executor::new(store.clone());
     let caller = Caller::new("acme", "alice");
@@ -736,8 +737,8 @@ async fn a_response_over_the_item_limit_reads_unknown() {
     let Some(table) = Table::new().await else {
         return;
     };
-    assert_eq!(table.max_response_bytes(), None);
-    let item = table.item_limit().expect("an item limit");
+    assert_eq!(table.limits().max_response_bytes, None);
+    let item = table.limits().item.expect("an item limit");
     assert_eq!(
         (item.max_bytes(), item.record_bytes(), item.job_bytes()),
         (400_000, 522, 1699)
@@ -828,7 +829,7 @@ async fn follow_ons_past_the_transaction_size_are_refused_at_declaration() {
         return;
     };
     assert_eq!(
-        table.max_follow_on_bytes_per_completion(),
+        table.limits().max_follow_on_bytes_per_completion,
         Some(3 * 1024 * 1024)
     );
     let store = Arc::new(table.store.clone());

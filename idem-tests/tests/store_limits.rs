@@ -1,14 +1,14 @@
 //! What a store cannot hold, on every store: a response over the store's
-//! declared limit ([`IdempotencyStore::max_response_bytes`]) and follow-on
+//! declared limit ([`Limits::max_response_bytes`]) and follow-on
 //! jobs over its byte total per completion
-//! ([`FollowOnStore::max_follow_on_bytes_per_completion`]). A response that
+//! ([`Limits::max_follow_on_bytes_per_completion`]). A response that
 //! cannot be stored still reaches its caller (the effect happened), and the
 //! record reads UNKNOWN with a note that says why, never IN_PROGRESS until
 //! the sweep calls the process dead; jobs past the total are refused at
 //! their declaration, while the handler can still act.
 //!
 //! A store whose limit is on one item, every field counted
-//! ([`IdempotencyStore::item_limit`], DynamoDB's 400 KB), has each write
+//! ([`Limits::item`], DynamoDB's 400 KB), has each write
 //! judged as the item it makes: a claim whose tenant leaves too little room
 //! is refused before its handler runs, a response is judged beside its
 //! record's tenant and tool, and a job against its own item at its
@@ -26,8 +26,8 @@ use std::time::{Duration, SystemTime};
 
 use idem_runtime::outbox::{FollowOn, FollowOns};
 use idem_runtime::store::{
-    Attempt, Claim, ClaimRequest, FollowOnStore, ItemLimit, Job, JobFilter, JobId, Record,
-    RecordFilter, RecordState, Resolution, StateCounts,
+    Attempt, Claim, ClaimRequest, FollowOnStore, Inspect, ItemLimit, Job, JobFilter, JobId, Limits,
+    Record, RecordFilter, RecordState, Resolution, StateCounts, Upkeep,
 };
 use idem_runtime::{
     answer::{Answer, Recording},
@@ -110,6 +110,40 @@ impl<S: FollowOnStore> IdempotencyStore for Limited<S> {
     ) -> Result<(), StoreError> {
         self.inner.mark_unknown(key, attempt, note).await
     }
+    async fn heartbeat(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        self.inner.heartbeat(key, attempt, lease).await
+    }
+    async fn lookup(
+        &self,
+        tenant: &str,
+        reference: &Reference,
+    ) -> Result<Option<Record>, StoreError> {
+        self.inner.lookup(tenant, reference).await
+    }
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
+        Some(self)
+    }
+
+    fn limits(&self) -> Limits {
+        let mut limits = self.inner.limits();
+        limits.max_response_bytes = Some(self.response);
+        limits.max_follow_on_bytes_per_completion = Some(self.job_bytes);
+        limits.item = self.item;
+        limits
+    }
+}
+
+#[deny(clippy::missing_trait_methods)]
+#[async_trait]
+impl<S: FollowOnStore> Upkeep for Limited<S> {
     async fn mark_lapsed(
         &self,
         key: &IdempotencyKey,
@@ -144,21 +178,6 @@ impl<S: FollowOnStore> IdempotencyStore for Limited<S> {
     ) -> Result<Option<SystemTime>, StoreError> {
         self.inner.take_check(key, attempt, hold).await
     }
-    async fn heartbeat(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        lease: Duration,
-    ) -> Result<(), StoreError> {
-        self.inner.heartbeat(key, attempt, lease).await
-    }
-    async fn lookup(
-        &self,
-        tenant: &str,
-        reference: &Reference,
-    ) -> Result<Option<Record>, StoreError> {
-        self.inner.lookup(tenant, reference).await
-    }
     async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
         self.inner.purge_expired(batch).await
     }
@@ -168,9 +187,11 @@ impl<S: FollowOnStore> IdempotencyStore for Limited<S> {
     async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
         self.inner.list_unknown(limit).await
     }
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
+}
+
+#[deny(clippy::missing_trait_methods)]
+#[async_trait]
+impl<S: FollowOnStore> Inspect for Limited<S> {
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
         self.inner.list_records(filter).await
     }
@@ -182,15 +203,6 @@ impl<S: FollowOnStore> IdempotencyStore for Limited<S> {
     }
     async fn count_records(&self) -> Result<StateCounts, StoreError> {
         self.inner.count_records().await
-    }
-    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
-        Some(self)
-    }
-    fn max_response_bytes(&self) -> Option<usize> {
-        Some(self.response)
-    }
-    fn item_limit(&self) -> Option<ItemLimit> {
-        self.item
     }
 }
 
@@ -253,12 +265,6 @@ impl<S: FollowOnStore> FollowOnStore for Limited<S> {
     }
     async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
         self.inner.count_due_jobs().await
-    }
-    fn max_follow_ons_per_completion(&self) -> Option<usize> {
-        self.inner.max_follow_ons_per_completion()
-    }
-    fn max_follow_on_bytes_per_completion(&self) -> Option<usize> {
-        Some(self.job_bytes)
     }
 }
 
@@ -586,16 +592,18 @@ async fn a_resolution_past_the_limits_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stores_declare_their_limits() {
     let memory = MemoryStore::new();
-    assert_eq!(memory.max_response_bytes(), None);
-    assert_eq!(memory.max_follow_on_bytes_per_completion(), None);
+    assert_eq!(memory.limits(), Limits::NONE);
     let dir = durable::temp_dir("limits-declared");
     let sqlite = sqlite(&dir).unwrap();
-    assert_eq!(sqlite.max_response_bytes(), Some(999_000_000));
-    assert_eq!(sqlite.max_follow_on_bytes_per_completion(), None);
+    assert_eq!(sqlite.limits().max_response_bytes, Some(999_000_000));
+    assert_eq!(sqlite.limits().max_follow_on_bytes_per_completion, None);
     // Forwarded by a shared store.
     let shared: Arc<dyn FollowOnStore> = Arc::new(Limited::new(MemoryStore::new()));
-    assert_eq!(shared.max_response_bytes(), Some(1000));
-    assert_eq!(shared.max_follow_on_bytes_per_completion(), Some(1000));
+    assert_eq!(shared.limits().max_response_bytes, Some(1000));
+    assert_eq!(
+        shared.limits().max_follow_on_bytes_per_completion,
+        Some(1000)
+    );
 }
 
 /// A call of `charge_card` by a caller of `tenant` whose handler counts

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use durable::PgSchema;
+use idem_runtime::store::{Inspect, Upkeep};
 use idem_runtime::{
     store::{conformance, Attempt, FollowOnStore},
     IdempotencyStore,

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_runtime::store::conformance::claim_request;
+use idem_runtime::store::Upkeep;
 use idem_runtime::{
     executor::{Operation, ScopeSpec},
     store::{conformance, Claim, FollowOnStore},

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use durable::{request, temp_dir};
 use idem_runtime::store::conformance::{self, again};
+use idem_runtime::store::Inspect;
 use idem_runtime::{
     store::{Claim, RecordState},
     IdempotencyStore, SqliteStore,

@@ -14,7 +14,7 @@ use crate::answer::{note, Answer, Classify, Disposition, Recording, Resolver, St
 use crate::key::{is_empty_business_key, Caller, IdempotencyKey, Reference, Scope};
 use crate::outbox::{Declared, DECLARED};
 use crate::store::{
-    complete_with_follow_ons, Attempt, ClaimRequest, IdempotencyStore, Limits, StoreError,
+    complete_with_follow_ons, Attempt, ClaimRequest, IdempotencyStore, Room, StoreError,
     DEFAULT_MAX_PAYLOAD,
 };
 use crate::telemetry::{self, Step};
@@ -129,7 +129,7 @@ pub struct Executor {
     /// The store's limit of job payload bytes per completion, and its kind.
     max_follow_on_bytes: Option<(usize, &'static str)>,
     /// The store's limits on a response and on one item.
-    limits: Limits,
+    limits: Room,
     /// The claims this executor's handlers are running under, shared by its
     /// clones: a repeat of one is answered in progress without the store.
     running: Arc<RunningClaims>,
@@ -182,15 +182,16 @@ impl Executor {
     /// An executor over `store`, with a 30 s lease and 48 h retention.
     pub fn new(store: Arc<dyn IdempotencyStore>) -> Self {
         let follow_ons_unsupported_by = store.follow_ons().is_none().then(|| store.backend());
+        let limits = Room::of(&*store);
+        let declared = limits.limits();
         let max_follow_ons = store
             .follow_ons()
-            .and_then(|jobs| jobs.max_follow_ons_per_completion())
+            .and(declared.max_follow_ons_per_completion)
             .map(|limit| (limit, store.backend()));
         let max_follow_on_bytes = store
             .follow_ons()
-            .and_then(|jobs| jobs.max_follow_on_bytes_per_completion())
+            .and(declared.max_follow_on_bytes_per_completion)
             .map(|limit| (limit, store.backend()));
-        let limits = Limits::of(&*store);
         let steps = Arc::new(telemetry::StoreSteps::new(store.backend()));
         Executor {
             store,

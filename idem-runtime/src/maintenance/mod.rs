@@ -253,7 +253,7 @@ pub struct ReconcileConfig {
     pub batch: usize,
     /// The longest one lookup at the processor may take (default 30 s).
     /// Before it asks, a replica takes the record's check in the store for
-    /// this long ([`IdempotencyStore::take_check`]), so the other replicas
+    /// this long ([`Upkeep::take_check`](crate::store::Upkeep::take_check)), so the other replicas
     /// skip the record meanwhile and the processor is asked once per check,
     /// not once per replica; a lookup that has not answered by then is
     /// given up (counted as a failed lookup). The check is held twice this
@@ -793,7 +793,7 @@ impl MaintenanceConfig {
 /// purged once. (Two loops on one PostgreSQL or SQLite store with 40 lapsed
 /// claims are tested so.) The question is shared too: before a replica asks
 /// its reconciler about a record, it takes the record's check in the store
-/// ([`IdempotencyStore::take_check`]), so of the replicas that list the
+/// ([`Upkeep::take_check`](crate::store::Upkeep::take_check)), so of the replicas that list the
 /// record one asks, once per check ([`ReconcileConfig::lookup_timeout`]).
 #[derive(Debug)]
 pub struct Maintenance {

@@ -5,7 +5,7 @@ use std::cell::RefCell;
 
 use serde::Serialize;
 
-use crate::store::{FollowOn, FollowOnError, JobTooLarge, Limits};
+use crate::store::{FollowOn, FollowOnError, JobTooLarge, Room};
 
 /// The follow-on jobs one handler declared so far, and what a declaration
 /// is checked against.
@@ -21,7 +21,7 @@ pub(crate) struct Declared {
     max_bytes: Option<(usize, &'static str)>,
     /// The store's limits on one item, and the bytes of the operation's
     /// tenant: each job's own item is judged at its declaration.
-    item: (Limits, usize),
+    item: (Room, usize),
     /// The payload bytes declared so far.
     bytes: usize,
     /// `None` when the store keeps follow-on jobs; else its kind, to say so.
@@ -34,7 +34,7 @@ impl Declared {
         max_payload: usize,
         max_jobs: Option<(usize, &'static str)>,
         max_bytes: Option<(usize, &'static str)>,
-        item: (Limits, usize),
+        item: (Room, usize),
         unsupported_by: Option<&'static str>,
     ) -> Self {
         Declared {

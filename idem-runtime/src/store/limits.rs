@@ -1,10 +1,10 @@
-//! What one write can hold: the store's limit on one item ([`ItemLimit`])
-//! and on one response, and the judgement of a claim, a response and a
-//! follow-on job against them, made before the write, where it can be
-//! made before the handler's side effect.
+//! What one write can hold: a store's [`Limits`] (on one response, on one
+//! item ([`ItemLimit`]), on the follow-on jobs of one completion), and the
+//! judgement of a claim, a response and a follow-on job against them, made
+//! before the write, where it can be made before the handler's side effect.
 //!
 //! The rule is written once, here; a backend only describes its limits
-//! ([`IdempotencyStore::item_limit`], [`IdempotencyStore::max_response_bytes`]).
+//! ([`IdempotencyStore::limits`]).
 
 use super::{IdempotencyStore, StoreError};
 use crate::outbox::MAX_JOB_ERROR;
@@ -12,8 +12,7 @@ use crate::outbox::MAX_JOB_ERROR;
 /// The limit on one item of a store that keeps each record, and each
 /// follow-on job, as one item of bounded size, with every one of its
 /// fields counted in that size: DynamoDB's 400 KB an item, counted as the
-/// attributes' names and values. What [`IdempotencyStore::item_limit`]
-/// describes and the executor consults before each write:
+/// attributes' names and values. What [`Limits::item`] describes and the executor consults before each write:
 ///
 /// - a claim is refused, before its handler runs and with nothing written,
 ///   when its record's tenant and tool would leave less than
@@ -112,24 +111,121 @@ impl ItemLimit {
     }
 }
 
-/// A store's limits, read once (an executor keeps them for its life).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Limits {
-    backend: &'static str,
-    /// [`IdempotencyStore::max_response_bytes`].
-    response: Option<usize>,
-    /// [`IdempotencyStore::item_limit`].
-    item: Option<ItemLimit>,
+/// What a store can hold in one write, as it declares them
+/// ([`IdempotencyStore::limits`]); `None` where it has no limit.
+///
+/// Non-exhaustive, so a limit added later breaks no store: start from
+/// [`Limits::NONE`] and set those the store has.
+///
+/// ```
+/// use idem_runtime::store::{ItemLimit, Limits};
+///
+/// const LIMITS: Limits = Limits::NONE
+///     .with_max_response_bytes(64 * 1024 * 1024)
+///     .with_max_follow_ons_per_completion(99);
+/// assert_eq!(LIMITS.max_response_bytes, Some(64 * 1024 * 1024));
+/// assert_eq!(LIMITS.item, None::<ItemLimit>);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Limits {
+    /// The largest response, in bytes of its JSON text, that a completion
+    /// (or a resolution as COMPLETED) stores, when the store has a limit on
+    /// the response itself. A store whose limit is on the whole record, all
+    /// its fields counted, says so with [`item`](Limits::item) instead (or
+    /// as well).
+    ///
+    /// The executor checks a handler's response against it before the
+    /// completion write: one that cannot be stored is never written (the
+    /// store would refuse it after the side effect anyway); the caller
+    /// still gets its result, and the record is marked UNKNOWN with a note
+    /// that says why, rather than left IN_PROGRESS for the sweep.
+    pub max_response_bytes: Option<usize>,
+    /// The store's limit on one item, when it keeps each record and each
+    /// follow-on job as one item of bounded size with every field counted
+    /// (DynamoDB's 400 KB).
+    ///
+    /// The executor judges each write against it before it is made
+    /// ([`ItemLimit`] has the rule): a claim whose tenant and tool leave
+    /// too little room is refused before its handler runs, with nothing
+    /// written; a response is judged against what its record's other
+    /// fields leave, before the completion; a follow-on job against its
+    /// own item, at its declaration, while the handler can still act.
+    pub item: Option<ItemLimit>,
+    /// The most follow-on jobs one completion (or resolution) writes in its
+    /// one atomic step. The executor refuses a declaration past it at once
+    /// ([`FollowOnError::TooMany`](crate::outbox::FollowOnError::TooMany)),
+    /// while the handler can still act, never at the completion.
+    pub max_follow_ons_per_completion: Option<usize>,
+    /// The most bytes of follow-on payloads (the sum of the jobs' payloads,
+    /// as JSON text) one completion (or resolution) writes in its one
+    /// atomic step. The executor refuses a declaration that would take the
+    /// operation's jobs past it at once
+    /// ([`FollowOnError::TooMuch`](crate::outbox::FollowOnError::TooMuch)),
+    /// while the handler can still act, never at the completion.
+    pub max_follow_on_bytes_per_completion: Option<usize>,
 }
 
 impl Limits {
+    /// No limits: what a store declares by default.
+    pub const NONE: Limits = Limits {
+        max_response_bytes: None,
+        item: None,
+        max_follow_ons_per_completion: None,
+        max_follow_on_bytes_per_completion: None,
+    };
+
+    /// These limits, with a response of at most `bytes`
+    /// ([`max_response_bytes`](Limits::max_response_bytes)).
+    pub const fn with_max_response_bytes(mut self, bytes: usize) -> Self {
+        self.max_response_bytes = Some(bytes);
+        self
+    }
+
+    /// These limits, with each record and each job one item of at most
+    /// `item` ([`item`](Limits::item)).
+    pub const fn with_item(mut self, item: ItemLimit) -> Self {
+        self.item = Some(item);
+        self
+    }
+
+    /// These limits, with at most `jobs` follow-on jobs per completion
+    /// ([`max_follow_ons_per_completion`](Limits::max_follow_ons_per_completion)).
+    pub const fn with_max_follow_ons_per_completion(mut self, jobs: usize) -> Self {
+        self.max_follow_ons_per_completion = Some(jobs);
+        self
+    }
+
+    /// These limits, with at most `bytes` of follow-on payloads per
+    /// completion
+    /// ([`max_follow_on_bytes_per_completion`](Limits::max_follow_on_bytes_per_completion)).
+    pub const fn with_max_follow_on_bytes_per_completion(mut self, bytes: usize) -> Self {
+        self.max_follow_on_bytes_per_completion = Some(bytes);
+        self
+    }
+}
+
+/// A store's limits, read once (an executor keeps them for its life), and
+/// the room they leave each write.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Room {
+    backend: &'static str,
+    /// [`IdempotencyStore::limits`].
+    limits: Limits,
+}
+
+impl Room {
     /// What `store` declares.
     pub(crate) fn of(store: &dyn IdempotencyStore) -> Self {
-        Limits {
+        Room {
             backend: store.backend(),
-            response: store.max_response_bytes(),
-            item: store.item_limit(),
+            limits: store.limits(),
         }
+    }
+
+    /// The limits declared.
+    pub(crate) fn limits(&self) -> &Limits {
+        &self.limits
     }
 
     /// Whether a record of `tenant` and `tool` can be claimed: `Err` with
@@ -137,7 +233,7 @@ impl Limits {
     /// ([`ItemLimit::NOTE_ROOM`]). Judged before the claim is sent, so
     /// nothing is written and no handler runs.
     pub(crate) fn claim(&self, tenant: &str, tool: &str) -> Result<(), String> {
-        let Some(item) = self.item else {
+        let Some(item) = self.limits.item else {
             return Ok(());
         };
         let texts = tenant.len() + tool.len();
@@ -171,9 +267,10 @@ impl Limits {
     ) -> Option<usize> {
         let texts = tenant.len() + tool.len() + resolution.map_or(0, str::len);
         let item = self
+            .limits
             .item
             .map(|item| item.record_room(texts).unwrap_or_default());
-        match (self.response, item) {
+        match (self.limits.max_response_bytes, item) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
@@ -188,7 +285,7 @@ impl Limits {
         name: usize,
         payload: usize,
     ) -> Result<(), JobTooLarge> {
-        let Some(item) = self.item else {
+        let Some(item) = self.limits.item else {
             return Ok(());
         };
         match item.payload_room(tenant, name) {
@@ -244,11 +341,10 @@ impl JobTooLarge {
 mod tests {
     use super::*;
 
-    fn limits(item: ItemLimit) -> Limits {
-        Limits {
+    fn limits(item: ItemLimit) -> Room {
+        Room {
             backend: "test",
-            response: None,
-            item: Some(item),
+            limits: Limits::NONE.with_item(item),
         }
     }
 
@@ -271,14 +367,13 @@ mod tests {
             Some(10_000 - 1000 - 17)
         );
         assert_eq!(l.response(&"t".repeat(20_000), "charge", None), Some(0));
-        let both = Limits {
-            response: Some(500),
+        let both = Room {
+            limits: l.limits.with_max_response_bytes(500),
             ..l
         };
         assert_eq!(both.response("acme", "charge", None), Some(500));
-        let none = Limits {
-            item: None,
-            response: None,
+        let none = Room {
+            limits: Limits::NONE,
             backend: "test",
         };
         assert_eq!(none.response("acme", "charge", None), None);

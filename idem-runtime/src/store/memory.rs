@@ -13,8 +13,8 @@ use RecordStateKind::{InProgress, NotPerformed, Unknown};
 
 use super::{
     due_order, fence, lease_names, listing_order, sort_leased, Attempt, Claim, ClaimRequest,
-    FollowOnStore, FollowOns, IdempotencyStore, Job, JobFilter, JobId, Record, RecordFilter,
-    RecordState, RecordStateKind, Resolution, StateCounts, StoreError,
+    FollowOnStore, FollowOns, IdempotencyStore, Inspect, Job, JobFilter, JobId, Record,
+    RecordFilter, RecordState, RecordStateKind, Resolution, StateCounts, StoreError, Upkeep,
 };
 use crate::key::{IdempotencyKey, Reference};
 
@@ -476,6 +476,50 @@ impl IdempotencyStore for MemoryStore {
         })
     }
 
+    async fn heartbeat(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        self.fenced_in(key, attempt, RecordStateKind::InProgress, |record, now| {
+            record.lease_until = now + lease;
+            record.updated_at = now;
+            Ok(())
+        })
+    }
+
+    async fn lookup(
+        &self,
+        tenant: &str,
+        reference: &Reference,
+    ) -> Result<Option<Record>, StoreError> {
+        let now = self.now();
+        let shard = self.shard(reference.as_bytes()[0]);
+        let found = shard
+            .records
+            .with_prefix(reference.key_prefix())
+            .find(|r| r.tenant == tenant && r.reference == *reference)
+            .or_else(|| {
+                shard
+                    .superseded
+                    .get(reference)
+                    .filter(|r| r.tenant == tenant)
+            })
+            .map(|r| Record {
+                observed_at: now,
+                ..Record::clone(r)
+            });
+        Ok(found)
+    }
+
+    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl Upkeep for MemoryStore {
     async fn mark_lapsed(
         &self,
         key: &IdempotencyKey,
@@ -556,43 +600,6 @@ impl IdempotencyStore for MemoryStore {
         })
     }
 
-    async fn heartbeat(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        lease: Duration,
-    ) -> Result<(), StoreError> {
-        self.fenced_in(key, attempt, RecordStateKind::InProgress, |record, now| {
-            record.lease_until = now + lease;
-            record.updated_at = now;
-            Ok(())
-        })
-    }
-
-    async fn lookup(
-        &self,
-        tenant: &str,
-        reference: &Reference,
-    ) -> Result<Option<Record>, StoreError> {
-        let now = self.now();
-        let shard = self.shard(reference.as_bytes()[0]);
-        let found = shard
-            .records
-            .with_prefix(reference.key_prefix())
-            .find(|r| r.tenant == tenant && r.reference == *reference)
-            .or_else(|| {
-                shard
-                    .superseded
-                    .get(reference)
-                    .filter(|r| r.tenant == tenant)
-            })
-            .map(|r| Record {
-                observed_at: now,
-                ..Record::clone(r)
-            });
-        Ok(found)
-    }
-
     async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
         let now = self.now();
         let mut left = batch;
@@ -640,7 +647,10 @@ impl IdempotencyStore for MemoryStore {
             |r| r.next_check_at,
         ))
     }
+}
 
+#[async_trait]
+impl Inspect for MemoryStore {
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
         let newest_first = |r: &Record| std::cmp::Reverse(r.claimed_at);
         Ok(self.collect(filter.limit, |r| filter.matches(r), newest_first))
@@ -655,10 +665,6 @@ impl IdempotencyStore for MemoryStore {
             }
         }
         Ok(counts)
-    }
-
-    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
-        Some(self)
     }
 }
 

@@ -1,5 +1,8 @@
-//! The record of an operation and the store that keeps it: the
-//! [`IdempotencyStore`] contract, and its backends one module each.
+//! The record of an operation and the store that keeps it: the store
+//! contract, grouped by who calls it ([`IdempotencyStore`], the steps of a
+//! call; [`Upkeep`], the maintenance loop's and reconcilers'; [`Inspect`],
+//! an operator's reads; [`FollowOnStore`], the follow-on jobs), and its
+//! backends one module each.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
@@ -10,11 +13,14 @@ use crate::key::{IdempotencyKey, Reference};
 
 mod attempt;
 mod fence;
+mod forward;
 mod limits;
 mod memory;
 mod model;
 mod open;
 pub(crate) mod outbox;
+#[cfg(feature = "postgres")]
+mod pause;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod sql;
 
@@ -40,8 +46,8 @@ pub use dynamodb::{
 pub(crate) use fence::fence;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) use fence::refusal;
-pub use limits::ItemLimit;
-pub(crate) use limits::{JobTooLarge, Limits};
+pub use limits::{ItemLimit, Limits};
+pub(crate) use limits::{JobTooLarge, Room};
 pub use memory::MemoryStore;
 pub use model::{
     Claim, ClaimRequest, Deadlines, Reading, Record, RecordFilter, RecordState, RecordStateKind,
@@ -51,6 +57,10 @@ pub use open::open_store;
 pub(crate) use outbox::{due_order, lease_names, listing_order, sort_leased};
 pub(crate) use outbox::{FollowOn, FollowOnError, DEFAULT_MAX_PAYLOAD};
 pub use outbox::{FollowOns, Job, JobFilter, JobId, JobState};
+#[cfg(feature = "postgres")]
+pub(crate) use pause::Pauses;
+#[cfg(feature = "postgres")]
+pub use pause::{PauseHook, PausePoint};
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, PostgresStoreBuilder};
 #[cfg(feature = "redis")]
@@ -103,19 +113,47 @@ pub enum StoreError {
     },
 }
 
-/// Where idempotency records live.
+/// Where idempotency records live: the steps of one call, and the trait a
+/// server holds its store by (`Arc<dyn IdempotencyStore>`).
+///
+/// The contract is grouped by who calls it, each group a trait a store
+/// implements:
+///
+/// - this one, the executor's steps on a call's path: [`claim`], then
+///   [`heartbeat`]s while the handler runs, then [`complete`], [`release`]
+///   or [`mark_unknown`]; and [`lookup`] of an operation by its reference
+///   (an MCP task's `tasks/get`). Beside them, what the store declares once,
+///   read when an executor, a maintenance loop or an outbox is built: its
+///   [`backend`](IdempotencyStore::backend) name, its
+///   [`limits`](IdempotencyStore::limits) and its
+///   [`follow_ons`](IdempotencyStore::follow_ons);
+/// - [`Upkeep`], the steps of the maintenance loop and of reconcilers, off
+///   the calls' path: the sweep of lapsed leases, the reconcilers' checks
+///   and resolutions (and an operator's resolution by hand), the purge;
+/// - [`Inspect`], an operator's snapshot reads (`idem list`, `idem show`,
+///   `idem stats`), which change nothing.
+///
+/// `IdempotencyStore` requires the other two, so a `dyn IdempotencyStore`
+/// offers every method of the three (on a concrete store, bring [`Upkeep`]
+/// and [`Inspect`] into scope to call theirs). A store that also keeps follow-on jobs implements
+/// [`FollowOnStore`] and returns itself from
+/// [`follow_ons`](IdempotencyStore::follow_ons): the executor, the
+/// maintenance loop and the outbox find out there, when they are built,
+/// never at the first completion.
 ///
 /// Every method is one atomic step against the store; none of them ever runs
 /// the operation or calls back into user code. Times are the store's own clock
 /// (a database's `now()` where there is one), so several processes with skewed
 /// clocks agree on expiry and leases.
 ///
-/// A store that also keeps follow-on jobs implements [`FollowOnStore`] and
-/// returns itself from [`follow_ons`](IdempotencyStore::follow_ons): the
-/// executor, the maintenance loop and the outbox find out there, when they
-/// are built, never at the first completion.
+/// [`claim`]: IdempotencyStore::claim
+/// [`heartbeat`]: IdempotencyStore::heartbeat
+/// [`complete`]: IdempotencyStore::complete
+/// [`release`]: IdempotencyStore::release
+/// [`mark_unknown`]: IdempotencyStore::mark_unknown
+/// [`lookup`]: IdempotencyStore::lookup
 #[async_trait]
-pub trait IdempotencyStore: Send + Sync + std::fmt::Debug {
+pub trait IdempotencyStore: Upkeep + Inspect + Send + Sync + std::fmt::Debug {
     /// A short, constant name of the backend (`memory`, `sqlite`,
     /// `postgres`, `redis`, `dynamodb`), the `store` label of the latency metrics.
     fn backend(&self) -> &'static str {
@@ -158,6 +196,16 @@ pub trait IdempotencyStore: Send + Sync + std::fmt::Debug {
     /// `Fenced`, `WrongState` when COMPLETED, `Unavailable`.
     async fn release(&self, key: &IdempotencyKey, attempt: Attempt) -> Result<(), StoreError>;
 
+    /// Extends an IN_PROGRESS record's lease to `lease` from now (a heartbeat
+    /// of a live handler), only if `attempt` still owns it. Errors: `Fenced`,
+    /// `WrongState` when it is no longer IN_PROGRESS, `Unavailable`.
+    async fn heartbeat(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        lease: Duration,
+    ) -> Result<(), StoreError>;
+
     /// IN_PROGRESS → UNKNOWN with `note`, only if `attempt` still owns the
     /// record; its first check by a reconciler is due at once (`checks` 0).
     /// Errors: `Fenced`, `WrongState` when not IN_PROGRESS, `Unavailable`.
@@ -168,6 +216,54 @@ pub trait IdempotencyStore: Send + Sync + std::fmt::Debug {
         note: &str,
     ) -> Result<(), StoreError>;
 
+    /// The record with this reference in this tenant, if any: the key's
+    /// current record, or a superseded operation kept until its retention
+    /// ends ([`Record::outlives_takeover`]). A record of another tenant is
+    /// `None`, never returned. Expired records that purge has not deleted
+    /// yet are still returned, as they are.
+    async fn lookup(
+        &self,
+        tenant: &str,
+        reference: &Reference,
+    ) -> Result<Option<Record>, StoreError>;
+
+    /// The store's follow-on jobs, when it keeps them: itself, as a
+    /// [`FollowOnStore`]. `None` (the default) for a store that keeps no
+    /// jobs: the executor then refuses a handler's declaration at once,
+    /// while the handler can still act, and the outbox refuses to start.
+    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
+        None
+    }
+
+    /// What the store can hold in one write ([`Limits`]): its limit on a
+    /// response, on one item, and on the follow-on jobs of one completion.
+    /// [`Limits::NONE`] (the default) for a store without limits.
+    ///
+    /// The executor reads them when it is built, and judges each write
+    /// against them before it is made, where it can be made before the
+    /// handler's side effect, so that a write the store would refuse for
+    /// its size is never sent.
+    fn limits(&self) -> Limits {
+        Limits::NONE
+    }
+}
+
+/// The steps of upkeep: what the maintenance loop (sweep, reconcile, purge)
+/// and reconcilers call, in rounds off the calls' path, and an operator's
+/// resolution by hand (`idem resolve`).
+///
+/// The sweep lists lapsed leases ([`list_lapsed`](Upkeep::list_lapsed)) and
+/// marks them UNKNOWN ([`mark_lapsed`](Upkeep::mark_lapsed)); a reconciler
+/// lists the UNKNOWN records due a check
+/// ([`list_unknown`](Upkeep::list_unknown)), takes each check
+/// ([`take_check`](Upkeep::take_check)), and [`resolve`](Upkeep::resolve)s
+/// the record or puts its next check off
+/// ([`defer_check`](Upkeep::defer_check)); the purge deletes what has
+/// expired ([`purge_expired`](Upkeep::purge_expired)). Every write checks
+/// its own condition in its one atomic step, so two replicas' rounds may
+/// overlap. Part of the store contract ([`IdempotencyStore`] requires it).
+#[async_trait]
+pub trait Upkeep: Send + Sync + std::fmt::Debug {
     /// The sweep's mark: IN_PROGRESS → UNKNOWN as [`mark_unknown`] does, but
     /// only if the lease has run out *at the time of the change* (store
     /// clock), checked in the same atomic step. A heartbeat that landed after
@@ -236,27 +332,6 @@ pub trait IdempotencyStore: Send + Sync + std::fmt::Debug {
         hold: Duration,
     ) -> Result<Option<SystemTime>, StoreError>;
 
-    /// Extends an IN_PROGRESS record's lease to `lease` from now (a heartbeat
-    /// of a live handler), only if `attempt` still owns it. Errors: `Fenced`,
-    /// `WrongState` when it is no longer IN_PROGRESS, `Unavailable`.
-    async fn heartbeat(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        lease: Duration,
-    ) -> Result<(), StoreError>;
-
-    /// The record with this reference in this tenant, if any: the key's
-    /// current record, or a superseded operation kept until its retention
-    /// ends ([`Record::outlives_takeover`]). A record of another tenant is
-    /// `None`, never returned. Expired records that purge has not deleted
-    /// yet are still returned, as they are.
-    async fn lookup(
-        &self,
-        tenant: &str,
-        reference: &Reference,
-    ) -> Result<Option<Record>, StoreError>;
-
     /// Deletes at most `batch` rows, records (current and superseded) that
     /// [`Record::is_expired`] first and then, on a store that keeps follow-on jobs, delivered jobs
     /// whose [`kept_until`](Job::kept_until) has passed (their record's
@@ -283,7 +358,14 @@ pub trait IdempotencyStore: Send + Sync + std::fmt::Debug {
     /// they never hide the others. It may trail the latest writes as
     /// [`list_lapsed`](Self::list_lapsed) may.
     async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError>;
+}
 
+/// An operator's reads: what `idem list`, `idem show` and `idem stats` (and
+/// a dashboard of your own) call. Snapshot reads that change nothing, never
+/// on the calls' path; each may read the whole store. Part of the store
+/// contract ([`IdempotencyStore`] requires it).
+#[async_trait]
+pub trait Inspect: Send + Sync + std::fmt::Debug {
     /// At most `filter.limit` records that match `filter`, the newest claims
     /// (`claimed_at`) first, for an operator: the keys' current records and
     /// the superseded operations kept for their retention. Expired records
@@ -302,7 +384,7 @@ pub trait IdempotencyStore: Send + Sync + std::fmt::Debug {
     /// read that changes nothing; not on the calls' path.
     ///
     /// The default reads every record through
-    /// [`list_records`](IdempotencyStore::list_records) and keeps those with
+    /// [`list_records`](crate::store::Inspect::list_records) and keeps those with
     /// `reference`: correct on any store, and as slow as a full listing. A
     /// store with an index by reference may answer from it instead.
     /// Errors: `Unavailable`.
@@ -321,43 +403,6 @@ pub trait IdempotencyStore: Send + Sync + std::fmt::Debug {
     /// nothing, not on the calls' path; it may read the whole store.
     /// Errors: `Unavailable`.
     async fn count_records(&self) -> Result<StateCounts, StoreError>;
-
-    /// The store's follow-on jobs, when it keeps them: itself, as a
-    /// [`FollowOnStore`]. `None` (the default) for a store that keeps no
-    /// jobs: the executor then refuses a handler's declaration at once,
-    /// while the handler can still act, and the outbox refuses to start.
-    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
-        None
-    }
-
-    /// The largest response, in bytes of its JSON text, that a completion
-    /// (or a resolution as COMPLETED) stores, when the store has a limit on
-    /// the response itself: `None` (the default) for none. A store whose
-    /// limit is on the whole record, all its fields counted, says so with
-    /// [`item_limit`](IdempotencyStore::item_limit) instead (or as well).
-    ///
-    /// The executor checks a handler's response against it before the
-    /// completion write: one that cannot be stored is never written (the
-    /// store would refuse it after the side effect anyway); the caller
-    /// still gets its result, and the record is marked UNKNOWN with a note
-    /// that says why, rather than left IN_PROGRESS for the sweep.
-    fn max_response_bytes(&self) -> Option<usize> {
-        None
-    }
-
-    /// The store's limit on one item, when it keeps each record and each
-    /// follow-on job as one item of bounded size with every field counted
-    /// (DynamoDB's 400 KB): `None` (the default) for none.
-    ///
-    /// The executor judges each write against it before it is made
-    /// ([`ItemLimit`] has the rule): a claim whose tenant and tool leave
-    /// too little room is refused before its handler runs, with nothing
-    /// written; a response is judged against what its record's other
-    /// fields leave, before the completion; a follow-on job against its
-    /// own item, at its declaration, while the handler can still act.
-    fn item_limit(&self) -> Option<ItemLimit> {
-        None
-    }
 }
 
 /// The follow-on jobs a store keeps beside its records (the outbox): written
@@ -389,7 +434,7 @@ pub trait FollowOnStore: IdempotencyStore {
         jobs: FollowOns<'_>,
     ) -> Result<(), StoreError>;
 
-    /// [`resolve`](IdempotencyStore::resolve) to COMPLETED with `response`
+    /// [`resolve`](crate::store::Upkeep::resolve) to COMPLETED with `response`
     /// (a reconciler or an operator found the operation performed) and, in
     /// the same atomic step, the follow-on `jobs`, as
     /// [`complete_with_follow_ons`](FollowOnStore::complete_with_follow_ons)
@@ -434,7 +479,7 @@ pub trait FollowOnStore: IdempotencyStore {
     /// operator asking whether it was delivered, until its operation's
     /// record expires (`kept_until`: the record's `retain_until`, current or
     /// superseded, or now when the record is gone), and purged with it
-    /// ([`purge_expired`](IdempotencyStore::purge_expired)). Errors:
+    /// ([`purge_expired`](crate::store::Upkeep::purge_expired)). Errors:
     /// `Fenced` when another lease took it, it is gone or already delivered
     /// (nothing changed), `Unavailable`.
     async fn finish_job(&self, id: &JobId, attempt: Attempt) -> Result<(), StoreError>;
@@ -481,30 +526,11 @@ pub trait FollowOnStore: IdempotencyStore {
     ///
     /// [`lease_jobs`]: FollowOnStore::lease_jobs
     async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError>;
-
-    /// The most follow-on jobs one completion (or resolution) writes in its
-    /// one atomic step, when the store has a limit: `None` (the default)
-    /// for none. The executor refuses a declaration past it at once
-    /// ([`FollowOnError::TooMany`]),
-    /// while the handler can still act, never at the completion.
-    fn max_follow_ons_per_completion(&self) -> Option<usize> {
-        None
-    }
-
-    /// The most bytes of follow-on payloads (the sum of the jobs' payloads,
-    /// as JSON text) one completion (or resolution) writes in its one
-    /// atomic step, when the store has a limit: `None` (the default) for
-    /// none. The executor refuses a declaration that would take the
-    /// operation's jobs past it at once ([`FollowOnError::TooMuch`]),
-    /// while the handler can still act, never at the completion.
-    fn max_follow_on_bytes_per_completion(&self) -> Option<usize> {
-        None
-    }
 }
 
 /// The record a completion or resolution writes to, as far as its size
-/// goes ([`IdempotencyStore::item_limit`]): its tenant and tool, and the
-/// resolution note it gets.
+/// goes ([`Limits::item`]): its tenant and tool, and the resolution note it
+/// gets.
 #[derive(Clone, Copy, Debug)]
 struct Texts<'a> {
     tenant: &'a str,
@@ -513,22 +539,20 @@ struct Texts<'a> {
 }
 
 /// Whether the store can hold `response` and `jobs` in one completion, by
-/// its declared limits ([`IdempotencyStore::max_response_bytes`],
-/// [`FollowOnStore::max_follow_ons_per_completion`],
-/// [`FollowOnStore::max_follow_on_bytes_per_completion`], and with
-/// `texts`, the record's and each job's item by
-/// [`IdempotencyStore::item_limit`]): `Invalid`, and nothing asked of the
-/// store, when it cannot.
+/// its declared [`Limits`] (and with `texts`, the record's and each job's
+/// item by [`Limits::item`]): `Invalid`, and nothing asked of the store,
+/// when it cannot.
 fn check_limits(
     store: &dyn IdempotencyStore,
     texts: Option<Texts<'_>>,
     response: &str,
     jobs: &[FollowOn],
 ) -> Result<(), StoreError> {
-    let limits = Limits::of(store);
+    let room = Room::of(store);
+    let limits = room.limits();
     let limit = match texts {
-        Some(t) => limits.response(t.tenant, t.tool, t.resolution),
-        None => store.max_response_bytes(),
+        Some(t) => room.response(t.tenant, t.tool, t.resolution),
+        None => limits.max_response_bytes,
     };
     if let Some(limit) = limit {
         if response.len() > limit {
@@ -543,13 +567,12 @@ fn check_limits(
     if let Some(t) = texts {
         for job in jobs {
             let payload = job.payload().len();
-            limits
-                .job(t.tenant.len(), job.name().len(), payload)
+            room.job(t.tenant.len(), job.name().len(), payload)
                 .map_err(|e| e.refusal(job.name(), payload))?;
         }
     }
-    if let (false, Some(follow_ons)) = (jobs.is_empty(), store.follow_ons()) {
-        if let Some(limit) = follow_ons.max_follow_ons_per_completion() {
+    if let (false, Some(_)) = (jobs.is_empty(), store.follow_ons()) {
+        if let Some(limit) = limits.max_follow_ons_per_completion {
             if jobs.len() > limit {
                 return Err(StoreError::Invalid(format!(
                     "{} follow-on jobs, over the {} store's limit of {limit} per completion",
@@ -558,7 +581,7 @@ fn check_limits(
                 )));
             }
         }
-        if let Some(limit) = follow_ons.max_follow_on_bytes_per_completion() {
+        if let Some(limit) = limits.max_follow_on_bytes_per_completion {
             let total: usize = jobs.iter().map(|job| job.payload().len()).sum();
             if total > limit {
                 return Err(StoreError::Invalid(format!(
@@ -576,7 +599,7 @@ fn check_limits(
 /// step when there are any: on a store that keeps none, a completion with
 /// jobs answers `Unsupported` and writes nothing; one past the store's
 /// declared limits answers `Invalid` and writes nothing. The record's and
-/// the jobs' items ([`IdempotencyStore::item_limit`]) are the caller's to
+/// the jobs' items ([`Limits::item`]) are the caller's to
 /// judge, before the side effect where it can: the executor does, with the
 /// claim's tenant and tool, at each declaration and before the completion.
 pub(crate) async fn complete_with_follow_ons(
@@ -599,7 +622,7 @@ pub(crate) async fn complete_with_follow_ons(
     }
 }
 
-/// [`IdempotencyStore::resolve`] of `record` to COMPLETED, with the
+/// [`Upkeep::resolve`] of `record` to COMPLETED, with the
 /// follow-on `jobs` in the same step when there are any, as
 /// [`complete_with_follow_ons`] writes them; the record (with its
 /// resolution `note`) and each job judged against the store's item too.
@@ -629,183 +652,5 @@ pub(crate) async fn resolve_with_follow_ons(
                 .await
         }
         (false, None) => Err(StoreError::Unsupported("write follow-on jobs")),
-    }
-}
-
-/// A shared store is a store: `Arc<MemoryStore>`, `Arc<dyn IdempotencyStore>`.
-// Every method forwarded: a provided one left out would silently answer
-// its default instead of the store's.
-#[deny(clippy::missing_trait_methods)]
-#[async_trait]
-impl<S: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<S> {
-    fn backend(&self) -> &'static str {
-        (**self).backend()
-    }
-    async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
-        (**self).claim(req).await
-    }
-    async fn complete(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        response: &str,
-    ) -> Result<(), StoreError> {
-        (**self).complete(key, attempt, response).await
-    }
-    async fn release(&self, key: &IdempotencyKey, attempt: Attempt) -> Result<(), StoreError> {
-        (**self).release(key, attempt).await
-    }
-    async fn mark_unknown(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        note: &str,
-    ) -> Result<(), StoreError> {
-        (**self).mark_unknown(key, attempt, note).await
-    }
-    async fn mark_lapsed(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        note: &str,
-    ) -> Result<bool, StoreError> {
-        (**self).mark_lapsed(key, attempt, note).await
-    }
-    async fn resolve(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        resolution: Resolution<'_>,
-        note: Option<&str>,
-    ) -> Result<(), StoreError> {
-        (**self).resolve(key, attempt, resolution, note).await
-    }
-    async fn defer_check(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        delay: Duration,
-        taken: Option<SystemTime>,
-    ) -> Result<bool, StoreError> {
-        (**self).defer_check(key, attempt, delay, taken).await
-    }
-    async fn take_check(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        hold: Duration,
-    ) -> Result<Option<SystemTime>, StoreError> {
-        (**self).take_check(key, attempt, hold).await
-    }
-    async fn heartbeat(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        lease: Duration,
-    ) -> Result<(), StoreError> {
-        (**self).heartbeat(key, attempt, lease).await
-    }
-    async fn lookup(
-        &self,
-        tenant: &str,
-        reference: &Reference,
-    ) -> Result<Option<Record>, StoreError> {
-        (**self).lookup(tenant, reference).await
-    }
-    async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
-        (**self).purge_expired(batch).await
-    }
-    async fn list_lapsed(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
-        (**self).list_lapsed(limit).await
-    }
-    async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
-        (**self).list_unknown(limit).await
-    }
-    async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
-        (**self).list_records(filter).await
-    }
-    async fn find_by_reference(&self, reference: &Reference) -> Result<Vec<Record>, StoreError> {
-        (**self).find_by_reference(reference).await
-    }
-    async fn count_records(&self) -> Result<StateCounts, StoreError> {
-        (**self).count_records().await
-    }
-    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
-        (**self).follow_ons()
-    }
-    fn max_response_bytes(&self) -> Option<usize> {
-        (**self).max_response_bytes()
-    }
-    fn item_limit(&self) -> Option<ItemLimit> {
-        (**self).item_limit()
-    }
-}
-
-/// A shared store that keeps follow-on jobs keeps them:
-/// `Arc<MemoryStore>`, `Arc<dyn FollowOnStore>`.
-#[deny(clippy::missing_trait_methods)]
-#[async_trait]
-impl<S: FollowOnStore + ?Sized> FollowOnStore for std::sync::Arc<S> {
-    async fn complete_with_follow_ons(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        response: &str,
-        jobs: FollowOns<'_>,
-    ) -> Result<(), StoreError> {
-        (**self)
-            .complete_with_follow_ons(key, attempt, response, jobs)
-            .await
-    }
-    async fn resolve_with_follow_ons(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        response: &str,
-        note: Option<&str>,
-        jobs: FollowOns<'_>,
-    ) -> Result<(), StoreError> {
-        (**self)
-            .resolve_with_follow_ons(key, attempt, response, note, jobs)
-            .await
-    }
-    async fn lease_jobs(
-        &self,
-        names: &[&str],
-        limit: usize,
-        lease: Duration,
-        attempt: Attempt,
-    ) -> Result<Vec<Job>, StoreError> {
-        (**self).lease_jobs(names, limit, lease, attempt).await
-    }
-    async fn finish_job(&self, id: &JobId, attempt: Attempt) -> Result<(), StoreError> {
-        (**self).finish_job(id, attempt).await
-    }
-    async fn retry_job(
-        &self,
-        id: &JobId,
-        attempt: Attempt,
-        delay: Duration,
-        error: &str,
-    ) -> Result<(), StoreError> {
-        (**self).retry_job(id, attempt, delay, error).await
-    }
-    async fn bury_job(&self, id: &JobId, attempt: Attempt, error: &str) -> Result<(), StoreError> {
-        (**self).bury_job(id, attempt, error).await
-    }
-    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
-        (**self).list_jobs(filter).await
-    }
-    async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
-        (**self).redrive_job(id).await
-    }
-    async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
-        (**self).count_due_jobs().await
-    }
-    fn max_follow_ons_per_completion(&self) -> Option<usize> {
-        (**self).max_follow_ons_per_completion()
-    }
-    fn max_follow_on_bytes_per_completion(&self) -> Option<usize> {
-        (**self).max_follow_on_bytes_per_completion()
     }
 }

@@ -230,7 +230,7 @@ pub struct Record {
     /// then. Counted from the claim, at least the window.
     pub retain_until: SystemTime,
     /// When a reconciler looks at an UNKNOWN record next (set when it
-    /// becomes UNKNOWN, pushed back by [`IdempotencyStore::defer_check`](super::IdempotencyStore::defer_check)).
+    /// becomes UNKNOWN, pushed back by [`Upkeep::defer_check`](super::Upkeep::defer_check)).
     pub next_check_at: SystemTime,
     /// How many times a reconciler looked at it without resolving it.
     pub checks: u32,
@@ -413,7 +413,7 @@ pub enum Claim {
     },
 }
 
-/// How an UNKNOWN record is resolved ([`IdempotencyStore::resolve`](super::IdempotencyStore::resolve)).
+/// How an UNKNOWN record is resolved ([`Upkeep::resolve`](super::Upkeep::resolve)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Resolution<'a> {
     /// It happened: COMPLETED, and repeats replay `response` (JSON text,
@@ -436,7 +436,7 @@ pub enum Resolution<'a> {
 /// The `limit` of a default [`RecordFilter`] or [`JobFilter`](super::JobFilter): a page of 100.
 pub const DEFAULT_LIST_LIMIT: usize = 100;
 
-/// Which records [`IdempotencyStore::list_records`](super::IdempotencyStore::list_records) returns: every field
+/// Which records [`Inspect::list_records`](super::Inspect::list_records) returns: every field
 /// that is set must match; the newest claims come first, at most `limit`.
 /// `RecordFilter::default()` matches every record and lists the newest
 /// [`DEFAULT_LIST_LIMIT`].
@@ -467,7 +467,7 @@ impl Default for RecordFilter {
 }
 
 /// How many records a store holds in each state
-/// ([`IdempotencyStore::count_records`](super::IdempotencyStore::count_records)).
+/// ([`Inspect::count_records`](super::Inspect::count_records)).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StateCounts {
     /// IN_PROGRESS records (running, or lapsed).

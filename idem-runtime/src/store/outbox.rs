@@ -207,7 +207,7 @@ pub enum FollowOnError {
         name: String,
     },
     /// The operation declared as many jobs as its store writes with one
-    /// completion ([`FollowOnStore::max_follow_ons_per_completion`](super::FollowOnStore::max_follow_ons_per_completion)).
+    /// completion ([`Limits::max_follow_ons_per_completion`](super::Limits::max_follow_ons_per_completion)).
     #[error(
         "follow-on job `{name}` is one too many: the {store} store writes at most {limit} \
          follow-on jobs with one completion; declare one job that fans out when it runs"
@@ -222,7 +222,7 @@ pub enum FollowOnError {
     },
     /// The operation's jobs would carry more payload bytes than its store
     /// writes with one completion
-    /// ([`FollowOnStore::max_follow_on_bytes_per_completion`](super::FollowOnStore::max_follow_on_bytes_per_completion)).
+    /// ([`Limits::max_follow_on_bytes_per_completion`](super::Limits::max_follow_on_bytes_per_completion)).
     #[error(
         "follow-on job `{name}` is too much: with it the operation's jobs carry {total} bytes \
          of payload, over the {limit} bytes the {store} store writes with one completion; keep \
@@ -239,7 +239,7 @@ pub enum FollowOnError {
         store: &'static str,
     },
     /// The job's own item would be over the store's limit on one item
-    /// ([`IdempotencyStore::item_limit`](super::IdempotencyStore::item_limit)):
+    /// ([`Limits::item`](super::Limits::item)):
     /// its payload is over what the item leaves beside the job's tenant,
     /// name and other fields.
     #[error(

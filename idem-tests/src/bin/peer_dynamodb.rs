@@ -201,7 +201,7 @@ async fn main() {
     let swept = idem_runtime::maintenance::sweep(&*store, 10_000)
         .await
         .unwrap();
-    let purged = idem_runtime::IdempotencyStore::purge_expired(&*store, 1_000)
+    let purged = idem_runtime::store::Upkeep::purge_expired(&*store, 1_000)
         .await
         .unwrap();
     assert_eq!(

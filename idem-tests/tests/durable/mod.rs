@@ -8,6 +8,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use idem_runtime::store::conformance::claim_request;
+use idem_runtime::store::PauseHook;
 use idem_runtime::{
     store::{Attempt, ClaimRequest},
     PostgresStore,
@@ -237,13 +238,24 @@ impl PgSchema {
         Some(Self::open(&url, &name).await)
     }
 
+    /// [`new`](Self::new), with `hook` asked at the store's pause points.
+    pub async fn paused(hook: Option<PauseHook>) -> Option<PgSchema> {
+        let url = database_url()?;
+        let name = format!("t_{:016x}", Attempt::random().get());
+        Some(Self::open_with(&url, &name, hook).await)
+    }
+
     /// A store on an existing (or new) schema, migrated.
     pub async fn open(url: &str, name: &str) -> PgSchema {
-        let store = PostgresStore::builder(url)
-            .unwrap()
-            .schema(name)
-            .build()
-            .unwrap();
+        Self::open_with(url, name, None).await
+    }
+
+    async fn open_with(url: &str, name: &str, hook: Option<PauseHook>) -> PgSchema {
+        let mut builder = PostgresStore::builder(url).unwrap().schema(name);
+        if let Some(hook) = hook {
+            builder = builder.pause_hook(hook);
+        }
+        let store = builder.build().unwrap();
         if let Err(e) = store.migrate().await {
             panic!("the Postgres server at IDEM_TEST_DATABASE_URL={url} is not usable: {e}");
         }

@@ -4,7 +4,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use idem_runtime::store::conformance::{set_pause_hook, PauseHook, PausePoint};
+use idem_runtime::store::{PauseHook, PausePoint};
 use idem_runtime::{IdempotencyStore, SqliteStore};
 
 use super::scenario::{self, Report};
@@ -88,10 +88,10 @@ pub fn sqlite() {
 
 /// BUGGIFY inside PostgresStore's claim (`ClaimRead`): between its insert,
 /// which found a live record, and its read of that record, a quarter of the
-/// claims pause up to 150 ms, so a window that ends in between is seen. The
-/// hook is process-wide (the schedules share the runtime's threads), and its
-/// decisions come from a generator seeded from the first seed.
-fn pause_claim_reads(seed: u64) -> Option<PauseGuard> {
+/// claims pause up to 150 ms, so a window that ends in between is seen. One
+/// hook for every schedule's store (the schedules share the runtime's
+/// threads), its decisions from a generator seeded from the first seed.
+fn pause_claim_reads(seed: u64) -> Option<PauseHook> {
     if !super::buggify::enabled_by_env() {
         return None;
     }
@@ -101,26 +101,19 @@ fn pause_claim_reads(seed: u64) -> Option<PauseGuard> {
         (point == PausePoint::PostgresClaimRead && rng.chance(0.25))
             .then(|| rng.between(Duration::ZERO, Duration::from_millis(150)))
     });
-    set_pause_hook(Some(hook));
-    Some(PauseGuard)
-}
-
-/// Removes the pause hook when the run ends.
-struct PauseGuard;
-
-impl Drop for PauseGuard {
-    fn drop(&mut self) {
-        set_pause_hook(None);
-    }
+    Some(hook)
 }
 
 pub fn postgres() {
     let first = crate::seeds(0).0.first().copied().unwrap_or(0);
-    let _paused = pause_claim_reads(first);
-    run("postgres", "simulation_postgres", 20, 10, || async {
-        let schema = crate::durable::PgSchema::new().await?;
-        let store: Arc<dyn IdempotencyStore> = Arc::new(schema.store.clone());
-        Some((store, Box::new(schema) as Box<dyn std::any::Any + Send>))
+    let hook = pause_claim_reads(first);
+    run("postgres", "simulation_postgres", 20, 10, move || {
+        let hook = hook.clone();
+        async move {
+            let schema = crate::durable::PgSchema::paused(hook).await?;
+            let store: Arc<dyn IdempotencyStore> = Arc::new(schema.store.clone());
+            Some((store, Box::new(schema) as Box<dyn std::any::Any + Send>))
+        }
     });
 }
 

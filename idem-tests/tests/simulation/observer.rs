@@ -20,6 +20,7 @@ use tokio::time::Instant;
 use super::buggify::Point;
 use super::stores::jobs_of;
 use super::world::{HeartbeatRec, Sabotage, Sim, Unconfirmed};
+use idem_runtime::store::{Inspect, Limits, Upkeep};
 
 /// Outermost: records when each claim that won and each heartbeat that
 /// landed was sent, per key.
@@ -126,46 +127,6 @@ impl<S: IdempotencyStore> IdempotencyStore for Observer<S> {
     ) -> Result<(), StoreError> {
         self.inner.mark_unknown(key, attempt, note).await
     }
-    async fn mark_lapsed(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        note: &str,
-    ) -> Result<bool, StoreError> {
-        self.inner.mark_lapsed(key, attempt, note).await
-    }
-    async fn resolve(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        resolution: Resolution<'_>,
-        note: Option<&str>,
-    ) -> Result<(), StoreError> {
-        self.inner.resolve(key, attempt, resolution, note).await
-    }
-    async fn defer_check(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        delay: Duration,
-        taken: Option<SystemTime>,
-    ) -> Result<bool, StoreError> {
-        self.inner.defer_check(key, attempt, delay, taken).await
-    }
-    async fn take_check(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        hold: Duration,
-    ) -> Result<Option<SystemTime>, StoreError> {
-        let taken = self.inner.take_check(key, attempt, hold).await;
-        if self.sim.sabotage == Sabotage::EveryReplicaAsks {
-            // Asks whether or not the check was due; a check not taken has
-            // no hold's end to answer, so its deferral is held back.
-            return taken.map(|t| Some(t.unwrap_or(SystemTime::UNIX_EPOCH)));
-        }
-        taken
-    }
     async fn heartbeat(
         &self,
         key: &IdempotencyKey,
@@ -243,6 +204,60 @@ impl<S: IdempotencyStore> IdempotencyStore for Observer<S> {
     ) -> Result<Option<Record>, StoreError> {
         self.inner.lookup(tenant, reference).await
     }
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
+        self.inner.follow_ons().map(|_| self as &dyn FollowOnStore)
+    }
+    fn limits(&self) -> Limits {
+        self.inner.limits()
+    }
+}
+
+#[deny(clippy::missing_trait_methods)]
+#[async_trait]
+impl<S: IdempotencyStore> Upkeep for Observer<S> {
+    async fn mark_lapsed(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        note: &str,
+    ) -> Result<bool, StoreError> {
+        self.inner.mark_lapsed(key, attempt, note).await
+    }
+    async fn resolve(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        resolution: Resolution<'_>,
+        note: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.inner.resolve(key, attempt, resolution, note).await
+    }
+    async fn defer_check(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        delay: Duration,
+        taken: Option<SystemTime>,
+    ) -> Result<bool, StoreError> {
+        self.inner.defer_check(key, attempt, delay, taken).await
+    }
+    async fn take_check(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        hold: Duration,
+    ) -> Result<Option<SystemTime>, StoreError> {
+        let taken = self.inner.take_check(key, attempt, hold).await;
+        if self.sim.sabotage == Sabotage::EveryReplicaAsks {
+            // Asks whether or not the check was due; a check not taken has
+            // no hold's end to answer, so its deferral is held back.
+            return taken.map(|t| Some(t.unwrap_or(SystemTime::UNIX_EPOCH)));
+        }
+        taken
+    }
     async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
         self.inner.purge_expired(batch).await
     }
@@ -252,9 +267,11 @@ impl<S: IdempotencyStore> IdempotencyStore for Observer<S> {
     async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
         self.inner.list_unknown(limit).await
     }
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
+}
+
+#[deny(clippy::missing_trait_methods)]
+#[async_trait]
+impl<S: IdempotencyStore> Inspect for Observer<S> {
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
         self.inner.list_records(filter).await
     }
@@ -263,15 +280,6 @@ impl<S: IdempotencyStore> IdempotencyStore for Observer<S> {
     }
     async fn count_records(&self) -> Result<StateCounts, StoreError> {
         self.inner.count_records().await
-    }
-    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
-        self.inner.follow_ons().map(|_| self as &dyn FollowOnStore)
-    }
-    fn max_response_bytes(&self) -> Option<usize> {
-        self.inner.max_response_bytes()
-    }
-    fn item_limit(&self) -> Option<idem_runtime::store::ItemLimit> {
-        self.inner.item_limit()
     }
 }
 
@@ -337,12 +345,5 @@ impl<S: IdempotencyStore> FollowOnStore for Observer<S> {
     }
     async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
         jobs_of(&self.inner).count_due_jobs().await
-    }
-
-    fn max_follow_ons_per_completion(&self) -> Option<usize> {
-        jobs_of(&self.inner).max_follow_ons_per_completion()
-    }
-    fn max_follow_on_bytes_per_completion(&self) -> Option<usize> {
-        jobs_of(&self.inner).max_follow_on_bytes_per_completion()
     }
 }

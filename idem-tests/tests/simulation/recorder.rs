@@ -20,6 +20,7 @@ use super::model::Write;
 use super::stores::jobs_of;
 use super::timing::Mode;
 use super::world::Sim;
+use idem_runtime::store::{Inspect, Limits, Upkeep};
 use tokio::time::Instant;
 
 /// Innermost: every write runs one at a time, in real time on a task of its
@@ -131,6 +132,47 @@ impl IdempotencyStore for Recorder {
         .await
     }
 
+    async fn heartbeat(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        let key = *key;
+        self.write(|inner, sim| async move {
+            let out = inner.heartbeat(&key, attempt, lease).await;
+            if out.is_ok() {
+                Self::wrote(&*inner, &sim, &key, attempt, Write::Heartbeat).await;
+            }
+            out
+        })
+        .await
+    }
+
+    async fn lookup(
+        &self,
+        tenant: &str,
+        reference: &Reference,
+    ) -> Result<Option<Record>, StoreError> {
+        self.inner.lookup(tenant, reference).await
+    }
+
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+
+    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
+        // Completions with jobs are recorded as completions are.
+        self.inner.follow_ons().map(|_| self as &dyn FollowOnStore)
+    }
+    fn limits(&self) -> Limits {
+        self.inner.limits()
+    }
+}
+
+#[deny(clippy::missing_trait_methods)]
+#[async_trait]
+impl Upkeep for Recorder {
     async fn mark_lapsed(
         &self,
         key: &IdempotencyKey,
@@ -224,31 +266,6 @@ impl IdempotencyStore for Recorder {
         .await
     }
 
-    async fn heartbeat(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        lease: Duration,
-    ) -> Result<(), StoreError> {
-        let key = *key;
-        self.write(|inner, sim| async move {
-            let out = inner.heartbeat(&key, attempt, lease).await;
-            if out.is_ok() {
-                Self::wrote(&*inner, &sim, &key, attempt, Write::Heartbeat).await;
-            }
-            out
-        })
-        .await
-    }
-
-    async fn lookup(
-        &self,
-        tenant: &str,
-        reference: &Reference,
-    ) -> Result<Option<Record>, StoreError> {
-        self.inner.lookup(tenant, reference).await
-    }
-
     async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
         self.write(|inner, sim| async move {
             let out = inner.purge_expired(batch).await;
@@ -270,11 +287,11 @@ impl IdempotencyStore for Recorder {
     async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
         self.inner.list_unknown(limit).await
     }
+}
 
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-
+#[deny(clippy::missing_trait_methods)]
+#[async_trait]
+impl Inspect for Recorder {
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
         self.inner.list_records(filter).await
     }
@@ -284,17 +301,6 @@ impl IdempotencyStore for Recorder {
 
     async fn count_records(&self) -> Result<StateCounts, StoreError> {
         self.inner.count_records().await
-    }
-
-    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
-        // Completions with jobs are recorded as completions are.
-        self.inner.follow_ons().map(|_| self as &dyn FollowOnStore)
-    }
-    fn max_response_bytes(&self) -> Option<usize> {
-        self.inner.max_response_bytes()
-    }
-    fn item_limit(&self) -> Option<idem_runtime::store::ItemLimit> {
-        self.inner.item_limit()
     }
 }
 
@@ -412,12 +418,5 @@ impl FollowOnStore for Recorder {
 
     async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
         jobs_of(&*self.inner).count_due_jobs().await
-    }
-
-    fn max_follow_ons_per_completion(&self) -> Option<usize> {
-        jobs_of(&*self.inner).max_follow_ons_per_completion()
-    }
-    fn max_follow_on_bytes_per_completion(&self) -> Option<usize> {
-        jobs_of(&*self.inner).max_follow_on_bytes_per_completion()
     }
 }

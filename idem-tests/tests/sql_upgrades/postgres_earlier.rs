@@ -25,8 +25,9 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use idem_runtime::store::{
-    Attempt, Claim, ClaimRequest, FollowOnStore, FollowOns, IdempotencyStore, Job, JobFilter,
-    JobId, JobState, Record, RecordFilter, RecordStateKind, Resolution, StateCounts, StoreError,
+    Attempt, Claim, ClaimRequest, FollowOnStore, FollowOns, IdempotencyStore, Inspect, Job,
+    JobFilter, JobId, JobState, Record, RecordFilter, RecordStateKind, Resolution, StateCounts,
+    StoreError, Upkeep,
 };
 use idem_runtime::{key::IdempotencyKey, PostgresStore, Reference};
 use tokio_postgres::types::ToSql;
@@ -336,6 +337,28 @@ impl IdempotencyStore for EarlierPostgres {
     ) -> Result<(), StoreError> {
         self.shared.mark_unknown(key, attempt, note).await
     }
+    async fn heartbeat(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        self.shared.heartbeat(key, attempt, lease).await
+    }
+    async fn lookup(
+        &self,
+        tenant: &str,
+        reference: &Reference,
+    ) -> Result<Option<Record>, StoreError> {
+        self.shared.lookup(tenant, reference).await
+    }
+    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl Upkeep for EarlierPostgres {
     async fn mark_lapsed(
         &self,
         key: &IdempotencyKey,
@@ -379,21 +402,6 @@ impl IdempotencyStore for EarlierPostgres {
     ) -> Result<Option<SystemTime>, StoreError> {
         Ok(Some(SystemTime::now() + hold))
     }
-    async fn heartbeat(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        lease: Duration,
-    ) -> Result<(), StoreError> {
-        self.shared.heartbeat(key, attempt, lease).await
-    }
-    async fn lookup(
-        &self,
-        tenant: &str,
-        reference: &Reference,
-    ) -> Result<Option<Record>, StoreError> {
-        self.shared.lookup(tenant, reference).await
-    }
     async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
         self.shared.purge_expired(batch).await
     }
@@ -403,14 +411,15 @@ impl IdempotencyStore for EarlierPostgres {
     async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
         self.shared.list_unknown(limit).await
     }
+}
+
+#[async_trait]
+impl Inspect for EarlierPostgres {
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
         self.shared.list_records(filter).await
     }
     async fn count_records(&self) -> Result<StateCounts, StoreError> {
         self.shared.count_records().await
-    }
-    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
-        Some(self)
     }
 }
 

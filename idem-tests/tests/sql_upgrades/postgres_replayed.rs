@@ -25,9 +25,9 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use idem_runtime::store::{
-    Attempt, Claim, ClaimRequest, FollowOnStore, FollowOns, IdempotencyStore, Job, JobFilter,
-    JobId, JobState, Record, RecordFilter, RecordState, RecordStateKind, Resolution, StateCounts,
-    StoreError,
+    Attempt, Claim, ClaimRequest, FollowOnStore, FollowOns, IdempotencyStore, Inspect, Job,
+    JobFilter, JobId, JobState, Record, RecordFilter, RecordState, RecordStateKind, Resolution,
+    StateCounts, StoreError, Upkeep,
 };
 use idem_runtime::{key::IdempotencyKey, Reference};
 use tokio_postgres::types::ToSql;
@@ -280,27 +280,6 @@ impl IdempotencyStore for PostgresReplayed {
         "postgres"
     }
 
-    async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
-        let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
-        let state = filter.state.map(|s| s.code());
-        let rows = self
-            .query("filtered", &[&state, &filter.tenant, &filter.tool, &limit])
-            .await?;
-        self.ran("list_records");
-        Ok(rows.iter().map(row_to_record).collect())
-    }
-
-    async fn count_records(&self) -> Result<StateCounts, StoreError> {
-        let rows = self.query("counted", &[]).await?;
-        let mut counts = StateCounts::default();
-        for row in rows {
-            let kind = RecordStateKind::from_code(row.get::<_, i16>(0).into()).unwrap();
-            counts.add(kind, u64::try_from(row.get::<_, i64>(1)).unwrap_or(0));
-        }
-        self.ran("count_records");
-        Ok(counts)
-    }
-
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         let key = &req.key.as_bytes()[..];
         for _ in 0..16 {
@@ -379,6 +358,43 @@ impl IdempotencyStore for PostgresReplayed {
         .await
     }
 
+    async fn heartbeat(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        let key = &key.as_bytes()[..];
+        self.fenced(
+            "heartbeat",
+            key,
+            attempt,
+            &[&key, &(attempt.get() as i64), &micros(lease)],
+        )
+        .await
+    }
+
+    async fn lookup(
+        &self,
+        tenant: &str,
+        reference: &Reference,
+    ) -> Result<Option<Record>, StoreError> {
+        let (lo, hi) = key_range(reference);
+        let tag = reference.tag() as i64;
+        let rows = self
+            .query("lookup", &[&&lo[..], &&hi[..], &tenant, &tag])
+            .await?;
+        self.ran("lookup");
+        Ok(rows.first().map(row_to_record))
+    }
+
+    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl Upkeep for PostgresReplayed {
     async fn mark_lapsed(
         &self,
         key: &IdempotencyKey,
@@ -470,36 +486,6 @@ impl IdempotencyStore for PostgresReplayed {
         Ok(Some(SystemTime::now() + hold))
     }
 
-    async fn heartbeat(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        lease: Duration,
-    ) -> Result<(), StoreError> {
-        let key = &key.as_bytes()[..];
-        self.fenced(
-            "heartbeat",
-            key,
-            attempt,
-            &[&key, &(attempt.get() as i64), &micros(lease)],
-        )
-        .await
-    }
-
-    async fn lookup(
-        &self,
-        tenant: &str,
-        reference: &Reference,
-    ) -> Result<Option<Record>, StoreError> {
-        let (lo, hi) = key_range(reference);
-        let tag = reference.tag() as i64;
-        let rows = self
-            .query("lookup", &[&&lo[..], &&hi[..], &tenant, &tag])
-            .await?;
-        self.ran("lookup");
-        Ok(rows.first().map(row_to_record))
-    }
-
     async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
         let batch = i64::try_from(batch).unwrap_or(i64::MAX);
         let records = self.execute("purge", &[&batch]).await?;
@@ -521,9 +507,29 @@ impl IdempotencyStore for PostgresReplayed {
         self.ran("list_unknown");
         self.list("unknown", limit).await
     }
+}
 
-    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
-        Some(self)
+#[async_trait]
+impl Inspect for PostgresReplayed {
+    async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
+        let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
+        let state = filter.state.map(|s| s.code());
+        let rows = self
+            .query("filtered", &[&state, &filter.tenant, &filter.tool, &limit])
+            .await?;
+        self.ran("list_records");
+        Ok(rows.iter().map(row_to_record).collect())
+    }
+
+    async fn count_records(&self) -> Result<StateCounts, StoreError> {
+        let rows = self.query("counted", &[]).await?;
+        let mut counts = StateCounts::default();
+        for row in rows {
+            let kind = RecordStateKind::from_code(row.get::<_, i16>(0).into()).unwrap();
+            counts.add(kind, u64::try_from(row.get::<_, i64>(1)).unwrap_or(0));
+        }
+        self.ran("count_records");
+        Ok(counts)
     }
 }
 #[async_trait]

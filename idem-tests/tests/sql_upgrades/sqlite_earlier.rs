@@ -23,8 +23,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use idem_runtime::store::{
-    Attempt, Claim, ClaimRequest, FollowOnStore, FollowOns, IdempotencyStore, Job, JobFilter,
-    JobId, Record, RecordFilter, RecordStateKind, Resolution, StateCounts, StoreError,
+    Attempt, Claim, ClaimRequest, FollowOnStore, FollowOns, IdempotencyStore, Inspect, Job,
+    JobFilter, JobId, Record, RecordFilter, RecordStateKind, Resolution, StateCounts, StoreError,
+    Upkeep,
 };
 use idem_runtime::{key::IdempotencyKey, Reference, SqliteStore};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -306,6 +307,28 @@ impl IdempotencyStore for EarlierSqlite {
     ) -> Result<(), StoreError> {
         self.shared.mark_unknown(key, attempt, note).await
     }
+    async fn heartbeat(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        self.shared.heartbeat(key, attempt, lease).await
+    }
+    async fn lookup(
+        &self,
+        tenant: &str,
+        reference: &Reference,
+    ) -> Result<Option<Record>, StoreError> {
+        self.shared.lookup(tenant, reference).await
+    }
+    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl Upkeep for EarlierSqlite {
     async fn mark_lapsed(
         &self,
         key: &IdempotencyKey,
@@ -349,21 +372,6 @@ impl IdempotencyStore for EarlierSqlite {
     ) -> Result<Option<SystemTime>, StoreError> {
         Ok(Some(SystemTime::now() + hold))
     }
-    async fn heartbeat(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        lease: Duration,
-    ) -> Result<(), StoreError> {
-        self.shared.heartbeat(key, attempt, lease).await
-    }
-    async fn lookup(
-        &self,
-        tenant: &str,
-        reference: &Reference,
-    ) -> Result<Option<Record>, StoreError> {
-        self.shared.lookup(tenant, reference).await
-    }
     async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
         self.shared.purge_expired(batch).await
     }
@@ -373,14 +381,15 @@ impl IdempotencyStore for EarlierSqlite {
     async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
         self.shared.list_unknown(limit).await
     }
+}
+
+#[async_trait]
+impl Inspect for EarlierSqlite {
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
         self.shared.list_records(filter).await
     }
     async fn count_records(&self) -> Result<StateCounts, StoreError> {
         self.shared.count_records().await
-    }
-    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
-        Some(self)
     }
 }
 

@@ -25,9 +25,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use idem_runtime::store::{
-    Attempt, Claim, ClaimRequest, FollowOnStore, FollowOns, IdempotencyStore, Job, JobFilter,
-    JobId, JobState, Record, RecordFilter, RecordState, RecordStateKind, Resolution, StateCounts,
-    StoreError,
+    Attempt, Claim, ClaimRequest, FollowOnStore, FollowOns, IdempotencyStore, Inspect, Job,
+    JobFilter, JobId, JobState, Record, RecordFilter, RecordState, RecordStateKind, Resolution,
+    StateCounts, StoreError, Upkeep,
 };
 use idem_runtime::{key::IdempotencyKey, Reference};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -407,39 +407,6 @@ impl IdempotencyStore for SqliteReplayed {
         "sqlite"
     }
 
-    async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
-        let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
-        let state = filter.state.map(|s| s.code());
-        let (tenant, tool) = (filter.tenant.clone(), filter.tool.clone());
-        self.run("list_records", move |conn, now| {
-            read_many(
-                conn,
-                sql("filtered"),
-                params![state, tenant, tool, limit],
-                now,
-            )
-        })
-        .await
-    }
-
-    async fn count_records(&self) -> Result<StateCounts, StoreError> {
-        self.run("count_records", |conn, _| {
-            let mut stmt = conn.prepare_cached(sql("counted")).map_err(unavailable)?;
-            let rows = stmt
-                .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))
-                .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-                .map_err(unavailable)?;
-            let mut counts = StateCounts::default();
-            for (code, n) in rows {
-                let kind = RecordStateKind::from_code(code)
-                    .ok_or_else(|| StoreError::Corrupt(format!("state {code}")))?;
-                counts.add(kind, u64::try_from(n).unwrap_or(0));
-            }
-            Ok(counts)
-        })
-        .await
-    }
-
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         let req = req.clone();
         self.run("claim", move |conn, now| {
@@ -522,6 +489,57 @@ impl IdempotencyStore for SqliteReplayed {
         .await
     }
 
+    async fn heartbeat(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        let key = *key.as_bytes();
+        self.run("heartbeat", move |conn, now| {
+            fenced(
+                conn,
+                &key,
+                attempt,
+                sql("heartbeat"),
+                &[
+                    &&key[..],
+                    &(attempt.get() as i64),
+                    &now.saturating_add(nanos(lease)),
+                    &now,
+                ],
+            )
+        })
+        .await
+    }
+
+    async fn lookup(
+        &self,
+        tenant: &str,
+        reference: &Reference,
+    ) -> Result<Option<Record>, StoreError> {
+        let (lo, hi) = key_range(reference);
+        let tag = reference.tag() as i64;
+        let tenant = tenant.to_owned();
+        self.run("lookup", move |conn, now| {
+            let mut found = read_many(
+                conn,
+                sql("lookup"),
+                params![&lo[..], &hi[..], tenant, tag],
+                now,
+            )?;
+            Ok(found.pop())
+        })
+        .await
+    }
+
+    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl Upkeep for SqliteReplayed {
     async fn mark_lapsed(
         &self,
         key: &IdempotencyKey,
@@ -630,50 +648,6 @@ impl IdempotencyStore for SqliteReplayed {
         Ok(Some(SystemTime::now() + hold))
     }
 
-    async fn heartbeat(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        lease: Duration,
-    ) -> Result<(), StoreError> {
-        let key = *key.as_bytes();
-        self.run("heartbeat", move |conn, now| {
-            fenced(
-                conn,
-                &key,
-                attempt,
-                sql("heartbeat"),
-                &[
-                    &&key[..],
-                    &(attempt.get() as i64),
-                    &now.saturating_add(nanos(lease)),
-                    &now,
-                ],
-            )
-        })
-        .await
-    }
-
-    async fn lookup(
-        &self,
-        tenant: &str,
-        reference: &Reference,
-    ) -> Result<Option<Record>, StoreError> {
-        let (lo, hi) = key_range(reference);
-        let tag = reference.tag() as i64;
-        let tenant = tenant.to_owned();
-        self.run("lookup", move |conn, now| {
-            let mut found = read_many(
-                conn,
-                sql("lookup"),
-                params![&lo[..], &hi[..], tenant, tag],
-                now,
-            )?;
-            Ok(found.pop())
-        })
-        .await
-    }
-
     async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
         let batch = i64::try_from(batch).unwrap_or(i64::MAX);
         let delivered = self.layout >= 5;
@@ -710,9 +684,41 @@ impl IdempotencyStore for SqliteReplayed {
         })
         .await
     }
+}
 
-    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
-        Some(self)
+#[async_trait]
+impl Inspect for SqliteReplayed {
+    async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
+        let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
+        let state = filter.state.map(|s| s.code());
+        let (tenant, tool) = (filter.tenant.clone(), filter.tool.clone());
+        self.run("list_records", move |conn, now| {
+            read_many(
+                conn,
+                sql("filtered"),
+                params![state, tenant, tool, limit],
+                now,
+            )
+        })
+        .await
+    }
+
+    async fn count_records(&self) -> Result<StateCounts, StoreError> {
+        self.run("count_records", |conn, _| {
+            let mut stmt = conn.prepare_cached(sql("counted")).map_err(unavailable)?;
+            let rows = stmt
+                .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))
+                .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+                .map_err(unavailable)?;
+            let mut counts = StateCounts::default();
+            for (code, n) in rows {
+                let kind = RecordStateKind::from_code(code)
+                    .ok_or_else(|| StoreError::Corrupt(format!("state {code}")))?;
+                counts.add(kind, u64::try_from(n).unwrap_or(0));
+            }
+            Ok(counts)
+        })
+        .await
     }
 }
 

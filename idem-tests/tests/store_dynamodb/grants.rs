@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use idem_runtime::outbox::FollowOn;
 use idem_runtime::store::conformance::{claim_request, new_operation};
-use idem_runtime::store::{Attempt, Claim, FollowOns, Resolution};
+use idem_runtime::store::{Attempt, Claim, FollowOns, Resolution, Upkeep};
 use idem_runtime::{DynamoDbStore, IdempotencyStore};
 
 use crate::create_table_before_leases;

@@ -10,6 +10,7 @@ use idem_runtime::store::conformance::claim_request;
 use idem_runtime::{IdempotencyStore, RedisStore};
 
 use crate::redis_server::{command, Server};
+use idem_runtime::store::Inspect;
 
 /// How many times the server ran each command so far, by name
 /// (`cmdstat_scan` is `scan`), commands run by scripts and functions

@@ -14,6 +14,7 @@ use idem_runtime::{
 use crate::durable;
 use crate::redis_server::{command, Prefixed};
 use crate::{expire_time, ms_ceil, record_key, server_time};
+use idem_runtime::store::Upkeep;
 
 /// Times come from the server's `TIME`: a claim's times fall between two
 /// readings of it, and its lease and window are exact.

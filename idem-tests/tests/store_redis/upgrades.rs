@@ -11,6 +11,7 @@ use idem_runtime::{
 
 use crate::redis_server::{command, Prefixed, Server};
 use crate::{expire_time, libraries, ms_ceil, record_key, server_time};
+use idem_runtime::store::Upkeep;
 
 /// A record as an earlier version of the store wrote it: a hash of these
 /// fields, times in µs on the server's clock.

@@ -15,27 +15,27 @@ pub enum Call {
     Release,
     /// [`IdempotencyStore::mark_unknown`].
     MarkUnknown,
-    /// [`IdempotencyStore::mark_lapsed`].
+    /// [`Upkeep::mark_lapsed`].
     MarkLapsed,
-    /// [`IdempotencyStore::resolve`].
+    /// [`Upkeep::resolve`].
     Resolve,
-    /// [`IdempotencyStore::defer_check`].
+    /// [`Upkeep::defer_check`].
     DeferCheck,
-    /// [`IdempotencyStore::take_check`].
+    /// [`Upkeep::take_check`].
     TakeCheck,
     /// [`IdempotencyStore::heartbeat`].
     Heartbeat,
     /// [`IdempotencyStore::lookup`].
     Lookup,
-    /// [`IdempotencyStore::purge_expired`].
+    /// [`Upkeep::purge_expired`].
     Purge,
-    /// [`IdempotencyStore::list_lapsed`].
+    /// [`Upkeep::list_lapsed`].
     ListLapsed,
-    /// [`IdempotencyStore::list_unknown`].
+    /// [`Upkeep::list_unknown`].
     ListUnknown,
-    /// [`IdempotencyStore::list_records`].
+    /// [`Inspect::list_records`].
     ListRecords,
-    /// [`IdempotencyStore::count_records`].
+    /// [`Inspect::count_records`].
     CountRecords,
     /// [`FollowOnStore::complete_with_follow_ons`] (with jobs; with none
     /// it is [`Call::Complete`]).
@@ -238,6 +238,42 @@ impl<S: IdempotencyStore + 'static> IdempotencyStore for FaultyStore<S> {
         .await
     }
 
+    async fn heartbeat(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        self.run(Call::Heartbeat, self.inner.heartbeat(key, attempt, lease))
+            .await
+    }
+
+    async fn lookup(
+        &self,
+        tenant: &str,
+        reference: &Reference,
+    ) -> Result<Option<Record>, StoreError> {
+        self.run(Call::Lookup, self.inner.lookup(tenant, reference))
+            .await
+    }
+
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+
+    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
+        // Faults reach the jobs too, when the store keeps them.
+        self.inner.follow_ons().map(|_| self as &dyn FollowOnStore)
+    }
+
+    fn limits(&self) -> Limits {
+        self.inner.limits()
+    }
+}
+
+#[deny(clippy::missing_trait_methods)]
+#[async_trait]
+impl<S: IdempotencyStore + 'static> Upkeep for FaultyStore<S> {
     async fn mark_lapsed(
         &self,
         key: &IdempotencyKey,
@@ -286,25 +322,6 @@ impl<S: IdempotencyStore + 'static> IdempotencyStore for FaultyStore<S> {
             .await
     }
 
-    async fn heartbeat(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        lease: Duration,
-    ) -> Result<(), StoreError> {
-        self.run(Call::Heartbeat, self.inner.heartbeat(key, attempt, lease))
-            .await
-    }
-
-    async fn lookup(
-        &self,
-        tenant: &str,
-        reference: &Reference,
-    ) -> Result<Option<Record>, StoreError> {
-        self.run(Call::Lookup, self.inner.lookup(tenant, reference))
-            .await
-    }
-
     async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
         self.run(Call::Purge, self.inner.purge_expired(batch)).await
     }
@@ -318,11 +335,11 @@ impl<S: IdempotencyStore + 'static> IdempotencyStore for FaultyStore<S> {
         self.run(Call::ListUnknown, self.inner.list_unknown(limit))
             .await
     }
+}
 
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-
+#[deny(clippy::missing_trait_methods)]
+#[async_trait]
+impl<S: IdempotencyStore + 'static> Inspect for FaultyStore<S> {
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
         self.run(Call::ListRecords, self.inner.list_records(filter))
             .await
@@ -337,18 +354,6 @@ impl<S: IdempotencyStore + 'static> IdempotencyStore for FaultyStore<S> {
     async fn count_records(&self) -> Result<StateCounts, StoreError> {
         self.run(Call::CountRecords, self.inner.count_records())
             .await
-    }
-
-    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
-        // Faults reach the jobs too, when the store keeps them.
-        self.inner.follow_ons().map(|_| self as &dyn FollowOnStore)
-    }
-
-    fn max_response_bytes(&self) -> Option<usize> {
-        self.inner.max_response_bytes()
-    }
-    fn item_limit(&self) -> Option<crate::store::ItemLimit> {
-        self.inner.item_limit()
     }
 }
 
@@ -457,13 +462,5 @@ impl<S: IdempotencyStore + 'static> FollowOnStore for FaultyStore<S> {
     async fn count_due_jobs(&self) -> Result<std::collections::BTreeMap<String, u64>, StoreError> {
         self.run(Call::CountDueJobs, self.jobs().count_due_jobs())
             .await
-    }
-
-    fn max_follow_ons_per_completion(&self) -> Option<usize> {
-        self.jobs().max_follow_ons_per_completion()
-    }
-
-    fn max_follow_on_bytes_per_completion(&self) -> Option<usize> {
-        self.jobs().max_follow_on_bytes_per_completion()
     }
 }

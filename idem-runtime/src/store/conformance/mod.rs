@@ -17,7 +17,22 @@
 //! available here: say why on stderr, and fail instead under `CI=true`.
 //!
 //! The cases come in two lists: the records' ([`RECORD_CASES`]) and the
-//! outbox's, for follow-on jobs ([`OUTBOX_CASES`]). A store that keeps no
+//! outbox's, for follow-on jobs ([`OUTBOX_CASES`]). The records' are
+//! grouped as the contract is, by who calls the methods they hold, so a
+//! failing case points at the trait to look in:
+//!
+//! - the call's steps ([`IdempotencyStore`]: `claim`, `heartbeat`,
+//!   `complete`, `release`, `mark_unknown`, `lookup`), from
+//!   [`claim_creates_in_progress`] to
+//!   [`a_superseded_operation_reads_until_its_retention_ends`];
+//! - upkeep ([`Upkeep`]: the sweep, the reconcilers' checks and
+//!   resolutions, the purge), from [`lapsed_lease_is_listed_not_taken_over`]
+//!   to [`late_truth_inside_the_window_holds_until_the_window_ends`];
+//! - inspection ([`Inspect`]: `list_records`, `find_by_reference`,
+//!   `count_records`), from [`a_reference_is_found_in_every_tenant`] to
+//!   [`default_record_filter_lists_a_page`];
+//!
+//! and the outbox's hold [`FollowOnStore`]'s methods. A store that keeps no
 //! follow-on jobs yet writes `conformance_tests!(make; outbox pending)`:
 //! each outbox test then passes only while its case fails with
 //! `Unsupported` (it says `PENDING` on stderr) and fails once the case
@@ -34,23 +49,23 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore, FollowOns, IdempotencyStore, Job,
-    JobFilter, JobId, JobState, Reading, Record, RecordFilter, RecordState, RecordStateKind,
-    Resolution, StateCounts, StoreError,
+    Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore, FollowOns, IdempotencyStore, Inspect,
+    Job, JobFilter, JobId, JobState, Limits, Reading, Record, RecordFilter, RecordState,
+    RecordStateKind, Resolution, StateCounts, StoreError, Upkeep,
 };
 use crate::key::{IdempotencyKey, Reference};
 
 mod faults;
+mod inspect;
 mod outbox;
-mod pause;
-mod records;
+mod steps;
+mod upkeep;
 
 pub use faults::{Call, Fault, FaultPlan, FaultyStore};
+pub use inspect::*;
 pub use outbox::*;
-#[cfg(feature = "postgres")]
-pub(crate) use pause::pause;
-pub use pause::{set_pause_hook, PauseHook, PausePoint};
-pub use records::*;
+pub use steps::*;
+pub use upkeep::*;
 
 fn random32() -> [u8; 32] {
     let mut b = [0u8; 32];
@@ -147,6 +162,7 @@ pub type Case =
 macro_rules! __idem_conformance_cases {
     ($callback:ident!($($args:tt)*)) => {
         $crate::$callback!($($args)*
+            // IdempotencyStore: the call's steps (steps.rs).
             claim_creates_in_progress,
             claim_of_live_record_returns_it,
             concurrent_claims_have_one_winner,
@@ -163,11 +179,14 @@ macro_rules! __idem_conformance_cases {
             not_performed_after_the_window_is_a_new_operation,
             a_record_reads_by_its_state_and_lease,
             unknown_record_outlives_window,
-            lapsed_lease_is_listed_not_taken_over,
             heartbeat_extends_lease,
             lookup_is_scoped_to_tenant,
             existing_record_keeps_its_fingerprint,
             a_long_held_key_answers_replays_and_conflicts_until_it_ends,
+            a_superseded_operation_reads_until_its_retention_ends,
+            // Upkeep: the sweep, the reconcilers' checks and resolutions,
+            // the purge (upkeep.rs).
+            lapsed_lease_is_listed_not_taken_over,
             purge_deletes_expired_in_batches,
             expiry_sweep_and_purge,
             sweep_mark_rechecks_the_lease,
@@ -179,7 +198,7 @@ macro_rules! __idem_conformance_cases {
             late_completion_wins_over_not_performed,
             late_truth_frees_the_key_after_the_window,
             late_truth_inside_the_window_holds_until_the_window_ends,
-            a_superseded_operation_reads_until_its_retention_ends,
+            // Inspect: an operator's reads (inspect.rs).
             a_reference_is_found_in_every_tenant,
             records_are_listed_by_filter_newest_first,
             records_are_counted_by_state,

@@ -796,28 +796,6 @@ pub async fn default_job_filter_lists_a_page(store: &dyn IdempotencyStore) {
     assert_eq!(all_here.len(), 2, "{all_here:?}");
 }
 
-/// A default filter lists a page of records, not none.
-pub async fn default_record_filter_lists_a_page(store: &dyn IdempotencyStore) {
-    let req = fresh(W);
-    claimed(store, &req).await;
-    assert!(
-        !store
-            .list_records(&RecordFilter::default())
-            .await
-            .unwrap()
-            .is_empty(),
-        "the default filter lists no record"
-    );
-    let mine = store
-        .list_records(&RecordFilter {
-            tenant: Some(req.tenant.clone()),
-            ..RecordFilter::default()
-        })
-        .await
-        .unwrap();
-    assert_eq!(mine.iter().map(|r| r.key).collect::<Vec<_>>(), [req.key]);
-}
-
 /// A finished job is kept as delivered: listed in that state with when and
 /// by which run, never leased again (not even once its lease's time has
 /// passed), not counted as due, and left alone by a retry, a burial or a

@@ -260,13 +260,4 @@ impl FollowOnStore for DynamoDbStore {
         }
         Ok(counts)
     }
-
-    fn max_follow_ons_per_completion(&self) -> Option<usize> {
-        Some(DYNAMODB_MAX_FOLLOW_ONS)
-    }
-
-    // A 4 MB transaction, less the record's 400 KB item and 99 jobs' keys.
-    fn max_follow_on_bytes_per_completion(&self) -> Option<usize> {
-        Some(3 * 1024 * 1024)
-    }
 }

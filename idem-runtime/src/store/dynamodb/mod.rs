@@ -22,8 +22,9 @@ use crate::future::join_all;
 use crate::key::{IdempotencyKey, Reference};
 use crate::store::{
     self as store, due_order, lease_names, listing_order, sort_leased, Attempt, Claim,
-    ClaimRequest, FollowOn, FollowOnStore, FollowOns, IdempotencyStore, ItemLimit, Job, JobFilter,
-    JobId, Record, RecordFilter, RecordStateKind, Resolution, StateCounts, StoreError,
+    ClaimRequest, FollowOn, FollowOnStore, FollowOns, IdempotencyStore, Inspect, ItemLimit, Job,
+    JobFilter, JobId, Limits, Record, RecordFilter, RecordStateKind, Resolution, StateCounts,
+    StoreError, Upkeep,
 };
 
 mod builder;
@@ -112,7 +113,7 @@ const ITEM_LIMIT: ItemLimit =
 /// most 100 items, so one completion writes at most
 /// [`DYNAMODB_MAX_FOLLOW_ONS`] (99) jobs, and the executor refuses the
 /// hundredth at its declaration
-/// ([`FollowOnStore::max_follow_ons_per_completion`]); a transaction is also
+/// ([`Limits::max_follow_ons_per_completion`]); a transaction is also
 /// at most 4 MB in all. A job is leased by a conditional `UpdateItem` (due
 /// at the time of the write, live) that sets the lease's attempt; finish,
 /// retry and bury are conditional on that attempt.
@@ -177,7 +178,7 @@ const ITEM_LIMIT: ItemLimit =
 /// `ValidationError`) is [`StoreError::Invalid`]: nothing was written, and
 /// the same request again would be refused again; the executor judges each
 /// write against the item's size before it sends it
-/// ([`IdempotencyStore::item_limit`]: 400,000 bytes, every attribute's name
+/// ([`Limits::item`]: 400,000 bytes, every attribute's name
 /// and value counted), so a handler never runs only to have its completion
 /// refused for the record's tenant or tool. The SDK's own retries,
 /// timeouts and credentials are the client's, as configured.
@@ -348,6 +349,55 @@ impl IdempotencyStore for DynamoDbStore {
         }
     }
 
+    async fn heartbeat(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        let now = self.now();
+        let values = Values::default()
+            .set(":lu", num(micros(now + lease)))
+            .set(":now", num(micros(now)));
+        self.fenced(
+            key,
+            attempt,
+            &[InProgress],
+            None,
+            "SET lu = :lu, ua = :now",
+            values,
+        )
+        .await?
+        .map_err(|_| StoreError::Fenced)
+    }
+
+    async fn lookup(
+        &self,
+        tenant: &str,
+        reference: &Reference,
+    ) -> Result<Option<Record>, StoreError> {
+        let found = self.by_reference(reference, Some(tenant)).await?;
+        Ok(found.into_iter().next())
+    }
+
+    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
+        Some(self)
+    }
+
+    // A response has no limit of its own: the record's item, with every
+    // other attribute, is at most 400 KB. A transaction holds 100 items,
+    // the record's and 99 jobs'; 4 MB, less the record's 400 KB item and 99
+    // jobs' keys, for the jobs' payloads.
+    fn limits(&self) -> Limits {
+        Limits::NONE
+            .with_item(ITEM_LIMIT)
+            .with_max_follow_ons_per_completion(DYNAMODB_MAX_FOLLOW_ONS)
+            .with_max_follow_on_bytes_per_completion(3 * 1024 * 1024)
+    }
+}
+
+#[async_trait]
+impl Upkeep for DynamoDbStore {
     async fn mark_lapsed(
         &self,
         key: &IdempotencyKey,
@@ -474,42 +524,6 @@ impl IdempotencyStore for DynamoDbStore {
             .map(|()| items::at(until)))
     }
 
-    async fn heartbeat(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        lease: Duration,
-    ) -> Result<(), StoreError> {
-        let now = self.now();
-        let values = Values::default()
-            .set(":lu", num(micros(now + lease)))
-            .set(":now", num(micros(now)));
-        self.fenced(
-            key,
-            attempt,
-            &[InProgress],
-            None,
-            "SET lu = :lu, ua = :now",
-            values,
-        )
-        .await?
-        .map_err(|_| StoreError::Fenced)
-    }
-
-    async fn lookup(
-        &self,
-        tenant: &str,
-        reference: &Reference,
-    ) -> Result<Option<Record>, StoreError> {
-        let found = self.by_reference(reference, Some(tenant)).await?;
-        Ok(found.into_iter().next())
-    }
-
-    async fn find_by_reference(&self, reference: &Reference) -> Result<Vec<Record>, StoreError> {
-        // Where `lookup` reads, without the tenant: one query, no scan.
-        self.by_reference(reference, None).await
-    }
-
     async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
         let now = self.now();
         let want = batch.saturating_mul(2);
@@ -589,6 +603,14 @@ impl IdempotencyStore for DynamoDbStore {
             .await?;
         found.iter().map(|item| items::record(item, now)).collect()
     }
+}
+
+#[async_trait]
+impl Inspect for DynamoDbStore {
+    async fn find_by_reference(&self, reference: &Reference) -> Result<Vec<Record>, StoreError> {
+        // Where `lookup` reads, without the tenant: one query, no scan.
+        self.by_reference(reference, None).await
+    }
 
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
         let now = self.now();
@@ -616,19 +638,5 @@ impl IdempotencyStore for DynamoDbStore {
             }
         }
         Ok(counts)
-    }
-
-    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
-        Some(self)
-    }
-
-    // A response has no limit of its own: the record's item, with every
-    // other attribute, is at most 400 KB.
-    fn max_response_bytes(&self) -> Option<usize> {
-        None
-    }
-
-    fn item_limit(&self) -> Option<ItemLimit> {
-        Some(ITEM_LIMIT)
     }
 }

@@ -13,7 +13,7 @@ use super::exec::Canceller;
 use super::migrate::Connector;
 use super::statements::Statements;
 use super::PostgresStore;
-use crate::store::StoreError;
+use crate::store::{PauseHook, Pauses, StoreError};
 
 /// How long [`PostgresStore::migrate`] may take unless told: a migration
 /// builds its indexes with `CREATE INDEX CONCURRENTLY`, which reads the
@@ -33,6 +33,7 @@ pub struct PostgresStoreBuilder {
     relaxed_completions: bool,
     direct_connection: bool,
     batched_completions: bool,
+    pauses: Pauses,
 }
 
 impl PostgresStoreBuilder {
@@ -46,6 +47,7 @@ impl PostgresStoreBuilder {
             relaxed_completions: true,
             direct_connection: false,
             batched_completions: true,
+            pauses: Pauses::default(),
         }
     }
 
@@ -176,6 +178,20 @@ impl PostgresStoreBuilder {
         self
     }
 
+    /// A hook the store asks how long to pause at each [`PausePoint`] in
+    /// its own code (`None`: not at all), for a simulation that widens the
+    /// gap between two statements of one call (BUGGIFY): the claim's read
+    /// of a live record after its insert found one
+    /// ([`PausePoint::PostgresClaimRead`]). Without one (the default),
+    /// nothing is asked.
+    ///
+    /// [`PausePoint`]: crate::store::PausePoint
+    /// [`PausePoint::PostgresClaimRead`]: crate::store::PausePoint::PostgresClaimRead
+    pub fn pause_hook(mut self, hook: PauseHook) -> Self {
+        self.pauses = Pauses::new(hook);
+        self
+    }
+
     /// The store, without TLS. Connects lazily: nothing is sent to the server
     /// until the first call. Errors: `Config` for an invalid schema name.
     pub fn build(self) -> Result<PostgresStore, StoreError> {
@@ -265,6 +281,7 @@ impl PostgresStoreBuilder {
             sql: Arc::new(Statements::new(schema, self.relaxed_completions)),
             named_statements: self.direct_connection,
             combiner: self.batched_completions.then(Default::default),
+            pauses: self.pauses,
             migrations,
             migrate_timeout: self.migrate_timeout,
             lock_timeout: (self.timeout / 4).max(Duration::from_millis(100)),

@@ -17,8 +17,8 @@ use crate::key::{IdempotencyKey, Reference};
 use crate::store::sql::{counts, key_range, tag_to_column};
 use crate::store::{
     lease_names, sort_leased, Attempt, Claim, ClaimRequest, FollowOnStore, FollowOns,
-    IdempotencyStore, Job, JobFilter, JobId, Record, RecordFilter, RecordStateKind, Resolution,
-    StateCounts, StoreError,
+    IdempotencyStore, Inspect, Job, JobFilter, JobId, Limits, PausePoint, Pauses, Record,
+    RecordFilter, RecordStateKind, Resolution, StateCounts, StoreError, Upkeep,
 };
 
 mod builder;
@@ -91,6 +91,8 @@ pub struct PostgresStore {
     /// its lock before it gives way to the writes queued behind it, and
     /// is tried again: a quarter of the timeout.
     lock_timeout: Duration,
+    /// [`PostgresStoreBuilder::pause_hook`].
+    pauses: Pauses,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -141,7 +143,7 @@ impl PostgresStore {
     }
 
     /// The server's plan (`EXPLAIN`) of the statement that
-    /// [`find_by_reference`](IdempotencyStore::find_by_reference) sends
+    /// [`find_by_reference`](crate::store::Inspect::find_by_reference) sends
     /// for `reference`, one line per node: for the tests that check it
     /// searches the tables' primary keys and scans no table.
     #[cfg(feature = "conformance")]
@@ -347,11 +349,7 @@ impl IdempotencyStore for PostgresStore {
                 if let Some(row) = db.query_opt(&sql.claim, &params).await? {
                     return claimed_as(row);
                 }
-                #[cfg(feature = "conformance")]
-                crate::store::conformance::pause(
-                    crate::store::conformance::PausePoint::PostgresClaimRead,
-                )
-                .await;
+                self.pauses.at(PausePoint::PostgresClaimRead).await;
                 let Some(row) = db.query_opt(&sql.read, &[&key]).await? else {
                     continue;
                 };
@@ -428,6 +426,51 @@ impl IdempotencyStore for PostgresStore {
             .await
     }
 
+    async fn heartbeat(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        self.fenced_change(|sql| &sql.heartbeat, key, attempt, &[&micros(lease)])
+            .await
+    }
+
+    async fn lookup(
+        &self,
+        tenant: &str,
+        reference: &Reference,
+    ) -> Result<Option<Record>, StoreError> {
+        let (lo, hi) = key_range(reference);
+        let tag = tag_to_column(reference);
+        self.with(async |db, sql| {
+            match db
+                .query_opt(&sql.lookup, &[&&lo[..], &&hi[..], &tenant, &tag])
+                .await?
+            {
+                Some(row) => Ok(Some(row_to_record(&row)?)),
+                None => Ok(None),
+            }
+        })
+        .await
+    }
+
+    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
+        Some(self)
+    }
+
+    // A 1 GB field and a 1 GB message: half of it for the response, so the
+    // jobs fit beside it; the jobs' payloads are one array parameter of the
+    // completion's message.
+    fn limits(&self) -> Limits {
+        Limits::NONE
+            .with_max_response_bytes(512 * 1024 * 1024)
+            .with_max_follow_on_bytes_per_completion(256 * 1024 * 1024)
+    }
+}
+
+#[async_trait]
+impl Upkeep for PostgresStore {
     async fn mark_lapsed(
         &self,
         key: &IdempotencyKey,
@@ -529,52 +572,6 @@ impl IdempotencyStore for PostgresStore {
         .await
     }
 
-    async fn heartbeat(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        lease: Duration,
-    ) -> Result<(), StoreError> {
-        self.fenced_change(|sql| &sql.heartbeat, key, attempt, &[&micros(lease)])
-            .await
-    }
-
-    async fn lookup(
-        &self,
-        tenant: &str,
-        reference: &Reference,
-    ) -> Result<Option<Record>, StoreError> {
-        let (lo, hi) = key_range(reference);
-        let tag = tag_to_column(reference);
-        self.with(async |db, sql| {
-            match db
-                .query_opt(&sql.lookup, &[&&lo[..], &&hi[..], &tenant, &tag])
-                .await?
-            {
-                Some(row) => Ok(Some(row_to_record(&row)?)),
-                None => Ok(None),
-            }
-        })
-        .await
-    }
-
-    /// A range over each table's primary key (the reference is the key's
-    /// first eight bytes), in every tenant: no scan.
-    async fn find_by_reference(&self, reference: &Reference) -> Result<Vec<Record>, StoreError> {
-        let (lo, hi) = key_range(reference);
-        let tag = tag_to_column(reference);
-        self.with(async |db, sql| {
-            let rows = db
-                .query(&sql.by_reference, &[&&lo[..], &&hi[..], &tag])
-                .await?;
-            Ok(rows
-                .iter()
-                .map(row_to_record)
-                .collect::<Result<Vec<_>, _>>()?)
-        })
-        .await
-    }
-
     async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
         let batch = i64::try_from(batch).unwrap_or(i64::MAX);
         self.with(async |db, sql| {
@@ -600,6 +597,26 @@ impl IdempotencyStore for PostgresStore {
 
     async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
         self.list(|s| &s.unknown, limit).await
+    }
+}
+
+#[async_trait]
+impl Inspect for PostgresStore {
+    /// A range over each table's primary key (the reference is the key's
+    /// first eight bytes), in every tenant: no scan.
+    async fn find_by_reference(&self, reference: &Reference) -> Result<Vec<Record>, StoreError> {
+        let (lo, hi) = key_range(reference);
+        let tag = tag_to_column(reference);
+        self.with(async |db, sql| {
+            let rows = db
+                .query(&sql.by_reference, &[&&lo[..], &&hi[..], &tag])
+                .await?;
+            Ok(rows
+                .iter()
+                .map(row_to_record)
+                .collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
     }
 
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
@@ -630,15 +647,6 @@ impl IdempotencyStore for PostgresStore {
             Ok(counts(pairs)?)
         })
         .await
-    }
-
-    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
-        Some(self)
-    }
-
-    // A 1 GB field and a 1 GB message: half of it, so the jobs fit beside it.
-    fn max_response_bytes(&self) -> Option<usize> {
-        Some(512 * 1024 * 1024)
     }
 }
 
@@ -802,11 +810,6 @@ impl FollowOnStore for PostgresStore {
             Ok(due)
         })
         .await
-    }
-
-    // The jobs' payloads are one array parameter of the completion's message.
-    fn max_follow_on_bytes_per_completion(&self) -> Option<usize> {
-        Some(256 * 1024 * 1024)
     }
 }
 

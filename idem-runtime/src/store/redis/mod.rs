@@ -15,8 +15,8 @@ use crate::future::join_all;
 use crate::key::{IdempotencyKey, Reference};
 use crate::store::{
     lease_names, listing_order, sort_leased, Attempt, Claim, ClaimRequest, FollowOnStore,
-    FollowOns, IdempotencyStore, Job, JobFilter, JobId, Record, RecordFilter, RecordStateKind,
-    Resolution, StateCounts, StoreError,
+    FollowOns, IdempotencyStore, Inspect, Job, JobFilter, JobId, Limits, Record, RecordFilter,
+    RecordStateKind, Resolution, StateCounts, StoreError, Upkeep,
 };
 
 mod builder;
@@ -85,7 +85,7 @@ use scripts::{
 /// replaces, if its retention has not ended, is kept in the claim's script
 /// as a superseded operation, under its reference, with its own native TTL
 /// at `retain_until`; [`lookup`](IdempotencyStore::lookup) and the listings
-/// find it. [`purge_expired`](IdempotencyStore::purge_expired) has no
+/// find it. [`purge_expired`](crate::store::Upkeep::purge_expired) has no
 /// records to delete: it drops the entries that deleted IN_PROGRESS and
 /// UNKNOWN records left in the listings' sorted sets, and returns how many.
 ///
@@ -472,6 +472,59 @@ impl IdempotencyStore for RedisStore {
         )
     }
 
+    async fn heartbeat(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        done(
+            self.fenced(&LIBRARY.heartbeat, key, attempt, |cmd| {
+                cmd.arg(micros(lease));
+            })
+            .await?,
+        )
+    }
+
+    async fn lookup(
+        &self,
+        tenant: &str,
+        reference: &Reference,
+    ) -> Result<Option<Record>, StoreError> {
+        let function = &LIBRARY.lookup;
+        let record = self.layout.by_reference(reference);
+        let collisions = self.layout.collisions(reference);
+        let mut cmd = fcall(function, &[&record, &collisions]);
+        cmd.arg(tenant)
+            .arg(self.layout.shard(self.layout.shard_of(reference)))
+            .arg(&reference.tag().to_be_bytes()[..])
+            .arg(reference.as_bytes());
+        let reply = self.link.run(&cmd).await?;
+        if matches!(&reply, redis::Value::Array(items) if items.is_empty()) {
+            return Ok(None);
+        }
+        match Reply::read(reply)? {
+            Reply::Found(record) => Ok(Some(*record)),
+            other => Err(refused(other)),
+        }
+    }
+
+    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
+        Some(self)
+    }
+
+    // A 512 MB string, less 1 MiB for the record's other fields; the 1 GB
+    // query buffer holds a completion's command: the response, then the
+    // jobs.
+    fn limits(&self) -> Limits {
+        Limits::NONE
+            .with_max_response_bytes(511 * 1024 * 1024)
+            .with_max_follow_on_bytes_per_completion(256 * 1024 * 1024)
+    }
+}
+
+#[async_trait]
+impl Upkeep for RedisStore {
     async fn mark_lapsed(
         &self,
         key: &IdempotencyKey,
@@ -563,56 +616,6 @@ impl IdempotencyStore for RedisStore {
         }
     }
 
-    async fn heartbeat(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        lease: Duration,
-    ) -> Result<(), StoreError> {
-        done(
-            self.fenced(&LIBRARY.heartbeat, key, attempt, |cmd| {
-                cmd.arg(micros(lease));
-            })
-            .await?,
-        )
-    }
-
-    async fn lookup(
-        &self,
-        tenant: &str,
-        reference: &Reference,
-    ) -> Result<Option<Record>, StoreError> {
-        let function = &LIBRARY.lookup;
-        let record = self.layout.by_reference(reference);
-        let collisions = self.layout.collisions(reference);
-        let mut cmd = fcall(function, &[&record, &collisions]);
-        cmd.arg(tenant)
-            .arg(self.layout.shard(self.layout.shard_of(reference)))
-            .arg(&reference.tag().to_be_bytes()[..])
-            .arg(reference.as_bytes());
-        let reply = self.link.run(&cmd).await?;
-        if matches!(&reply, redis::Value::Array(items) if items.is_empty()) {
-            return Ok(None);
-        }
-        match Reply::read(reply)? {
-            Reply::Found(record) => Ok(Some(*record)),
-            other => Err(refused(other)),
-        }
-    }
-
-    async fn find_by_reference(&self, reference: &Reference) -> Result<Vec<Record>, StoreError> {
-        // Where `lookup` reads, without the tenant: no SCAN.
-        let record = self.layout.by_reference(reference);
-        let collisions = self.layout.collisions(reference);
-        let mut cmd = fcall(&LIBRARY.find, &[&record, &collisions]);
-        cmd.arg(self.layout.shard(self.layout.shard_of(reference)))
-            .arg(&reference.tag().to_be_bytes()[..])
-            .arg(reference.as_bytes());
-        let mut found = records(self.link.run(&cmd).await?)?;
-        found.retain(|r| r.reference == *reference);
-        Ok(found)
-    }
-
     async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
         // One shard after the other, each a short script, until the batch is
         // full: never more than `batch`, never one long script.
@@ -652,6 +655,22 @@ impl IdempotencyStore for RedisStore {
     async fn list_unknown(&self, limit: usize) -> Result<Vec<Record>, StoreError> {
         self.list(1, RecordStateKind::Unknown, limit, |r| r.next_check_at)
             .await
+    }
+}
+
+#[async_trait]
+impl Inspect for RedisStore {
+    async fn find_by_reference(&self, reference: &Reference) -> Result<Vec<Record>, StoreError> {
+        // Where `lookup` reads, without the tenant: no SCAN.
+        let record = self.layout.by_reference(reference);
+        let collisions = self.layout.collisions(reference);
+        let mut cmd = fcall(&LIBRARY.find, &[&record, &collisions]);
+        cmd.arg(self.layout.shard(self.layout.shard_of(reference)))
+            .arg(&reference.tag().to_be_bytes()[..])
+            .arg(reference.as_bytes());
+        let mut found = records(self.link.run(&cmd).await?)?;
+        found.retain(|r| r.reference == *reference);
+        Ok(found)
     }
 
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
@@ -698,15 +717,6 @@ impl IdempotencyStore for RedisStore {
         })
         .await?;
         Ok(counts)
-    }
-
-    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
-        Some(self)
-    }
-
-    // A 512 MB string, less 1 MiB for the record's other fields.
-    fn max_response_bytes(&self) -> Option<usize> {
-        Some(511 * 1024 * 1024)
     }
 }
 
@@ -904,11 +914,6 @@ impl FollowOnStore for RedisStore {
             }
         }
         Ok(due)
-    }
-
-    // The 1 GB query buffer holds a completion's command: the response, then the jobs.
-    fn max_follow_on_bytes_per_completion(&self) -> Option<usize> {
-        Some(256 * 1024 * 1024)
     }
 }
 

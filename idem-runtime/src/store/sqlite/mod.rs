@@ -21,8 +21,8 @@ use super::sql::{
 };
 use super::{
     lease_names, sort_leased, Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore, FollowOns,
-    IdempotencyStore, Job, JobFilter, JobId, Record, RecordFilter, RecordStateKind, Resolution,
-    StateCounts, StoreError,
+    IdempotencyStore, Inspect, Job, JobFilter, JobId, Limits, Record, RecordFilter,
+    RecordStateKind, Resolution, StateCounts, StoreError, Upkeep,
 };
 use crate::key::{IdempotencyKey, Reference};
 use std::collections::BTreeMap;
@@ -122,7 +122,7 @@ impl SqliteStore {
     }
 
     /// SQLite's plan (`EXPLAIN QUERY PLAN`) of the statement that
-    /// [`find_by_reference`](IdempotencyStore::find_by_reference) runs for
+    /// [`find_by_reference`](crate::store::Inspect::find_by_reference) runs for
     /// `reference`, one line per step: for the tests that check it
     /// searches the tables' primary keys and scans no table.
     #[cfg(feature = "conformance")]
@@ -318,6 +318,61 @@ impl IdempotencyStore for SqliteStore {
         .await
     }
 
+    async fn heartbeat(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        let key = *key.as_bytes();
+        self.run(move |conn, now| {
+            // `attempt = ?2`: a stale worker must not keep the new owner's
+            // record alive.
+            fenced(
+                conn,
+                &key,
+                attempt,
+                &SQL.heartbeat,
+                &[&now.saturating_add(nanos(lease)), &now],
+            )
+        })
+        .await
+    }
+
+    async fn lookup(
+        &self,
+        tenant: &str,
+        reference: &Reference,
+    ) -> Result<Option<Record>, StoreError> {
+        let (lo, hi) = key_range(reference);
+        let tag = tag_to_column(reference);
+        let tenant = tenant.to_owned();
+        self.run(move |conn, now| {
+            // The reference is the key's first eight bytes: a range over the
+            // primary key finds it without an index of its own.
+            let mut found = read_many(
+                conn,
+                &SQL.lookup,
+                params![&lo[..], &hi[..], tenant, tag],
+                now,
+            )?;
+            Ok(found.pop())
+        })
+        .await
+    }
+
+    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
+        Some(self)
+    }
+
+    // SQLITE_MAX_LENGTH (1e9 bytes, the bundled build's default) for a row, less 1 MB.
+    fn limits(&self) -> Limits {
+        Limits::NONE.with_max_response_bytes(999_000_000)
+    }
+}
+
+#[async_trait]
+impl Upkeep for SqliteStore {
     async fn mark_lapsed(
         &self,
         key: &IdempotencyKey,
@@ -428,60 +483,6 @@ impl IdempotencyStore for SqliteStore {
         .await
     }
 
-    async fn heartbeat(
-        &self,
-        key: &IdempotencyKey,
-        attempt: Attempt,
-        lease: Duration,
-    ) -> Result<(), StoreError> {
-        let key = *key.as_bytes();
-        self.run(move |conn, now| {
-            // `attempt = ?2`: a stale worker must not keep the new owner's
-            // record alive.
-            fenced(
-                conn,
-                &key,
-                attempt,
-                &SQL.heartbeat,
-                &[&now.saturating_add(nanos(lease)), &now],
-            )
-        })
-        .await
-    }
-
-    async fn lookup(
-        &self,
-        tenant: &str,
-        reference: &Reference,
-    ) -> Result<Option<Record>, StoreError> {
-        let (lo, hi) = key_range(reference);
-        let tag = tag_to_column(reference);
-        let tenant = tenant.to_owned();
-        self.run(move |conn, now| {
-            // The reference is the key's first eight bytes: a range over the
-            // primary key finds it without an index of its own.
-            let mut found = read_many(
-                conn,
-                &SQL.lookup,
-                params![&lo[..], &hi[..], tenant, tag],
-                now,
-            )?;
-            Ok(found.pop())
-        })
-        .await
-    }
-
-    /// A range over each table's primary key (the reference is the key's
-    /// first eight bytes), in every tenant: no scan.
-    async fn find_by_reference(&self, reference: &Reference) -> Result<Vec<Record>, StoreError> {
-        let (lo, hi) = key_range(reference);
-        let tag = tag_to_column(reference);
-        self.run(move |conn, now| {
-            read_many(conn, &SQL.by_reference, params![&lo[..], &hi[..], tag], now)
-        })
-        .await
-    }
-
     async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
         let batch = i64::try_from(batch).unwrap_or(i64::MAX);
         self.run(move |conn, now| {
@@ -514,6 +515,20 @@ impl IdempotencyStore for SqliteStore {
         self.run(move |conn, now| read_many(conn, &SQL.unknown, params![now, limit], now))
             .await
     }
+}
+
+#[async_trait]
+impl Inspect for SqliteStore {
+    /// A range over each table's primary key (the reference is the key's
+    /// first eight bytes), in every tenant: no scan.
+    async fn find_by_reference(&self, reference: &Reference) -> Result<Vec<Record>, StoreError> {
+        let (lo, hi) = key_range(reference);
+        let tag = tag_to_column(reference);
+        self.run(move |conn, now| {
+            read_many(conn, &SQL.by_reference, params![&lo[..], &hi[..], tag], now)
+        })
+        .await
+    }
 
     async fn list_records(&self, filter: &RecordFilter) -> Result<Vec<Record>, StoreError> {
         let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
@@ -542,15 +557,6 @@ impl IdempotencyStore for SqliteStore {
             counts(rows)
         })
         .await
-    }
-
-    fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
-        Some(self)
-    }
-
-    // SQLITE_MAX_LENGTH (1e9 bytes, the bundled build's default) for a row, less 1 MB.
-    fn max_response_bytes(&self) -> Option<usize> {
-        Some(999_000_000)
     }
 }
 
