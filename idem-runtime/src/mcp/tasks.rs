@@ -108,11 +108,11 @@ use serde_json::json;
 use super::caller::{resolve_caller, IdempotentServer};
 use super::RESULT_META_KEY;
 use crate::answer::text;
+use crate::executor::Executor;
 use crate::executor::REJECTED_RESOLUTION;
 use crate::key::{Caller, Reference};
 use crate::store::{Reading, Record};
 use crate::time::rfc3339;
-use crate::executor::Executor;
 
 /// Whether the request declares the tasks extension in its capabilities
 /// (its `_meta`, or the client's `initialize` on a connection that had one)

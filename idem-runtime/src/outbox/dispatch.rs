@@ -10,19 +10,13 @@ use async_trait::async_trait;
 
 use crate::future::{join_all, panic_message, CatchUnwind};
 use crate::key::Reference;
+use crate::store::outbox::MAX_JOB_ERROR;
 use crate::store::{Attempt, FollowOnStore, IdempotencyStore, Job, StoreError};
 use crate::telemetry;
 
 /// What a job's handler failed with; the dispatcher keeps its text as the
 /// job's `last_error` (see [`MAX_JOB_ERROR`]).
 pub type JobError = Box<dyn std::error::Error + Send + Sync>;
-
-/// The longest `last_error` the dispatcher keeps, in bytes. A longer error
-/// text is cut at a character boundary and ends with a mark that says how
-/// much was cut; a NUL byte (which a PostgreSQL text column refuses) is kept
-/// as the two characters `\0`. So whatever a far side answers, the failure
-/// is recorded and the job's attempt limit holds.
-pub const MAX_JOB_ERROR: usize = 2048;
 
 /// The text kept of a failed run's error: NUL bytes written as `\0`, and
 /// at most [`MAX_JOB_ERROR`] bytes.

@@ -6,8 +6,8 @@
 //! The rule is written once, here; a backend only describes its limits
 //! ([`IdempotencyStore::limits`]).
 
+use super::outbox::MAX_JOB_ERROR;
 use super::{IdempotencyStore, StoreError};
-use crate::outbox::MAX_JOB_ERROR;
 
 /// The limit on one item of a store that keeps each record, and each
 /// follow-on job, as one item of bounded size, with every one of its

@@ -24,6 +24,13 @@ pub const DEFAULT_MAX_PAYLOAD: usize = 64 * 1024;
 /// The longest job name, in bytes.
 pub const MAX_JOB_NAME: usize = 128;
 
+/// The longest `last_error` the dispatcher keeps, in bytes. A longer error
+/// text is cut at a character boundary and ends with a mark that says how
+/// much was cut; a NUL byte (which a PostgreSQL text column refuses) is kept
+/// as the two characters `\0`. So whatever a far side answers, the failure
+/// is recorded and the job's attempt limit holds.
+pub const MAX_JOB_ERROR: usize = 2048;
+
 /// Whether every store can keep `name` as a job name: 1 to [`MAX_JOB_NAME`]
 /// characters, each an ASCII letter or digit, `_`, `-` or `.`.
 ///
