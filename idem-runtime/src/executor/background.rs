@@ -125,7 +125,8 @@ impl Executor {
         let task = async move {
             let _in_flight = in_flight;
             let write = write_until_landed(&*store, &steps, &c);
-            let beat = super::heartbeats(&*store, &c.key, c.reference, c.attempt, lease, c.sent);
+            let beat =
+                super::execute::heartbeats(&*store, &c.key, c.reference, c.attempt, lease, c.sent);
             let landed = tokio::select! {
                 biased;
                 landed = write => landed,
