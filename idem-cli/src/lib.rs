@@ -63,7 +63,7 @@ use idem_runtime::store::StoreError;
 
 // What clap reads (`args`), the store it opens (`open`), a function per
 // command (`records`, `resolve`, `jobs`, `create_table`, `migrate`), and
-// how their answers read (`render`, `escape`, `time`).
+// how their answers read (`render`, `escape`).
 mod args;
 mod create_table;
 mod escape;
@@ -73,7 +73,6 @@ mod open;
 mod records;
 mod render;
 mod resolve;
-mod time;
 
 /// Done.
 pub const EXIT_OK: u8 = 0;

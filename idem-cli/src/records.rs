@@ -8,9 +8,9 @@ use crate::render::{
     job_error, job_json, job_runs, job_when, json_text, outcome_unknown, record_json, state_label,
     table, unknown_footer,
 };
-use crate::time::rfc3339;
 use crate::{Failure, EXIT_OPERATOR, EXIT_USAGE};
 use idem_runtime::maintenance;
+use idem_runtime::store::rfc3339;
 use idem_runtime::store::{
     IdempotencyStore, JobFilter, Record, RecordFilter, RecordState, RecordStateKind,
 };

@@ -4,7 +4,7 @@
 use serde_json::{json, Value};
 
 use crate::escape::shown;
-use crate::time::rfc3339;
+use idem_runtime::store::rfc3339;
 use idem_runtime::store::{Job, JobState, Reading, Record, RecordState};
 
 /// Rows as columns padded to their widest cell, each cell [`shown`] escaped.

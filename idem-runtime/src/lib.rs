@@ -208,7 +208,6 @@ pub mod outbox;
 mod random;
 pub mod store;
 mod telemetry;
-#[cfg(feature = "rmcp")]
 mod time;
 
 // The root holds what writing and serving a tool needs. The rest lives in

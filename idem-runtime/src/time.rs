@@ -3,8 +3,9 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// `t` as RFC 3339 in UTC, to the millisecond (`2024-02-29T23:59:59.123Z`):
-/// the operator's command line and an MCP task's `createdAt` both write it.
-pub(crate) fn rfc3339(t: SystemTime) -> String {
+/// how a record's times are written for people and clients (an MCP task's
+/// `createdAt`, the `idem` command line's listings).
+pub fn rfc3339(t: SystemTime) -> String {
     let since = t.duration_since(UNIX_EPOCH).unwrap_or_default();
     let secs = since.as_secs();
     let (days, rest) = (secs / 86_400, secs % 86_400);

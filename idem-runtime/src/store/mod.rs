@@ -37,6 +37,7 @@ mod sqlite;
 
 #[cfg(feature = "conformance")]
 pub(crate) use crate::random::seed_this_thread;
+pub use crate::time::rfc3339;
 pub use attempt::Attempt;
 #[cfg(feature = "dynamodb")]
 pub use dynamodb::{
