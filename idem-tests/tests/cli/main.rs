@@ -12,6 +12,8 @@ mod durable;
 mod dynamodb_emulator;
 #[path = "../dynamodb_proxy/mod.rs"]
 mod dynamodb_proxy;
+#[path = "../postgres_roles/mod.rs"]
+mod postgres_roles;
 #[path = "../redis_server/mod.rs"]
 mod redis_server;
 #[path = "../sql_layouts/mod.rs"]
