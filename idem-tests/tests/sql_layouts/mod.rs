@@ -102,11 +102,21 @@ pub fn schema_name(what: &str) -> String {
 /// `idem_migrations`, and the migrations `1..=layout` each recorded.
 pub async fn postgres_at(url: &str, name: &str, layout: usize) {
     let client = crate::durable::connect(url).await;
+    client
+        .batch_execute(&format!("CREATE SCHEMA \"{name}\""))
+        .await
+        .unwrap();
+    postgres_tables_at(&client, name, layout).await;
+}
+
+/// [`postgres_at`] in the schema `name`, which exists: what that
+/// version's `migrate()` created in it, as the role `client` logs in as
+/// (which then owns the tables).
+pub async fn postgres_tables_at(client: &tokio_postgres::Client, name: &str, layout: usize) {
     let schema = format!("\"{name}\"");
     client
         .batch_execute(&format!(
-            "CREATE SCHEMA {schema}; \
-             CREATE TABLE {schema}.idem_migrations ( \
+            "CREATE TABLE {schema}.idem_migrations ( \
                version integer PRIMARY KEY, \
                applied_at timestamptz NOT NULL DEFAULT now())"
         ))
