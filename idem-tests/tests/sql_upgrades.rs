@@ -1,9 +1,11 @@
 //! Rolling deploys on the SQL stores from an earlier layout
 //! (`tests/rolling`): a replica of the version that served that layout and
 //! one of this version serve one store at once, this version's migrating
-//! it at its start, then the old one stops; nothing is lost, nothing runs
-//! twice, every reference reads true. Each earlier replica's module says
-//! what it replays, and why that is faithful.
+//! it at its start (on PostgreSQL from layouts 4 and 5, in a step of its
+//! own, under the roles docs/deploying.md documents), then the old one
+//! stops; nothing is lost, nothing runs twice, every reference reads true.
+//! Each earlier replica's module says what it replays, and why that is
+//! faithful.
 
 #[path = "durable/mod.rs"]
 mod durable;
@@ -11,6 +13,8 @@ mod durable;
 mod postgres_earlier;
 #[path = "sql_upgrades/postgres_replayed.rs"]
 mod postgres_replayed;
+#[path = "postgres_roles/mod.rs"]
+mod postgres_roles;
 #[path = "rolling/mod.rs"]
 mod rolling;
 #[path = "sql_layouts/mod.rs"]
@@ -22,13 +26,15 @@ mod sqlite_replayed;
 
 use std::sync::Arc;
 
-use idem_runtime::SqliteStore;
+use idem_runtime::{PostgresStore, SqliteStore};
 
 use crate::durable::{database_url, temp_dir};
 use crate::postgres_earlier::EarlierPostgres;
+use crate::postgres_roles::{direct, documented_sql, with_schema, Roles};
 use crate::rolling::{rolling_deploy, Replica, World};
 use crate::sql_layouts::{
-    postgres_at, postgres_layout, schema_name, sqlite_at, sqlite_layout, DropSchema,
+    postgres_at, postgres_layout, postgres_tables_at, schema_name, sqlite_at, sqlite_layout,
+    DropSchema,
 };
 use crate::sqlite_earlier::{EarlierSqlite, COMMIT};
 
@@ -160,30 +166,85 @@ async fn a_rolling_deploy_from_layout_6_on_postgres_loses_nothing() {
 }
 
 /// A schema at `layout`, served by the replica of `commit`, the last at
-/// that layout (every statement its own); this version's starts with
-/// `migrate=true` and serves beside it. That replica keeps an operation for
-/// its window only (it knows nothing of `idem_superseded`).
+/// that layout (every statement its own); this version's migrates it in a
+/// step of its own and serves beside it. That replica keeps an operation
+/// for its window only (it knows nothing of `idem_superseded`).
+///
+/// Under the roles docs/deploying.md documents, its statements read from
+/// the page: the layout built by `idem_migrator` (as that version's
+/// `migrate()` would have), granted to `idem_server` as the page says for
+/// that version; then this version's migration as `idem_migrator`, the
+/// page's grants run again, and both replicas connected as `idem_server`.
 async fn postgres_from(commit: &'static str, layout: usize) {
     let Some(url) = database_url() else { return };
+    // The roles log in to the server itself: a pooler knows only its own
+    // users.
+    let url = direct(url);
     let name = schema_name(&format!("rolling_{layout}"));
-    let _drop = DropSchema(url.clone(), name.clone());
-    postgres_at(&url, &name, layout).await;
+    let roles = Roles::new(&url, &name);
+    let grants = documented_sql("### PostgreSQL");
+    let earlier_grants = documented_sql("## Upgrading SQLite and PostgreSQL");
+    assert_eq!(
+        (grants.len(), earlier_grants.len()),
+        (4, 1),
+        "docs/deploying.md: the roles and the schema, then serving, reading and resolving; \
+         and 0.1.0's servers' grants: {grants:#?} {earlier_grants:#?}"
+    );
+    let admin = crate::durable::connect(&url).await;
+    admin.batch_execute(&roles.sql(&grants[0])).await.unwrap();
+    let migrator = crate::durable::connect(&roles.url("idem_migrator")).await;
+    postgres_tables_at(&migrator, &name, layout).await;
+    let grant = |block: &str| {
+        let sql = roles.sql(block);
+        let migrator = &migrator;
+        async move {
+            migrator.batch_execute(&sql).await.unwrap_or_else(|e| {
+                let why = e.as_db_error().map_or(e.to_string(), |d| d.to_string());
+                panic!("as idem_migrator: {why}: {sql}")
+            })
+        }
+    };
+    grant(&earlier_grants[0]).await;
+
+    // Both replicas log in as `idem_server`; this version's store takes
+    // the schema on its URL.
+    let login = roles.url("idem_server");
     let world = Arc::new(World::default());
-    let earlier = crate::postgres_replayed::PostgresReplayed::open(&url, &name, commit).await;
+    let earlier = crate::postgres_replayed::PostgresReplayed::open(&login, &name, commit).await;
     let start_new = async {
         // The old version's upkeep before the new one starts: its outbox
         // delivers what it completed alone, by its own statements.
         let old = Replica::new(commit, Arc::new(earlier.clone()), &world);
         old.upkeep().await.unwrap();
-        let joiner = if url.contains('?') { '&' } else { '?' };
-        let store = idem_runtime::open_store(&format!("{url}{joiner}schema={name}&migrate=true"))
+        // The deploy step: this version's migration as `idem_migrator`,
+        // then the page's grants again, as it says.
+        PostgresStore::builder(&roles.url("idem_migrator"))
+            .unwrap()
+            .schema(&name)
+            .build()
+            .unwrap()
+            .migrate()
             .await
             .unwrap();
         let (versions, _) = postgres_layout(&url, &name).await;
-        assert!(
-            versions.len() > layout,
-            "migrated at its start: {versions:?}"
-        );
+        assert!(versions.len() > layout, "migrated: {versions:?}");
+        for block in &grants[1..] {
+            grant(block).await;
+        }
+        let store = idem_runtime::open_store(&with_schema(&login, &name))
+            .await
+            .unwrap();
+        // Logged in as `idem_server`: the old replica's connection, and
+        // the one this version's pool opened to check the layout.
+        let backends: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE usename = $1",
+                &[&roles.role("idem_server")],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(backends >= 2, "{backends} connection(s) as idem_server");
         Replica::new("this version", store, &world)
     };
     let old = Replica::new(commit, Arc::new(earlier.clone()), &world).window_only();
@@ -201,6 +262,24 @@ async fn postgres_from(commit: &'static str, layout: usize) {
             "{commit}'s {call} never ran: {ran:?}"
         );
     }
+    // Both served as `idem_server`, which may not change the schema: the
+    // old replica on its own connection, this version's by its login.
+    let role = roles.role("idem_server");
+    assert_eq!(earlier.current_user().await, role, "the old replica's role");
+    let (user, create): (String, bool) = crate::durable::connect(&login)
+        .await
+        .query_one(
+            "SELECT current_user::text, has_schema_privilege($1, 'CREATE')",
+            &[&name],
+        )
+        .await
+        .map(|r| (r.get(0), r.get(1)))
+        .unwrap();
+    assert_eq!(
+        (user.as_str(), create),
+        (role, false),
+        "this version's role, and its CREATE on the schema"
+    );
 }
 
 /// From layout 5, what 0.1.0 leaves: 8d26ab9's replica.

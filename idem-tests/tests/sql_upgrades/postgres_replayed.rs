@@ -153,6 +153,16 @@ impl PostgresReplayed {
         }
     }
 
+    /// The role its connection logged in as: the test's question, not one
+    /// of the commit's statements.
+    pub async fn current_user(&self) -> String {
+        self.client
+            .query_one("SELECT current_user::text", &[])
+            .await
+            .unwrap()
+            .get(0)
+    }
+
     fn sql(&self, name: &str) -> &str {
         self.sql
             .get(name)
