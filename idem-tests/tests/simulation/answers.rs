@@ -102,14 +102,17 @@ fn judge_unconfirmed(
     // the call, or the end of the landed claim's lease if that came first
     // (the executor's to send), all failed or were slow, as the call found
     // them: the store could not be told to take it back before it lapsed.
-    // None sent is no excuse.
+    // None sent is no excuse. With skewed clocks, the lease ends as the
+    // fastest replica's clock has it: up to `tolerance` earlier
+    // (docs/clocks.md), so a release sent after that came too late for a
+    // call read on that clock.
     let slow = t.lease / 4;
     let landed = w
         .claims_landed
         .get(&(claim.key, claim.attempt))
         .copied()
         .unwrap_or(made);
-    let until = made.min(landed + t.lease);
+    let until = made.min(landed + t.lease.saturating_sub(t.tolerance));
     let troubled = w
         .releases
         .get(&(claim.key, claim.attempt))
