@@ -109,9 +109,9 @@ impl From<ResolveError> for Failure {
     fn from(e: ResolveError) -> Self {
         match e {
             ResolveError::Store(e) => e.into(),
-            ResolveError::EmptyNote | ResolveError::InvalidResponse(_) => {
-                Failure(EXIT_USAGE, e.to_string())
-            }
+            ResolveError::EmptyNote
+            | ResolveError::ReservedNote
+            | ResolveError::InvalidResponse(_) => Failure(EXIT_USAGE, e.to_string()),
             e => Failure(EXIT_OPERATOR, e.to_string()),
         }
     }

@@ -5,8 +5,8 @@ use serde_json::{json, Value};
 use crate::args::{parse_reference, List, Purge, Show};
 use crate::escape::shown;
 use crate::render::{
-    job_error, job_json, job_runs, job_when, json_text, outcome_unknown, record_json, state_label,
-    table, unknown_footer,
+    completed_by, job_error, job_json, job_runs, job_when, json_text, outcome_unknown, record_json,
+    state_label, table, unknown_footer,
 };
 use crate::{Failure, EXIT_OPERATOR, EXIT_USAGE};
 use idem_runtime::maintenance;
@@ -117,6 +117,7 @@ pub(super) async fn show(
         .filter(|(_, v)| !v.is_null())
         .map(|(k, v)| {
             let shown = match v {
+                _ if k == "completed_by" => completed_by(&record).unwrap_or_default().to_owned(),
                 Value::String(s) => s.clone(),
                 v => v.to_string(),
             };

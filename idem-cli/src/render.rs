@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 
 use crate::escape::shown;
 use idem_runtime::store::rfc3339;
-use idem_runtime::store::{Job, JobState, Reading, Record, RecordState};
+use idem_runtime::store::{CompletedBy, Job, JobState, Reading, Record, RecordState};
 
 /// Rows as columns padded to their widest cell, each cell [`shown`] escaped.
 pub(super) fn table(rows: &[Vec<String>]) -> String {
@@ -78,6 +78,21 @@ pub(super) fn next_step(r: &Record) -> Option<String> {
     })
 }
 
+/// Who brought `r` to COMPLETED or NOT_PERFORMED, in words
+/// ([`Record::completed_by`]); `None` while its outcome is not settled.
+pub(super) fn completed_by(r: &Record) -> Option<&'static str> {
+    Some(match r.completed_by()? {
+        CompletedBy::Handler => "the handler",
+        CompletedBy::Reconciler => "the reconciler",
+        CompletedBy::Operator => "an operator (idem resolve)",
+        _ if matches!(r.state, RecordState::Completed { .. }) => {
+            "unknown: the handler, completing after the record was marked UNKNOWN, or a \
+             reconciler of an earlier idem, which left no note"
+        }
+        _ => "unknown: its notes are none that idem writes",
+    })
+}
+
 /// Whether `r`'s outcome is unknown: UNKNOWN, or IN_PROGRESS with its lease
 /// run out.
 pub(super) fn outcome_unknown(r: &Record) -> bool {
@@ -116,6 +131,7 @@ pub(super) fn record_json(r: &Record, response: bool) -> Value {
         "lapsed": r.is_lapsed(),
         "note": note,
         "resolution": r.resolution,
+        "completed_by": r.completed_by().map(CompletedBy::as_str),
         "claimed_at": rfc3339(r.claimed_at),
         "updated_at": rfc3339(r.updated_at),
         "lease_until": rfc3339(r.lease_until),

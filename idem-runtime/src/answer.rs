@@ -538,7 +538,8 @@ pub struct StatusReport {
     /// Why the outcome is unknown, or how it was found not performed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
-    /// Who resolved the operation by hand, and why, when a person did.
+    /// Who resolved the operation, and why, when its handler did not
+    /// complete it: an operator's note, or the reconciler's.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resolution: Option<String>,
     /// What the reader should do next.
@@ -616,6 +617,12 @@ pub(crate) mod note {
     /// An operator resolved it as not performed.
     pub(crate) const RESOLVED_BY_HAND_NOT_PERFORMED: &str =
         "resolved by hand as not performed: it did not take effect";
+    /// The resolution note a reconciler's resolution keeps on the record
+    /// (completed or not performed), where an operator's keeps their own
+    /// note: how [`Record::completed_by`](crate::store::Record::completed_by)
+    /// tells the two apart. An operator may not give it as theirs.
+    pub(crate) const RECONCILED: &str =
+        "resolved by the reconciler, from what the processor reports";
 
     /// A handler that panicked.
     pub(crate) fn panicked(message: &str) -> String {

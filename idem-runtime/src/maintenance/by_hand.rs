@@ -38,6 +38,11 @@ pub enum ResolveError {
     /// The note is empty.
     #[error("the note is empty: say who resolves the operation and why")]
     EmptyNote,
+    /// The note is one idem writes itself (the reconciler's, or a
+    /// rejection's), by which a record tells who resolved it
+    /// ([`Record::completed_by`]).
+    #[error("the note is one idem writes for a reconciler or a handler: say who resolves the operation and why in your own words")]
+    ReservedNote,
     /// The completed response is not JSON.
     #[error("the response is not JSON ({0}): give the tool's result as JSON text")]
     InvalidResponse(String),
@@ -102,6 +107,9 @@ pub async fn resolve_by_hand(
     let note = note.trim();
     if note.is_empty() {
         return Err(ResolveError::EmptyNote);
+    }
+    if note == note::RECONCILED || note == crate::executor::REJECTED_RESOLUTION {
+        return Err(ResolveError::ReservedNote);
     }
     if let Outcome::Completed { response, .. } = outcome {
         serde_json::from_str::<serde_json::Value>(response)

@@ -360,7 +360,14 @@ pub async fn reconcile_with(
                 response,
                 follow_ons,
             })) => {
-                match resolve_with_follow_ons(store, &record, &response, None, &follow_ons).await {
+                let resolved = resolve_with_follow_ons(
+                    store,
+                    &record,
+                    &response,
+                    Some(note::RECONCILED),
+                    &follow_ons,
+                );
+                match resolved.await {
                     Ok(()) => {
                         if !follow_ons.is_empty() {
                             crate::telemetry::follow_ons_enqueued(follow_ons.len());
@@ -393,7 +400,8 @@ pub async fn reconcile_with(
                     note: note::RECONCILED_NOT_PERFORMED,
                     settle: config.settle,
                 };
-                match store.resolve(key, attempt, not_performed, None).await {
+                let noted = Some(note::RECONCILED);
+                match store.resolve(key, attempt, not_performed, noted).await {
                     Ok(()) => Ok(&mut report.not_performed),
                     // Too soon to trust: ask again once it has settled.
                     Err(StoreError::NotSettled { until }) => {

@@ -51,8 +51,8 @@ pub use limits::{ItemLimit, Limits};
 pub(crate) use limits::{JobTooLarge, Room};
 pub use memory::MemoryStore;
 pub use model::{
-    Claim, ClaimRequest, Deadlines, Reading, Record, RecordFilter, RecordState, RecordStateKind,
-    Resolution, StateCounts, DEFAULT_LIST_LIMIT,
+    Claim, ClaimRequest, CompletedBy, Deadlines, Reading, Record, RecordFilter, RecordState,
+    RecordStateKind, Resolution, StateCounts, DEFAULT_LIST_LIMIT,
 };
 pub use open::open_store;
 pub(crate) use outbox::{due_order, lease_names, listing_order, sort_leased};
@@ -281,8 +281,8 @@ pub trait Upkeep: Send + Sync + std::fmt::Debug {
 
     /// Resolves an UNKNOWN record, only if `attempt` still owns it:
     /// to COMPLETED with a response, or to NOT_PERFORMED (which the next
-    /// claim takes over). `note` (who resolved it and why, for a resolution
-    /// by hand) is kept on the record.
+    /// claim takes over). `note` (who resolved it and why: an operator's, or
+    /// the reconciler's) is kept on the record.
     ///
     /// A not-performed resolution is accepted only for a record unchanged
     /// (`updated_at`) for at least its `settle` period, judged by the store's

@@ -234,13 +234,88 @@ pub struct Record {
     pub next_check_at: SystemTime,
     /// How many times a reconciler looked at it without resolving it.
     pub checks: u32,
-    /// Who resolved it by hand and why, when a person did.
+    /// Who resolved it and why, when its handler did not complete it: an
+    /// operator's note (by hand), the reconciler's, or the one a call run as
+    /// a task keeps when its handler rejected it ([`Record::completed_by`]
+    /// reads it).
     pub resolution: Option<String>,
     /// The store's clock when this copy was read: judge the lease against it.
     pub observed_at: SystemTime,
 }
 
+/// Who brought a record to COMPLETED or NOT_PERFORMED, as far as the record
+/// itself tells ([`Record::completed_by`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum CompletedBy {
+    /// Its handler: a completion (no resolution note, on a record that was
+    /// never UNKNOWN), or the rejection of a call run as a task
+    /// (NOT_PERFORMED, with the rejection's resolution note).
+    Handler,
+    /// A reconciler, from the processor's answer: its resolution note, or,
+    /// on a record it found not performed, its note "the processor has no
+    /// record of it".
+    Reconciler,
+    /// An operator, by hand (`idem resolve`,
+    /// [`resolve_by_hand`](crate::maintenance::resolve_by_hand)): any other
+    /// resolution note, which is the operator's own.
+    Operator,
+    /// The record cannot tell. COMPLETED without a resolution note after it
+    /// was UNKNOWN: its handler's late completion, or the resolution of a
+    /// reconciler of an idem from before reconcilers noted theirs. Or
+    /// NOT_PERFORMED with notes no writer of idem's leaves (a resolution
+    /// through the store by other code).
+    Unknown,
+}
+
+impl CompletedBy {
+    /// Its name: `handler`, `reconciler`, `operator` or `unknown`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CompletedBy::Handler => "handler",
+            CompletedBy::Reconciler => "reconciler",
+            CompletedBy::Operator => "operator",
+            CompletedBy::Unknown => "unknown",
+        }
+    }
+}
+
+impl fmt::Display for CompletedBy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 impl Record {
+    /// Who brought the record to COMPLETED or NOT_PERFORMED, read from what
+    /// it holds; `None` while it is IN_PROGRESS or UNKNOWN. The resolution
+    /// note says who resolved it (the reconciler's, a rejection's, else an
+    /// operator's); without one, a COMPLETED record was completed by its
+    /// handler if it was never UNKNOWN: its `next_check_at` is still the
+    /// claim's time (every store sets it so at the claim, and moves it when
+    /// the record becomes UNKNOWN) and no check was counted. Otherwise the
+    /// record cannot tell ([`CompletedBy::Unknown`]).
+    pub fn completed_by(&self) -> Option<CompletedBy> {
+        use crate::answer::note;
+        use crate::executor::REJECTED_RESOLUTION;
+        let was_unknown = self.checks > 0 || self.next_check_at != self.claimed_at;
+        Some(match (&self.state, self.resolution.as_deref()) {
+            (RecordState::InProgress | RecordState::Unknown { .. }, _) => return None,
+            (_, Some(note::RECONCILED)) => CompletedBy::Reconciler,
+            (_, Some(REJECTED_RESOLUTION)) => CompletedBy::Handler,
+            (_, Some(_)) => CompletedBy::Operator,
+            (RecordState::NotPerformed { note: n }, None)
+                if n == note::RECONCILED_NOT_PERFORMED =>
+            {
+                CompletedBy::Reconciler
+            }
+            (RecordState::Completed { .. }, None) if !was_unknown => CompletedBy::Handler,
+            (RecordState::Completed { .. } | RecordState::NotPerformed { .. }, None) => {
+                CompletedBy::Unknown
+            }
+        })
+    }
+
     /// The reference a claim that takes this record over at `now` runs
     /// under, when the claim offered `offered` for a new operation.
     ///
