@@ -1,11 +1,10 @@
 //! Rolling deploys on the SQL stores from an earlier layout
 //! (`tests/rolling`): a replica of the version that served that layout and
 //! one of this version serve one store at once, this version's migrating
-//! it at its start (on PostgreSQL from layouts 4 and 5, in a step of its
-//! own, under the roles docs/deploying.md documents), then the old one
-//! stops; nothing is lost, nothing runs twice, every reference reads true.
-//! Each earlier replica's module says what it replays, and why that is
-//! faithful.
+//! it (SQLite at its start; PostgreSQL in a step of its own, under the
+//! roles docs/deploying.md documents), then the old one stops; nothing is
+//! lost, nothing runs twice, every reference reads true. Each earlier
+//! replica's module says what it replays, and why that is faithful.
 
 #[path = "durable/mod.rs"]
 mod durable;
@@ -24,17 +23,20 @@ mod sqlite_earlier;
 #[path = "sql_upgrades/sqlite_replayed.rs"]
 mod sqlite_replayed;
 
+use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::Arc;
 
+use idem_runtime::store::IdempotencyStore;
 use idem_runtime::{PostgresStore, SqliteStore};
 
 use crate::durable::{database_url, temp_dir};
 use crate::postgres_earlier::EarlierPostgres;
+use crate::postgres_replayed::PostgresReplayed;
 use crate::postgres_roles::{direct, documented_sql, with_schema, Roles};
 use crate::rolling::{rolling_deploy, Replica, World};
 use crate::sql_layouts::{
-    postgres_at, postgres_layout, postgres_tables_at, schema_name, sqlite_at, sqlite_layout,
-    DropSchema,
+    postgres_layout, postgres_tables_at, schema_name, sqlite_at, sqlite_layout,
 };
 use crate::sqlite_earlier::{EarlierSqlite, COMMIT};
 
@@ -120,62 +122,56 @@ async fn a_rolling_deploy_from_layout_4_on_sqlite_loses_nothing() {
     sqlite_from("d97a05f", 4).await;
 }
 
-/// The same on PostgreSQL: a schema at layout 6, served by e11d36c's
-/// replica; this version's starts with `open_store`'s `migrate=true`
-/// (migrating the schema, to 8) and serves beside it. Migration 7 alone
-/// failed the old replica's completions that carry a receipt (42703,
-/// column "attempts" does not exist), and its leases.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rolling_deploy_from_layout_6_on_postgres_loses_nothing() {
-    let Some(url) = database_url() else { return };
-    let name = schema_name("rolling_6");
-    let _drop = DropSchema(url.clone(), name.clone());
-    postgres_at(&url, &name, 6).await;
-    let world = Arc::new(World::default());
-    let earlier = EarlierPostgres::open(&url, &name).await;
-    let start_new = async {
-        // The old version's upkeep before the new one starts: its outbox
-        // delivers what it completed alone, by its own statements.
-        let old = Replica::new(
-            crate::postgres_earlier::COMMIT,
-            Arc::new(earlier.clone()),
-            &world,
-        );
-        old.upkeep().await.unwrap();
-        let joiner = if url.contains('?') { '&' } else { '?' };
-        let store = idem_runtime::open_store(&format!("{url}{joiner}schema={name}&migrate=true"))
-            .await
-            .unwrap();
-        let (versions, _) = postgres_layout(&url, &name).await;
-        assert!(versions.len() > 6, "migrated at its start: {versions:?}");
-        Replica::new("this version", store, &world)
-    };
-    let old = Replica::new(
-        crate::postgres_earlier::COMMIT,
-        Arc::new(earlier.clone()),
-        &world,
-    );
-    rolling_deploy(old, start_new, world.clone()).await;
-    let ran = earlier.ran.lock().unwrap().clone();
-    for call in ["complete_with_follow_ons", "lease_jobs", "finish_job"] {
-        assert!(
-            ran.get(call).copied().unwrap_or(0) > 0,
-            "its {call} never ran: {ran:?}"
-        );
+/// An earlier version's replica on PostgreSQL, as the rolling deploy
+/// asks after it.
+trait EarlierReplica: IdempotencyStore + Clone + 'static {
+    /// How many times each of its own calls was answered.
+    fn own_calls(&self) -> BTreeMap<&'static str, usize>;
+    /// The role its connection logged in as.
+    async fn current_user(&self) -> String;
+}
+
+impl EarlierReplica for EarlierPostgres {
+    fn own_calls(&self) -> BTreeMap<&'static str, usize> {
+        self.ran.lock().unwrap().clone()
+    }
+    async fn current_user(&self) -> String {
+        EarlierPostgres::current_user(self).await
+    }
+}
+
+impl EarlierReplica for PostgresReplayed {
+    fn own_calls(&self) -> BTreeMap<&'static str, usize> {
+        self.ran.lock().unwrap().clone()
+    }
+    async fn current_user(&self) -> String {
+        PostgresReplayed::current_user(self).await
     }
 }
 
 /// A schema at `layout`, served by the replica of `commit`, the last at
-/// that layout (every statement its own); this version's migrates it in a
-/// step of its own and serves beside it. That replica keeps an operation
-/// for its window only (it knows nothing of `idem_superseded`).
+/// that layout, which `open` connects (given its login URL and the
+/// schema); this version's migrates it in a step of its own and serves
+/// beside it. Each of `calls`, the replica's own, ran. A replica of a
+/// layout before 6 keeps an operation for its window only (it knows
+/// nothing of `idem_superseded`).
 ///
 /// Under the roles docs/deploying.md documents, its statements read from
 /// the page: the layout built by `idem_migrator` (as that version's
 /// `migrate()` would have), granted to `idem_server` as the page says for
-/// that version; then this version's migration as `idem_migrator`, the
-/// page's grants run again, and both replicas connected as `idem_server`.
-async fn postgres_from(commit: &'static str, layout: usize) {
+/// that layout (before 6, 0.1.0's servers' grants; from 6, which has
+/// `idem_superseded`, the page's grants as they are); then this version's
+/// migration as `idem_migrator`, the page's grants run again, and both
+/// replicas connected as `idem_server`.
+async fn postgres_from<E, F>(
+    commit: &'static str,
+    layout: usize,
+    calls: &[&str],
+    open: impl FnOnce(String, String) -> F,
+) where
+    E: EarlierReplica,
+    F: Future<Output = E>,
+{
     let Some(url) = database_url() else { return };
     // The roles log in to the server itself: a pooler knows only its own
     // users.
@@ -204,18 +200,32 @@ async fn postgres_from(commit: &'static str, layout: usize) {
             })
         }
     };
-    grant(&earlier_grants[0]).await;
+    let before: &[String] = if layout < 6 {
+        &earlier_grants
+    } else {
+        &grants[1..]
+    };
+    for block in before {
+        grant(block).await;
+    }
 
     // Both replicas log in as `idem_server`; this version's store takes
     // the schema on its URL.
     let login = roles.url("idem_server");
     let world = Arc::new(World::default());
-    let earlier = crate::postgres_replayed::PostgresReplayed::open(&login, &name, commit).await;
+    let earlier = open(login.clone(), name.clone()).await;
+    let old = || {
+        let old = Replica::new(commit, Arc::new(earlier.clone()), &world);
+        if layout < 6 {
+            old.window_only()
+        } else {
+            old
+        }
+    };
     let start_new = async {
         // The old version's upkeep before the new one starts: its outbox
         // delivers what it completed alone, by its own statements.
-        let old = Replica::new(commit, Arc::new(earlier.clone()), &world);
-        old.upkeep().await.unwrap();
+        old().upkeep().await.unwrap();
         // The deploy step: this version's migration as `idem_migrator`,
         // then the page's grants again, as it says.
         PostgresStore::builder(&roles.url("idem_migrator"))
@@ -231,6 +241,7 @@ async fn postgres_from(commit: &'static str, layout: usize) {
         for block in &grants[1..] {
             grant(block).await;
         }
+        // Without `migrate=true`: a store not migrated is refused.
         let store = idem_runtime::open_store(&with_schema(&login, &name))
             .await
             .unwrap();
@@ -247,16 +258,9 @@ async fn postgres_from(commit: &'static str, layout: usize) {
         assert!(backends >= 2, "{backends} connection(s) as idem_server");
         Replica::new("this version", store, &world)
     };
-    let old = Replica::new(commit, Arc::new(earlier.clone()), &world).window_only();
-    rolling_deploy(old, start_new, world.clone()).await;
-    let ran = earlier.ran.lock().unwrap().clone();
-    for call in [
-        "claim",
-        "complete_with_follow_ons",
-        "lease_jobs",
-        "finish_job",
-        "list_lapsed",
-    ] {
+    rolling_deploy(old(), start_new, world.clone()).await;
+    let ran = earlier.own_calls();
+    for call in calls {
         assert!(
             ran.get(call).copied().unwrap_or(0) > 0,
             "{commit}'s {call} never ran: {ran:?}"
@@ -282,14 +286,46 @@ async fn postgres_from(commit: &'static str, layout: usize) {
     );
 }
 
+/// The same on PostgreSQL: a schema at layout 6, served by e11d36c's
+/// replica; this version's migrates it (to 8) and serves beside it.
+/// Migration 7 alone failed the old replica's completions that carry a
+/// receipt (42703, column "attempts" does not exist), and its leases.
+/// e11d36c's own calls are the ones it replays; its claims and its
+/// listings are this version's statements.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_deploy_from_layout_6_on_postgres_loses_nothing() {
+    postgres_from(
+        crate::postgres_earlier::COMMIT,
+        6,
+        &["complete_with_follow_ons", "lease_jobs", "finish_job"],
+        |login, name| async move { EarlierPostgres::open(&login, &name).await },
+    )
+    .await;
+}
+
+/// Every call of 8d26ab9's and d97a05f's replicas is their own.
+const REPLAYED: [&str; 5] = [
+    "claim",
+    "complete_with_follow_ons",
+    "lease_jobs",
+    "finish_job",
+    "list_lapsed",
+];
+
 /// From layout 5, what 0.1.0 leaves: 8d26ab9's replica.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_deploy_from_layout_5_on_postgres_loses_nothing() {
-    postgres_from("8d26ab9", 5).await;
+    postgres_from("8d26ab9", 5, &REPLAYED, |login, name| async move {
+        PostgresReplayed::open(&login, &name, "8d26ab9").await
+    })
+    .await;
 }
 
 /// From layout 4: d97a05f's replica, which deletes a job it delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_deploy_from_layout_4_on_postgres_loses_nothing() {
-    postgres_from("d97a05f", 4).await;
+    postgres_from("d97a05f", 4, &REPLAYED, |login, name| async move {
+        PostgresReplayed::open(&login, &name, "d97a05f").await
+    })
+    .await;
 }

@@ -227,6 +227,16 @@ impl EarlierPostgres {
         }
     }
 
+    /// The role its connection logged in as: the test's question, not one
+    /// of e11d36c's statements.
+    pub async fn current_user(&self) -> String {
+        self.client
+            .query_one("SELECT current_user::text", &[])
+            .await
+            .unwrap()
+            .get(0)
+    }
+
     fn ran(&self, call: &'static str) {
         *self.ran.lock().unwrap().entry(call).or_default() += 1;
     }

@@ -30,7 +30,7 @@
 //! counted one): this version's reading is used for both replicas, which
 //! the upgrade notes' "items written by earlier versions" cover.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
@@ -39,7 +39,7 @@ use idem_runtime::DynamoDbStore;
 
 use crate::create_table_before_leases;
 use crate::dynamodb_emulator::{client, endpoint};
-use crate::dynamodb_proxy::{Intercepted, Proxy};
+use crate::dynamodb_proxy::{documented_actions, iam_actions, Actions, Intercepted, Proxy};
 use crate::rolling::{rolling_deploy, Replica, World};
 
 /// The requests this version sends, as f180a13^ sent them (see above);
@@ -184,9 +184,16 @@ fn first_byte(base64: &str) -> u8 {
 }
 
 /// A table from before `leases` served by that version's replica alone,
-/// migrated by this version's first replica as it starts, then both at
-/// once, then this version alone: every call ran once, every charge's
-/// receipt was sent once, and every reference reads as the processor says.
+/// migrated in a step of its own, then both at once, then this version
+/// alone: every call ran once, every charge's receipt was sent once, and
+/// every reference reads as the processor says.
+///
+/// Under the IAM docs/deploying.md documents ("IAM"), which the emulator
+/// does not check: every request each replica sends (the old one's as
+/// f180a13^ sent it) needs only actions of the serving role's list
+/// (`IdemServe`), and the migration's only the migrating role's
+/// (`IdemMigrate`), each counted through a proxy of its own
+/// (`grants.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_deploy_from_before_leases_loses_nothing() {
     let Some(endpoint) = endpoint() else {
@@ -196,18 +203,41 @@ async fn a_rolling_deploy_from_before_leases_loses_nothing() {
     let proxy = Proxy::start(&endpoint).await;
     let before = Arc::new(BeforeLeases::default());
     let hook = before.clone();
-    proxy.intercept(move |operation, body| hook.answer(operation, body));
+    let old_actions = Actions::default();
+    let recorded = old_actions.clone();
+    proxy.intercept(move |operation, body| {
+        let intercepted = hook.answer(operation, body);
+        // What reaches the table: f180a13^'s request (one the proxy
+        // answers itself, f180a13^ never sent).
+        let sent = match &intercepted {
+            Intercepted::Alter { request, .. } => Some(request.as_str()),
+            Intercepted::Forward => Some(body),
+            _ => None,
+        };
+        if let Some(sent) = sent {
+            recorded
+                .lock()
+                .unwrap()
+                .extend(iam_actions(operation, sent));
+        }
+        intercepted
+    });
     let world = Arc::new(World::default());
     let old = DynamoDbStore::builder(client(&proxy.url), table.table())
         .build()
         .unwrap();
-    // This version's first replica migrates the table as it starts.
+    let migrating = Proxy::start(&endpoint).await;
+    let migrate_actions = migrating.record_actions();
+    let serving = Proxy::start(&endpoint).await;
+    let new_actions = serving.record_actions();
+    // The deploy step: the migration, as the migrating role; then this
+    // version's first replica, as the serving role.
     let start_new = async {
-        let new = DynamoDbStore::builder(client(&endpoint), table.table())
+        let migrator = DynamoDbStore::builder(client(&migrating.url), table.table())
             .build()
             .unwrap();
-        assert!(new.migrate().await.unwrap());
-        let new = DynamoDbStore::connect(client(&endpoint), table.table())
+        assert!(migrator.migrate().await.unwrap());
+        let new = DynamoDbStore::connect(client(&serving.url), table.table())
             .await
             .unwrap();
         Replica::new("this version", Arc::new(new), &world)
@@ -222,4 +252,16 @@ async fn a_rolling_deploy_from_before_leases_loses_nothing() {
     for kind in ["claim", "completion", "superseded", "walk", "cursors"] {
         assert!(made.get(kind).is_some_and(|n| *n > 0), "{kind}: {made:?}");
     }
+    let held = |actions: &Actions, sid: &str, who: &str| {
+        let actions = actions.lock().unwrap().clone();
+        let granted = documented_actions(sid);
+        let beyond: BTreeSet<_> = actions.difference(&granted).collect();
+        assert!(
+            !actions.is_empty() && beyond.is_empty(),
+            "{who} needed {beyond:?} beyond docs/deploying.md's {sid}: {actions:?}"
+        );
+    };
+    held(&old_actions, "IdemServe", "f180a13^'s replica");
+    held(&new_actions, "IdemServe", "this version's replica");
+    held(&migrate_actions, "IdemMigrate", "the migration");
 }
