@@ -222,7 +222,7 @@ pub use answer::{Classify, ToolError};
 /// implementing one takes no dependency of your own:
 /// `#[idem_runtime::async_trait]` on the `impl` block.
 pub use async_trait::async_trait;
-pub use executor::Executor;
+pub use executor::{current_reference, Executor};
 /// The attribute that makes an rmcp tool safe to repeat.
 #[cfg(feature = "rmcp")]
 pub use idem_macros::{idempotent, tool_router};
@@ -231,7 +231,7 @@ pub use key::{Caller, Reference};
 #[doc(hidden)]
 pub use mcp::private as __private;
 #[cfg(feature = "rmcp")]
-pub use mcp::{audit_hints, current_reference, Ask, IdempotentServer};
+pub use mcp::{audit_hints, Ask, IdempotentServer};
 pub use outbox::follow_on;
 #[cfg(feature = "dynamodb")]
 pub use store::DynamoDbStore;

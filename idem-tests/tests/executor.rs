@@ -300,6 +300,34 @@ fn unreachable() -> FaultyStore<MemoryStore> {
     FaultyStore::new(MemoryStore::new(), |_| Fault::Unreachable)
 }
 
+/// The handler of `Executor::run` reads its reference as a tool's body
+/// does (`current_reference`), the same one the context carries and the
+/// answer names; outside a handler there is none.
+#[tokio::test]
+async fn the_handler_of_run_reads_its_reference_as_a_tool_does() {
+    let exec = memory();
+    assert_eq!(idem_runtime::current_reference(), None);
+    let op = Operation {
+        caller: &alice(),
+        tool: "charge_card",
+        args: &visa(1200),
+        scope: ScopeSpec::Window(Duration::from_secs(900)),
+        status_tool: STATUS_TOOL,
+    };
+    let answer: Answer<(String, String), ToolError> = exec
+        .run(op, |ctx| async move {
+            let read = idem_runtime::current_reference().expect("inside the handler");
+            Ok((read.to_string(), ctx.reference().to_string()))
+        })
+        .await;
+    let reference = answer.reference().expect("a reference").to_string();
+    let Answer::Executed { value, .. } = answer else {
+        panic!("executed: {answer:?}");
+    };
+    assert_eq!(value, (reference.clone(), reference));
+    assert_eq!(idem_runtime::current_reference(), None);
+}
+
 #[tokio::test]
 async fn an_unreachable_store_fails_closed() {
     let exec = Executor::new(Arc::new(unreachable()));

@@ -255,9 +255,9 @@ async fn call_replay_resolve(store: Arc<dyn IdempotencyStore>) -> Vec<Secret> {
     };
     let charged = |charge_id: String, mail_to: String| {
         let effects = effects.clone();
-        move |ctx: idem_runtime::executor::OperationContext| async move {
+        move |_: idem_runtime::executor::OperationContext| async move {
             effects.charges.lock().unwrap().push(charge_id.clone());
-            ctx.follow_on(JOB, &json!({"to": mail_to}))
+            idem_runtime::follow_on(JOB, &json!({"to": mail_to}))
                 .map_err(|e| ToolError::rejected(e.to_string()))?;
             Ok::<_, ToolError>(Receipt { charge_id })
         }

@@ -3,10 +3,7 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use serde::Serialize;
-
 use crate::key::{Caller, Reference};
-use crate::store::FollowOnError;
 
 /// What the handler can see of its operation.
 #[derive(Clone, Debug)]
@@ -55,8 +52,9 @@ impl OperationContext {
         }
     }
 
-    /// The operation's reference. Pass it to the processor as its own
-    /// idempotency reference, so the guarantee reaches across that boundary.
+    /// The operation's reference: what [`current_reference`] answers in the
+    /// handler's task, as a value the closure can move into tasks of its
+    /// own.
     pub fn reference(&self) -> Reference {
         self.reference
     }
@@ -70,15 +68,22 @@ impl OperationContext {
     pub fn tool(&self) -> &str {
         &self.identity.tool
     }
+}
 
-    /// Declares a follow-on job of this operation, written with its
-    /// completion: [`follow_on`](crate::follow_on), which see. Call it from
-    /// the handler's own task (the declarations are task-local).
-    pub fn follow_on<P: Serialize + ?Sized>(
-        &self,
-        name: &str,
-        payload: &P,
-    ) -> Result<(), FollowOnError> {
-        crate::outbox::follow_on(name, payload)
-    }
+tokio::task_local! {
+    /// The reference of the operation whose handler runs in this task.
+    pub(crate) static CURRENT_REFERENCE: Reference;
+}
+
+/// The reference of the operation whose handler is running: inside an
+/// `#[idempotent]` tool's body, or the handler of [`Executor::run`];
+/// `None` anywhere else. Pass it to the processor as its own idempotency
+/// key, so the guarantee reaches across that boundary.
+///
+/// It is a task-local: a task spawned by the handler does not see it, so
+/// read it first and move the value in.
+///
+/// [`Executor::run`]: crate::Executor::run
+pub fn current_reference() -> Option<Reference> {
+    CURRENT_REFERENCE.try_with(|reference| *reference).ok()
 }

@@ -36,7 +36,8 @@ mod tool_scopes;
 use crate::future::{panic_message, CatchUnwind};
 use background::{Background, Completion};
 use claim::{Claimed, Won};
-pub use context::OperationContext;
+pub(crate) use context::CURRENT_REFERENCE;
+pub use context::{current_reference, OperationContext};
 pub use detached::TaskCancellation;
 #[cfg(feature = "rmcp")]
 pub(crate) use detached::{TaskClaim, REJECTED_RESOLUTION};
@@ -634,7 +635,7 @@ impl Executor {
                     reference,
                     won.request.attempt,
                     won.held_until(),
-                    handler(context),
+                    CURRENT_REFERENCE.scope(reference, handler(context)),
                 );
                 self.execute(
                     &won,

@@ -10,7 +10,7 @@ use rmcp::{ErrorData, RoleServer};
 use serde_json::Value;
 use tracing::Instrument;
 
-use super::caller::{resolve_caller, IdempotentServer, CURRENT_CANCELLATION, CURRENT_REFERENCE};
+use super::caller::{resolve_caller, IdempotentServer, CURRENT_CANCELLATION};
 use super::client_key::{self, ClientKeyMode};
 use super::private::{ToolSpec, WrappedServer};
 use super::render::{no_caller, render, HandlerFailure};
@@ -48,9 +48,7 @@ where
     let keyed_by = client_key::keyed_by(operation.scope);
     let answer = server
         .executor()
-        .run_json(operation, prepared.keyed(), move |context| {
-            CURRENT_REFERENCE.scope(context.reference(), handler(params))
-        })
+        .run_json(operation, prepared.keyed(), move |_| handler(params))
         .await;
     Ok(with_keyed_by(render(answer), keyed_by))
 }
@@ -234,7 +232,7 @@ where
             let created = tasks::created(reference, claimed.window(), claimed.lease());
             let signal = executor.task_signals().register(caller.tenant(), reference);
             let cancellation = signal.signal();
-            let handler = CURRENT_REFERENCE.scope(
+            let handler = crate::executor::CURRENT_REFERENCE.scope(
                 reference,
                 CURRENT_CANCELLATION.scope(cancellation, spawned(params)),
             );

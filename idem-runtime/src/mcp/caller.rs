@@ -60,7 +60,6 @@ pub trait IdempotentServer {
 }
 
 tokio::task_local! {
-    pub(super) static CURRENT_REFERENCE: Reference;
     pub(super) static CURRENT_CANCELLATION: TaskCancellation;
 }
 
@@ -73,19 +72,9 @@ tokio::task_local! {
 /// Cancellation is cooperative and never touches the record: stop if you
 /// can, and end the way the call really ended (`ToolError::rejected` when
 /// nothing happened, `ToolError::unknown` when something may have). Like
-/// [`current_reference`], it is a task-local: read it before spawning.
+/// [`current_reference`](crate::current_reference), it is a task-local: read it before spawning.
 pub fn current_cancellation() -> Option<TaskCancellation> {
     CURRENT_CANCELLATION.try_with(Clone::clone).ok()
-}
-
-/// The reference of the operation whose handler is running, inside the body
-/// of an `#[idempotent]` tool; `None` anywhere else. Pass it to the processor
-/// as its own idempotency key.
-///
-/// It is a task-local: a task spawned by the handler does not see it, so
-/// read it first and move the value in.
-pub fn current_reference() -> Option<Reference> {
-    CURRENT_REFERENCE.try_with(|reference| *reference).ok()
 }
 
 /// The caller of a request: a [`Caller`] in the request context's

@@ -21,7 +21,7 @@ pub mod tasks;
 
 pub use ask::{current_continuation, Ask, Continuation};
 pub use audit::{audit_hints, hint_report, HintBacking, HintProblem};
-pub use caller::{current_cancellation, current_reference, request_caller, IdempotentServer};
+pub use caller::{current_cancellation, request_caller, IdempotentServer};
 pub use client_key::{request_client_key, ClientKeyMode, CLIENT_KEY_HEADER, CLIENT_KEY_META};
 pub use listing::list_tools;
 pub use render::stored_response;

@@ -120,10 +120,10 @@ async fn bad_declarations_are_refused_at_the_call() {
     let errors = Arc::new(Mutex::new(Vec::new()));
     let seen = errors.clone();
     let answer: Answer<String, ToolError> = executor
-        .run(operation(&caller, &args), |ctx| async move {
+        .run(operation(&caller, &args), |_| async move {
             let mut errors = seen.lock().unwrap().clone();
-            ctx.follow_on("send_receipt", &json!({"n": 1})).unwrap();
-            errors.push(ctx.follow_on("send_receipt", &json!({"n": 2})).unwrap_err());
+            follow_on("send_receipt", &json!({"n": 1})).unwrap();
+            errors.push(follow_on("send_receipt", &json!({"n": 2})).unwrap_err());
             errors.push(follow_on("notify", &"x".repeat(200)).unwrap_err());
             let mut odd = HashMap::new();
             odd.insert((1, 2), 3);
