@@ -71,7 +71,7 @@ impl OperationContext {
         &self.identity.tool
     }
 
-    /// Declares a follow-on job of this operation, written with its
+    /// Declares a follow-on of this operation, written with its
     /// completion: [`follow_on`](crate::follow_on), which see. Call it from
     /// the handler's own task (the declarations are task-local).
     pub fn follow_on<P: Serialize + ?Sized>(
@@ -79,6 +79,6 @@ impl OperationContext {
         name: &str,
         payload: &P,
     ) -> Result<(), FollowOnError> {
-        crate::outbox::follow_on(name, payload)
+        crate::follow_ons::follow_on(name, payload)
     }
 }

@@ -1,4 +1,4 @@
-//! Follow-on jobs on the command line: `jobs` in each state, `redrive`, the
+//! Follow-ons on the command line: `jobs` in each state, `redrive`, the
 //! jobs `show` lists with their operation, and a job's history across
 //! re-drives.
 
@@ -31,7 +31,7 @@ async fn delivered_jobs_are_listed_and_shown() {
         Claim::Claimed { .. }
     ));
     let jobs = ["send_receipt", "notify_warehouse"].map(|name| {
-        idem_runtime::outbox::FollowOn::new(name, &json!({"to": "a@example.com"})).unwrap()
+        idem_runtime::follow_ons::FollowOn::new(name, &json!({"to": "a@example.com"})).unwrap()
     });
     store
         .complete_with_follow_ons(
@@ -44,10 +44,10 @@ async fn delivered_jobs_are_listed_and_shown() {
         .unwrap();
     let token = idem_runtime::store::Attempt::random();
     let leased = store
-        .lease_jobs(&["send_receipt"], 1, Duration::from_secs(60), token)
+        .lease_follow_ons(&["send_receipt"], 1, Duration::from_secs(60), token)
         .await
         .unwrap();
-    store.finish_job(&leased[0].id, token).await.unwrap();
+    store.finish_follow_on(&leased[0].id, token).await.unwrap();
     let reference = req.reference.to_string();
 
     let delivered = idem(&url, &["--json", "jobs", "--state", "delivered"]).await;
@@ -116,7 +116,7 @@ async fn dead_jobs_are_listed_and_redriven() {
         Claim::Claimed { .. }
     ));
     let receipt =
-        idem_runtime::outbox::FollowOn::new("send_receipt", &json!({"to": "a@example.com"}))
+        idem_runtime::follow_ons::FollowOn::new("send_receipt", &json!({"to": "a@example.com"}))
             .unwrap();
     store
         .complete_with_follow_ons(
@@ -129,11 +129,11 @@ async fn dead_jobs_are_listed_and_redriven() {
         .unwrap();
     let token = idem_runtime::store::Attempt::random();
     let leased = store
-        .lease_jobs(&["send_receipt"], 1, Duration::from_secs(60), token)
+        .lease_follow_ons(&["send_receipt"], 1, Duration::from_secs(60), token)
         .await
         .unwrap();
     store
-        .bury_job(&leased[0].id, token, "mailer bounced: no such address")
+        .bury_follow_on(&leased[0].id, token, "mailer bounced: no such address")
         .await
         .unwrap();
     let reference = req.reference.to_string();
@@ -223,7 +223,7 @@ async fn dead_jobs_are_listed_and_redriven() {
     assert_eq!(bad.code, EXIT_USAGE, "{bad:?}");
 
     let due = store
-        .lease_jobs(
+        .lease_follow_ons(
             &["send_receipt"],
             1,
             Duration::from_secs(60),
@@ -251,7 +251,7 @@ async fn jobs_show_an_old_failure_as_old() {
         Claim::Claimed { .. }
     ));
     let jobs = ["send_receipt", "notify_warehouse"].map(|name| {
-        idem_runtime::outbox::FollowOn::new(name, &json!({"to": "a@example.com"})).unwrap()
+        idem_runtime::follow_ons::FollowOn::new(name, &json!({"to": "a@example.com"})).unwrap()
     });
     store
         .complete_with_follow_ons(
@@ -266,7 +266,10 @@ async fn jobs_show_an_old_failure_as_old() {
         let store = &store;
         async move {
             let token = idem_runtime::store::Attempt::random();
-            let leased = store.lease_jobs(&[name], 1, lease, token).await.unwrap();
+            let leased = store
+                .lease_follow_ons(&[name], 1, lease, token)
+                .await
+                .unwrap();
             assert_eq!(leased.len(), 1, "{name} is due");
             (leased[0].id.clone(), token)
         }
@@ -277,10 +280,10 @@ async fn jobs_show_an_old_failure_as_old() {
     // delivers it. Three runs in all, two since the re-drive.
     let (id, token) = lease("send_receipt").await;
     store
-        .bury_job(&id, token, "mailer bounced: no such address")
+        .bury_follow_on(&id, token, "mailer bounced: no such address")
         .await
         .unwrap();
-    assert!(store.redrive_job(&id).await.unwrap());
+    assert!(store.redrive_follow_on(&id).await.unwrap());
     let waiting = idem(&url, &["--json", "jobs", "--name", "send_receipt"])
         .await
         .json();
@@ -302,15 +305,15 @@ async fn jobs_show_an_old_failure_as_old() {
         "{running}"
     );
     let (id, token) = lease("send_receipt").await;
-    store.finish_job(&id, token).await.unwrap();
+    store.finish_follow_on(&id, token).await.unwrap();
     // notify_warehouse: failed once, delivered on its retry.
     let (id, token) = lease("notify_warehouse").await;
     store
-        .retry_job(&id, token, Duration::ZERO, "warehouse timed out")
+        .retry_follow_on(&id, token, Duration::ZERO, "warehouse timed out")
         .await
         .unwrap();
     let (id, token) = lease("notify_warehouse").await;
-    store.finish_job(&id, token).await.unwrap();
+    store.finish_follow_on(&id, token).await.unwrap();
 
     let table = idem(&url, &["jobs", "--state", "delivered"]).await;
     assert_eq!(table.code, EXIT_OK, "{table:?}");
