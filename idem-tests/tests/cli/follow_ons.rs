@@ -50,7 +50,7 @@ async fn delivered_jobs_are_listed_and_shown() {
     store.finish_follow_on(&leased[0].id, token).await.unwrap();
     let reference = req.reference.to_string();
 
-    let delivered = idem(&url, &["--json", "jobs", "--state", "delivered"]).await;
+    let delivered = idem(&url, &["--json", "follow-ons", "--state", "delivered"]).await;
     assert_eq!(delivered.code, EXIT_OK, "{delivered:?}");
     let delivered = delivered.json();
     assert_eq!(delivered.as_array().map(Vec::len), Some(1), "{delivered}");
@@ -59,14 +59,14 @@ async fn delivered_jobs_are_listed_and_shown() {
     assert_eq!(delivered[0]["runs"], json!(1));
     assert!(delivered[0]["delivered_at"].is_string(), "{delivered}");
     assert!(delivered[0]["kept_until"].is_string(), "{delivered}");
-    let table = idem(&url, &["jobs", "--state", "delivered"]).await;
+    let table = idem(&url, &["follow-ons", "--state", "delivered"]).await;
     assert!(
         table.out.contains(&reference) && table.out.contains("delivered"),
         "{}",
         table.out
     );
 
-    let waiting = idem(&url, &["--json", "jobs"]).await.json();
+    let waiting = idem(&url, &["--json", "follow-ons"]).await.json();
     let names: Vec<&Value> = waiting
         .as_array()
         .unwrap()
@@ -74,11 +74,11 @@ async fn delivered_jobs_are_listed_and_shown() {
         .map(|j| &j["name"])
         .collect();
     assert_eq!(names, [&json!("notify_warehouse")], "{waiting}");
-    let by_state = idem(&url, &["--json", "jobs", "--state", "waiting"])
+    let by_state = idem(&url, &["--json", "follow-ons", "--state", "waiting"])
         .await
         .json();
     assert_eq!(by_state, waiting);
-    let dead = idem(&url, &["--json", "jobs", "--state", "dead"])
+    let dead = idem(&url, &["--json", "follow-ons", "--state", "dead"])
         .await
         .json();
     assert_eq!(dead, json!([]));
@@ -138,10 +138,10 @@ async fn dead_jobs_are_listed_and_redriven() {
         .unwrap();
     let reference = req.reference.to_string();
 
-    let live = idem(&url, &["--json", "jobs"]).await;
+    let live = idem(&url, &["--json", "follow-ons"]).await;
     assert_eq!(live.code, EXIT_OK, "{live:?}");
     assert_eq!(live.json(), json!([]));
-    let dead = idem(&url, &["jobs", "--dead"]).await;
+    let dead = idem(&url, &["follow-ons", "--dead"]).await;
     assert_eq!(dead.code, EXIT_OK, "{dead:?}");
     assert!(
         dead.out.contains(&reference) && dead.out.contains("mailer bounced"),
@@ -150,7 +150,7 @@ async fn dead_jobs_are_listed_and_redriven() {
     );
     let listed = idem(
         &url,
-        &["--json", "jobs", "--dead", "--reference", &reference],
+        &["--json", "follow-ons", "--dead", "--reference", &reference],
     )
     .await;
     let listed = listed.json();
@@ -208,7 +208,7 @@ async fn dead_jobs_are_listed_and_redriven() {
     )
     .await;
     assert_eq!(again.code, EXIT_OPERATOR, "{again:?}");
-    assert!(again.err.contains("no dead job"), "{}", again.err);
+    assert!(again.err.contains("no dead follow-on"), "{}", again.err);
     let elsewhere = idem(
         &url,
         &["redrive", &reference, "send_receipt", "--tenant", "other"],
@@ -284,7 +284,7 @@ async fn jobs_show_an_old_failure_as_old() {
         .await
         .unwrap();
     assert!(store.redrive_follow_on(&id).await.unwrap());
-    let waiting = idem(&url, &["--json", "jobs", "--name", "send_receipt"])
+    let waiting = idem(&url, &["--json", "follow-ons", "--name", "send_receipt"])
         .await
         .json();
     assert_eq!(waiting[0]["state"], json!("waiting"), "{waiting}");
@@ -295,7 +295,7 @@ async fn jobs_show_an_old_failure_as_old() {
     );
     let _lapsed = lease_for("send_receipt", Duration::from_millis(1)).await;
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let running = idem(&url, &["--json", "jobs", "--name", "send_receipt"])
+    let running = idem(&url, &["--json", "follow-ons", "--name", "send_receipt"])
         .await
         .json();
     assert_eq!(running[0]["all_runs"], json!(2), "{running}");
@@ -315,7 +315,7 @@ async fn jobs_show_an_old_failure_as_old() {
     let (id, token) = lease("notify_warehouse").await;
     store.finish_follow_on(&id, token).await.unwrap();
 
-    let table = idem(&url, &["jobs", "--state", "delivered"]).await;
+    let table = idem(&url, &["follow-ons", "--state", "delivered"]).await;
     assert_eq!(table.code, EXIT_OK, "{table:?}");
     let line = |name: &str| {
         table
@@ -338,7 +338,7 @@ async fn jobs_show_an_old_failure_as_old() {
     );
     assert!(!notice.contains("re-drive"), "{notice}");
 
-    let listed = idem(&url, &["--json", "jobs", "--state", "delivered"])
+    let listed = idem(&url, &["--json", "follow-ons", "--state", "delivered"])
         .await
         .json();
     for job in listed.as_array().unwrap() {

@@ -77,8 +77,8 @@ pub(crate) async fn read(url: &str, filled: &Filled) {
         &["show", &unknown],
         &["show", &dead, "--tenant", tenant, "--response"],
         &["stats"],
-        &["jobs", "--dead"],
-        &["jobs", "--reference", &dead],
+        &["follow-ons", "--dead"],
+        &["follow-ons", "--reference", &dead],
     ] {
         let ran = idem(url, args).await;
         assert_eq!(ran.code, EXIT_OK, "idem {args:?}: {ran:?}");
