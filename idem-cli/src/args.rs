@@ -4,7 +4,7 @@
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::{Failure, EXIT_USAGE};
-use idem_runtime::store::{JobState, RecordStateKind};
+use idem_runtime::store::{FollowOnState, RecordStateKind};
 use idem_runtime::Reference;
 
 #[derive(Debug, Parser)]
@@ -12,7 +12,7 @@ use idem_runtime::Reference;
     name = "idem",
     version,
     about = "Look after idem's idempotency records: list, show, resolve by hand, purge, count; \
-             list follow-on jobs and re-drive dead ones",
+             list follow-ons and re-drive dead ones",
     after_help = "Exit codes: 0 ok, 1 refused (not found, not UNKNOWN), 2 usage or \
                   configuration (a store not migrated included: run `idem migrate`), 3 store \
                   unreachable."
@@ -40,7 +40,7 @@ pub(super) enum Command {
     /// The newest records first (by claim), filtered.
     List(List),
     /// One record, in full (its response only with --response), and its
-    /// follow-on jobs: waiting, running, dead, or delivered and when.
+    /// follow-ons: waiting, running, dead, or delivered and when.
     Show(Show),
     /// Resolve an UNKNOWN operation by hand, with a note saying who and why.
     Resolve(Resolve),
@@ -48,15 +48,17 @@ pub(super) enum Command {
     Purge(Purge),
     /// How many records are in each state.
     Stats,
-    /// Follow-on jobs waiting to run or running (or, with --state, those in
+    /// Follow-ons waiting to run or running (or, with --state, those in
     /// one state: the dead letter, or what was delivered and when), the
     /// oldest first.
-    Jobs(Jobs),
+    // `jobs`, its name in 0.1.0, still runs it (hidden) for existing scripts.
+    #[command(alias = "jobs")]
+    FollowOns(FollowOns),
     /// DynamoDB: create the table the store needs (its indexes, on-demand
     /// billing, TTL on), and wait until it is active; a table that exists is
     /// left as it is. The same as `migrate` on a DynamoDB store.
     CreateTable,
-    /// Take a job out of the dead letter: it runs again from its first attempt.
+    /// Take a follow-on out of the dead letter: it runs again from its first attempt.
     Redrive(Redrive),
     /// Apply this version's migrations to the store, the one command that
     /// changes its layout: SQLite's file and a PostgreSQL schema get the
@@ -126,10 +128,10 @@ pub(super) struct Resolve {
     /// It did not happen: the next identical call runs.
     #[arg(long)]
     pub(super) not_performed: bool,
-    /// A follow-on job the handler would have declared (the receipt
+    /// A follow-on the handler would have declared (the receipt
     /// that was never sent), written with the completion: its name, `=`,
     /// and its payload as JSON, e.g. `send_receipt={"to":"a@example.com"}`.
-    /// Repeat it for several jobs; only with a completed outcome.
+    /// Repeat it for several follow-ons; only with a completed outcome.
     #[arg(
         long = "follow-on",
         value_name = "NAME=JSON",
@@ -149,25 +151,25 @@ pub(super) struct Purge {
     pub(super) batch: usize,
 }
 
-/// The arguments of `jobs`.
+/// The arguments of `follow-ons`.
 #[derive(Debug, clap::Args)]
-pub(super) struct Jobs {
-    /// Only jobs in this state; without it, the jobs waiting or running.
+pub(super) struct FollowOns {
+    /// Only follow-ons in this state; without it, the follow-ons waiting or running.
     #[arg(long, value_enum, conflicts_with = "dead")]
-    pub(super) state: Option<JobStateArg>,
-    /// Only jobs in the dead letter: `--state dead`.
+    pub(super) state: Option<FollowOnStateArg>,
+    /// Only follow-ons in the dead letter: `--state dead`.
     #[arg(long)]
     pub(super) dead: bool,
-    /// Only this tenant's jobs.
+    /// Only this tenant's follow-ons.
     #[arg(long)]
     pub(super) tenant: Option<String>,
-    /// Only the jobs of this operation (`idem_` and 32 hex digits, as the tool's answer gives it; the `idem_` may be left out).
+    /// Only the follow-ons of this operation (`idem_` and 32 hex digits, as the tool's answer gives it; the `idem_` may be left out).
     #[arg(long)]
     pub(super) reference: Option<String>,
-    /// Only jobs with this name.
+    /// Only follow-ons with this name.
     #[arg(long)]
     pub(super) name: Option<String>,
-    /// The most jobs shown.
+    /// The most follow-ons shown.
     #[arg(long, default_value_t = 50)]
     pub(super) limit: usize,
 }
@@ -177,30 +179,30 @@ pub(super) struct Jobs {
 pub(super) struct Redrive {
     /// The operation's reference (`idem_` and 32 hex digits, as the tool's answer gives it; the `idem_` may be left out).
     pub(super) reference: String,
-    /// The job's name.
+    /// The follow-on's name.
     pub(super) name: String,
     /// The operation's tenant.
     #[arg(long)]
     pub(super) tenant: String,
 }
 
-/// A job's state as the command line spells it.
+/// A follow-on's state as the command line spells it.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 #[value(rename_all = "snake_case")]
-pub(super) enum JobStateArg {
+pub(super) enum FollowOnStateArg {
     Waiting,
     Running,
     Dead,
     Delivered,
 }
 
-impl From<JobStateArg> for JobState {
-    fn from(s: JobStateArg) -> Self {
+impl From<FollowOnStateArg> for FollowOnState {
+    fn from(s: FollowOnStateArg) -> Self {
         match s {
-            JobStateArg::Waiting => JobState::Waiting,
-            JobStateArg::Running => JobState::Running,
-            JobStateArg::Dead => JobState::Dead,
-            JobStateArg::Delivered => JobState::Delivered,
+            FollowOnStateArg::Waiting => FollowOnState::Waiting,
+            FollowOnStateArg::Running => FollowOnState::Running,
+            FollowOnStateArg::Dead => FollowOnState::Dead,
+            FollowOnStateArg::Delivered => FollowOnState::Delivered,
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The operator's command line, `idem`: list, show, resolve by hand, purge
 //! and count the records of an [idem](https://docs.rs/idem-runtime) store;
-//! list follow-on jobs and re-drive a dead one.
+//! list follow-ons and re-drive a dead one.
 //!
 //! ```text
 //! cargo install idem-cli                       # SQLite, PostgreSQL, Redis
@@ -9,11 +9,11 @@
 //!
 //! ```text
 //! idem --store URL [--schema NAME] list [--state unknown|in_progress|completed|not_performed] [--tenant T] [--tool X] [--limit N]
-//! idem --store URL show REF [--tenant T] [--response]   (the record and its jobs)
+//! idem --store URL show REF [--tenant T] [--response]   (the record and its follow-ons)
 //! idem --store URL resolve REF --tenant T (--completed VALUE_JSON | --completed-result RESULT_JSON | --not-performed) [--follow-on NAME=JSON]... --note "who and why"
 //! idem --store URL purge
 //! idem --store URL stats
-//! idem --store URL jobs [--state waiting|running|dead|delivered | --dead] [--tenant T] [--reference REF] [--name N] [--limit N]
+//! idem --store URL follow-ons [--state waiting|running|dead|delivered | --dead] [--tenant T] [--reference REF] [--name N] [--limit N]
 //! idem --store URL redrive REF NAME --tenant T
 //! idem --store dynamodb://TABLE?region=R create-table   (DynamoDB: the table, its indexes, TTL)
 //! idem --store URL migrate   (this version's migrations; the only command that changes a layout)
@@ -62,12 +62,12 @@ use idem_runtime::maintenance::ResolveError;
 use idem_runtime::store::StoreError;
 
 // What clap reads (`args`), the store it opens (`open`), a function per
-// command (`records`, `resolve`, `jobs`, `create_table`, `migrate`), and
+// command (`records`, `resolve`, `follow_ons`, `create_table`, `migrate`), and
 // how their answers read (`render`, `escape`).
 mod args;
 mod create_table;
 mod escape;
-mod jobs;
+mod follow_ons;
 mod migrate;
 mod open;
 mod records;
@@ -189,8 +189,8 @@ async fn execute(args: Args, out: &mut dyn Write) -> Result<(), Failure> {
             Command::Resolve(args) => resolve::resolve(store, args, json).await?,
             Command::Purge(args) => records::purge(store, args, json).await?,
             Command::Stats => records::stats(store, json).await?,
-            Command::Jobs(args) => jobs::list(store, args, json).await?,
-            Command::Redrive(args) => jobs::redrive(store, args, json).await?,
+            Command::FollowOns(args) => follow_ons::list(store, args, json).await?,
+            Command::Redrive(args) => follow_ons::redrive(store, args, json).await?,
             Command::CreateTable | Command::Migrate => {
                 unreachable!("answered before the store is opened")
             }

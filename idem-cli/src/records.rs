@@ -12,7 +12,7 @@ use crate::{Failure, EXIT_OPERATOR, EXIT_USAGE};
 use idem_runtime::maintenance;
 use idem_runtime::store::rfc3339;
 use idem_runtime::store::{
-    IdempotencyStore, JobFilter, Record, RecordFilter, RecordState, RecordStateKind,
+    FollowOnFilter, IdempotencyStore, Record, RecordFilter, RecordState, RecordStateKind,
 };
 use idem_runtime::Reference;
 
@@ -64,7 +64,7 @@ pub(super) async fn list(
 }
 
 /// `show`: one record, in full (its response only when asked), and its
-/// follow-on jobs.
+/// follow-ons.
 pub(super) async fn show(
     store: &dyn IdempotencyStore,
     args: Show,
@@ -89,16 +89,16 @@ pub(super) async fn show(
         None => find_anywhere(store, &reference).await?,
     };
     let tenant = record.tenant.clone();
-    // The operation's follow-on jobs: waiting, running, dead or
+    // The operation's follow-ons: waiting, running, dead or
     // delivered (kept as long as the record).
     let jobs = match store.follow_ons() {
         Some(follow_ons) => {
             follow_ons
-                .list_jobs(&JobFilter {
+                .list_follow_ons(&FollowOnFilter {
                     tenant: Some(tenant.clone()),
                     reference: Some(reference),
                     limit: 1000,
-                    ..JobFilter::default()
+                    ..FollowOnFilter::default()
                 })
                 .await?
         }
@@ -129,9 +129,9 @@ pub(super) async fn show(
         text.push_str("(the response is not shown; --response prints it)\n");
     }
     if jobs.is_empty() {
-        text.push_str("jobs: none\n");
+        text.push_str("follow-ons: none\n");
     } else {
-        let mut rows = vec![["JOB", "STATE", "RUNS", "WHEN", "LAST ERROR"]
+        let mut rows = vec![["FOLLOW-ON", "STATE", "RUNS", "WHEN", "LAST ERROR"]
             .map(str::to_owned)
             .to_vec()];
         rows.extend(jobs.iter().map(|j| {

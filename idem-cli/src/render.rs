@@ -1,11 +1,13 @@
-//! How records and jobs read on the command line: as JSON, or as the cells
+//! How records and follow-ons read on the command line: as JSON, or as the cells
 //! of an aligned table whose text is [`shown`] escaped.
 
 use serde_json::{json, Value};
 
 use crate::escape::shown;
 use idem_runtime::store::rfc3339;
-use idem_runtime::store::{CompletedBy, Job, JobState, Reading, Record, RecordState};
+use idem_runtime::store::{
+    CompletedBy, FollowOnRecord, FollowOnState, Reading, Record, RecordState,
+};
 
 /// Rows as columns padded to their widest cell, each cell [`shown`] escaped.
 pub(super) fn table(rows: &[Vec<String>]) -> String {
@@ -149,12 +151,12 @@ pub(super) fn record_json(r: &Record, response: bool) -> Value {
     value
 }
 
-/// A job as JSON, its payload included (a job's payload is what its handler
+/// A follow-on as JSON, its payload included (a follow-on's payload is what its handler
 /// needs, declared by the tool's own code). `last_error_is_current` says
-/// whether `last_error` is the job's present trouble (a dead job's, or a
-/// waiting or running job's last failed run since it was written or
+/// whether `last_error` is the follow-on's present trouble (a dead follow-on's, or a
+/// waiting or running follow-on's last failed run since it was written or
 /// re-driven) rather than the trace of an earlier run.
-pub(super) fn job_json(j: &Job) -> Value {
+pub(super) fn job_json(j: &FollowOnRecord) -> Value {
     json!({
         "reference": j.id.reference.to_string(),
         "name": j.id.name,
@@ -168,7 +170,7 @@ pub(super) fn job_json(j: &Job) -> Value {
         "leased": j.attempt.is_some(),
         "next_run_at": rfc3339(j.next_run_at),
         "last_error": j.last_error,
-        "last_error_is_current": j.last_error.is_some() && j.state() != JobState::Delivered,
+        "last_error_is_current": j.last_error.is_some() && j.state() != FollowOnState::Delivered,
         "error_before_redrive": j.error_before_redrive,
         "redriven": redriven(j),
         "created_at": rfc3339(j.created_at),
@@ -180,16 +182,16 @@ pub(super) fn job_json(j: &Job) -> Value {
     })
 }
 
-/// Whether the job was ever re-driven, as far as its fields tell (a job
+/// Whether the follow-on was ever re-driven, as far as its fields tell (a follow-on
 /// re-driven by a store written before 0.2 shows none of it).
-fn redriven(j: &Job) -> bool {
+fn redriven(j: &FollowOnRecord) -> bool {
     j.earlier_runs > 0 || j.error_before_redrive.is_some()
 }
 
-/// The RUNS cell: how many times the job ran in all, and, for a re-driven
-/// job, how many of those since its last re-drive (the count its retries
+/// The RUNS cell: how many times the follow-on ran in all, and, for a re-driven
+/// follow-on, how many of those since its last re-drive (the count its retries
 /// and its dead letter go by).
-pub(super) fn job_runs(j: &Job) -> String {
+pub(super) fn job_runs(j: &FollowOnRecord) -> String {
     if redriven(j) {
         format!("{} ({} since a re-drive)", j.all_runs(), j.runs)
     } else {
@@ -197,25 +199,25 @@ pub(super) fn job_runs(j: &Job) -> String {
     }
 }
 
-/// The time that matters for a job in its state: when it was delivered,
+/// The time that matters for a follow-on in its state: when it was delivered,
 /// when it is due (waiting) or its lease runs out (running); none for a
-/// dead job, which waits for a person.
-pub(super) fn job_when(j: &Job) -> String {
+/// dead follow-on, which waits for a person.
+pub(super) fn job_when(j: &FollowOnRecord) -> String {
     match (j.state(), j.delivered_at) {
-        (JobState::Delivered, Some(at)) => rfc3339(at),
-        (JobState::Dead, _) => String::new(),
+        (FollowOnState::Delivered, Some(at)) => rfc3339(at),
+        (FollowOnState::Dead, _) => String::new(),
         _ => rfc3339(j.next_run_at),
     }
 }
 
 /// The LAST ERROR cell, never an old failure shown as the current one: a
-/// waiting, running or dead job's `last_error` is its last failed run since
-/// it was written or re-driven, shown as it is; a delivered job's is from a
-/// run before the one that delivered it; a re-driven job with no failed run
+/// waiting, running or dead follow-on's `last_error` is its last failed run since
+/// it was written or re-driven, shown as it is; a delivered follow-on's is from a
+/// run before the one that delivered it; a re-driven follow-on with no failed run
 /// since shows the error it died of as from before the re-drive.
-pub(super) fn job_error(j: &Job) -> String {
+pub(super) fn job_error(j: &FollowOnRecord) -> String {
     match (&j.last_error, &j.error_before_redrive) {
-        (Some(error), _) if j.state() == JobState::Delivered => {
+        (Some(error), _) if j.state() == FollowOnState::Delivered => {
             format!("an earlier run: {error}")
         }
         (Some(error), _) => error.clone(),

@@ -9,14 +9,14 @@ use crate::args::{parse_reference, Resolve};
 use crate::escape::shown;
 use crate::render::{json_text, record_json};
 use crate::{Failure, EXIT_USAGE};
+use idem_runtime::follow_ons::FollowOn;
 use idem_runtime::maintenance::{resolve_by_hand, Outcome};
 use idem_runtime::mcp::stored_response;
-use idem_runtime::outbox::FollowOn;
 use idem_runtime::store::IdempotencyStore;
 
 /// `resolve`: the outcome given (`--completed`, `--completed-result` or
 /// `--not-performed`) written to the UNKNOWN record, with the follow-on
-/// jobs given for a completion; every argument is checked before the store
+/// follow-ons given for a completion; every argument is checked before the store
 /// is written.
 pub(super) async fn resolve(
     store: &dyn IdempotencyStore,
@@ -42,7 +42,7 @@ pub(super) async fn resolve(
             return Err(Failure(
                 EXIT_USAGE,
                 format!(
-                    "--follow-on names the job `{}` twice; an operation has one job \
+                    "--follow-on names the follow-on `{}` twice; an operation has one follow-on \
                      of each name, so give each once; nothing was changed",
                     job.name()
                 ),
@@ -56,7 +56,7 @@ pub(super) async fn resolve(
         (None, None) if !follow_ons.is_empty() => {
             return Err(Failure(
                 EXIT_USAGE,
-                "--follow-on jobs follow only a completed operation: resolve it with \
+                "--follow-ons follow only a completed operation: resolve it with \
                  --completed or --completed-result, or give no --follow-on; nothing \
                  was changed"
                     .to_owned(),
@@ -77,19 +77,19 @@ pub(super) async fn resolve(
     );
     if !names.is_empty() {
         text.push_str(&format!(
-            "follow-on jobs written with it: {}\n",
+            "follow-ons written with it: {}\n",
             names.join(", ")
         ));
     }
     Ok(text)
 }
 
-/// One `--follow-on NAME=JSON`: the job, or why it is refused.
+/// One `--follow-on NAME=JSON`: the follow-on, or why it is refused.
 fn parse_follow_on(given: &str) -> Result<FollowOn, Failure> {
     let usage = |problem: String| Failure(EXIT_USAGE, format!("{problem}; nothing was changed"));
     let (name, payload) = given.split_once('=').ok_or_else(|| {
         usage(format!(
-            "--follow-on {given:?} is not NAME=JSON: write the job's name, `=`, and its \
+            "--follow-on {given:?} is not NAME=JSON: write the follow-on's name, `=`, and its \
              payload as JSON, e.g. --follow-on 'send_receipt={{\"to\":\"a@example.com\"}}'"
         ))
     })?;

@@ -36,7 +36,7 @@ pub(crate) async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) ->
         .collect()
 }
 
-/// Turns a panic inside a pinned future (a handler's, a job's) into an `Err`.
+/// Turns a panic inside a pinned future (a handler's, a follow-on's) into an `Err`.
 pub(crate) struct CatchUnwind<'a, F>(pub(crate) Pin<&'a mut F>);
 
 impl<F: Future> Future for CatchUnwind<'_, F> {

@@ -119,10 +119,10 @@
 //! # Operating it
 //!
 //! Run [`Maintenance`](maintenance::Maintenance) (purge, sweep, reconcile)
-//! and [`Outbox`](outbox::Outbox) (follow-on jobs) beside the server in every
+//! and [`FollowOnDispatcher`](follow_ons::FollowOnDispatcher) (follow-ons) beside the server in every
 //! replica, or their `round`s from a schedule on AWS Lambda. A reconciler
 //! that finds an operation performed answers with its response and the
-//! follow-on jobs the handler would have declared
+//! follow-ons the handler would have declared
 //! ([`Outcome::completed_with`](maintenance::Outcome::completed_with)).
 //!
 //! The guide, with a server over HTTP, the stores' limits, deployment and
@@ -173,13 +173,13 @@
 //!   [`Reconciler`](maintenance::Reconciler); an operator's
 //!   [`resolve_by_hand`](maintenance::resolve_by_hand) for what nobody can
 //!   reconcile.
-//! - [`outbox`]: follow-on work. A handler declares jobs with [`follow_on`]
+//! - [`follow_ons`]: follow-on work. A handler declares follow-ons with [`follow_on`]
 //!   (a receipt after a charge), written with its completion; an
-//!   [`Outbox`](outbox::Outbox) dispatcher runs each at least once through
-//!   your [`JobHandlers`](outbox::JobHandlers), with a stable downstream
+//!   [`FollowOnDispatcher`](follow_ons::FollowOnDispatcher) runs each at least once through
+//!   your [`FollowOnHandlers`](follow_ons::FollowOnHandlers), with a stable downstream
 //!   key, retries with backoff, and a dead letter.
 //! - [`store`]: the contract a store implements ([`IdempotencyStore`],
-//!   [`FollowOnStore`](store::FollowOnStore)), the records and jobs it
+//!   [`FollowOnStore`](store::FollowOnStore)), the records and follow-ons it
 //!   keeps, and (feature `conformance`) the suite a store of your own runs.
 //! - Operating it: calls, store latencies and maintenance are counted
 //!   through the `metrics` facade (feature `metrics`, default; the names are
@@ -199,12 +199,12 @@
 
 pub mod answer;
 pub mod executor;
+pub mod follow_ons;
 mod future;
 pub mod key;
 pub mod maintenance;
 #[cfg(feature = "rmcp")]
 pub mod mcp;
-pub mod outbox;
 mod random;
 pub mod store;
 mod telemetry;
@@ -215,7 +215,7 @@ mod time;
 // operation without the macro), `key` (operation keys and their canonical
 // JSON), `mcp` (the rmcp glue: the status tool, tasks, client keys, the
 // hints' audit), `store` (the stores' contracts and builders),
-// `maintenance` and `outbox`.
+// `maintenance` and `follow_ons`.
 pub use answer::{Classify, ToolError};
 /// The attribute a [`Reconciler`](maintenance::Reconciler) or a store
 /// implementation needs (their methods are `async`), re-exported so that
@@ -223,6 +223,7 @@ pub use answer::{Classify, ToolError};
 /// `#[idem_runtime::async_trait]` on the `impl` block.
 pub use async_trait::async_trait;
 pub use executor::{current_reference, Executor};
+pub use follow_ons::follow_on;
 /// The attribute that makes an rmcp tool safe to repeat.
 #[cfg(feature = "rmcp")]
 pub use idem_macros::{idempotent, tool_router};
@@ -232,7 +233,6 @@ pub use key::{Caller, Reference};
 pub use mcp::private as __private;
 #[cfg(feature = "rmcp")]
 pub use mcp::{audit_hints, Ask, IdempotentServer};
-pub use outbox::follow_on;
 #[cfg(feature = "dynamodb")]
 pub use store::DynamoDbStore;
 #[cfg(feature = "postgres")]

@@ -13,7 +13,7 @@
 //! | `idem_resolved_by_hand_total` | counter | `outcome` (`completed`, `not_performed`) |
 //! | `idem_outbox_enqueued_total` | counter | |
 //! | `idem_outbox_jobs_total` | counter | `job`, `outcome` (`delivered`, `retried`, `buried`) |
-//! | `idem_outbox_unhandled_jobs` | gauge | `job`: due jobs no handler of the dispatcher runs |
+//! | `idem_outbox_unhandled_jobs` | gauge | `job`: due follow-ons no handler of the dispatcher runs |
 //! | `idem_replay_cache_total` | counter | `result` (`hit`, `miss`): repeats looked up in the replay cache |
 //! | `idem_replay_cache_evicted_total` | counter | entries dropped to stay within the cache's budget |
 //! | `idem_replay_cache_bytes` | gauge | the bytes the replay cache holds |
@@ -196,20 +196,20 @@ pub(crate) fn resolved_by_hand(outcome: &'static str) {
     metrics::counter!("idem_resolved_by_hand_total", "outcome" => outcome).increment(1);
 }
 
-/// `n` follow-on jobs written with a completion or a resolution.
+/// `n` follow-ons written with a completion or a resolution.
 pub(crate) fn follow_ons_enqueued(n: usize) {
     #[cfg(feature = "metrics")]
     metrics::counter!("idem_outbox_enqueued_total").increment(n as u64);
 }
 
-/// One run of a follow-on job named `job` ended with `outcome`.
+/// One run of a follow-on named `job` ended with `outcome`.
 pub(crate) fn outbox_job(job: &str, outcome: &'static str) {
     #[cfg(feature = "metrics")]
     metrics::counter!("idem_outbox_jobs_total", "job" => job.to_owned(), "outcome" => outcome)
         .increment(1);
 }
 
-/// `n` due jobs named `job` wait: the dispatcher has no handler for them.
+/// `n` due follow-ons named `job` wait: the dispatcher has no handler for them.
 pub(crate) fn outbox_unhandled(job: &str, n: u64) {
     #[cfg(feature = "metrics")]
     metrics::gauge!("idem_outbox_unhandled_jobs", "job" => job.to_owned()).set(n as f64);

@@ -4,7 +4,7 @@
 //! A fresh schema at layout 5 (migrations 1 to 5 applied from the shipped
 //! files, as 0.1.0 applied them), filled with `IDEM_BENCH_ROWS` records
 //! (1,000,000 by default: COMPLETED, with every fifth IN_PROGRESS and every
-//! seventh UNKNOWN) and a follow-on job per tenth record. Two writers run
+//! seventh UNKNOWN) and a follow-on per tenth record. Two writers run
 //! throughout, one call at a time each: claims of fresh keys through a
 //! `PostgresStore` (idem_records, which migration 6 indexes), and updates
 //! of a job row (idem_jobs, which migration 7 alters). After 5 s,

@@ -6,8 +6,10 @@ use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
+use idem_runtime::follow_ons::{
+    follow_on_fn, FollowOnConfig, FollowOnDispatcher, FollowOnHandlers,
+};
 use idem_runtime::maintenance::{Maintenance, MaintenanceConfig};
-use idem_runtime::outbox::{job_fn, JobHandlers, Outbox, OutboxConfig};
 use idem_runtime::{
     audit_hints, follow_on, idempotent, Caller, Executor, IdempotentServer, SqliteStore, ToolError,
 };
@@ -54,7 +56,7 @@ impl Payments {
     ) -> Result<Json<Receipt>, ToolError> {
         let reference = idem_runtime::current_reference().expect("inside #[idempotent]");
         // ... charge the card with `reference` as the processor's idempotency key;
-        // the receipt is a follow-on job, written with this call's record.
+        // the receipt is a follow-on, written with this call's record.
         follow_on("send_receipt", &args.card).map_err(|e| ToolError::unknown(e.to_string()))?;
         Ok(Json(Receipt {
             charge_id: format!("ch_{reference}"),
@@ -106,20 +108,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let store = Arc::new(SqliteStore::open("idem.sqlite3").await?);
     // Beside the server, in every replica: purge and sweep (and reconcile, given
-    // MaintenanceConfig::reconciler; without one it warns at start); run the jobs.
+    // MaintenanceConfig::reconciler; without one it warns at start); run the follow-ons.
     let maintenance = Maintenance::spawn(store.clone(), MaintenanceConfig::default());
-    let receipts = JobHandlers::new().on(
+    let receipts = FollowOnHandlers::new().on(
         "send_receipt",
-        job_fn(|job| async move {
-            // Your mailer, given job.downstream_key as its idempotency key.
+        follow_on_fn(|follow_on| async move {
+            // Your mailer, given follow_on.downstream_key as its idempotency key.
             println!(
                 "receipt for {} sent, key {}",
-                job.payload, job.downstream_key
+                follow_on.payload, follow_on.downstream_key
             );
             Ok(())
         }),
     );
-    let outbox = Outbox::spawn(store.clone(), receipts, OutboxConfig::default())?;
+    let dispatcher = FollowOnDispatcher::spawn(store.clone(), receipts, FollowOnConfig::default())?;
 
     let server = Payments {
         // Answers about an unknown outcome say who resolves it: here, an operator.
@@ -152,6 +154,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
         .await?;
     maintenance.stop().await;
-    outbox.stop().await;
+    dispatcher.stop().await;
     Ok(())
 }

@@ -17,7 +17,7 @@ use idem_runtime::{
     answer::Answer,
     executor::{Operation, OperationContext, ScopeSpec},
     follow_on,
-    outbox::{job_fn, JobHandlers, JobRun, Outbox, OutboxConfig},
+    follow_ons::{follow_on_fn, FollowOnConfig, FollowOnDispatcher, FollowOnHandlers, FollowOnRun},
     Caller, Executor, IdempotencyStore, MemoryStore, Reference, SqliteStore, ToolError,
 };
 use serde::{Deserialize, Serialize};
@@ -221,7 +221,10 @@ struct Mailer {
 }
 
 impl Mailer {
-    async fn send(&self, job: JobRun) -> Result<(), idem_runtime::outbox::JobError> {
+    async fn send(
+        &self,
+        job: FollowOnRun,
+    ) -> Result<(), idem_runtime::follow_ons::FollowOnHandlerError> {
         let now = Instant::now();
         let mut keys = self.keys.lock().unwrap();
         let fresh = keys
@@ -234,11 +237,11 @@ impl Mailer {
         Ok(())
     }
 
-    fn handlers(&self) -> JobHandlers {
+    fn handlers(&self) -> FollowOnHandlers {
         let mailer = self.clone();
-        JobHandlers::new().on(
+        FollowOnHandlers::new().on(
             "send_receipt",
-            job_fn(move |job| {
+            follow_on_fn(move |job| {
                 let mailer = mailer.clone();
                 async move { mailer.send(job).await }
             }),
@@ -254,14 +257,14 @@ async fn a_repeat_purchase_after_the_window_sends_its_own_receipt() {
     let executor = Executor::new(store.clone());
     let (processor, mailer) = (Processor::default(), Mailer::default());
     let window = Duration::from_millis(300);
-    let config = OutboxConfig::default();
+    let config = FollowOnConfig::default();
     buy(&executor, &processor, window).await;
-    Outbox::round(&*store, &mailer.handlers(), &config)
+    FollowOnDispatcher::round(&*store, &mailer.handlers(), &config)
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(450)).await;
     buy(&executor, &processor, window).await;
-    Outbox::round(&*store, &mailer.handlers(), &config)
+    FollowOnDispatcher::round(&*store, &mailer.handlers(), &config)
         .await
         .unwrap();
     let sent = mailer.sent.lock().unwrap().clone();

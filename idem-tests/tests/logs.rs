@@ -24,8 +24,10 @@ use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use idem_runtime::follow_ons::{
+    follow_on_fn, FollowOn, FollowOnConfig, FollowOnDispatcher, FollowOnHandlers, FollowOnRun,
+};
 use idem_runtime::maintenance::{resolve_by_hand, Outcome};
-use idem_runtime::outbox::{job_fn, FollowOn, JobHandlers, JobRun, Outbox, OutboxConfig};
 use idem_runtime::store::{Attempt, RecordStateKind};
 use idem_runtime::{
     answer::Answer,
@@ -230,7 +232,7 @@ struct Effects {
 
 /// A call, its replay, a call whose outcome is unknown, its resolution by
 /// hand, a replay of that, the status read of both, and one round of the
-/// follow-on jobs, on `store`. Returns the values no log may carry.
+/// follow-ons, on `store`. Returns the values no log may carry.
 async fn call_replay_resolve(store: Arc<dyn IdempotencyStore>) -> Vec<Secret> {
     let card = marker();
     let charge = marker();
@@ -324,9 +326,9 @@ async fn call_replay_resolve(store: Arc<dyn IdempotencyStore>) -> Vec<Secret> {
         fingerprints.push(fingerprint(&*store, &reference).await);
     }
     let mailer = effects.clone();
-    let handlers = JobHandlers::new().on(
+    let handlers = FollowOnHandlers::new().on(
         JOB,
-        job_fn(move |job: JobRun| {
+        follow_on_fn(move |job: FollowOnRun| {
             let mailer = mailer.clone();
             async move {
                 mailer.mailed.lock().unwrap().push(job.payload);
@@ -334,7 +336,7 @@ async fn call_replay_resolve(store: Arc<dyn IdempotencyStore>) -> Vec<Secret> {
             }
         }),
     );
-    let report = Outbox::round(&*store, &handlers, &OutboxConfig::default())
+    let report = FollowOnDispatcher::round(&*store, &handlers, &FollowOnConfig::default())
         .await
         .unwrap();
     assert_eq!(report.leased, 2, "{report:?}");

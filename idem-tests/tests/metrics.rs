@@ -14,11 +14,11 @@ use idem_runtime::store::conformance::claim_request;
 use idem_runtime::{
     answer::Answer,
     executor::{Operation, ScopeSpec},
+    follow_ons::{follow_on_fn, FollowOn, FollowOnConfig, FollowOnDispatcher, FollowOnHandlers},
     maintenance::{
         purge, reconcile, resolve_by_hand, sweep, Outcome, ReconcileConfig, Reconciler,
         Reconciliation,
     },
-    outbox::{job_fn, FollowOn, JobHandlers, Outbox, OutboxConfig},
     store::{Claim, Record},
     Caller, Executor, IdempotencyStore, MemoryStore, ToolError,
 };
@@ -139,7 +139,7 @@ fn calls_are_counted_by_tool_and_state_and_store_steps_are_timed() {
     assert_eq!(step("complete"), 1, "only the executed call completes");
 }
 
-/// The outbox counts what it enqueued and how each run ended, and gauges
+/// The follow-on dispatcher counts what it enqueued and how each run ended, and gauges
 /// the due jobs no handler runs.
 #[test]
 fn the_outbox_counts_enqueued_delivered_retried_buried_and_unhandled() {
@@ -170,14 +170,16 @@ fn the_outbox_counts_enqueued_delivered_retried_buried_and_unhandled() {
                 .await;
             assert_eq!(answer.state().as_str(), "executed");
         }
-        let handlers = JobHandlers::new()
-            .on("send_receipt", job_fn(|_| async { Ok(()) }))
-            .on("flaky", job_fn(|_| async { Err("down".into()) }));
-        let config = OutboxConfig::default()
+        let handlers = FollowOnHandlers::new()
+            .on("send_receipt", follow_on_fn(|_| async { Ok(()) }))
+            .on("flaky", follow_on_fn(|_| async { Err("down".into()) }));
+        let config = FollowOnConfig::default()
             .with_max_runs(2)
             .with_first_backoff(Duration::ZERO);
         for _ in 0..3 {
-            Outbox::round(&*store, &handlers, &config).await.unwrap();
+            FollowOnDispatcher::round(&*store, &handlers, &config)
+                .await
+                .unwrap();
         }
     });
     assert_eq!(counter(&seen, "idem_outbox_enqueued_total", &[]), 3);
@@ -367,7 +369,7 @@ impl Reconciler for CountingProcessor {
 /// each record once in all: one loop takes each check, the other skips it.
 async fn two_maintenance_loops_resolve_each_record_once(store: Arc<dyn IdempotencyStore>) {
     use idem_runtime::maintenance::{Maintenance, MaintenanceConfig};
-    use idem_runtime::store::{JobFilter, RecordStateKind};
+    use idem_runtime::store::{FollowOnFilter, RecordStateKind};
     const N: usize = 40;
     let processor = Arc::new(CountingProcessor::default());
     let tenant = format!(
@@ -428,10 +430,10 @@ async fn two_maintenance_loops_resolve_each_record_once(store: Arc<dyn Idempoten
     let jobs = store
         .follow_ons()
         .expect("the store keeps jobs")
-        .list_jobs(&JobFilter {
+        .list_follow_ons(&FollowOnFilter {
             tenant: Some(tenant),
             limit: 1000,
-            ..JobFilter::default()
+            ..FollowOnFilter::default()
         })
         .await
         .unwrap();

@@ -155,7 +155,13 @@ async fn a_replay_is_byte_identical() {
 /// key, mails its receipt.
 #[tokio::test]
 async fn a_tap_after_the_window_is_a_new_purchase_under_its_own_reference() {
-    let client = start(&["--processor-delay-ms", "20", "--outbox-interval-ms", "20"]).await;
+    let client = start(&[
+        "--processor-delay-ms",
+        "20",
+        "--follow-on-interval-ms",
+        "20",
+    ])
+    .await;
     let args = json!({ "card": "4242", "amount_cents": 450 });
     let first = call(&client, "tap_to_pay", args.clone()).await;
     let double = call(&client, "tap_to_pay", args.clone()).await;
@@ -208,7 +214,7 @@ async fn a_tap_after_the_window_is_a_new_purchase_under_its_own_reference() {
     client.cancel().await.ok();
 }
 
-/// The receipt goes through the outbox: a mailer that fails its first two
+/// The receipt goes through the follow-on dispatcher: a mailer that fails its first two
 /// requests gets three, sends one receipt, and a replay of the charge adds
 /// nothing, counted at the stub mailer by the downstream key.
 #[tokio::test]
@@ -216,9 +222,9 @@ async fn a_receipt_is_delivered_once_across_retries_and_replays() {
     let client = start(&[
         "--mailer-failures",
         "2",
-        "--outbox-interval-ms",
+        "--follow-on-interval-ms",
         "20",
-        "--outbox-backoff-ms",
+        "--follow-on-backoff-ms",
         "20",
     ])
     .await;

@@ -1,7 +1,7 @@
 //! The guide's servers: the README's stdio server and docs/serving.md's
 //! HTTP server are `examples/readme_server.rs` and `examples/readme_http.rs`
-//! to the byte (docs/follow-ons.md's outbox example is
-//! `examples/readme_outbox.rs`), and each, run as a child process (over
+//! to the byte (docs/follow-ons.md's follow-on example is
+//! `examples/readme_follow_ons.rs`), and each, run as a child process (over
 //! stdio, over streamable HTTP) and driven by rmcp's client, works as the
 //! guide says.
 
@@ -21,7 +21,7 @@ const README: &str = include_str!("../../README.md");
 const SERVING: &str = include_str!("../../docs/serving.md");
 const FOLLOW_ONS: &str = include_str!("../../docs/follow-ons.md");
 const EXAMPLE: &str = include_str!("../examples/readme_server.rs");
-const OUTBOX_EXAMPLE: &str = include_str!("../examples/readme_outbox.rs");
+const FOLLOW_ONS_EXAMPLE: &str = include_str!("../examples/readme_follow_ons.rs");
 const HTTP_EXAMPLE: &str = include_str!("../examples/readme_http.rs");
 
 /// The README's first ```rust block after "Add it to your rmcp server".
@@ -51,7 +51,7 @@ fn rust_block(page: &'static str, heading: &str) -> &'static str {
 }
 
 /// docs/follow-ons.md's ```rust block under "A complete example".
-fn readme_outbox() -> &'static str {
+fn readme_follow_ons() -> &'static str {
     rust_block(FOLLOW_ONS, "## A complete example")
 }
 
@@ -91,10 +91,10 @@ fn the_readme_names_every_feature() {
 }
 
 #[test]
-fn the_readme_outbox_is_the_example_verbatim() {
+fn the_readme_follow_ons_are_the_example_verbatim() {
     assert!(
-        readme_outbox() == OUTBOX_EXAMPLE,
-        "docs/follow-ons.md's outbox example and examples/readme_outbox.rs differ: change both"
+        readme_follow_ons() == FOLLOW_ONS_EXAMPLE,
+        "docs/follow-ons.md's dispatcher example and examples/readme_follow_ons.rs differ: change both"
     );
 }
 
@@ -196,7 +196,7 @@ async fn the_readme_server_works_over_stdio() {
 
 /// docs/serving.md's HTTP server, as a child process on a free port, in a
 /// directory of its own; killed when dropped. Its stdout (the receipts the
-/// outbox sent) is collected in `receipts`.
+/// follow-ons sent) is collected in `receipts`.
 struct HttpServer {
     _child: tokio::process::Child,
     url: String,
@@ -250,7 +250,7 @@ async fn connect_http(url: &str, token: &str) -> Client {
 }
 
 /// One charge, two tenants' tokens: the charge runs once per tenant, a
-/// repeat is replayed, the outbox sends one receipt per operation, and
+/// repeat is replayed, the follow-on dispatcher sends one receipt per operation, and
 /// `/metrics` answers without a token while `/mcp` refuses a request
 /// without one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -302,7 +302,7 @@ async fn the_readme_http_server_works_over_http() {
         }
     })
     .await
-    .expect("the outbox sends the receipts");
+    .expect("the dispatcher sends the receipts");
     assert_eq!(receipts.len(), 2, "{receipts:?}");
     for reference in [&first, &other].map(|r| operation(r)["reference"].as_str().unwrap()) {
         assert_eq!(

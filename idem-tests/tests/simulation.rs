@@ -42,7 +42,7 @@
 //!    executor asked for, counted from the claim, never from the record's
 //!    expiry, with a margin) is not answered with that operation's charge
 //!    or an earlier one, however late that instance was completed;
-//! 9. follow-on jobs: each delivered exactly once, under its own key;
+//! 9. follow-ons: each delivered exactly once, under its own key;
 //! 10. every reference a caller was given reads, until its retention ends
 //!     (counted from its claim), as what really happened: COMPLETED with a
 //!     charge made under it when the processor holds one, NOT_PERFORMED or
@@ -116,11 +116,11 @@ mod simulation {
     pub mod client_keys;
     pub mod continuations;
     pub mod durable_runs;
+    pub mod follow_ons;
     pub mod maintenance;
     pub mod model;
     pub mod observer;
     pub mod operator;
-    pub mod outbox;
     pub mod processor;
     pub mod recorder;
     pub mod references;

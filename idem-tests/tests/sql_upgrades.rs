@@ -52,7 +52,7 @@ async fn a_rolling_deploy_from_layout_6_on_sqlite_loses_nothing() {
     let world = Arc::new(World::default());
     let earlier = EarlierSqlite::open(&path).await;
     let start_new = async {
-        // The old version's upkeep before the new one starts: its outbox
+        // The old version's upkeep before the new one starts: its follow-ons
         // delivers what it completed alone, by its own statements.
         let old = Replica::new(COMMIT, Arc::new(earlier.clone()), &world);
         old.upkeep().await.unwrap();
@@ -82,7 +82,7 @@ async fn sqlite_from(commit: &'static str, layout: usize) {
     let world = Arc::new(World::default());
     let earlier = crate::sqlite_replayed::SqliteReplayed::open(&path, commit);
     let start_new = async {
-        // The old version's upkeep before the new one starts: its outbox
+        // The old version's upkeep before the new one starts: its follow-ons
         // delivers what it completed alone, by its own statements.
         let old = Replica::new(commit, Arc::new(earlier.clone()), &world);
         old.upkeep().await.unwrap();
@@ -223,7 +223,7 @@ async fn postgres_from<E, F>(
         }
     };
     let start_new = async {
-        // The old version's upkeep before the new one starts: its outbox
+        // The old version's upkeep before the new one starts: its follow-ons
         // delivers what it completed alone, by its own statements.
         old().upkeep().await.unwrap();
         // The deploy step: this version's migration as `idem_migrator`,

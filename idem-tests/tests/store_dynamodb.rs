@@ -1,5 +1,5 @@
 //! DynamoDbStore on a DynamoDB emulator (moto, `scripts/dynamodb-emulator`):
-//! the conformance suite (records and outbox), what only this store has
+//! the conformance suite (records and follow-ons), what only this store has
 //! (the sparse indexes, the TTL backstop, the declaration limit, errors
 //! that say what to do), and faults injected around it. Each case runs on a
 //! fresh table. Needs `IDEM_TEST_DYNAMODB_ENDPOINT`; skipped with a reason
@@ -32,8 +32,8 @@ use idem_runtime::store::{Inspect, Upkeep};
 use idem_runtime::{
     answer::{Answer, Recording},
     executor::{Operation, OperationContext, ScopeSpec},
+    follow_ons::{FollowOn, FollowOnError},
     maintenance::{reconcile, sweep, Reconciler, Reconciliation},
-    outbox::{FollowOn, FollowOnError},
     store::{FollowOnStore, Record, RecordStateKind},
     Caller, DynamoDbStore, Executor, IdempotencyStore, StoreError, ToolError,
 };
@@ -344,7 +344,7 @@ async fn items_of_the_earlier_layout_follow_the_current_rules() {
     );
 }
 
-/// The executor refuses the hundredth follow-on job at its declaration,
+/// The executor refuses the hundredth follow-on at its declaration,
 /// while the handler can still act, and 99 are written with the completion
 /// in one transaction.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -391,7 +391,7 @@ async fn follow_ons_are_limited_to_one_transaction() {
     );
     assert!(refused.to_string().contains("at most 99"), "{refused}");
     let jobs = store
-        .list_jobs(&idem_runtime::store::JobFilter {
+        .list_follow_ons(&idem_runtime::store::FollowOnFilter {
             reference: Some(reference),
             limit: 1000,
             ..Default::default()
@@ -740,10 +740,14 @@ async fn a_response_over_the_item_limit_reads_unknown() {
     assert_eq!(table.limits().max_response_bytes, None);
     let item = table.limits().item.expect("an item limit");
     assert_eq!(
-        (item.max_bytes(), item.record_bytes(), item.job_bytes()),
+        (
+            item.max_bytes(),
+            item.record_bytes(),
+            item.follow_on_bytes()
+        ),
         (400_000, 522, 1699)
     );
-    assert_eq!(item.job_key_bytes(), Some(1002));
+    assert_eq!(item.follow_on_key_bytes(), Some(1002));
     let store = Arc::new(table.store.clone());
     let executor = Executor::new(store.clone());
     let caller = Caller::new("acme", "alice");
@@ -872,7 +876,7 @@ async fn follow_ons_past_the_transaction_size_are_refused_at_declaration() {
         refused[0]
     );
     let jobs = store
-        .list_jobs(&idem_runtime::store::JobFilter {
+        .list_follow_ons(&idem_runtime::store::FollowOnFilter {
             reference: Some(reference),
             limit: 1000,
             ..Default::default()
@@ -969,7 +973,7 @@ async fn a_tenant_too_long_for_the_item_is_refused_before_the_handler_runs() {
     assert_eq!(charges.load(Ordering::SeqCst), 1);
 }
 
-/// A follow-on job of 450,000 bytes is under the store's 3 MiB per
+/// A follow-on of 450,000 bytes is under the store's 3 MiB per
 /// completion (and the executor's payload limit, raised to 1 MiB), but its
 /// own item cannot exceed DynamoDB's 400 KB: it is refused at its
 /// declaration, while the handler can still act, and the completion, with
@@ -1029,7 +1033,7 @@ async fn a_job_too_large_for_its_item_is_refused_at_declaration() {
     let record = table.lookup("acme", &reference).await.unwrap().unwrap();
     assert_eq!(record.state.kind(), RecordStateKind::Completed);
     let jobs = store
-        .list_jobs(&idem_runtime::store::JobFilter {
+        .list_follow_ons(&idem_runtime::store::FollowOnFilter {
             reference: Some(reference),
             ..Default::default()
         })
@@ -1526,7 +1530,7 @@ async fn a_reference_and_its_jobs_are_found_without_a_scan() {
         (reqs[7].tenant.as_str(), reqs[7].attempt)
     );
     let listed = table
-        .list_jobs(&idem_runtime::store::JobFilter {
+        .list_follow_ons(&idem_runtime::store::FollowOnFilter {
             reference: Some(reqs[7].reference),
             ..Default::default()
         })

@@ -24,10 +24,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use idem_runtime::outbox::{FollowOn, FollowOns};
+use idem_runtime::follow_ons::{FollowOn, FollowOns};
 use idem_runtime::store::{
-    Attempt, Claim, ClaimRequest, FollowOnStore, Inspect, ItemLimit, Job, JobFilter, JobId, Limits,
-    Record, RecordFilter, RecordState, Resolution, StateCounts, Upkeep,
+    Attempt, Claim, ClaimRequest, FollowOnFilter, FollowOnId, FollowOnRecord, FollowOnStore,
+    Inspect, ItemLimit, Limits, Record, RecordFilter, RecordState, Resolution, StateCounts, Upkeep,
 };
 use idem_runtime::{
     answer::{Answer, Recording},
@@ -38,7 +38,7 @@ use idem_runtime::{
 };
 
 /// `inner`, declaring `response` bytes as its largest response,
-/// `job_bytes` as its most follow-on payload bytes per completion and
+/// `follow_on_bytes` as its most follow-on payload bytes per completion and
 /// `item` as its limit on one item; with `refuse`, every completion is
 /// refused as invalid (as DynamoDB refuses an item over 400 KB), nothing
 /// written.
@@ -46,7 +46,7 @@ use idem_runtime::{
 struct Limited<S> {
     inner: S,
     response: usize,
-    job_bytes: usize,
+    follow_on_bytes: usize,
     item: Option<ItemLimit>,
     refuse: bool,
 }
@@ -56,7 +56,7 @@ impl<S> Limited<S> {
         Limited {
             inner,
             response: 1000,
-            job_bytes: 1000,
+            follow_on_bytes: 1000,
             item: None,
             refuse: false,
         }
@@ -67,7 +67,7 @@ impl<S> Limited<S> {
     fn by_item(inner: S) -> Self {
         Limited {
             response: usize::MAX,
-            job_bytes: usize::MAX,
+            follow_on_bytes: usize::MAX,
             item: Some(ItemLimit::new(10_000, 500, 500)),
             ..Limited::new(inner)
         }
@@ -135,7 +135,7 @@ impl<S: FollowOnStore> IdempotencyStore for Limited<S> {
     fn limits(&self) -> Limits {
         let mut limits = self.inner.limits();
         limits.max_response_bytes = Some(self.response);
-        limits.max_follow_on_bytes_per_completion = Some(self.job_bytes);
+        limits.max_follow_on_bytes_per_completion = Some(self.follow_on_bytes);
         limits.item = self.item;
         limits
     }
@@ -233,38 +233,48 @@ impl<S: FollowOnStore> FollowOnStore for Limited<S> {
             .resolve_with_follow_ons(key, attempt, response, note, jobs)
             .await
     }
-    async fn lease_jobs(
+    async fn lease_follow_ons(
         &self,
         names: &[&str],
         limit: usize,
         lease: Duration,
         attempt: Attempt,
-    ) -> Result<Vec<Job>, StoreError> {
-        self.inner.lease_jobs(names, limit, lease, attempt).await
+    ) -> Result<Vec<FollowOnRecord>, StoreError> {
+        self.inner
+            .lease_follow_ons(names, limit, lease, attempt)
+            .await
     }
-    async fn finish_job(&self, id: &JobId, attempt: Attempt) -> Result<(), StoreError> {
-        self.inner.finish_job(id, attempt).await
+    async fn finish_follow_on(&self, id: &FollowOnId, attempt: Attempt) -> Result<(), StoreError> {
+        self.inner.finish_follow_on(id, attempt).await
     }
-    async fn retry_job(
+    async fn retry_follow_on(
         &self,
-        id: &JobId,
+        id: &FollowOnId,
         attempt: Attempt,
         delay: Duration,
         error: &str,
     ) -> Result<(), StoreError> {
-        self.inner.retry_job(id, attempt, delay, error).await
+        self.inner.retry_follow_on(id, attempt, delay, error).await
     }
-    async fn bury_job(&self, id: &JobId, attempt: Attempt, error: &str) -> Result<(), StoreError> {
-        self.inner.bury_job(id, attempt, error).await
+    async fn bury_follow_on(
+        &self,
+        id: &FollowOnId,
+        attempt: Attempt,
+        error: &str,
+    ) -> Result<(), StoreError> {
+        self.inner.bury_follow_on(id, attempt, error).await
     }
-    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
-        self.inner.list_jobs(filter).await
+    async fn list_follow_ons(
+        &self,
+        filter: &FollowOnFilter,
+    ) -> Result<Vec<FollowOnRecord>, StoreError> {
+        self.inner.list_follow_ons(filter).await
     }
-    async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
-        self.inner.redrive_job(id).await
+    async fn redrive_follow_on(&self, id: &FollowOnId) -> Result<bool, StoreError> {
+        self.inner.redrive_follow_on(id).await
     }
-    async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
-        self.inner.count_due_jobs().await
+    async fn count_due_follow_ons(&self) -> Result<BTreeMap<String, u64>, StoreError> {
+        self.inner.count_due_follow_ons().await
     }
 }
 
@@ -509,9 +519,9 @@ async fn jobs_past_the_total_are_refused_at_declaration(store: Arc<dyn Idempoten
     let jobs = store
         .follow_ons()
         .unwrap()
-        .list_jobs(&JobFilter {
+        .list_follow_ons(&FollowOnFilter {
             reference: Some(reference),
-            ..JobFilter::default()
+            ..FollowOnFilter::default()
         })
         .await
         .unwrap();
@@ -769,9 +779,9 @@ async fn a_large_job_is_refused_at_declaration(store: Arc<dyn IdempotencyStore>)
     let jobs = store
         .follow_ons()
         .unwrap()
-        .list_jobs(&JobFilter {
+        .list_follow_ons(&FollowOnFilter {
             reference: Some(reference),
-            ..JobFilter::default()
+            ..FollowOnFilter::default()
         })
         .await
         .unwrap();

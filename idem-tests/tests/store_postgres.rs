@@ -246,7 +246,7 @@ async fn lease_skips_locked_jobs() {
     for req in [&held, &free] {
         pg.store.claim(req).await.unwrap();
         let job =
-            idem_runtime::outbox::FollowOn::new(&name, &serde_json::json!({ "n": 1 })).unwrap();
+            idem_runtime::follow_ons::FollowOn::new(&name, &serde_json::json!({ "n": 1 })).unwrap();
         pg.store
             .complete_with_follow_ons(
                 &req.key,
@@ -260,7 +260,7 @@ async fn lease_skips_locked_jobs() {
     let after = server_now().await;
     let written = pg
         .store
-        .list_jobs(&idem_runtime::store::JobFilter {
+        .list_follow_ons(&idem_runtime::store::FollowOnFilter {
             name: Some(name.clone()),
             limit: 10,
             ..Default::default()
@@ -293,7 +293,8 @@ async fn lease_skips_locked_jobs() {
     let token = idem_runtime::store::Attempt::random();
     let leased = tokio::time::timeout(
         std::time::Duration::from_secs(2),
-        pg.store.lease_jobs(&[name.as_str()], 10, lease, token),
+        pg.store
+            .lease_follow_ons(&[name.as_str()], 10, lease, token),
     )
     .await
     .expect("a lease does not wait for a locked job")
@@ -309,7 +310,7 @@ async fn lease_skips_locked_jobs() {
     tx.rollback().await.unwrap();
     let rest = pg
         .store
-        .lease_jobs(
+        .lease_follow_ons(
             &[name.as_str()],
             10,
             lease,
@@ -510,14 +511,14 @@ async fn behind_a_transaction_pooler_40_concurrent_callers_make_no_store_error()
     drop(pg);
 }
 
-/// A relaxed completion (with or without follow-on jobs) commits with
+/// A relaxed completion (with or without follow-ons) commits with
 /// `synchronous_commit = off`, and the setting ends with its statement: on
 /// a pool of one connection, the claim, the sweep's mark, the resolution and
 /// the release after it see `on`. Triggers on the store's tables note the
 /// setting (and the backend) of every row each statement writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relaxed_completion_does_not_outlive_its_statement() {
-    use idem_runtime::{outbox::FollowOn, store::Resolution};
+    use idem_runtime::{follow_ons::FollowOn, store::Resolution};
     // One server backend for the whole test, so a direct connection: behind
     // a transaction pooler each statement may land on another backend.
     let Some(url) = durable::url_from(

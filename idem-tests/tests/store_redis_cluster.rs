@@ -95,7 +95,7 @@ async fn redis_cluster() {
         return;
     };
 
-    // Every conformance case (the records' and the outbox's), on one store.
+    // Every conformance case (the records' and the follow-ons'), on one store.
     let store = cluster.store(&fresh_prefix());
     for (name, case) in conformance::cases() {
         let started = Instant::now();
@@ -304,7 +304,7 @@ async fn redis_cluster() {
     }
     assert_eq!(runs.load(Ordering::SeqCst), 3, "each charge ran once");
 
-    // Follow-on jobs spread over the nodes with their records, each job on
+    // Follow-ons spread over the nodes with their records, each job on
     // its record's slot; two dispatchers on clients of their own drain them
     // together, and each job is leased once.
     let prefix = fresh_prefix();
@@ -318,8 +318,9 @@ async fn redis_cluster() {
             one.claim(req).await.unwrap(),
             Claim::Claimed { .. }
         ));
-        let job = idem_runtime::outbox::FollowOn::new(&name, &serde_json::json!({ "to": "a@b" }))
-            .unwrap();
+        let job =
+            idem_runtime::follow_ons::FollowOn::new(&name, &serde_json::json!({ "to": "a@b" }))
+                .unwrap();
         one.complete_with_follow_ons(
             &req.key,
             req.attempt,
@@ -360,14 +361,14 @@ async fn redis_cluster() {
         loop {
             let token = idem_runtime::store::Attempt::random();
             let leased = store
-                .lease_jobs(&[name.as_str()], 7, Duration::from_secs(60), token)
+                .lease_follow_ons(&[name.as_str()], 7, Duration::from_secs(60), token)
                 .await
                 .unwrap();
             if leased.is_empty() {
                 return got;
             }
             for job in leased {
-                store.finish_job(&job.id, token).await.unwrap();
+                store.finish_follow_on(&job.id, token).await.unwrap();
                 got.push(job.id);
             }
         }
@@ -380,5 +381,5 @@ async fn redis_cluster() {
     all.dedup();
     assert_eq!(leased, all.len(), "a job leased twice");
     assert_eq!(all.len(), requests.len(), "every job leased");
-    assert!(one.count_due_jobs().await.unwrap().is_empty());
+    assert!(one.count_due_follow_ons().await.unwrap().is_empty());
 }

@@ -8,10 +8,10 @@
 //!   invocations, which may land on different instances).
 //! - **The upkeep function** (handler `upkeep`): an EventBridge schedule
 //!   (every minute, say) invokes [`Upkeep::handle`], which runs one
-//!   maintenance round (sweep lapsed claims, reconcile, purge) and outbox
-//!   rounds (deliver follow-on jobs). A Lambda process is frozen between
+//!   maintenance round (sweep lapsed claims, reconcile, purge) and follow-ons
+//!   rounds (deliver follow-ons). A Lambda process is frozen between
 //!   invocations, so the tokio tasks `Maintenance::spawn` and
-//!   `Outbox::spawn` start would never run: on Lambda the schedule runs
+//!   `FollowOnDispatcher::spawn` start would never run: on Lambda the schedule runs
 //!   them.
 //!
 //! Both are one binary (`src/main.rs`), deployed as two functions that
@@ -27,8 +27,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem_runtime::follow_ons::{
+    DispatchReport, FollowOnConfig, FollowOnDispatcher, FollowOnHandlers,
+};
 use idem_runtime::maintenance::{Maintenance, MaintenanceConfig, RoundReport};
-use idem_runtime::outbox::{DispatchReport, JobHandlers, Outbox, OutboxConfig};
 use idem_runtime::{
     current_reference, follow_on, idempotent, Caller, Executor, IdempotencyStore, IdempotentServer,
     ToolError,
@@ -121,8 +123,8 @@ impl Payments {
             .processor
             .charge(reference.to_string(), args.clone())
             .await?;
-        // The receipt is a follow-on job, written with this call's record;
-        // the upkeep function's outbox round sends it.
+        // The receipt is a follow-on, written with this call's record;
+        // the upkeep function's follow-on round sends it.
         follow_on(
             "send_receipt",
             &json!({ "charge_id": receipt.charge_id, "card": args.card }),
@@ -248,10 +250,10 @@ pub fn mcp_service(
 pub struct Upkeep {
     store: Arc<dyn IdempotencyStore>,
     maintenance: MaintenanceConfig,
-    handlers: JobHandlers,
-    outbox: OutboxConfig,
-    /// The most outbox rounds one invocation runs (each leases a batch).
-    pub max_outbox_rounds: usize,
+    handlers: FollowOnHandlers,
+    dispatcher: FollowOnConfig,
+    /// The most follow-on rounds one invocation runs (each leases a batch).
+    pub max_follow_on_rounds: usize,
 }
 
 /// What one scheduled invocation did.
@@ -259,17 +261,17 @@ pub struct Upkeep {
 pub struct UpkeepReport {
     /// The maintenance round's.
     pub maintenance: RoundReport,
-    /// The outbox rounds', added up.
-    pub outbox: DispatchReport,
-    /// How many outbox rounds ran.
-    pub outbox_rounds: usize,
+    /// The follow-on rounds', added up.
+    pub dispatcher: DispatchReport,
+    /// How many follow-on rounds ran.
+    pub follow_on_rounds: usize,
 }
 
 impl UpkeepReport {
     /// The report as the function's answer (CloudWatch shows it).
     pub fn to_json(&self) -> Value {
         let m = &self.maintenance;
-        let o = &self.outbox;
+        let o = &self.dispatcher;
         json!({
             "maintenance": {
                 "swept": m.swept,
@@ -280,7 +282,7 @@ impl UpkeepReport {
                 "errors": m.errors,
             },
             "outbox": {
-                "rounds": self.outbox_rounds,
+                "rounds": self.follow_on_rounds,
                 "leased": o.leased,
                 "delivered": o.delivered,
                 "retried": o.retried,
@@ -292,32 +294,32 @@ impl UpkeepReport {
 
 impl Upkeep {
     /// Upkeep of `store`: maintenance as `maintenance` says (give it your
-    /// reconciler), and the follow-on jobs `handlers` run. Errors:
-    /// `Unsupported` when the store keeps no follow-on jobs.
+    /// reconciler), and the follow-ons `handlers` run. Errors:
+    /// `Unsupported` when the store keeps no follow-ons.
     pub fn new(
         store: Arc<dyn IdempotencyStore>,
         maintenance: MaintenanceConfig,
-        handlers: JobHandlers,
-        outbox: OutboxConfig,
+        handlers: FollowOnHandlers,
+        dispatcher: FollowOnConfig,
     ) -> Result<Self, idem_runtime::store::StoreError> {
         if store.follow_ons().is_none() {
             return Err(idem_runtime::store::StoreError::Unsupported(
-                "keep follow-on jobs (the upkeep function delivers them)",
+                "keep follow-ons (the upkeep function delivers them)",
             ));
         }
         Ok(Upkeep {
             store,
             maintenance,
             handlers,
-            outbox,
-            max_outbox_rounds: 10,
+            dispatcher,
+            max_follow_on_rounds: 10,
         })
     }
 
     /// Answers one scheduled event: refuses any other event (so a
     /// misrouted HTTP request never runs maintenance), then runs one
-    /// maintenance round and outbox rounds until one leases less than a
-    /// batch (at most [`max_outbox_rounds`](Upkeep::max_outbox_rounds)).
+    /// maintenance round and follow-on rounds until one leases less than a
+    /// batch (at most [`max_follow_on_rounds`](Upkeep::max_follow_on_rounds)).
     pub async fn handle(&self, event: &Value) -> Result<UpkeepReport, String> {
         if !is_schedule(event) {
             return Err(format!(
@@ -330,17 +332,17 @@ impl Upkeep {
             maintenance: Maintenance::round(&*self.store, &self.maintenance).await,
             ..UpkeepReport::default()
         };
-        while report.outbox_rounds < self.max_outbox_rounds {
-            let round = Outbox::round(&*self.store, &self.handlers, &self.outbox)
+        while report.follow_on_rounds < self.max_follow_on_rounds {
+            let round = FollowOnDispatcher::round(&*self.store, &self.handlers, &self.dispatcher)
                 .await
-                .map_err(|e| format!("the outbox round failed: {e}"))?;
-            report.outbox_rounds += 1;
-            let o = &mut report.outbox;
+                .map_err(|e| format!("the follow-on round failed: {e}"))?;
+            report.follow_on_rounds += 1;
+            let o = &mut report.dispatcher;
             o.leased += round.leased;
             o.delivered += round.delivered;
             o.retried += round.retried;
             o.buried += round.buried;
-            if round.leased < self.outbox.batch {
+            if round.leased < self.dispatcher.batch {
                 break;
             }
         }
@@ -370,8 +372,8 @@ fn shape(event: &Value) -> String {
     }
 }
 
-/// The outbox settings for a function: a run's timeout short enough that
+/// The follow-on dispatcher settings for a function: a run's timeout short enough that
 /// a few rounds fit in a one-minute invocation.
-pub fn outbox_config() -> OutboxConfig {
-    OutboxConfig::default().with_timeout(Duration::from_secs(10))
+pub fn follow_on_config() -> FollowOnConfig {
+    FollowOnConfig::default().with_timeout(Duration::from_secs(10))
 }

@@ -3,7 +3,7 @@
 //!
 //! - `mcp`: API Gateway HTTP API events for `/mcp` ([`mcp_service`]).
 //! - `upkeep`: EventBridge schedules ([`Upkeep::handle`]): maintenance and
-//!   outbox rounds.
+//!   follow-on rounds.
 //!
 //! Settings (environment): `IDEM_TABLE`, the DynamoDB table (create it with
 //! `idem --store 'dynamodb://TABLE?region=REGION' create-table` or from
@@ -17,11 +17,11 @@
 use std::sync::Arc;
 
 use idem_lambda_example::{
-    mcp_service, outbox_config, BoxFuture, CallerClaims, ChargeArgs, Payments, Processor, Receipt,
-    Upkeep,
+    follow_on_config, mcp_service, BoxFuture, CallerClaims, ChargeArgs, Payments, Processor,
+    Receipt, Upkeep,
 };
+use idem_runtime::follow_ons::{follow_on_fn, FollowOnHandlers};
 use idem_runtime::maintenance::MaintenanceConfig;
-use idem_runtime::outbox::{job_fn, JobHandlers};
 use idem_runtime::{open_store, Executor, ToolError};
 use lambda_http::lambda_runtime::{self, LambdaEvent};
 use lambda_http::{service_fn, Error};
@@ -68,15 +68,20 @@ async fn main() -> Result<(), Error> {
             lambda_http::run(mcp_service(server, claims, hosts)).await
         }
         Some("upkeep") => {
-            let mailer = JobHandlers::new().on(
+            let mailer = FollowOnHandlers::new().on(
                 "send_receipt",
-                job_fn(|job| async move {
-                    // Your mailer, given job.downstream_key as its idempotency key.
-                    tracing_line(&job.payload, &job.downstream_key);
+                follow_on_fn(|follow_on| async move {
+                    // Your mailer, given follow_on.downstream_key as its idempotency key.
+                    tracing_line(&follow_on.payload, &follow_on.downstream_key);
                     Ok(())
                 }),
             );
-            let upkeep = Upkeep::new(store, MaintenanceConfig::default(), mailer, outbox_config())?;
+            let upkeep = Upkeep::new(
+                store,
+                MaintenanceConfig::default(),
+                mailer,
+                follow_on_config(),
+            )?;
             let upkeep = &upkeep;
             lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
                 let report = upkeep.handle(&event.payload).await?;

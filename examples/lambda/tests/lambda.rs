@@ -14,11 +14,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_lambda_example::{
-    mcp_service, outbox_config, BoxFuture, CallerClaims, ChargeArgs, Payments, Processor, Receipt,
-    Upkeep,
+    follow_on_config, mcp_service, BoxFuture, CallerClaims, ChargeArgs, Payments, Processor,
+    Receipt, Upkeep,
 };
+use idem_runtime::follow_ons::{follow_on_fn, FollowOnHandlers};
 use idem_runtime::maintenance::MaintenanceConfig;
-use idem_runtime::outbox::{job_fn, JobHandlers};
 use idem_runtime::store::{Attempt, Claim, ClaimRequest, RecordStateKind};
 use idem_runtime::{
     key::IdempotencyKey, open_store, DynamoDbStore, Executor, Reference, ToolError,
@@ -272,14 +272,14 @@ async fn the_functions_charge_once_replay_and_keep_up_on_dynamodb() {
     ));
     tokio::time::sleep(Duration::from_millis(50)).await;
 
-    // The schedule: a maintenance round sweeps it, an outbox round sends
+    // The schedule: a maintenance round sweeps it, an follow-on round sends
     // the receipt the charge declared.
     let mailed = Arc::new(Mutex::new(Vec::<String>::new()));
     let mailer = {
         let mailed = mailed.clone();
-        JobHandlers::new().on(
+        FollowOnHandlers::new().on(
             "send_receipt",
-            job_fn(move |job| {
+            follow_on_fn(move |job| {
                 let mailed = mailed.clone();
                 async move {
                     mailed.lock().unwrap().push(job.downstream_key.clone());
@@ -292,13 +292,13 @@ async fn the_functions_charge_once_replay_and_keep_up_on_dynamodb() {
         store.clone(),
         MaintenanceConfig::default(),
         mailer,
-        outbox_config(),
+        follow_on_config(),
     )
     .unwrap();
     let report = upkeep.handle(&scheduled_event()).await.unwrap();
     assert_eq!(report.maintenance.swept, 1, "{report:?}");
     assert_eq!(report.maintenance.errors, 0, "{report:?}");
-    assert_eq!(report.outbox.delivered, 1, "{report:?}");
+    assert_eq!(report.dispatcher.delivered, 1, "{report:?}");
     let record = store
         .lookup("acme", &lapsed.reference)
         .await
@@ -313,7 +313,10 @@ async fn the_functions_charge_once_replay_and_keep_up_on_dynamodb() {
 
     // The next schedule finds nothing more to do.
     let report = upkeep.handle(&scheduled_event()).await.unwrap();
-    assert_eq!((report.maintenance.swept, report.outbox.delivered), (0, 0));
+    assert_eq!(
+        (report.maintenance.swept, report.dispatcher.delivered),
+        (0, 0)
+    );
     assert_eq!(mailed.lock().unwrap().len(), 1);
 
     // Any other event is refused by the upkeep function.

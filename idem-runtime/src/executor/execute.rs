@@ -112,7 +112,7 @@ impl Executor {
                         Recording::Pending
                     }
                     (Ok(text), None) => {
-                        // The jobs are written with the completion, or not at
+                        // The follow-ons are written with the completion, or not at
                         // all: if this write fails, the record stays
                         // IN_PROGRESS for the sweep, and a reconciler that
                         // finds the operation performed declares them again.

@@ -10,8 +10,8 @@ use serde::Serialize;
 use tracing::Instrument;
 
 use crate::answer::{note, Answer, Classify, Disposition, Recording, Resolver, StatusReport};
+use crate::follow_ons::{Declared, DECLARED};
 use crate::key::{is_empty_business_key, Caller, IdempotencyKey, Reference, Scope};
-use crate::outbox::{Declared, DECLARED};
 use crate::store::{
     complete_with_follow_ons, Attempt, ClaimRequest, IdempotencyStore, Room, StoreError,
     DEFAULT_MAX_PAYLOAD,
@@ -121,13 +121,13 @@ pub struct Executor {
     /// The cancellation signals of the handlers it runs as MCP tasks.
     tasks: Arc<detached::TaskSignals>,
     max_follow_on_payload: usize,
-    /// `None` when the store keeps follow-on jobs, else its backend: read
+    /// `None` when the store keeps follow-ons, else its backend: read
     /// once here, not on every call.
     follow_ons_unsupported_by: Option<&'static str>,
-    /// The store's limit of jobs per completion, and its backend: read once
+    /// The store's limit of follow-ons per completion, and its backend: read once
     /// here too.
     max_follow_ons: Option<(usize, &'static str)>,
-    /// The store's limit of job payload bytes per completion, and its kind.
+    /// The store's limit of follow-on payload bytes per completion, and its kind.
     max_follow_on_bytes: Option<(usize, &'static str)>,
     /// The store's limits on a response and on one item.
     limits: Room,
@@ -384,7 +384,7 @@ impl Executor {
     /// Answers before the completion is written (default: off).
     ///
     /// With it on, an inline call's caller gets the handler's result as soon
-    /// as the handler returns; the completion (with its follow-on jobs) is
+    /// as the handler returns; the completion (with its follow-ons) is
     /// written by a task of its own, retried while the store is unavailable
     /// (for up to 10 minutes), and the heartbeat keeps the claim's lease
     /// until it lands. Meanwhile a repeat on this executor is answered with
@@ -442,7 +442,7 @@ impl Executor {
         self.background.as_ref().map_or(0, |b| b.pending())
     }
 
-    /// Sets the largest payload of a follow-on job, as JSON text (default
+    /// Sets the largest payload of a follow-on, as JSON text (default
     /// 64 KiB); a larger one is refused at its declaration.
     pub fn with_max_follow_on_payload(mut self, bytes: usize) -> Self {
         self.max_follow_on_payload = bytes;

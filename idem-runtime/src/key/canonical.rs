@@ -4,7 +4,7 @@
 //! operation's arguments hash to one key however the client spelled them.
 //! The rules are documented on [`canonical_json`].
 //!
-//! One job, over 700 lines: RFC 8785 text and its tests (most of the file).
+//! One follow-on, over 700 lines: RFC 8785 text and its tests (most of the file).
 
 use std::cmp::Ordering;
 use std::collections::HashSet;

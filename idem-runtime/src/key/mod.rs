@@ -317,7 +317,7 @@ impl Reference {
     }
 
     /// The bytes a store keeps: all 16, or the first 8 of a reference
-    /// written before references had tags (so a job stored under one is
+    /// written before references had tags (so a follow-on stored under one is
     /// found again under the same bytes).
     pub fn as_bytes(&self) -> &[u8] {
         if self.tag() == 0 {

@@ -80,7 +80,7 @@ async fn resolved_as(
 }
 
 /// Resolves an UNKNOWN operation by hand: completed (with its response,
-/// and the follow-on jobs the handler would have declared, written in the
+/// and the follow-ons the handler would have declared, written in the
 /// same atomic step: the receipt that was never sent), or not performed,
 /// with `note` (who and why) kept on the record, where the status tool shows
 /// it. An IN_PROGRESS record whose lease ran out counts as UNKNOWN (its
@@ -90,7 +90,7 @@ async fn resolved_as(
 /// late completion that lands at the same moment; and idempotent: resolving
 /// again the same way with the same note answers the resolved record. Any
 /// other record is refused with [`ResolveError::NotUnknown`] and left as it
-/// was; a repeated job name is refused with a store error `Invalid`, and
+/// was; a repeated follow-on name is refused with a store error `Invalid`, and
 /// nothing is changed. Returns the record as resolved.
 pub async fn resolve_by_hand(
     store: &dyn IdempotencyStore,

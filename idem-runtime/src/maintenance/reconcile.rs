@@ -18,7 +18,7 @@ use crate::store::{
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
     /// It happened: store `response` so repeats replay it, and write
-    /// `follow_ons` (the jobs the handler would have declared after it, lost
+    /// `follow_ons` (the follow-ons the handler would have declared after it, lost
     /// with its outcome: the receipt never sent) in the same atomic step.
     Completed {
         /// The response to store: JSON text, exactly what the tool would
@@ -26,7 +26,7 @@ pub enum Outcome {
         /// (`stored_response(Json(receipt))`): anything else would not
         /// replay, and each repeat would answer "unknown".
         response: String,
-        /// The follow-on jobs, each name once (usually none). Build each
+        /// The follow-ons, each name once (usually none). Build each
         /// with [`FollowOn::new`].
         follow_ons: Vec<FollowOn>,
     },
@@ -36,7 +36,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    /// It happened, with `response` and no follow-on jobs.
+    /// It happened, with `response` and no follow-ons.
     pub fn completed(response: impl Into<String>) -> Self {
         Outcome::Completed {
             response: response.into(),
@@ -44,7 +44,7 @@ impl Outcome {
         }
     }
 
-    /// It happened, with `response` and the follow-on jobs still to do.
+    /// It happened, with `response` and the follow-ons still to do.
     pub fn completed_with(response: impl Into<String>, follow_ons: Vec<FollowOn>) -> Self {
         Outcome::Completed {
             response: response.into(),
@@ -79,9 +79,9 @@ pub enum Reconciliation {
 }
 
 impl Reconciliation {
-    /// Found completed, with `response` and no follow-on jobs
-    /// ([`Outcome::completed`]). For a tool that declares jobs, answer
-    /// `Reconciliation::Found(Outcome::completed_with(response, jobs))`:
+    /// Found completed, with `response` and no follow-ons
+    /// ([`Outcome::completed`]). For a tool that declares follow-ons, answer
+    /// `Reconciliation::Found(Outcome::completed_with(response, follow_ons))`:
     /// otherwise they are never sent.
     pub fn completed(response: impl Into<String>) -> Self {
         Reconciliation::Found(Outcome::completed(response))
@@ -105,18 +105,18 @@ impl Reconciliation {
 /// value the handler returns on success (`Json(receipt)` for a tool that
 /// returns `Result<Json<Receipt>, _>`).
 ///
-/// **A "performed" answer carries the follow-on jobs too.** The handler's
-/// own jobs (the receipt e-mail it declared with
+/// **A "performed" answer carries the follow-ons too.** The handler's
+/// own follow-ons (the receipt e-mail it declared with
 /// [`follow_on`](crate::follow_on)) were lost with its outcome: nothing
 /// sends them unless the reconciler declares them again, with
 /// [`Outcome::completed_with`] and one [`FollowOn`]
 /// each. They are written with the resolution, in the same atomic step, and
-/// the [`Outbox`](crate::outbox::Outbox) runs them as it runs the handler's.
-/// [`Reconciliation::completed`] is for a tool that declares no jobs.
+/// the [`FollowOnDispatcher`](crate::follow_ons::FollowOnDispatcher) runs them as it runs the handler's.
+/// [`Reconciliation::completed`] is for a tool that declares no follow-ons.
 ///
 /// ```
 /// use idem_runtime::maintenance::{MaintenanceConfig, Outcome, Reconciler, Reconciliation};
-/// use idem_runtime::outbox::FollowOn;
+/// use idem_runtime::follow_ons::FollowOn;
 /// use idem_runtime::store::Record;
 /// use idem_runtime::{async_trait, mcp::stored_response};
 /// use rmcp::handler::server::wrapper::Json;
@@ -157,7 +157,7 @@ impl Reconciliation {
 ///             Some(charge) => {
 ///                 // Exactly what charge_card stores when it returns Json(receipt)...
 ///                 let response = stored_response(Json(Receipt { charge_id: charge.id }))?;
-///                 // ...and the job charge_card declares after charging:
+///                 // ...and the follow-on charge_card declares after charging:
 ///                 // follow_on("send_receipt", &email). Without it, no receipt is sent.
 ///                 let receipt = FollowOn::new("send_receipt", &charge.email)?;
 ///                 Reconciliation::Found(Outcome::completed_with(response, vec![receipt]))
@@ -376,7 +376,7 @@ pub async fn reconcile_with(
                     }
                     Err(StoreError::Invalid(error)) => {
                         // The reconciler's own mistake: nothing was written; ask
-                        // again later rather than resolve without the jobs.
+                        // again later rather than resolve without the follow-ons.
                         tracing::error!(%reference, %error, "reconciler declared invalid follow-ons; the record stays UNKNOWN");
                         defer(backoff).await.map(|_| &mut report.still_unknown)
                     }

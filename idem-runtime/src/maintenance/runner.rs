@@ -30,7 +30,7 @@ pub struct RoundReport {
     pub swept: usize,
     /// What the reconciler resolved (all zero without one).
     pub reconciled: ReconcileReport,
-    /// Expired records (and delivered jobs) purged.
+    /// Expired records (and delivered follow-ons) purged.
     pub purged: usize,
     /// Steps that failed on a store error (logged; the next round tries
     /// again).
@@ -121,7 +121,7 @@ impl MaintenanceConfig {
 /// attempt in one atomic step, so when two replicas' rounds meet on a
 /// record, one change lands and the other finds it done: each lapsed claim
 /// is swept once, each UNKNOWN record resolved once (a response stored once,
-/// an [`Outcome::Completed`](super::Outcome::Completed)'s follow-on jobs written once), each expired record
+/// an [`Outcome::Completed`](super::Outcome::Completed)'s follow-ons written once), each expired record
 /// purged once. (Two loops on one PostgreSQL or SQLite store with 40 lapsed
 /// claims are tested so.) The question is shared too: before a replica asks
 /// its reconciler about a record, it takes the record's check in the store

@@ -13,8 +13,9 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 
 use super::{
-    Attempt, Claim, ClaimRequest, FollowOnStore, FollowOns, IdempotencyStore, Inspect, Job,
-    JobFilter, JobId, Limits, Record, RecordFilter, Resolution, StateCounts, StoreError, Upkeep,
+    Attempt, Claim, ClaimRequest, FollowOnFilter, FollowOnId, FollowOnRecord, FollowOnStore,
+    FollowOns, IdempotencyStore, Inspect, Limits, Record, RecordFilter, Resolution, StateCounts,
+    StoreError, Upkeep,
 };
 use crate::key::{IdempotencyKey, Reference};
 
@@ -132,7 +133,7 @@ impl<S: Inspect + ?Sized> Inspect for Arc<S> {
     }
 }
 
-/// A shared store that keeps follow-on jobs keeps them:
+/// A shared store that keeps follow-ons keeps them:
 /// `Arc<MemoryStore>`, `Arc<dyn FollowOnStore>`.
 #[deny(clippy::missing_trait_methods)]
 #[async_trait]
@@ -160,37 +161,47 @@ impl<S: FollowOnStore + ?Sized> FollowOnStore for Arc<S> {
             .resolve_with_follow_ons(key, attempt, response, note, jobs)
             .await
     }
-    async fn lease_jobs(
+    async fn lease_follow_ons(
         &self,
         names: &[&str],
         limit: usize,
         lease: Duration,
         attempt: Attempt,
-    ) -> Result<Vec<Job>, StoreError> {
-        (**self).lease_jobs(names, limit, lease, attempt).await
+    ) -> Result<Vec<FollowOnRecord>, StoreError> {
+        (**self)
+            .lease_follow_ons(names, limit, lease, attempt)
+            .await
     }
-    async fn finish_job(&self, id: &JobId, attempt: Attempt) -> Result<(), StoreError> {
-        (**self).finish_job(id, attempt).await
+    async fn finish_follow_on(&self, id: &FollowOnId, attempt: Attempt) -> Result<(), StoreError> {
+        (**self).finish_follow_on(id, attempt).await
     }
-    async fn retry_job(
+    async fn retry_follow_on(
         &self,
-        id: &JobId,
+        id: &FollowOnId,
         attempt: Attempt,
         delay: Duration,
         error: &str,
     ) -> Result<(), StoreError> {
-        (**self).retry_job(id, attempt, delay, error).await
+        (**self).retry_follow_on(id, attempt, delay, error).await
     }
-    async fn bury_job(&self, id: &JobId, attempt: Attempt, error: &str) -> Result<(), StoreError> {
-        (**self).bury_job(id, attempt, error).await
+    async fn bury_follow_on(
+        &self,
+        id: &FollowOnId,
+        attempt: Attempt,
+        error: &str,
+    ) -> Result<(), StoreError> {
+        (**self).bury_follow_on(id, attempt, error).await
     }
-    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
-        (**self).list_jobs(filter).await
+    async fn list_follow_ons(
+        &self,
+        filter: &FollowOnFilter,
+    ) -> Result<Vec<FollowOnRecord>, StoreError> {
+        (**self).list_follow_ons(filter).await
     }
-    async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
-        (**self).redrive_job(id).await
+    async fn redrive_follow_on(&self, id: &FollowOnId) -> Result<bool, StoreError> {
+        (**self).redrive_follow_on(id).await
     }
-    async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
-        (**self).count_due_jobs().await
+    async fn count_due_follow_ons(&self) -> Result<BTreeMap<String, u64>, StoreError> {
+        (**self).count_due_follow_ons().await
     }
 }

@@ -1,16 +1,16 @@
 //! What one write can hold: a store's [`Limits`] (on one response, on one
-//! item ([`ItemLimit`]), on the follow-on jobs of one completion), and the
-//! judgement of a claim, a response and a follow-on job against them, made
+//! item ([`ItemLimit`]), on the follow-ons of one completion), and the
+//! judgement of a claim, a response and a follow-on against them, made
 //! before the write, where it can be made before the handler's side effect.
 //!
 //! The rule is written once, here; a backend only describes its limits
 //! ([`IdempotencyStore::limits`]).
 
-use super::outbox::MAX_JOB_ERROR;
+use super::follow_ons::MAX_FOLLOW_ON_ERROR;
 use super::{IdempotencyStore, StoreError};
 
 /// The limit on one item of a store that keeps each record, and each
-/// follow-on job, as one item of bounded size, with every one of its
+/// follow-on, as one item of bounded size, with every one of its
 /// fields counted in that size: DynamoDB's 400 KB an item, counted as the
 /// attributes' names and values. What [`Limits::item`] describes and the executor consults before each write:
 ///
@@ -20,22 +20,22 @@ use super::{IdempotencyStore, StoreError};
 ///   later step may write;
 /// - a response is judged against the room its record leaves beside its
 ///   tenant, tool and resolution note, before the completion is written;
-/// - a follow-on job is refused at its declaration, while the handler can
+/// - a follow-on is refused at its declaration, while the handler can
 ///   still act, when its own item (the payload, the tenant, the name, and
 ///   room for the dispatcher's two error texts of at most
-///   [`MAX_JOB_ERROR`] bytes each) would be over the limit, or its tenant
-///   and name over the store's limit on a job's key.
+///   [`MAX_FOLLOW_ON_ERROR`] bytes each) would be over the limit, or its tenant
+///   and name over the store's limit on a follow-on's key.
 ///
 /// A text counts as its UTF-8 bytes. A store's overheads are its most
-/// bytes of everything else a record's or a job's item ever holds (keys,
+/// bytes of everything else a record's or a follow-on's item ever holds (keys,
 /// numbers, the attributes' names), bounded from above, so that what
 /// passes here is never refused by the store for its size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ItemLimit {
     max_bytes: usize,
     record_bytes: usize,
-    job_bytes: usize,
-    job_key_bytes: Option<usize>,
+    follow_on_bytes: usize,
+    follow_on_key_bytes: Option<usize>,
 }
 
 impl ItemLimit {
@@ -46,22 +46,22 @@ impl ItemLimit {
 
     /// An item of at most `max_bytes`, of which a record's item takes
     /// `record_bytes` at most besides its texts (tenant, tool, response,
-    /// note, resolution note) and a job's item `job_bytes` at most besides
+    /// note, resolution note) and a follow-on's item `follow_on_bytes` at most besides
     /// its texts (tenant, name, payload, errors).
-    pub const fn new(max_bytes: usize, record_bytes: usize, job_bytes: usize) -> Self {
+    pub const fn new(max_bytes: usize, record_bytes: usize, follow_on_bytes: usize) -> Self {
         ItemLimit {
             max_bytes,
             record_bytes,
-            job_bytes,
-            job_key_bytes: None,
+            follow_on_bytes,
+            follow_on_key_bytes: None,
         }
     }
 
-    /// A job's tenant and name take at most `bytes` together, where a store
-    /// keys a job by them (DynamoDB: in its sort key, of at most 1024
+    /// A follow-on's tenant and name take at most `bytes` together, where a store
+    /// keys a follow-on by them (DynamoDB: in its sort key, of at most 1024
     /// bytes).
-    pub const fn with_job_key(mut self, bytes: usize) -> Self {
-        self.job_key_bytes = Some(bytes);
+    pub const fn with_follow_on_key(mut self, bytes: usize) -> Self {
+        self.follow_on_key_bytes = Some(bytes);
         self
     }
 
@@ -75,15 +75,15 @@ impl ItemLimit {
         self.record_bytes
     }
 
-    /// The most bytes a job's item takes besides its texts.
-    pub const fn job_bytes(&self) -> usize {
-        self.job_bytes
+    /// The most bytes a follow-on's item takes besides its texts.
+    pub const fn follow_on_bytes(&self) -> usize {
+        self.follow_on_bytes
     }
 
-    /// The most bytes of a job's tenant and name together, where the store
-    /// keys jobs by them.
-    pub const fn job_key_bytes(&self) -> Option<usize> {
-        self.job_key_bytes
+    /// The most bytes of a follow-on's tenant and name together, where the store
+    /// keys follow-ons by them.
+    pub const fn follow_on_key_bytes(&self) -> Option<usize> {
+        self.follow_on_key_bytes
     }
 
     /// The room a record with `texts` (its tenant, tool and any other text
@@ -95,18 +95,18 @@ impl ItemLimit {
             .checked_sub(texts)
     }
 
-    /// The room a job of `tenant` bytes named with `name` bytes leaves for
+    /// The room a follow-on of `tenant` bytes named with `name` bytes leaves for
     /// its payload; `Err` with the limit when its key is too long.
     fn payload_room(&self, tenant: usize, name: usize) -> Result<usize, usize> {
-        if let Some(key) = self.job_key_bytes {
+        if let Some(key) = self.follow_on_key_bytes {
             if tenant + name > key {
                 return Err(key);
             }
         }
-        let texts = tenant + name + 2 * MAX_JOB_ERROR;
+        let texts = tenant + name + 2 * MAX_FOLLOW_ON_ERROR;
         Ok(self
             .max_bytes
-            .saturating_sub(self.job_bytes)
+            .saturating_sub(self.follow_on_bytes)
             .saturating_sub(texts))
     }
 }
@@ -142,26 +142,26 @@ pub struct Limits {
     /// that says why, rather than left IN_PROGRESS for the sweep.
     pub max_response_bytes: Option<usize>,
     /// The store's limit on one item, when it keeps each record and each
-    /// follow-on job as one item of bounded size with every field counted
+    /// follow-on as one item of bounded size with every field counted
     /// (DynamoDB's 400 KB).
     ///
     /// The executor judges each write against it before it is made
     /// ([`ItemLimit`] has the rule): a claim whose tenant and tool leave
     /// too little room is refused before its handler runs, with nothing
     /// written; a response is judged against what its record's other
-    /// fields leave, before the completion; a follow-on job against its
+    /// fields leave, before the completion; a follow-on against its
     /// own item, at its declaration, while the handler can still act.
     pub item: Option<ItemLimit>,
-    /// The most follow-on jobs one completion (or resolution) writes in its
+    /// The most follow-ons one completion (or resolution) writes in its
     /// one atomic step. The executor refuses a declaration past it at once
-    /// ([`FollowOnError::TooMany`](crate::outbox::FollowOnError::TooMany)),
+    /// ([`FollowOnError::TooMany`](crate::follow_ons::FollowOnError::TooMany)),
     /// while the handler can still act, never at the completion.
     pub max_follow_ons_per_completion: Option<usize>,
-    /// The most bytes of follow-on payloads (the sum of the jobs' payloads,
+    /// The most bytes of follow-on payloads (the sum of the follow-ons' payloads,
     /// as JSON text) one completion (or resolution) writes in its one
     /// atomic step. The executor refuses a declaration that would take the
-    /// operation's jobs past it at once
-    /// ([`FollowOnError::TooMuch`](crate::outbox::FollowOnError::TooMuch)),
+    /// operation's follow-ons past it at once
+    /// ([`FollowOnError::TooMuch`](crate::follow_ons::FollowOnError::TooMuch)),
     /// while the handler can still act, never at the completion.
     pub max_follow_on_bytes_per_completion: Option<usize>,
 }
@@ -182,14 +182,14 @@ impl Limits {
         self
     }
 
-    /// These limits, with each record and each job one item of at most
+    /// These limits, with each record and each follow-on one item of at most
     /// `item` ([`item`](Limits::item)).
     pub const fn with_item(mut self, item: ItemLimit) -> Self {
         self.item = Some(item);
         self
     }
 
-    /// These limits, with at most `jobs` follow-on jobs per completion
+    /// These limits, with at most `jobs` follow-ons per completion
     /// ([`max_follow_ons_per_completion`](Limits::max_follow_ons_per_completion)).
     pub const fn with_max_follow_ons_per_completion(mut self, jobs: usize) -> Self {
         self.max_follow_ons_per_completion = Some(jobs);
@@ -276,7 +276,7 @@ impl Room {
         }
     }
 
-    /// Whether a follow-on job of a tenant of `tenant` bytes, named with
+    /// Whether a follow-on of a tenant of `tenant` bytes, named with
     /// `name` bytes, with a payload of `payload` bytes, fits its own item:
     /// `Err` when it does not.
     pub(crate) fn job(
@@ -303,12 +303,12 @@ impl Room {
     }
 }
 
-/// Why a follow-on job does not fit its store's item.
+/// Why a follow-on does not fit its store's item.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum JobTooLarge {
     /// Its payload is over what its item leaves for it.
     Payload { limit: usize, store: &'static str },
-    /// Its tenant and name are over the store's limit on a job's key.
+    /// Its tenant and name are over the store's limit on a follow-on's key.
     Key {
         bytes: usize,
         limit: usize,
@@ -318,11 +318,11 @@ pub(crate) enum JobTooLarge {
 
 impl JobTooLarge {
     /// As the store's refusal of a completion or resolution that carries
-    /// the job `name` with `payload` bytes: nothing was written.
+    /// the follow-on `name` with `payload` bytes: nothing was written.
     pub(crate) fn refusal(self, name: &str, payload: usize) -> StoreError {
         StoreError::Invalid(match self {
             JobTooLarge::Payload { limit, store } => format!(
-                "the follow-on job `{name}` carries {payload} bytes of payload, over the \
+                "the follow-on `{name}` carries {payload} bytes of payload, over the \
                  {limit} bytes its own item holds on the {store} store"
             ),
             JobTooLarge::Key {
@@ -330,8 +330,8 @@ impl JobTooLarge {
                 limit,
                 store,
             } => format!(
-                "the follow-on job `{name}` and its tenant take {bytes} bytes of the {store} \
-                 store's job key, over its {limit}"
+                "the follow-on `{name}` and its tenant take {bytes} bytes of the {store} \
+                 store's follow-on key, over its {limit}"
             ),
         })
     }
@@ -381,8 +381,8 @@ mod tests {
 
     #[test]
     fn a_job_fits_its_own_item() {
-        let l = limits(ItemLimit::new(10_000, 1000, 100).with_job_key(20));
-        let room = 10_000 - 100 - 2 * MAX_JOB_ERROR - 4 - 7;
+        let l = limits(ItemLimit::new(10_000, 1000, 100).with_follow_on_key(20));
+        let room = 10_000 - 100 - 2 * MAX_FOLLOW_ON_ERROR - 4 - 7;
         assert_eq!(l.job(4, 7, room), Ok(()));
         assert_eq!(
             l.job(4, 7, room + 1),

@@ -1,6 +1,6 @@
 //! An in-process store for tests and single-process servers.
 //!
-//! One job, the store: its sharded records and jobs and the contract over
+//! One follow-on, the store: its sharded records and follow-ons and the contract over
 //! them.
 
 use std::collections::{BTreeMap, HashMap};
@@ -13,16 +13,17 @@ use RecordStateKind::{InProgress, NotPerformed, Unknown};
 
 use super::{
     due_order, fence, lease_names, listing_order, sort_leased, Attempt, Claim, ClaimRequest,
-    FollowOnStore, FollowOns, IdempotencyStore, Inspect, Job, JobFilter, JobId, Record,
-    RecordFilter, RecordState, RecordStateKind, Resolution, StateCounts, StoreError, Upkeep,
+    FollowOnFilter, FollowOnId, FollowOnRecord, FollowOnStore, FollowOns, IdempotencyStore,
+    Inspect, Record, RecordFilter, RecordState, RecordStateKind, Resolution, StateCounts,
+    StoreError, Upkeep,
 };
 use crate::key::{IdempotencyKey, Reference};
 
 const SHARDS: usize = 64;
 
 /// One shard: the records whose key starts with its byte, and the follow-on
-/// jobs of those records (a reference starts with the key's first eight
-/// bytes, so a job lives in its record's shard and is written under the same
+/// follow-ons of those records (a reference starts with the key's first eight
+/// bytes, so a follow-on lives in its record's shard and is written under the same
 /// lock).
 #[derive(Default)]
 struct ShardData {
@@ -31,7 +32,7 @@ struct ShardData {
     /// had not ended ([`Record::outlives_takeover`]), by reference: read by
     /// `lookup` and listed until purge deletes them.
     superseded: HashMap<Reference, Record>,
-    jobs: BTreeMap<JobKey, Job>,
+    jobs: BTreeMap<JobKey, FollowOnRecord>,
 }
 
 /// A shard's records in a hash table hashed by the key's first eight bytes
@@ -106,7 +107,7 @@ impl Records {
     }
 }
 
-/// A job's place in its shard: its operation's reference, tenant, name.
+/// A follow-on's place in its shard: its operation's reference, tenant, name.
 type JobKey = (Reference, String, String);
 
 type Shard = Mutex<ShardData>;
@@ -184,7 +185,7 @@ impl MemoryStore {
         Self::with_clock(move || wall + start.elapsed())
     }
 
-    /// Another handle on this store's records (and jobs) that reads the
+    /// Another handle on this store's records (and follow-ons) that reads the
     /// time from `clock`: what one replica whose clock is its own sees of a
     /// shared store, as `SqliteStore` and `DynamoDbStore` replicas do. For
     /// simulations of clock skew.
@@ -250,11 +251,11 @@ impl MemoryStore {
         })
     }
 
-    /// Applies `change` to the job if `attempt` holds its lease; otherwise
+    /// Applies `change` to the follow-on if `attempt` holds its lease; otherwise
     /// `Fenced`.
     fn fenced_job(
         &self,
-        id: &JobId,
+        id: &FollowOnId,
         attempt: Attempt,
         change: impl FnOnce(&mut ShardData, &JobKey, SystemTime),
     ) -> Result<(), StoreError> {
@@ -270,7 +271,7 @@ impl MemoryStore {
         }
     }
 
-    /// `complete` with its jobs, under the record's shard lock: both or
+    /// `complete` with its follow-ons, under the record's shard lock: both or
     /// neither. A plain function, so `complete` costs no second boxed
     /// future.
     fn completed(
@@ -343,8 +344,8 @@ fn unknown(record: &mut Record, note: &str, now: SystemTime) {
 }
 
 /// Writes `jobs` for `record` into its shard under its operation's
-/// reference, due at once. A job's identity is its operation's: one
-/// completion per operation writes jobs, and a job already there under the
+/// reference, due at once. A follow-on's identity is its operation's: one
+/// completion per operation writes follow-ons, and a follow-on already there under the
 /// same (tenant, reference, name) is never replaced, live or dead.
 fn write_jobs(shard: &mut ShardData, key: &IdempotencyKey, jobs: FollowOns<'_>, now: SystemTime) {
     if jobs.is_empty() {
@@ -355,12 +356,12 @@ fn write_jobs(shard: &mut ShardData, key: &IdempotencyKey, jobs: FollowOns<'_>, 
     };
     let (tenant, reference) = (record.tenant.clone(), record.reference);
     for job in jobs.iter() {
-        let id = JobId {
+        let id = FollowOnId {
             tenant: tenant.clone(),
             reference,
             name: job.name().to_owned(),
         };
-        shard.jobs.entry(job_key(&id)).or_insert(Job {
+        shard.jobs.entry(job_key(&id)).or_insert(FollowOnRecord {
             id,
             payload: job.payload().to_owned(),
             runs: 0,
@@ -378,12 +379,12 @@ fn write_jobs(shard: &mut ShardData, key: &IdempotencyKey, jobs: FollowOns<'_>, 
     }
 }
 
-fn job_key(id: &JobId) -> JobKey {
+fn job_key(id: &FollowOnId) -> JobKey {
     (id.reference, id.tenant.clone(), id.name.clone())
 }
 
 /// Whether a lease would find `job` at `now`.
-fn is_due(job: &Job, now: SystemTime) -> bool {
+fn is_due(job: &FollowOnRecord, now: SystemTime) -> bool {
     !job.dead && job.delivered_at.is_none() && job.next_run_at <= now
 }
 
@@ -603,7 +604,7 @@ impl Upkeep for MemoryStore {
     async fn purge_expired(&self, batch: usize) -> Result<usize, StoreError> {
         let now = self.now();
         let mut left = batch;
-        // Records, then delivered jobs (kept until their record expires, so
+        // Records, then delivered follow-ons (kept until their record expires, so
         // they go in the same pass), one shard at a time: a batch never
         // holds more than one shard's lock.
         for shard in self.shards.iter() {
@@ -700,13 +701,13 @@ impl FollowOnStore for MemoryStore {
         })
     }
 
-    async fn lease_jobs(
+    async fn lease_follow_ons(
         &self,
         names: &[&str],
         limit: usize,
         lease: Duration,
         attempt: Attempt,
-    ) -> Result<Vec<Job>, StoreError> {
+    ) -> Result<Vec<FollowOnRecord>, StoreError> {
         let Some(names) = lease_names(names, limit) else {
             return Ok(Vec::new());
         };
@@ -747,7 +748,7 @@ impl FollowOnStore for MemoryStore {
         Ok(leased)
     }
 
-    async fn finish_job(&self, id: &JobId, attempt: Attempt) -> Result<(), StoreError> {
+    async fn finish_follow_on(&self, id: &FollowOnId, attempt: Attempt) -> Result<(), StoreError> {
         self.fenced_job(id, attempt, |shard, key, now| {
             // Kept as long as its operation's record (current or
             // superseded): until the record expires, or until the next
@@ -766,9 +767,9 @@ impl FollowOnStore for MemoryStore {
         })
     }
 
-    async fn retry_job(
+    async fn retry_follow_on(
         &self,
-        id: &JobId,
+        id: &FollowOnId,
         attempt: Attempt,
         delay: Duration,
         error: &str,
@@ -782,7 +783,12 @@ impl FollowOnStore for MemoryStore {
         })
     }
 
-    async fn bury_job(&self, id: &JobId, attempt: Attempt, error: &str) -> Result<(), StoreError> {
+    async fn bury_follow_on(
+        &self,
+        id: &FollowOnId,
+        attempt: Attempt,
+        error: &str,
+    ) -> Result<(), StoreError> {
         self.fenced_job(id, attempt, |shard, key, now| {
             let job = shard.jobs.get_mut(key).expect("checked by fenced_job");
             job.attempt = None;
@@ -792,8 +798,11 @@ impl FollowOnStore for MemoryStore {
         })
     }
 
-    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
-        let mut found: Vec<Job> = Vec::new();
+    async fn list_follow_ons(
+        &self,
+        filter: &FollowOnFilter,
+    ) -> Result<Vec<FollowOnRecord>, StoreError> {
+        let mut found: Vec<FollowOnRecord> = Vec::new();
         for shard in self.shards.iter() {
             found.extend(
                 lock(shard)
@@ -808,7 +817,7 @@ impl FollowOnStore for MemoryStore {
         Ok(found)
     }
 
-    async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
+    async fn redrive_follow_on(&self, id: &FollowOnId) -> Result<bool, StoreError> {
         let now = self.now();
         let mut shard = self.shard(id.reference.as_bytes()[0]);
         match shard.jobs.get_mut(&job_key(id)) {
@@ -817,7 +826,7 @@ impl FollowOnStore for MemoryStore {
         }
     }
 
-    async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
+    async fn count_due_follow_ons(&self) -> Result<BTreeMap<String, u64>, StoreError> {
         let now = self.now();
         let mut counts = BTreeMap::new();
         for shard in self.shards.iter() {

@@ -1,7 +1,7 @@
 //! The record of an operation and the store that keeps it: the store
 //! contract, grouped by who calls it ([`IdempotencyStore`], the steps of a
 //! call; [`Upkeep`], the maintenance loop's and reconcilers'; [`Inspect`],
-//! an operator's reads; [`FollowOnStore`], the follow-on jobs), and its
+//! an operator's reads; [`FollowOnStore`], the follow-ons), and its
 //! backends one module each.
 
 use std::collections::BTreeMap;
@@ -13,12 +13,12 @@ use crate::key::{IdempotencyKey, Reference};
 
 mod attempt;
 mod fence;
+pub(crate) mod follow_ons;
 mod forward;
 mod limits;
 mod memory;
 mod model;
 mod open;
-pub(crate) mod outbox;
 #[cfg(feature = "postgres")]
 mod pause;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -47,6 +47,9 @@ pub use dynamodb::{
 pub(crate) use fence::fence;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) use fence::refusal;
+pub(crate) use follow_ons::{due_order, lease_names, listing_order, sort_leased};
+pub(crate) use follow_ons::{FollowOn, FollowOnError, DEFAULT_MAX_PAYLOAD};
+pub use follow_ons::{FollowOnFilter, FollowOnId, FollowOnRecord, FollowOnState, FollowOns};
 pub use limits::{ItemLimit, Limits};
 pub(crate) use limits::{JobTooLarge, Room};
 pub use memory::MemoryStore;
@@ -55,9 +58,6 @@ pub use model::{
     RecordStateKind, Resolution, StateCounts, DEFAULT_LIST_LIMIT,
 };
 pub use open::open_store;
-pub(crate) use outbox::{due_order, lease_names, listing_order, sort_leased};
-pub(crate) use outbox::{FollowOn, FollowOnError, DEFAULT_MAX_PAYLOAD};
-pub use outbox::{FollowOns, Job, JobFilter, JobId, JobState};
 #[cfg(feature = "postgres")]
 pub(crate) use pause::Pauses;
 #[cfg(feature = "postgres")]
@@ -96,7 +96,7 @@ pub enum StoreError {
     /// will not help.
     #[error("the idempotency store is misconfigured: {0}")]
     Config(String),
-    /// The request itself was malformed (two follow-on jobs with one name):
+    /// The request itself was malformed (two follow-ons with one name):
     /// nothing was tried. Fix the call; retrying will not help.
     #[error("the idempotency store refused the request: {0}")]
     Invalid(String),
@@ -124,7 +124,7 @@ pub enum StoreError {
 ///   [`heartbeat`]s while the handler runs, then [`complete`], [`release`]
 ///   or [`mark_unknown`]; and [`lookup`] of an operation by its reference
 ///   (an MCP task's `tasks/get`). Beside them, what the store declares once,
-///   read when an executor, a maintenance loop or an outbox is built: its
+///   read when an executor, a maintenance loop or a follow-on dispatcher is built: its
 ///   [`backend`](IdempotencyStore::backend) name, its
 ///   [`limits`](IdempotencyStore::limits) and its
 ///   [`follow_ons`](IdempotencyStore::follow_ons);
@@ -136,10 +136,10 @@ pub enum StoreError {
 ///
 /// `IdempotencyStore` requires the other two, so a `dyn IdempotencyStore`
 /// offers every method of the three (on a concrete store, bring [`Upkeep`]
-/// and [`Inspect`] into scope to call theirs). A store that also keeps follow-on jobs implements
+/// and [`Inspect`] into scope to call theirs). A store that also keeps follow-ons implements
 /// [`FollowOnStore`] and returns itself from
 /// [`follow_ons`](IdempotencyStore::follow_ons): the executor, the
-/// maintenance loop and the outbox find out there, when they are built,
+/// maintenance loop and the follow-on dispatcher find out there, when they are built,
 /// never at the first completion.
 ///
 /// Every method is one atomic step against the store; none of them ever runs
@@ -228,16 +228,16 @@ pub trait IdempotencyStore: Upkeep + Inspect + Send + Sync + std::fmt::Debug {
         reference: &Reference,
     ) -> Result<Option<Record>, StoreError>;
 
-    /// The store's follow-on jobs, when it keeps them: itself, as a
+    /// The store's follow-ons, when it keeps them: itself, as a
     /// [`FollowOnStore`]. `None` (the default) for a store that keeps no
-    /// jobs: the executor then refuses a handler's declaration at once,
-    /// while the handler can still act, and the outbox refuses to start.
+    /// follow-ons: the executor then refuses a handler's declaration at once,
+    /// while the handler can still act, and the follow-on dispatcher refuses to start.
     fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
         None
     }
 
     /// What the store can hold in one write ([`Limits`]): its limit on a
-    /// response, on one item, and on the follow-on jobs of one completion.
+    /// response, on one item, and on the follow-ons of one completion.
     /// [`Limits::NONE`] (the default) for a store without limits.
     ///
     /// The executor reads them when it is built, and judges each write
@@ -334,8 +334,8 @@ pub trait Upkeep: Send + Sync + std::fmt::Debug {
     ) -> Result<Option<SystemTime>, StoreError>;
 
     /// Deletes at most `batch` rows, records (current and superseded) that
-    /// [`Record::is_expired`] first and then, on a store that keeps follow-on jobs, delivered jobs
-    /// whose [`kept_until`](Job::kept_until) has passed (their record's
+    /// [`Record::is_expired`] first and then, on a store that keeps follow-ons, delivered follow-ons
+    /// whose [`kept_until`](FollowOnRecord::kept_until) has passed (their record's
     /// expiry, so they go in the same purge pass as their record); returns
     /// how many of both. Call it in a loop until it returns less than
     /// `batch`. Each batch is its own short step, so claims are never held
@@ -406,22 +406,22 @@ pub trait Inspect: Send + Sync + std::fmt::Debug {
     async fn count_records(&self) -> Result<StateCounts, StoreError>;
 }
 
-/// The follow-on jobs a store keeps beside its records (the outbox): written
+/// The follow-ons a store keeps beside its records (the follow-on dispatcher): written
 /// with a completion in the same atomic step, leased to dispatchers with a
 /// fencing token, retried, buried and re-driven. A capability of its own,
 /// as object_store's `MultipartStore` is beside `ObjectStore`: a store that
-/// keeps jobs implements every method and passes the outbox's conformance
+/// keeps follow-ons implements every method and passes the follow-ons' conformance
 /// cases, and says so from [`IdempotencyStore::follow_ons`].
 #[async_trait]
 pub trait FollowOnStore: IdempotencyStore {
     /// [`complete`](IdempotencyStore::complete) and, in the same atomic step
-    /// (one transaction, one lock), one follow-on job per entry of `jobs`,
+    /// (one transaction, one lock), one follow-on per entry of `jobs`,
     /// in the record's tenant under its reference, due at once with no
-    /// runs. Either the record is COMPLETED and every job is written, or
+    /// runs. Either the record is COMPLETED and every follow-on is written, or
     /// nothing changed. Same fencing and states as `complete`.
     ///
-    /// A job's identity is (tenant, the operation's reference, name): one
-    /// completion per operation writes jobs, and a job that already exists
+    /// A follow-on's identity is (tenant, the operation's reference, name): one
+    /// completion per operation writes follow-ons, and a follow-on that already exists
     /// under the same identity is never replaced, live or dead (a later
     /// operation of the same call has its own reference). `jobs` come with
     /// distinct names ([`FollowOns::new`]).
@@ -452,28 +452,28 @@ pub trait FollowOnStore: IdempotencyStore {
         jobs: FollowOns<'_>,
     ) -> Result<(), StoreError>;
 
-    /// Leases at most `limit` due jobs whose name is in `names`, the longest
-    /// due first: live (neither dead nor delivered) jobs with `next_run_at <= now` (store
-    /// clock), which covers a job never run, a retry whose delay is over, and
-    /// a job whose last lease ran out (its dispatcher died or overran). Each
-    /// leased job gets `attempt`, `runs + 1`, and `next_run_at = now +
-    /// lease`, and is returned as changed; the leased jobs come in the
-    /// order [`list_jobs`](FollowOnStore::list_jobs) lists them.
+    /// Leases at most `limit` due follow-ons whose name is in `names`, the longest
+    /// due first: live (neither dead nor delivered) follow-ons with `next_run_at <= now` (store
+    /// clock), which covers a follow-on never run, a retry whose delay is over, and
+    /// a follow-on whose last lease ran out (its dispatcher died or overran). Each
+    /// leased follow-on gets `attempt`, `runs + 1`, and `next_run_at = now +
+    /// lease`, and is returned as changed; the leased follow-ons come in the
+    /// order [`list_follow_ons`](FollowOnStore::list_follow_ons) lists them.
     ///
-    /// Atomic per job: of two dispatchers leasing at once, exactly one gets a
-    /// given job, and until its lease runs out no other lease returns it (on
-    /// PostgreSQL, `FOR UPDATE SKIP LOCKED`). A job whose name is not in
+    /// Atomic per follow-on: of two dispatchers leasing at once, exactly one gets a
+    /// given follow-on, and until its lease runs out no other lease returns it (on
+    /// PostgreSQL, `FOR UPDATE SKIP LOCKED`). A follow-on whose name is not in
     /// `names` is never leased: it waits for a dispatcher that handles it.
     /// Errors: `Unavailable` (nothing leased).
-    async fn lease_jobs(
+    async fn lease_follow_ons(
         &self,
         names: &[&str],
         limit: usize,
         lease: Duration,
         attempt: Attempt,
-    ) -> Result<Vec<Job>, StoreError>;
+    ) -> Result<Vec<FollowOnRecord>, StoreError>;
 
-    /// The job ran: delivered, only if `attempt` still holds its lease (or
+    /// The follow-on ran: delivered, only if `attempt` still holds its lease (or
     /// held the last one and nobody leased it since). Its lease is given up,
     /// `delivered_at` is now (store clock), `runs` stays the run that
     /// delivered it, and no lease finds it again. It is kept, for an
@@ -483,50 +483,58 @@ pub trait FollowOnStore: IdempotencyStore {
     /// ([`purge_expired`](crate::store::Upkeep::purge_expired)). Errors:
     /// `Fenced` when another lease took it, it is gone or already delivered
     /// (nothing changed), `Unavailable`.
-    async fn finish_job(&self, id: &JobId, attempt: Attempt) -> Result<(), StoreError>;
+    async fn finish_follow_on(&self, id: &FollowOnId, attempt: Attempt) -> Result<(), StoreError>;
 
-    /// The job failed and runs again later: its lease is given up, its
+    /// The follow-on failed and runs again later: its lease is given up, its
     /// `next_run_at` becomes now + `delay` (store clock) and `error` is kept
     /// as its `last_error`; fenced by `attempt` as
-    /// [`finish_job`](FollowOnStore::finish_job). Errors: `Fenced`,
+    /// [`finish_follow_on`](FollowOnStore::finish_follow_on). Errors: `Fenced`,
     /// `Unavailable`.
-    async fn retry_job(
+    async fn retry_follow_on(
         &self,
-        id: &JobId,
+        id: &FollowOnId,
         attempt: Attempt,
         delay: Duration,
         error: &str,
     ) -> Result<(), StoreError>;
 
-    /// The job failed too often: into the dead letter (`dead`, its lease
+    /// The follow-on failed too often: into the dead letter (`dead`, its lease
     /// given up, `error` kept), where no lease finds it until it is
     /// re-driven; fenced by `attempt` as
-    /// [`finish_job`](FollowOnStore::finish_job). Errors: `Fenced`,
+    /// [`finish_follow_on`](FollowOnStore::finish_follow_on). Errors: `Fenced`,
     /// `Unavailable`.
-    async fn bury_job(&self, id: &JobId, attempt: Attempt, error: &str) -> Result<(), StoreError>;
+    async fn bury_follow_on(
+        &self,
+        id: &FollowOnId,
+        attempt: Attempt,
+        error: &str,
+    ) -> Result<(), StoreError>;
 
-    /// At most `filter.limit` jobs matching `filter`, the oldest first (then
+    /// At most `filter.limit` follow-ons matching `filter`, the oldest first (then
     /// by reference and name), for an operator: waiting, running, dead and
-    /// delivered ones ([`JobFilter::states`]). A
-    /// snapshot read that changes nothing; it may read every job. Errors:
+    /// delivered ones ([`FollowOnFilter::states`]). A
+    /// snapshot read that changes nothing; it may read every follow-on. Errors:
     /// `Unavailable`.
-    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>, StoreError>;
+    async fn list_follow_ons(
+        &self,
+        filter: &FollowOnFilter,
+    ) -> Result<Vec<FollowOnRecord>, StoreError>;
 
-    /// Takes a dead job out of the dead letter: live again, due now and
+    /// Takes a dead follow-on out of the dead letter: live again, due now and
     /// unleased, its `runs` counted from 0 again and added to
     /// `earlier_runs`, its `last_error` kept as `error_before_redrive` (so
     /// a `last_error` is always a run's since the last re-drive), in one
-    /// atomic write. `Ok(false)` when no dead job has this id (a live or
+    /// atomic write. `Ok(false)` when no dead follow-on has this id (a live or
     /// delivered one is left as it is). Errors: `Unavailable`.
-    async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError>;
+    async fn redrive_follow_on(&self, id: &FollowOnId) -> Result<bool, StoreError>;
 
-    /// How many live jobs are due now (as [`lease_jobs`] would find them,
+    /// How many live follow-ons are due now (as [`lease_follow_ons`] would find them,
     /// whatever their name), by name: a dispatcher reports the names it has
-    /// no handler for, whose jobs wait. A snapshot read. Errors:
+    /// no handler for, whose follow-ons wait. A snapshot read. Errors:
     /// `Unavailable`.
     ///
-    /// [`lease_jobs`]: FollowOnStore::lease_jobs
-    async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError>;
+    /// [`lease_follow_ons`]: FollowOnStore::lease_follow_ons
+    async fn count_due_follow_ons(&self) -> Result<BTreeMap<String, u64>, StoreError>;
 }
 
 /// The record a completion or resolution writes to, as far as its size
@@ -540,7 +548,7 @@ struct Texts<'a> {
 }
 
 /// Whether the store can hold `response` and `jobs` in one completion, by
-/// its declared [`Limits`] (and with `texts`, the record's and each job's
+/// its declared [`Limits`] (and with `texts`, the record's and each follow-on's
 /// item by [`Limits::item`]): `Invalid`, and nothing asked of the store,
 /// when it cannot.
 fn check_limits(
@@ -576,7 +584,7 @@ fn check_limits(
         if let Some(limit) = limits.max_follow_ons_per_completion {
             if jobs.len() > limit {
                 return Err(StoreError::Invalid(format!(
-                    "{} follow-on jobs, over the {} store's limit of {limit} per completion",
+                    "{} follow-ons, over the {} store's limit of {limit} per completion",
                     jobs.len(),
                     store.backend()
                 )));
@@ -586,7 +594,7 @@ fn check_limits(
             let total: usize = jobs.iter().map(|job| job.payload().len()).sum();
             if total > limit {
                 return Err(StoreError::Invalid(format!(
-                    "the follow-on jobs carry {total} bytes of payload, over the {} store's \
+                    "the follow-ons carry {total} bytes of payload, over the {} store's \
                      limit of {limit} bytes per completion",
                     store.backend()
                 )));
@@ -598,9 +606,9 @@ fn check_limits(
 
 /// [`IdempotencyStore::complete`], with the follow-on `jobs` in the same
 /// step when there are any: on a store that keeps none, a completion with
-/// jobs answers `Unsupported` and writes nothing; one past the store's
+/// follow-ons answers `Unsupported` and writes nothing; one past the store's
 /// declared limits answers `Invalid` and writes nothing. The record's and
-/// the jobs' items ([`Limits::item`]) are the caller's to
+/// the follow-ons' items ([`Limits::item`]) are the caller's to
 /// judge, before the side effect where it can: the executor does, with the
 /// claim's tenant and tool, at each declaration and before the completion.
 pub(crate) async fn complete_with_follow_ons(
@@ -619,14 +627,14 @@ pub(crate) async fn complete_with_follow_ons(
                 .complete_with_follow_ons(key, attempt, response, jobs)
                 .await
         }
-        (false, None) => Err(StoreError::Unsupported("write follow-on jobs")),
+        (false, None) => Err(StoreError::Unsupported("write follow-ons")),
     }
 }
 
 /// [`Upkeep::resolve`] of `record` to COMPLETED, with the
 /// follow-on `jobs` in the same step when there are any, as
 /// [`complete_with_follow_ons`] writes them; the record (with its
-/// resolution `note`) and each job judged against the store's item too.
+/// resolution `note`) and each follow-on judged against the store's item too.
 pub(crate) async fn resolve_with_follow_ons(
     store: &dyn IdempotencyStore,
     record: &Record,
@@ -652,6 +660,6 @@ pub(crate) async fn resolve_with_follow_ons(
                 .resolve_with_follow_ons(key, attempt, response, note, jobs)
                 .await
         }
-        (false, None) => Err(StoreError::Unsupported("write follow-on jobs")),
+        (false, None) => Err(StoreError::Unsupported("write follow-ons")),
     }
 }

@@ -508,7 +508,7 @@ pub enum Resolution<'a> {
     },
 }
 
-/// The `limit` of a default [`RecordFilter`] or [`JobFilter`](super::JobFilter): a page of 100.
+/// The `limit` of a default [`RecordFilter`] or [`FollowOnFilter`](super::FollowOnFilter): a page of 100.
 pub const DEFAULT_LIST_LIMIT: usize = 100;
 
 /// Which records [`Inspect::list_records`](super::Inspect::list_records) returns: every field

@@ -1,7 +1,7 @@
 //! What the SQL stores share: the state codes, the record's predicates
 //! (expired, claimable, kept when taken over) and its superseded copy, how
 //! a reference is found by a range over the primary key, and the follow-on
-//! jobs' columns and listing.
+//! follow-ons' columns and listing.
 
 use super::{RecordState, RecordStateKind, StoreError};
 use crate::key::Reference;
@@ -225,10 +225,10 @@ pub(crate) fn counts(
     Ok(counts)
 }
 
-/// Every column of a follow-on job, in the order the stores' job readers
-/// take them. A job is due when it is neither dead nor delivered and
+/// Every column of a follow-on, in the order the stores' follow-on readers
+/// take them. A follow-on is due when it is neither dead nor delivered and
 /// `next_run_at <= now`; a lease sets `next_run_at` to the lease's end, so a
-/// leased job is not due until its lease runs out. A delivered job keeps its
+/// leased follow-on is not due until its lease runs out. A delivered follow-on keeps its
 /// row until `kept_until` (its record's expiry), when the purge deletes it.
 pub(crate) const JOB_COLUMNS: &str = "tenant, reference, name, payload, attempts, token, \
                                       next_run_at, last_error, dead, created_at, updated_at, \
@@ -236,20 +236,20 @@ pub(crate) const JOB_COLUMNS: &str = "tenant, reference, name, payload, attempts
                                       error_before_redrive";
 
 /// What a re-drive sets besides `dead`, the time and the due time, in both
-/// SQL stores ([`Job::redrive`](super::Job)'s fields): the runs counted from
+/// SQL stores ([`FollowOnRecord::redrive`](super::FollowOnRecord)'s fields): the runs counted from
 /// 0 again and added to `earlier_runs`, the last error kept as
 /// `error_before_redrive`, no lease.
 pub(crate) const REDRIVE_SET: &str = "earlier_runs = earlier_runs + attempts, attempts = 0, \
                                       error_before_redrive = last_error, last_error = NULL, \
                                       token = NULL";
 
-/// A job row's state as [`JobState`](super::JobState)'s bit: delivered 8,
+/// A follow-on row's state as [`FollowOnState`](super::FollowOnState)'s bit: delivered 8,
 /// dead 4, running (a token) 2, waiting 1.
 const JOB_STATE_BIT: &str = "CASE WHEN delivered_at IS NOT NULL THEN 8 WHEN dead THEN 4 \
                              WHEN token IS NOT NULL THEN 2 ELSE 1 END";
 
-/// `list_jobs`: the jobs matching the optional tenant, reference, name and
-/// states (a mask of [`JobState`](super::JobState)'s bits; each parameter
+/// `list_follow_ons`: the follow-ons matching the optional tenant, reference, name and
+/// states (a mask of [`FollowOnState`](super::FollowOnState)'s bits; each parameter
 /// NULL for "any"), the oldest first. `param(n)` is the backend's n-th
 /// placeholder, typed where the backend needs it.
 pub(crate) fn jobs_filtered(table: &str, param: impl Fn(u8) -> String) -> String {

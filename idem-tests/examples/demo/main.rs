@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use idem_runtime::{
     answer::Resolver,
+    follow_ons::{FollowOnConfig, FollowOnDispatcher},
     maintenance::{Maintenance, MaintenanceConfig, ReconcileConfig},
-    outbox::{Outbox, OutboxConfig},
     Caller, Executor, IdempotencyStore, SqliteStore,
 };
 use rmcp::model::{
@@ -304,19 +304,19 @@ async fn main() {
 
     step(
         9,
-        "The outbox: each charge queued a receipt and the shipment a warehouse notice, \
+        "Follow-ons: each charge queued a receipt and the shipment a warehouse notice, \
          written with the completion; a dispatcher sends them.",
     );
-    // A server runs the dispatcher in the background (`Outbox::spawn`); the
-    // demo runs its rounds by hand, and retries a failed job at once instead
+    // A server runs the dispatcher in the background (`FollowOnDispatcher::spawn`); the
+    // demo runs its rounds by hand, and retries a failed follow-on at once instead
     // of after a backoff.
     let handlers = backends.job_handlers();
-    let outbox = OutboxConfig::default().with_first_backoff(Duration::ZERO);
-    let drained = Outbox::round(&*store, &handlers, &outbox)
+    let dispatcher = FollowOnConfig::default().with_first_backoff(Duration::ZERO);
+    let drained = FollowOnDispatcher::round(&*store, &handlers, &dispatcher)
         .await
         .expect("the store answers");
     println!(
-        "  a dispatch round: {} job(s) leased, {} delivered",
+        "  a dispatch round: {} follow-on(s) leased, {} delivered",
         drained.leased, drained.delivered
     );
     println!("  ... the mailer goes down for its next two requests; a new charge:");
@@ -326,7 +326,7 @@ async fn main() {
     show("charge_card", &charged);
     let flaky_ref = reference(&charged);
     for round in 1..=3 {
-        let report = Outbox::round(&*store, &handlers, &outbox)
+        let report = FollowOnDispatcher::round(&*store, &handlers, &dispatcher)
             .await
             .expect("the store answers");
         println!(
@@ -338,7 +338,7 @@ async fn main() {
         "the same charge again: a replay, which queues nothing",
         &call(&client, "charge_card", flaky).await,
     );
-    let after = Outbox::round(&*store, &handlers, &outbox)
+    let after = FollowOnDispatcher::round(&*store, &handlers, &dispatcher)
         .await
         .expect("the store answers");
     println!(

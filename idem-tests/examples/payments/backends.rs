@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idem_runtime::{
-    outbox::{job_fn, JobHandlers, JobRun},
+    follow_ons::{follow_on_fn, FollowOnHandlers, FollowOnRun},
     ToolError,
 };
 use tokio::sync::watch;
@@ -61,7 +61,11 @@ struct Delivery {
 
 /// A delivery by a stub that dedupes by the downstream key, counted from
 /// the moment the request arrives; `fail` makes this request fail.
-fn deliver(to: &mut BTreeMap<String, Delivery>, job: &JobRun, fail: bool) -> Result<(), String> {
+fn deliver(
+    to: &mut BTreeMap<String, Delivery>,
+    job: &FollowOnRun,
+    fail: bool,
+) -> Result<(), String> {
     let fresh = || Delivery {
         since: Instant::now(),
         reference: job.reference.to_string(),
@@ -282,8 +286,8 @@ impl Backends {
     }
 
     /// The stub mailer: sends the receipt of `job` unless it has already
-    /// sent one under the job's downstream key.
-    pub fn send_receipt(&self, job: &JobRun) -> Result<(), String> {
+    /// sent one under the follow-on's downstream key.
+    pub fn send_receipt(&self, job: &FollowOnRun) -> Result<(), String> {
         let mut books = self.books();
         let fail = books.mailer_failures > 0;
         books.mailer_failures = books.mailer_failures.saturating_sub(1);
@@ -291,19 +295,19 @@ impl Backends {
     }
 
     /// The stub warehouse: takes the notice of `job` unless it already has
-    /// one under the job's downstream key.
-    pub fn notify_warehouse(&self, job: &JobRun) -> Result<(), String> {
+    /// one under the follow-on's downstream key.
+    pub fn notify_warehouse(&self, job: &FollowOnRun) -> Result<(), String> {
         deliver(&mut self.books().notices, job, false)
     }
 
-    /// The outbox's handlers: receipts to the mailer, notices to the
-    /// warehouse, each with the job's downstream key.
-    pub fn job_handlers(&self) -> JobHandlers {
+    /// The follow-ons' handlers: receipts to the mailer, notices to the
+    /// warehouse, each with the follow-on's downstream key.
+    pub fn job_handlers(&self) -> FollowOnHandlers {
         let (mailer, warehouse) = (self.clone(), self.clone());
-        JobHandlers::new()
+        FollowOnHandlers::new()
             .on(
                 "send_receipt",
-                job_fn(move |job: JobRun| {
+                follow_on_fn(move |job: FollowOnRun| {
                     let mailer = mailer.clone();
                     async move {
                         let _mail: ReceiptMail = job.payload_as()?;
@@ -316,7 +320,7 @@ impl Backends {
             )
             .on(
                 "notify_warehouse",
-                job_fn(move |job: JobRun| {
+                follow_on_fn(move |job: FollowOnRun| {
                     let warehouse = warehouse.clone();
                     async move {
                         let _notice: WarehouseNotice = job.payload_as()?;

@@ -33,8 +33,8 @@
 //!   --reconciler on|off           off: no reconciler asks the processor, so an unknown
 //!                                 outcome waits for an operator's `idem resolve`, and the
 //!                                 answers say so (default on)
-//!   --outbox-interval-ms N        time between the outbox's rounds when it is idle (default 1000)
-//!   --outbox-backoff-ms N         the pause after a follow-on job's first failure; doubles
+//!   --follow-on-interval-ms N     time between the dispatcher's rounds when it is idle (default 1000)
+//!   --follow-on-backoff-ms N      the pause after a follow-on's first failure; doubles
 //!                                 with each further one, with jitter (default 1000)
 //!   --mailer-failures N           the stub mailer fails its first N requests (default 0)
 //!   --processor-url URL           charge at this processor service (src/bin/farside.rs) instead
@@ -52,8 +52,8 @@ use std::time::Duration;
 
 use idem_runtime::{
     audit_hints,
+    follow_ons::{FollowOnConfig, FollowOnDispatcher},
     maintenance::{Maintenance, MaintenanceConfig, ReconcileConfig},
-    outbox::{Outbox, OutboxConfig},
     Caller, Executor, IdempotencyStore,
 };
 use rmcp::ServiceExt;
@@ -90,8 +90,8 @@ usage: payments [FLAGS]
   --reconciler on|off           off: no reconciler asks the processor, so an unknown
                                 outcome waits for an operator's `idem resolve`, and the
                                 answers say so (default on)
-  --outbox-interval-ms N        time between the outbox's rounds when it is idle (default 1000)
-  --outbox-backoff-ms N         the pause after a follow-on job's first failure; doubles
+  --follow-on-interval-ms N     time between the dispatcher's rounds when it is idle (default 1000)
+  --follow-on-backoff-ms N      the pause after a follow-on's first failure; doubles
                                 with each further one, with jitter (default 1000)
   --mailer-failures N           the stub mailer fails its first N requests (default 0)
   --processor-url URL           charge at this processor service (src/bin/farside.rs) instead
@@ -115,8 +115,8 @@ struct Flags {
     settle: Duration,
     reconcile_backoff: Duration,
     reconciler: bool,
-    outbox_interval: Duration,
-    outbox_backoff: Duration,
+    follow_on_interval: Duration,
+    follow_on_backoff: Duration,
     mailer_failures: u32,
     processor_url: Option<String>,
     mailer_url: Option<String>,
@@ -151,8 +151,8 @@ fn parse_flags() -> Flags {
         settle: ReconcileConfig::default().settle,
         reconcile_backoff: ReconcileConfig::default().first_backoff,
         reconciler: true,
-        outbox_interval: OutboxConfig::default().interval,
-        outbox_backoff: OutboxConfig::default().first_backoff,
+        follow_on_interval: FollowOnConfig::default().interval,
+        follow_on_backoff: FollowOnConfig::default().first_backoff,
         mailer_failures: 0,
         processor_url: None,
         mailer_url: None,
@@ -209,8 +209,8 @@ fn parse_flags() -> Flags {
                     _ => usage(&format!("--reconciler is on or off, not {v:?}")),
                 };
             }
-            "--outbox-interval-ms" => flags.outbox_interval = millis(value()),
-            "--outbox-backoff-ms" => flags.outbox_backoff = millis(value()),
+            "--follow-on-interval-ms" => flags.follow_on_interval = millis(value()),
+            "--follow-on-backoff-ms" => flags.follow_on_backoff = millis(value()),
             "--mailer-failures" => {
                 let v = value();
                 flags.mailer_failures = v.parse().unwrap_or_else(|_| {
@@ -231,8 +231,8 @@ fn parse_flags() -> Flags {
     if flags.maintenance_interval.is_zero() {
         usage("--maintenance-interval-ms must be at least 1");
     }
-    if flags.outbox_interval.is_zero() {
-        usage("--outbox-interval-ms must be at least 1");
+    if flags.follow_on_interval.is_zero() {
+        usage("--follow-on-interval-ms must be at least 1");
     }
     // A charge the tool stopped waiting for may still be in flight at the
     // processor: "not performed" is no proof before the timeout has passed.
@@ -323,18 +323,18 @@ async fn main() {
     let backends = Backends::new(flags.processor_delay)
         .with_services(flags.processor_url.clone(), flags.mailer_url.clone());
     backends.set_mailer_failures(flags.mailer_failures);
-    // The follow-on jobs (receipts, warehouse notices), delivered at least
+    // The follow-ons (receipts, warehouse notices), delivered at least
     // once. Every store idem ships keeps them; `spawn` refuses a store that
-    // does not, so the tools never declare a job nothing would run.
-    let outbox = Outbox::spawn(
+    // does not, so the tools never declare a follow-on nothing would run.
+    let dispatcher = FollowOnDispatcher::spawn(
         store.clone(),
         backends.job_handlers(),
-        OutboxConfig::default()
-            .with_interval(flags.outbox_interval)
-            .with_first_backoff(flags.outbox_backoff),
+        FollowOnConfig::default()
+            .with_interval(flags.follow_on_interval)
+            .with_first_backoff(flags.follow_on_backoff),
     )
     .unwrap_or_else(|e| {
-        eprintln!("payments: the outbox cannot run on this store: {e}");
+        eprintln!("payments: the follow-on dispatcher cannot run on this store: {e}");
         std::process::exit(2)
     });
     // Without a reconciler, maintenance warns at start, and the answers
@@ -391,7 +391,7 @@ async fn main() {
         eprintln!("payments: {left} completion(s) not written; the sweep and the reconciler will resolve them");
     }
     maintenance.stop().await;
-    outbox.stop().await;
+    dispatcher.stop().await;
 }
 
 mod http {

@@ -1,5 +1,5 @@
 //! The payments example's data: the tools' arguments and results, the
-//! follow-on jobs' payloads, and the stubs' ledger as the ledger tool shows it.
+//! follow-ons' payloads, and the stubs' ledger as the ledger tool shows it.
 
 use std::collections::BTreeMap;
 
@@ -89,7 +89,7 @@ pub struct ShipmentCounts {
 /// What the stub mailer or warehouse saw and did under one reference.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct DeliveryCounts {
-    /// Requests that arrived (the outbox's runs of the job, failed ones
+    /// Requests that arrived (the follow-ons' runs of the follow-on, failed ones
     /// included).
     pub attempts: u32,
     /// What was actually delivered: the stub dedupes by the downstream key,
@@ -97,7 +97,7 @@ pub struct DeliveryCounts {
     pub deliveries: u32,
 }
 
-/// The receipt `charge_card` asks the outbox to mail.
+/// The receipt `charge_card` asks the follow-on dispatcher to mail.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ReceiptMail {
     /// The processor's charge id.
@@ -118,7 +118,7 @@ impl ReceiptMail {
     }
 }
 
-/// The notice `create_shipment` asks the outbox to send the warehouse.
+/// The notice `create_shipment` asks the follow-on dispatcher to send the warehouse.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct WarehouseNotice {
     /// The order to pick and pack.
@@ -130,7 +130,7 @@ pub struct WarehouseNotice {
 /// What the stub processor, carrier, mailer and warehouse were asked to do
 /// and really did, per reference: a retry that got past idem shows as a
 /// second request, and a double charge (which the stubs' own deduplication
-/// prevents) as a second charge; a receipt the outbox ran three times shows
+/// prevents) as a second charge; a receipt the follow-on dispatcher ran three times shows
 /// three attempts and one delivery.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct LedgerView {

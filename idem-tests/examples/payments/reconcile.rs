@@ -2,8 +2,8 @@
 
 use async_trait::async_trait;
 use idem_runtime::{
+    follow_ons::FollowOn,
     maintenance::{Outcome, Reconciler, Reconciliation},
-    outbox::FollowOn,
     store::Record,
 };
 use rmcp::handler::server::wrapper::Json;
@@ -18,9 +18,9 @@ use super::model::{ChargeStatus, Receipt, ReceiptMail};
 /// carrier has no lookup, so a shipment stays UNKNOWN for an operator; any
 /// other tool is not this reconciler's.
 ///
-/// A charge found made gets its receipt job written with the resolution
+/// A charge found made gets its receipt follow-on written with the resolution
 /// (the handler's declaration was lost with its outcome): every store idem
-/// ships keeps follow-on jobs.
+/// ships keeps follow-ons.
 #[derive(Debug)]
 pub struct ProcessorReconciler {
     /// The processor to ask.
@@ -40,7 +40,7 @@ impl Reconciler for ProcessorReconciler {
                     .charge_status(&record.reference.to_string())
                     .await?
                 {
-                    // The handler's receipt job was lost with its outcome: the
+                    // The handler's receipt follow-on was lost with its outcome: the
                     // resolution writes it.
                     ChargeStatus::Charged(receipt) => {
                         let mail = FollowOn::new("send_receipt", &ReceiptMail::of(&receipt))?;

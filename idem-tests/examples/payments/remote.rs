@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use idem_runtime::{outbox::JobRun, ToolError};
+use idem_runtime::{follow_ons::FollowOnRun, ToolError};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
@@ -153,8 +153,8 @@ impl Remote {
         }
     }
 
-    /// `POST /messages` with the job's downstream key as the idempotency key.
-    pub async fn send(&self, job: &JobRun) -> Result<(), String> {
+    /// `POST /messages` with the follow-on's downstream key as the idempotency key.
+    pub async fn send(&self, job: &FollowOnRun) -> Result<(), String> {
         let url = format!("{}/messages", self.mailer.as_deref().unwrap_or_default());
         let body = json!({
             "reference": job.reference.to_string(),

@@ -1,11 +1,11 @@
 //! The payments example's MCP server: a card charge and a shipment made safe
-//! to repeat, each with a follow-on job (a receipt to a stub mailer, a
-//! notice to a stub warehouse) sent through the outbox, a status tool, and a
+//! to repeat, each with a follow-on (a receipt to a stub mailer, a
+//! notice to a stub warehouse) sent through the follow-on dispatcher, a status tool, and a
 //! demo-only ledger of what the stub processor, carrier, mailer and
 //! warehouse really did. Shared by `examples/payments` (the server binary)
 //! and `examples/demo`.
 //!
-//! In files by job: the tools here, their data in `model.rs`, the stub far
+//! In files by follow-on: the tools here, their data in `model.rs`, the stub far
 //! sides in `backends.rs` (or, in `remote.rs`, services over HTTP), the
 //! reconciler in `reconcile.rs`. The files are
 //! named by `#[path]` so that `examples/demo`, which includes this file by
@@ -153,8 +153,8 @@ impl Payments {
                 Ok(Err(failed)) => Err(failed),
                 Ok(Ok(receipt)) => {
                     // Not mailed here: a crash between the charge and the
-                    // mail would lose it. The outbox mails it once the
-                    // charge is recorded, with the reference and the job
+                    // mail would lose it. The follow-on dispatcher mails it once the
+                    // charge is recorded, with the reference and the follow-on
                     // name as the mailer's idempotency key.
                     self.queue(
                         "send_receipt",
@@ -175,14 +175,14 @@ impl Payments {
         }
     }
 
-    /// Declares a follow-on job of the running operation: written with its
-    /// completion, sent by the outbox. `what` says what happened before, for
-    /// the answer if the job cannot be declared (the effect is done, so the
+    /// Declares a follow-on of the running operation: written with its
+    /// completion, sent by the follow-on dispatcher. `what` says what happened before, for
+    /// the answer if the follow-on cannot be declared (the effect is done, so the
     /// outcome is reported unknown and the reconciler takes over).
     fn queue<P: Serialize>(&self, name: &str, payload: &P, what: &str) -> Result<(), ToolError> {
         follow_on(name, payload).map_err(|e| {
             ToolError::unknown(format!(
-                "{what}, but the {name} job could not be queued ({e})."
+                "{what}, but the {name} follow-on could not be queued ({e})."
             ))
         })
     }

@@ -1,5 +1,5 @@
-//! A child process for the outbox's process tests
-//! (`tests/outbox_postgres_dispatchers.rs`): one [`Outbox`] dispatcher on a
+//! A child process for the follow-ons' process tests
+//! (`tests/follow_ons_postgres_dispatchers.rs`): one [`FollowOnDispatcher`] on a
 //! PostgresStore, whose `send_receipt` handler calls a stub mailer that keeps
 //! its books in a directory shared by every process.
 //!
@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem_runtime::{
-    outbox::{job_fn, JobHandlers, JobRun, Outbox, OutboxConfig},
+    follow_ons::{follow_on_fn, FollowOnConfig, FollowOnDispatcher, FollowOnHandlers, FollowOnRun},
     PostgresStore,
 };
 
@@ -47,9 +47,9 @@ async fn main() {
         .timeout(Duration::from_secs(1))
         .build()
         .unwrap();
-    let handlers = JobHandlers::new().on(
+    let handlers = FollowOnHandlers::new().on(
         "send_receipt",
-        job_fn(move |job: JobRun| {
+        follow_on_fn(move |job: FollowOnRun| {
             let dir = dir.clone();
             async move {
                 mail(&dir, &job.downstream_key, hold).await;
@@ -57,13 +57,13 @@ async fn main() {
             }
         }),
     );
-    let config = OutboxConfig::default()
+    let config = FollowOnConfig::default()
         .with_interval(Duration::from_millis(50))
         .with_batch(8)
         .with_timeout(Duration::from_secs(2))
         .with_first_backoff(Duration::from_millis(100));
-    let _outbox =
-        Outbox::spawn(Arc::new(store), handlers, config).expect("the store keeps follow-on jobs");
+    let _dispatcher = FollowOnDispatcher::spawn(Arc::new(store), handlers, config)
+        .expect("the store keeps follow-ons");
     println!("READY");
     std::io::stdout().flush().unwrap();
     std::future::pending::<()>().await;

@@ -31,7 +31,7 @@ async fn tables_escape_what_a_far_side_wrote() {
         Claim::Claimed { .. }
     ));
     let receipt =
-        idem_runtime::outbox::FollowOn::new("send_receipt", &json!({"to": "a@b"})).unwrap();
+        idem_runtime::follow_ons::FollowOn::new("send_receipt", &json!({"to": "a@b"})).unwrap();
     store
         .complete_with_follow_ons(
             &req.key,
@@ -43,10 +43,13 @@ async fn tables_escape_what_a_far_side_wrote() {
         .unwrap();
     let token = idem_runtime::store::Attempt::random();
     let leased = store
-        .lease_jobs(&["send_receipt"], 1, Duration::from_secs(60), token)
+        .lease_follow_ons(&["send_receipt"], 1, Duration::from_secs(60), token)
         .await
         .unwrap();
-    store.bury_job(&leased[0].id, token, forged).await.unwrap();
+    store
+        .bury_follow_on(&leased[0].id, token, forged)
+        .await
+        .unwrap();
     let unknown = ClaimRequest {
         tenant: req.tenant.clone(),
         ..claim_request(Duration::from_secs(900))

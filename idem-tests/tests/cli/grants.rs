@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use idem_cli::{EXIT_OK, EXIT_USAGE};
-use idem_runtime::outbox::FollowOn;
+use idem_runtime::follow_ons::FollowOn;
 use idem_runtime::store::conformance::claim_request;
 use idem_runtime::store::{Attempt, ClaimRequest, FollowOns, RecordStateKind};
 use idem_runtime::{IdempotencyStore, RedisStore};
@@ -32,10 +32,10 @@ pub(crate) async fn fill(store: &dyn IdempotencyStore) -> Filled {
         tenant: dead.tenant.clone(),
         ..claim_request(Duration::from_secs(900))
     };
-    let outbox = store.follow_ons().unwrap();
+    let dispatcher = store.follow_ons().unwrap();
     store.claim(&dead).await.unwrap();
     let receipt = FollowOn::new("receipt", &serde_json::json!({"to": "a@example.com"})).unwrap();
-    outbox
+    dispatcher
         .complete_with_follow_ons(
             &dead.key,
             dead.attempt,
@@ -45,12 +45,12 @@ pub(crate) async fn fill(store: &dyn IdempotencyStore) -> Filled {
         .await
         .unwrap();
     let token = Attempt::random();
-    let leased = outbox
-        .lease_jobs(&["receipt"], 1, Duration::from_secs(60), token)
+    let leased = dispatcher
+        .lease_follow_ons(&["receipt"], 1, Duration::from_secs(60), token)
         .await
         .unwrap();
-    outbox
-        .bury_job(&leased[0].id, token, "no such address")
+    dispatcher
+        .bury_follow_on(&leased[0].id, token, "no such address")
         .await
         .unwrap();
     store.claim(&unknown).await.unwrap();
@@ -77,8 +77,8 @@ pub(crate) async fn read(url: &str, filled: &Filled) {
         &["show", &unknown],
         &["show", &dead, "--tenant", tenant, "--response"],
         &["stats"],
-        &["jobs", "--dead"],
-        &["jobs", "--reference", &dead],
+        &["follow-ons", "--dead"],
+        &["follow-ons", "--reference", &dead],
     ] {
         let ran = idem(url, args).await;
         assert_eq!(ran.code, EXIT_OK, "idem {args:?}: {ran:?}");

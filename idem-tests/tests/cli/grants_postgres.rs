@@ -134,7 +134,7 @@ async fn postgres_serves_and_is_operated_under_the_documented_grants() {
     let jobs = server
         .follow_ons()
         .unwrap()
-        .list_jobs(&idem_runtime::store::JobFilter {
+        .list_follow_ons(&idem_runtime::store::FollowOnFilter {
             reference: Some(filled.dead.reference),
             ..Default::default()
         })

@@ -61,7 +61,7 @@ async fn only_migrate_changes_an_older_sqlite_layout() {
         &["--json", "stats"],
         &["list"],
         &["show", &reference],
-        &["jobs"],
+        &["follow-ons"],
         &["jobs", "--dead"],
         &["jobs", "--state", "delivered"],
         &[

@@ -1,5 +1,5 @@
 //! `resolve` as the far side and the executor see it: a repeat replays the
-//! resolution as the tool's result, and follow-on jobs given with it are
+//! resolution as the tool's result, and follow-ons given with it are
 //! written with it and delivered once.
 
 use std::sync::Arc;
@@ -203,15 +203,15 @@ async fn follow_ons_are_written_with_a_resolution_by_hand() {
     let tenant = req.tenant.as_str();
     let jobs = || async {
         store
-            .list_jobs(&idem_runtime::store::JobFilter {
+            .list_follow_ons(&idem_runtime::store::FollowOnFilter {
                 tenant: Some(tenant.to_owned()),
                 states: vec![
-                    idem_runtime::store::JobState::Waiting,
-                    idem_runtime::store::JobState::Running,
-                    idem_runtime::store::JobState::Dead,
+                    idem_runtime::store::FollowOnState::Waiting,
+                    idem_runtime::store::FollowOnState::Running,
+                    idem_runtime::store::FollowOnState::Dead,
                 ],
                 limit: 10,
-                ..idem_runtime::store::JobFilter::default()
+                ..idem_runtime::store::FollowOnFilter::default()
             })
             .await
             .unwrap()
@@ -321,7 +321,7 @@ async fn follow_ons_are_written_with_a_resolution_by_hand() {
     let sent = Arc::new(AtomicUsize::new(0));
     let handler = || {
         let counted = sent.clone();
-        idem_runtime::outbox::job_fn(move |_| {
+        idem_runtime::follow_ons::follow_on_fn(move |_| {
             let counted = counted.clone();
             async move {
                 counted.fetch_add(1, Ordering::SeqCst);
@@ -329,12 +329,12 @@ async fn follow_ons_are_written_with_a_resolution_by_hand() {
             }
         })
     };
-    let handlers = idem_runtime::outbox::JobHandlers::new()
+    let handlers = idem_runtime::follow_ons::FollowOnHandlers::new()
         .on("send_receipt", handler())
         .on("notify_warehouse", handler());
-    let config = idem_runtime::outbox::OutboxConfig::default();
+    let config = idem_runtime::follow_ons::FollowOnConfig::default();
     for _ in 0..3 {
-        idem_runtime::outbox::Outbox::round(&store, &handlers, &config)
+        idem_runtime::follow_ons::FollowOnDispatcher::round(&store, &handlers, &config)
             .await
             .unwrap();
     }

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use idem_cli::EXIT_OK;
-use idem_runtime::outbox::FollowOn;
+use idem_runtime::follow_ons::FollowOn;
 use idem_runtime::store::conformance::claim_request;
 use idem_runtime::store::FollowOns;
 use idem_runtime::{IdempotencyStore, RedisStore};

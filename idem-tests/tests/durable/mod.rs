@@ -381,7 +381,7 @@ pub async fn completed_with_a_job(
     let name = format!("send_receipt_{}", Attempt::random().get());
     store.claim(&req).await.unwrap();
     let job =
-        idem_runtime::outbox::FollowOn::new(&name, &serde_json::json!({"to": "a@b"})).unwrap();
+        idem_runtime::follow_ons::FollowOn::new(&name, &serde_json::json!({"to": "a@b"})).unwrap();
     store
         .complete_with_follow_ons(
             &req.key,
@@ -403,7 +403,7 @@ pub async fn legacy_rows_still_work(
     name: &str,
 ) {
     use idem_runtime::{
-        store::{Claim, JobFilter},
+        store::{Claim, FollowOnFilter},
         Reference,
     };
     let legacy = Reference::with_tag(&req.key, 0);
@@ -425,10 +425,10 @@ pub async fn legacy_rows_still_work(
         other => panic!("a repeat of a completed record claimed it: {other:?}"),
     }
     let jobs = store
-        .list_jobs(&JobFilter {
+        .list_follow_ons(&FollowOnFilter {
             tenant: Some(req.tenant.clone()),
             reference: Some(legacy),
-            ..JobFilter::default()
+            ..FollowOnFilter::default()
         })
         .await
         .unwrap();
@@ -436,18 +436,18 @@ pub async fn legacy_rows_still_work(
     assert_eq!(jobs[0].id.downstream_key(), format!("{text}:{name}"));
     let token = Attempt::random();
     let leased = store
-        .lease_jobs(&[name], 10, Duration::from_secs(30), token)
+        .lease_follow_ons(&[name], 10, Duration::from_secs(30), token)
         .await
         .unwrap();
     assert_eq!(leased.len(), 1);
     assert_eq!(leased[0].id.reference, legacy);
-    store.finish_job(&leased[0].id, token).await.unwrap();
+    store.finish_follow_on(&leased[0].id, token).await.unwrap();
     // Delivered, and kept as long as its record, found by its old reference.
     let delivered = store
-        .list_jobs(&JobFilter {
+        .list_follow_ons(&FollowOnFilter {
             tenant: Some(req.tenant.clone()),
-            states: vec![idem_runtime::store::JobState::Delivered],
-            ..JobFilter::default()
+            states: vec![idem_runtime::store::FollowOnState::Delivered],
+            ..FollowOnFilter::default()
         })
         .await
         .unwrap();

@@ -79,7 +79,7 @@ async def ledger(client: Client) -> dict[str, Any]:
     # The stubs deduplicate by reference: never two effects for one.
     assert all(c["charges"] <= 1 for c in processor), view
     assert all(c["shipments"] <= 1 for c in carrier), view
-    # The mailer and the warehouse dedupe by the outbox's downstream key.
+    # The mailer and the warehouse dedupe by the follow-on's downstream key.
     mailer, warehouse = view["mailer"].values(), view["warehouse"].values()
     assert view["mailer_attempts"] == sum(c["attempts"] for c in mailer)
     assert view["mailer_deliveries"] == sum(c["deliveries"] for c in mailer)
@@ -120,20 +120,20 @@ def mode(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
-# --- follow-on work through the outbox --------------------------------------
+# --- follow-on work through the dispatcher ------------------------------------
 
 
 async def test_stdio_a_receipt_is_mailed_once_across_retries_and_replays(
     stdio_server: StdioServer,
 ) -> None:
     """The receipt is a follow-on job: the stub mailer fails its first two
-    requests, the outbox retries, one receipt goes out; a replay of the
+    requests, the dispatcher retries, one receipt goes out; a replay of the
     charge queues nothing, so the mailer sees nothing more."""
     args = (
         "--store", "memory",
         "--mailer-failures", "2",
-        "--outbox-interval-ms", "20",
-        "--outbox-backoff-ms", "20",
+        "--follow-on-interval-ms", "20",
+        "--follow-on-backoff-ms", "20",
     )  # fmt: skip
     with anyio.fail_after(TEST_TIMEOUT_S):
         async with stdio_server.client(*args) as client:

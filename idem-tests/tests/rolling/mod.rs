@@ -5,11 +5,11 @@
 //! given reads true.
 //!
 //! Each replica runs what a server runs, through this version's executor,
-//! maintenance and outbox over its store: calls (completed with a receipt
+//! maintenance and follow-ons over its store: calls (completed with a receipt
 //! to send, replayed, declined, unknown, slow enough to send heartbeats,
 //! repeated after their window), claims left by a replica that died (its
 //! handler charged first, or not), the sweep, the reconciler, the purge
-//! and the outbox. The far side is a card processor that charges once per
+//! and the follow-on dispatcher. The far side is a card processor that charges once per
 //! key it is given (the operation's reference) and a mailer that sends once
 //! per downstream key; both count what reached them.
 #![allow(dead_code)]
@@ -18,10 +18,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use idem_runtime::follow_ons::{
+    follow_on_fn, FollowOn, FollowOnConfig, FollowOnDispatcher, FollowOnHandlers, FollowOnRun,
+};
 use idem_runtime::maintenance::{
     Maintenance, MaintenanceConfig, Outcome, ReconcileConfig, Reconciler, Reconciliation,
 };
-use idem_runtime::outbox::{job_fn, FollowOn, JobHandlers, JobRun, Outbox, OutboxConfig};
 use idem_runtime::store::{Attempt, Claim, ClaimRequest, Record, RecordState};
 use idem_runtime::{
     answer::Answer,
@@ -167,14 +169,14 @@ impl World {
     }
 }
 
-/// One replica: an executor, and its maintenance and outbox rounds, over
+/// One replica: an executor, and its maintenance and follow-on rounds, over
 /// `store`.
 pub struct Replica {
     pub name: &'static str,
     pub store: Arc<dyn IdempotencyStore>,
     executor: Executor,
     maintenance: MaintenanceConfig,
-    handlers: JobHandlers,
+    handlers: FollowOnHandlers,
     /// Whether it keeps an operation for its window only
     /// ([`Replica::window_only`]).
     window_only: bool,
@@ -195,9 +197,9 @@ impl Replica {
                     .with_lookup_timeout(Duration::from_secs(2)),
             );
         let mailer = world.mailer.clone();
-        let handlers = JobHandlers::new().on(
+        let handlers = FollowOnHandlers::new().on(
             "receipt",
-            job_fn(move |run: JobRun| {
+            follow_on_fn(move |run: FollowOnRun| {
                 let mailer = mailer.clone();
                 async move {
                     mailer.send(&run.downstream_key);
@@ -229,17 +231,17 @@ impl Replica {
         self
     }
 
-    /// One maintenance round and one outbox round; `Err` says what failed.
+    /// One maintenance round and one follow-on round; `Err` says what failed.
     pub async fn upkeep(&self) -> Result<(), String> {
         let round = Maintenance::round(&*self.store, &self.maintenance).await;
-        let outbox = OutboxConfig::default()
+        let dispatcher = FollowOnConfig::default()
             .with_timeout(Duration::from_secs(2))
             .with_first_backoff(Duration::from_millis(50));
-        let dispatched = Outbox::round(&*self.store, &self.handlers, &outbox).await;
+        let dispatched = FollowOnDispatcher::round(&*self.store, &self.handlers, &dispatcher).await;
         match (round.errors, dispatched) {
             (0, Ok(_)) => Ok(()),
             (errors, dispatched) => Err(format!(
-                "{}: {errors} maintenance steps failed; outbox: {dispatched:?}",
+                "{}: {errors} maintenance steps failed; follow-ons: {dispatched:?}",
                 self.name
             )),
         }
@@ -524,7 +526,7 @@ pub async fn rolling_deploy(
     assert_eq!(charged.len(), 18, "{charged:?}");
 }
 
-/// `replica`'s maintenance and outbox rounds, every 100 ms until `stopped`:
+/// `replica`'s maintenance and follow-on rounds, every 100 ms until `stopped`:
 /// what failed.
 async fn upkeep(replica: &Replica, mut stopped: tokio::sync::watch::Receiver<bool>) -> Vec<String> {
     let mut failures = Vec::new();

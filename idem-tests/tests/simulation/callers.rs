@@ -296,9 +296,9 @@ async fn handler(
                 return Err(ToolError::rejected("declined (but it was charged)"));
             }
             // The receipt (or the warehouse's notice) goes out through the
-            // outbox, written with the completion.
+            // follow-ons, written with the completion.
             let tool = sim.world().ops[plan.op].tool;
-            if let Some(name) = super::outbox::job_name(tool.name()) {
+            if let Some(name) = super::follow_ons::job_name(tool.name()) {
                 idem_runtime::follow_on(name, &receipt)
                     .map_err(|e| ToolError::unknown(e.to_string()))?;
             }

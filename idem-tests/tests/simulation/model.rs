@@ -6,8 +6,8 @@
 use std::time::{Duration, SystemTime};
 
 use idem_runtime::{
+    follow_ons::FollowOn,
     key::IdempotencyKey,
-    outbox::FollowOn,
     store::{Attempt, ClaimRequest, Record, RecordState},
     IdempotencyStore, Reference,
 };
@@ -242,7 +242,7 @@ impl Recorder {
                     payload: job.payload().to_owned(),
                     epoch,
                 });
-                w.stats.bump("follow-on jobs written");
+                w.stats.bump("follow-ons written");
             }
         }
         if let (Some(r), Write::MarkLapsed, Some(b)) = (&after, what, &before) {

@@ -20,8 +20,8 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use idem_runtime::follow_ons::FollowOn;
 use idem_runtime::maintenance::{Outcome as Found, Reconciler, Reconciliation};
-use idem_runtime::outbox::FollowOn;
 use idem_runtime::store::Record;
 use idem_runtime::Reference;
 use tokio::sync::oneshot;
@@ -361,7 +361,7 @@ impl Reconciler for SimReconciler {
                     }
                     let response = serde_json::to_string(&receipt).expect("a receipt serializes");
                     // What the handler would have declared after the charge.
-                    match super::outbox::job_name(&record.tool) {
+                    match super::follow_ons::job_name(&record.tool) {
                         Some(name) => Reconciliation::Found(Found::completed_with(
                             response,
                             vec![FollowOn::new(name, &receipt).expect("a receipt is a valid job")],

@@ -7,11 +7,11 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use idem_runtime::{
+    follow_ons::FollowOns,
     key::IdempotencyKey,
-    outbox::FollowOns,
     store::{
-        Attempt, Claim, ClaimRequest, FollowOnStore, Job, JobFilter, JobId, Record, RecordFilter,
-        Resolution, StateCounts,
+        Attempt, Claim, ClaimRequest, FollowOnFilter, FollowOnId, FollowOnRecord, FollowOnStore,
+        Record, RecordFilter, Resolution, StateCounts,
     },
     IdempotencyStore, Reference, StoreError,
 };
@@ -368,13 +368,13 @@ impl FollowOnStore for Recorder {
         .await
     }
 
-    async fn lease_jobs(
+    async fn lease_follow_ons(
         &self,
         names: &[&str],
         limit: usize,
         lease: Duration,
         token: Attempt,
-    ) -> Result<Vec<Job>, StoreError> {
+    ) -> Result<Vec<FollowOnRecord>, StoreError> {
         // Under the write lock: a job is leased only once the completion
         // that wrote it has been recorded (in real time a dispatcher could
         // otherwise deliver it before the bookkeeping knew of it).
@@ -382,41 +382,49 @@ impl FollowOnStore for Recorder {
         self.write(|inner, _| async move {
             let names: Vec<&str> = names.iter().map(String::as_str).collect();
             jobs_of(&*inner)
-                .lease_jobs(&names, limit, lease, token)
+                .lease_follow_ons(&names, limit, lease, token)
                 .await
         })
         .await
     }
 
-    async fn finish_job(&self, id: &JobId, token: Attempt) -> Result<(), StoreError> {
-        jobs_of(&*self.inner).finish_job(id, token).await
+    async fn finish_follow_on(&self, id: &FollowOnId, token: Attempt) -> Result<(), StoreError> {
+        jobs_of(&*self.inner).finish_follow_on(id, token).await
     }
 
-    async fn retry_job(
+    async fn retry_follow_on(
         &self,
-        id: &JobId,
+        id: &FollowOnId,
         token: Attempt,
         delay: Duration,
         error: &str,
     ) -> Result<(), StoreError> {
         jobs_of(&*self.inner)
-            .retry_job(id, token, delay, error)
+            .retry_follow_on(id, token, delay, error)
             .await
     }
 
-    async fn bury_job(&self, id: &JobId, token: Attempt, error: &str) -> Result<(), StoreError> {
-        jobs_of(&*self.inner).bury_job(id, token, error).await
+    async fn bury_follow_on(
+        &self,
+        id: &FollowOnId,
+        token: Attempt,
+        error: &str,
+    ) -> Result<(), StoreError> {
+        jobs_of(&*self.inner).bury_follow_on(id, token, error).await
     }
 
-    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
-        jobs_of(&*self.inner).list_jobs(filter).await
+    async fn list_follow_ons(
+        &self,
+        filter: &FollowOnFilter,
+    ) -> Result<Vec<FollowOnRecord>, StoreError> {
+        jobs_of(&*self.inner).list_follow_ons(filter).await
     }
 
-    async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
-        jobs_of(&*self.inner).redrive_job(id).await
+    async fn redrive_follow_on(&self, id: &FollowOnId) -> Result<bool, StoreError> {
+        jobs_of(&*self.inner).redrive_follow_on(id).await
     }
 
-    async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
-        jobs_of(&*self.inner).count_due_jobs().await
+    async fn count_due_follow_ons(&self) -> Result<BTreeMap<String, u64>, StoreError> {
+        jobs_of(&*self.inner).count_due_follow_ons().await
     }
 }

@@ -245,7 +245,7 @@ async fn schedule(sim: Arc<Sim>, views: Vec<Arc<dyn IdempotencyStore>>) {
         .iter()
         .enumerate()
         .map(|(replica, stack)| {
-            tokio::spawn(super::outbox::dispatch(
+            tokio::spawn(super::follow_ons::dispatch(
                 sim.clone(),
                 stack.clone(),
                 replica,
@@ -360,9 +360,9 @@ async fn schedule(sim: Arc<Sim>, views: Vec<Arc<dyn IdempotencyStore>>) {
     // Oracle 9: the dispatchers deliver every job, then the mailer's ledger
     // is checked against the jobs written.
     let limit = t.reconcile_bound() * 4;
-    if !super::outbox::drained(&sim, limit).await {
+    if !super::follow_ons::drained(&sim, limit).await {
         sim.violate(format!(
-            "oracle 9 (follow-on jobs): jobs were still in the store {limit:?} after the faults ended"
+            "oracle 9 (follow-ons): jobs were still in the store {limit:?} after the faults ended"
         ));
     }
     stop_dispatch.store(true, Ordering::SeqCst);
@@ -371,7 +371,7 @@ async fn schedule(sim: Arc<Sim>, views: Vec<Arc<dyn IdempotencyStore>>) {
             sim.violate(format!("a dispatcher task failed: {e}"));
         }
     }
-    super::outbox::final_check(&sim);
+    super::follow_ons::final_check(&sim);
     super::client_keys::final_check(&sim);
     let mut w = sim.world();
     let not_performed: Vec<_> = w

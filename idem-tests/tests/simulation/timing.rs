@@ -101,7 +101,7 @@ pub struct Timing {
     /// Tolerance of clock comparisons between the harness's model and the
     /// store (0 on the paused clock, where they read the same clock).
     pub tolerance: Duration,
-    /// The outbox: the longest run of one job (its lease is twice this).
+    /// The follow-on dispatcher: the longest run of one job (its lease is twice this).
     pub job_timeout: Duration,
     /// Time between two dispatch rounds of one replica, plus up to `jitter`.
     pub dispatch_every: Duration,

@@ -300,7 +300,7 @@ pub struct HeartbeatRec {
     pub landed: Option<SystemTime>,
 }
 
-/// A follow-on job a write that took effect put in the store: the job the
+/// A follow-on a write that took effect put in the store: the job the
 /// mailer must get exactly once (oracle 9).
 #[derive(Clone, Debug)]
 pub struct JobRec {
@@ -399,7 +399,7 @@ pub struct World {
     /// Every heartbeat sent, per key (oracle 4 at the send, and its excuse
     /// for a lease lapsed while a heartbeat was slow).
     pub hb_sent: BTreeMap<[u8; 32], Vec<HeartbeatRec>>,
-    /// The follow-on jobs the store was given (oracle 9).
+    /// The follow-ons the store was given (oracle 9).
     pub jobs: Vec<JobRec>,
     /// The mailer's ledger, by downstream key.
     pub mailer: BTreeMap<String, MailRec>,

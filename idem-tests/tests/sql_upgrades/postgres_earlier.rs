@@ -25,9 +25,9 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use idem_runtime::store::{
-    Attempt, Claim, ClaimRequest, FollowOnStore, FollowOns, IdempotencyStore, Inspect, Job,
-    JobFilter, JobId, JobState, Record, RecordFilter, RecordStateKind, Resolution, StateCounts,
-    StoreError, Upkeep,
+    Attempt, Claim, ClaimRequest, FollowOnFilter, FollowOnId, FollowOnRecord, FollowOnState,
+    FollowOnStore, FollowOns, IdempotencyStore, Inspect, Record, RecordFilter, RecordStateKind,
+    Resolution, StateCounts, StoreError, Upkeep,
 };
 use idem_runtime::{key::IdempotencyKey, PostgresStore, Reference};
 use tokio_postgres::types::ToSql;
@@ -50,13 +50,13 @@ struct Statements {
     defer_check: String,
     complete_with_jobs: String,
     resolve_with_jobs: String,
-    lease_jobs: String,
-    finish_job: String,
-    retry_job: String,
-    bury_job: String,
-    redrive_job: String,
+    lease_follow_ons: String,
+    finish_follow_on: String,
+    retry_follow_on: String,
+    bury_follow_on: String,
+    redrive_follow_on: String,
     jobs_filtered: String,
-    count_due_jobs: String,
+    count_due_follow_ons: String,
 }
 
 /// e11d36c's `with_jobs`: a fenced change and its jobs in one statement.
@@ -100,7 +100,7 @@ impl Statements {
             ),
             complete_with_jobs: with_jobs(&format!("{RELAXED}, "), &update_complete, &j, 4),
             resolve_with_jobs: with_jobs("", &resolve_completed, &j, 5),
-            lease_jobs: format!(
+            lease_follow_ons: format!(
                 "UPDATE {j} SET token = $1, attempts = attempts + 1, \
                    next_run_at = now() + {}, updated_at = now() \
                  WHERE (tenant, reference, name) IN ( \
@@ -111,7 +111,7 @@ impl Statements {
                  RETURNING {JOB_COLUMNS}",
                 micros(2)
             ),
-            finish_job: format!(
+            finish_follow_on: format!(
                 "UPDATE {j} SET token = NULL, delivered_at = now(), updated_at = now(), \
                    kept_until = coalesce((SELECT retain_until FROM {t} \
                      WHERE key BETWEEN $5::bytea AND $6::bytea AND tenant = $1 \
@@ -123,17 +123,17 @@ impl Statements {
                      ORDER BY key LIMIT 1), now()) \
                  WHERE tenant = $1 AND reference = $2 AND name = $3 AND token = $4"
             ),
-            retry_job: format!(
+            retry_follow_on: format!(
                 "UPDATE {j} SET token = NULL, next_run_at = now() + {}, last_error = $6, \
                    updated_at = now() \
                  WHERE tenant = $1 AND reference = $2 AND name = $3 AND token = $4",
                 micros(5)
             ),
-            bury_job: format!(
+            bury_follow_on: format!(
                 "UPDATE {j} SET token = NULL, dead = true, last_error = $5, updated_at = now() \
                  WHERE tenant = $1 AND reference = $2 AND name = $3 AND token = $4"
             ),
-            redrive_job: format!(
+            redrive_follow_on: format!(
                 "UPDATE {j} SET dead = false, attempts = 0, token = NULL, next_run_at = now(), \
                    updated_at = now() \
                  WHERE tenant = $1 AND reference = $2 AND name = $3 AND dead"
@@ -148,7 +148,7 @@ impl Statements {
                              WHEN token IS NOT NULL THEN 2 ELSE 1 END) <> 0) \
                  ORDER BY created_at, reference, name, tenant LIMIT $5::int8"
             ),
-            count_due_jobs: format!(
+            count_due_follow_ons: format!(
                 "SELECT name, count(*) FROM {j} \
                  WHERE NOT dead AND delivered_at IS NULL AND next_run_at <= now() \
                  GROUP BY name"
@@ -183,11 +183,11 @@ fn micros(d: Duration) -> i64 {
 }
 
 /// e11d36c's `row_to_job`, its 13 columns.
-fn row_to_job(row: &Row) -> Job {
+fn row_to_job(row: &Row) -> FollowOnRecord {
     let reference: &[u8] = row.get(1);
     let payload: Vec<u8> = row.get(3);
-    Job {
-        id: JobId {
+    FollowOnRecord {
+        id: FollowOnId {
             tenant: row.get(0),
             reference: Reference::from_bytes(reference).expect("8 or 16 bytes"),
             name: row.get(2),
@@ -293,7 +293,7 @@ impl EarlierPostgres {
     async fn fenced_job(
         &self,
         sql: &str,
-        id: &JobId,
+        id: &FollowOnId,
         attempt: Attempt,
         rest: &[&(dyn ToSql + Sync)],
     ) -> Result<(), StoreError> {
@@ -495,71 +495,84 @@ impl FollowOnStore for EarlierPostgres {
         Ok(())
     }
 
-    async fn lease_jobs(
+    async fn lease_follow_ons(
         &self,
         names: &[&str],
         limit: usize,
         lease: Duration,
         attempt: Attempt,
-    ) -> Result<Vec<Job>, StoreError> {
+    ) -> Result<Vec<FollowOnRecord>, StoreError> {
         if names.is_empty() || limit == 0 {
             return Ok(Vec::new());
         }
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let rows = self
             .query(
-                &self.sql.lease_jobs,
+                &self.sql.lease_follow_ons,
                 &[&(attempt.get() as i64), &micros(lease), &names, &limit],
             )
             .await?;
-        let mut leased: Vec<Job> = rows.iter().map(row_to_job).collect();
+        let mut leased: Vec<FollowOnRecord> = rows.iter().map(row_to_job).collect();
         leased.sort_by_key(|j| (j.created_at, j.id.reference, j.id.name.clone()));
         self.ran("lease_jobs");
         Ok(leased)
     }
 
-    async fn finish_job(&self, id: &JobId, attempt: Attempt) -> Result<(), StoreError> {
+    async fn finish_follow_on(&self, id: &FollowOnId, attempt: Attempt) -> Result<(), StoreError> {
         let (mut lo, mut hi) = ([0u8; 32], [0xffu8; 32]);
         lo[..8].copy_from_slice(&id.reference.key_prefix());
         hi[..8].copy_from_slice(&id.reference.key_prefix());
         let tag = id.reference.tag() as i64;
         let rest: [&(dyn ToSql + Sync); 3] = [&&lo[..], &&hi[..], &tag];
-        self.fenced_job(&self.sql.finish_job, id, attempt, &rest)
+        self.fenced_job(&self.sql.finish_follow_on, id, attempt, &rest)
             .await?;
         self.ran("finish_job");
         Ok(())
     }
 
-    async fn retry_job(
+    async fn retry_follow_on(
         &self,
-        id: &JobId,
+        id: &FollowOnId,
         attempt: Attempt,
         delay: Duration,
         error: &str,
     ) -> Result<(), StoreError> {
-        self.fenced_job(&self.sql.retry_job, id, attempt, &[&micros(delay), &error])
-            .await?;
+        self.fenced_job(
+            &self.sql.retry_follow_on,
+            id,
+            attempt,
+            &[&micros(delay), &error],
+        )
+        .await?;
         self.ran("retry_job");
         Ok(())
     }
 
-    async fn bury_job(&self, id: &JobId, attempt: Attempt, error: &str) -> Result<(), StoreError> {
-        self.fenced_job(&self.sql.bury_job, id, attempt, &[&error])
+    async fn bury_follow_on(
+        &self,
+        id: &FollowOnId,
+        attempt: Attempt,
+        error: &str,
+    ) -> Result<(), StoreError> {
+        self.fenced_job(&self.sql.bury_follow_on, id, attempt, &[&error])
             .await?;
         self.ran("bury_job");
         Ok(())
     }
 
-    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
+    async fn list_follow_ons(
+        &self,
+        filter: &FollowOnFilter,
+    ) -> Result<Vec<FollowOnRecord>, StoreError> {
         let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
         let reference = filter.reference.map(|r| r.as_bytes().to_vec());
         let states = (!filter.states.is_empty()).then(|| {
             filter.states.iter().fold(0i64, |mask, state| {
                 mask | match state {
-                    JobState::Waiting => 1,
-                    JobState::Running => 2,
-                    JobState::Dead => 4,
-                    JobState::Delivered => 8,
+                    FollowOnState::Waiting => 1,
+                    FollowOnState::Running => 2,
+                    FollowOnState::Dead => 4,
+                    FollowOnState::Delivered => 8,
                 }
             })
         });
@@ -573,17 +586,20 @@ impl FollowOnStore for EarlierPostgres {
         Ok(rows.iter().map(row_to_job).collect())
     }
 
-    async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
+    async fn redrive_follow_on(&self, id: &FollowOnId) -> Result<bool, StoreError> {
         let reference = id.reference.as_bytes();
         let changed = self
-            .execute(&self.sql.redrive_job, &[&id.tenant, &reference, &id.name])
+            .execute(
+                &self.sql.redrive_follow_on,
+                &[&id.tenant, &reference, &id.name],
+            )
             .await?;
         self.ran("redrive_job");
         Ok(changed == 1)
     }
 
-    async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
-        let rows = self.query(&self.sql.count_due_jobs, &[]).await?;
+    async fn count_due_follow_ons(&self) -> Result<BTreeMap<String, u64>, StoreError> {
+        let rows = self.query(&self.sql.count_due_follow_ons, &[]).await?;
         let mut due = BTreeMap::new();
         for row in rows {
             let (name, n): (String, i64) = (row.get(0), row.get(1));

@@ -25,9 +25,9 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use idem_runtime::store::{
-    Attempt, Claim, ClaimRequest, FollowOnStore, FollowOns, IdempotencyStore, Inspect, Job,
-    JobFilter, JobId, JobState, Record, RecordFilter, RecordState, RecordStateKind, Resolution,
-    StateCounts, StoreError, Upkeep,
+    Attempt, Claim, ClaimRequest, FollowOnFilter, FollowOnId, FollowOnRecord, FollowOnState,
+    FollowOnStore, FollowOns, IdempotencyStore, Inspect, Record, RecordFilter, RecordState,
+    RecordStateKind, Resolution, StateCounts, StoreError, Upkeep,
 };
 use idem_runtime::{key::IdempotencyKey, Reference};
 use tokio_postgres::types::ToSql;
@@ -103,12 +103,12 @@ fn row_to_record(row: &Row) -> Record {
     }
 }
 /// The commit's `row_to_job`: 13 columns, or 11 before migration 5.
-fn row_to_job(row: &Row) -> Job {
+fn row_to_job(row: &Row) -> FollowOnRecord {
     let delivered = row.len() > 11;
     let reference: &[u8] = row.get(1);
     let payload: Vec<u8> = row.get(3);
-    Job {
-        id: JobId {
+    FollowOnRecord {
+        id: FollowOnId {
             tenant: row.get(0),
             reference: Reference::from_bytes(reference).expect("8 or 16 bytes"),
             name: row.get(2),
@@ -241,7 +241,7 @@ impl PostgresReplayed {
     async fn fenced_job(
         &self,
         name: &str,
-        id: &JobId,
+        id: &FollowOnId,
         attempt: Attempt,
         rest: &[&(dyn ToSql + Sync)],
     ) -> Result<(), StoreError> {
@@ -604,13 +604,13 @@ impl FollowOnStore for PostgresReplayed {
         Ok(())
     }
 
-    async fn lease_jobs(
+    async fn lease_follow_ons(
         &self,
         names: &[&str],
         limit: usize,
         lease: Duration,
         attempt: Attempt,
-    ) -> Result<Vec<Job>, StoreError> {
+    ) -> Result<Vec<FollowOnRecord>, StoreError> {
         if names.is_empty() || limit == 0 {
             return Ok(Vec::new());
         }
@@ -621,13 +621,13 @@ impl FollowOnStore for PostgresReplayed {
                 &[&(attempt.get() as i64), &micros(lease), &names, &limit],
             )
             .await?;
-        let mut leased: Vec<Job> = rows.iter().map(row_to_job).collect();
+        let mut leased: Vec<FollowOnRecord> = rows.iter().map(row_to_job).collect();
         leased.sort_by_key(|j| (j.created_at, j.id.reference, j.id.name.clone()));
         self.ran("lease_jobs");
         Ok(leased)
     }
 
-    async fn finish_job(&self, id: &JobId, attempt: Attempt) -> Result<(), StoreError> {
+    async fn finish_follow_on(&self, id: &FollowOnId, attempt: Attempt) -> Result<(), StoreError> {
         let (mut lo, mut hi) = ([0u8; 32], [0xffu8; 32]);
         lo[..8].copy_from_slice(&id.reference.key_prefix());
         hi[..8].copy_from_slice(&id.reference.key_prefix());
@@ -640,9 +640,9 @@ impl FollowOnStore for PostgresReplayed {
         Ok(())
     }
 
-    async fn retry_job(
+    async fn retry_follow_on(
         &self,
-        id: &JobId,
+        id: &FollowOnId,
         attempt: Attempt,
         delay: Duration,
         error: &str,
@@ -653,29 +653,37 @@ impl FollowOnStore for PostgresReplayed {
         Ok(())
     }
 
-    async fn bury_job(&self, id: &JobId, attempt: Attempt, error: &str) -> Result<(), StoreError> {
+    async fn bury_follow_on(
+        &self,
+        id: &FollowOnId,
+        attempt: Attempt,
+        error: &str,
+    ) -> Result<(), StoreError> {
         self.fenced_job("bury_job", id, attempt, &[&error]).await?;
         self.ran("bury_job");
         Ok(())
     }
 
-    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
+    async fn list_follow_ons(
+        &self,
+        filter: &FollowOnFilter,
+    ) -> Result<Vec<FollowOnRecord>, StoreError> {
         let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
         let reference = filter.reference.map(|r| r.as_bytes().to_vec());
         let states = (!filter.states.is_empty()).then(|| {
             filter.states.iter().fold(0i64, |mask, state| {
                 mask | match state {
-                    JobState::Waiting => 1,
-                    JobState::Running => 2,
-                    JobState::Dead => 4,
-                    JobState::Delivered => 8,
+                    FollowOnState::Waiting => 1,
+                    FollowOnState::Running => 2,
+                    FollowOnState::Dead => 4,
+                    FollowOnState::Delivered => 8,
                 }
             })
         });
         // Before migration 5 a listing took `dead`, not states.
         let dead = match filter.states.as_slice() {
             [] => None,
-            [JobState::Dead] => Some(true),
+            [FollowOnState::Dead] => Some(true),
             _ => Some(false),
         };
         let rows = if self.layout >= 5 {
@@ -695,7 +703,7 @@ impl FollowOnStore for PostgresReplayed {
         Ok(rows.iter().map(row_to_job).collect())
     }
 
-    async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
+    async fn redrive_follow_on(&self, id: &FollowOnId) -> Result<bool, StoreError> {
         let reference = id.reference.as_bytes();
         let changed = self
             .execute("redrive_job", &[&id.tenant, &reference, &id.name])
@@ -704,7 +712,7 @@ impl FollowOnStore for PostgresReplayed {
         Ok(changed == 1)
     }
 
-    async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
+    async fn count_due_follow_ons(&self) -> Result<BTreeMap<String, u64>, StoreError> {
         let rows = self.query("count_due_jobs", &[]).await?;
         let mut due = BTreeMap::new();
         for row in rows {

@@ -23,9 +23,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use idem_runtime::store::{
-    Attempt, Claim, ClaimRequest, FollowOnStore, FollowOns, IdempotencyStore, Inspect, Job,
-    JobFilter, JobId, Record, RecordFilter, RecordStateKind, Resolution, StateCounts, StoreError,
-    Upkeep,
+    Attempt, Claim, ClaimRequest, FollowOnFilter, FollowOnId, FollowOnRecord, FollowOnStore,
+    FollowOns, IdempotencyStore, Inspect, Record, RecordFilter, RecordStateKind, Resolution,
+    StateCounts, StoreError, Upkeep,
 };
 use idem_runtime::{key::IdempotencyKey, Reference, SqliteStore};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -122,10 +122,10 @@ fn nanos(d: Duration) -> i64 {
 }
 
 /// e11d36c's `row_to_job`, its 13 columns.
-fn row_to_job(row: &rusqlite::Row<'_>) -> rusqlite::Result<Job> {
+fn row_to_job(row: &rusqlite::Row<'_>) -> rusqlite::Result<FollowOnRecord> {
     let reference: Vec<u8> = row.get(1)?;
-    Ok(Job {
-        id: JobId {
+    Ok(FollowOnRecord {
+        id: FollowOnId {
             tenant: row.get(0)?,
             reference: Reference::from_bytes(&reference).expect("8 or 16 bytes"),
             name: row.get(2)?,
@@ -210,7 +210,7 @@ fn insert_jobs(
 fn fenced_job(
     conn: &Connection,
     sql: &str,
-    id: &JobId,
+    id: &FollowOnId,
     attempt: Attempt,
     rest: &[&dyn rusqlite::ToSql],
 ) -> Result<(), StoreError> {
@@ -431,13 +431,13 @@ impl FollowOnStore for EarlierSqlite {
         .await
     }
 
-    async fn lease_jobs(
+    async fn lease_follow_ons(
         &self,
         names: &[&str],
         limit: usize,
         lease: Duration,
         attempt: Attempt,
-    ) -> Result<Vec<Job>, StoreError> {
+    ) -> Result<Vec<FollowOnRecord>, StoreError> {
         if names.is_empty() || limit == 0 {
             return Ok(Vec::new());
         }
@@ -464,7 +464,7 @@ impl FollowOnStore for EarlierSqlite {
         .await
     }
 
-    async fn finish_job(&self, id: &JobId, attempt: Attempt) -> Result<(), StoreError> {
+    async fn finish_follow_on(&self, id: &FollowOnId, attempt: Attempt) -> Result<(), StoreError> {
         let id = id.clone();
         let (mut lo, mut hi) = ([0u8; 32], [0xffu8; 32]);
         lo[..8].copy_from_slice(&id.reference.key_prefix());
@@ -477,9 +477,9 @@ impl FollowOnStore for EarlierSqlite {
         .await
     }
 
-    async fn retry_job(
+    async fn retry_follow_on(
         &self,
-        id: &JobId,
+        id: &FollowOnId,
         attempt: Attempt,
         delay: Duration,
         error: &str,
@@ -492,7 +492,12 @@ impl FollowOnStore for EarlierSqlite {
         .await
     }
 
-    async fn bury_job(&self, id: &JobId, attempt: Attempt, error: &str) -> Result<(), StoreError> {
+    async fn bury_follow_on(
+        &self,
+        id: &FollowOnId,
+        attempt: Attempt,
+        error: &str,
+    ) -> Result<(), StoreError> {
         let (id, error) = (id.clone(), error.to_owned());
         self.run("bury_job", move |conn, now| {
             fenced_job(conn, BURY_JOB, &id, attempt, &[&error, &now])
@@ -500,17 +505,20 @@ impl FollowOnStore for EarlierSqlite {
         .await
     }
 
-    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
+    async fn list_follow_ons(
+        &self,
+        filter: &FollowOnFilter,
+    ) -> Result<Vec<FollowOnRecord>, StoreError> {
         let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
         let (tenant, name) = (filter.tenant.clone(), filter.name.clone());
         let reference = filter.reference.map(|r| r.as_bytes().to_vec());
         let states = (!filter.states.is_empty()).then(|| {
             filter.states.iter().fold(0i64, |mask, state| {
                 mask | match state {
-                    idem_runtime::store::JobState::Waiting => 1,
-                    idem_runtime::store::JobState::Running => 2,
-                    idem_runtime::store::JobState::Dead => 4,
-                    idem_runtime::store::JobState::Delivered => 8,
+                    idem_runtime::store::FollowOnState::Waiting => 1,
+                    idem_runtime::store::FollowOnState::Running => 2,
+                    idem_runtime::store::FollowOnState::Dead => 4,
+                    idem_runtime::store::FollowOnState::Delivered => 8,
                 }
             })
         });
@@ -523,7 +531,7 @@ impl FollowOnStore for EarlierSqlite {
         .await
     }
 
-    async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
+    async fn redrive_follow_on(&self, id: &FollowOnId) -> Result<bool, StoreError> {
         let id = id.clone();
         self.run("redrive_job", move |conn, now| {
             let changed = conn
@@ -537,7 +545,7 @@ impl FollowOnStore for EarlierSqlite {
         .await
     }
 
-    async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
+    async fn count_due_follow_ons(&self) -> Result<BTreeMap<String, u64>, StoreError> {
         self.run("count_due_jobs", |conn, now| {
             let mut stmt = conn.prepare_cached(COUNT_DUE_JOBS).map_err(unavailable)?;
             let rows = stmt

@@ -25,9 +25,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use idem_runtime::store::{
-    Attempt, Claim, ClaimRequest, FollowOnStore, FollowOns, IdempotencyStore, Inspect, Job,
-    JobFilter, JobId, JobState, Record, RecordFilter, RecordState, RecordStateKind, Resolution,
-    StateCounts, StoreError, Upkeep,
+    Attempt, Claim, ClaimRequest, FollowOnFilter, FollowOnId, FollowOnRecord, FollowOnState,
+    FollowOnStore, FollowOns, IdempotencyStore, Inspect, Record, RecordFilter, RecordState,
+    RecordStateKind, Resolution, StateCounts, StoreError, Upkeep,
 };
 use idem_runtime::{key::IdempotencyKey, Reference};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -237,11 +237,11 @@ fn fenced(
 }
 
 /// The commit's `row_to_job`: 13 columns, or 11 before migration 5.
-fn row_to_job(row: &rusqlite::Row<'_>) -> rusqlite::Result<Job> {
+fn row_to_job(row: &rusqlite::Row<'_>) -> rusqlite::Result<FollowOnRecord> {
     let delivered = row.as_ref().column_count() > 11;
     let reference: Vec<u8> = row.get(1)?;
-    Ok(Job {
-        id: JobId {
+    Ok(FollowOnRecord {
+        id: FollowOnId {
             tenant: row.get(0)?,
             reference: Reference::from_bytes(&reference).expect("8 or 16 bytes"),
             name: row.get(2)?,
@@ -275,7 +275,7 @@ fn read_jobs(
     conn: &Connection,
     sql: &str,
     params: impl rusqlite::Params,
-) -> Result<Vec<Job>, StoreError> {
+) -> Result<Vec<FollowOnRecord>, StoreError> {
     let mut stmt = conn.prepare_cached(sql).map_err(unavailable)?;
     stmt.query_map(params, row_to_job)
         .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
@@ -285,7 +285,7 @@ fn read_jobs(
 fn insert_jobs(
     conn: &Connection,
     key: &[u8; 32],
-    jobs: &[idem_runtime::outbox::FollowOn],
+    jobs: &[idem_runtime::follow_ons::FollowOn],
     now: i64,
 ) -> Result<(), StoreError> {
     if jobs.is_empty() {
@@ -313,7 +313,7 @@ fn insert_jobs(
 fn fenced_job(
     conn: &Connection,
     sql: &str,
-    id: &JobId,
+    id: &FollowOnId,
     attempt: Attempt,
     rest: &[&dyn rusqlite::ToSql],
 ) -> Result<(), StoreError> {
@@ -384,7 +384,7 @@ impl SqliteReplayed {
         key: &IdempotencyKey,
         attempt: Attempt,
         response: &str,
-        jobs: Vec<idem_runtime::outbox::FollowOn>,
+        jobs: Vec<idem_runtime::follow_ons::FollowOn>,
     ) -> Result<(), StoreError> {
         let (key, response) = (*key.as_bytes(), response.to_owned());
         self.run(call, move |conn, now| {
@@ -764,13 +764,13 @@ impl FollowOnStore for SqliteReplayed {
         .await
     }
 
-    async fn lease_jobs(
+    async fn lease_follow_ons(
         &self,
         names: &[&str],
         limit: usize,
         lease: Duration,
         attempt: Attempt,
-    ) -> Result<Vec<Job>, StoreError> {
+    ) -> Result<Vec<FollowOnRecord>, StoreError> {
         if names.is_empty() || limit == 0 {
             return Ok(Vec::new());
         }
@@ -794,7 +794,7 @@ impl FollowOnStore for SqliteReplayed {
         .await
     }
 
-    async fn finish_job(&self, id: &JobId, attempt: Attempt) -> Result<(), StoreError> {
+    async fn finish_follow_on(&self, id: &FollowOnId, attempt: Attempt) -> Result<(), StoreError> {
         let id = id.clone();
         let (lo, hi) = key_range(&id.reference);
         let tag = id.reference.tag() as i64;
@@ -810,9 +810,9 @@ impl FollowOnStore for SqliteReplayed {
         .await
     }
 
-    async fn retry_job(
+    async fn retry_follow_on(
         &self,
-        id: &JobId,
+        id: &FollowOnId,
         attempt: Attempt,
         delay: Duration,
         error: &str,
@@ -825,7 +825,12 @@ impl FollowOnStore for SqliteReplayed {
         .await
     }
 
-    async fn bury_job(&self, id: &JobId, attempt: Attempt, error: &str) -> Result<(), StoreError> {
+    async fn bury_follow_on(
+        &self,
+        id: &FollowOnId,
+        attempt: Attempt,
+        error: &str,
+    ) -> Result<(), StoreError> {
         let (id, error) = (id.clone(), error.to_owned());
         self.run("bury_job", move |conn, now| {
             fenced_job(conn, sql("bury_job"), &id, attempt, &[&error, &now])
@@ -833,17 +838,20 @@ impl FollowOnStore for SqliteReplayed {
         .await
     }
 
-    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
+    async fn list_follow_ons(
+        &self,
+        filter: &FollowOnFilter,
+    ) -> Result<Vec<FollowOnRecord>, StoreError> {
         let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
         let (tenant, name) = (filter.tenant.clone(), filter.name.clone());
         let reference = filter.reference.map(|r| r.as_bytes().to_vec());
         let states = (!filter.states.is_empty()).then(|| {
             filter.states.iter().fold(0i64, |mask, state| {
                 mask | match state {
-                    JobState::Waiting => 1,
-                    JobState::Running => 2,
-                    JobState::Dead => 4,
-                    JobState::Delivered => 8,
+                    FollowOnState::Waiting => 1,
+                    FollowOnState::Running => 2,
+                    FollowOnState::Dead => 4,
+                    FollowOnState::Delivered => 8,
                 }
             })
         });
@@ -857,7 +865,7 @@ impl FollowOnStore for SqliteReplayed {
         .await
     }
 
-    async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
+    async fn redrive_follow_on(&self, id: &FollowOnId) -> Result<bool, StoreError> {
         let id = id.clone();
         self.run("redrive_job", move |conn, now| {
             let changed = change(
@@ -870,7 +878,7 @@ impl FollowOnStore for SqliteReplayed {
         .await
     }
 
-    async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
+    async fn count_due_follow_ons(&self) -> Result<BTreeMap<String, u64>, StoreError> {
         self.run("count_due_jobs", |conn, now| {
             let mut stmt = conn
                 .prepare_cached(sql("count_due_jobs"))

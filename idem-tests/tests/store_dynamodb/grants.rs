@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_runtime::outbox::FollowOn;
+use idem_runtime::follow_ons::FollowOn;
 use idem_runtime::store::conformance::{claim_request, new_operation};
 use idem_runtime::store::{Attempt, Claim, FollowOns, Resolution, Upkeep};
 use idem_runtime::{DynamoDbStore, IdempotencyStore};
@@ -25,7 +25,7 @@ fn taken(actions: &Actions) -> BTreeSet<String> {
 /// calls (a claim, its completion with a job, a replay, a rejection, a
 /// heartbeat, a takeover that keeps the operation it replaces, the status
 /// tool), the sweep, the reconciler (with a resolution that declares a
-/// job), the purge and the outbox (a job delivered, one retried, one
+/// job), the purge and the follow-on dispatcher (a job delivered, one retried, one
 /// buried, the due count).
 async fn serve(store: &DynamoDbStore) {
     let jobs = |names: &[&str]| {
@@ -34,13 +34,13 @@ async fn serve(store: &DynamoDbStore) {
             .map(|n| FollowOn::new(n, &serde_json::json!({"to": "a@example.com"})).unwrap())
             .collect::<Vec<_>>()
     };
-    let outbox = store.follow_ons().unwrap();
+    let dispatcher = store.follow_ons().unwrap();
     let claimed = |c: Claim| assert!(matches!(c, Claim::Claimed { .. }), "{c:?}");
 
     let paid = claim_request(Duration::from_secs(900));
     claimed(store.claim(&paid).await.unwrap());
     let receipts = jobs(&["receipt", "invoice", "ledger"]);
-    outbox
+    dispatcher
         .complete_with_follow_ons(
             &paid.key,
             paid.attempt,
@@ -110,7 +110,7 @@ async fn serve(store: &DynamoDbStore) {
         .defer_check(&timed_out.key, timed_out.attempt, Duration::ZERO, until)
         .await
         .unwrap();
-    outbox
+    dispatcher
         .resolve_with_follow_ons(
             &timed_out.key,
             timed_out.attempt,
@@ -138,11 +138,11 @@ async fn serve(store: &DynamoDbStore) {
     tokio::time::sleep(Duration::from_millis(300)).await;
     while store.purge_expired(100).await.unwrap() > 0 {}
 
-    // The outbox.
-    assert!(!outbox.count_due_jobs().await.unwrap().is_empty());
+    // The follow-on dispatcher.
+    assert!(!dispatcher.count_due_follow_ons().await.unwrap().is_empty());
     let token = Attempt::random();
-    let leased = outbox
-        .lease_jobs(
+    let leased = dispatcher
+        .lease_follow_ons(
             &["receipt", "invoice", "ledger"],
             10,
             Duration::from_secs(60),
@@ -151,13 +151,16 @@ async fn serve(store: &DynamoDbStore) {
         .await
         .unwrap();
     assert_eq!(leased.len(), 4, "{leased:?}");
-    outbox.finish_job(&leased[0].id, token).await.unwrap();
-    outbox
-        .retry_job(&leased[1].id, token, Duration::from_secs(1), "mailer busy")
+    dispatcher
+        .finish_follow_on(&leased[0].id, token)
         .await
         .unwrap();
-    outbox
-        .bury_job(&leased[2].id, token, "no such address")
+    dispatcher
+        .retry_follow_on(&leased[1].id, token, Duration::from_secs(1), "mailer busy")
+        .await
+        .unwrap();
+    dispatcher
+        .bury_follow_on(&leased[2].id, token, "no such address")
         .await
         .unwrap();
 }

@@ -269,7 +269,7 @@ async fn a_resent_claim_is_the_same_claim() {
     ));
 }
 
-/// A follow-on job has no TTL and outlives its record: the record Redis
+/// A follow-on has no TTL and outlives its record: the record Redis
 /// deletes at the end of its window leaves its job in place, listed and
 /// leased. The job sits on its record's slot (the same hash tag).
 #[tokio::test]
@@ -286,8 +286,8 @@ async fn jobs_outlive_their_record() {
     };
     let name = format!("receipt_{}", idem_runtime::store::Attempt::random().get());
     redis.claim(&req).await.unwrap();
-    let job =
-        idem_runtime::outbox::FollowOn::new(&name, &serde_json::json!({ "to": "a@b" })).unwrap();
+    let job = idem_runtime::follow_ons::FollowOn::new(&name, &serde_json::json!({ "to": "a@b" }))
+        .unwrap();
     redis
         .complete_with_follow_ons(
             &req.key,
@@ -325,7 +325,7 @@ async fn jobs_outlive_their_record() {
         "Redis deleted the record at the end of its window"
     );
     let leased = redis
-        .lease_jobs(
+        .lease_follow_ons(
             &[name.as_str()],
             10,
             Duration::from_secs(60),

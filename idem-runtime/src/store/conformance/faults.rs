@@ -37,24 +37,24 @@ pub enum Call {
     ListRecords,
     /// [`Inspect::count_records`].
     CountRecords,
-    /// [`FollowOnStore::complete_with_follow_ons`] (with jobs; with none
+    /// [`FollowOnStore::complete_with_follow_ons`] (with follow-ons; with none
     /// it is [`Call::Complete`]).
     CompleteWithFollowOns,
-    /// [`FollowOnStore::resolve_with_follow_ons`] (with jobs).
+    /// [`FollowOnStore::resolve_with_follow_ons`] (with follow-ons).
     ResolveWithFollowOns,
-    /// [`FollowOnStore::lease_jobs`].
+    /// [`FollowOnStore::lease_follow_ons`].
     LeaseJobs,
-    /// [`FollowOnStore::finish_job`].
+    /// [`FollowOnStore::finish_follow_on`].
     FinishJob,
-    /// [`FollowOnStore::retry_job`].
+    /// [`FollowOnStore::retry_follow_on`].
     RetryJob,
-    /// [`FollowOnStore::bury_job`].
+    /// [`FollowOnStore::bury_follow_on`].
     BuryJob,
-    /// [`FollowOnStore::list_jobs`].
+    /// [`FollowOnStore::list_follow_ons`].
     ListJobs,
-    /// [`FollowOnStore::redrive_job`].
+    /// [`FollowOnStore::redrive_follow_on`].
     RedriveJob,
-    /// [`FollowOnStore::count_due_jobs`].
+    /// [`FollowOnStore::count_due_follow_ons`].
     CountDueJobs,
 }
 
@@ -262,7 +262,7 @@ impl<S: IdempotencyStore + 'static> IdempotencyStore for FaultyStore<S> {
     }
 
     fn follow_ons(&self) -> Option<&dyn FollowOnStore> {
-        // Faults reach the jobs too, when the store keeps them.
+        // Faults reach the follow-ons too, when the store keeps them.
         self.inner.follow_ons().map(|_| self as &dyn FollowOnStore)
     }
 
@@ -358,7 +358,7 @@ impl<S: IdempotencyStore + 'static> Inspect for FaultyStore<S> {
 }
 
 impl<S: IdempotencyStore + 'static> FaultyStore<S> {
-    /// The wrapped store's jobs: only reached once `follow_ons()` said
+    /// The wrapped store's follow-ons: only reached once `follow_ons()` said
     /// there are some.
     fn jobs(&self) -> &dyn FollowOnStore {
         self.inner
@@ -411,56 +411,69 @@ impl<S: IdempotencyStore + 'static> FollowOnStore for FaultyStore<S> {
         .await
     }
 
-    async fn lease_jobs(
+    async fn lease_follow_ons(
         &self,
         names: &[&str],
         limit: usize,
         lease: Duration,
         attempt: Attempt,
-    ) -> Result<Vec<Job>, StoreError> {
+    ) -> Result<Vec<FollowOnRecord>, StoreError> {
         self.run(
             Call::LeaseJobs,
-            self.jobs().lease_jobs(names, limit, lease, attempt),
+            self.jobs().lease_follow_ons(names, limit, lease, attempt),
         )
         .await
     }
 
-    async fn finish_job(&self, id: &JobId, attempt: Attempt) -> Result<(), StoreError> {
-        self.run(Call::FinishJob, self.jobs().finish_job(id, attempt))
+    async fn finish_follow_on(&self, id: &FollowOnId, attempt: Attempt) -> Result<(), StoreError> {
+        self.run(Call::FinishJob, self.jobs().finish_follow_on(id, attempt))
             .await
     }
 
-    async fn retry_job(
+    async fn retry_follow_on(
         &self,
-        id: &JobId,
+        id: &FollowOnId,
         attempt: Attempt,
         delay: Duration,
         error: &str,
     ) -> Result<(), StoreError> {
         self.run(
             Call::RetryJob,
-            self.jobs().retry_job(id, attempt, delay, error),
+            self.jobs().retry_follow_on(id, attempt, delay, error),
         )
         .await
     }
 
-    async fn bury_job(&self, id: &JobId, attempt: Attempt, error: &str) -> Result<(), StoreError> {
-        self.run(Call::BuryJob, self.jobs().bury_job(id, attempt, error))
+    async fn bury_follow_on(
+        &self,
+        id: &FollowOnId,
+        attempt: Attempt,
+        error: &str,
+    ) -> Result<(), StoreError> {
+        self.run(
+            Call::BuryJob,
+            self.jobs().bury_follow_on(id, attempt, error),
+        )
+        .await
+    }
+
+    async fn list_follow_ons(
+        &self,
+        filter: &FollowOnFilter,
+    ) -> Result<Vec<FollowOnRecord>, StoreError> {
+        self.run(Call::ListJobs, self.jobs().list_follow_ons(filter))
             .await
     }
 
-    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
-        self.run(Call::ListJobs, self.jobs().list_jobs(filter))
+    async fn redrive_follow_on(&self, id: &FollowOnId) -> Result<bool, StoreError> {
+        self.run(Call::RedriveJob, self.jobs().redrive_follow_on(id))
             .await
     }
 
-    async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
-        self.run(Call::RedriveJob, self.jobs().redrive_job(id))
-            .await
-    }
-
-    async fn count_due_jobs(&self) -> Result<std::collections::BTreeMap<String, u64>, StoreError> {
-        self.run(Call::CountDueJobs, self.jobs().count_due_jobs())
+    async fn count_due_follow_ons(
+        &self,
+    ) -> Result<std::collections::BTreeMap<String, u64>, StoreError> {
+        self.run(Call::CountDueJobs, self.jobs().count_due_follow_ons())
             .await
     }
 }

@@ -1,5 +1,5 @@
 //! The cases of an operator's reads ([`Inspect`]): `list_records`,
-//! `find_by_reference`, `count_records`. One job: the cases, one function
+//! `find_by_reference`, `count_records`. One follow-on: the cases, one function
 //! each.
 
 use super::*;

@@ -17,7 +17,7 @@
 //! available here: say why on stderr, and fail instead under `CI=true`.
 //!
 //! The cases come in two lists: the records' ([`RECORD_CASES`]) and the
-//! outbox's, for follow-on jobs ([`OUTBOX_CASES`]). The records' are
+//! follow-ons', for follow-ons ([`FOLLOW_ON_CASES`]). The records' are
 //! grouped as the contract is, by who calls the methods they hold, so a
 //! failing case points at the trait to look in:
 //!
@@ -32,9 +32,9 @@
 //!   `count_records`), from [`a_reference_is_found_in_every_tenant`] to
 //!   [`default_record_filter_lists_a_page`];
 //!
-//! and the outbox's hold [`FollowOnStore`]'s methods. A store that keeps no
-//! follow-on jobs yet writes `conformance_tests!(make; outbox pending)`:
-//! each outbox test then passes only while its case fails with
+//! and the follow-ons' hold [`FollowOnStore`]'s methods. A store that keeps no
+//! follow-ons yet writes `conformance_tests!(make; follow_ons pending)`:
+//! each follow-on test then passes only while its case fails with
 //! `Unsupported` (it says `PENDING` on stderr) and fails once the case
 //! passes, so the mark goes when the work is done.
 //!
@@ -49,21 +49,21 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore, FollowOns, IdempotencyStore, Inspect,
-    Job, JobFilter, JobId, JobState, Limits, Reading, Record, RecordFilter, RecordState,
-    RecordStateKind, Resolution, StateCounts, StoreError, Upkeep,
+    Attempt, Claim, ClaimRequest, FollowOn, FollowOnFilter, FollowOnId, FollowOnRecord,
+    FollowOnState, FollowOnStore, FollowOns, IdempotencyStore, Inspect, Limits, Reading, Record,
+    RecordFilter, RecordState, RecordStateKind, Resolution, StateCounts, StoreError, Upkeep,
 };
 use crate::key::{IdempotencyKey, Reference};
 
 mod faults;
+mod follow_ons;
 mod inspect;
-mod outbox;
 mod steps;
 mod upkeep;
 
 pub use faults::{Call, Fault, FaultPlan, FaultyStore};
+pub use follow_ons::*;
 pub use inspect::*;
-pub use outbox::*;
 pub use steps::*;
 pub use upkeep::*;
 
@@ -207,31 +207,31 @@ macro_rules! __idem_conformance_cases {
     };
 }
 
-/// The outbox's cases (follow-on jobs), written once, as
+/// The follow-ons' cases, written once, as
 /// [`__idem_conformance_cases`] writes the records' cases: a store whose
-/// follow-on jobs are still to come declares them pending
-/// (`conformance_tests!(make; outbox pending)`).
+/// follow-ons are still to come declares them pending
+/// (`conformance_tests!(make; follow_ons pending)`).
 #[doc(hidden)]
 #[macro_export]
-macro_rules! __idem_outbox_cases {
+macro_rules! __idem_follow_on_cases {
     ($callback:ident!($($args:tt)*)) => {
         $crate::$callback!($($args)*
             follow_ons_are_written_with_the_completion,
             refused_completion_writes_no_follow_ons,
             repeated_follow_on_name_writes_nothing,
             resolution_writes_its_follow_ons,
-            concurrent_leases_share_no_job,
+            concurrent_leases_share_no_follow_on,
             lease_takes_only_its_names,
             lease_respects_its_limit,
-            job_changes_are_fenced_by_the_token,
-            retried_job_runs_again_after_its_delay,
-            lapsed_job_lease_is_taken_over,
-            buried_job_is_listed_and_redriven,
-            jobs_are_listed_by_filter,
-            a_later_operation_never_touches_an_earlier_operations_jobs,
-            default_job_filter_lists_a_page,
-            finished_job_is_kept_as_delivered,
-            delivered_job_is_purged_with_its_record,
+            follow_on_changes_are_fenced_by_the_token,
+            retried_follow_on_runs_again_after_its_delay,
+            lapsed_follow_on_lease_is_taken_over,
+            buried_follow_on_is_listed_and_redriven,
+            follow_ons_are_listed_by_filter,
+            a_later_operation_never_touches_an_earlier_operations_follow_ons,
+            default_follow_on_filter_lists_a_page,
+            finished_follow_on_is_kept_as_delivered,
+            delivered_follow_on_is_purged_with_its_record,
         );
     };
 }
@@ -251,15 +251,15 @@ __idem_conformance_cases!(__idem_conformance_array!(
     /// The records' cases, by name, in the order [`run_all`] runs them.
     RECORD_CASES;
 ));
-__idem_outbox_cases!(__idem_conformance_array!(
-    /// The outbox's cases (follow-on jobs), by name, in the order
+__idem_follow_on_cases!(__idem_conformance_array!(
+    /// The follow-ons' cases, by name, in the order
     /// [`run_all`] runs them after [`RECORD_CASES`].
-    OUTBOX_CASES;
+    FOLLOW_ON_CASES;
 ));
 
-/// Every case, records' then outbox's, by name.
+/// Every case, records' then follow-ons', by name.
 pub fn cases() -> impl Iterator<Item = &'static (&'static str, Case)> {
-    RECORD_CASES.iter().chain(OUTBOX_CASES)
+    RECORD_CASES.iter().chain(FOLLOW_ON_CASES)
 }
 
 /// Runs every case, one after the other, on one store.
@@ -269,11 +269,11 @@ pub async fn run_all(store: &dyn IdempotencyStore) {
     }
 }
 
-/// Runs the records' cases only, for a store whose follow-on jobs are still
-/// to come; its test file declares the outbox's cases pending with
-/// `conformance_tests!(make; outbox pending)`, which checks that they still
+/// Runs the records' cases only, for a store whose follow-ons are still
+/// to come; its test file declares the follow-ons' cases pending with
+/// `conformance_tests!(make; follow_ons pending)`, which checks that they still
 /// fail with `Unsupported`.
-pub async fn run_all_but_outbox(store: &dyn IdempotencyStore) {
+pub async fn run_all_but_follow_ons(store: &dyn IdempotencyStore) {
     for (_, case) in RECORD_CASES {
         case(store).await;
     }
@@ -289,20 +289,20 @@ pub async fn run_all_but_outbox(store: &dyn IdempotencyStore) {
 /// idem_runtime::conformance_tests!(Some(std::sync::Arc::new(idem_runtime::MemoryStore::new())));
 /// ```
 ///
-/// A store that does not keep follow-on jobs yet declares the outbox's cases
-/// pending: `conformance_tests!(make; outbox pending)`. Each such test
+/// A store that does not keep follow-ons yet declares the follow-ons' cases
+/// pending: `conformance_tests!(make; follow_ons pending)`. Each such test
 /// passes only while its case fails with `StoreError::Unsupported` (and
 /// says so on stderr), and fails once the case passes, so the store's author
-/// removes `; outbox pending` when its outbox is done.
+/// removes `; follow_ons pending` when its follow-ons are done.
 #[macro_export]
 macro_rules! conformance_tests {
     ($make:expr) => {
         $crate::__idem_conformance_cases!(__idem_conformance_test_fns!($make;));
-        $crate::__idem_outbox_cases!(__idem_conformance_test_fns!($make;));
+        $crate::__idem_follow_on_cases!(__idem_conformance_test_fns!($make;));
     };
-    ($make:expr; outbox pending) => {
+    ($make:expr; follow_ons pending) => {
         $crate::__idem_conformance_cases!(__idem_conformance_test_fns!($make;));
-        $crate::__idem_outbox_cases!(__idem_conformance_pending_fns!($make;));
+        $crate::__idem_follow_on_cases!(__idem_conformance_pending_fns!($make;));
     };
 }
 
@@ -334,7 +334,7 @@ pub fn pending(case: &str, ran: std::thread::Result<bool>) {
     match ran {
         Ok(false) => {}
         Ok(true) => panic!(
-            "conformance case `{case}` now passes on this store: remove `; outbox pending` from \
+            "conformance case `{case}` now passes on this store: remove `; follow_ons pending` from \
              its conformance_tests! call"
         ),
         Err(panic) => {
@@ -349,7 +349,7 @@ pub fn pending(case: &str, ran: std::thread::Result<bool>) {
                 use std::io::Write;
                 let _ = writeln!(
                     std::io::stderr().lock(),
-                    "PENDING: conformance case `{case}`: this store does not keep follow-on jobs \
+                    "PENDING: conformance case `{case}`: this store does not keep follow-ons \
                      yet (StoreError::Unsupported)"
                 );
             } else {

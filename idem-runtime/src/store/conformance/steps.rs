@@ -2,7 +2,7 @@
 //! completions, releases, marks of UNKNOWN, and how a record reads by its
 //! reference ([`lookup`](IdempotencyStore::lookup)). A case may set a record
 //! up with an upkeep step (a resolution, a purge) or read it back with a
-//! listing; what it holds is the call's steps. One job: the cases, one
+//! listing; what it holds is the call's steps. One follow-on: the cases, one
 //! function each.
 
 use super::*;

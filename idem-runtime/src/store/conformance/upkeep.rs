@@ -1,7 +1,7 @@
 //! The cases of upkeep ([`Upkeep`]): the sweep of lapsed leases
 //! (`list_lapsed`, `mark_lapsed`), the reconcilers' checks (`list_unknown`,
 //! `take_check`, `defer_check`) and resolutions (`resolve`), and the purge
-//! (`purge_expired`). One job: the cases, one function each.
+//! (`purge_expired`). One follow-on: the cases, one function each.
 
 use super::*;
 

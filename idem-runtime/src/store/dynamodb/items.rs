@@ -9,7 +9,9 @@ use aws_sdk_dynamodb::types::{AttributeValue, CancellationReason};
 
 use super::layout::{attr, Item, JOB_TAG, RECORD_TAG, SUPERSEDED_TAG};
 use crate::key::{IdempotencyKey, Reference};
-use crate::store::{Attempt, Job, JobId, Record, RecordState, RecordStateKind, StoreError};
+use crate::store::{
+    Attempt, FollowOnId, FollowOnRecord, Record, RecordState, RecordStateKind, StoreError,
+};
 
 /// A time as the table keeps it: whole microseconds since the epoch.
 pub(super) fn micros(t: SystemTime) -> u64 {
@@ -170,14 +172,14 @@ fn window_end(item: &Item, state: &RecordState) -> Result<SystemTime, StoreError
     })
 }
 
-/// A job item as a [`Job`].
-pub(super) fn job(item: &Item) -> Result<Job, StoreError> {
+/// A job item as a [`FollowOnRecord`].
+pub(super) fn job(item: &Item) -> Result<FollowOnRecord, StoreError> {
     let reference = Reference::from_bytes(bytes(item, attr::REFERENCE)?)
         .ok_or_else(|| corrupt("a job's reference is not 8 or 16 bytes"))?;
     let time = |name| number(item, name).map(at);
     let opt_time = |name| opt_number(item, name).map(|t| t.map(at));
-    Ok(Job {
-        id: JobId {
+    Ok(FollowOnRecord {
+        id: FollowOnId {
             tenant: text(item, attr::TENANT)?.to_owned(),
             reference,
             name: text(item, attr::NAME)?.to_owned(),

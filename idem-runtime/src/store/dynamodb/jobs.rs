@@ -1,10 +1,10 @@
-//! [`DynamoDbStore`]'s follow-on jobs: a new job's item, the fenced
+//! [`DynamoDbStore`]'s follow-ons: a new job's item, the fenced
 //! changes of a leased job, and the [`FollowOnStore`] contract over them.
 
 use super::*;
 
 /// A new job's item: due at `now`, no runs, in the `due` index.
-pub(super) fn job_item(id: &JobId, payload: &str, now: SystemTime) -> Item {
+pub(super) fn job_item(id: &FollowOnId, payload: &str, now: SystemTime) -> Item {
     let mut item = layout::job_key(id);
     let now = num(micros(now));
     for (name, value) in [
@@ -28,7 +28,7 @@ impl DynamoDbStore {
     /// the condition refused it.
     pub(super) async fn job_update(
         &self,
-        id: &JobId,
+        id: &FollowOnId,
         condition: &str,
         update: &str,
         values: Values,
@@ -57,7 +57,7 @@ impl DynamoDbStore {
     /// when another lease holds it, it is gone or delivered.
     pub(super) async fn fenced_job(
         &self,
-        id: &JobId,
+        id: &FollowOnId,
         attempt: Attempt,
         update: &str,
         values: Values,
@@ -115,18 +115,18 @@ impl FollowOnStore for DynamoDbStore {
             .await
     }
 
-    async fn lease_jobs(
+    async fn lease_follow_ons(
         &self,
         names: &[&str],
         limit: usize,
         lease: Duration,
         attempt: Attempt,
-    ) -> Result<Vec<Job>, StoreError> {
+    ) -> Result<Vec<FollowOnRecord>, StoreError> {
         let Some(names) = lease_names(names, limit) else {
             return Ok(Vec::new());
         };
         let now = self.now();
-        let mut due: Vec<Job> = Vec::new();
+        let mut due: Vec<FollowOnRecord> = Vec::new();
         for item in self.due_jobs(now).await? {
             let job = items::job(&item)?;
             if names.contains(&job.id.name.as_str()) {
@@ -169,7 +169,7 @@ impl FollowOnStore for DynamoDbStore {
         Ok(leased)
     }
 
-    async fn finish_job(&self, id: &JobId, attempt: Attempt) -> Result<(), StoreError> {
+    async fn finish_follow_on(&self, id: &FollowOnId, attempt: Attempt) -> Result<(), StoreError> {
         // Kept as long as its operation's record (current or superseded):
         // until its retention ends, or until the next purge when it is gone
         // already.
@@ -188,9 +188,9 @@ impl FollowOnStore for DynamoDbStore {
         self.fenced_job(id, attempt, update, values).await
     }
 
-    async fn retry_job(
+    async fn retry_follow_on(
         &self,
-        id: &JobId,
+        id: &FollowOnId,
         attempt: Attempt,
         delay: Duration,
         error: &str,
@@ -204,7 +204,12 @@ impl FollowOnStore for DynamoDbStore {
         self.fenced_job(id, attempt, update, values).await
     }
 
-    async fn bury_job(&self, id: &JobId, attempt: Attempt, error: &str) -> Result<(), StoreError> {
+    async fn bury_follow_on(
+        &self,
+        id: &FollowOnId,
+        attempt: Attempt,
+        error: &str,
+    ) -> Result<(), StoreError> {
         let now = self.now();
         let values = Values::default()
             .set(":now", num(micros(now)))
@@ -214,7 +219,10 @@ impl FollowOnStore for DynamoDbStore {
         self.fenced_job(id, attempt, update, values).await
     }
 
-    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
+    async fn list_follow_ons(
+        &self,
+        filter: &FollowOnFilter,
+    ) -> Result<Vec<FollowOnRecord>, StoreError> {
         // An operation's jobs sit in its record's partition, under sort
         // keys that start with its reference: one query (`idem show`);
         // any other filter reads every job.
@@ -234,23 +242,23 @@ impl FollowOnStore for DynamoDbStore {
         Ok(found)
     }
 
-    async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
+    async fn redrive_follow_on(&self, id: &FollowOnId) -> Result<bool, StoreError> {
         let now = self.now();
         let values = Values::default()
             .set(":now", num(micros(now)))
             .set(":dead", AttributeValue::Bool(true))
             .set(":zero", num(0))
             .set(":shard", num(shard(id.reference.as_bytes()[0])));
-        // Job::redrive's fields: the runs added to the earlier runs (rb),
+        // FollowOnRecord::redrive's fields: the runs added to the earlier runs (rb),
         // the last error kept as the error before the re-drive (eb; a dead
-        // job always has one, written by bury_job), both read before the
+        // job always has one, written by bury_follow_on), both read before the
         // update.
         let update = "SET nr = :now, rb = if_not_exists(rb, :zero) + rn, rn = :zero, eb = er, \
                       ua = :now, dq = :shard REMOVE dd, ja, er";
         self.job_update(id, "dd = :dead", update, values).await
     }
 
-    async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
+    async fn count_due_follow_ons(&self) -> Result<BTreeMap<String, u64>, StoreError> {
         let now = self.now();
         let mut counts = BTreeMap::new();
         for item in self.due_jobs(now).await? {

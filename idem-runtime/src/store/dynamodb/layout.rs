@@ -103,7 +103,7 @@ use std::collections::HashMap;
 use aws_sdk_dynamodb::types::AttributeValue;
 
 use crate::key::{IdempotencyKey, Reference};
-use crate::store::JobId;
+use crate::store::FollowOnId;
 
 /// How many shards the indexes' hash attributes spread over. Fixed for the
 /// life of the data: a listing asks exactly these. Four keeps a
@@ -391,7 +391,7 @@ pub(super) fn partition_of(reference: &Reference) -> AttributeValue {
 }
 
 /// The job `id`: its `pk` and `sk`.
-pub(super) fn job_key(id: &JobId) -> Item {
+pub(super) fn job_key(id: &FollowOnId) -> Item {
     let reference = id.reference.as_bytes();
     let tenant = id.tenant.as_bytes();
     let mut sk = Vec::with_capacity(6 + reference.len() + tenant.len() + id.name.len());

@@ -1,4 +1,4 @@
-//! [`DynamoDbStore`]: records and follow-on jobs in one DynamoDB table.
+//! [`DynamoDbStore`]: records and follow-ons in one DynamoDB table.
 //!
 //! One job, the store and its record contract; the requests it sends (the
 //! conditions, the values, the calls) are in `requests.rs`, the follow-on
@@ -22,9 +22,9 @@ use crate::future::join_all;
 use crate::key::{IdempotencyKey, Reference};
 use crate::store::{
     self as store, due_order, lease_names, listing_order, sort_leased, Attempt, Claim,
-    ClaimRequest, FollowOn, FollowOnStore, FollowOns, IdempotencyStore, Inspect, ItemLimit, Job,
-    JobFilter, JobId, Limits, Record, RecordFilter, RecordStateKind, Resolution, StateCounts,
-    StoreError, Upkeep,
+    ClaimRequest, FollowOn, FollowOnFilter, FollowOnId, FollowOnRecord, FollowOnStore, FollowOns,
+    IdempotencyStore, Inspect, ItemLimit, Limits, Record, RecordFilter, RecordStateKind,
+    Resolution, StateCounts, StoreError, Upkeep,
 };
 
 mod builder;
@@ -54,16 +54,16 @@ const RECORDS: &[u8] = &[layout::RECORD_TAG, layout::SUPERSEDED_TAG];
 /// The most items one `TransactWriteItems` writes.
 const TRANSACTION_ITEMS: usize = 100;
 
-/// The most follow-on jobs one completion writes: a transaction's items
+/// The most follow-ons one completion writes: a transaction's items
 /// less the record's.
 pub const DYNAMODB_MAX_FOLLOW_ONS: usize = TRANSACTION_ITEMS - 1;
 
 /// A record's and a job's item, as DynamoDB counts them (`layout.rs`).
 const ITEM_LIMIT: ItemLimit =
     ItemLimit::new(layout::MAX_ITEM, layout::RECORD_BYTES, layout::JOB_BYTES)
-        .with_job_key(layout::JOB_KEY_TEXTS);
+        .with_follow_on_key(layout::JOB_KEY_TEXTS);
 
-/// Records and follow-on jobs in one DynamoDB table, for servers on AWS
+/// Records and follow-ons in one DynamoDB table, for servers on AWS
 /// (AWS Lambda above all) that have DynamoDB and no PostgreSQL.
 ///
 /// Give it a configured `aws_sdk_dynamodb::Client` and a table name
@@ -104,7 +104,7 @@ const ITEM_LIMIT: ItemLimit =
 /// Nothing changes them after: every fenced change names the key's current
 /// record, so an old attempt is `Fenced`.
 ///
-/// # Follow-on jobs
+/// # Follow-ons
 ///
 /// A completion with jobs reads its record (the jobs take the operation's
 /// tenant and reference) and then writes the completion and every job in

@@ -510,7 +510,7 @@ impl DynamoDbStore {
     ) -> Result<(), StoreError> {
         if jobs.len() > DYNAMODB_MAX_FOLLOW_ONS {
             return Err(StoreError::Invalid(format!(
-                "{} follow-on jobs for one completion: DynamoDB writes at most {} with it (one \
+                "{} follow-ons for one completion: DynamoDB writes at most {} with it (one \
                  transaction of {TRANSACTION_ITEMS} items)",
                 jobs.len(),
                 DYNAMODB_MAX_FOLLOW_ONS
@@ -570,7 +570,7 @@ impl DynamoDbStore {
                 .map_err(|e| StoreError::Invalid(e.to_string()))?;
             let mut writes = vec![TransactWriteItem::builder().update(record_update).build()];
             for job in &jobs {
-                let id = JobId {
+                let id = FollowOnId {
                     tenant: record.tenant.clone(),
                     reference: record.reference,
                     name: job.name().to_owned(),

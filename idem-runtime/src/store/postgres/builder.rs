@@ -131,7 +131,7 @@ impl PostgresStoreBuilder {
     }
 
     /// Whether a completion (`complete`, `complete_with_follow_ons`: the
-    /// COMPLETED record and its follow-on jobs) commits with
+    /// COMPLETED record and its follow-ons) commits with
     /// `synchronous_commit = off` (default `true`), so that a call costs one
     /// durable commit, its claim's, instead of two.
     ///

@@ -16,9 +16,9 @@ use tokio_postgres::Row;
 use crate::key::{IdempotencyKey, Reference};
 use crate::store::sql::{counts, key_range, tag_to_column};
 use crate::store::{
-    lease_names, sort_leased, Attempt, Claim, ClaimRequest, FollowOnStore, FollowOns,
-    IdempotencyStore, Inspect, Job, JobFilter, JobId, Limits, PausePoint, Pauses, Record,
-    RecordFilter, RecordStateKind, Resolution, StateCounts, StoreError, Upkeep,
+    lease_names, sort_leased, Attempt, Claim, ClaimRequest, FollowOnFilter, FollowOnId,
+    FollowOnRecord, FollowOnStore, FollowOns, IdempotencyStore, Inspect, Limits, PausePoint,
+    Pauses, Record, RecordFilter, RecordStateKind, Resolution, StateCounts, StoreError, Upkeep,
 };
 
 mod builder;
@@ -44,7 +44,7 @@ use statements::Statements;
 /// second statement, moves it to `idem_superseded` and takes its key
 /// (migration 6).
 ///
-/// Follow-on jobs live in `idem_jobs` (migration 3). A completion (or a
+/// Follow-ons live in `idem_jobs` (migration 3). A completion (or a
 /// COMPLETED resolution) and its jobs are one statement, so one transaction:
 /// the jobs are inserted from the row the fenced change returns, and a
 /// refused change writes none. A dispatcher's lease is one `UPDATE` over a
@@ -716,13 +716,13 @@ impl FollowOnStore for PostgresStore {
         .await
     }
 
-    async fn lease_jobs(
+    async fn lease_follow_ons(
         &self,
         names: &[&str],
         limit: usize,
         lease: Duration,
         attempt: Attempt,
-    ) -> Result<Vec<Job>, StoreError> {
+    ) -> Result<Vec<FollowOnRecord>, StoreError> {
         let Some(names) = lease_names(names, limit) else {
             return Ok(Vec::new());
         };
@@ -731,7 +731,7 @@ impl FollowOnStore for PostgresStore {
             .with(async |db, sql| {
                 let rows = db
                     .query(
-                        &sql.lease_jobs,
+                        &sql.lease_follow_ons,
                         &[&(attempt.get() as i64), &micros(lease), &names, &limit],
                     )
                     .await?;
@@ -742,37 +742,52 @@ impl FollowOnStore for PostgresStore {
         Ok(leased)
     }
 
-    async fn finish_job(&self, id: &JobId, attempt: Attempt) -> Result<(), StoreError> {
+    async fn finish_follow_on(&self, id: &FollowOnId, attempt: Attempt) -> Result<(), StoreError> {
         let (lo, hi) = key_range(&id.reference);
         let tag = tag_to_column(&id.reference);
         self.with(async |db, sql| {
             let rest: [&dyn Param; 3] = [&&lo[..], &&hi[..], &tag];
-            fenced_job(db, &sql.finish_job, id, attempt, &rest).await
+            fenced_job(db, &sql.finish_follow_on, id, attempt, &rest).await
         })
         .await
     }
 
-    async fn retry_job(
+    async fn retry_follow_on(
         &self,
-        id: &JobId,
+        id: &FollowOnId,
         attempt: Attempt,
         delay: Duration,
         error: &str,
     ) -> Result<(), StoreError> {
         let error = Redacted(error);
         self.with(async |db, sql| {
-            fenced_job(db, &sql.retry_job, id, attempt, &[&micros(delay), &error]).await
+            fenced_job(
+                db,
+                &sql.retry_follow_on,
+                id,
+                attempt,
+                &[&micros(delay), &error],
+            )
+            .await
         })
         .await
     }
 
-    async fn bury_job(&self, id: &JobId, attempt: Attempt, error: &str) -> Result<(), StoreError> {
+    async fn bury_follow_on(
+        &self,
+        id: &FollowOnId,
+        attempt: Attempt,
+        error: &str,
+    ) -> Result<(), StoreError> {
         let error = Redacted(error);
-        self.with(async |db, sql| fenced_job(db, &sql.bury_job, id, attempt, &[&error]).await)
+        self.with(async |db, sql| fenced_job(db, &sql.bury_follow_on, id, attempt, &[&error]).await)
             .await
     }
 
-    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
+    async fn list_follow_ons(
+        &self,
+        filter: &FollowOnFilter,
+    ) -> Result<Vec<FollowOnRecord>, StoreError> {
         let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
         let reference = filter.reference.map(|r| r.as_bytes().to_vec());
         let states = filter.state_mask().map(i64::from);
@@ -788,20 +803,20 @@ impl FollowOnStore for PostgresStore {
         .await
     }
 
-    async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
+    async fn redrive_follow_on(&self, id: &FollowOnId) -> Result<bool, StoreError> {
         let reference = id.reference.as_bytes();
         self.with(async |db, sql| {
             let changed = db
-                .execute(&sql.redrive_job, &[&id.tenant, &reference, &id.name])
+                .execute(&sql.redrive_follow_on, &[&id.tenant, &reference, &id.name])
                 .await?;
             Ok(changed == 1)
         })
         .await
     }
 
-    async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
+    async fn count_due_follow_ons(&self) -> Result<BTreeMap<String, u64>, StoreError> {
         self.with(async |db, sql| {
-            let rows = db.query(&sql.count_due_jobs, &[]).await?;
+            let rows = db.query(&sql.count_due_follow_ons, &[]).await?;
             let mut due = BTreeMap::new();
             for row in rows {
                 let (name, n): (String, i64) = (row.try_get(0)?, row.try_get(1)?);

@@ -10,7 +10,9 @@ use super::statements::Statements;
 use super::CallError;
 use crate::key::{IdempotencyKey, Reference};
 use crate::store::sql::state_from;
-use crate::store::{self, Attempt, FollowOn, Job, JobId, Record, RecordStateKind, StoreError};
+use crate::store::{
+    self, Attempt, FollowOn, FollowOnId, FollowOnRecord, Record, RecordStateKind, StoreError,
+};
 
 pub(super) fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
@@ -129,8 +131,8 @@ pub(super) async fn fenced_unless(
     }
 }
 
-/// A follow-on job from a row of `{JOB_COLUMNS}`.
-pub(super) fn row_to_job(row: &Row) -> Result<Job, StoreError> {
+/// A follow-on from a row of `{JOB_COLUMNS}`.
+pub(super) fn row_to_job(row: &Row) -> Result<FollowOnRecord, StoreError> {
     let reference: &[u8] = row.try_get(1).map_err(corrupt)?;
     let reference = Reference::from_bytes(reference)
         .ok_or_else(|| StoreError::Corrupt("a job's reference is not 8 or 16 bytes".into()))?;
@@ -138,8 +140,8 @@ pub(super) fn row_to_job(row: &Row) -> Result<Job, StoreError> {
     let payload = String::from_utf8(payload)
         .map_err(|_| StoreError::Corrupt("a job's payload is not UTF-8".into()))?;
     let time = |i: usize| row.try_get::<_, SystemTime>(i).map_err(corrupt);
-    Ok(Job {
-        id: JobId {
+    Ok(FollowOnRecord {
+        id: FollowOnId {
             tenant: row.try_get(0).map_err(corrupt)?,
             reference,
             name: row.try_get(2).map_err(corrupt)?,
@@ -168,7 +170,7 @@ pub(super) fn row_to_job(row: &Row) -> Result<Job, StoreError> {
 pub(super) async fn fenced_job(
     db: &Db<'_>,
     stmt: &str,
-    id: &JobId,
+    id: &FollowOnId,
     attempt: Attempt,
     rest: &[&dyn Param],
 ) -> Result<(), CallError> {

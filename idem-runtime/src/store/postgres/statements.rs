@@ -42,17 +42,17 @@ pub(super) struct Statements {
     pub(super) counted: String,
     pub(super) complete_with_follow_ons: String,
     pub(super) resolve_with_jobs: String,
-    pub(super) lease_jobs: String,
-    pub(super) finish_job: String,
-    pub(super) retry_job: String,
-    pub(super) bury_job: String,
-    pub(super) redrive_job: String,
+    pub(super) lease_follow_ons: String,
+    pub(super) finish_follow_on: String,
+    pub(super) retry_follow_on: String,
+    pub(super) bury_follow_on: String,
+    pub(super) redrive_follow_on: String,
     pub(super) jobs_filtered: String,
-    pub(super) count_due_jobs: String,
+    pub(super) count_due_follow_ons: String,
 }
 
 /// A fenced change of a record (`change`, whose parameters end at `$n - 1`)
-/// and, in the same statement, its follow-on jobs: `$n` the names (text[]),
+/// and, in the same statement, its follow-ons: `$n` the names (text[]),
 /// `$n+1` the payloads (bytea[]). One statement is one transaction: the jobs
 /// are inserted only from the row the change returns (its tenant and its
 /// operation's reference), so a refused change inserts none, and a failed
@@ -307,7 +307,7 @@ impl Statements {
             // locked row (its next_run_at is then the lease's end) and left
             // out. `NOT dead AND delivered_at IS NULL` is written as the
             // partial index's predicate.
-            lease_jobs: format!(
+            lease_follow_ons: format!(
                 "UPDATE {j} SET token = $1, attempts = attempts + 1, \
                    next_run_at = now() + {}, updated_at = now() \
                  WHERE (tenant, reference, name) IN ( \
@@ -326,7 +326,7 @@ impl Statements {
             // ($5..$7: the key range and the tag; the key's current record,
             // then a superseded operation), or until the next purge when it
             // is gone.
-            finish_job: format!(
+            finish_follow_on: format!(
                 "UPDATE {j} SET token = NULL, delivered_at = now(), updated_at = now(), \
                    kept_until = coalesce((SELECT retain_until FROM {t} \
                      WHERE key BETWEEN $5::bytea AND $6::bytea AND tenant = $1 \
@@ -338,17 +338,17 @@ impl Statements {
                      ORDER BY key LIMIT 1), now()) \
                  WHERE tenant = $1 AND reference = $2 AND name = $3 AND token = $4"
             ),
-            retry_job: format!(
+            retry_follow_on: format!(
                 "UPDATE {j} SET token = NULL, next_run_at = now() + {}, last_error = $6, \
                    updated_at = now() \
                  WHERE tenant = $1 AND reference = $2 AND name = $3 AND token = $4",
                 micros(5)
             ),
-            bury_job: format!(
+            bury_follow_on: format!(
                 "UPDATE {j} SET token = NULL, dead = true, last_error = $5, updated_at = now() \
                  WHERE tenant = $1 AND reference = $2 AND name = $3 AND token = $4"
             ),
-            redrive_job: format!(
+            redrive_follow_on: format!(
                 "UPDATE {j} SET dead = false, {REDRIVE_SET}, next_run_at = now(), \
                    updated_at = now() \
                  WHERE tenant = $1 AND reference = $2 AND name = $3 AND dead"
@@ -362,7 +362,7 @@ impl Statements {
                 };
                 format!("${n}::{ty}")
             }),
-            count_due_jobs: format!(
+            count_due_follow_ons: format!(
                 "SELECT name, count(*) FROM {j} \
                  WHERE NOT dead AND delivered_at IS NULL AND next_run_at <= now() \
                  GROUP BY name"

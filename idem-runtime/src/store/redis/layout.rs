@@ -9,7 +9,7 @@
 //! | `P:{SS}:o:REF32` | string | a superseded operation: a record (packed as `r:`) whose key a later operation took while its retention had not ended (`Record::outlives_takeover`), kept by the claim that took it, in the same script, under its whole reference (`REF32`: 16 bytes in hex; 8 for a record written before references had tags). Native expiry at its `retain_until` (`PXAT`), so Redis deletes it and the purge has nothing to do for it |
 //! | `P:{SS}:lapsed` | sorted set | the shard's IN_PROGRESS records (`r:REF` or `k:KEY`), scored by `lease_until` (µs) |
 //! | `P:{SS}:unknown` | sorted set | the shard's UNKNOWN records, scored by `next_check_at` (µs) |
-//! | `P:{SS}:j:REF:TENANT:NAME` | hash | a follow-on job of the operation with reference `REF` (all its bytes in hex: 32 digits, or 16 for a job written before references had tags; the tenant in hex) |
+//! | `P:{SS}:j:REF:TENANT:NAME` | hash | a follow-on of the operation with reference `REF` (all its bytes in hex: 32 digits, or 16 for a job written before references had tags; the tenant in hex) |
 //! | `P:{SS}:jd:NAME` | sorted set | the shard's live jobs named `NAME`, scored by `next_run_at` (µs) |
 //! | `P:{SS}:jobs` | sorted set | every job of the shard, live or dead, scored by `created_at` (µs) |
 //! | `P:{SS}:jobnames` | set | the names of the shard's live jobs |
@@ -43,7 +43,7 @@
 //! only, so an attempt of a superseded operation is fenced.
 
 use crate::key::{hex, IdempotencyKey, Reference};
-use crate::store::JobId;
+use crate::store::FollowOnId;
 
 /// How many shards (hash tags) the records spread over. Fixed for the life
 /// of the data: a record is found again only under the shard it was written
@@ -144,7 +144,7 @@ impl Layout {
     /// What a script over one job names: the job's hash, its name's due
     /// set, the shard's job list and the shard's job names (`KEYS`), and the
     /// job's member in the sets.
-    pub(super) fn job(&self, id: &JobId) -> ([Vec<u8>; 4], Vec<u8>) {
+    pub(super) fn job(&self, id: &FollowOnId) -> ([Vec<u8>; 4], Vec<u8>) {
         let base = self.shard(shard_of(&id.reference));
         let member = format!(
             "{}:{}:{}",

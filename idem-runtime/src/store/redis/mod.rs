@@ -14,9 +14,9 @@ use redis::Cmd;
 use crate::future::join_all;
 use crate::key::{IdempotencyKey, Reference};
 use crate::store::{
-    lease_names, listing_order, sort_leased, Attempt, Claim, ClaimRequest, FollowOnStore,
-    FollowOns, IdempotencyStore, Inspect, Job, JobFilter, JobId, Limits, Record, RecordFilter,
-    RecordStateKind, Resolution, StateCounts, StoreError, Upkeep,
+    lease_names, listing_order, sort_leased, Attempt, Claim, ClaimRequest, FollowOnFilter,
+    FollowOnId, FollowOnRecord, FollowOnStore, FollowOns, IdempotencyStore, Inspect, Limits,
+    Record, RecordFilter, RecordStateKind, Resolution, StateCounts, StoreError, Upkeep,
 };
 
 mod builder;
@@ -52,7 +52,7 @@ use scripts::{
 /// is an `FCALL`. Two versions of the store on one server each call their
 /// own library.
 ///
-/// # Follow-on jobs
+/// # Follow-ons
 ///
 /// A job is a hash on the slot of the record it follows (its shard's hash
 /// tag), so [`complete_with_follow_ons`](FollowOnStore::complete_with_follow_ons)
@@ -317,7 +317,7 @@ impl Packed {
 }
 
 impl RedisStore {
-    /// The follow-on jobs' arguments of `complete.lua` and `resolve.lua`:
+    /// The follow-ons' arguments of `complete.lua` and `resolve.lua`:
     /// the record's shard prefix, then (name, payload) pairs; nothing when
     /// there are none.
     fn job_args(&self, cmd: &mut Cmd, key: &IdempotencyKey, jobs: FollowOns<'_>) {
@@ -336,7 +336,7 @@ impl RedisStore {
     async fn job_change(
         &self,
         function: &Function,
-        id: &JobId,
+        id: &FollowOnId,
         args: impl FnOnce(&mut Cmd),
     ) -> Result<(), StoreError> {
         let ([job, due, list, _], member) = self.layout.job(id);
@@ -760,13 +760,13 @@ impl FollowOnStore for RedisStore {
         )
     }
 
-    async fn lease_jobs(
+    async fn lease_follow_ons(
         &self,
         names: &[&str],
         limit: usize,
         lease: Duration,
         attempt: Attempt,
-    ) -> Result<Vec<Job>, StoreError> {
+    ) -> Result<Vec<FollowOnRecord>, StoreError> {
         let Some(names) = lease_names(names, limit) else {
             return Ok(Vec::new());
         };
@@ -792,7 +792,7 @@ impl FollowOnStore for RedisStore {
         // Then lease them, one script on each of those shards. A job another
         // dispatcher leased in between is not due any more: this lease then
         // returns fewer jobs, never one that is held.
-        let function = &LIBRARY.lease_jobs;
+        let function = &LIBRARY.lease_follow_ons;
         let calls = per_shard.into_iter().map(|(shard, count)| {
             let [list, _] = self.layout.job_sets(shard);
             let mut cmd = fcall(function, &[&list]);
@@ -819,34 +819,42 @@ impl FollowOnStore for RedisStore {
         Ok(leased)
     }
 
-    async fn finish_job(&self, id: &JobId, attempt: Attempt) -> Result<(), StoreError> {
-        self.job_change(&LIBRARY.finish_job, id, |cmd| {
+    async fn finish_follow_on(&self, id: &FollowOnId, attempt: Attempt) -> Result<(), StoreError> {
+        self.job_change(&LIBRARY.finish_follow_on, id, |cmd| {
             cmd.arg(attempt.get());
         })
         .await
     }
 
-    async fn retry_job(
+    async fn retry_follow_on(
         &self,
-        id: &JobId,
+        id: &FollowOnId,
         attempt: Attempt,
         delay: Duration,
         error: &str,
     ) -> Result<(), StoreError> {
-        self.job_change(&LIBRARY.retry_job, id, |cmd| {
+        self.job_change(&LIBRARY.retry_follow_on, id, |cmd| {
             cmd.arg(attempt.get()).arg(micros(delay)).arg(error);
         })
         .await
     }
 
-    async fn bury_job(&self, id: &JobId, attempt: Attempt, error: &str) -> Result<(), StoreError> {
-        self.job_change(&LIBRARY.bury_job, id, |cmd| {
+    async fn bury_follow_on(
+        &self,
+        id: &FollowOnId,
+        attempt: Attempt,
+        error: &str,
+    ) -> Result<(), StoreError> {
+        self.job_change(&LIBRARY.bury_follow_on, id, |cmd| {
             cmd.arg(attempt.get()).arg(error);
         })
         .await
     }
 
-    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
+    async fn list_follow_ons(
+        &self,
+        filter: &FollowOnFilter,
+    ) -> Result<Vec<FollowOnRecord>, StoreError> {
         if filter.limit == 0 {
             return Ok(Vec::new());
         }
@@ -865,7 +873,7 @@ impl FollowOnStore for RedisStore {
             Some(r) => vec![self.layout.shard_of(r)],
             None => (0..SHARDS).collect(),
         };
-        let function = &LIBRARY.list_jobs;
+        let function = &LIBRARY.list_follow_ons;
         let calls = shards.into_iter().map(|shard| {
             let [list, _] = self.layout.job_sets(shard);
             let mut cmd = fcall(function, &[&list]);
@@ -886,8 +894,8 @@ impl FollowOnStore for RedisStore {
         Ok(found)
     }
 
-    async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
-        let function = &LIBRARY.redrive_job;
+    async fn redrive_follow_on(&self, id: &FollowOnId) -> Result<bool, StoreError> {
+        let function = &LIBRARY.redrive_follow_on;
         let ([job, due, _, names], member) = self.layout.job(id);
         let mut cmd = fcall(function, &[&job, &due, &names]);
         cmd.arg(&member).arg(&id.name);
@@ -899,8 +907,8 @@ impl FollowOnStore for RedisStore {
         }
     }
 
-    async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
-        let function = &LIBRARY.count_due_jobs;
+    async fn count_due_follow_ons(&self) -> Result<BTreeMap<String, u64>, StoreError> {
+        let function = &LIBRARY.count_due_follow_ons;
         let calls = (0..SHARDS).map(|shard| {
             let [_, names] = self.layout.job_sets(shard);
             let mut cmd = fcall(function, &[&names]);

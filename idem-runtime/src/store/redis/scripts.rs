@@ -12,7 +12,9 @@ use redis::Value;
 use sha2::{Digest, Sha256};
 
 use crate::key::{IdempotencyKey, Reference};
-use crate::store::{Attempt, Job, JobId, Record, RecordState, RecordStateKind, StoreError};
+use crate::store::{
+    Attempt, FollowOnId, FollowOnRecord, Record, RecordState, RecordStateKind, StoreError,
+};
 
 /// What a script answers first.
 pub(super) mod code {
@@ -71,13 +73,13 @@ pub(super) struct Library {
     pub(super) purge: Function,
     pub(super) scan: Function,
     pub(super) peek_jobs: Function,
-    pub(super) lease_jobs: Function,
-    pub(super) finish_job: Function,
-    pub(super) retry_job: Function,
-    pub(super) bury_job: Function,
-    pub(super) redrive_job: Function,
-    pub(super) list_jobs: Function,
-    pub(super) count_due_jobs: Function,
+    pub(super) lease_follow_ons: Function,
+    pub(super) finish_follow_on: Function,
+    pub(super) retry_follow_on: Function,
+    pub(super) bury_follow_on: Function,
+    pub(super) redrive_follow_on: Function,
+    pub(super) list_follow_ons: Function,
+    pub(super) count_due_follow_ons: Function,
 }
 
 /// Each script's name, whether it only reads (`no-writes`: the server then
@@ -161,13 +163,13 @@ pub(super) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
         purge: function("purge"),
         scan: function("scan"),
         peek_jobs: function("peek_jobs"),
-        lease_jobs: function("lease_jobs"),
-        finish_job: function("finish_job"),
-        retry_job: function("retry_job"),
-        bury_job: function("bury_job"),
-        redrive_job: function("redrive_job"),
-        list_jobs: function("list_jobs"),
-        count_due_jobs: function("count_due_jobs"),
+        lease_follow_ons: function("lease_jobs"),
+        finish_follow_on: function("finish_job"),
+        retry_follow_on: function("retry_job"),
+        bury_follow_on: function("bury_job"),
+        redrive_follow_on: function("redrive_job"),
+        list_follow_ons: function("list_jobs"),
+        count_due_follow_ons: function("count_due_jobs"),
         name,
         code,
     }
@@ -282,7 +284,7 @@ pub(super) const JOB_FIELDS: usize = 15;
 
 /// The jobs of a reply: the server's time (µs), then [`JOB_FIELDS`] values
 /// per job.
-pub(super) fn jobs(value: Value) -> Result<Vec<Job>, StoreError> {
+pub(super) fn jobs(value: Value) -> Result<Vec<FollowOnRecord>, StoreError> {
     let Value::Array(items) = value else {
         return Err(corrupt("a job listing's reply is not an array"));
     };
@@ -296,7 +298,7 @@ pub(super) fn jobs(value: Value) -> Result<Vec<Job>, StoreError> {
 }
 
 /// A job from its fields (`JOB_FIELDS` order in `jobs.lua`).
-fn job(f: &[Value]) -> Result<Job, StoreError> {
+fn job(f: &[Value]) -> Result<FollowOnRecord, StoreError> {
     let required =
         |v: &Value, what: &str| text(v)?.ok_or_else(|| corrupt(&format!("a job has no {what}")));
     let reference = bytes(&f[1])
@@ -309,8 +311,8 @@ fn job(f: &[Value]) -> Result<Job, StoreError> {
                 .map_err(|_| corrupt("a job's token is not a number"))
         })
         .transpose()?;
-    Ok(Job {
-        id: JobId {
+    Ok(FollowOnRecord {
+        id: FollowOnId {
             tenant: required(&f[0], "tenant")?,
             reference,
             name: required(&f[2], "name")?,
@@ -343,7 +345,7 @@ pub(super) fn scores(value: Value) -> Result<Vec<i64>, StoreError> {
 }
 
 /// A reply of (name, count) pairs after the server's time
-/// (`count_due_jobs.lua`).
+/// (`count_due_follow_ons.lua`).
 pub(super) fn name_counts(value: Value) -> Result<Vec<(String, u64)>, StoreError> {
     let Value::Array(items) = value else {
         return Err(corrupt("a count's reply is not an array"));

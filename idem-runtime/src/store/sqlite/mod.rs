@@ -20,9 +20,9 @@ use super::sql::{
     UNKNOWN,
 };
 use super::{
-    lease_names, sort_leased, Attempt, Claim, ClaimRequest, FollowOn, FollowOnStore, FollowOns,
-    IdempotencyStore, Inspect, Job, JobFilter, JobId, Limits, Record, RecordFilter,
-    RecordStateKind, Resolution, StateCounts, StoreError, Upkeep,
+    lease_names, sort_leased, Attempt, Claim, ClaimRequest, FollowOn, FollowOnFilter, FollowOnId,
+    FollowOnRecord, FollowOnStore, FollowOns, IdempotencyStore, Inspect, Limits, Record,
+    RecordFilter, RecordStateKind, Resolution, StateCounts, StoreError, Upkeep,
 };
 use crate::key::{IdempotencyKey, Reference};
 use std::collections::BTreeMap;
@@ -595,13 +595,13 @@ impl FollowOnStore for SqliteStore {
         .await
     }
 
-    async fn lease_jobs(
+    async fn lease_follow_ons(
         &self,
         names: &[&str],
         limit: usize,
         lease: Duration,
         attempt: Attempt,
-    ) -> Result<Vec<Job>, StoreError> {
+    ) -> Result<Vec<FollowOnRecord>, StoreError> {
         let Some(names) = lease_names(names, limit) else {
             return Ok(Vec::new());
         };
@@ -611,7 +611,7 @@ impl FollowOnStore for SqliteStore {
         self.run(move |conn, now| {
             let mut leased = read_jobs(
                 conn,
-                &SQL.lease_jobs,
+                &SQL.lease_follow_ons,
                 params![
                     attempt.get() as i64,
                     now.saturating_add(nanos(lease)),
@@ -626,20 +626,20 @@ impl FollowOnStore for SqliteStore {
         .await
     }
 
-    async fn finish_job(&self, id: &JobId, attempt: Attempt) -> Result<(), StoreError> {
+    async fn finish_follow_on(&self, id: &FollowOnId, attempt: Attempt) -> Result<(), StoreError> {
         let id = id.clone();
         let (lo, hi) = key_range(&id.reference);
         let tag = tag_to_column(&id.reference);
         self.run(move |conn, now| {
             let rest: [&dyn rusqlite::ToSql; 4] = [&now, &&lo[..], &&hi[..], &tag];
-            fenced_job(conn, &SQL.finish_job, &id, attempt, &rest)
+            fenced_job(conn, &SQL.finish_follow_on, &id, attempt, &rest)
         })
         .await
     }
 
-    async fn retry_job(
+    async fn retry_follow_on(
         &self,
-        id: &JobId,
+        id: &FollowOnId,
         attempt: Attempt,
         delay: Duration,
         error: &str,
@@ -647,18 +647,34 @@ impl FollowOnStore for SqliteStore {
         let (id, error) = (id.clone(), error.to_owned());
         self.run(move |conn, now| {
             let at = now.saturating_add(nanos(delay));
-            fenced_job(conn, &SQL.retry_job, &id, attempt, &[&at, &error, &now])
+            fenced_job(
+                conn,
+                &SQL.retry_follow_on,
+                &id,
+                attempt,
+                &[&at, &error, &now],
+            )
         })
         .await
     }
 
-    async fn bury_job(&self, id: &JobId, attempt: Attempt, error: &str) -> Result<(), StoreError> {
+    async fn bury_follow_on(
+        &self,
+        id: &FollowOnId,
+        attempt: Attempt,
+        error: &str,
+    ) -> Result<(), StoreError> {
         let (id, error) = (id.clone(), error.to_owned());
-        self.run(move |conn, now| fenced_job(conn, &SQL.bury_job, &id, attempt, &[&error, &now]))
-            .await
+        self.run(move |conn, now| {
+            fenced_job(conn, &SQL.bury_follow_on, &id, attempt, &[&error, &now])
+        })
+        .await
     }
 
-    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<Job>, StoreError> {
+    async fn list_follow_ons(
+        &self,
+        filter: &FollowOnFilter,
+    ) -> Result<Vec<FollowOnRecord>, StoreError> {
         let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
         let (tenant, name) = (filter.tenant.clone(), filter.name.clone());
         let reference = filter.reference.map(|r| r.as_bytes().to_vec());
@@ -673,12 +689,12 @@ impl FollowOnStore for SqliteStore {
         .await
     }
 
-    async fn redrive_job(&self, id: &JobId) -> Result<bool, StoreError> {
+    async fn redrive_follow_on(&self, id: &FollowOnId) -> Result<bool, StoreError> {
         let id = id.clone();
         self.run(move |conn, now| {
             let changed = change(
                 conn,
-                &SQL.redrive_job,
+                &SQL.redrive_follow_on,
                 &[&id.tenant, &id.reference.as_bytes(), &id.name, &now],
             )?;
             Ok(changed == 1)
@@ -686,10 +702,10 @@ impl FollowOnStore for SqliteStore {
         .await
     }
 
-    async fn count_due_jobs(&self) -> Result<BTreeMap<String, u64>, StoreError> {
+    async fn count_due_follow_ons(&self) -> Result<BTreeMap<String, u64>, StoreError> {
         self.run(|conn, now| {
             let mut stmt = conn
-                .prepare_cached(&SQL.count_due_jobs)
+                .prepare_cached(&SQL.count_due_follow_ons)
                 .map_err(|e| unavailable(&e))?;
             let rows = stmt
                 .query_map([now], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))

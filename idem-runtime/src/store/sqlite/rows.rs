@@ -181,15 +181,17 @@ pub(super) fn fenced_unless(
     }
 }
 
-pub(super) fn row_to_job(row: &rusqlite::Row<'_>) -> rusqlite::Result<Result<Job, StoreError>> {
+pub(super) fn row_to_job(
+    row: &rusqlite::Row<'_>,
+) -> rusqlite::Result<Result<FollowOnRecord, StoreError>> {
     let reference: Vec<u8> = row.get(1)?;
     let Some(reference) = Reference::from_bytes(&reference) else {
         return Ok(Err(StoreError::Corrupt(
             "a job's reference is not 8 or 16 bytes".into(),
         )));
     };
-    Ok(Ok(Job {
-        id: JobId {
+    Ok(Ok(FollowOnRecord {
+        id: FollowOnId {
             tenant: row.get(0)?,
             reference,
             name: row.get(2)?,
@@ -215,7 +217,7 @@ pub(super) fn read_jobs(
     conn: &Connection,
     sql: &str,
     params: impl rusqlite::Params,
-) -> Result<Vec<Job>, StoreError> {
+) -> Result<Vec<FollowOnRecord>, StoreError> {
     read_rows(conn, sql, params, row_to_job)
 }
 
@@ -256,7 +258,7 @@ pub(super) fn insert_jobs(
 pub(super) fn fenced_job(
     conn: &Connection,
     sql: &str,
-    id: &JobId,
+    id: &FollowOnId,
     attempt: Attempt,
     rest: &[&dyn rusqlite::ToSql],
 ) -> Result<(), StoreError> {

@@ -33,13 +33,13 @@ pub(super) struct Statements {
     pub(super) counted: String,
     pub(super) record_tenant: String,
     pub(super) insert_job: String,
-    pub(super) lease_jobs: String,
-    pub(super) finish_job: String,
-    pub(super) retry_job: String,
-    pub(super) bury_job: String,
-    pub(super) redrive_job: String,
+    pub(super) lease_follow_ons: String,
+    pub(super) finish_follow_on: String,
+    pub(super) retry_follow_on: String,
+    pub(super) bury_follow_on: String,
+    pub(super) redrive_follow_on: String,
     pub(super) jobs_filtered: String,
-    pub(super) count_due_jobs: String,
+    pub(super) count_due_follow_ons: String,
 }
 
 /// The claim's upsert (`?1`..`?10`: key, fingerprint, tenant, tool,
@@ -192,7 +192,7 @@ pub(super) static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::ne
     // One statement under the writer's lock: the selection and the lease
     // cannot be split by another process's lease. `dead = 0 AND
     // delivered_at IS NULL` is written as the partial index's predicate.
-    lease_jobs: format!(
+    lease_follow_ons: format!(
         "UPDATE idem_jobs SET token = ?1, attempts = attempts + 1, next_run_at = ?2, \
            updated_at = ?3 \
          WHERE (tenant, reference, name) IN ( \
@@ -209,7 +209,7 @@ pub(super) static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::ne
     // record's retention ends, the record found as `lookup` finds it (?6..?8:
     // the key range and the tag; the key's current record, then a
     // superseded operation), or until the next purge when it is gone.
-    finish_job: "UPDATE idem_jobs SET token = NULL, delivered_at = ?5, updated_at = ?5, \
+    finish_follow_on: "UPDATE idem_jobs SET token = NULL, delivered_at = ?5, updated_at = ?5, \
            kept_until = coalesce((SELECT retain_until FROM idem_records \
              WHERE key BETWEEN ?6 AND ?7 AND tenant = ?1 AND coalesce(operation, 0) = ?8 \
              ORDER BY key LIMIT 1), \
@@ -218,19 +218,20 @@ pub(super) static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::ne
              ORDER BY key LIMIT 1), ?5) \
          WHERE tenant = ?1 AND reference = ?2 AND name = ?3 AND token = ?4"
         .to_owned(),
-    retry_job: "UPDATE idem_jobs SET token = NULL, next_run_at = ?5, last_error = ?6, \
+    retry_follow_on: "UPDATE idem_jobs SET token = NULL, next_run_at = ?5, last_error = ?6, \
            updated_at = ?7 \
          WHERE tenant = ?1 AND reference = ?2 AND name = ?3 AND token = ?4"
         .to_owned(),
-    bury_job: "UPDATE idem_jobs SET token = NULL, dead = 1, last_error = ?5, updated_at = ?6 \
+    bury_follow_on:
+        "UPDATE idem_jobs SET token = NULL, dead = 1, last_error = ?5, updated_at = ?6 \
          WHERE tenant = ?1 AND reference = ?2 AND name = ?3 AND token = ?4"
-        .to_owned(),
-    redrive_job: format!(
+            .to_owned(),
+    redrive_follow_on: format!(
         "UPDATE idem_jobs SET dead = 0, {REDRIVE_SET}, next_run_at = ?4, updated_at = ?4 \
          WHERE tenant = ?1 AND reference = ?2 AND name = ?3 AND dead = 1"
     ),
     jobs_filtered: jobs_filtered("idem_jobs", |n| format!("?{n}")),
-    count_due_jobs: "SELECT name, count(*) FROM idem_jobs \
+    count_due_follow_ons: "SELECT name, count(*) FROM idem_jobs \
          WHERE dead = 0 AND delivered_at IS NULL AND next_run_at <= ?1 GROUP BY name"
         .to_owned(),
 });

@@ -13,7 +13,7 @@ pub(super) type Finish = Box<dyn FnOnce(Result<(), &str>) + Send>;
 /// A [`Work`] and how durable its commit must be.
 pub(super) struct Item {
     /// The work may commit with `synchronous = NORMAL`: a completion (with
-    /// its follow-on jobs) of a store built with relaxed completions. A batch
+    /// its follow-ons) of a store built with relaxed completions. A batch
     /// commits relaxed only if every one of its items is relaxed; one claim
     /// (or any other change) makes the whole batch FULL.
     pub(super) relaxed: bool,

@@ -315,8 +315,8 @@ impl Cluster {
                 ("--processor-timeout-ms", PROCESSOR_TIMEOUT_MS),
                 ("--maintenance-interval-ms", 500),
                 ("--reconcile-backoff-ms", 500),
-                ("--outbox-interval-ms", 300),
-                ("--outbox-backoff-ms", 200),
+                ("--follow-on-interval-ms", 300),
+                ("--follow-on-backoff-ms", 200),
             ] {
                 args.extend([flag.to_owned(), ms.to_string()]);
             }

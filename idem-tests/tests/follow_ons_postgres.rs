@@ -1,4 +1,4 @@
-//! The outbox on PostgreSQL, in one process: what a far side or a handler
+//! The follow-on dispatcher on PostgreSQL, in one process: what a far side or a handler
 //! hands over that PostgreSQL cannot keep as given (a NUL byte in a text
 //! column) never leaves a job running for ever nor a record in progress.
 //!
@@ -16,8 +16,10 @@ use idem_runtime::{
     answer::{Answer, Recording},
     executor::{Operation, ScopeSpec},
     follow_on,
-    outbox::{job_fn, FollowOn, FollowOnError, JobHandlers, Outbox, OutboxConfig},
-    store::{FollowOnStore, JobFilter, RecordState},
+    follow_ons::{
+        follow_on_fn, FollowOn, FollowOnConfig, FollowOnDispatcher, FollowOnError, FollowOnHandlers,
+    },
+    store::{FollowOnFilter, FollowOnStore, RecordState},
     Caller, Executor, IdempotencyStore, ToolError,
 };
 use serde_json::json;
@@ -25,8 +27,8 @@ use serde_json::json;
 /// Dispatch settings that run a job's attempts in quick succession: a
 /// failed run is retried after a millisecond, and a lease runs out after
 /// half a second.
-fn quick(max_runs: u32) -> OutboxConfig {
-    OutboxConfig::default()
+fn quick(max_runs: u32) -> FollowOnConfig {
+    FollowOnConfig::default()
         .with_interval(Duration::from_millis(10))
         .with_batch(8)
         .with_timeout(Duration::from_millis(250))
@@ -35,12 +37,15 @@ fn quick(max_runs: u32) -> OutboxConfig {
         .with_max_backoff(Duration::from_millis(1))
 }
 
-async fn all_jobs(store: &dyn FollowOnStore, tenant: &str) -> Vec<idem_runtime::store::Job> {
+async fn all_jobs(
+    store: &dyn FollowOnStore,
+    tenant: &str,
+) -> Vec<idem_runtime::store::FollowOnRecord> {
     store
-        .list_jobs(&JobFilter {
+        .list_follow_ons(&FollowOnFilter {
             tenant: Some(tenant.to_owned()),
             limit: 100,
-            ..JobFilter::default()
+            ..FollowOnFilter::default()
         })
         .await
         .unwrap()
@@ -71,9 +76,9 @@ async fn an_error_text_with_a_nul_byte_still_ends_in_the_dead_letter() {
 
     let calls = Arc::new(AtomicUsize::new(0));
     let counted = calls.clone();
-    let handlers = JobHandlers::new().on(
+    let handlers = FollowOnHandlers::new().on(
         "send_receipt",
-        job_fn(move |_| {
+        follow_on_fn(move |_| {
             let counted = counted.clone();
             async move {
                 counted.fetch_add(1, Ordering::SeqCst);
@@ -86,7 +91,9 @@ async fn an_error_text_with_a_nul_byte_still_ends_in_the_dead_letter() {
     // Long enough for several lease periods: a failure the store refused to
     // record would run again each time a lease ran out.
     while started.elapsed() < Duration::from_secs(3) {
-        Outbox::round(store, &handlers, &config).await.unwrap();
+        FollowOnDispatcher::round(store, &handlers, &config)
+            .await
+            .unwrap();
         let jobs = all_jobs(store, &req.tenant).await;
         if jobs.iter().all(|j| j.dead) && calls.load(Ordering::SeqCst) >= 3 {
             break;
@@ -96,7 +103,9 @@ async fn an_error_text_with_a_nul_byte_still_ends_in_the_dead_letter() {
     // Rounds past two lease periods more: a dead job is never run again.
     let settled = Instant::now();
     while settled.elapsed() < config.lease() * 2 {
-        Outbox::round(store, &handlers, &config).await.unwrap();
+        FollowOnDispatcher::round(store, &handlers, &config)
+            .await
+            .unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
@@ -112,7 +121,7 @@ async fn an_error_text_with_a_nul_byte_still_ends_in_the_dead_letter() {
     assert!(!error.contains('\0'), "{error:?}");
     assert!(error.starts_with("mailer said: bad"), "{error:?}");
     assert!(
-        error.len() <= idem_runtime::outbox::MAX_JOB_ERROR,
+        error.len() <= idem_runtime::follow_ons::MAX_FOLLOW_ON_ERROR,
         "the kept error is bounded: {} bytes",
         error.len()
     );

@@ -1,5 +1,5 @@
-//! The outbox on PostgreSQL with real processes: dispatcher processes
-//! (`src/bin/pg_dispatcher.rs`) drain follow-on jobs through a stub mailer
+//! The follow-on dispatcher on PostgreSQL with real processes: dispatcher processes
+//! (`src/bin/pg_dispatcher.rs`) drain follow-ons through a stub mailer
 //! that keeps its books in a shared directory and dedupes by the downstream
 //! key, as a real mailer does.
 //!
@@ -20,8 +20,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use durable::{temp_dir, Link, PgSchema, Proxy};
 use idem_runtime::{
-    outbox::FollowOn,
-    store::{JobFilter, JobState},
+    follow_ons::FollowOn,
+    store::{FollowOnFilter, FollowOnState},
     IdempotencyStore,
 };
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -78,10 +78,14 @@ async fn jobs_left(store: &dyn IdempotencyStore) -> usize {
     store
         .follow_ons()
         .expect("the store keeps jobs")
-        .list_jobs(&JobFilter {
-            states: vec![JobState::Waiting, JobState::Running, JobState::Dead],
+        .list_follow_ons(&FollowOnFilter {
+            states: vec![
+                FollowOnState::Waiting,
+                FollowOnState::Running,
+                FollowOnState::Dead,
+            ],
             limit: 100_000,
-            ..JobFilter::default()
+            ..FollowOnFilter::default()
         })
         .await
         .unwrap()

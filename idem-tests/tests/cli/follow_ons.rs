@@ -1,4 +1,4 @@
-//! Follow-on jobs on the command line: `jobs` in each state, `redrive`, the
+//! Follow-ons on the command line: `jobs` in each state, `redrive`, the
 //! jobs `show` lists with their operation, and a job's history across
 //! re-drives.
 
@@ -31,7 +31,7 @@ async fn delivered_jobs_are_listed_and_shown() {
         Claim::Claimed { .. }
     ));
     let jobs = ["send_receipt", "notify_warehouse"].map(|name| {
-        idem_runtime::outbox::FollowOn::new(name, &json!({"to": "a@example.com"})).unwrap()
+        idem_runtime::follow_ons::FollowOn::new(name, &json!({"to": "a@example.com"})).unwrap()
     });
     store
         .complete_with_follow_ons(
@@ -44,13 +44,13 @@ async fn delivered_jobs_are_listed_and_shown() {
         .unwrap();
     let token = idem_runtime::store::Attempt::random();
     let leased = store
-        .lease_jobs(&["send_receipt"], 1, Duration::from_secs(60), token)
+        .lease_follow_ons(&["send_receipt"], 1, Duration::from_secs(60), token)
         .await
         .unwrap();
-    store.finish_job(&leased[0].id, token).await.unwrap();
+    store.finish_follow_on(&leased[0].id, token).await.unwrap();
     let reference = req.reference.to_string();
 
-    let delivered = idem(&url, &["--json", "jobs", "--state", "delivered"]).await;
+    let delivered = idem(&url, &["--json", "follow-ons", "--state", "delivered"]).await;
     assert_eq!(delivered.code, EXIT_OK, "{delivered:?}");
     let delivered = delivered.json();
     assert_eq!(delivered.as_array().map(Vec::len), Some(1), "{delivered}");
@@ -59,14 +59,14 @@ async fn delivered_jobs_are_listed_and_shown() {
     assert_eq!(delivered[0]["runs"], json!(1));
     assert!(delivered[0]["delivered_at"].is_string(), "{delivered}");
     assert!(delivered[0]["kept_until"].is_string(), "{delivered}");
-    let table = idem(&url, &["jobs", "--state", "delivered"]).await;
+    let table = idem(&url, &["follow-ons", "--state", "delivered"]).await;
     assert!(
         table.out.contains(&reference) && table.out.contains("delivered"),
         "{}",
         table.out
     );
 
-    let waiting = idem(&url, &["--json", "jobs"]).await.json();
+    let waiting = idem(&url, &["--json", "follow-ons"]).await.json();
     let names: Vec<&Value> = waiting
         .as_array()
         .unwrap()
@@ -74,11 +74,11 @@ async fn delivered_jobs_are_listed_and_shown() {
         .map(|j| &j["name"])
         .collect();
     assert_eq!(names, [&json!("notify_warehouse")], "{waiting}");
-    let by_state = idem(&url, &["--json", "jobs", "--state", "waiting"])
+    let by_state = idem(&url, &["--json", "follow-ons", "--state", "waiting"])
         .await
         .json();
     assert_eq!(by_state, waiting);
-    let dead = idem(&url, &["--json", "jobs", "--state", "dead"])
+    let dead = idem(&url, &["--json", "follow-ons", "--state", "dead"])
         .await
         .json();
     assert_eq!(dead, json!([]));
@@ -116,7 +116,7 @@ async fn dead_jobs_are_listed_and_redriven() {
         Claim::Claimed { .. }
     ));
     let receipt =
-        idem_runtime::outbox::FollowOn::new("send_receipt", &json!({"to": "a@example.com"}))
+        idem_runtime::follow_ons::FollowOn::new("send_receipt", &json!({"to": "a@example.com"}))
             .unwrap();
     store
         .complete_with_follow_ons(
@@ -129,19 +129,19 @@ async fn dead_jobs_are_listed_and_redriven() {
         .unwrap();
     let token = idem_runtime::store::Attempt::random();
     let leased = store
-        .lease_jobs(&["send_receipt"], 1, Duration::from_secs(60), token)
+        .lease_follow_ons(&["send_receipt"], 1, Duration::from_secs(60), token)
         .await
         .unwrap();
     store
-        .bury_job(&leased[0].id, token, "mailer bounced: no such address")
+        .bury_follow_on(&leased[0].id, token, "mailer bounced: no such address")
         .await
         .unwrap();
     let reference = req.reference.to_string();
 
-    let live = idem(&url, &["--json", "jobs"]).await;
+    let live = idem(&url, &["--json", "follow-ons"]).await;
     assert_eq!(live.code, EXIT_OK, "{live:?}");
     assert_eq!(live.json(), json!([]));
-    let dead = idem(&url, &["jobs", "--dead"]).await;
+    let dead = idem(&url, &["follow-ons", "--dead"]).await;
     assert_eq!(dead.code, EXIT_OK, "{dead:?}");
     assert!(
         dead.out.contains(&reference) && dead.out.contains("mailer bounced"),
@@ -150,7 +150,7 @@ async fn dead_jobs_are_listed_and_redriven() {
     );
     let listed = idem(
         &url,
-        &["--json", "jobs", "--dead", "--reference", &reference],
+        &["--json", "follow-ons", "--dead", "--reference", &reference],
     )
     .await;
     let listed = listed.json();
@@ -208,7 +208,7 @@ async fn dead_jobs_are_listed_and_redriven() {
     )
     .await;
     assert_eq!(again.code, EXIT_OPERATOR, "{again:?}");
-    assert!(again.err.contains("no dead job"), "{}", again.err);
+    assert!(again.err.contains("no dead follow-on"), "{}", again.err);
     let elsewhere = idem(
         &url,
         &["redrive", &reference, "send_receipt", "--tenant", "other"],
@@ -223,7 +223,7 @@ async fn dead_jobs_are_listed_and_redriven() {
     assert_eq!(bad.code, EXIT_USAGE, "{bad:?}");
 
     let due = store
-        .lease_jobs(
+        .lease_follow_ons(
             &["send_receipt"],
             1,
             Duration::from_secs(60),
@@ -251,7 +251,7 @@ async fn jobs_show_an_old_failure_as_old() {
         Claim::Claimed { .. }
     ));
     let jobs = ["send_receipt", "notify_warehouse"].map(|name| {
-        idem_runtime::outbox::FollowOn::new(name, &json!({"to": "a@example.com"})).unwrap()
+        idem_runtime::follow_ons::FollowOn::new(name, &json!({"to": "a@example.com"})).unwrap()
     });
     store
         .complete_with_follow_ons(
@@ -266,7 +266,10 @@ async fn jobs_show_an_old_failure_as_old() {
         let store = &store;
         async move {
             let token = idem_runtime::store::Attempt::random();
-            let leased = store.lease_jobs(&[name], 1, lease, token).await.unwrap();
+            let leased = store
+                .lease_follow_ons(&[name], 1, lease, token)
+                .await
+                .unwrap();
             assert_eq!(leased.len(), 1, "{name} is due");
             (leased[0].id.clone(), token)
         }
@@ -277,11 +280,11 @@ async fn jobs_show_an_old_failure_as_old() {
     // delivers it. Three runs in all, two since the re-drive.
     let (id, token) = lease("send_receipt").await;
     store
-        .bury_job(&id, token, "mailer bounced: no such address")
+        .bury_follow_on(&id, token, "mailer bounced: no such address")
         .await
         .unwrap();
-    assert!(store.redrive_job(&id).await.unwrap());
-    let waiting = idem(&url, &["--json", "jobs", "--name", "send_receipt"])
+    assert!(store.redrive_follow_on(&id).await.unwrap());
+    let waiting = idem(&url, &["--json", "follow-ons", "--name", "send_receipt"])
         .await
         .json();
     assert_eq!(waiting[0]["state"], json!("waiting"), "{waiting}");
@@ -292,7 +295,7 @@ async fn jobs_show_an_old_failure_as_old() {
     );
     let _lapsed = lease_for("send_receipt", Duration::from_millis(1)).await;
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let running = idem(&url, &["--json", "jobs", "--name", "send_receipt"])
+    let running = idem(&url, &["--json", "follow-ons", "--name", "send_receipt"])
         .await
         .json();
     assert_eq!(running[0]["all_runs"], json!(2), "{running}");
@@ -302,17 +305,17 @@ async fn jobs_show_an_old_failure_as_old() {
         "{running}"
     );
     let (id, token) = lease("send_receipt").await;
-    store.finish_job(&id, token).await.unwrap();
+    store.finish_follow_on(&id, token).await.unwrap();
     // notify_warehouse: failed once, delivered on its retry.
     let (id, token) = lease("notify_warehouse").await;
     store
-        .retry_job(&id, token, Duration::ZERO, "warehouse timed out")
+        .retry_follow_on(&id, token, Duration::ZERO, "warehouse timed out")
         .await
         .unwrap();
     let (id, token) = lease("notify_warehouse").await;
-    store.finish_job(&id, token).await.unwrap();
+    store.finish_follow_on(&id, token).await.unwrap();
 
-    let table = idem(&url, &["jobs", "--state", "delivered"]).await;
+    let table = idem(&url, &["follow-ons", "--state", "delivered"]).await;
     assert_eq!(table.code, EXIT_OK, "{table:?}");
     let line = |name: &str| {
         table
@@ -335,7 +338,7 @@ async fn jobs_show_an_old_failure_as_old() {
     );
     assert!(!notice.contains("re-drive"), "{notice}");
 
-    let listed = idem(&url, &["--json", "jobs", "--state", "delivered"])
+    let listed = idem(&url, &["--json", "follow-ons", "--state", "delivered"])
         .await
         .json();
     for job in listed.as_array().unwrap() {

@@ -1,23 +1,23 @@
-//! The outbox's cases: follow-on jobs written with a completion, leased,
-//! retried, buried, re-driven and listed. One job: the cases, one function
+//! The follow-ons' cases: follow-ons written with a completion, leased,
+//! retried, buried, re-driven and listed. One follow-on: the cases, one function
 //! each.
 
 use super::*;
 
-/// Every outbox case starts here: a store that does not keep follow-on
-/// jobs fails it at once, with `Unsupported` in the message.
-fn require_outbox(store: &dyn IdempotencyStore) -> &dyn FollowOnStore {
+/// Every follow-on case starts here: a store that does not keep follow-on
+/// follow-ons fails it at once, with `Unsupported` in the message.
+fn require_follow_ons(store: &dyn IdempotencyStore) -> &dyn FollowOnStore {
     store.follow_ons().unwrap_or_else(|| {
         panic!(
-            "StoreError::Unsupported: the {} store does not keep follow-on jobs \
+            "StoreError::Unsupported: the {} store does not keep follow-ons \
              (follow_ons() is None)",
             store.backend()
         )
     })
 }
 
-/// A job name of this case only: cases share a store, and a lease takes
-/// every due job of the names it is given.
+/// A follow-on name of this case only: cases share a store, and a lease takes
+/// every due follow-on of the names it is given.
 fn job_name(what: &str) -> String {
     format!("{what}_{}", Attempt::random().get())
 }
@@ -26,27 +26,27 @@ fn follow_on(name: &str, payload: serde_json::Value) -> FollowOn {
     FollowOn::new(name, &payload).expect("a valid follow-on")
 }
 
-async fn jobs_of(store: &dyn FollowOnStore, req: &ClaimRequest) -> Vec<Job> {
+async fn jobs_of(store: &dyn FollowOnStore, req: &ClaimRequest) -> Vec<FollowOnRecord> {
     store
-        .list_jobs(&JobFilter {
+        .list_follow_ons(&FollowOnFilter {
             tenant: Some(req.tenant.clone()),
             reference: Some(req.reference),
             limit: 100,
-            ..JobFilter::default()
+            ..FollowOnFilter::default()
         })
         .await
         .expect("list_jobs")
 }
 
-fn job_id(req: &ClaimRequest, name: &str) -> JobId {
-    JobId {
+fn job_id(req: &ClaimRequest, name: &str) -> FollowOnId {
+    FollowOnId {
         tenant: req.tenant.clone(),
         reference: req.reference,
         name: name.to_owned(),
     }
 }
 
-/// A record completed with follow-ons and its jobs, due at once, not run.
+/// A record completed with follow-ons and its follow-ons, due at once, not run.
 async fn completed_with_jobs(store: &dyn FollowOnStore, names: &[&str]) -> ClaimRequest {
     let req = fresh(W);
     claimed(store, &req).await;
@@ -66,10 +66,10 @@ async fn completed_with_jobs(store: &dyn FollowOnStore, names: &[&str]) -> Claim
     req
 }
 
-/// The completion and its follow-on jobs are written together: the record is
-/// COMPLETED and every job waits, due, unleased, with its payload.
+/// The completion and its follow-ons are written together: the record is
+/// COMPLETED and every follow-on waits, due, unleased, with its payload.
 pub async fn follow_ons_are_written_with_the_completion(store: &dyn IdempotencyStore) {
-    let store = require_outbox(store);
+    let store = require_follow_ons(store);
     let (receipt, notify) = (job_name("receipt"), job_name("notify"));
     let req = fresh(W);
     claimed(store, &req).await;
@@ -125,9 +125,9 @@ pub async fn follow_ons_are_written_with_the_completion(store: &dyn IdempotencyS
 }
 
 /// A completion that is refused (another attempt owns the record, or it is
-/// already COMPLETED) writes none of its jobs.
+/// already COMPLETED) writes none of its follow-ons.
 pub async fn refused_completion_writes_no_follow_ons(store: &dyn IdempotencyStore) {
-    let store = require_outbox(store);
+    let store = require_follow_ons(store);
     let name = job_name("receipt");
     let req = fresh(W);
     claimed(store, &req).await;
@@ -171,11 +171,11 @@ pub async fn refused_completion_writes_no_follow_ons(store: &dyn IdempotencyStor
     );
 }
 
-/// Two jobs with one name in one completion are refused where the list is
+/// Two follow-ons with one name in one completion are refused where the list is
 /// built (`FollowOns::new`), before any store is asked, and nothing is
-/// written: the record stays IN_PROGRESS and no job exists.
+/// written: the record stays IN_PROGRESS and no follow-on exists.
 pub async fn repeated_follow_on_name_writes_nothing(store: &dyn IdempotencyStore) {
-    let store = require_outbox(store);
+    let store = require_follow_ons(store);
     let name = job_name("receipt");
     let req = fresh(W);
     claimed(store, &req).await;
@@ -197,7 +197,7 @@ pub async fn repeated_follow_on_name_writes_nothing(store: &dyn IdempotencyStore
 /// A COMPLETED resolution of an UNKNOWN record writes its follow-ons with it
 /// (and keeps the note); on a record that is not UNKNOWN it writes nothing.
 pub async fn resolution_writes_its_follow_ons(store: &dyn IdempotencyStore) {
-    let store = require_outbox(store);
+    let store = require_follow_ons(store);
     let name = job_name("receipt");
     let jobs = [follow_on(&name, serde_json::json!({"late": true}))];
     let running = fresh(W);
@@ -247,11 +247,11 @@ pub async fn resolution_writes_its_follow_ons(store: &dyn IdempotencyStore) {
     assert_eq!(written[0].id, job_id(&doubt, &name));
 }
 
-/// Of 16 concurrent leases, exactly one gets a due job; it carries that
+/// Of 16 concurrent leases, exactly one gets a due follow-on; it carries that
 /// lease's attempt and its first attempt, and no later lease returns it while
 /// the lease holds.
-pub async fn concurrent_leases_share_no_job(store: &dyn IdempotencyStore) {
-    let store = require_outbox(store);
+pub async fn concurrent_leases_share_no_follow_on(store: &dyn IdempotencyStore) {
+    let store = require_follow_ons(store);
     let name = job_name("receipt");
     let req = completed_with_jobs(store, &[&name]).await;
     let tokens: Vec<Attempt> = (0..16).map(|_| Attempt::random()).collect();
@@ -259,7 +259,7 @@ pub async fn concurrent_leases_share_no_job(store: &dyn IdempotencyStore) {
     let leases = join_all(
         tokens
             .iter()
-            .map(|t| store.lease_jobs(&names, 10, Duration::from_secs(60), *t)),
+            .map(|t| store.lease_follow_ons(&names, 10, Duration::from_secs(60), *t)),
     )
     .await;
     let mut winners = Vec::new();
@@ -279,7 +279,7 @@ pub async fn concurrent_leases_share_no_job(store: &dyn IdempotencyStore) {
     assert_eq!(job.runs, 1);
     assert!(job.next_run_at > job.created_at, "leased until later");
     let later = store
-        .lease_jobs(&names, 10, Duration::from_secs(60), Attempt::random())
+        .lease_follow_ons(&names, 10, Duration::from_secs(60), Attempt::random())
         .await
         .unwrap();
     assert!(
@@ -288,15 +288,15 @@ pub async fn concurrent_leases_share_no_job(store: &dyn IdempotencyStore) {
     );
 }
 
-/// A lease returns only due jobs whose names it handles; a job of another
-/// name waits, counted by `count_due_jobs`, and is leased by a dispatcher
+/// A lease returns only due follow-ons whose names it handles; a follow-on of another
+/// name waits, counted by `count_due_follow_ons`, and is leased by a dispatcher
 /// that handles it.
 pub async fn lease_takes_only_its_names(store: &dyn IdempotencyStore) {
-    let store = require_outbox(store);
+    let store = require_follow_ons(store);
     let (mine, other) = (job_name("receipt"), job_name("nobody_handles"));
     let req = completed_with_jobs(store, &[&mine, &other]).await;
     let leased = store
-        .lease_jobs(
+        .lease_follow_ons(
             &[mine.as_str()],
             10,
             Duration::from_secs(60),
@@ -306,7 +306,7 @@ pub async fn lease_takes_only_its_names(store: &dyn IdempotencyStore) {
         .unwrap();
     assert_eq!(leased.len(), 1, "{leased:?}");
     assert_eq!(leased[0].id, job_id(&req, &mine));
-    let due = store.count_due_jobs().await.unwrap();
+    let due = store.count_due_follow_ons().await.unwrap();
     assert_eq!(
         due.get(&other),
         Some(&1),
@@ -317,7 +317,7 @@ pub async fn lease_takes_only_its_names(store: &dyn IdempotencyStore) {
     let unleased = waiting.iter().find(|j| j.id.name == other).unwrap();
     assert_eq!((unleased.runs, unleased.attempt), (0, None));
     let taken = store
-        .lease_jobs(
+        .lease_follow_ons(
             &[other.as_str()],
             10,
             Duration::from_secs(60),
@@ -327,7 +327,7 @@ pub async fn lease_takes_only_its_names(store: &dyn IdempotencyStore) {
         .unwrap();
     assert_eq!(taken.len(), 1);
     assert!(store
-        .lease_jobs(&[], 10, Duration::from_secs(60), Attempt::random())
+        .lease_follow_ons(&[], 10, Duration::from_secs(60), Attempt::random())
         .await
         .unwrap()
         .is_empty());
@@ -335,7 +335,7 @@ pub async fn lease_takes_only_its_names(store: &dyn IdempotencyStore) {
 
 /// `limit` bounds a lease, and the longest due go first.
 pub async fn lease_respects_its_limit(store: &dyn IdempotencyStore) {
-    let store = require_outbox(store);
+    let store = require_follow_ons(store);
     let name = job_name("receipt");
     let mut reqs = Vec::new();
     for _ in 0..3 {
@@ -344,13 +344,13 @@ pub async fn lease_respects_its_limit(store: &dyn IdempotencyStore) {
     }
     let names = [name.as_str()];
     let first = store
-        .lease_jobs(&names, 2, Duration::from_secs(60), Attempt::random())
+        .lease_follow_ons(&names, 2, Duration::from_secs(60), Attempt::random())
         .await
         .unwrap();
     assert_eq!(first.len(), 2);
     assert_eq!(first[0].id.reference, reqs[0].reference, "oldest first");
     let rest = store
-        .lease_jobs(&names, 2, Duration::from_secs(60), Attempt::random())
+        .lease_follow_ons(&names, 2, Duration::from_secs(60), Attempt::random())
         .await
         .unwrap();
     assert_eq!(rest.len(), 1);
@@ -358,29 +358,31 @@ pub async fn lease_respects_its_limit(store: &dyn IdempotencyStore) {
 }
 
 /// finish, retry and bury act only for the attempt that holds the lease; a
-/// finished job is delivered, and finishing it again is fenced.
-pub async fn job_changes_are_fenced_by_the_token(store: &dyn IdempotencyStore) {
-    let store = require_outbox(store);
+/// finished follow-on is delivered, and finishing it again is fenced.
+pub async fn follow_on_changes_are_fenced_by_the_token(store: &dyn IdempotencyStore) {
+    let store = require_follow_ons(store);
     let name = job_name("receipt");
     let req = completed_with_jobs(store, &[&name]).await;
     let id = job_id(&req, &name);
     let attempt = Attempt::random();
     let leased = store
-        .lease_jobs(&[name.as_str()], 1, Duration::from_secs(60), attempt)
+        .lease_follow_ons(&[name.as_str()], 1, Duration::from_secs(60), attempt)
         .await
         .unwrap();
     assert_eq!(leased.len(), 1);
     let stranger = Attempt::random();
     assert!(matches!(
-        store.finish_job(&id, stranger).await,
+        store.finish_follow_on(&id, stranger).await,
         Err(StoreError::Fenced)
     ));
     assert!(matches!(
-        store.retry_job(&id, stranger, Duration::ZERO, "boom").await,
+        store
+            .retry_follow_on(&id, stranger, Duration::ZERO, "boom")
+            .await,
         Err(StoreError::Fenced)
     ));
     assert!(matches!(
-        store.bury_job(&id, stranger, "boom").await,
+        store.bury_follow_on(&id, stranger, "boom").await,
         Err(StoreError::Fenced)
     ));
     let still = jobs_of(store, &req).await;
@@ -390,31 +392,39 @@ pub async fn job_changes_are_fenced_by_the_token(store: &dyn IdempotencyStore) {
         "the stranger changed nothing"
     );
     assert!(!still[0].dead);
-    store.finish_job(&id, attempt).await.unwrap();
-    let states: Vec<JobState> = jobs_of(store, &req).await.iter().map(Job::state).collect();
-    assert_eq!(states, [JobState::Delivered], "a finished job is delivered");
+    store.finish_follow_on(&id, attempt).await.unwrap();
+    let states: Vec<FollowOnState> = jobs_of(store, &req)
+        .await
+        .iter()
+        .map(FollowOnRecord::state)
+        .collect();
+    assert_eq!(
+        states,
+        [FollowOnState::Delivered],
+        "a finished job is delivered"
+    );
     assert!(matches!(
-        store.finish_job(&id, attempt).await,
+        store.finish_follow_on(&id, attempt).await,
         Err(StoreError::Fenced)
     ));
     let missing = job_id(&req, "never_declared");
     assert!(matches!(
-        store.finish_job(&missing, attempt).await,
+        store.finish_follow_on(&missing, attempt).await,
         Err(StoreError::Fenced)
     ));
 }
 
-/// A retried job gives up its lease, keeps its error, waits its delay, and
+/// A retried follow-on gives up its lease, keeps its error, waits its delay, and
 /// is then leased again with its next attempt; the old attempt is fenced.
-pub async fn retried_job_runs_again_after_its_delay(store: &dyn IdempotencyStore) {
-    let store = require_outbox(store);
+pub async fn retried_follow_on_runs_again_after_its_delay(store: &dyn IdempotencyStore) {
+    let store = require_follow_ons(store);
     let name = job_name("receipt");
     let req = completed_with_jobs(store, &[&name]).await;
     let id = job_id(&req, &name);
     let names = [name.as_str()];
     let first = Attempt::random();
     store
-        .lease_jobs(&names, 1, Duration::from_secs(60), first)
+        .lease_follow_ons(&names, 1, Duration::from_secs(60), first)
         .await
         .unwrap();
     // The delay is judged on the store's clock from the retry's write, which
@@ -424,7 +434,7 @@ pub async fn retried_job_runs_again_after_its_delay(store: &dyn IdempotencyStore
     let delay = Duration::from_secs(1);
     let retried = std::time::Instant::now();
     store
-        .retry_job(&id, first, delay, "mailer down")
+        .retry_follow_on(&id, first, delay, "mailer down")
         .await
         .unwrap();
     let waiting = jobs_of(store, &req).await;
@@ -432,14 +442,17 @@ pub async fn retried_job_runs_again_after_its_delay(store: &dyn IdempotencyStore
     assert_eq!(waiting[0].last_error.as_deref(), Some("mailer down"));
     let early_attempt = Attempt::random();
     let early = store
-        .lease_jobs(&names, 1, Duration::from_secs(60), early_attempt)
+        .lease_follow_ons(&names, 1, Duration::from_secs(60), early_attempt)
         .await
         .unwrap();
     if retried.elapsed() < delay {
         assert!(early.is_empty(), "not before its delay");
     }
     assert!(
-        matches!(store.finish_job(&id, first).await, Err(StoreError::Fenced)),
+        matches!(
+            store.finish_follow_on(&id, first).await,
+            Err(StoreError::Fenced)
+        ),
         "a retry gives the lease up"
     );
     let (again, second) = if early.is_empty() {
@@ -447,7 +460,7 @@ pub async fn retried_job_runs_again_after_its_delay(store: &dyn IdempotencyStore
             .await;
         let second = Attempt::random();
         let again = store
-            .lease_jobs(&names, 1, Duration::from_secs(60), second)
+            .lease_follow_ons(&names, 1, Duration::from_secs(60), second)
             .await
             .unwrap();
         (again, second)
@@ -457,76 +470,79 @@ pub async fn retried_job_runs_again_after_its_delay(store: &dyn IdempotencyStore
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].runs, 2);
     assert_eq!(again[0].last_error.as_deref(), Some("mailer down"));
-    store.finish_job(&id, second).await.unwrap();
+    store.finish_follow_on(&id, second).await.unwrap();
 }
 
 /// A lease that ran out (its dispatcher died) lets another dispatcher take
-/// the job; the first one's attempt is then fenced.
-pub async fn lapsed_job_lease_is_taken_over(store: &dyn IdempotencyStore) {
-    let store = require_outbox(store);
+/// the follow-on; the first one's attempt is then fenced.
+pub async fn lapsed_follow_on_lease_is_taken_over(store: &dyn IdempotencyStore) {
+    let store = require_follow_ons(store);
     let name = job_name("receipt");
     let req = completed_with_jobs(store, &[&name]).await;
     let id = job_id(&req, &name);
     let names = [name.as_str()];
     let dead = Attempt::random();
     store
-        .lease_jobs(&names, 1, Duration::from_millis(100), dead)
+        .lease_follow_ons(&names, 1, Duration::from_millis(100), dead)
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(store.count_due_jobs().await.unwrap().get(&name), Some(&1));
+    assert_eq!(
+        store.count_due_follow_ons().await.unwrap().get(&name),
+        Some(&1)
+    );
     let live = Attempt::random();
     let taken = store
-        .lease_jobs(&names, 1, Duration::from_secs(60), live)
+        .lease_follow_ons(&names, 1, Duration::from_secs(60), live)
         .await
         .unwrap();
     assert_eq!(taken.len(), 1);
     assert_eq!(taken[0].runs, 2);
     assert!(matches!(
-        store.finish_job(&id, dead).await,
+        store.finish_follow_on(&id, dead).await,
         Err(StoreError::Fenced)
     ));
-    store.finish_job(&id, live).await.unwrap();
+    store.finish_follow_on(&id, live).await.unwrap();
 }
 
-/// A buried job is dead: listed, never leased, until re-driven, after which
+/// A buried follow-on is dead: listed, never leased, until re-driven, after which
 /// it runs again from its first attempt. Its history stays readable: the
 /// runs before each re-drive add up, the error it died of is kept apart,
 /// and no error from before a re-drive reads as a run's since. Re-driving a
-/// live or absent job changes nothing.
-pub async fn buried_job_is_listed_and_redriven(store: &dyn IdempotencyStore) {
-    let store = require_outbox(store);
+/// live or absent follow-on changes nothing.
+pub async fn buried_follow_on_is_listed_and_redriven(store: &dyn IdempotencyStore) {
+    let store = require_follow_ons(store);
     let name = job_name("receipt");
     let req = completed_with_jobs(store, &[&name]).await;
     let id = job_id(&req, &name);
     let names = [name.as_str()];
     assert!(
-        !store.redrive_job(&id).await.unwrap(),
+        !store.redrive_follow_on(&id).await.unwrap(),
         "a live job is not re-driven"
     );
     // Two runs: one retried, one buried.
     let first = Attempt::random();
     store
-        .lease_jobs(&names, 1, Duration::from_secs(60), first)
+        .lease_follow_ons(&names, 1, Duration::from_secs(60), first)
         .await
         .unwrap();
     store
-        .retry_job(&id, first, Duration::ZERO, "timed out")
+        .retry_follow_on(&id, first, Duration::ZERO, "timed out")
         .await
         .unwrap();
     let attempt = Attempt::random();
     let leased = store
-        .lease_jobs(&names, 1, Duration::from_secs(60), attempt)
+        .lease_follow_ons(&names, 1, Duration::from_secs(60), attempt)
         .await
         .unwrap();
     assert_eq!(leased.len(), 1, "a retried job is due again");
-    store.bury_job(&id, attempt, "bounced").await.unwrap();
+    store.bury_follow_on(&id, attempt, "bounced").await.unwrap();
     let dead = store
-        .list_jobs(&JobFilter {
+        .list_follow_ons(&FollowOnFilter {
             tenant: Some(req.tenant.clone()),
-            states: vec![JobState::Dead],
+            states: vec![FollowOnState::Dead],
             limit: 10,
-            ..JobFilter::default()
+            ..FollowOnFilter::default()
         })
         .await
         .unwrap();
@@ -538,36 +554,36 @@ pub async fn buried_job_is_listed_and_redriven(store: &dyn IdempotencyStore) {
     assert_eq!((dead[0].runs, dead[0].earlier_runs), (2, 0));
     assert_eq!(dead[0].error_before_redrive, None);
     let live = store
-        .list_jobs(&JobFilter {
+        .list_follow_ons(&FollowOnFilter {
             tenant: Some(req.tenant.clone()),
-            states: vec![JobState::Waiting, JobState::Running],
+            states: vec![FollowOnState::Waiting, FollowOnState::Running],
             limit: 10,
-            ..JobFilter::default()
+            ..FollowOnFilter::default()
         })
         .await
         .unwrap();
     assert!(live.is_empty());
     assert!(
         store
-            .lease_jobs(&names, 1, Duration::from_secs(60), Attempt::random())
+            .lease_follow_ons(&names, 1, Duration::from_secs(60), Attempt::random())
             .await
             .unwrap()
             .is_empty(),
         "a dead job is not leased"
     );
-    assert_eq!(store.count_due_jobs().await.unwrap().get(&name), None);
+    assert_eq!(store.count_due_follow_ons().await.unwrap().get(&name), None);
     assert!(
         matches!(
-            store.finish_job(&id, attempt).await,
+            store.finish_follow_on(&id, attempt).await,
             Err(StoreError::Fenced)
         ),
         "burial gives the lease up"
     );
 
-    assert!(store.redrive_job(&id).await.unwrap());
-    assert!(!store.redrive_job(&id).await.unwrap(), "already live");
+    assert!(store.redrive_follow_on(&id).await.unwrap());
+    assert!(!store.redrive_follow_on(&id).await.unwrap(), "already live");
     let redriven = only_job(store, &id).await;
-    assert_eq!(redriven.state(), JobState::Waiting);
+    assert_eq!(redriven.state(), FollowOnState::Waiting);
     assert_eq!(
         (redriven.runs, redriven.earlier_runs, redriven.all_runs()),
         (0, 2, 2),
@@ -580,7 +596,7 @@ pub async fn buried_job_is_listed_and_redriven(store: &dyn IdempotencyStore) {
     assert_eq!(redriven.error_before_redrive.as_deref(), Some("bounced"));
     let again = Attempt::random();
     let back = store
-        .lease_jobs(&names, 1, Duration::from_secs(60), again)
+        .lease_follow_ons(&names, 1, Duration::from_secs(60), again)
         .await
         .unwrap();
     assert_eq!(back.len(), 1);
@@ -590,20 +606,23 @@ pub async fn buried_job_is_listed_and_redriven(store: &dyn IdempotencyStore) {
 
     // Buried and re-driven again: the earlier runs add up, and the error
     // kept is the latest death's.
-    store.bury_job(&id, again, "bounced again").await.unwrap();
-    assert!(store.redrive_job(&id).await.unwrap());
+    store
+        .bury_follow_on(&id, again, "bounced again")
+        .await
+        .unwrap();
+    assert!(store.redrive_follow_on(&id).await.unwrap());
     let twice = only_job(store, &id).await;
     assert_eq!((twice.runs, twice.earlier_runs), (0, 3));
     assert_eq!(twice.last_error, None);
     assert_eq!(twice.error_before_redrive.as_deref(), Some("bounced again"));
     let last = Attempt::random();
     store
-        .lease_jobs(&names, 1, Duration::from_secs(60), last)
+        .lease_follow_ons(&names, 1, Duration::from_secs(60), last)
         .await
         .unwrap();
-    store.finish_job(&id, last).await.unwrap();
+    store.finish_follow_on(&id, last).await.unwrap();
     let delivered = only_job(store, &id).await;
-    assert_eq!(delivered.state(), JobState::Delivered);
+    assert_eq!(delivered.state(), FollowOnState::Delivered);
     assert_eq!(
         delivered.all_runs(),
         4,
@@ -611,17 +630,17 @@ pub async fn buried_job_is_listed_and_redriven(store: &dyn IdempotencyStore) {
     );
     assert_eq!(delivered.last_error, None);
     let absent = job_id(&req, "never_declared");
-    assert!(!store.redrive_job(&absent).await.unwrap());
+    assert!(!store.redrive_follow_on(&absent).await.unwrap());
 }
 
-/// A job belongs to its operation: the same call completed again after its
-/// window writes its jobs under its own reference, and never replaces,
-/// re-dues or revives the earlier operation's jobs, dead or running. Each
+/// A follow-on belongs to its operation: the same call completed again after its
+/// window writes its follow-ons under its own reference, and never replaces,
+/// re-dues or revives the earlier operation's follow-ons, dead or running. Each
 /// keeps its own downstream key.
-pub async fn a_later_operation_never_touches_an_earlier_operations_jobs(
+pub async fn a_later_operation_never_touches_an_earlier_operations_follow_ons(
     store: &dyn IdempotencyStore,
 ) {
-    let store = require_outbox(store);
+    let store = require_follow_ons(store);
     let (dead_name, running_name) = (job_name("receipt"), job_name("ship"));
     let names = [dead_name.as_str(), running_name.as_str()];
     let first = fresh(Duration::from_millis(300));
@@ -643,12 +662,12 @@ pub async fn a_later_operation_never_touches_an_earlier_operations_jobs(
     // is leased and still running.
     let attempt = Attempt::random();
     let leased = store
-        .lease_jobs(&names, 10, Duration::from_secs(60), attempt)
+        .lease_follow_ons(&names, 10, Duration::from_secs(60), attempt)
         .await
         .unwrap();
     assert_eq!(leased.len(), 2, "{leased:?}");
     store
-        .bury_job(&job_id(&first, &dead_name), attempt, "mailbox full")
+        .bury_follow_on(&job_id(&first, &dead_name), attempt, "mailbox full")
         .await
         .unwrap();
 
@@ -669,17 +688,17 @@ pub async fn a_later_operation_never_touches_an_earlier_operations_jobs(
         .await
         .unwrap();
 
-    // Only the second operation's jobs are due: the running one of the first
+    // Only the second operation's follow-ons are due: the running one of the first
     // is not handed to a second dispatcher under the same key.
     let other = Attempt::random();
     let due = store
-        .lease_jobs(&names, 10, Duration::from_secs(60), other)
+        .lease_follow_ons(&names, 10, Duration::from_secs(60), other)
         .await
         .unwrap();
     assert_eq!(due.len(), 2, "{due:?}");
     assert!(due.iter().all(|j| j.id.reference == second.reference));
     assert!(due.iter().all(|j| j.payload.contains('2')));
-    // The first operation's jobs are as they were: the dead one dead (and
+    // The first operation's follow-ons are as they were: the dead one dead (and
     // re-drivable), the running one still held by its lease.
     let kept = jobs_of(store, &first).await;
     assert_eq!(kept.len(), 2, "{kept:?}");
@@ -691,11 +710,11 @@ pub async fn a_later_operation_never_touches_an_earlier_operations_jobs(
     assert_eq!(running.attempt, Some(attempt));
     assert!(!running.dead);
     store
-        .finish_job(&job_id(&first, &running_name), attempt)
+        .finish_follow_on(&job_id(&first, &running_name), attempt)
         .await
         .expect("the first operation's lease still holds its job");
     assert!(store
-        .redrive_job(&job_id(&first, &dead_name))
+        .redrive_follow_on(&job_id(&first, &dead_name))
         .await
         .unwrap());
     assert_ne!(
@@ -705,19 +724,19 @@ pub async fn a_later_operation_never_touches_an_earlier_operations_jobs(
     );
 }
 
-/// `list_jobs` filters by tenant, reference, name and dead, the oldest
-/// first, at most `limit`; another tenant's jobs are not listed under it.
-pub async fn jobs_are_listed_by_filter(store: &dyn IdempotencyStore) {
-    let store = require_outbox(store);
+/// `list_follow_ons` filters by tenant, reference, name and dead, the oldest
+/// first, at most `limit`; another tenant's follow-ons are not listed under it.
+pub async fn follow_ons_are_listed_by_filter(store: &dyn IdempotencyStore) {
+    let store = require_follow_ons(store);
     let (a, b) = (job_name("a"), job_name("b"));
     let first = completed_with_jobs(store, &[&a, &b]).await;
     tokio::time::sleep(Duration::from_millis(5)).await;
     let second = completed_with_jobs(store, &[&a]).await;
     let by_name = store
-        .list_jobs(&JobFilter {
+        .list_follow_ons(&FollowOnFilter {
             name: Some(a.clone()),
             limit: 10,
-            ..JobFilter::default()
+            ..FollowOnFilter::default()
         })
         .await
         .unwrap();
@@ -727,10 +746,10 @@ pub async fn jobs_are_listed_by_filter(store: &dyn IdempotencyStore) {
         "oldest first"
     );
     let one = store
-        .list_jobs(&JobFilter {
+        .list_follow_ons(&FollowOnFilter {
             name: Some(a.clone()),
             limit: 1,
-            ..JobFilter::default()
+            ..FollowOnFilter::default()
         })
         .await
         .unwrap();
@@ -738,47 +757,47 @@ pub async fn jobs_are_listed_by_filter(store: &dyn IdempotencyStore) {
     let of_first = jobs_of(store, &first).await;
     assert_eq!(of_first.len(), 2);
     let elsewhere = store
-        .list_jobs(&JobFilter {
+        .list_follow_ons(&FollowOnFilter {
             tenant: Some(second.tenant.clone()),
             reference: Some(first.reference),
             limit: 10,
-            ..JobFilter::default()
+            ..FollowOnFilter::default()
         })
         .await
         .unwrap();
     assert!(elsewhere.is_empty(), "another tenant's jobs: {elsewhere:?}");
 }
 
-/// A default filter lists a page of jobs, not none: the dead-letter listing
-/// `JobFilter { states: vec![JobState::Dead], ..JobFilter::default() }` finds a buried
-/// job, and the default filter a live one.
-pub async fn default_job_filter_lists_a_page(store: &dyn IdempotencyStore) {
-    let store = require_outbox(store);
+/// A default filter lists a page of follow-ons, not none: the dead-letter listing
+/// `FollowOnFilter { states: vec![FollowOnState::Dead], ..FollowOnFilter::default() }` finds a buried
+/// follow-on, and the default filter a live one.
+pub async fn default_follow_on_filter_lists_a_page(store: &dyn IdempotencyStore) {
+    let store = require_follow_ons(store);
     let (dead_name, live_name) = (job_name("bounced"), job_name("receipt"));
     let req = completed_with_jobs(store, &[&dead_name, &live_name]).await;
     let attempt = Attempt::random();
     let leased = store
-        .lease_jobs(&[dead_name.as_str()], 1, Duration::from_secs(60), attempt)
+        .lease_follow_ons(&[dead_name.as_str()], 1, Duration::from_secs(60), attempt)
         .await
         .unwrap();
     assert_eq!(leased.len(), 1);
     store
-        .bury_job(&job_id(&req, &dead_name), attempt, "bounced")
+        .bury_follow_on(&job_id(&req, &dead_name), attempt, "bounced")
         .await
         .unwrap();
     let dead = store
-        .list_jobs(&JobFilter {
-            states: vec![JobState::Dead],
-            ..JobFilter::default()
+        .list_follow_ons(&FollowOnFilter {
+            states: vec![FollowOnState::Dead],
+            ..FollowOnFilter::default()
         })
         .await
         .unwrap();
     assert!(!dead.is_empty(), "the default filter lists no dead job");
     let dead_here = store
-        .list_jobs(&JobFilter {
+        .list_follow_ons(&FollowOnFilter {
             tenant: Some(req.tenant.clone()),
-            states: vec![JobState::Dead],
-            ..JobFilter::default()
+            states: vec![FollowOnState::Dead],
+            ..FollowOnFilter::default()
         })
         .await
         .unwrap();
@@ -787,37 +806,37 @@ pub async fn default_job_filter_lists_a_page(store: &dyn IdempotencyStore) {
         [&job_id(&req, &dead_name)]
     );
     let all_here = store
-        .list_jobs(&JobFilter {
+        .list_follow_ons(&FollowOnFilter {
             tenant: Some(req.tenant.clone()),
-            ..JobFilter::default()
+            ..FollowOnFilter::default()
         })
         .await
         .unwrap();
     assert_eq!(all_here.len(), 2, "{all_here:?}");
 }
 
-/// A finished job is kept as delivered: listed in that state with when and
+/// A finished follow-on is kept as delivered: listed in that state with when and
 /// by which run, never leased again (not even once its lease's time has
 /// passed), not counted as due, and left alone by a retry, a burial or a
 /// re-drive.
-pub async fn finished_job_is_kept_as_delivered(store: &dyn IdempotencyStore) {
-    let store = require_outbox(store);
+pub async fn finished_follow_on_is_kept_as_delivered(store: &dyn IdempotencyStore) {
+    let store = require_follow_ons(store);
     let name = job_name("receipt");
     let req = completed_with_jobs(store, &[&name]).await;
     let id = job_id(&req, &name);
     let names = [name.as_str()];
     let first = Attempt::random();
     store
-        .lease_jobs(&names, 1, Duration::from_millis(100), first)
+        .lease_follow_ons(&names, 1, Duration::from_millis(100), first)
         .await
         .unwrap();
     store
-        .retry_job(&id, first, Duration::ZERO, "mailer down")
+        .retry_follow_on(&id, first, Duration::ZERO, "mailer down")
         .await
         .unwrap();
     let second = Attempt::random();
     let leased = store
-        .lease_jobs(&names, 1, Duration::from_millis(100), second)
+        .lease_follow_ons(&names, 1, Duration::from_millis(100), second)
         .await
         .unwrap();
     assert_eq!(leased.len(), 1);
@@ -825,21 +844,21 @@ pub async fn finished_job_is_kept_as_delivered(store: &dyn IdempotencyStore) {
         leased[0].delivered_at, None,
         "a leased job is not delivered"
     );
-    store.finish_job(&id, second).await.unwrap();
+    store.finish_follow_on(&id, second).await.unwrap();
     let record = existing(store, &req).await;
 
     let delivered = store
-        .list_jobs(&JobFilter {
+        .list_follow_ons(&FollowOnFilter {
             tenant: Some(req.tenant.clone()),
-            states: vec![JobState::Delivered],
-            ..JobFilter::default()
+            states: vec![FollowOnState::Delivered],
+            ..FollowOnFilter::default()
         })
         .await
         .unwrap();
     assert_eq!(delivered.len(), 1, "{delivered:?}");
     let job = &delivered[0];
     assert_eq!(job.id, id);
-    assert_eq!(job.state(), JobState::Delivered);
+    assert_eq!(job.state(), FollowOnState::Delivered);
     assert_eq!(job.runs, 2, "delivered by its second run");
     assert_eq!(job.attempt, None, "a delivered job is leased by nobody");
     assert!(!job.dead);
@@ -853,10 +872,14 @@ pub async fn finished_job_is_kept_as_delivered(store: &dyn IdempotencyStore) {
         "kept as long as its record"
     );
     let not_delivered = store
-        .list_jobs(&JobFilter {
+        .list_follow_ons(&FollowOnFilter {
             tenant: Some(req.tenant.clone()),
-            states: vec![JobState::Waiting, JobState::Running, JobState::Dead],
-            ..JobFilter::default()
+            states: vec![
+                FollowOnState::Waiting,
+                FollowOnState::Running,
+                FollowOnState::Dead,
+            ],
+            ..FollowOnFilter::default()
         })
         .await
         .unwrap();
@@ -866,27 +889,29 @@ pub async fn finished_job_is_kept_as_delivered(store: &dyn IdempotencyStore) {
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(
         store
-            .lease_jobs(&names, 10, Duration::from_secs(60), Attempt::random())
+            .lease_follow_ons(&names, 10, Duration::from_secs(60), Attempt::random())
             .await
             .unwrap()
             .is_empty(),
         "a delivered job is never leased again"
     );
     assert_eq!(
-        store.count_due_jobs().await.unwrap().get(&name),
+        store.count_due_follow_ons().await.unwrap().get(&name),
         None,
         "a delivered job is not due"
     );
     assert!(matches!(
-        store.retry_job(&id, second, Duration::ZERO, "late").await,
+        store
+            .retry_follow_on(&id, second, Duration::ZERO, "late")
+            .await,
         Err(StoreError::Fenced)
     ));
     assert!(matches!(
-        store.bury_job(&id, second, "late").await,
+        store.bury_follow_on(&id, second, "late").await,
         Err(StoreError::Fenced)
     ));
     assert!(
-        !store.redrive_job(&id).await.unwrap(),
+        !store.redrive_follow_on(&id).await.unwrap(),
         "a delivered job is not re-driven"
     );
     assert_eq!(
@@ -896,11 +921,11 @@ pub async fn finished_job_is_kept_as_delivered(store: &dyn IdempotencyStore) {
     );
 }
 
-/// A delivered job lives as long as its operation's record: every purge
+/// A delivered follow-on lives as long as its operation's record: every purge
 /// before the record expires keeps it, and the purge that deletes the
-/// record deletes it too. A job not delivered is never purged.
-pub async fn delivered_job_is_purged_with_its_record(store: &dyn IdempotencyStore) {
-    let store = require_outbox(store);
+/// record deletes it too. A follow-on not delivered is never purged.
+pub async fn delivered_follow_on_is_purged_with_its_record(store: &dyn IdempotencyStore) {
+    let store = require_follow_ons(store);
     let (sent, waiting) = (job_name("receipt"), job_name("ship"));
     let req = ClaimRequest {
         retention: Duration::from_millis(1500),
@@ -922,11 +947,11 @@ pub async fn delivered_job_is_purged_with_its_record(store: &dyn IdempotencyStor
         .unwrap();
     let attempt = Attempt::random();
     store
-        .lease_jobs(&[sent.as_str()], 1, Duration::from_secs(60), attempt)
+        .lease_follow_ons(&[sent.as_str()], 1, Duration::from_secs(60), attempt)
         .await
         .unwrap();
     store
-        .finish_job(&job_id(&req, &sent), attempt)
+        .finish_follow_on(&job_id(&req, &sent), attempt)
         .await
         .unwrap();
 
@@ -939,15 +964,15 @@ pub async fn delivered_job_is_purged_with_its_record(store: &dyn IdempotencyStor
     };
     purge_all().await;
     assert!(record(store, &req).await.is_some(), "the record is live");
-    let mut states: Vec<(String, JobState)> = jobs_of(store, &req)
+    let mut states: Vec<(String, FollowOnState)> = jobs_of(store, &req)
         .await
         .iter()
         .map(|j| (j.id.name.clone(), j.state()))
         .collect();
     states.sort();
     let mut expected = vec![
-        (sent.clone(), JobState::Delivered),
-        (waiting.clone(), JobState::Waiting),
+        (sent.clone(), FollowOnState::Delivered),
+        (waiting.clone(), FollowOnState::Waiting),
     ];
     expected.sort();
     assert_eq!(states, expected, "kept while its record lives");
@@ -966,25 +991,25 @@ pub async fn delivered_job_is_purged_with_its_record(store: &dyn IdempotencyStor
         "the delivered job went with its record; the waiting one stays"
     );
     assert!(store
-        .list_jobs(&JobFilter {
+        .list_follow_ons(&FollowOnFilter {
             tenant: Some(req.tenant.clone()),
-            states: vec![JobState::Delivered],
-            ..JobFilter::default()
+            states: vec![FollowOnState::Delivered],
+            ..FollowOnFilter::default()
         })
         .await
         .unwrap()
         .is_empty());
 }
 
-/// The one job with `id`, read through `list_jobs`.
-async fn only_job(store: &dyn FollowOnStore, id: &JobId) -> Job {
+/// The one follow-on with `id`, read through `list_follow_ons`.
+async fn only_job(store: &dyn FollowOnStore, id: &FollowOnId) -> FollowOnRecord {
     let found = store
-        .list_jobs(&JobFilter {
+        .list_follow_ons(&FollowOnFilter {
             tenant: Some(id.tenant.clone()),
             reference: Some(id.reference),
             name: Some(id.name.clone()),
             limit: 10,
-            ..JobFilter::default()
+            ..FollowOnFilter::default()
         })
         .await
         .unwrap();

@@ -1,4 +1,4 @@
-//! Declaring follow-on jobs inside a running handler: a task-local list the
+//! Declaring follow-ons inside a running handler: a task-local list the
 //! executor sets around the handler's future and reads once it returned.
 
 use std::cell::RefCell;
@@ -7,24 +7,24 @@ use serde::Serialize;
 
 use crate::store::{FollowOn, FollowOnError, JobTooLarge, Room};
 
-/// The follow-on jobs one handler declared so far, and what a declaration
+/// The follow-ons one handler declared so far, and what a declaration
 /// is checked against.
 #[derive(Debug)]
 pub(crate) struct Declared {
     jobs: Vec<FollowOn>,
     max_payload: usize,
-    /// The most jobs one completion may write, and the store's kind to say
+    /// The most follow-ons one completion may write, and the store's kind to say
     /// so: `None` where the store sets no limit.
     max_jobs: Option<(usize, &'static str)>,
-    /// The most payload bytes the jobs of one completion may carry, and the
+    /// The most payload bytes the follow-ons of one completion may carry, and the
     /// store's kind to say so: `None` where the store sets no limit.
     max_bytes: Option<(usize, &'static str)>,
     /// The store's limits on one item, and the bytes of the operation's
-    /// tenant: each job's own item is judged at its declaration.
+    /// tenant: each follow-on's own item is judged at its declaration.
     item: (Room, usize),
     /// The payload bytes declared so far.
     bytes: usize,
-    /// `None` when the store keeps follow-on jobs; else its kind, to say so.
+    /// `None` when the store keeps follow-ons; else its kind, to say so.
     unsupported_by: Option<&'static str>,
 }
 
@@ -48,7 +48,7 @@ impl Declared {
         }
     }
 
-    /// The jobs declared, in declaration order.
+    /// The follow-ons declared, in declaration order.
     pub(crate) fn into_jobs(self) -> Vec<FollowOn> {
         self.jobs
     }
@@ -127,9 +127,9 @@ tokio::task_local! {
     pub(crate) static DECLARED: RefCell<Declared>;
 }
 
-/// Declares a follow-on job of the operation whose handler is running: it is
+/// Declares a follow-on of the operation whose handler is running: it is
 /// written with the operation's COMPLETED record, in the same transaction,
-/// and a dispatcher ([`Outbox`](crate::outbox::Outbox)) runs it afterwards, at least
+/// and a dispatcher ([`FollowOnDispatcher`](crate::follow_ons::FollowOnDispatcher)) runs it afterwards, at least
 /// once, with a stable downstream key (reference and name). Nothing runs
 /// here, and nothing is written unless the handler returns `Ok`: a rejected
 /// or unknown outcome, a panic or a cancellation drops the declarations, and
@@ -160,14 +160,14 @@ tokio::task_local! {
 /// declared already for this operation ([`FollowOnError::Duplicate`]), a
 /// payload that does not serialize or is over the executor's limit (64 KiB
 /// by default, [`Executor::with_max_follow_on_payload`]), a bad name
-/// ([`FollowOnError::BadName`]), more jobs than the store writes with one
+/// ([`FollowOnError::BadName`]), more follow-ons than the store writes with one
 /// completion ([`FollowOnError::TooMany`]: 99 on DynamoDB), more payload
 /// bytes in all than the store writes with one completion
-/// ([`FollowOnError::TooMuch`]: 3 MiB on DynamoDB), a job whose own item
+/// ([`FollowOnError::TooMuch`]: 3 MiB on DynamoDB), a follow-on whose own item
 /// the store cannot hold ([`FollowOnError::ItemTooLarge`] and
 /// [`FollowOnError::NameTooLong`]: on DynamoDB, 400 KB with its tenant,
 /// name and other fields), a store that
-/// keeps no follow-on jobs, or a
+/// keeps no follow-ons, or a
 /// call outside a wrapped handler (or from a task it spawned: the list is
 /// task-local).
 ///
@@ -178,10 +178,10 @@ tokio::task_local! {
 /// space, a `:`, a control character, a NUL byte, a non-ASCII letter) is
 /// refused here, before the completion that would carry it, so a name can
 /// never make the completion fail after the side effect
-/// ([`is_valid_job_name`] checks one ahead of time).
+/// ([`is_valid_follow_on_name`] checks one ahead of time).
 ///
 /// [`Executor::with_max_follow_on_payload`]: crate::Executor::with_max_follow_on_payload
-/// [`is_valid_job_name`]: crate::outbox::is_valid_job_name
+/// [`is_valid_follow_on_name`]: crate::follow_ons::is_valid_follow_on_name
 pub fn follow_on<P: Serialize + ?Sized>(name: &str, payload: &P) -> Result<(), FollowOnError> {
     DECLARED
         .try_with(|declared| declared.borrow_mut().declare(name, payload))

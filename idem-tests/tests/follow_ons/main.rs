@@ -1,4 +1,4 @@
-//! Follow-on jobs end to end, in one process: what the executor writes (only
+//! Follow-ons end to end, in one process: what the executor writes (only
 //! with a completion, never for a replay, a rejection, an unknown outcome or
 //! a panic; bad declarations refused where they are made), and what the
 //! dispatcher does with it (retries with backoff, the dead letter and its
@@ -25,8 +25,8 @@ use idem_runtime::{
     answer::Answer,
     executor::{Operation, ScopeSpec},
     follow_on,
-    outbox::{job_fn, JobHandlers, JobRun, OutboxConfig},
-    store::{JobFilter, JobState},
+    follow_ons::{follow_on_fn, FollowOnConfig, FollowOnHandlers, FollowOnRun},
+    store::{FollowOnFilter, FollowOnState},
     Caller, Executor, IdempotencyStore, MemoryStore, ToolError,
 };
 use serde_json::{json, Value};
@@ -69,7 +69,10 @@ impl Mailer {
         }
     }
 
-    async fn send(&self, job: JobRun) -> Result<(), idem_runtime::outbox::JobError> {
+    async fn send(
+        &self,
+        job: FollowOnRun,
+    ) -> Result<(), idem_runtime::follow_ons::FollowOnHandlerError> {
         let attempts = {
             let mut seen = self.seen.lock().unwrap();
             let s = seen.entry(job.downstream_key.clone()).or_default();
@@ -97,11 +100,11 @@ impl Mailer {
         Ok(())
     }
 
-    fn handlers(&self) -> JobHandlers {
+    fn handlers(&self) -> FollowOnHandlers {
         let mailer = self.clone();
-        JobHandlers::new().on(
+        FollowOnHandlers::new().on(
             "send_receipt",
-            job_fn(move |job| {
+            follow_on_fn(move |job| {
                 let mailer = mailer.clone();
                 async move { mailer.send(job).await }
             }),
@@ -136,14 +139,18 @@ fn memory() -> Arc<dyn IdempotencyStore> {
 }
 
 /// The jobs not delivered yet: waiting, running or dead.
-async fn jobs(store: &dyn IdempotencyStore) -> Vec<idem_runtime::store::Job> {
+async fn jobs(store: &dyn IdempotencyStore) -> Vec<idem_runtime::store::FollowOnRecord> {
     store
         .follow_ons()
         .expect("the store keeps jobs")
-        .list_jobs(&JobFilter {
-            states: vec![JobState::Waiting, JobState::Running, JobState::Dead],
+        .list_follow_ons(&FollowOnFilter {
+            states: vec![
+                FollowOnState::Waiting,
+                FollowOnState::Running,
+                FollowOnState::Dead,
+            ],
             limit: 1000,
-            ..JobFilter::default()
+            ..FollowOnFilter::default()
         })
         .await
         .unwrap()
@@ -169,8 +176,8 @@ async fn charge(
         .await
 }
 
-fn config() -> OutboxConfig {
-    OutboxConfig::default()
+fn config() -> FollowOnConfig {
+    FollowOnConfig::default()
         .with_interval(Duration::from_millis(20))
         .with_batch(8)
         .with_timeout(Duration::from_secs(5))

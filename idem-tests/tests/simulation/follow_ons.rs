@@ -1,11 +1,11 @@
-//! The outbox in the simulation: the charge and ship handlers (and the
-//! reconciler, when it finds a charge) declare a follow-on job with the
+//! The follow-on dispatcher in the simulation: the charge and ship handlers (and the
+//! reconciler, when it finds a charge) declare a follow-on with the
 //! completion; a dispatcher on each replica leases due jobs and runs them
 //! against a mailer that, like a real one, deduplicates by the downstream
 //! key for a day, fails now and then, and sometimes acts and loses its
 //! answer (the job then runs again, and the mailer drops the repeat).
 //!
-//! Oracle 9: every follow-on job a completion wrote is delivered exactly
+//! Oracle 9: every follow-on a completion wrote is delivered exactly
 //! once at the mailer, with its own payload under its own downstream key; a
 //! job of one operation never carries, or is dropped as, another's.
 
@@ -14,8 +14,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_runtime::{
-    outbox::{job_fn, JobError, JobHandlers, JobRun, Outbox, OutboxConfig},
-    store::{JobFilter, JobState},
+    follow_ons::{
+        follow_on_fn, FollowOnConfig, FollowOnDispatcher, FollowOnHandlerError, FollowOnHandlers,
+        FollowOnRun,
+    },
+    store::{FollowOnFilter, FollowOnState},
     IdempotencyStore,
 };
 use tokio::time::Instant;
@@ -23,7 +26,7 @@ use tokio::time::Instant;
 use super::buggify::Point;
 use super::world::{MailRec, Receipt, Sim};
 
-/// The follow-on job a tool declares after its side effect, if any.
+/// The follow-on a tool declares after its side effect, if any.
 pub fn job_name(tool: &str) -> Option<&'static str> {
     match tool {
         "charge" => Some("send_receipt"),
@@ -35,9 +38,9 @@ pub fn job_name(tool: &str) -> Option<&'static str> {
 /// The dispatchers' settings: a run may take `job_timeout`, the lease is
 /// twice that, and a failing job comes back within seconds; so many
 /// attempts that no job reaches the dead letter while the faults last.
-pub fn config(sim: &Sim) -> OutboxConfig {
+pub fn config(sim: &Sim) -> FollowOnConfig {
     let t = &sim.timing;
-    OutboxConfig::default()
+    FollowOnConfig::default()
         .with_interval(t.dispatch_every)
         .with_batch(8)
         .with_timeout(t.job_timeout)
@@ -47,13 +50,13 @@ pub fn config(sim: &Sim) -> OutboxConfig {
 }
 
 /// The handlers of both job names: the mailer.
-pub fn handlers(sim: &Arc<Sim>) -> JobHandlers {
-    let mut handlers = JobHandlers::new();
+pub fn handlers(sim: &Arc<Sim>) -> FollowOnHandlers {
+    let mut handlers = FollowOnHandlers::new();
     for name in ["send_receipt", "notify_warehouse"] {
         let sim = sim.clone();
         handlers = handlers.on(
             name,
-            job_fn(move |job: JobRun| {
+            follow_on_fn(move |job: FollowOnRun| {
                 let sim = sim.clone();
                 async move { mail(&sim, &job).await }
             }),
@@ -65,7 +68,7 @@ pub fn handlers(sim: &Arc<Sim>) -> JobHandlers {
 /// The mailer: acts on a job's request unless it acted on its downstream
 /// key within the day, and answers after a latency (which BUGGIFY may
 /// stretch past the run's timeout).
-async fn mail(sim: &Arc<Sim>, job: &JobRun) -> Result<(), JobError> {
+async fn mail(sim: &Arc<Sim>, job: &FollowOnRun) -> Result<(), FollowOnHandlerError> {
     let (latency, fail, lose, late) = {
         let w = sim.world();
         let mut rng = sim.rng();
@@ -104,7 +107,7 @@ async fn mail(sim: &Arc<Sim>, job: &JobRun) -> Result<(), JobError> {
 
 /// The mailer acts (or drops a repeat), and oracle 9 checks the request
 /// against the jobs the store was given.
-fn deliver(sim: &Sim, job: &JobRun) {
+fn deliver(sim: &Sim, job: &FollowOnRun) {
     let mut w = sim.world();
     let now = Instant::now();
     let key = job.downstream_key.clone();
@@ -178,7 +181,7 @@ fn deliver(sim: &Sim, job: &JobRun) {
         )
     });
     for p in problems {
-        sim.violation(&mut w, format!("oracle 9 (follow-on jobs): {p}"));
+        sim.violation(&mut w, format!("oracle 9 (follow-ons): {p}"));
     }
 }
 
@@ -202,7 +205,7 @@ pub async fn dispatch(
         if sim.world().dead.get(replica).copied().unwrap_or(false) {
             continue;
         }
-        let report = Outbox::round(&*store, &handlers, &config).await;
+        let report = FollowOnDispatcher::round(&*store, &handlers, &config).await;
         let mut w = sim.world();
         match report {
             Ok(r) if r.leased > 0 => w.stats.bump("outbox rounds with jobs"),
@@ -221,11 +224,15 @@ pub async fn drained(sim: &Sim, limit: Duration) -> bool {
     };
     let until = Instant::now() + limit;
     loop {
-        let left = JobFilter {
-            states: vec![JobState::Waiting, JobState::Running, JobState::Dead],
-            ..JobFilter::default()
+        let left = FollowOnFilter {
+            states: vec![
+                FollowOnState::Waiting,
+                FollowOnState::Running,
+                FollowOnState::Dead,
+            ],
+            ..FollowOnFilter::default()
         };
-        match jobs.list_jobs(&left).await {
+        match jobs.list_follow_ons(&left).await {
             Ok(left) if left.is_empty() => return true,
             _ if Instant::now() >= until => return false,
             _ => tokio::time::sleep(sim.timing.dispatch_every).await,
@@ -260,6 +267,6 @@ pub fn final_check(sim: &Sim) {
         problems.push("two completions wrote jobs under one downstream key".to_owned());
     }
     for p in problems {
-        sim.violation(&mut w, format!("oracle 9 (follow-on jobs): {p}"));
+        sim.violation(&mut w, format!("oracle 9 (follow-ons): {p}"));
     }
 }

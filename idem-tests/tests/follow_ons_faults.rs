@@ -1,5 +1,5 @@
-//! The outbox under SIGKILL, with real processes on one SQLite file
-//! (`src/bin/outbox_worker.rs`): a process killed after the completion and
+//! The follow-on dispatcher under SIGKILL, with real processes on one SQLite file
+//! (`src/bin/follow_ons_worker.rs`): a process killed after the completion and
 //! before any dispatch leaves a job that runs after the restart; a process
 //! killed in the middle of a job leaves it to run again, with the same
 //! downstream key. The mailer stub logs one line per request (`O_APPEND`,
@@ -13,13 +13,13 @@ use std::time::{Duration, Instant};
 
 use durable::temp_dir;
 use idem_runtime::{
-    store::{FollowOnStore, JobFilter, JobState},
+    store::{FollowOnFilter, FollowOnState, FollowOnStore},
     SqliteStore,
 };
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-const WORKER: &str = env!("CARGO_BIN_EXE_outbox_worker");
+const WORKER: &str = env!("CARGO_BIN_EXE_follow_ons_worker");
 
 /// Starts a worker and waits for the line starting with `marker`; returns
 /// the child and the rest of that line.
@@ -66,10 +66,14 @@ fn requests(log: &Path) -> Vec<(String, u32, String)> {
 async fn live_jobs(db: &Path) -> usize {
     let store = SqliteStore::open(db).await.unwrap();
     store
-        .list_jobs(&JobFilter {
-            states: vec![JobState::Waiting, JobState::Running, JobState::Dead],
+        .list_follow_ons(&FollowOnFilter {
+            states: vec![
+                FollowOnState::Waiting,
+                FollowOnState::Running,
+                FollowOnState::Dead,
+            ],
             limit: 100,
-            ..JobFilter::default()
+            ..FollowOnFilter::default()
         })
         .await
         .unwrap()

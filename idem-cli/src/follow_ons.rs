@@ -1,21 +1,23 @@
-//! The commands on follow-on jobs: `jobs` lists them, `redrive` takes one
+//! The commands on follow-ons: `follow-ons` lists them, `redrive` takes one
 //! out of the dead letter.
 
 use serde_json::{json, Value};
 
-use crate::args::{parse_reference, Jobs, Redrive};
+use crate::args::{parse_reference, FollowOns, Redrive};
 use crate::render::{job_error, job_json, job_runs, job_when, json_text, table};
 use crate::{Failure, EXIT_OPERATOR, EXIT_USAGE};
-use idem_runtime::store::{FollowOnStore, IdempotencyStore, JobFilter, JobId, JobState};
+use idem_runtime::store::{
+    FollowOnFilter, FollowOnId, FollowOnState, FollowOnStore, IdempotencyStore,
+};
 
-/// `jobs`: the jobs waiting or running, or those in the state asked for,
+/// `follow-ons`: the follow-ons waiting or running, or those in the state asked for,
 /// the oldest first.
 pub(super) async fn list(
     store: &dyn IdempotencyStore,
-    args: Jobs,
+    args: FollowOns,
     json: bool,
 ) -> Result<String, Failure> {
-    let Jobs {
+    let FollowOns {
         state,
         dead,
         tenant,
@@ -23,18 +25,18 @@ pub(super) async fn list(
         name,
         limit,
     } = args;
-    let filter = JobFilter {
+    let filter = FollowOnFilter {
         tenant,
         reference: reference.as_deref().map(parse_reference).transpose()?,
         name,
         states: match (state, dead) {
             (Some(state), _) => vec![state.into()],
-            (None, true) => vec![JobState::Dead],
-            (None, false) => vec![JobState::Waiting, JobState::Running],
+            (None, true) => vec![FollowOnState::Dead],
+            (None, false) => vec![FollowOnState::Waiting, FollowOnState::Running],
         },
         limit,
     };
-    let jobs = follow_ons(store)?.list_jobs(&filter).await?;
+    let jobs = follow_ons(store)?.list_follow_ons(&filter).await?;
     if json {
         return Ok(json_text(&Value::Array(
             jobs.iter().map(job_json).collect(),
@@ -65,8 +67,8 @@ pub(super) async fn list(
     Ok(table(&rows))
 }
 
-/// `redrive`: a dead job runs again from its first attempt; refused when
-/// the job is not in the dead letter.
+/// `redrive`: a dead follow-on runs again from its first attempt; refused when
+/// the follow-on is not in the dead letter.
 pub(super) async fn redrive(
     store: &dyn IdempotencyStore,
     args: Redrive,
@@ -77,16 +79,16 @@ pub(super) async fn redrive(
         name,
         tenant,
     } = args;
-    let id = JobId {
+    let id = FollowOnId {
         reference: parse_reference(&reference)?,
         name,
         tenant,
     };
-    if !follow_ons(store)?.redrive_job(&id).await? {
+    if !follow_ons(store)?.redrive_follow_on(&id).await? {
         return Err(Failure(
             EXIT_OPERATOR,
             format!(
-                "no dead job {} in tenant {:?}; `idem jobs --state dead` lists them",
+                "no dead follow-on {} in tenant {:?}; `idem follow-ons --state dead` lists them",
                 id, id.tenant
             ),
         ));
@@ -101,14 +103,14 @@ pub(super) async fn redrive(
     })
 }
 
-/// The store's follow-on jobs, or why there are none to show.
+/// The store's follow-ons, or why there are none to show.
 fn follow_ons(store: &dyn IdempotencyStore) -> Result<&dyn FollowOnStore, Failure> {
     store.follow_ons().ok_or_else(|| {
         Failure(
             EXIT_USAGE,
             format!(
-                "the {} store keeps no follow-on jobs; point --store at the store your servers \
-                 write their jobs to",
+                "the {} store keeps no follow-ons; point --store at the store your servers \
+                 write their follow-ons to",
                 store.backend()
             ),
         )

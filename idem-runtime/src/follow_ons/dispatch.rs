@@ -1,4 +1,4 @@
-//! The dispatcher: leases due follow-on jobs, runs their handlers, and
+//! The dispatcher: leases due follow-ons, runs their handlers, and
 //! finishes, retries or buries each one, fenced by its lease's attempt.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -10,28 +10,28 @@ use async_trait::async_trait;
 
 use crate::future::{join_all, panic_message, CatchUnwind};
 use crate::key::Reference;
-use crate::store::outbox::MAX_JOB_ERROR;
-use crate::store::{Attempt, FollowOnStore, IdempotencyStore, Job, StoreError};
+use crate::store::follow_ons::MAX_FOLLOW_ON_ERROR;
+use crate::store::{Attempt, FollowOnRecord, FollowOnStore, IdempotencyStore, StoreError};
 use crate::telemetry;
 
-/// What a job's handler failed with; the dispatcher keeps its text as the
-/// job's `last_error` (see [`MAX_JOB_ERROR`]).
-pub type JobError = Box<dyn std::error::Error + Send + Sync>;
+/// What a follow-on's handler failed with; the dispatcher keeps its text as the
+/// follow-on's `last_error` (see [`MAX_FOLLOW_ON_ERROR`]).
+pub type FollowOnHandlerError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The text kept of a failed run's error: NUL bytes written as `\0`, and
-/// at most [`MAX_JOB_ERROR`] bytes.
+/// at most [`MAX_FOLLOW_ON_ERROR`] bytes.
 fn kept_error(error: &str) -> String {
     let text = if error.contains('\0') {
         error.replace('\0', "\\0")
     } else {
         error.to_owned()
     };
-    if text.len() <= MAX_JOB_ERROR {
+    if text.len() <= MAX_FOLLOW_ON_ERROR {
         return text;
     }
     let mark = |cut: usize| format!(" [… {cut} more bytes]");
     // The mark is at most this long for any cut a `usize` can count.
-    let room = MAX_JOB_ERROR - mark(usize::MAX).len();
+    let room = MAX_FOLLOW_ON_ERROR - mark(usize::MAX).len();
     let mut end = room;
     while !text.is_char_boundary(end) {
         end -= 1;
@@ -41,14 +41,14 @@ fn kept_error(error: &str) -> String {
     kept
 }
 
-/// One run of a follow-on job, as its handler sees it.
+/// One run of a follow-on, as its handler sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct JobRun {
-    /// The tenant of the operation the job follows.
+pub struct FollowOnRun {
+    /// The tenant of the operation the follow-on follows.
     pub tenant: String,
     /// The operation's reference.
     pub reference: Reference,
-    /// The job's name.
+    /// The follow-on's name.
     pub name: String,
     /// The payload the handler declared, as JSON text.
     pub payload: String,
@@ -60,9 +60,9 @@ pub struct JobRun {
     pub downstream_key: String,
 }
 
-impl JobRun {
-    fn of(job: &Job) -> Self {
-        JobRun {
+impl FollowOnRun {
+    fn of(job: &FollowOnRecord) -> Self {
+        FollowOnRun {
             tenant: job.id.tenant.clone(),
             reference: job.id.reference,
             name: job.id.name.clone(),
@@ -78,71 +78,71 @@ impl JobRun {
     }
 }
 
-/// Runs the follow-on jobs of one name. It may run more than once for one
-/// job (at least once: a crash after the far side acted and before the job
-/// was finished runs it again), so pass [`JobRun::downstream_key`] on and
-/// let the far side drop repeats. `Err` retries the job with a backoff, and
+/// Runs the follow-ons of one name. It may run more than once for one
+/// follow-on (at least once: a crash after the far side acted and before the follow-on
+/// was finished runs it again), so pass [`FollowOnRun::downstream_key`] on and
+/// let the far side drop repeats. `Err` retries the follow-on with a backoff, and
 /// after the most runs sends it to the dead letter.
 #[async_trait]
-pub trait JobHandler: Send + Sync + std::fmt::Debug {
-    /// Runs one job.
-    async fn run(&self, job: &JobRun) -> Result<(), JobError>;
+pub trait FollowOnHandler: Send + Sync + std::fmt::Debug {
+    /// Runs one follow-on.
+    async fn run(&self, job: &FollowOnRun) -> Result<(), FollowOnHandlerError>;
 }
 
-/// A [`JobHandler`] from an async closure ([`job_fn`]).
-pub struct JobFn<F>(F);
+/// A [`FollowOnHandler`] from an async closure ([`follow_on_fn`]).
+pub struct FollowOnFn<F>(F);
 
-impl<F> std::fmt::Debug for JobFn<F> {
+impl<F> std::fmt::Debug for FollowOnFn<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("JobFn")
     }
 }
 
-/// A [`JobHandler`] that calls `f` with each run.
+/// A [`FollowOnHandler`] that calls `f` with each run.
 ///
 /// ```
-/// let handler = idem_runtime::outbox::job_fn(|job: idem_runtime::outbox::JobRun| async move {
-///     println!("mail {} with key {}", job.payload, job.downstream_key);
+/// let handler = idem_runtime::follow_ons::follow_on_fn(|follow_on: idem_runtime::follow_ons::FollowOnRun| async move {
+///     println!("mail {} with key {}", follow_on.payload, follow_on.downstream_key);
 ///     Ok(())
 /// });
-/// let handlers = idem_runtime::outbox::JobHandlers::new().on("send_receipt", handler);
+/// let handlers = idem_runtime::follow_ons::FollowOnHandlers::new().on("send_receipt", handler);
 /// # let _ = handlers;
 /// ```
-pub fn job_fn<F, Fut>(f: F) -> JobFn<F>
+pub fn follow_on_fn<F, Fut>(f: F) -> FollowOnFn<F>
 where
-    F: Fn(JobRun) -> Fut + Send + Sync,
-    Fut: Future<Output = Result<(), JobError>> + Send,
+    F: Fn(FollowOnRun) -> Fut + Send + Sync,
+    Fut: Future<Output = Result<(), FollowOnHandlerError>> + Send,
 {
-    JobFn(f)
+    FollowOnFn(f)
 }
 
 #[async_trait]
-impl<F, Fut> JobHandler for JobFn<F>
+impl<F, Fut> FollowOnHandler for FollowOnFn<F>
 where
-    F: Fn(JobRun) -> Fut + Send + Sync,
-    Fut: Future<Output = Result<(), JobError>> + Send,
+    F: Fn(FollowOnRun) -> Fut + Send + Sync,
+    Fut: Future<Output = Result<(), FollowOnHandlerError>> + Send,
 {
-    async fn run(&self, job: &JobRun) -> Result<(), JobError> {
+    async fn run(&self, job: &FollowOnRun) -> Result<(), FollowOnHandlerError> {
         (self.0)(job.clone()).await
     }
 }
 
-/// The handler of each job name a dispatcher runs. A job whose name has no
+/// The handler of each follow-on name a dispatcher runs. A follow-on whose name has no
 /// handler here is never leased by it: it waits (reported each round), for
 /// this dispatcher once a handler is added, or for another that has one.
 #[derive(Clone, Debug, Default)]
-pub struct JobHandlers {
-    by_name: BTreeMap<String, Arc<dyn JobHandler>>,
+pub struct FollowOnHandlers {
+    by_name: BTreeMap<String, Arc<dyn FollowOnHandler>>,
 }
 
-impl JobHandlers {
+impl FollowOnHandlers {
     /// No handlers.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Runs the jobs named `name` with `handler` (replacing an earlier one).
-    pub fn on(mut self, name: &str, handler: impl JobHandler + 'static) -> Self {
+    /// Runs the follow-ons named `name` with `handler` (replacing an earlier one).
+    pub fn on(mut self, name: &str, handler: impl FollowOnHandler + 'static) -> Self {
         self.by_name.insert(name.to_owned(), Arc::new(handler));
         self
     }
@@ -152,28 +152,28 @@ impl JobHandlers {
         self.by_name.keys().map(String::as_str)
     }
 
-    fn get(&self, name: &str) -> Option<&Arc<dyn JobHandler>> {
+    fn get(&self, name: &str) -> Option<&Arc<dyn FollowOnHandler>> {
         self.by_name.get(name)
     }
 }
 
-/// Settings of an [`Outbox`] dispatcher: the defaults, changed with the
-/// `with_*` methods (`OutboxConfig::default().with_max_runs(5)`), so that
+/// Settings of a [`FollowOnDispatcher`]: the defaults, changed with the
+/// `with_*` methods (`FollowOnConfig::default().with_max_runs(5)`), so that
 /// an option added later breaks no configuration.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
-pub struct OutboxConfig {
+pub struct FollowOnConfig {
     /// The pause between rounds that found less than a full batch
     /// (default 1 s).
     pub interval: Duration,
-    /// The most jobs leased, and run at once, per round (default 32).
+    /// The most follow-ons leased, and run at once, per round (default 32).
     pub batch: usize,
-    /// The longest one run of a job may take (default 30 s): then it is
+    /// The longest one run of a follow-on may take (default 30 s): then it is
     /// cancelled and counts as failed. The lease is twice this, so a run
     /// always ends (and is finished or retried) while its lease holds, and
-    /// no other dispatcher runs the job meanwhile.
+    /// no other dispatcher runs the follow-on meanwhile.
     pub timeout: Duration,
-    /// After this many failed runs a job goes to the dead letter (default 8).
+    /// After this many failed runs a follow-on goes to the dead letter (default 8).
     pub max_runs: u32,
     /// The pause after the first failure; it doubles with each further one
     /// (default 1 s), with jitter.
@@ -182,9 +182,9 @@ pub struct OutboxConfig {
     pub max_backoff: Duration,
 }
 
-impl Default for OutboxConfig {
+impl Default for FollowOnConfig {
     fn default() -> Self {
-        OutboxConfig {
+        FollowOnConfig {
             interval: Duration::from_secs(1),
             batch: 32,
             timeout: Duration::from_secs(30),
@@ -195,7 +195,7 @@ impl Default for OutboxConfig {
     }
 }
 
-impl OutboxConfig {
+impl FollowOnConfig {
     /// Sets [`interval`](Self::interval).
     #[must_use]
     pub fn with_interval(mut self, interval: Duration) -> Self {
@@ -243,14 +243,14 @@ impl OutboxConfig {
         self.timeout.max(Duration::from_millis(1))
     }
 
-    /// The lease of a job: twice the timeout of one run.
+    /// The lease of a follow-on: twice the timeout of one run.
     pub fn lease(&self) -> Duration {
         self.run_timeout().saturating_mul(2)
     }
 
     /// The pause after the `attempt`-th failed run: `first_backoff ×
     /// 2^(attempt-1)`, at most `max_backoff`, of which a random part up to
-    /// half is taken off ("equal jitter"), so jobs that failed together do
+    /// half is taken off ("equal jitter"), so follow-ons that failed together do
     /// not all come back at the same moment.
     pub fn backoff(&self, attempt: u32) -> Duration {
         let factor = 1u32
@@ -274,38 +274,38 @@ impl OutboxConfig {
 /// What one dispatch round did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DispatchReport {
-    /// Jobs leased this round.
+    /// Follow-ons leased this round.
     pub leased: usize,
-    /// Jobs whose handler succeeded and that were finished.
+    /// Follow-ons whose handler succeeded and that were finished.
     pub delivered: usize,
-    /// Jobs that failed and will run again after a backoff.
+    /// Follow-ons that failed and will run again after a backoff.
     pub retried: usize,
-    /// Jobs that failed their last attempt and went to the dead letter.
+    /// Follow-ons that failed their last attempt and went to the dead letter.
     pub buried: usize,
-    /// Due jobs by name that no handler of this dispatcher runs: they wait.
+    /// Due follow-ons by name that no handler of this dispatcher runs: they wait.
     pub unhandled: BTreeMap<String, u64>,
 }
 
-/// A tokio task that drains due follow-on jobs, at least once each, beside
+/// A tokio task that drains due follow-ons, at least once each, beside
 /// [`Maintenance`](crate::maintenance::Maintenance). Several may run against one store
-/// (in one process or many): each job is leased to one of them at a time.
+/// (in one process or many): each follow-on is leased to one of them at a time.
 #[derive(Debug)]
-pub struct Outbox {
+pub struct FollowOnDispatcher {
     stop: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
 }
 
-impl Outbox {
+impl FollowOnDispatcher {
     /// Starts the dispatcher on the current tokio runtime.
     ///
     /// # Errors
     ///
-    /// [`StoreError::Unsupported`] when the store keeps no follow-on jobs
+    /// [`StoreError::Unsupported`] when the store keeps no follow-ons
     /// ([`IdempotencyStore::follow_ons`] is `None`): nothing is started.
     pub fn spawn(
         store: Arc<dyn IdempotencyStore>,
-        handlers: JobHandlers,
-        config: OutboxConfig,
+        handlers: FollowOnHandlers,
+        config: FollowOnConfig,
     ) -> Result<Self, StoreError> {
         jobs_of(&*store)?;
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
@@ -318,9 +318,9 @@ impl Outbox {
                         report.leased >= config.batch.max(1)
                     }
                     Err(error) => {
-                        // Nothing is lost: the jobs stay in the store, and
+                        // Nothing is lost: the follow-ons stay in the store, and
                         // a lease that was taken runs out.
-                        tracing::warn!(%error, "outbox round failed; trying again");
+                        tracing::warn!(%error, "follow-on round failed; trying again");
                         false
                     }
                 };
@@ -333,26 +333,26 @@ impl Outbox {
                 }
             }
         });
-        Ok(Outbox { stop, task })
+        Ok(FollowOnDispatcher { stop, task })
     }
 
-    /// One round: leases up to a batch of due jobs whose names have a
+    /// One round: leases up to a batch of due follow-ons whose names have a
     /// handler, runs them at once, and finishes, retries or buries each;
-    /// then counts the due jobs nobody here handles, and reports them (a
+    /// then counts the due follow-ons nobody here handles, and reports them (a
     /// warning and the `idem_outbox_unhandled_jobs` gauge). A store error on
-    /// leasing ends the round (nothing was run); one on finishing a job
+    /// leasing ends the round (nothing was run); one on finishing a follow-on
     /// leaves it leased until its lease runs out, and then it runs again.
-    /// A store that keeps no follow-on jobs answers
+    /// A store that keeps no follow-ons answers
     /// [`StoreError::Unsupported`] at once.
     ///
     /// Where no task can run between calls (AWS Lambda freezes the process
     /// after each answer), call this from a scheduled invocation instead of
-    /// [`Outbox::spawn`], until it leases less than a batch:
+    /// [`FollowOnDispatcher::spawn`], until it leases less than a batch:
     /// docs/deploying.md shows how.
     pub async fn round(
         store: &dyn IdempotencyStore,
-        handlers: &JobHandlers,
-        config: &OutboxConfig,
+        handlers: &FollowOnHandlers,
+        config: &FollowOnConfig,
     ) -> Result<DispatchReport, StoreError> {
         let store = jobs_of(store)?;
         let names: Vec<&str> = handlers.names().collect();
@@ -360,7 +360,7 @@ impl Outbox {
         if !names.is_empty() {
             let attempt = Attempt::random();
             let jobs = store
-                .lease_jobs(&names, config.batch.max(1), config.lease(), attempt)
+                .lease_follow_ons(&names, config.batch.max(1), config.lease(), attempt)
                 .await?;
             report.leased = jobs.len();
             let runs = jobs
@@ -375,13 +375,13 @@ impl Outbox {
                 }
             }
         }
-        let due = store.count_due_jobs().await?;
+        let due = store.count_due_follow_ons().await?;
         report.unhandled = due
             .into_iter()
             .filter(|(name, _)| handlers.get(name).is_none())
             .collect();
         for (name, n) in &report.unhandled {
-            tracing::warn!(job = %name, waiting = n, "follow-on jobs wait: no handler for this name here");
+            tracing::warn!(job = %name, waiting = n, "follow-ons wait: no handler for this name here");
             telemetry::outbox_unhandled(name, *n);
         }
         Ok(report)
@@ -394,15 +394,15 @@ impl Outbox {
     }
 }
 
-/// The store's follow-on jobs, or `Unsupported` when it keeps none.
+/// The store's follow-ons, or `Unsupported` when it keeps none.
 fn jobs_of(store: &dyn IdempotencyStore) -> Result<&dyn FollowOnStore, StoreError> {
     store.follow_ons().ok_or(StoreError::Unsupported(
-        "keep follow-on jobs (no outbox can run on it)",
+        "keep follow-ons (no follow-on dispatcher can run on it)",
     ))
 }
 
 /// Sets the gauge of a name that waited in an earlier round and no longer
-/// does back to zero ([`Outbox::round`] reports the ones that wait).
+/// does back to zero ([`FollowOnDispatcher::round`] reports the ones that wait).
 fn report_unhandled(reported: &mut BTreeSet<String>, unhandled: &BTreeMap<String, u64>) {
     for gone in reported.iter().filter(|n| !unhandled.contains_key(*n)) {
         telemetry::outbox_unhandled(gone, 0);
@@ -416,43 +416,49 @@ enum Ran {
     Buried,
 }
 
-/// Runs one leased job and records how it went; `None` when the store could
-/// not be told (the lease runs out and the job runs again).
+/// Runs one leased follow-on and records how it went; `None` when the store could
+/// not be told (the lease runs out and the follow-on runs again).
 async fn run_one(
     store: &dyn FollowOnStore,
-    handlers: &JobHandlers,
-    config: &OutboxConfig,
-    job: &Job,
+    handlers: &FollowOnHandlers,
+    config: &FollowOnConfig,
+    job: &FollowOnRecord,
     attempt: Attempt,
 ) -> Option<Ran> {
     let handler = handlers.get(&job.id.name)?;
-    let run = JobRun::of(job);
+    let run = FollowOnRun::of(job);
     let (name, reference, run_number) = (&job.id.name, job.id.reference, job.runs);
     let work = std::pin::pin!(handler.run(&run));
     let failure = match tokio::time::timeout(config.run_timeout(), CatchUnwind(work)).await {
         Ok(Ok(Ok(()))) => None,
         Ok(Ok(Err(error))) => Some(kept_error(&error.to_string())),
         Ok(Err(panic)) => Some(kept_error(&format!(
-            "the job's handler panicked: {}",
+            "the follow-on's handler panicked: {}",
             panic_message(&panic)
         ))),
         Err(_) => Some(format!(
-            "the job's handler took longer than {:?} and was cancelled",
+            "the follow-on's handler took longer than {:?} and was cancelled",
             config.run_timeout()
         )),
     };
     let (ran, written) = match failure {
-        None => (Ran::Delivered, store.finish_job(&job.id, attempt).await),
+        None => (
+            Ran::Delivered,
+            store.finish_follow_on(&job.id, attempt).await,
+        ),
         Some(error) if job.runs >= config.max_runs => {
-            tracing::error!(job = %name, %reference, run = run_number, %error, "follow-on job failed its last attempt: dead letter");
-            (Ran::Buried, store.bury_job(&job.id, attempt, &error).await)
+            tracing::error!(job = %name, %reference, run = run_number, %error, "follow-on failed its last attempt: dead letter");
+            (
+                Ran::Buried,
+                store.bury_follow_on(&job.id, attempt, &error).await,
+            )
         }
         Some(error) => {
             let delay = config.backoff(job.runs);
-            tracing::warn!(job = %name, %reference, run = run_number, %error, ?delay, "follow-on job failed; retrying");
+            tracing::warn!(job = %name, %reference, run = run_number, %error, ?delay, "follow-on failed; retrying");
             (
                 Ran::Retried,
-                store.retry_job(&job.id, attempt, delay, &error).await,
+                store.retry_follow_on(&job.id, attempt, delay, &error).await,
             )
         }
     };
@@ -465,9 +471,9 @@ async fn run_one(
     match written {
         Ok(()) => Some(ran),
         Err(error) => {
-            // Fenced: the lease ran out and another dispatcher has the job.
-            // Unavailable: the lease runs out and the job runs again.
-            tracing::warn!(job = %name, %reference, %error, outcome, "could not record the job's run; it will run again");
+            // Fenced: the lease ran out and another dispatcher has the follow-on.
+            // Unavailable: the lease runs out and the follow-on runs again.
+            tracing::warn!(job = %name, %reference, %error, outcome, "could not record the follow-on's run; it will run again");
             None
         }
     }
@@ -475,7 +481,7 @@ async fn run_one(
 
 #[cfg(test)]
 mod tests {
-    use super::{kept_error, MAX_JOB_ERROR};
+    use super::{kept_error, MAX_FOLLOW_ON_ERROR};
 
     #[test]
     fn a_kept_error_has_no_nul_and_is_bounded() {
@@ -484,7 +490,7 @@ mod tests {
         // Multi-byte characters across the cut: cut on a boundary.
         for long in ["é".repeat(5000), "x".repeat(100_000), "\0".repeat(3000)] {
             let kept = kept_error(&long);
-            assert!(kept.len() <= MAX_JOB_ERROR, "{}", kept.len());
+            assert!(kept.len() <= MAX_FOLLOW_ON_ERROR, "{}", kept.len());
             assert!(!kept.contains('\0'));
             assert!(kept.ends_with("more bytes]"), "{kept}");
         }

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use idem_runtime::{
     answer::{Answer, Recording},
     follow_on,
-    outbox::{job_fn, JobHandlers, Outbox},
-    store::{JobFilter, JobState},
+    follow_ons::{follow_on_fn, FollowOnDispatcher, FollowOnHandlers},
+    store::{FollowOnFilter, FollowOnState},
     Executor, IdempotencyStore, MemoryStore, SqliteStore, ToolError,
 };
 use serde_json::json;
@@ -27,13 +27,13 @@ async fn failed_job_is_retried_with_backoff_then_delivered() {
     let charges = AtomicUsize::new(0);
     charge(&executor, &json!({"card": "4242"}), &charges).await;
     let mailer = Mailer::new(Duration::ZERO, 2);
-    let outbox = Outbox::spawn(store.clone(), mailer.handlers(), config())
-        .expect("the store keeps follow-on jobs");
+    let dispatcher = FollowOnDispatcher::spawn(store.clone(), mailer.handlers(), config())
+        .expect("the store keeps follow-ons");
     wait_until("the receipt is delivered", Duration::from_secs(10), || {
         mailer.deliveries() == 1
     })
     .await;
-    outbox.stop().await;
+    dispatcher.stop().await;
     let seen = mailer.seen();
     assert_eq!(seen.len(), 1, "one downstream key: {seen:?}");
     let s = seen.values().next().unwrap();
@@ -58,19 +58,19 @@ async fn dead_letter_then_redrive() {
     let config = config()
         .with_max_runs(2)
         .with_first_backoff(Duration::from_millis(10));
-    let outbox = Outbox::spawn(store.clone(), mailer.handlers(), config.clone())
-        .expect("the store keeps follow-on jobs");
-    let dead = JobFilter {
-        states: vec![JobState::Dead],
+    let dispatcher = FollowOnDispatcher::spawn(store.clone(), mailer.handlers(), config.clone())
+        .expect("the store keeps follow-ons");
+    let dead = FollowOnFilter {
+        states: vec![FollowOnState::Dead],
         limit: 10,
-        ..JobFilter::default()
+        ..FollowOnFilter::default()
     };
     let started = Instant::now();
     loop {
         if !store
             .follow_ons()
             .expect("the store keeps jobs")
-            .list_jobs(&dead)
+            .list_follow_ons(&dead)
             .await
             .unwrap()
             .is_empty()
@@ -83,7 +83,7 @@ async fn dead_letter_then_redrive() {
     let buried = store
         .follow_ons()
         .expect("the store keeps jobs")
-        .list_jobs(&dead)
+        .list_follow_ons(&dead)
         .await
         .unwrap();
     assert_eq!(buried[0].runs, 2);
@@ -100,7 +100,7 @@ async fn dead_letter_then_redrive() {
     assert!(store
         .follow_ons()
         .expect("the store keeps jobs")
-        .redrive_job(&buried[0].id)
+        .redrive_follow_on(&buried[0].id)
         .await
         .unwrap());
     wait_until(
@@ -109,7 +109,7 @@ async fn dead_letter_then_redrive() {
         || mailer.deliveries() == 1,
     )
     .await;
-    outbox.stop().await;
+    dispatcher.stop().await;
     let s = mailer.seen().into_values().next().unwrap();
     assert_eq!(s.attempts, 3);
     assert_eq!(
@@ -120,7 +120,7 @@ async fn dead_letter_then_redrive() {
     assert!(store
         .follow_ons()
         .expect("the store keeps jobs")
-        .list_jobs(&dead)
+        .list_follow_ons(&dead)
         .await
         .unwrap()
         .is_empty());
@@ -144,7 +144,7 @@ async fn job_without_a_handler_waits_and_is_reported() {
     assert!(matches!(answer, Answer::Executed { .. }));
     let mailer = Mailer::new(Duration::ZERO, 0);
     for _ in 0..3 {
-        let report = Outbox::round(&*store, &mailer.handlers(), &config())
+        let report = FollowOnDispatcher::round(&*store, &mailer.handlers(), &config())
             .await
             .unwrap();
         assert_eq!(report.unhandled.get("send_fax"), Some(&1), "{report:?}");
@@ -159,9 +159,9 @@ async fn job_without_a_handler_waits_and_is_reported() {
 
     let faxes = Arc::new(AtomicUsize::new(0));
     let counted = faxes.clone();
-    let with_fax = JobHandlers::new().on(
+    let with_fax = FollowOnHandlers::new().on(
         "send_fax",
-        job_fn(move |_| {
+        follow_on_fn(move |_| {
             let counted = counted.clone();
             async move {
                 counted.fetch_add(1, Ordering::SeqCst);
@@ -169,7 +169,9 @@ async fn job_without_a_handler_waits_and_is_reported() {
             }
         }),
     );
-    let report = Outbox::round(&*store, &with_fax, &config()).await.unwrap();
+    let report = FollowOnDispatcher::round(&*store, &with_fax, &config())
+        .await
+        .unwrap();
     assert_eq!(report.delivered, 1);
     assert!(report.unhandled.is_empty());
     assert_eq!(faxes.load(Ordering::SeqCst), 1);
@@ -199,9 +201,9 @@ async fn two_dispatchers_share_no_job(
     let by_dispatcher: Vec<Arc<AtomicUsize>> = (0..2).map(|_| Arc::default()).collect();
     let handlers = |n: Arc<AtomicUsize>| {
         let mailer = mailer.clone();
-        JobHandlers::new().on(
+        FollowOnHandlers::new().on(
             "send_receipt",
-            job_fn(move |job| {
+            follow_on_fn(move |job| {
                 let (mailer, n) = (mailer.clone(), n.clone());
                 async move {
                     mailer.send(job).await?;
@@ -212,14 +214,14 @@ async fn two_dispatchers_share_no_job(
         )
     };
     let config = config().with_batch(3);
-    let a = Outbox::spawn(
+    let a = FollowOnDispatcher::spawn(
         first.clone(),
         handlers(by_dispatcher[0].clone()),
         config.clone(),
     )
-    .expect("the store keeps follow-on jobs");
-    let b = Outbox::spawn(second, handlers(by_dispatcher[1].clone()), config)
-        .expect("the store keeps follow-on jobs");
+    .expect("the store keeps follow-ons");
+    let b = FollowOnDispatcher::spawn(second, handlers(by_dispatcher[1].clone()), config)
+        .expect("the store keeps follow-ons");
     wait_until(
         "every receipt is delivered",
         Duration::from_secs(20),
@@ -275,7 +277,7 @@ async fn a_run_over_its_timeout_runs_again_with_the_same_key() {
     let config = config()
         .with_timeout(Duration::from_millis(100))
         .with_first_backoff(Duration::from_millis(10));
-    let report = Outbox::round(&*store, &slow.handlers(), &config)
+    let report = FollowOnDispatcher::round(&*store, &slow.handlers(), &config)
         .await
         .unwrap();
     assert_eq!(report.retried, 1, "{report:?}");
@@ -293,7 +295,7 @@ async fn a_run_over_its_timeout_runs_again_with_the_same_key() {
         ..slow.clone()
     };
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let report = Outbox::round(&*store, &quick.handlers(), &config)
+    let report = FollowOnDispatcher::round(&*store, &quick.handlers(), &config)
         .await
         .unwrap();
     assert_eq!(report.delivered, 1, "{report:?}");
@@ -342,8 +344,8 @@ async fn store_down_during_dispatch_loses_nothing() {
     down.store(true, Ordering::SeqCst);
     let mailer = Mailer::new(Duration::ZERO, 0);
     let config = config().with_timeout(Duration::from_millis(150));
-    let outbox = Outbox::spawn(store.clone(), mailer.handlers(), config)
-        .expect("the store keeps follow-on jobs");
+    let dispatcher = FollowOnDispatcher::spawn(store.clone(), mailer.handlers(), config)
+        .expect("the store keeps follow-ons");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         mailer.seen().is_empty(),
@@ -356,7 +358,7 @@ async fn store_down_during_dispatch_loses_nothing() {
         lost_finishes.load(Ordering::SeqCst) >= 2
     })
     .await;
-    outbox.stop().await;
+    dispatcher.stop().await;
     assert!(jobs(&*inner).await.is_empty());
     let seen = mailer.seen();
     assert_eq!(seen.len(), 1, "one downstream key: {seen:?}");

@@ -10,7 +10,7 @@ use std::time::Duration;
 use idem_runtime::{
     answer::{Answer, Recording},
     follow_on,
-    outbox::{FollowOnError, Outbox, OutboxConfig},
+    follow_ons::{FollowOnConfig, FollowOnDispatcher, FollowOnError},
     Executor, IdempotencyStore, ToolError,
 };
 use serde_json::{json, Value};
@@ -53,7 +53,7 @@ async fn job_is_written_with_the_completion_and_delivered_once() {
     assert_eq!(jobs(&*store).await, written, "a replay changed the jobs");
 
     let mailer = Mailer::new(Duration::ZERO, 0);
-    let report = Outbox::round(&*store, &mailer.handlers(), &config())
+    let report = FollowOnDispatcher::round(&*store, &mailer.handlers(), &config())
         .await
         .unwrap();
     assert_eq!((report.leased, report.delivered), (1, 1));
@@ -71,7 +71,7 @@ async fn job_is_written_with_the_completion_and_delivered_once() {
         charge(&executor, &args, &charges).await,
         Answer::Replayed { .. }
     ));
-    Outbox::round(&*store, &mailer.handlers(), &config())
+    FollowOnDispatcher::round(&*store, &mailer.handlers(), &config())
         .await
         .unwrap();
     assert_eq!(mailer.seen()[&key].attempts, 1);
@@ -286,7 +286,7 @@ async fn resolution_by_hand_writes_follow_ons() {
     };
     assert!(jobs(&*store).await.is_empty());
     let receipt =
-        idem_runtime::outbox::FollowOn::new("send_receipt", &json!({"to": "a@example.com"}))
+        idem_runtime::follow_ons::FollowOn::new("send_receipt", &json!({"to": "a@example.com"}))
             .unwrap();
     // Jobs follow only a completed outcome: a not-performed one has none
     // to give (the type says so), and the completed one writes them.
@@ -303,7 +303,7 @@ async fn resolution_by_hand_writes_follow_ons() {
     assert_eq!(written.len(), 1);
     assert_eq!(written[0].id.reference, reference);
     let mailer = Mailer::new(Duration::ZERO, 0);
-    Outbox::round(&*store, &mailer.handlers(), &config())
+    FollowOnDispatcher::round(&*store, &mailer.handlers(), &config())
         .await
         .unwrap();
     assert_eq!(mailer.deliveries(), 1);
@@ -315,8 +315,8 @@ async fn resolution_by_hand_writes_follow_ons() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reconciler_writes_follow_ons_with_its_resolution() {
     use idem_runtime::{
+        follow_ons::FollowOn,
         maintenance::{reconcile, Outcome, ReconcileConfig, Reconciler, Reconciliation},
-        outbox::FollowOn,
         store::Record,
     };
 
@@ -374,7 +374,7 @@ async fn a_reconciler_writes_follow_ons_with_its_resolution() {
     assert_eq!(written.len(), 1);
     assert_eq!(written[0].id.reference, reference);
     let mailer = Mailer::new(Duration::ZERO, 0);
-    Outbox::round(&*store, &mailer.handlers(), &OutboxConfig::default())
+    FollowOnDispatcher::round(&*store, &mailer.handlers(), &FollowOnConfig::default())
         .await
         .unwrap();
     assert_eq!(mailer.deliveries(), 1);

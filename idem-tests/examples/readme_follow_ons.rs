@@ -4,7 +4,7 @@ use std::time::Duration;
 use idem_runtime::{
     executor::{Operation, ScopeSpec},
     follow_on,
-    outbox::{job_fn, JobHandlers, Outbox, OutboxConfig},
+    follow_ons::{follow_on_fn, FollowOnConfig, FollowOnDispatcher, FollowOnHandlers},
     Caller, Executor, MemoryStore, ToolError,
 };
 use serde_json::json;
@@ -13,22 +13,22 @@ use serde_json::json;
 async fn main() {
     let store = Arc::new(MemoryStore::new());
 
-    // The dispatcher: each job at least once, with a key the mailer dedupes by.
-    let handlers = JobHandlers::new().on(
+    // The dispatcher: each follow-on at least once, with a key the mailer dedupes by.
+    let handlers = FollowOnHandlers::new().on(
         "send_receipt",
-        job_fn(|job| async move {
+        follow_on_fn(|follow_on| async move {
             println!(
                 "mail {} (run {}, key {})",
-                job.payload, job.run, job.downstream_key
+                follow_on.payload, follow_on.run, follow_on.downstream_key
             );
             Ok(())
         }),
     );
-    // A store that keeps no follow-on jobs is refused here, not at the first charge.
-    let outbox = Outbox::spawn(store.clone(), handlers, OutboxConfig::default())
-        .expect("MemoryStore keeps follow-on jobs");
+    // A store that keeps no follow-ons is refused here, not at the first charge.
+    let dispatcher = FollowOnDispatcher::spawn(store.clone(), handlers, FollowOnConfig::default())
+        .expect("MemoryStore keeps follow-ons");
 
-    // A wrapped handler declares the job; in an #[idempotent] tool it is the same call.
+    // A wrapped handler declares the follow-on; in an #[idempotent] tool it is the same call.
     let executor = Executor::new(store);
     let caller = Caller::new("acme", "alice");
     let args = json!({ "card": "4242", "amount_cents": 1999 });
@@ -49,5 +49,5 @@ async fn main() {
         .await;
 
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    outbox.stop().await;
+    dispatcher.stop().await;
 }

@@ -1,4 +1,4 @@
-//! A child process for the outbox's fault tests (`tests/outbox_faults.rs`):
+//! A child process for the follow-ons' fault tests (`tests/follow_ons_faults.rs`):
 //! it completes one charge that declares a receipt, or dispatches receipts,
 //! on a SQLite file, so the parent can SIGKILL it at the moment it chooses.
 //! The mailer stub appends one line per request to a file (`O_APPEND`,
@@ -6,13 +6,13 @@
 //! and kills.
 //!
 //! ```text
-//! outbox_worker charge   <sqlite-path>
-//! outbox_worker dispatch <sqlite-path> <mailer-log> ok|hang
+//! follow_ons_worker charge   <sqlite-path>
+//! follow_ons_worker dispatch <sqlite-path> <mailer-log> ok|hang
 //! ```
 //!
 //! `charge` completes the operation (and its receipt job), prints
 //! `COMPLETED <reference>` and waits to be killed, with no dispatcher.
-//! `dispatch` runs an [`Outbox`] whose receipt handler logs
+//! `dispatch` runs a [`FollowOnDispatcher`] whose receipt handler logs
 //! `<downstream-key> <attempt> <pid>`; with `hang` it then prints
 //! `IN_JOB <downstream-key>` and never returns, with `ok` it succeeds.
 
@@ -23,7 +23,7 @@ use std::time::Duration;
 use idem_runtime::{
     executor::{Operation, ScopeSpec},
     follow_on,
-    outbox::{job_fn, JobHandlers, Outbox, OutboxConfig},
+    follow_ons::{follow_on_fn, FollowOnConfig, FollowOnDispatcher, FollowOnHandlers},
     Caller, Executor, IdempotencyStore, SqliteStore, ToolError,
 };
 
@@ -62,9 +62,9 @@ async fn main() {
         }
         "dispatch" => {
             let (log, hang) = (args[3].clone(), args[4] == "hang");
-            let handlers = JobHandlers::new().on(
+            let handlers = FollowOnHandlers::new().on(
                 "send_receipt",
-                job_fn(move |job| {
+                follow_on_fn(move |job| {
                     let log = log.clone();
                     async move {
                         let mut f = std::fs::OpenOptions::new()
@@ -88,13 +88,13 @@ async fn main() {
                     }
                 }),
             );
-            let config = OutboxConfig::default()
+            let config = FollowOnConfig::default()
                 .with_interval(Duration::from_millis(50))
                 // The lease is twice this: a killed run's job is free again
                 // two seconds after it was leased.
                 .with_timeout(Duration::from_secs(1));
-            let _outbox =
-                Outbox::spawn(store, handlers, config).expect("the store keeps follow-on jobs");
+            let _dispatcher = FollowOnDispatcher::spawn(store, handlers, config)
+                .expect("the store keeps follow-ons");
             std::future::pending::<()>().await;
         }
         other => panic!("unknown role {other}"),

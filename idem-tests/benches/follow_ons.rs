@@ -1,11 +1,11 @@
-//! The outbox's cost: a completion with 0 against 2 follow-on jobs on
+//! The follow-ons' cost: a completion with 0 against 2 follow-ons on
 //! PostgreSQL and on SQLite, alternating call by call in the same run (only
 //! the completion is timed; each call claims a fresh operation first); then
 //! dispatch throughput with 1 and with 2 dispatchers on PostgreSQL, each
-//! dispatcher an `Outbox` with its own store and pool, draining a backlog,
+//! dispatcher a `FollowOnDispatcher` with its own store and pool, draining a backlog,
 //! alternated round by round.
 //!
-//! `IDEM_TEST_DATABASE_URL=postgres://postgres@127.0.0.1:5432/test cargo bench --bench outbox`
+//! `IDEM_TEST_DATABASE_URL=postgres://postgres@127.0.0.1:5432/test cargo bench --bench follow_ons`
 //! (the variable defaults to that address). Works in a fresh schema, dropped
 //! at the end, and a SQLite file in the temporary directory.
 
@@ -16,7 +16,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_runtime::{
-    outbox::{job_fn, FollowOn, JobHandlers, JobRun, Outbox, OutboxConfig},
+    follow_ons::{
+        follow_on_fn, FollowOn, FollowOnConfig, FollowOnDispatcher, FollowOnHandlers, FollowOnRun,
+    },
     store::{Attempt, Claim, FollowOnStore},
     IdempotencyStore, PostgresStore, SqliteStore,
 };
@@ -113,7 +115,7 @@ async fn backlog(store: &dyn IdempotencyStore, n: usize) {
     }
 }
 
-/// Drains a backlog of `n` jobs with `dispatchers` Outbox dispatchers, each
+/// Drains a backlog of `n` jobs with `dispatchers` follow-on dispatchers, each
 /// on a store (and pool) of its own, whose handler waits `work` (the
 /// mailer's latency); returns jobs per second.
 async fn drain(url: &str, dispatchers: usize, n: usize, work: Duration) -> f64 {
@@ -124,16 +126,16 @@ async fn drain(url: &str, dispatchers: usize, n: usize, work: Duration) -> f64 {
     seed.migrate().await.unwrap();
     backlog(&seed, n).await;
     let ran = Arc::new(AtomicUsize::new(0));
-    let config = OutboxConfig::default()
+    let config = FollowOnConfig::default()
         .with_interval(Duration::from_millis(10))
         .with_batch(32);
     let started = Instant::now();
-    let outboxes: Vec<Outbox> = (0..dispatchers)
+    let dispatchers: Vec<FollowOnDispatcher> = (0..dispatchers)
         .map(|_| {
             let ran = ran.clone();
-            let handlers = JobHandlers::new().on(
+            let handlers = FollowOnHandlers::new().on(
                 "send_receipt",
-                job_fn(move |_job: JobRun| {
+                follow_on_fn(move |_job: FollowOnRun| {
                     let ran = ran.clone();
                     async move {
                         if !work.is_zero() {
@@ -144,19 +146,19 @@ async fn drain(url: &str, dispatchers: usize, n: usize, work: Duration) -> f64 {
                     }
                 }),
             );
-            Outbox::spawn(Arc::new(store(url, schema)), handlers, config.clone())
-                .expect("the store keeps follow-on jobs")
+            FollowOnDispatcher::spawn(Arc::new(store(url, schema)), handlers, config.clone())
+                .expect("the store keeps follow-ons")
         })
         .collect();
     while ran.load(Ordering::SeqCst) < n {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let took = started.elapsed();
-    for outbox in outboxes {
-        outbox.stop().await;
+    for dispatcher in dispatchers {
+        dispatcher.stop().await;
     }
     // Every job finished (none left to run again).
-    let left = seed.count_due_jobs().await.unwrap();
+    let left = seed.count_due_follow_ons().await.unwrap();
     assert!(left.is_empty(), "jobs left: {left:?}");
     drop_schema(url, seed.schema()).await;
     n as f64 / took.as_secs_f64()
@@ -189,7 +191,7 @@ async fn main() {
 
     println!();
     println!(
-        "Completion with 0 against 2 follow-on jobs, alternating call by call (µs, the completion only)"
+        "Completion with 0 against 2 follow-ons, alternating call by call (µs, the completion only)"
     );
     println!("| store | calls per side | 0 jobs median | 2 jobs median | ratio | 0 jobs p99 | 2 jobs p99 | ratio |");
     println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
@@ -197,7 +199,7 @@ async fn main() {
     compare("SqliteStore", &sqlite, CALLS / 3).await;
 
     println!();
-    println!("Dispatch throughput on PostgreSQL: a backlog drained by 1 or 2 Outbox dispatchers (batch 32), each on its own pool; jobs/s, the median of 3 rounds alternated");
+    println!("Dispatch throughput on PostgreSQL: a backlog drained by 1 or 2 follow-on dispatchers (batch 32), each on its own pool; jobs/s, the median of 3 rounds alternated");
     println!("| handler | backlog | 1 dispatcher | 2 dispatchers | 2 vs 1 |");
     println!("| --- | ---: | ---: | ---: | ---: |");
     for (label, work, n) in [
