@@ -6,7 +6,7 @@ use rmcp::service::RequestContext;
 use rmcp::RoleServer;
 
 use crate::executor::{Executor, TaskCancellation};
-use crate::key::{Caller, Reference};
+use crate::key::Caller;
 
 /// A server whose tools `#[idempotent]` wraps: it hands the wrapper its
 /// executor (and so its store, lease and retention) and, optionally, the
