@@ -330,13 +330,22 @@ impl Recorder {
             });
         let new_epoch = match &m.snapshot {
             None => !m.released,
-            Some(prev) if expired(prev, now, tol) => true,
             // Within its window a NOT_PERFORMED operation is tried again;
             // after it, the claim is a new operation
-            // (`Record::takeover_reference`).
+            // (`Record::takeover_reference`). Its window's end is judged
+            // on the claiming replica's clock: within the clocks' spread of
+            // it either is right (docs/clocks.md), and the store's answer
+            // says which it was.
             Some(prev) if matches!(prev.state, RecordState::NotPerformed { .. }) => {
-                prev.expires_at <= now
+                if now + tol < prev.expires_at {
+                    false
+                } else if now >= prev.expires_at + tol {
+                    true
+                } else {
+                    reference != prev.reference
+                }
             }
+            Some(prev) if expired(prev, now, tol) => true,
             Some(prev) => {
                 problems.push(format!(
                     "oracle 1 (effects <= 1 per operation): a claim took over a live {} record (claimed {:?} before, expires {:?} after, retained {:?} after)",
