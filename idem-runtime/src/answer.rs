@@ -613,7 +613,7 @@ pub(crate) mod note {
     pub(crate) const CANCELLED: &str = "the call was cancelled while its handler ran";
     /// A reconciler found it not performed at the processor.
     pub(crate) const RECONCILED_NOT_PERFORMED: &str =
-        "the processor has no record of it: it did not take effect";
+        crate::store::resolved_by::RECONCILED_NOT_PERFORMED;
     /// An operator resolved it as not performed.
     pub(crate) const RESOLVED_BY_HAND_NOT_PERFORMED: &str =
         "resolved by hand as not performed: it did not take effect";
@@ -621,8 +621,7 @@ pub(crate) mod note {
     /// (completed or not performed), where an operator's keeps their own
     /// note: how [`Record::completed_by`](crate::store::Record::completed_by)
     /// tells the two apart. An operator may not give it as theirs.
-    pub(crate) const RECONCILED: &str =
-        "resolved by the reconciler, from what the processor reports";
+    pub(crate) const RECONCILED: &str = crate::store::resolved_by::RECONCILED;
 
     /// A handler that panicked.
     pub(crate) fn panicked(message: &str) -> String {

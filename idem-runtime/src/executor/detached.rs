@@ -64,8 +64,7 @@ impl ClaimedOperation {
 /// The note (who and why) kept on a record a handler rejected while it ran
 /// as a task. [`crate::mcp`] tells a rejection from a reconciler's "not
 /// performed" by it.
-pub(crate) const REJECTED_RESOLUTION: &str =
-    "rejected by its handler before any side effect; nothing happened";
+pub(crate) const REJECTED_RESOLUTION: &str = crate::store::resolved_by::REJECTED;
 
 impl Executor {
     /// Claims the operation for a task: the key is derived and the claim made

@@ -18,6 +18,7 @@ mod forward;
 mod limits;
 mod memory;
 mod model;
+pub(crate) use model::resolved_by;
 mod open;
 #[cfg(feature = "postgres")]
 mod pause;

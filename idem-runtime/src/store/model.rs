@@ -286,6 +286,23 @@ impl fmt::Display for CompletedBy {
     }
 }
 
+/// The resolution notes that say who resolved a record, read by
+/// [`Record::completed_by`]. The executor, the reconciler and an operator's
+/// resolution write them (through `answer::note` and the executor); they
+/// live here, beside the record that keeps them.
+pub(crate) mod resolved_by {
+    /// A reconciler's resolution (completed or not performed).
+    pub(crate) const RECONCILED: &str =
+        "resolved by the reconciler, from what the processor reports";
+    /// A reconciler found it not performed at the processor (the record's
+    /// state note).
+    pub(crate) const RECONCILED_NOT_PERFORMED: &str =
+        "the processor has no record of it: it did not take effect";
+    /// A call run as a task whose handler rejected it.
+    pub(crate) const REJECTED: &str =
+        "rejected by its handler before any side effect; nothing happened";
+}
+
 impl Record {
     /// Who brought the record to COMPLETED or NOT_PERFORMED, read from what
     /// it holds; `None` while it is IN_PROGRESS or UNKNOWN. The resolution
@@ -296,17 +313,14 @@ impl Record {
     /// the record becomes UNKNOWN) and no check was counted. Otherwise the
     /// record cannot tell ([`CompletedBy::Unknown`]).
     pub fn completed_by(&self) -> Option<CompletedBy> {
-        use crate::answer::note;
-        use crate::executor::REJECTED_RESOLUTION;
+        use resolved_by::{RECONCILED, RECONCILED_NOT_PERFORMED, REJECTED};
         let was_unknown = self.checks > 0 || self.next_check_at != self.claimed_at;
         Some(match (&self.state, self.resolution.as_deref()) {
             (RecordState::InProgress | RecordState::Unknown { .. }, _) => return None,
-            (_, Some(note::RECONCILED)) => CompletedBy::Reconciler,
-            (_, Some(REJECTED_RESOLUTION)) => CompletedBy::Handler,
+            (_, Some(RECONCILED)) => CompletedBy::Reconciler,
+            (_, Some(REJECTED)) => CompletedBy::Handler,
             (_, Some(_)) => CompletedBy::Operator,
-            (RecordState::NotPerformed { note: n }, None)
-                if n == note::RECONCILED_NOT_PERFORMED =>
-            {
+            (RecordState::NotPerformed { note: n }, None) if n == RECONCILED_NOT_PERFORMED => {
                 CompletedBy::Reconciler
             }
             (RecordState::Completed { .. }, None) if !was_unknown => CompletedBy::Handler,
