@@ -108,7 +108,7 @@ pub async fn resolve_by_hand(
     if note.is_empty() {
         return Err(ResolveError::EmptyNote);
     }
-    if note == note::RECONCILED || note == crate::executor::REJECTED_RESOLUTION {
+    if note == note::RECONCILED || note == crate::store::resolved_by::REJECTED {
         return Err(ResolveError::ReservedNote);
     }
     if let Outcome::Completed { response, .. } = outcome {
