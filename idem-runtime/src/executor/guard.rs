@@ -123,9 +123,11 @@ const MAX_PAUSE: Duration = Duration::from_secs(1);
 const MAX_WAIT: Duration = Duration::from_secs(5);
 
 /// The most releases of one unconfirmed claim on their way at once: a
-/// release goes out every pause whether or not the earlier ones answered,
-/// and each is given up after its wait.
-const MAX_IN_FLIGHT: usize = 8;
+/// release goes out every pause whether or not the earlier one answered,
+/// and each is given up after its wait. Two: one stalled connection does
+/// not hold the watch, and a store that slows down under load is sent at
+/// most twice what one release at a time would send.
+const MAX_IN_FLIGHT: usize = 2;
 
 impl<'a> ReleaseOnDrop<'a> {
     /// Guards the claim `attempt` of `key` with `lease`, sent at `sent`: it
