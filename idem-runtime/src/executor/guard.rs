@@ -89,10 +89,9 @@ impl Drop for UnknownOnDrop<'_> {
 /// eighth of the lease), and a repeat that meets it meanwhile reads it as
 /// in progress, with a retry-after no later than its lease's end: at most
 /// two leases after it was sent. The last release is sent at or after
-/// `watch_until`. Releases go out every pause whether or not the earlier
-/// ones answered, and one that does not answer within a quarter of the
-/// lease (at most [`MAX_WAIT`]) is given up: a stalled connection must not
-/// hold the watch. Store errors
+/// `watch_until`. A release that does not answer within a quarter of the
+/// lease (at most [`MAX_WAIT`]) is given up and sent again: a stalled
+/// connection must not hold the watch. Store errors
 /// are retried with backoff until the store answers, for at most
 /// [`GIVE_UP_AFTER`], after which the sweep and the reconciler own whatever
 /// is left.
@@ -119,15 +118,8 @@ const FIRST_PAUSE: Duration = Duration::from_millis(50);
 const MAX_PAUSE: Duration = Duration::from_secs(1);
 
 /// The longest wait for one release's answer (a quarter of the lease when
-/// that is shorter) before it is given up.
+/// that is shorter) before it is sent again.
 const MAX_WAIT: Duration = Duration::from_secs(5);
-
-/// The most releases of one unconfirmed claim on their way at once: a
-/// release goes out every pause whether or not the earlier one answered,
-/// and each is given up after its wait. Two: one stalled connection does
-/// not hold the watch, and a store that slows down under load is sent at
-/// most twice what one release at a time would send.
-const MAX_IN_FLIGHT: usize = 2;
 
 impl<'a> ReleaseOnDrop<'a> {
     /// Guards the claim `attempt` of `key` with `lease`, sent at `sent`: it
@@ -168,12 +160,6 @@ impl Drop for ReleaseOnDrop<'_> {
 
 /// [`ReleaseOnDrop`]'s watch: releases the claim `attempt` of `key` until a
 /// release sent at or after `watch_until` has been answered.
-///
-/// Releases go out on their own cadence, whether or not the earlier ones
-/// have answered (at most [`MAX_IN_FLIGHT`] at once): a release stalled on
-/// its connection must not hold back the next, or a claim that lands
-/// meanwhile outlives its lease. A release is fenced by the attempt, so
-/// two in flight cannot undo anything but this claim.
 async fn retract(
     store: Arc<dyn IdempotencyStore>,
     key: IdempotencyKey,
@@ -186,61 +172,45 @@ async fn retract(
     let watch = watch_until.saturating_duration_since(started);
     let max_pause = MAX_PAUSE.min(watch / 8).max(FIRST_PAUSE);
     let mut pause = FIRST_PAUSE;
-    let mut next = started;
-    let mut in_flight = tokio::task::JoinSet::new();
     loop {
-        tokio::select! {
-            () = tokio::time::sleep_until(next), if in_flight.len() < MAX_IN_FLIGHT => {
-                let asked = tokio::time::Instant::now();
-                let store = store.clone();
-                in_flight.spawn(async move {
-                    let released = tokio::time::timeout(wait, store.release(&key, attempt)).await;
-                    let released = released.unwrap_or_else(|_| {
-                        Err(StoreError::Unavailable(
-                            "the release did not answer in time".into(),
-                        ))
-                    });
-                    (asked, released)
-                });
-                // The last release goes out right at `watch_until`, not a
-                // whole pause after it.
-                next = if asked < watch_until {
-                    (asked + pause).min(watch_until)
-                } else {
-                    asked + pause
-                };
-                pause = (pause * 2).min(max_pause);
-            }
-            Some(joined) = in_flight.join_next() => {
-                let Ok((asked, released)) = joined else {
-                    // The release's task panicked: the next one goes out
-                    // on cadence.
-                    continue;
-                };
-                match released {
-                    // Released, or not there (yet): it never landed, or it
-                    // is not ours to undo. Final only once the claim can no
-                    // longer land.
-                    Ok(()) | Err(StoreError::Fenced) | Err(StoreError::WrongState { .. }) => {
-                        if asked >= watch_until {
-                            return;
-                        }
-                    }
-                    // Misconfigured: no release will ever be accepted, and a
-                    // claim refused so never landed.
-                    Err(error @ StoreError::Config(_)) => {
-                        tracing::error!(%key, %error,
-                            "an unconfirmed claim cannot be released: the store is misconfigured");
-                        return;
-                    }
-                    Err(error) if started.elapsed() >= GIVE_UP_AFTER => {
-                        tracing::error!(%key, %error,
-                            "an unconfirmed claim could not be released; the sweep and the reconciler will resolve it");
-                        return;
-                    }
-                    Err(_) => {}
+        let asked = tokio::time::Instant::now();
+        let released = tokio::time::timeout(wait, store.release(&key, attempt)).await;
+        let released = released.unwrap_or_else(|_| {
+            Err(StoreError::Unavailable(
+                "the release did not answer in time".into(),
+            ))
+        });
+        match released {
+            // Released, or not there (yet): it never landed, or it is not
+            // ours to undo. Final only once the claim can no longer land.
+            Ok(()) | Err(StoreError::Fenced) | Err(StoreError::WrongState { .. }) => {
+                if asked >= watch_until {
+                    return;
                 }
             }
+            // Misconfigured: no release will ever be accepted, and a claim
+            // refused so never landed.
+            Err(error @ StoreError::Config(_)) => {
+                tracing::error!(%key, %error,
+                    "an unconfirmed claim cannot be released: the store is misconfigured");
+                return;
+            }
+            Err(error) if started.elapsed() >= GIVE_UP_AFTER => {
+                tracing::error!(%key, %error,
+                    "an unconfirmed claim could not be released; the sweep and the reconciler will resolve it");
+                return;
+            }
+            Err(_) => {}
         }
+        // The last release goes out right at `watch_until`, not a whole
+        // pause after it.
+        let now = tokio::time::Instant::now();
+        let wake = if now < watch_until {
+            (now + pause).min(watch_until)
+        } else {
+            now + pause
+        };
+        tokio::time::sleep_until(wake).await;
+        pause = (pause * 2).min(max_pause);
     }
 }
