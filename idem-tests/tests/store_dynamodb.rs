@@ -1025,7 +1025,7 @@ async fn a_job_too_large_for_its_item_is_refused_at_declaration() {
         "{refused:?}"
     );
     assert!(
-        refused[0].contains("one job holds on the dynamodb store"),
+        refused[0].contains("one follow-on holds on the dynamodb store"),
         "{refused:?}"
     );
     assert_eq!(recording, Recording::Stored);
