@@ -407,6 +407,70 @@ async fn an_operator_resolves_an_unknown_operation_by_hand() {
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the carrier was asked once");
 }
 
+/// An operator looks at a record whose lease ran out and finds nothing at
+/// the processor; before the resolution's mark lands, the handler's
+/// heartbeat does (it was slow, not dead), it sends its request and ends
+/// with an unknown outcome. The operator's "not performed" predates that
+/// request: the record is left UNKNOWN and the operator told to look
+/// again, so the retry that a NOT_PERFORMED would invite cannot charge
+/// twice. Looked at again, an UNKNOWN record is resolved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_comes_back_is_not_resolved_on_an_earlier_look() {
+    use idem_runtime::store::conformance::{Call, Fault, FaultyStore};
+    let store = Arc::new(FaultyStore::new(MemoryStore::new(), |call| match call {
+        Call::MarkLapsed => Fault::Delay(Duration::from_millis(300)),
+        _ => Fault::None,
+    }));
+    let req = abandoned_claim(&*store).await;
+    let resolving = {
+        let store = store.clone();
+        let (tenant, reference) = (req.tenant.clone(), req.reference);
+        tokio::spawn(async move {
+            resolve_by_hand(
+                &*store,
+                &tenant,
+                &reference,
+                &Outcome::NotPerformed,
+                "ops/ana: nothing at the processor",
+            )
+            .await
+        })
+    };
+    // The handler comes back inside the mark's delay: its heartbeat lands,
+    // its request goes out, and it ends with an unknown outcome.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let inner = store.inner();
+    inner
+        .heartbeat(&req.key, req.attempt, Duration::from_secs(1))
+        .await
+        .unwrap();
+    inner
+        .mark_unknown(&req.key, req.attempt, "the processor timed out")
+        .await
+        .unwrap();
+    let refused = resolving.await.unwrap().unwrap_err();
+    assert!(matches!(refused, ResolveError::Changed { .. }), "{refused}");
+    assert!(
+        refused.to_string().contains("check the processor again"),
+        "{refused}"
+    );
+    assert!(
+        matches!(state(&*store, &req).await, Some(RecordState::Unknown { .. })),
+        "left UNKNOWN"
+    );
+    // Looked at again, as UNKNOWN from the start: resolved.
+    let resolved = resolve_by_hand(
+        &*store,
+        &req.tenant,
+        &req.reference,
+        &Outcome::NotPerformed,
+        "ops/ana: looked again after it settled",
+    )
+    .await
+    .unwrap();
+    assert!(matches!(resolved.state, RecordState::NotPerformed { .. }));
+}
+
 /// Resolved by hand as not performed: the status tool says so, and the next
 /// identical call runs.
 #[tokio::test]

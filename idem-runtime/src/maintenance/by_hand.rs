@@ -35,6 +35,21 @@ pub enum ResolveError {
         /// The state found.
         state: RecordStateKind,
     },
+    /// The record was IN_PROGRESS, its lease run out, when this call looked,
+    /// and something else marked it UNKNOWN before this call could (its
+    /// handler, which renewed it and then ended with an unknown outcome, or
+    /// another replica's sweep): a request its handler sent may have reached
+    /// the processor after the operator checked. It was left UNKNOWN.
+    #[error(
+        "operation {reference} was still in progress when it was looked at and has since been \
+         marked UNKNOWN by its handler or a sweep: a request it sent may have reached the \
+         processor after you checked; check the processor again, then resolve it again; it was \
+         left as it was"
+    )]
+    Changed {
+        /// The reference.
+        reference: Reference,
+    },
     /// The note is empty.
     #[error("the note is empty: say who resolves the operation and why")]
     EmptyNote,
@@ -84,7 +99,10 @@ async fn resolved_as(
 /// same atomic step: the receipt that was never sent), or not performed,
 /// with `note` (who and why) kept on the record, where the status tool shows
 /// it. An IN_PROGRESS record whose lease ran out counts as UNKNOWN (its
-/// process is presumed dead, as the sweep would conclude).
+/// process is presumed dead, as the sweep would conclude) once this call
+/// has marked it so; if its handler comes back first (or another replica
+/// marks it), it is refused with [`ResolveError::Changed`], since the
+/// processor may have been checked before the handler's request reached it.
 ///
 /// Fenced by the record's attempt, so it cannot overwrite a resolution or a
 /// late completion that lands at the same moment; and idempotent: resolving
@@ -123,21 +141,32 @@ pub async fn resolve_by_hand(
         .lookup(tenant, reference)
         .await?
         .ok_or_else(not_found)?;
+    // What the operator checked the processor against: an UNKNOWN record,
+    // or a lapsed one that this call marks UNKNOWN itself. A lapsed record
+    // whose handler comes back first (a heartbeat lands before the mark)
+    // and then ends UNKNOWN on its own may have sent its request after the
+    // operator looked, so it is not resolved on that word.
+    let mut as_seen = true;
     if record.is_lapsed() {
-        // The sweep's own step, fenced and re-checked; a heartbeat that
-        // lands first keeps the record running (and refused below).
-        match store
+        // The sweep's own step, fenced and re-checked.
+        as_seen = match store
             .mark_lapsed(&record.key, record.attempt, note::SWEPT)
             .await
         {
-            Ok(_) | Err(StoreError::Fenced | StoreError::WrongState { .. }) => {}
+            Ok(marked) => marked,
+            Err(StoreError::Fenced | StoreError::WrongState { .. }) => false,
             Err(e) => return Err(e.into()),
-        }
+        };
     }
     let record = store
         .lookup(tenant, reference)
         .await?
         .ok_or_else(not_found)?;
+    if !as_seen && matches!(record.state, RecordState::Unknown { .. }) {
+        return Err(ResolveError::Changed {
+            reference: *reference,
+        });
+    }
     let resolution = match outcome {
         Outcome::Completed { response, .. } => Resolution::Completed { response },
         Outcome::NotPerformed => Resolution::NotPerformed {

@@ -67,6 +67,11 @@ async fn resolve_legacy(sim: &Arc<Sim>, store: &Stack, all: bool) -> Vec<[u8; 32
                 .filter(|r| r.key == key)
                 .count()
         };
+        {
+            let mut w = sim.world();
+            let state = format!("{:?} lapsed={}", record.state.kind(), record.is_lapsed());
+            sim.log(&mut w, || format!("operator: {reference} seen {state}, found {outcome:?}; resolving"));
+        }
         let before = resolutions(sim);
         let answer = resolve_by_hand(&**store, &tenant, &reference, &outcome, &note).await;
         let took_effect = resolutions(sim) > before;
@@ -91,9 +96,11 @@ async fn resolve_legacy(sim: &Arc<Sim>, store: &Stack, all: bool) -> Vec<[u8; 32
                 resolved.push(key);
             }
             // A late completion or another resolution came first, or a
-            // delayed release or purge removed it; or the store failed
-            // (while faults are on).
-            Err(ResolveError::NotUnknown { .. } | ResolveError::NotFound { .. } | ResolveError::Store(_)) if !all => {}
+            // delayed release or purge removed it; or its handler came
+            // back and ended UNKNOWN after the operator looked (found by
+            // seed 56709; fixed); or the store failed (while faults are
+            // on).
+            Err(ResolveError::NotUnknown { .. } | ResolveError::NotFound { .. } | ResolveError::Changed { .. } | ResolveError::Store(_)) if !all => {}
             Err(e) => sim.violate(format!("resolve_by_hand of {reference} failed with the store healthy and nothing else running: {e}")),
         }
         sim.check_live("a resolution by hand").await;
