@@ -15,14 +15,13 @@ use serde_json::{json, Value};
 use crate::durable::temp_dir;
 use crate::operator::idem;
 
-/// "Was the e-mail sent?": a delivered job is listed by `jobs --state
-/// delivered` with when it was delivered and by which run, left out of the
-/// default listing (the work to do), and `show` lists it with the
-/// operation.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn delivered_jobs_are_listed_and_shown() {
-    let dir = temp_dir("cli-delivered");
-    let path = dir.join("idem.sqlite3");
+/// A SQLite store in a fresh directory (its URL for the command line) with
+/// one operation completed, its follow-ons `send_receipt` and
+/// `notify_warehouse` due and not yet run.
+async fn paid_with_two_follow_ons(
+    dir: &str,
+) -> (String, SqliteStore, idem_runtime::store::ClaimRequest) {
+    let path = temp_dir(dir).join("idem.sqlite3");
     let url = format!("sqlite:{}", path.display());
     let store = SqliteStore::open(&path).await.unwrap();
     let req = claim_request(Duration::from_secs(900));
@@ -42,6 +41,16 @@ async fn delivered_jobs_are_listed_and_shown() {
         )
         .await
         .unwrap();
+    (url, store, req)
+}
+
+/// "Was the e-mail sent?": a delivered job is listed by `jobs --state
+/// delivered` with when it was delivered and by which run, left out of the
+/// default listing (the work to do), and `show` lists it with the
+/// operation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delivered_jobs_are_listed_and_shown() {
+    let (url, store, req) = paid_with_two_follow_ons("cli-delivered").await;
     let token = idem_runtime::store::Attempt::random();
     let leased = store
         .lease_follow_ons(&["send_receipt"], 1, Duration::from_secs(60), token)
@@ -241,27 +250,7 @@ async fn dead_jobs_are_listed_and_redriven() {
 /// job delivered on a retry shows its earlier run's error as earlier.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_show_an_old_failure_as_old() {
-    let dir = temp_dir("cli-jobs-history");
-    let path = dir.join("idem.sqlite3");
-    let url = format!("sqlite:{}", path.display());
-    let store = SqliteStore::open(&path).await.unwrap();
-    let req = claim_request(Duration::from_secs(900));
-    assert!(matches!(
-        store.claim(&req).await.unwrap(),
-        Claim::Claimed { .. }
-    ));
-    let jobs = ["send_receipt", "notify_warehouse"].map(|name| {
-        idem_runtime::follow_ons::FollowOn::new(name, &json!({"to": "a@example.com"})).unwrap()
-    });
-    store
-        .complete_with_follow_ons(
-            &req.key,
-            req.attempt,
-            "\"paid\"",
-            idem_runtime::store::FollowOns::new(&jobs).unwrap(),
-        )
-        .await
-        .unwrap();
+    let (url, store, req) = paid_with_two_follow_ons("cli-jobs-history").await;
     let lease_for = |name: &'static str, lease: Duration| {
         let store = &store;
         async move {

@@ -46,6 +46,24 @@ fn job_id(req: &ClaimRequest, name: &str) -> FollowOnId {
     }
 }
 
+/// Completes `req` with `response` and the follow-ons `jobs`.
+async fn complete_with(
+    store: &dyn FollowOnStore,
+    req: &ClaimRequest,
+    response: &str,
+    jobs: &[FollowOn],
+) {
+    store
+        .complete_with_follow_ons(
+            &req.key,
+            req.attempt,
+            response,
+            FollowOns::new(jobs).unwrap(),
+        )
+        .await
+        .expect("complete_with_follow_ons");
+}
+
 /// A record completed with follow-ons and its follow-ons, due at once, not run.
 async fn completed_with_jobs(store: &dyn FollowOnStore, names: &[&str]) -> ClaimRequest {
     let req = fresh(W);
@@ -54,15 +72,7 @@ async fn completed_with_jobs(store: &dyn FollowOnStore, names: &[&str]) -> Claim
         .iter()
         .map(|n| follow_on(n, serde_json::json!({ "to": "a@example.com" })))
         .collect();
-    store
-        .complete_with_follow_ons(
-            &req.key,
-            req.attempt,
-            "\"paid\"",
-            FollowOns::new(&jobs).unwrap(),
-        )
-        .await
-        .expect("complete_with_follow_ons");
+    complete_with(store, &req, "\"paid\"", &jobs).await;
     req
 }
 
@@ -80,15 +90,7 @@ pub async fn follow_ons_are_written_with_the_completion(store: &dyn IdempotencyS
         ),
         follow_on(&notify, serde_json::json!(["w1"])),
     ];
-    store
-        .complete_with_follow_ons(
-            &req.key,
-            req.attempt,
-            "\"paid\"",
-            FollowOns::new(&jobs).unwrap(),
-        )
-        .await
-        .unwrap();
+    complete_with(store, &req, "\"paid\"", &jobs).await;
     let r = record(store, &req).await.unwrap();
     assert_eq!(
         r.state,
@@ -649,15 +651,7 @@ pub async fn a_later_operation_never_touches_an_earlier_operations_follow_ons(
         follow_on(&dead_name, serde_json::json!({"n": 1})),
         follow_on(&running_name, serde_json::json!({"n": 1})),
     ];
-    store
-        .complete_with_follow_ons(
-            &first.key,
-            first.attempt,
-            "\"one\"",
-            FollowOns::new(&jobs).unwrap(),
-        )
-        .await
-        .unwrap();
+    complete_with(store, &first, "\"one\"", &jobs).await;
     // The first operation's receipt goes to the dead letter; its shipment
     // is leased and still running.
     let attempt = Attempt::random();
@@ -678,15 +672,7 @@ pub async fn a_later_operation_never_touches_an_earlier_operations_follow_ons(
         follow_on(&dead_name, serde_json::json!({"n": 2})),
         follow_on(&running_name, serde_json::json!({"n": 2})),
     ];
-    store
-        .complete_with_follow_ons(
-            &second.key,
-            second.attempt,
-            "\"two\"",
-            FollowOns::new(&jobs).unwrap(),
-        )
-        .await
-        .unwrap();
+    complete_with(store, &second, "\"two\"", &jobs).await;
 
     // Only the second operation's follow-ons are due: the running one of the first
     // is not handed to a second dispatcher under the same key.
@@ -936,15 +922,7 @@ pub async fn delivered_follow_on_is_purged_with_its_record(store: &dyn Idempoten
         follow_on(&sent, serde_json::json!({ "to": "a@example.com" })),
         follow_on(&waiting, serde_json::json!({ "sku": "42" })),
     ];
-    store
-        .complete_with_follow_ons(
-            &req.key,
-            req.attempt,
-            "\"paid\"",
-            FollowOns::new(&jobs).unwrap(),
-        )
-        .await
-        .unwrap();
+    complete_with(store, &req, "\"paid\"", &jobs).await;
     let attempt = Attempt::random();
     store
         .lease_follow_ons(&[sent.as_str()], 1, Duration::from_secs(60), attempt)
