@@ -89,11 +89,9 @@ impl Drop for UnknownOnDrop<'_> {
 /// eighth of the lease), and a repeat that meets it meanwhile reads it as
 /// in progress, with a retry-after no later than its lease's end: at most
 /// two leases after it was sent. The last release is sent at or after
-/// `watch_until`. A release that has not answered within a pause (or
-/// twice the last answer's time) is joined by one more, at most two on
-/// their way at once, and one that does not answer within a quarter of the
-/// lease (at most [`MAX_WAIT`]) is given up: a stalled connection must not
-/// hold the watch. Store errors
+/// `watch_until`. A release that does not answer within a quarter of the
+/// lease (at most [`MAX_WAIT`]) is given up and sent again: a stalled
+/// connection must not hold the watch. Store errors
 /// are retried with backoff until the store answers, for at most
 /// [`GIVE_UP_AFTER`], after which the sweep and the reconciler own whatever
 /// is left.
@@ -120,7 +118,7 @@ const FIRST_PAUSE: Duration = Duration::from_millis(50);
 const MAX_PAUSE: Duration = Duration::from_secs(1);
 
 /// The longest wait for one release's answer (a quarter of the lease when
-/// that is shorter) before it is given up.
+/// that is shorter) before it is sent again.
 const MAX_WAIT: Duration = Duration::from_secs(5);
 
 impl<'a> ReleaseOnDrop<'a> {
@@ -162,16 +160,6 @@ impl Drop for ReleaseOnDrop<'_> {
 
 /// [`ReleaseOnDrop`]'s watch: releases the claim `attempt` of `key` until a
 /// release sent at or after `watch_until` has been answered.
-///
-/// One release is on its way at a time, the next a pause after the last
-/// answer, except that a release that has not answered within its hedge
-/// (a pause, or twice the last answer's time when that is longer) is
-/// joined by one more: a release stalled on its connection must not hold
-/// back the next, or a claim that lands meanwhile outlives its lease. At
-/// most two are on their way at once, and a store that is slow for every
-/// release is sent no more than one at a time, since the hedge grows with
-/// its answers. A release is fenced by the attempt, so two in flight cannot
-/// undo anything but this claim.
 async fn retract(
     store: Arc<dyn IdempotencyStore>,
     key: IdempotencyKey,
@@ -179,105 +167,50 @@ async fn retract(
     watch_until: tokio::time::Instant,
     lease: Duration,
 ) {
-    use tokio::time::Instant;
     let wait = MAX_WAIT.min(lease / 4).max(FIRST_PAUSE);
-    let started = Instant::now();
+    let started = tokio::time::Instant::now();
     let watch = watch_until.saturating_duration_since(started);
     let max_pause = MAX_PAUSE.min(watch / 8).max(FIRST_PAUSE);
     let mut pause = FIRST_PAUSE;
-    // When the next release is due with none on its way, and the time the
-    // last answered release took.
-    let mut due = started;
-    let mut answered_in = Duration::ZERO;
-    let mut in_flight = tokio::task::JoinSet::new();
-    // The releases on their way: their task and when each was sent.
-    let mut sent: Vec<(tokio::task::Id, Instant)> = Vec::with_capacity(2);
     loop {
-        let next = match sent.as_slice() {
-            [] => Some(due),
-            [(_, first)] => Some(due.max(*first + pause.max(answered_in * 2))),
-            _ => None,
-        };
-        // Biased, answers first: no random draw, so that a schedule on a
-        // paused clock replays exactly.
-        tokio::select! {
-            biased;
-            Some(joined) = in_flight.join_next_with_id() => {
-                let id = match &joined {
-                    Ok((id, _)) => *id,
-                    Err(error) => error.id(),
-                };
-                let Some(at) = sent.iter().position(|(task, _)| *task == id) else {
-                    continue;
-                };
-                let (_, asked) = sent.swap_remove(at);
-                let now = Instant::now();
-                // The next release a pause after this answer (or right at
-                // `watch_until`), the pause doubling up to its most.
-                due = if now < watch_until {
-                    (now + pause).min(watch_until)
-                } else {
-                    now + pause
-                };
-                pause = (pause * 2).min(max_pause);
-                // A panicked release counts as one that failed.
-                let released = joined.map_or_else(
-                    |_| Err(StoreError::Unavailable("the release panicked".into())),
-                    |(_, released)| released,
-                );
-                match released {
-                    // Released, or not there (yet): it never landed, or it
-                    // is not ours to undo. Final only once the claim can no
-                    // longer land.
-                    Ok(()) | Err(StoreError::Fenced) | Err(StoreError::WrongState { .. }) => {
-                        if asked >= watch_until {
-                            return;
-                        }
-                        answered_in = now - asked;
-                    }
-                    // Misconfigured: no release will ever be accepted, and a
-                    // claim refused so never landed.
-                    Err(error @ StoreError::Config(_)) => {
-                        tracing::error!(%key, %error,
-                            "an unconfirmed claim cannot be released: the store is misconfigured");
-                        return;
-                    }
-                    Err(error) if started.elapsed() >= GIVE_UP_AFTER => {
-                        tracing::error!(%key, %error,
-                            "an unconfirmed claim could not be released; the sweep and the reconciler will resolve it");
-                        return;
-                    }
-                    Err(_) => {}
+        let asked = tokio::time::Instant::now();
+        let released = tokio::time::timeout(wait, store.release(&key, attempt)).await;
+        let released = released.unwrap_or_else(|_| {
+            Err(StoreError::Unavailable(
+                "the release did not answer in time".into(),
+            ))
+        });
+        match released {
+            // Released, or not there (yet): it never landed, or it is not
+            // ours to undo. Final only once the claim can no longer land.
+            Ok(()) | Err(StoreError::Fenced) | Err(StoreError::WrongState { .. }) => {
+                if asked >= watch_until {
+                    return;
                 }
             }
-            () = sleep_until_some(next) => {
-                let asked = Instant::now();
-                let store = store.clone();
-                let task = in_flight.spawn(async move {
-                    let released = tokio::time::timeout(wait, store.release(&key, attempt)).await;
-                    released.unwrap_or_else(|_| {
-                        Err(StoreError::Unavailable(
-                            "the release did not answer in time".into(),
-                        ))
-                    })
-                });
-                sent.push((task.id(), asked));
-                // The last release goes out right at `watch_until`, not a
-                // whole pause after it.
-                due = if asked < watch_until {
-                    (asked + pause).min(watch_until)
-                } else {
-                    asked + pause
-                };
+            // Misconfigured: no release will ever be accepted, and a claim
+            // refused so never landed.
+            Err(error @ StoreError::Config(_)) => {
+                tracing::error!(%key, %error,
+                    "an unconfirmed claim cannot be released: the store is misconfigured");
+                return;
             }
+            Err(error) if started.elapsed() >= GIVE_UP_AFTER => {
+                tracing::error!(%key, %error,
+                    "an unconfirmed claim could not be released; the sweep and the reconciler will resolve it");
+                return;
+            }
+            Err(_) => {}
         }
-    }
-}
-
-/// Sleeps until `deadline`, or forever without one.
-async fn sleep_until_some(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
+        // The last release goes out right at `watch_until`, not a whole
+        // pause after it.
+        let now = tokio::time::Instant::now();
+        let wake = if now < watch_until {
+            (now + pause).min(watch_until)
+        } else {
+            now + pause
+        };
+        tokio::time::sleep_until(wake).await;
+        pause = (pause * 2).min(max_pause);
     }
 }
