@@ -455,7 +455,10 @@ async fn a_handler_that_comes_back_is_not_resolved_on_an_earlier_look() {
         "{refused}"
     );
     assert!(
-        matches!(state(&*store, &req).await, Some(RecordState::Unknown { .. })),
+        matches!(
+            state(&*store, &req).await,
+            Some(RecordState::Unknown { .. })
+        ),
         "left UNKNOWN"
     );
     // Looked at again, as UNKNOWN from the start: resolved.

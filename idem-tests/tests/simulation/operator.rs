@@ -70,7 +70,9 @@ async fn resolve_legacy(sim: &Arc<Sim>, store: &Stack, all: bool) -> Vec<[u8; 32
         {
             let mut w = sim.world();
             let state = format!("{:?} lapsed={}", record.state.kind(), record.is_lapsed());
-            sim.log(&mut w, || format!("operator: {reference} seen {state}, found {outcome:?}; resolving"));
+            sim.log(&mut w, || {
+                format!("operator: {reference} seen {state}, found {outcome:?}; resolving")
+            });
         }
         let before = resolutions(sim);
         let answer = resolve_by_hand(&**store, &tenant, &reference, &outcome, &note).await;
