@@ -15,13 +15,19 @@ use serde_json::{json, Value};
 use crate::durable::temp_dir;
 use crate::operator::idem;
 
-/// A SQLite store in a fresh directory (its URL for the command line) with
-/// one operation completed, its follow-ons `send_receipt` and
-/// `notify_warehouse` due and not yet run.
+/// A SQLite store in a fresh directory (kept while the returned guard
+/// lives; its URL for the command line) with one operation completed, its
+/// follow-ons `send_receipt` and `notify_warehouse` due and not yet run.
 async fn paid_with_two_follow_ons(
     dir: &str,
-) -> (String, SqliteStore, idem_runtime::store::ClaimRequest) {
-    let path = temp_dir(dir).join("idem.sqlite3");
+) -> (
+    crate::durable::TempDir,
+    String,
+    SqliteStore,
+    idem_runtime::store::ClaimRequest,
+) {
+    let dir = temp_dir(dir);
+    let path = dir.join("idem.sqlite3");
     let url = format!("sqlite:{}", path.display());
     let store = SqliteStore::open(&path).await.unwrap();
     let req = claim_request(Duration::from_secs(900));
@@ -41,7 +47,7 @@ async fn paid_with_two_follow_ons(
         )
         .await
         .unwrap();
-    (url, store, req)
+    (dir, url, store, req)
 }
 
 /// "Was the e-mail sent?": a delivered job is listed by `jobs --state
@@ -50,7 +56,7 @@ async fn paid_with_two_follow_ons(
 /// operation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delivered_jobs_are_listed_and_shown() {
-    let (url, store, req) = paid_with_two_follow_ons("cli-delivered").await;
+    let (_dir, url, store, req) = paid_with_two_follow_ons("cli-delivered").await;
     let token = idem_runtime::store::Attempt::random();
     let leased = store
         .lease_follow_ons(&["send_receipt"], 1, Duration::from_secs(60), token)
@@ -250,7 +256,7 @@ async fn dead_jobs_are_listed_and_redriven() {
 /// job delivered on a retry shows its earlier run's error as earlier.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_show_an_old_failure_as_old() {
-    let (url, store, req) = paid_with_two_follow_ons("cli-jobs-history").await;
+    let (_dir, url, store, req) = paid_with_two_follow_ons("cli-jobs-history").await;
     let lease_for = |name: &'static str, lease: Duration| {
         let store = &store;
         async move {
