@@ -127,31 +127,48 @@ impl Executor {
             let write = write_until_landed(&*store, &steps, &c);
             let beat =
                 super::execute::heartbeats(&*store, &c.key, c.reference, c.attempt, lease, c.sent);
-            let landed = tokio::select! {
+            let written = tokio::select! {
                 biased;
-                landed = write => landed,
-                () = beat => false,
+                written = write => written,
+                () = beat => Written::NotLanded,
             };
             // Landed: the store holds it COMPLETED, and the replay cache may
             // answer with it from now on.
-            if let (true, Some((replays, tenant, until))) = (landed, &c.replay) {
+            if let (Written::Landed, Some((replays, tenant, until))) = (&written, &c.replay) {
                 replays.insert(&c.key, tenant, c.reference, c.response.clone(), *until);
             }
-            // The entry goes with the task: repeats now ask the store (or
-            // the replay cache).
+            // The entry goes with the write: repeats now ask the store (or
+            // the replay cache). A refused completion's entry goes before
+            // the record is marked UNKNOWN, so that no repeat is answered
+            // from it once the record says the response could not be
+            // stored.
             drop(c.entry);
+            if let Written::Refused(error) = written {
+                super::mark_refused(&*store, &c.key, c.reference, c.attempt, error).await;
+            }
         };
         tokio::spawn(task);
     }
 }
 
+/// How a background completion's write ended.
+enum Written {
+    /// The store holds it COMPLETED.
+    Landed,
+    /// The store cannot hold it, now or ever: the record is to be marked
+    /// UNKNOWN with this reason.
+    Refused(String),
+    /// Settled otherwise, given up, or no longer this attempt's.
+    NotLanded,
+}
+
 /// Writes the completion until it lands, is refused for good, or
-/// [`GIVE_UP_AFTER`] passes; whether this write landed.
+/// [`GIVE_UP_AFTER`] passes.
 async fn write_until_landed(
     store: &dyn IdempotencyStore,
     steps: &telemetry::StoreSteps,
     c: &Completion,
-) -> bool {
+) -> Written {
     let first = Instant::now();
     let mut pause = Duration::from_millis(50);
     loop {
@@ -165,17 +182,14 @@ async fn write_until_landed(
                 if !c.jobs.is_empty() {
                     telemetry::follow_ons_enqueued(c.jobs.len());
                 }
-                return true;
+                return Written::Landed;
             }
             // An earlier try landed and its answer was lost, or the
             // reconciler resolved the record first: it is settled.
-            Err(StoreError::WrongState { .. }) => return false,
+            Err(StoreError::WrongState { .. }) => return Written::NotLanded,
             // The store cannot hold it, now or ever: the record says so
             // rather than waiting for the sweep to call the process dead.
-            Err(StoreError::Invalid(error)) => {
-                super::mark_refused(store, &c.key, reference, c.attempt, error).await;
-                return false;
-            }
+            Err(StoreError::Invalid(error)) => return Written::Refused(error),
             Err(error @ StoreError::Unavailable(_)) if first.elapsed() < GIVE_UP_AFTER => {
                 tracing::warn!(%reference, %error, "completion write failed; retrying");
                 tokio::time::sleep(pause).await;
@@ -186,7 +200,7 @@ async fn write_until_landed(
                 // the record stays IN_PROGRESS (or is no longer this
                 // attempt's), and the sweep and the reconciler resolve it.
                 tracing::error!(%reference, %error, "completion write failed after the side effect");
-                return false;
+                return Written::NotLanded;
             }
         }
     }
