@@ -146,18 +146,19 @@ pub async fn resolve_by_hand(
     // whose handler comes back first (a heartbeat lands before the mark)
     // and then ends UNKNOWN on its own may have sent its request after the
     // operator looked, so it is not resolved on that word.
-    let mut as_seen = true;
-    if record.is_lapsed() {
+    let as_seen = if record.is_lapsed() {
         // The sweep's own step, fenced and re-checked.
-        as_seen = match store
+        match store
             .mark_lapsed(&record.key, record.attempt, note::SWEPT)
             .await
         {
             Ok(marked) => marked,
             Err(StoreError::Fenced | StoreError::WrongState { .. }) => false,
             Err(e) => return Err(e.into()),
-        };
-    }
+        }
+    } else {
+        true
+    };
     let record = store
         .lookup(tenant, reference)
         .await?
