@@ -84,8 +84,10 @@ fn judge_after_window(
 /// retry-after that ends within the bound (counted from the call, whose
 /// answer a slow store may bring late), or a conflict of another business
 /// key's arguments; the retry after that finds nothing of it. Excused when
-/// the releases sent since it landed all failed or were slow: the store
-/// could not be told to take it back.
+/// the releases on their way while the landed claim could still be taken
+/// back all failed or were slow: the store could not be told to take it
+/// back. A release still on its way when the call is answered is judged by
+/// how it ended, at the end of the schedule ([`final_check`]).
 fn judge_unconfirmed(
     sim: &Sim,
     w: &mut World,
@@ -98,60 +100,133 @@ fn judge_unconfirmed(
     let made = w.calls[call].made.unwrap_or(now);
     let t = &sim.timing;
     let bound = claim.sent + t.lease * 2 + t.tolerance + t.slack;
-    // Excused only when the releases sent between the claim's landing and
-    // the call, or the end of the landed claim's lease if that came first
-    // (the executor's to send), all failed or were slow, as the call found
-    // them: the store could not be told to take it back before it lapsed.
-    // None sent is no excuse. With skewed clocks, the lease ends as the
-    // fastest replica's clock has it: up to `tolerance` earlier
-    // (docs/clocks.md), so a release sent after that came too late for a
-    // call read on that clock.
-    let slow = t.lease / 4;
+    let problem = match answer {
+        Answer::InProgress { retry_after, .. } if made + *retry_after <= bound => {
+            w.stats
+                .bump("unconfirmed claims met in progress within the bound");
+            return None;
+        }
+        Answer::Conflict { .. } | Answer::ClientKeyConflict { .. } if made <= bound => {
+            w.stats
+                .bump("unconfirmed claims met as a conflict within the bound");
+            return None;
+        }
+        Answer::InProgress { retry_after, .. } => format!(
+            "oracle 12 (nothing ran stays true): {reference} was claimed {:?} before a call by a caller told nothing ran; the call was told it is in progress, with a retry-after of {retry_after:?}, past the bound of two leases",
+            made - claim.sent
+        ),
+        other => format!(
+            "oracle 12 (nothing ran stays true): {reference} was claimed {:?} before a call by a caller told nothing ran; the call was told {}",
+            made - claim.sent,
+            other.name()
+        ),
+    };
+    // The excuse: the landed claim could be taken back from its landing
+    // until the call, or the end of its lease if that came first (the
+    // executor's to send), and every release on its way in that time failed
+    // or was slow. None on its way is no excuse. With skewed clocks, the
+    // lease ends as the fastest replica's clock has it: up to `tolerance`
+    // earlier (docs/clocks.md), so a release sent after that came too late
+    // for a call read on that clock.
     let landed = w
         .claims_landed
         .get(&(claim.key, claim.attempt))
         .copied()
         .unwrap_or(made);
     let until = made.min(landed + t.lease.saturating_sub(t.tolerance));
-    let troubled = w
-        .releases
-        .get(&(claim.key, claim.attempt))
-        .is_some_and(|sent| {
-            let since: Vec<_> = sent
-                .iter()
-                .filter(|(at, _)| *at >= landed && *at < until)
-                .collect();
-            !since.is_empty()
-                && since.iter().all(|(at, answered)| match answered {
-                    Some((when, ok)) if *when <= made => !ok || *when - *at > slow,
-                    _ => made - *at > slow,
-                })
-        });
-    if troubled {
-        w.stats
-            .bump("unconfirmed claims met while their releases failed (excused)");
-        return None;
+    let unconfirmed = PendingUnconfirmed {
+        call,
+        key: claim.key,
+        attempt: claim.attempt,
+        landed,
+        until,
+        at: sim.elapsed(),
+        problem,
+    };
+    match excused(sim, w, &unconfirmed, false) {
+        Some(true) => {
+            w.stats
+                .bump("unconfirmed claims met while their releases failed (excused)");
+            None
+        }
+        Some(false) => Some(unconfirmed.problem),
+        None => {
+            w.pending_unconfirmed.push(unconfirmed);
+            None
+        }
     }
-    match answer {
-        Answer::InProgress { retry_after, .. } if made + *retry_after <= bound => {
-            w.stats
-                .bump("unconfirmed claims met in progress within the bound");
-            None
+}
+
+/// A call oracle 12 judged against a landed claim whose releases were still
+/// on their way when it was answered.
+#[derive(Clone, Debug)]
+pub struct PendingUnconfirmed {
+    call: usize,
+    key: [u8; 32],
+    attempt: u64,
+    landed: tokio::time::Instant,
+    until: tokio::time::Instant,
+    /// When the call was answered (time into the schedule).
+    at: std::time::Duration,
+    problem: String,
+}
+
+/// Whether the releases of `p`'s claim that were on its way between its
+/// landing and `p.until` all failed or were slow (more than a quarter of
+/// the lease, or never answered): `None` when that turns on a release still
+/// on its way, unless `finally`, when one never answered was given up.
+fn excused(sim: &Sim, w: &World, p: &PendingUnconfirmed, finally: bool) -> Option<bool> {
+    let slow = sim.timing.lease / 4;
+    let Some(sent) = w.releases.get(&(p.key, p.attempt)) else {
+        return Some(false);
+    };
+    let on_its_way: Vec<_> = sent
+        .iter()
+        .filter(|(at, answered)| *at < p.until && answered.is_none_or(|(when, _)| when >= p.landed))
+        .collect();
+    if on_its_way.is_empty() {
+        return Some(false);
+    }
+    let mut open = false;
+    for (at, answered) in on_its_way {
+        match answered {
+            Some((when, ok)) => {
+                if *ok && *when - *at <= slow {
+                    return Some(false);
+                }
+            }
+            None if finally => {}
+            None => open = true,
         }
-        Answer::Conflict { .. } | Answer::ClientKeyConflict { .. } if made <= bound => {
+    }
+    if open {
+        None
+    } else {
+        Some(true)
+    }
+}
+
+/// Oracle 12's calls answered while a release of their claim was on its
+/// way, judged now that every release has ended.
+pub fn final_check(sim: &Sim) {
+    let mut w = sim.world();
+    let pending = std::mem::take(&mut w.pending_unconfirmed);
+    for p in pending {
+        if excused(sim, &w, &p, true) == Some(true) {
             w.stats
-                .bump("unconfirmed claims met as a conflict within the bound");
-            None
+                .bump("unconfirmed claims met while their releases failed (excused)");
+            continue;
         }
-        Answer::InProgress { retry_after, .. } => Some(format!(
-            "oracle 12 (nothing ran stays true): {reference} was claimed {:?} before a call by a caller told nothing ran; the call was told it is in progress, with a retry-after of {retry_after:?}, past the bound of two leases",
-            made - claim.sent
-        )),
-        other => Some(format!(
-            "oracle 12 (nothing ran stays true): {reference} was claimed {:?} before a call by a caller told nothing ran; the call was told {}",
-            made - claim.sent,
-            other.name()
-        )),
+        let line = format!(
+            "[{:.3}s] call {}: {}",
+            p.at.as_secs_f64(),
+            p.call,
+            p.problem
+        );
+        if sim.trace {
+            w.log.push(format!("VIOLATION {line}"));
+        }
+        w.violations.push(line);
     }
 }
 

@@ -373,6 +373,7 @@ async fn schedule(sim: Arc<Sim>, views: Vec<Arc<dyn IdempotencyStore>>) {
     }
     super::follow_ons::final_check(&sim);
     super::client_keys::final_check(&sim);
+    super::answers::final_check(&sim);
     let mut w = sim.world();
     let not_performed: Vec<_> = w
         .resolutions

@@ -421,6 +421,8 @@ pub struct World {
     pub claims_landed: BTreeMap<([u8; 32], u64), Instant>,
     /// Every release sent, per (key, attempt) (oracle 12's excuse).
     pub releases: BTreeMap<([u8; 32], u64), Vec<ReleaseRec>>,
+    /// Oracle 12's calls waiting on a release still on its way.
+    pub pending_unconfirmed: Vec<super::answers::PendingUnconfirmed>,
 }
 
 /// A release sent: when, and when it was answered and whether the store
