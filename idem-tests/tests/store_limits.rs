@@ -49,6 +49,16 @@ struct Limited<S> {
     follow_on_bytes: usize,
     item: Option<ItemLimit>,
     refuse: bool,
+    /// Holds every `mark_unknown` until it is opened, and counts those
+    /// that arrived.
+    marks: Option<Arc<MarkGate>>,
+}
+
+/// A gate on a store's UNKNOWN marks: each waits until `open`.
+#[derive(Debug, Default)]
+struct MarkGate {
+    arrived: AtomicUsize,
+    open: tokio::sync::Notify,
 }
 
 impl<S> Limited<S> {
@@ -59,6 +69,7 @@ impl<S> Limited<S> {
             follow_on_bytes: 1000,
             item: None,
             refuse: false,
+            marks: None,
         }
     }
 
@@ -108,6 +119,11 @@ impl<S: FollowOnStore> IdempotencyStore for Limited<S> {
         attempt: Attempt,
         note: &str,
     ) -> Result<(), StoreError> {
+        if let Some(gate) = &self.marks {
+            let opened = gate.open.notified();
+            gate.arrived.fetch_add(1, Ordering::SeqCst);
+            opened.await;
+        }
         self.inner.mark_unknown(key, attempt, note).await
     }
     async fn heartbeat(
@@ -443,6 +459,63 @@ async fn a_completion_refused_as_invalid_reads_unknown() {
             an_unstorable_response_reads_unknown(store, background, 100, REFUSED).await;
         }
     }
+}
+
+/// A completion written in the background and refused: from the moment
+/// the write is refused, a repeat is never answered with the response as
+/// if it were stored, even while the UNKNOWN mark is still on its way (the
+/// record still reads IN_PROGRESS then: the repeat is told so).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_background_completion_is_never_replayed() {
+    let gate = Arc::new(MarkGate::default());
+    let store = Arc::new(Limited {
+        refuse: true,
+        marks: Some(gate.clone()),
+        ..Limited::new(MemoryStore::new())
+    });
+    let exec = Executor::new(store.clone()).with_background_completions(true);
+    let processor = Processor::default();
+    let first = charge(&exec, &processor, 100).await;
+    assert!(
+        matches!(
+            first,
+            Answer::Executed {
+                recording: Recording::Pending,
+                ..
+            }
+        ),
+        "{first:?}"
+    );
+    // The write was refused and its mark is held at the store.
+    for _ in 0..500 {
+        if gate.arrived.load(Ordering::SeqCst) > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(gate.arrived.load(Ordering::SeqCst), 1, "the mark was sent");
+    let meanwhile = charge(&exec, &processor, 100).await;
+    assert!(
+        matches!(meanwhile, Answer::InProgress { .. }),
+        "a repeat while the mark is on its way: {meanwhile:?}"
+    );
+    gate.open.notify_waiters();
+    let reference = first.reference().expect("a reference");
+    let mut read = record(&*store, reference).await;
+    for _ in 0..200 {
+        if !matches!(read.state, RecordState::InProgress) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        read = record(&*store, reference).await;
+    }
+    assert!(
+        matches!(read.state, RecordState::Unknown { .. }),
+        "{read:?}"
+    );
+    let after = charge(&exec, &processor, 100).await;
+    assert!(matches!(after, Answer::Unknown { .. }), "{after:?}");
+    assert_eq!(processor.count(), 1, "charged once");
 }
 
 /// A response at the limit is stored and replayed.
