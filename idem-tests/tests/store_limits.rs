@@ -341,6 +341,20 @@ async fn record(store: &dyn IdempotencyStore, reference: Reference) -> Record {
         .expect("the record reads")
 }
 
+/// The record of `reference` once it has left IN_PROGRESS (a write in the
+/// background lands in its own task), or as it reads after two seconds.
+async fn record_once_settled(store: &dyn IdempotencyStore, reference: Reference) -> Record {
+    let mut read = record(store, reference).await;
+    for _ in 0..200 {
+        if !matches!(read.state, RecordState::InProgress) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        read = record(store, reference).await;
+    }
+    read
+}
+
 /// A response the store cannot hold (`store` declares 1000 bytes, or
 /// refuses the completion): the caller gets its result, recording Failed;
 /// the record reads UNKNOWN with a note starting `expected`; a repeat is
@@ -374,14 +388,7 @@ async fn an_unstorable_response_reads_unknown(
         other => panic!("expected Executed, got {other:?}"),
     };
     // A background write (when the store refuses it) lands in its own task.
-    let mut read = record(&*store, reference).await;
-    for _ in 0..200 {
-        if !matches!(read.state, RecordState::InProgress) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        read = record(&*store, reference).await;
-    }
+    let read = record_once_settled(&*store, reference).await;
     let note = match &read.state {
         RecordState::Unknown { note } => note.clone(),
         other => panic!("expected UNKNOWN, got {other:?}"),
@@ -501,14 +508,7 @@ async fn a_refused_background_completion_is_never_replayed() {
     );
     gate.open.notify_waiters();
     let reference = first.reference().expect("a reference");
-    let mut read = record(&*store, reference).await;
-    for _ in 0..200 {
-        if !matches!(read.state, RecordState::InProgress) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        read = record(&*store, reference).await;
-    }
+    let read = record_once_settled(&*store, reference).await;
     assert!(
         matches!(read.state, RecordState::Unknown { .. }),
         "{read:?}"

@@ -145,8 +145,7 @@ fn judge_unconfirmed(
     };
     match excused(sim, w, &unconfirmed, false) {
         Some(true) => {
-            w.stats
-                .bump("unconfirmed claims met while their releases failed (excused)");
+            w.stats.bump(EXCUSED);
             None
         }
         Some(false) => Some(unconfirmed.problem),
@@ -156,6 +155,9 @@ fn judge_unconfirmed(
         }
     }
 }
+
+/// Oracle 12's count of the calls its excuse let pass.
+const EXCUSED: &str = "unconfirmed claims met while their releases failed (excused)";
 
 /// A call oracle 12 judged against a landed claim whose releases were still
 /// on their way when it was answered.
@@ -213,20 +215,10 @@ pub fn final_check(sim: &Sim) {
     let pending = std::mem::take(&mut w.pending_unconfirmed);
     for p in pending {
         if excused(sim, &w, &p, true) == Some(true) {
-            w.stats
-                .bump("unconfirmed claims met while their releases failed (excused)");
+            w.stats.bump(EXCUSED);
             continue;
         }
-        let line = format!(
-            "[{:.3}s] call {}: {}",
-            p.at.as_secs_f64(),
-            p.call,
-            p.problem
-        );
-        if sim.trace {
-            w.log.push(format!("VIOLATION {line}"));
-        }
-        w.violations.push(line);
+        sim.violation_at(&mut w, p.at, format!("call {}: {}", p.call, p.problem));
     }
 }
 

@@ -533,7 +533,12 @@ impl Sim {
     }
 
     pub fn violation(&self, w: &mut World, msg: String) {
-        let line = format!("[{:.3}s] {msg}", self.elapsed().as_secs_f64());
+        self.violation_at(w, self.elapsed(), msg);
+    }
+
+    /// A violation found now of what happened `at` into the schedule.
+    pub fn violation_at(&self, w: &mut World, at: Duration, msg: String) {
+        let line = format!("[{:.3}s] {msg}", at.as_secs_f64());
         if self.trace {
             w.log.push(format!("VIOLATION {line}"));
         }
