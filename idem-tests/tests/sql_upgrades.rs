@@ -8,6 +8,8 @@
 
 #[path = "durable/mod.rs"]
 mod durable;
+#[path = "sql_upgrades/postgres_before_functions.rs"]
+mod postgres_before_functions;
 #[path = "sql_upgrades/postgres_earlier.rs"]
 mod postgres_earlier;
 #[path = "sql_upgrades/postgres_replayed.rs"]
@@ -31,6 +33,7 @@ use idem_runtime::store::IdempotencyStore;
 use idem_runtime::{PostgresStore, SqliteStore};
 
 use crate::durable::{database_url, temp_dir};
+use crate::postgres_before_functions::LayoutEight;
 use crate::postgres_earlier::EarlierPostgres;
 use crate::postgres_replayed::PostgresReplayed;
 use crate::postgres_roles::{direct, documented_sql, with_schema, Roles};
@@ -137,6 +140,15 @@ impl EarlierReplica for EarlierPostgres {
     }
     async fn current_user(&self) -> String {
         EarlierPostgres::current_user(self).await
+    }
+}
+
+impl EarlierReplica for LayoutEight {
+    fn own_calls(&self) -> BTreeMap<&'static str, usize> {
+        self.calls.ran.lock().unwrap().clone()
+    }
+    async fn current_user(&self) -> String {
+        LayoutEight::current_user(self).await
     }
 }
 
@@ -286,6 +298,23 @@ async fn postgres_from<E, F>(
     );
 }
 
+/// Issue 49: a schema at layout 8 (with data its replica writes first:
+/// the deploy's upkeep runs after it served), served by c0e6665's replica,
+/// which claims by its own statements (its calls all complete with a
+/// receipt, a statement this version sends as it did); this version's
+/// migrates it (to 9, the claim and the completion as functions) and
+/// serves beside it, by the functions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_deploy_from_layout_8_on_postgres_loses_nothing() {
+    postgres_from(
+        crate::postgres_before_functions::COMMIT,
+        8,
+        &["claim"],
+        |login, name| async move { LayoutEight::open(&login, &name).await },
+    )
+    .await;
+}
+
 /// The same on PostgreSQL: a schema at layout 6, served by e11d36c's
 /// replica; this version's migrates it (to 8) and serves beside it.
 /// Migration 7 alone failed the old replica's completions that carry a
@@ -297,7 +326,12 @@ async fn a_rolling_deploy_from_layout_6_on_postgres_loses_nothing() {
     postgres_from(
         crate::postgres_earlier::COMMIT,
         6,
-        &["complete_with_follow_ons", "lease_jobs", "finish_job"],
+        &[
+            "claim",
+            "complete_with_follow_ons",
+            "lease_jobs",
+            "finish_job",
+        ],
         |login, name| async move { EarlierPostgres::open(&login, &name).await },
     )
     .await;

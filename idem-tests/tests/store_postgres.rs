@@ -63,7 +63,7 @@ async fn migrate_is_idempotent_and_safe_concurrently() {
     let versions: Vec<i32> = versions.iter().map(|r| r.get(0)).collect();
     assert_eq!(
         versions,
-        [1, 2, 3, 4, 5, 6, 7, 8],
+        [1, 2, 3, 4, 5, 6, 7, 8, 9],
         "each shipped migration recorded once"
     );
     conformance::claim_creates_in_progress(&others[0]).await;
@@ -1085,6 +1085,132 @@ async fn a_stalled_claim_is_cancelled_on_the_server_through_pgbouncer() {
         return;
     };
     a_stalled_claim_is_cancelled_on_the_server(&url, false).await;
+}
+
+/// The claim's own bound on the server (migration 9's `idem_claim`, its
+/// `p_bound` the store's timeout), with no cancel from the client: called
+/// as the store calls it, on a connection that never cancels. A claim
+/// whose insert waits on a row lock ends at about the bound, and applies
+/// nothing once the lock goes; a claim whose write took longer than the
+/// bound (a trigger that stalls the insert, as a slow disk would) is not
+/// committed. So a caller that gave up on a claim at its timeout never
+/// finds it landed, even where its cancel request is lost (TLS behind
+/// PgBouncer drops it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_past_its_bound_on_the_server_never_lands() {
+    let Some(pg) = PgSchema::new().await else {
+        return;
+    };
+    let schema = pg.store.schema().to_owned();
+    let client = durable::connect(&pg.url).await;
+    let claim = format!(
+        "SELECT o_claimed FROM {schema}.idem_claim($1, $2, 'acme', 'charge_card', $3, \
+           30000000, 60000000, 60000000, 7, $4, 0)"
+    );
+    let bound = Duration::from_millis(300);
+    let bound_us = bound.as_micros() as i64;
+    let count = |key: [u8; 32]| {
+        let (client, schema) = (&client, &schema);
+        async move {
+            client
+                .query_one(
+                    &format!("SELECT count(*) FROM {schema}.idem_records WHERE key = $1"),
+                    &[&&key[..]],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+        }
+    };
+
+    // A lock wait: the record is past its retention (claimable), and
+    // another transaction holds its row for 2 s.
+    let key = durable::charge_key("tok_bound_lock");
+    let short = Duration::from_millis(50);
+    let old = idem_runtime::store::ClaimRequest {
+        key,
+        ..durable::request(short, short)
+    };
+    pg.store.claim(&old).await.unwrap();
+    pg.store
+        .complete(&key, old.attempt, "\"old\"")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let locker = lock_record(&pg, &key).await;
+    let started = std::time::Instant::now();
+    let fingerprint = key.fingerprint();
+    let waited = client
+        .query_opt(
+            &claim,
+            &[&&key.as_bytes()[..], &&fingerprint[..], &9_i64, &bound_us],
+        )
+        .await;
+    let ended = started.elapsed();
+    let error = waited.expect_err("the claim ends with an error at its bound");
+    assert!(
+        ended < bound + Duration::from_millis(700),
+        "a claim bounded at {bound:?} waited {ended:?} on the row lock: {error}"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    locker.batch_execute("COMMIT").await.unwrap();
+    let attempt: i64 = client
+        .query_one(
+            &format!("SELECT attempt FROM {schema}.idem_records WHERE key = $1"),
+            &[&&key.as_bytes()[..]],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        attempt,
+        old.attempt.get() as i64,
+        "the claim applied after the lock went"
+    );
+
+    // A slow write: every insert into the table stalls 600 ms, past the
+    // bound; the claim is refused on the server, and no record is left.
+    client
+        .batch_execute(&format!(
+            "CREATE FUNCTION {schema}.stall() RETURNS trigger LANGUAGE plpgsql AS $$ \
+               BEGIN PERFORM pg_sleep(0.6); RETURN NEW; END $$; \
+             CREATE TRIGGER stall BEFORE INSERT ON {schema}.idem_records \
+               FOR EACH ROW EXECUTE FUNCTION {schema}.stall();"
+        ))
+        .await
+        .unwrap();
+    let fresh = durable::charge_key("tok_bound_slow");
+    let fingerprint = fresh.fingerprint();
+    let attempt = 1_i64;
+    let refused = client
+        .query_opt(
+            &claim,
+            &[
+                &&fresh.as_bytes()[..],
+                &&fingerprint[..],
+                &attempt,
+                &bound_us,
+            ],
+        )
+        .await
+        .expect_err("a claim that took longer than its bound is refused");
+    assert_eq!(
+        refused.code(),
+        Some(&tokio_postgres::error::SqlState::QUERY_CANCELED),
+        "{refused}"
+    );
+    assert_eq!(count(*fresh.as_bytes()).await, 0, "the slow claim landed");
+    // The same write within its bound lands.
+    let wide = 10 * bound_us;
+    let row = client
+        .query_one(
+            &claim,
+            &[&&fresh.as_bytes()[..], &&fingerprint[..], &attempt, &wide],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, Option<bool>>(0), Some(true));
+    assert_eq!(count(*fresh.as_bytes()).await, 1);
 }
 
 /// With `direct_connection(true)` the server's own statement_timeout ends

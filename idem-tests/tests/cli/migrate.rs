@@ -9,6 +9,7 @@ use crate::durable::{database_url, temp_dir};
 use crate::operator::idem;
 use crate::sql_layouts::{
     postgres_at, postgres_layout, schema_name, sqlite_at, sqlite_layout, DropSchema, LATEST,
+    POSTGRES_LATEST,
 };
 
 /// A record completed with a job, written as the versions of layouts 5
@@ -178,7 +179,7 @@ async fn only_migrate_changes_an_older_postgres_schema_and_at_once_all_succeed()
         let ran = idem(&url, &args).await;
         assert_eq!(ran.code, EXIT_USAGE, "{command:?}: {ran:?}");
         assert!(
-            ran.err.contains("idem migrate") && ran.err.contains("7, 8"),
+            ran.err.contains("idem migrate") && ran.err.contains("7, 8, 9"),
             "{command:?}: the error names the migrations missing and what to run: {}",
             ran.err
         );
@@ -210,7 +211,7 @@ async fn only_migrate_changes_an_older_postgres_schema_and_at_once_all_succeed()
         let (versions, _) = postgres_layout(&url, schema).await;
         assert_eq!(
             versions,
-            (1..=LATEST as i32).collect::<Vec<_>>(),
+            (1..=POSTGRES_LATEST as i32).collect::<Vec<_>>(),
             "{schema}"
         );
         let stats = idem(&url, &["--schema", schema, "--json", "stats"]).await;
@@ -277,7 +278,8 @@ async fn migrate_makes_the_dynamodb_table_three_at_once() {
 }
 
 /// A SQLite file and a PostgreSQL schema at every earlier layout in the
-/// repository (1 to 7, each built from the shipped migrations) end, after
+/// repository (SQLite 1 to 7, PostgreSQL 1 to 8, each built from the
+/// shipped migrations) end, after
 /// `idem migrate`, with the same layout as one this version migrated from
 /// nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -301,7 +303,7 @@ async fn every_earlier_layout_migrates_to_this_one() {
     let ran = idem(&url, &["--schema", &never, "migrate"]).await;
     assert_eq!(ran.code, EXIT_OK, "{ran:?}");
     let expected = postgres_layout(&url, &never).await;
-    for layout in 1..LATEST {
+    for layout in 1..POSTGRES_LATEST {
         let name = schema_name(&format!("cli_every_{layout}"));
         let _drop = DropSchema(url.clone(), name.clone());
         postgres_at(&url, &name, layout).await;

@@ -18,7 +18,7 @@ pub const SQLITE: [&str; 8] = [
 
 /// The shipped PostgreSQL migrations, in order (`{schema}` stands for the
 /// quoted schema).
-pub const POSTGRES: [&str; 8] = [
+pub const POSTGRES: [&str; 9] = [
     include_str!("../../../idem-runtime/migrations/postgres/0001_records.sql"),
     include_str!("../../../idem-runtime/migrations/postgres/0002_lifecycle.sql"),
     include_str!("../../../idem-runtime/migrations/postgres/0003_outbox.sql"),
@@ -27,10 +27,15 @@ pub const POSTGRES: [&str; 8] = [
     include_str!("../../../idem-runtime/migrations/postgres/0006_superseded.sql"),
     include_str!("../../../idem-runtime/migrations/postgres/0007_redrives.sql"),
     include_str!("../../../idem-runtime/migrations/postgres/0008_attempts_again.sql"),
+    include_str!("../../../idem-runtime/migrations/postgres/0009_functions.sql"),
 ];
 
-/// This version's layout: how many migrations it ships.
+/// This version's SQLite layout: how many migrations it ships.
 pub const LATEST: usize = SQLITE.len();
+
+/// This version's PostgreSQL layout (9: the claim and the completion as
+/// functions, which SQLite has no use for).
+pub const POSTGRES_LATEST: usize = POSTGRES.len();
 
 /// A SQLite database file at `path` at layout `layout`, as the version
 /// that shipped that migration left it: the migrations `1..=layout` in one
@@ -135,7 +140,9 @@ pub async fn postgres_tables_at(client: &tokio_postgres::Client, name: &str, lay
 }
 
 /// What the schema `name`'s layout is, seen from outside: the migrations
-/// recorded, and every column and index of its tables.
+/// recorded, every column and index of its tables, and every function
+/// (its arguments, and a digest of its body with the schema's name taken
+/// out).
 pub async fn postgres_layout(url: &str, name: &str) -> (Vec<i32>, Vec<String>) {
     let client = crate::durable::connect(url).await;
     let versions = client
@@ -153,6 +160,12 @@ pub async fn postgres_layout(url: &str, name: &str) -> (Vec<i32>, Vec<String>) {
              UNION ALL \
              SELECT indexname || ': ' || replace(indexdef, $1 || '.', '') \
              FROM pg_indexes WHERE schemaname = $1 \
+             UNION ALL \
+             SELECT 'function ' || p.proname || '(' \
+               || pg_get_function_identity_arguments(p.oid) || ') ' \
+               || md5(replace(p.prosrc, '\"' || $1 || '\"', '')) \
+             FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+             WHERE n.nspname = $1 \
              ORDER BY 1",
             &[&name],
         )

@@ -13,11 +13,12 @@
 //! statement, as it sent them. Those are the statements that read or write
 //! what migrations 7 and 8 changed (`attempts`, the columns 7 added); its
 //! deferral has no hold, and it took no checks (its `take_check` is
-//! answered taken, nothing written). Every other statement of that
-//! version (the claim, the completion without jobs, the release, the
-//! sweep's, the lookup, the purge, the listings) reads and writes what it
-//! did then, in the columns layout 6 has: those calls go to this version's
-//! store on the same schema.
+//! answered taken, nothing written). Its claim and its completion without
+//! jobs are the ones every version before migration 9 sent
+//! (`postgres_before_functions`). Every other statement of that version
+//! (the release, the sweep's, the lookup, the purge, the listings) reads
+//! and writes what it did then, in the columns layout 6 has: those calls
+//! go to this version's store on the same schema.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -162,6 +163,9 @@ impl Statements {
 #[derive(Clone)]
 pub struct EarlierPostgres {
     shared: PostgresStore,
+    /// Its claim and its completion, as every version before migration 9
+    /// sent them.
+    before: crate::postgres_before_functions::BeforeFunctions,
     client: Arc<Client>,
     sql: Arc<Statements>,
     /// How many times each of its own calls was answered.
@@ -218,11 +222,12 @@ impl EarlierPostgres {
             .schema(name)
             .build()
             .unwrap();
-        let client = crate::durable::connect(url).await;
+        let client = Arc::new(crate::durable::connect(url).await);
         EarlierPostgres {
             sql: Arc::new(Statements::new(&format!("\"{name}\""))),
             shared,
-            client: Arc::new(client),
+            before: crate::postgres_before_functions::BeforeFunctions::new(client.clone(), name),
+            client,
             ran: Arc::default(),
         }
     }
@@ -326,7 +331,11 @@ impl IdempotencyStore for EarlierPostgres {
         "postgres"
     }
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
-        self.shared.claim(req).await
+        let claimed = self.before.claim(req).await;
+        if claimed.is_ok() {
+            self.ran("claim");
+        }
+        claimed
     }
     async fn complete(
         &self,
@@ -334,7 +343,11 @@ impl IdempotencyStore for EarlierPostgres {
         attempt: Attempt,
         response: &str,
     ) -> Result<(), StoreError> {
-        self.shared.complete(key, attempt, response).await
+        let completed = self.before.complete(key, attempt, response).await;
+        if completed.is_ok() {
+            self.ran("complete");
+        }
+        completed
     }
     async fn release(&self, key: &IdempotencyKey, attempt: Attempt) -> Result<(), StoreError> {
         self.shared.release(key, attempt).await

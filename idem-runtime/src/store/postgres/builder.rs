@@ -285,6 +285,7 @@ impl PostgresStoreBuilder {
             migrations,
             migrate_timeout: self.migrate_timeout,
             lock_timeout: (self.timeout / 4).max(Duration::from_millis(100)),
+            bound: self.timeout,
             // On a direct connection, a little over the server's
             // statement_timeout, so that the server usually ends the
             // statement itself; the cancel stands behind it.

@@ -105,6 +105,12 @@ const MIGRATIONS: &[(i32, &str)] = &[
         8,
         include_str!("../../../migrations/postgres/0008_attempts_again.sql"),
     ),
+    // The claim and the completion as functions: planned once per server
+    // connection, behind a transaction pooler too.
+    (
+        9,
+        include_str!("../../../migrations/postgres/0009_functions.sql"),
+    ),
 ];
 
 /// A migration's statements in the order they run.
@@ -120,15 +126,27 @@ enum Step {
 }
 
 /// `sql` (a migration's file, `{schema}` replaced) as steps: its
-/// statements, comments (`--` lines) left out, split at `;` (no literal in
-/// a migration holds one).
+/// statements, comments (`--` lines) left out, split at each `;` outside a
+/// function's body (`$$ … $$`; no literal in a migration holds one).
 fn steps(sql: &str) -> Vec<Step> {
     let text: Vec<&str> = sql
         .lines()
         .filter(|l| !l.trim_start().starts_with("--"))
         .collect();
+    let text = text.join("\n");
+    let mut statements = Vec::new();
+    let (mut start, mut in_body) = (0, false);
+    for (i, c) in text.char_indices() {
+        if c == '$' && text[i..].starts_with("$$") && !text[..i].ends_with('$') {
+            in_body = !in_body;
+        } else if c == ';' && !in_body {
+            statements.push(&text[start..i]);
+            start = i + 1;
+        }
+    }
+    statements.push(&text[start..]);
     let mut steps = Vec::new();
-    for statement in text.join("\n").split(';').map(str::trim) {
+    for statement in statements.into_iter().map(str::trim) {
         if statement.is_empty() {
             continue;
         }
@@ -563,6 +581,26 @@ mod tests {
                 Step::Alone("ALTER TABLE t VALIDATE CONSTRAINT c".into()),
                 Step::Locking(vec!["ALTER INDEX IF EXISTS i RENAME TO j".into()]),
             ]
+        );
+    }
+
+    #[test]
+    fn a_function_body_is_one_statement() {
+        let sql = "CREATE FUNCTION f() RETURNS int LANGUAGE plpgsql AS $$\n\
+                   BEGIN\n\
+                     PERFORM 1;\n\
+                     RETURN 2;\n\
+                   END\n\
+                   $$;\n\
+                   CREATE FUNCTION g() RETURNS int LANGUAGE sql AS $$ SELECT 3 $$;\n";
+        let Step::Locking(statements) = &steps(sql)[0] else {
+            panic!("a function is created in a transaction");
+        };
+        assert_eq!(statements.len(), 2, "{statements:?}");
+        assert!(statements[0].contains("PERFORM 1;") && statements[0].ends_with("$$"));
+        assert_eq!(
+            statements[1],
+            "CREATE FUNCTION g() RETURNS int LANGUAGE sql AS $$ SELECT 3 $$"
         );
     }
 

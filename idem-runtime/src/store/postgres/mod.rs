@@ -11,7 +11,6 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use deadpool_postgres::{Object, Pool};
-use tokio_postgres::Row;
 
 use crate::key::{IdempotencyKey, Reference};
 use crate::store::sql::{counts, key_range, tag_to_column};
@@ -75,6 +74,10 @@ pub struct PostgresStore {
     pool: Pool,
     sql: Arc<Statements>,
     timeout: Duration,
+    /// The server's own bound on a claim (the builder's timeout): its lock
+    /// waits end then, and a claim that took longer is not committed
+    /// (migration 9's `idem_claim`).
+    bound: Duration,
     /// Cancels a statement on the server when it did not answer in time.
     cancel: Canceller,
     /// Named, cached statements ([`PostgresStoreBuilder::direct_connection`]).
@@ -313,6 +316,11 @@ impl From<StoreError> for CallError {
 /// means time passed or another caller made progress, so a handful is plenty.
 const CLAIM_ROUNDS: usize = 16;
 
+/// The claim function's row: the operation a claim runs under (its
+/// record's last column), and whether it claimed (after `now()`).
+const OPERATION: usize = 15;
+const CLAIMED: usize = 17;
+
 #[async_trait]
 impl IdempotencyStore for PostgresStore {
     fn backend(&self) -> &'static str {
@@ -329,7 +337,11 @@ impl IdempotencyStore for PostgresStore {
             );
             let (retention, tag) = (micros(req.retain_for()), tag_to_column(&req.reference));
             let fingerprint = Redacted(&req.key.fingerprint()[..]);
-            let params: [&dyn Param; 9] = [
+            let (bound, pause) = (
+                micros(self.bound),
+                micros(self.pauses.of(PausePoint::PostgresClaimRead)),
+            );
+            let params: [&dyn Param; 11] = [
                 &key,
                 &fingerprint,
                 &req.tenant,
@@ -339,20 +351,21 @@ impl IdempotencyStore for PostgresStore {
                 &window,
                 &retention,
                 &tag,
+                &bound,
+                &pause,
             ];
-            let claimed_as = |row: Row| -> Result<Claim, CallError> {
-                let tag: Option<i64> = row.try_get(0)?;
-                let reference = Reference::with_tag(&req.key, tag.unwrap_or(0) as u64);
-                Ok(Claim::Claimed { reference })
+            let claimed_as = |tag: Option<i64>| Claim::Claimed {
+                reference: Reference::with_tag(&req.key, tag.unwrap_or(0) as u64),
             };
             for _ in 0..CLAIM_ROUNDS {
-                if let Some(row) = db.query_opt(&sql.claim, &params).await? {
-                    return claimed_as(row);
-                }
-                self.pauses.at(PausePoint::PostgresClaimRead).await;
-                let Some(row) = db.query_opt(&sql.read, &[&key]).await? else {
+                // Claimed, or the key's record read after the insert found
+                // it (none: it went in between; start over).
+                let Some(row) = db.query_opt(&sql.claim, &params).await? else {
                     continue;
                 };
+                if row.try_get::<_, Option<bool>>(CLAIMED).map_err(corrupt)? == Some(true) {
+                    return Ok(claimed_as(row.try_get(OPERATION).map_err(corrupt)?));
+                }
                 let record = row_to_record(&row)?;
                 // The insert decided at its own start; the read comes later
                 // (after a wait on the row's lock, say). A record that can be
@@ -365,10 +378,10 @@ impl IdempotencyStore for PostgresStore {
                 // Take over the record read, keeping it if it must be; if it
                 // changed meanwhile, start over.
                 let read_attempt = record.attempt.get() as i64;
-                let mut with_read: Vec<&dyn Param> = params.to_vec();
+                let mut with_read: Vec<&dyn Param> = params[..9].to_vec();
                 with_read.push(&read_attempt);
                 if let Some(row) = db.query_opt(&sql.take_over, &with_read).await? {
-                    return claimed_as(row);
+                    return Ok(claimed_as(row.try_get(0).map_err(corrupt)?));
                 }
             }
             Err(StoreError::Unavailable(
@@ -401,13 +414,10 @@ impl IdempotencyStore for PostgresStore {
                 }
                 // Not written by the batch: alone, which completes it or
                 // says why not.
-                return self
-                    .fenced_change(|sql| &sql.complete, key, attempt, &[&stored])
-                    .await;
+                return self.completion(key, attempt, &stored).await;
             }
         };
-        self.fenced_change(|sql| &sql.complete, key, attempt, &[&stored])
-            .await
+        self.completion(key, attempt, &stored).await
     }
 
     async fn release(&self, key: &IdempotencyKey, attempt: Attempt) -> Result<(), StoreError> {
@@ -844,6 +854,28 @@ impl PostgresStore {
         params.extend_from_slice(rest);
         self.with(async |db, sql| fenced(db, sql, which(sql), key, attempt, &params).await)
             .await
+    }
+
+    /// A completion alone (migration 9's function, which answers how many
+    /// records it completed), refused as [`fenced`] refuses.
+    async fn completion(
+        &self,
+        key: &IdempotencyKey,
+        attempt: Attempt,
+        response: &Redacted<&[u8]>,
+    ) -> Result<(), StoreError> {
+        let (key, fence) = (&key.as_bytes()[..], attempt.get() as i64);
+        self.with(async |db, sql| {
+            let row = db
+                .query_one(&sql.complete, &[&key, &fence, response])
+                .await?;
+            if row.try_get::<_, i32>(0)? == 1 {
+                Ok(())
+            } else {
+                Err(refusal(db, sql, key, attempt).await?.into())
+            }
+        })
+        .await
     }
 
     async fn list(

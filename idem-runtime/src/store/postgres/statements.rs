@@ -14,11 +14,13 @@ pub(super) struct Statements {
     pub(super) schema: String,
     pub(super) claim: String,
     pub(super) take_over: String,
-    pub(super) read: String,
+    /// Migration 9's completion: `$1` the key, `$2` the attempt, `$3`
+    /// the response; answers how many records it completed (0 or 1).
     pub(super) complete: String,
-    /// [`Statements::complete`] for many records at once, each fenced by
-    /// its own attempt: `$1` the keys, `$2` the attempts, `$3` the
-    /// responses; returns the (key, attempt) of each row it completed.
+    /// [`Statements::complete`] for many records at once (migration 9's
+    /// function), each fenced by its own attempt: `$1` the keys, `$2` the
+    /// attempts, `$3` the responses; returns the (key, attempt) of each row
+    /// it completed.
     pub(super) complete_many: String,
     pub(super) release: String,
     pub(super) mark_unknown: String,
@@ -112,34 +114,13 @@ impl Statements {
         let j = format!("{schema}.idem_jobs");
         let (lease, window, retention) = (micros(6), micros(7), micros(8));
         let mut sql = Statements {
-            // One statement: insert, or take over the row only if
-            // Record::is_claimable and the record need not be kept
-            // (Record::outlives_takeover): the first claim and the takeover
-            // of a record past its retention stay one statement. A row that
-            // holds its key, or that must be kept, is left alone (and only
-            // locked for the statement), and no row comes back; a claimed
-            // one returns the operation it runs under
-            // (Record::takeover_reference).
+            // One statement, migration 9's function: insert, or take over
+            // the row only if Record::is_claimable and the record need not
+            // be kept (Record::outlives_takeover); a row that holds its key,
+            // or must be kept, is read as it is after the insert found it.
+            // `$10` the server's bound, `$11` a simulation's pause (µs).
             claim: format!(
-                "INSERT INTO {t} AS r (key, fingerprint, tenant, tool, state, attempt, \
-                   claimed_at, updated_at, lease_until, expires_at, retain_until, body, \
-                   next_check_at, checks, resolution, operation) \
-                 VALUES ($1, $2, $3, $4, {IN_PROGRESS}, $5, now(), now(), \
-                   now() + {lease}, now() + {window}, now() + {retention}, NULL, now(), 0, NULL, \
-                   $9) \
-                 ON CONFLICT (key) DO UPDATE SET operation = {}, \
-                   fingerprint = EXCLUDED.fingerprint, \
-                   tenant = EXCLUDED.tenant, tool = EXCLUDED.tool, state = {IN_PROGRESS}, \
-                   attempt = EXCLUDED.attempt, claimed_at = EXCLUDED.claimed_at, \
-                   updated_at = EXCLUDED.updated_at, lease_until = EXCLUDED.lease_until, \
-                   expires_at = EXCLUDED.expires_at, retain_until = EXCLUDED.retain_until, \
-                   body = NULL, next_check_at = EXCLUDED.next_check_at, checks = 0, \
-                   resolution = NULL \
-                 WHERE {} AND NOT {} \
-                 RETURNING operation",
-                takeover_operation("r.", "EXCLUDED.operation", "now()"),
-                claimable("r.", "now()"),
-                outlives_takeover("r.", "EXCLUDED.operation", "now()"),
+                "SELECT * FROM {schema}.idem_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
             ),
             // The rare takeover of a record that must be kept: the claim's
             // parameters, and `$10` the attempt of the record the claim read.
@@ -172,7 +153,6 @@ impl Statements {
                 outlives_takeover("old.", "$9::int8", "now()"),
                 superseded_replace("EXCLUDED"),
             ),
-            read: format!("SELECT {COLUMNS}, now() FROM {t} WHERE key = $1"),
             // Every fenced change carries `attempt = $2`: a worker whose claim
             // was taken over (lease ran out, record purged and claimed again)
             // must not overwrite, delete or extend the new owner's record.
@@ -180,8 +160,10 @@ impl Statements {
             // the record IN_PROGRESS, which the sweep and the reconciler
             // settle. Every other change commits synchronously (see
             // docs/states.md, "One durable commit per call").
-            complete: complete(&t, relaxed_completions),
-            complete_many: complete_many(&t, relaxed_completions),
+            complete: format!("SELECT {schema}.idem_complete($1, $2, $3, {relaxed_completions})"),
+            complete_many: format!(
+                "SELECT * FROM {schema}.idem_complete_many($1, $2, $3, {relaxed_completions})"
+            ),
             release: format!(
                 "DELETE FROM {t} WHERE key = $1 AND attempt = $2 \
                  AND state IN ({IN_PROGRESS}, {UNKNOWN})"
@@ -374,39 +356,11 @@ impl Statements {
         sql.complete_with_follow_ons = if relaxed_completions {
             with_jobs(&format!("{RELAXED}, "), &update_complete(&t, true), &j, 4)
         } else {
-            with_jobs("", &sql.complete, &j, 4)
+            with_jobs("", &update_complete(&t, false), &j, 4)
         };
         sql.resolve_with_jobs = with_jobs("", &sql.resolve_completed, &j, 5);
         sql
     }
-}
-
-/// The completion: fenced by `attempt = $2`. Relaxed, it starts with the
-/// [`RELAXED`] CTE and joins it.
-fn complete(t: &str, relaxed: bool) -> String {
-    let update = update_complete(t, relaxed);
-    if relaxed {
-        format!("WITH {RELAXED} {update}")
-    } else {
-        update
-    }
-}
-
-/// The completions of many records in one statement ([`complete`] for
-/// each row of the arrays), relaxed as [`complete`] is.
-fn complete_many(t: &str, relaxed: bool) -> String {
-    let (with, from) = if relaxed {
-        (format!("{RELAXED}, "), "relaxed, ")
-    } else {
-        (String::new(), "")
-    };
-    format!(
-        "WITH {with}c AS (SELECT * FROM unnest($1::bytea[], $2::int8[], $3::bytea[]) \
-           AS c(key, attempt, body)) \
-         UPDATE {t} AS r SET state = {COMPLETED}, body = c.body, updated_at = now() \
-         FROM {from}c WHERE r.key = c.key AND r.attempt = c.attempt AND r.state <> {COMPLETED} \
-         RETURNING r.key, r.attempt"
-    )
 }
 
 /// The completion's `UPDATE`, joining `relaxed` if `relaxed` (the CTE itself
