@@ -27,8 +27,15 @@
 //! on SQLite it is the fifth again, the store having no batching. The
 //! PostgreSQL executors use named, cached statements
 //! (`direct_connection(true)`), as the floor does; a seventh side is the
-//! fifth with the default unnamed statements, which a transaction pooler
-//! needs (on SQLite, the fifth again).
+//! fifth with the default builder (unnamed statements, the claim and the
+//! completion as the schema's functions), which a transaction pooler
+//! needs (on SQLite, the fifth again). The eighth and ninth go through
+//! PgBouncer in transaction mode (`IDEM_TEST_PGBOUNCER_URL`, default
+//! postgres://postgres@127.0.0.1:6432/test, `scripts/pgbouncer start`):
+//! the floor's raw named claim on one client connection, at concurrency 1
+//! only (a named statement behind a transaction pooler holds only while
+//! one call is in flight), and the default builder. Last, the default
+//! builder's goals, each ratio beside its floor.
 
 mod common;
 
@@ -221,6 +228,14 @@ struct Sides {
     /// `background` with unnamed statements, as behind a transaction
     /// pooler (PostgreSQL's default; SQLite's store has no such choice).
     background_unnamed: Executor,
+    /// The floor through PgBouncer in transaction mode: the raw named claim
+    /// on one client connection (at concurrency 1 PgBouncer hands it the
+    /// same server connection, so the statement stays prepared). Measured
+    /// at concurrency 1 only. SQLite: the floor again.
+    pgbouncer_floor: Raw,
+    /// The default builder through the same PgBouncer, background
+    /// completions. SQLite: the fifth side again.
+    pgbouncer_default: Executor,
     caller: Caller,
 }
 
@@ -233,9 +248,11 @@ enum Side {
     Background,
     BackgroundAlone,
     BackgroundUnnamed,
+    PgBouncerFloor,
+    PgBouncerDefault,
 }
 
-const SIDES: [Side; 7] = [
+const SIDES: [Side; 9] = [
     Side::Floor,
     Side::RawPair,
     Side::Relaxed,
@@ -243,6 +260,8 @@ const SIDES: [Side; 7] = [
     Side::Background,
     Side::BackgroundAlone,
     Side::BackgroundUnnamed,
+    Side::PgBouncerFloor,
+    Side::PgBouncerDefault,
 ];
 
 impl Sides {
@@ -256,6 +275,8 @@ impl Sides {
             Side::Background => wrapped(&self.background, &self.caller, n).await,
             Side::BackgroundAlone => wrapped(&self.background_alone, &self.caller, n).await,
             Side::BackgroundUnnamed => wrapped(&self.background_unnamed, &self.caller, n).await,
+            Side::PgBouncerFloor => self.pgbouncer_floor.call(false).await,
+            Side::PgBouncerDefault => wrapped(&self.pgbouncer_default, &self.caller, n).await,
         }
         t.elapsed()
     }
@@ -269,6 +290,10 @@ impl Sides {
         );
         assert_eq!(
             self.background_unnamed.drain(Duration::from_secs(30)).await,
+            0
+        );
+        assert_eq!(
+            self.pgbouncer_default.drain(Duration::from_secs(30)).await,
             0
         );
     }
@@ -342,7 +367,14 @@ async fn compare(sides: Arc<Sides>, rounds: usize, calls: usize, per_task: u64) 
         for (c, tasks) in CONCURRENCY.iter().enumerate() {
             for (i, side) in SIDES.iter().enumerate() {
                 let per = per_task * 16 / tasks;
-                rates[c][i].push(sides.throughput(*side, *tasks, per).await);
+                // A named statement through a transaction pooler holds
+                // only while one call is in flight.
+                let rate = if *side == Side::PgBouncerFloor {
+                    (f64::NAN, f64::NAN)
+                } else {
+                    sides.throughput(*side, *tasks, per).await
+                };
+                rates[c][i].push(rate);
             }
         }
     }
@@ -368,7 +400,9 @@ async fn compare(sides: Arc<Sides>, rounds: usize, calls: usize, per_task: u64) 
         "executor, synchronous completions",
         "executor, relaxed completions in the background",
         "the same, each completion a statement of its own",
-        "the same as the fifth, unnamed statements (as behind PgBouncer)",
+        "the same as the fifth, the default builder (unnamed statements, the claim's function)",
+        "through PgBouncer (transaction mode): the floor's raw named claim",
+        "through PgBouncer: the default builder, background completions",
     ];
     for i in 0..SIDES.len() {
         let (lo, hi) = range(&medians[i]);
@@ -393,6 +427,9 @@ async fn compare(sides: Arc<Sides>, rounds: usize, calls: usize, per_task: u64) 
         let floor_rate = median(rates[c][0].iter().map(|r| r.0).collect());
         for i in 0..SIDES.len() {
             let r: Vec<f64> = rates[c][i].iter().map(|r| r.0).collect();
+            if r.iter().all(|r| r.is_nan()) {
+                continue;
+            }
             let (rlo, rhi) = range(&r);
             let rate = median(r);
             let p99 = median(rates[c][i].iter().map(|r| r.1).collect());
@@ -416,6 +453,24 @@ async fn compare(sides: Arc<Sides>, rounds: usize, calls: usize, per_task: u64) 
         pooled[1].0 - pooled[0].0,
         pooled[2].0 - pooled[1].0
     );
+    // The goals of the default builder, each beside its floor.
+    let rate = |c: usize, i: usize| median(rates[c][i].iter().map(|r| r.0).collect());
+    println!(
+        "default builder ÷ floor, concurrency 1: {:.2}×; ÷ direct_connection(true): {:.2}×; \
+         through PgBouncer ÷ its floor there: {:.2}×",
+        pooled[6].0 / floor,
+        pooled[6].0 / pooled[4].0,
+        pooled[8].0 / pooled[7].0,
+    );
+    for (c, tasks) in CONCURRENCY.iter().enumerate() {
+        println!(
+            "concurrency {tasks}: default builder ÷ floor {:.2}×; ÷ direct_connection(true) {:.2}×; \
+             direct_connection(true) ÷ floor {:.2}×",
+            rate(c, 6) / rate(c, 0),
+            rate(c, 6) / rate(c, 4),
+            rate(c, 4) / rate(c, 0),
+        );
+    }
     println!();
 }
 
@@ -456,9 +511,36 @@ async fn postgres(rounds: usize) {
         .runtime(deadpool_postgres::Runtime::Tokio1)
         .build()
         .unwrap();
+    let pgbouncer = std::env::var("IDEM_TEST_PGBOUNCER_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:6432/test".into());
+    let through = PostgresStore::builder(&pgbouncer)
+        .unwrap()
+        .schema(&schema)
+        .build()
+        .unwrap();
+    if let Err(e) = through.check_layout().await {
+        panic!("PgBouncer at {pgbouncer}: {e} (scripts/pgbouncer start)");
+    }
+    let pgbouncer_pool = deadpool_postgres::Pool::builder(deadpool_postgres::Manager::from_config(
+        pgbouncer.parse().unwrap(),
+        tokio_postgres::NoTls,
+        deadpool_postgres::ManagerConfig {
+            recycling_method: deadpool_postgres::RecyclingMethod::Fast,
+        },
+    ))
+    .max_size(1)
+    .runtime(deadpool_postgres::Runtime::Tokio1)
+    .build()
+    .unwrap();
     let exec = |s: PostgresStore| Executor::new(Arc::new(s) as Arc<dyn IdempotencyStore>);
     let sides = Arc::new(Sides {
         name: "PostgresStore",
+        pgbouncer_floor: Raw::Pg {
+            pool: pgbouncer_pool,
+            claim: claim.clone(),
+            complete: complete.clone(),
+        },
+        pgbouncer_default: exec(through).with_background_completions(true),
         raw: Raw::Pg {
             pool: pool.clone(),
             claim,
@@ -503,9 +585,15 @@ async fn sqlite(rounds: usize) {
         .unwrap();
     conn.pragma_update(None, "synchronous", "FULL").unwrap();
     let exec = |s: SqliteStore| Executor::new(Arc::new(s) as Arc<dyn IdempotencyStore>);
+    let floor_again = rusqlite::Connection::open(&floor).unwrap();
+    floor_again
+        .pragma_update(None, "synchronous", "FULL")
+        .unwrap();
     let sides = Arc::new(Sides {
         name: "SqliteStore",
         raw: Raw::Sqlite(Mutex::new(conn)),
+        pgbouncer_floor: Raw::Sqlite(Mutex::new(floor_again)),
+        pgbouncer_default: exec(relaxed.clone()).with_background_completions(true),
         background: exec(relaxed.clone()).with_background_completions(true),
         background_alone: exec(relaxed.clone()).with_background_completions(true),
         background_unnamed: exec(relaxed.clone()).with_background_completions(true),

@@ -2,8 +2,10 @@
 -- the schema. PL/pgSQL prepares the statements inside a function once per
 -- server connection and keeps their plans, and a transaction pooler
 -- (PgBouncer in transaction mode) keeps the server connections: a short
--- unnamed `SELECT * FROM idem_claim(...)` is parsed and planned on each
--- call instead of the whole upsert, and nothing lives in a session.
+-- unnamed `SELECT idem_claim(...)` is parsed and planned on each call
+-- instead of the whole upsert, and nothing lives in a session. Each returns
+-- a scalar (or a set of two columns, the batch): a function that returns
+-- a whole record costs the server more to plan than it saves.
 --
 -- The functions run with the caller's rights (SECURITY INVOKER, the
 -- default): the role that serves needs EXECUTE on them, which PostgreSQL
@@ -14,40 +16,25 @@
 
 -- The claim: insert the record, or take over the row only if it is
 -- claimable and need not be kept (a row that holds its key, or that must be
--- kept, is left alone, and locked until the statement ends).
+-- kept, is left alone, and locked until the statement ends). Answers the
+-- operation the claim runs under (0 for a record written before tags), or
+-- NULL when it claimed nothing: the caller then reads the record.
 --
--- Claimed: one row, o_claimed true and o_operation the operation it runs
--- under; every other column NULL. Not claimed: the key's record as it is
--- now, read after the insert found it (o_observed_at the server's clock at
--- the read), o_claimed false; the caller decides whether it is an answer or
--- must be taken over (idem_records is read under the row's lock, so the
--- row is there, unless the key was never inserted by this call at all).
---
--- The server's own bound (p_bound microseconds, the store's timeout): lock
--- waits end at it (lock_timeout, for this statement's transaction only),
--- and a claim that took longer than it by the server's clock is not
--- committed (query_canceled, 57014): a caller that gave up on it never
--- finds it landed later. p_pause: microseconds to sleep between the insert
--- and the read (0 outside a simulation, which widens that gap).
+-- The server's own bound (p_bound microseconds, the store's timeout; 0:
+-- none): a claim that took longer than it by the server's clock, a wait on
+-- the row's lock included, is not committed (query_canceled, 57014), so a
+-- caller that gave up on it never finds it landed later, even when its
+-- cancel request never reached the server.
 CREATE OR REPLACE FUNCTION {schema}.idem_claim(
     p_key bytea, p_fingerprint bytea, p_tenant text, p_tool text,
     p_attempt bigint, p_lease bigint, p_window bigint, p_retention bigint,
-    p_operation bigint, p_bound bigint, p_pause bigint)
-RETURNS TABLE (
-    o_key bytea, o_fingerprint bytea, o_tenant text, o_tool text,
-    o_state smallint, o_attempt bigint, o_claimed_at timestamptz,
-    o_updated_at timestamptz, o_lease_until timestamptz,
-    o_expires_at timestamptz, o_retain_until timestamptz, o_body bytea,
-    o_next_check_at timestamptz, o_checks integer, o_resolution bytea,
-    o_operation bigint, o_observed_at timestamptz, o_claimed boolean)
+    p_operation bigint, p_bound bigint)
+RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     op bigint;
 BEGIN
-    IF p_bound > 0 THEN
-        PERFORM set_config('lock_timeout', greatest(p_bound / 1000, 1)::text, true);
-    END IF;
     INSERT INTO {schema}.idem_records AS r (key, fingerprint, tenant, tool,
         state, attempt, claimed_at, updated_at, lease_until, expires_at,
         retain_until, body, next_check_at, checks, resolution, operation)
@@ -74,27 +61,16 @@ BEGIN
             AND coalesce(r.operation, 0) <> EXCLUDED.operation
             AND r.retain_until > now())
     RETURNING r.operation INTO op;
-    IF FOUND THEN
-        IF p_bound > 0
-            AND clock_timestamp() > statement_timestamp() + p_bound * interval '1 microsecond'
-        THEN
-            RAISE EXCEPTION 'the claim took longer than the store''s timeout (% ms) on the server; it was not applied',
-                p_bound / 1000 USING ERRCODE = 'query_canceled';
-        END IF;
-        o_operation := op;
-        o_claimed := true;
-        RETURN NEXT;
-        RETURN;
+    IF NOT FOUND THEN
+        RETURN NULL;
     END IF;
-    IF p_pause > 0 THEN
-        PERFORM pg_sleep(p_pause / 1000000.0);
+    IF p_bound > 0
+        AND clock_timestamp() > statement_timestamp() + p_bound * interval '1 microsecond'
+    THEN
+        RAISE EXCEPTION 'the claim took longer than the store''s timeout (% ms) on the server; it was not applied',
+            p_bound / 1000 USING ERRCODE = 'query_canceled';
     END IF;
-    RETURN QUERY
-        SELECT r.key, r.fingerprint, r.tenant, r.tool, r.state, r.attempt,
-            r.claimed_at, r.updated_at, r.lease_until, r.expires_at,
-            r.retain_until, r.body, r.next_check_at, r.checks, r.resolution,
-            r.operation, clock_timestamp(), false
-        FROM {schema}.idem_records AS r WHERE r.key = p_key;
+    RETURN coalesce(op, 0);
 END
 $$;
 

@@ -19,10 +19,8 @@ use std::time::Duration;
 #[non_exhaustive]
 pub enum PausePoint {
     /// PostgresStore's claim, between its `INSERT … ON CONFLICT` (which
-    /// found a live record) and the read of that record, both inside the
-    /// claim's function on the server (asked before each claim, slept only
-    /// when the insert found a live record): a record whose window ends in
-    /// between must be claimed, not answered.
+    /// found a live record) and the read of that record: a record whose
+    /// window ends in between must be claimed, not answered.
     PostgresClaimRead,
 }
 
@@ -48,11 +46,10 @@ impl Pauses {
         Pauses(Some(hook))
     }
 
-    /// How long to pause at `point`, as the hook says; zero without one.
-    pub(crate) fn of(&self, point: PausePoint) -> std::time::Duration {
-        self.0
-            .as_ref()
-            .and_then(|hook| hook(point))
-            .unwrap_or_default()
+    /// Pauses at `point` as long as the hook says; at once without one.
+    pub(crate) async fn at(&self, point: PausePoint) {
+        if let Some(wait) = self.0.as_ref().and_then(|hook| hook(point)) {
+            tokio::time::sleep(wait).await;
+        }
     }
 }

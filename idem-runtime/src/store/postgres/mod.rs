@@ -316,11 +316,6 @@ impl From<StoreError> for CallError {
 /// means time passed or another caller made progress, so a handful is plenty.
 const CLAIM_ROUNDS: usize = 16;
 
-/// The claim function's row: the operation a claim runs under (its
-/// record's last column), and whether it claimed (after `now()`).
-const OPERATION: usize = 15;
-const CLAIMED: usize = 17;
-
 #[async_trait]
 impl IdempotencyStore for PostgresStore {
     fn backend(&self) -> &'static str {
@@ -337,11 +332,8 @@ impl IdempotencyStore for PostgresStore {
             );
             let (retention, tag) = (micros(req.retain_for()), tag_to_column(&req.reference));
             let fingerprint = Redacted(&req.key.fingerprint()[..]);
-            let (bound, pause) = (
-                micros(self.bound),
-                micros(self.pauses.of(PausePoint::PostgresClaimRead)),
-            );
-            let params: [&dyn Param; 11] = [
+            let bound = micros(self.bound);
+            let params: [&dyn Param; 10] = [
                 &key,
                 &fingerprint,
                 &req.tenant,
@@ -352,20 +344,19 @@ impl IdempotencyStore for PostgresStore {
                 &retention,
                 &tag,
                 &bound,
-                &pause,
             ];
-            let claimed_as = |tag: Option<i64>| Claim::Claimed {
-                reference: Reference::with_tag(&req.key, tag.unwrap_or(0) as u64),
+            let claimed_as = |tag: i64| Claim::Claimed {
+                reference: Reference::with_tag(&req.key, tag as u64),
             };
             for _ in 0..CLAIM_ROUNDS {
-                // Claimed, or the key's record read after the insert found
-                // it (none: it went in between; start over).
-                let Some(row) = db.query_opt(&sql.claim, &params).await? else {
+                let row = db.query_one(&sql.claim, &params).await?;
+                if let Some(tag) = row.try_get::<_, Option<i64>>(0)? {
+                    return Ok(claimed_as(tag));
+                }
+                self.pauses.at(PausePoint::PostgresClaimRead).await;
+                let Some(row) = db.query_opt(&sql.read, &[&key]).await? else {
                     continue;
                 };
-                if row.try_get::<_, Option<bool>>(CLAIMED).map_err(corrupt)? == Some(true) {
-                    return Ok(claimed_as(row.try_get(OPERATION).map_err(corrupt)?));
-                }
                 let record = row_to_record(&row)?;
                 // The insert decided at its own start; the read comes later
                 // (after a wait on the row's lock, say). A record that can be
@@ -381,7 +372,8 @@ impl IdempotencyStore for PostgresStore {
                 let mut with_read: Vec<&dyn Param> = params[..9].to_vec();
                 with_read.push(&read_attempt);
                 if let Some(row) = db.query_opt(&sql.take_over, &with_read).await? {
-                    return Ok(claimed_as(row.try_get(0).map_err(corrupt)?));
+                    let tag: Option<i64> = row.try_get(0)?;
+                    return Ok(claimed_as(tag.unwrap_or(0)));
                 }
             }
             Err(StoreError::Unavailable(

@@ -14,6 +14,7 @@ pub(super) struct Statements {
     pub(super) schema: String,
     pub(super) claim: String,
     pub(super) take_over: String,
+    pub(super) read: String,
     /// Migration 9's completion: `$1` the key, `$2` the attempt, `$3`
     /// the response; answers how many records it completed (0 or 1).
     pub(super) complete: String,
@@ -116,12 +117,12 @@ impl Statements {
         let mut sql = Statements {
             // One statement, migration 9's function: insert, or take over
             // the row only if Record::is_claimable and the record need not
-            // be kept (Record::outlives_takeover); a row that holds its key,
-            // or must be kept, is read as it is after the insert found it.
-            // `$10` the server's bound, `$11` a simulation's pause (µs).
-            claim: format!(
-                "SELECT * FROM {schema}.idem_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
-            ),
+            // be kept (Record::outlives_takeover). A row that holds its key,
+            // or that must be kept, is left alone (and only locked for the
+            // statement), and NULL comes back; a claim answers the operation
+            // it runs under (Record::takeover_reference). `$10`: the
+            // server's own bound, in µs.
+            claim: format!("SELECT {schema}.idem_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"),
             // The rare takeover of a record that must be kept: the claim's
             // parameters, and `$10` the attempt of the record the claim read.
             // One statement, so one transaction: `old` locks the row (and
@@ -153,6 +154,7 @@ impl Statements {
                 outlives_takeover("old.", "$9::int8", "now()"),
                 superseded_replace("EXCLUDED"),
             ),
+            read: format!("SELECT {COLUMNS}, now() FROM {t} WHERE key = $1"),
             // Every fenced change carries `attempt = $2`: a worker whose claim
             // was taken over (lease ran out, record purged and claimed again)
             // must not overwrite, delete or extend the new owner's record.
