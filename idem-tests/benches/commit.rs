@@ -316,8 +316,15 @@ impl Sides {
     }
 
     /// Calls per second of `side` with `tasks` tasks making `per_task`
-    /// calls each, and the calls' p99 in µs.
-    async fn throughput(self: &Arc<Self>, side: Side, tasks: u64, per_task: u64) -> (f64, f64) {
+    /// calls each, the calls' p99 in µs, and the CPU µs a call took in
+    /// this process and in the rest of the machine (the servers).
+    async fn throughput(
+        self: &Arc<Self>,
+        side: Side,
+        tasks: u64,
+        per_task: u64,
+    ) -> (f64, f64, (f64, f64)) {
+        let cpu = common::cpu_seconds();
         let started = Instant::now();
         let running: Vec<_> = (0..tasks)
             .map(|t| {
@@ -337,7 +344,11 @@ impl Sides {
         }
         self.settle().await;
         let rate = (tasks * per_task) as f64 / started.elapsed().as_secs_f64();
-        (rate, common::median_p99(&mut took).1)
+        let (process, machine) = common::cpu_seconds();
+        let per_call = |s: f64| s * 1e6 / (tasks * per_task) as f64;
+        let client = per_call(process - cpu.0);
+        let servers = per_call((machine - cpu.1) - (process - cpu.0));
+        (rate, common::median_p99(&mut took).1, (client, servers))
     }
 }
 
@@ -364,8 +375,9 @@ async fn compare(sides: Arc<Sides>, rounds: usize, calls: usize, per_task: u64) 
     let mut all: Vec<Vec<Duration>> = vec![Vec::new(); SIDES.len()];
     let mut medians: Vec<Vec<f64>> = vec![Vec::new(); SIDES.len()];
     let mut ratios: Vec<(f64, f64, f64)> = Vec::new();
-    // rates[c][side]: (calls/s, p99 µs) of each round.
-    let mut rates: Vec<Vec<Vec<(f64, f64)>>> =
+    // rates[c][side]: (calls/s, p99 µs, (client, servers) CPU µs a call)
+    // of each round.
+    let mut rates: Vec<Vec<Vec<(f64, f64, (f64, f64))>>> =
         vec![vec![Vec::new(); SIDES.len()]; CONCURRENCY.len()];
     for _ in 0..rounds {
         let mut round: Vec<Vec<Duration>> = vec![Vec::new(); SIDES.len()];
@@ -388,7 +400,7 @@ async fn compare(sides: Arc<Sides>, rounds: usize, calls: usize, per_task: u64) 
                 // A named statement through a transaction pooler holds
                 // only while one call is in flight.
                 let rate = if *side == Side::PgBouncerFloor {
-                    (f64::NAN, f64::NAN)
+                    (f64::NAN, f64::NAN, (f64::NAN, f64::NAN))
                 } else {
                     sides.throughput(*side, *tasks, per).await
                 };
@@ -458,6 +470,29 @@ async fn compare(sides: Arc<Sides>, rounds: usize, calls: usize, per_task: u64) 
             );
         }
     }
+    println!();
+    println!(
+        "CPU a call (µs, the median of rounds): this process (the executor, the pool, \
+         tokio-postgres) / the rest of the machine (PostgreSQL, PgBouncer)"
+    );
+    println!();
+    println!("| side | concurrency | client µs | servers µs | total µs |");
+    println!("| --- | ---: | ---: | ---: | ---: |");
+    for (c, tasks) in CONCURRENCY.iter().enumerate() {
+        for i in 0..SIDES.len() {
+            if rates[c][i].iter().all(|r| r.0.is_nan()) {
+                continue;
+            }
+            let client = median(rates[c][i].iter().map(|r| r.2 .0).collect());
+            let servers = median(rates[c][i].iter().map(|r| r.2 .1).collect());
+            println!(
+                "| {} | {tasks} | {client:.0} | {servers:.0} | {:.0} |",
+                names[i],
+                client + servers
+            );
+        }
+    }
+    println!();
     let relaxed: Vec<f64> = ratios.iter().map(|r| r.0).collect();
     let synchronous: Vec<f64> = ratios.iter().map(|r| r.1).collect();
     let background: Vec<f64> = ratios.iter().map(|r| r.2).collect();

@@ -40,6 +40,38 @@ pub fn load() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
+/// CPU seconds used so far: by this process (user and system, its
+/// threads included), and by the whole machine (every CPU's user, nice,
+/// system, irq and softirq time, from `/proc/stat`). Their differences
+/// around a measurement split its CPU between the client (this process)
+/// and the servers it talks to on the same machine.
+pub fn cpu_seconds() -> (f64, f64) {
+    // SAFETY: getrusage fills the struct it is given; a zeroed rusage is
+    // a valid value of it.
+    let own = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    let process = secs(own.ru_utime) + secs(own.ru_stime);
+    // SAFETY: sysconf only reads a configuration value.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let busy: f64 = stat
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .skip(1)
+        .enumerate()
+        // user, nice, system, (idle, iowait), irq, softirq
+        .filter(|(i, _)| matches!(i, 0 | 1 | 2 | 5 | 6))
+        .filter_map(|(_, v)| v.parse::<f64>().ok())
+        .sum();
+    (process, busy / ticks)
+}
+
 /// The arguments of a benchmarked charge: a fresh `amount_cents` makes a
 /// new operation, the same one a repeat.
 #[derive(serde::Serialize)]
