@@ -957,6 +957,66 @@ async fn a_retry_storm_after_the_first_answer_costs_the_store_nothing() {
     }
 }
 
+/// The protocol's own paths (client keys, questions asked before the
+/// effect) cost the calls that do not use them nothing: a first call is
+/// one claim and one completion, a replay one claim, as they were; a
+/// first call under a client key is the same two, and its replay, with
+/// the replay cache on, reaches the store not at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_protocol_paths_add_no_store_call_to_the_calls_that_do_not_use_them() {
+    let shared: Arc<dyn IdempotencyStore> = Arc::new(MemoryStore::new());
+    let processor = Processor::default();
+    let (store, calls) = counted(shared.clone());
+    let exec = Executor::new(store);
+    let counted_call = async |args: &Charge| {
+        let before = calls.load(Ordering::SeqCst);
+        let answer = charge(&exec, &alice(), args, &processor).await;
+        (answer, calls.load(Ordering::SeqCst) - before)
+    };
+    let (first, n) = counted_call(&visa(1_100)).await;
+    assert!(matches!(first, Answer::Executed { .. }), "{first:?}");
+    assert_eq!(n, 2, "a first call: its claim and its completion");
+    let (replay, n) = counted_call(&visa(1_100)).await;
+    assert!(matches!(replay, Answer::Replayed { .. }), "{replay:?}");
+    assert_eq!(n, 1, "a replay: its claim");
+
+    // Under a client key, on an executor with the replay cache on.
+    let (store, calls) = counted(shared);
+    let exec = Executor::new(store).with_replay_cache(1 << 20);
+    let args = visa(1_101);
+    let keyed = async || {
+        let caller = alice();
+        let op = Operation {
+            caller: &caller,
+            tool: "charge_card",
+            args: &args,
+            scope: ScopeSpec::ClientKey {
+                key: "order-1101-attempt",
+                window: Duration::from_secs(900),
+            },
+            status_tool: STATUS_TOOL,
+        };
+        let (p, a) = (processor.clone(), args.clone());
+        let before = calls.load(Ordering::SeqCst);
+        let answer = exec
+            .run(op, move |ctx| async move { p.charge(ctx, a).await })
+            .await;
+        (answer, calls.load(Ordering::SeqCst) - before)
+    };
+    let (first, n) = keyed().await;
+    assert!(matches!(first, Answer::Executed { .. }), "{first:?}");
+    assert_eq!(
+        n, 2,
+        "a first call under a client key: its claim and its completion"
+    );
+    for _ in 0..100 {
+        let (replay, n) = keyed().await;
+        assert!(matches!(replay, Answer::Replayed { .. }), "{replay:?}");
+        assert_eq!(n, 0, "a replay under a client key, from the replay cache");
+    }
+    assert_eq!(processor.count(), 2, "one charge per operation");
+}
+
 /// The replay cache answers only what the store would: not after the
 /// window (counted from the claim), not for another tenant, not for other
 /// arguments under one business key. Each of those calls reaches the store

@@ -35,7 +35,10 @@
 //! the floor's raw named claim on one client connection, at concurrency 1
 //! only (a named statement behind a transaction pooler holds only while
 //! one call is in flight), and the default builder. Last, the default
-//! builder's goals, each ratio beside its floor.
+//! builder's goals, each ratio beside its floor. The tenth and eleventh
+//! are migration 9's claim function alone (raw, no executor, no store),
+//! prepared once and sent unnamed, at concurrency 1: the parse a call
+//! without session state pays, measured beside the default builder.
 
 mod common;
 
@@ -60,6 +63,14 @@ enum Raw {
         pool: deadpool_postgres::Pool,
         claim: String,
         complete: String,
+    },
+    /// Migration 9's claim function alone, called as the stores call it:
+    /// named (prepared once, `direct_connection(true)`) or unnamed (the
+    /// default builder), with no executor and no store around it.
+    PgFunction {
+        pool: deadpool_postgres::Pool,
+        call: String,
+        named: bool,
     },
     Sqlite(Mutex<rusqlite::Connection>),
 }
@@ -173,6 +184,40 @@ impl Raw {
                     assert_eq!(n, 1);
                 }
             }
+            Raw::PgFunction { pool, call, named } => {
+                use tokio_postgres::types::{ToSql, Type};
+                let client = pool.get().await.unwrap();
+                let micros = |d: Duration| d.as_micros() as i64;
+                let (fingerprint, lease, window, retention, tag, bound) = (
+                    &req.key.fingerprint()[..],
+                    micros(req.lease),
+                    micros(req.window),
+                    micros(req.retention),
+                    0_i64,
+                    5_000_000_i64,
+                );
+                let params: [(&(dyn ToSql + Sync), Type); 10] = [
+                    (&key, Type::BYTEA),
+                    (&fingerprint, Type::BYTEA),
+                    (&req.tenant, Type::TEXT),
+                    (&req.tool, Type::TEXT),
+                    (&attempt, Type::INT8),
+                    (&lease, Type::INT8),
+                    (&window, Type::INT8),
+                    (&retention, Type::INT8),
+                    (&tag, Type::INT8),
+                    (&bound, Type::INT8),
+                ];
+                let row = if *named {
+                    let stmt = client.prepare_cached(call).await.unwrap();
+                    let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p.0).collect();
+                    client.query_one(&stmt, &values).await.unwrap()
+                } else {
+                    let rows = client.query_typed(call, &params).await.unwrap();
+                    rows.into_iter().next().unwrap()
+                };
+                assert_eq!(row.get::<_, Option<i64>>(0), Some(0), "claimed");
+            }
             Raw::Sqlite(conn) => {
                 // Inline, on the runtime's thread: the floor is SQLite's
                 // commit alone, without the store's hop to its writer thread.
@@ -239,6 +284,12 @@ struct Sides {
     /// The default builder through the same PgBouncer, background
     /// completions. SQLite: the fifth side again.
     pgbouncer_default: Executor,
+    /// The claim's function alone, named and unnamed, on the server
+    /// itself (concurrency 1 only): what the parse of the default
+    /// builder's statement costs, with nothing of idem's around it.
+    /// SQLite: the floor again.
+    function_named: Raw,
+    function_unnamed: Raw,
     caller: Caller,
 }
 
@@ -253,9 +304,11 @@ enum Side {
     BackgroundUnnamed,
     PgBouncerFloor,
     PgBouncerDefault,
+    FunctionNamed,
+    FunctionUnnamed,
 }
 
-const SIDES: [Side; 9] = [
+const SIDES: [Side; 11] = [
     Side::Floor,
     Side::RawPair,
     Side::Relaxed,
@@ -265,7 +318,21 @@ const SIDES: [Side; 9] = [
     Side::BackgroundUnnamed,
     Side::PgBouncerFloor,
     Side::PgBouncerDefault,
+    Side::FunctionNamed,
+    Side::FunctionUnnamed,
 ];
+
+/// One throughput round of a side: calls/s, the calls' p99 µs, and the
+/// CPU µs a call took in the client and in the servers.
+type Rate = (f64, f64, (f64, f64));
+
+/// The sides measured at concurrency 1 only.
+fn alone_only(side: Side) -> bool {
+    matches!(
+        side,
+        Side::PgBouncerFloor | Side::FunctionNamed | Side::FunctionUnnamed
+    )
+}
 
 impl Sides {
     async fn call(&self, side: Side, n: u64) -> Duration {
@@ -280,6 +347,8 @@ impl Sides {
             Side::BackgroundUnnamed => wrapped(&self.background_unnamed, &self.caller, n).await,
             Side::PgBouncerFloor => self.pgbouncer_floor.call(false).await,
             Side::PgBouncerDefault => wrapped(&self.pgbouncer_default, &self.caller, n).await,
+            Side::FunctionNamed => self.function_named.call(false).await,
+            Side::FunctionUnnamed => self.function_unnamed.call(false).await,
         }
         t.elapsed()
     }
@@ -318,12 +387,7 @@ impl Sides {
     /// Calls per second of `side` with `tasks` tasks making `per_task`
     /// calls each, the calls' p99 in µs, and the CPU µs a call took in
     /// this process and in the rest of the machine (the servers).
-    async fn throughput(
-        self: &Arc<Self>,
-        side: Side,
-        tasks: u64,
-        per_task: u64,
-    ) -> (f64, f64, (f64, f64)) {
+    async fn throughput(self: &Arc<Self>, side: Side, tasks: u64, per_task: u64) -> Rate {
         let cpu = common::cpu_seconds();
         let started = Instant::now();
         let running: Vec<_> = (0..tasks)
@@ -375,10 +439,8 @@ async fn compare(sides: Arc<Sides>, rounds: usize, calls: usize, per_task: u64) 
     let mut all: Vec<Vec<Duration>> = vec![Vec::new(); SIDES.len()];
     let mut medians: Vec<Vec<f64>> = vec![Vec::new(); SIDES.len()];
     let mut ratios: Vec<(f64, f64, f64)> = Vec::new();
-    // rates[c][side]: (calls/s, p99 µs, (client, servers) CPU µs a call)
-    // of each round.
-    let mut rates: Vec<Vec<Vec<(f64, f64, (f64, f64))>>> =
-        vec![vec![Vec::new(); SIDES.len()]; CONCURRENCY.len()];
+    // rates[c][side]: each round's figures.
+    let mut rates: Vec<Vec<Vec<Rate>>> = vec![vec![Vec::new(); SIDES.len()]; CONCURRENCY.len()];
     for _ in 0..rounds {
         let mut round: Vec<Vec<Duration>> = vec![Vec::new(); SIDES.len()];
         for _ in 0..calls {
@@ -399,7 +461,7 @@ async fn compare(sides: Arc<Sides>, rounds: usize, calls: usize, per_task: u64) 
                 let per = per_task * 16 / tasks;
                 // A named statement through a transaction pooler holds
                 // only while one call is in flight.
-                let rate = if *side == Side::PgBouncerFloor {
+                let rate = if alone_only(*side) {
                     (f64::NAN, f64::NAN, (f64::NAN, f64::NAN))
                 } else {
                     sides.throughput(*side, *tasks, per).await
@@ -433,6 +495,8 @@ async fn compare(sides: Arc<Sides>, rounds: usize, calls: usize, per_task: u64) 
         "the same as the fifth, the default builder (unnamed statements, the claim's function)",
         "through PgBouncer (transaction mode): the floor's raw named claim",
         "through PgBouncer: the default builder, background completions",
+        "the claim's function alone, named (prepared once)",
+        "the claim's function alone, unnamed (parsed each call)",
     ];
     for i in 0..SIDES.len() {
         let (lo, hi) = range(&medians[i]);
@@ -515,6 +579,13 @@ async fn compare(sides: Arc<Sides>, rounds: usize, calls: usize, per_task: u64) 
         pooled[6].0 / pooled[4].0,
         pooled[8].0 / pooled[7].0,
     );
+    println!(
+        "the claim's function alone ÷ floor: named {:.2}×, unnamed {:.2}×; unnamed ÷ named {:.2}× \
+         (the parse a call without session state pays)",
+        pooled[9].0 / floor,
+        pooled[10].0 / floor,
+        pooled[10].0 / pooled[9].0,
+    );
     for (c, tasks) in CONCURRENCY.iter().enumerate() {
         println!(
             "concurrency {tasks}: default builder ÷ floor {:.2}×; ÷ direct_connection(true) {:.2}×; \
@@ -576,6 +647,14 @@ async fn postgres(rounds: usize) {
             .unwrap()
     };
     let (pool, pair_pool) = (raw_pool(16), raw_pool(SMALL));
+    let function = |named| Raw::PgFunction {
+        pool: raw_pool(1),
+        call: format!(
+            "SELECT {}.idem_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            relaxed.schema()
+        ),
+        named,
+    };
     let pgbouncer = std::env::var("IDEM_TEST_PGBOUNCER_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:6432/test".into());
     let through = PostgresStore::builder(&pgbouncer)
@@ -622,6 +701,8 @@ async fn postgres(rounds: usize) {
             complete: complete.clone(),
         },
         pgbouncer_default: exec(through).with_background_completions(true),
+        function_named: function(true),
+        function_unnamed: function(false),
         raw_pair: Raw::Pg {
             pool: pair_pool,
             claim: claim.clone(),
@@ -680,6 +761,8 @@ async fn sqlite(rounds: usize) {
         name: "SqliteStore",
         raw: Raw::Sqlite(Mutex::new(conn)),
         pgbouncer_floor: Raw::Sqlite(Mutex::new(floor_again())),
+        function_named: Raw::Sqlite(Mutex::new(floor_again())),
+        function_unnamed: Raw::Sqlite(Mutex::new(floor_again())),
         raw_pair: Raw::Sqlite(Mutex::new(floor_again())),
         pgbouncer_default: exec(relaxed.clone()).with_background_completions(true),
         background: exec(relaxed.clone()).with_background_completions(true),
